@@ -1,0 +1,1 @@
+"""The `dlm` command: argument parsing, output and exit codes. Thin by design."""

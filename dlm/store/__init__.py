@@ -1,0 +1,1 @@
+"""Durable storage for a member: the write-ahead log, the hard state and snapshots."""
