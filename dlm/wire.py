@@ -1,0 +1,626 @@
+"""The protocol both sides of a dlm connection speak.
+
+A connection carries frames: a 4-byte big-endian length, then one CBOR map.
+The connecting side opens with a ``hello`` naming its role (``client`` or
+``peer``), the protocol version and, for peers, the cluster id and its node
+id; the accepting side answers ``welcome`` or an ``error`` and closes.
+
+Client requests are maps with a type ``t`` and a request ``id`` chosen by the
+client; every reply echoes the ``id``. A reply is ``ok`` (with fields that
+depend on the request) or ``error`` (``code``, ``message`` and, depending on
+the code, ``leader``, ``retry_after_ms``, ``holders``). A node may also push
+frames with no ``id``: ``grant`` when a queued acquire is granted.
+
+Peer frames carry Raft messages as compact positional arrays, several per
+frame. Nothing here trusts its input: decoding accepts only the types it
+expects and raises ``ProtocolError`` (never anything else) on the rest, so a
+bad byte costs the sender its connection and nobody else anything.
+
+This module does no IO and imports no event loop, so the blocking client and
+the anyio runtime share it.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import cbor2
+
+from dlm.node.raft.types import (
+    AppendEntries,
+    AppendEntriesResponse,
+    ConfState,
+    Entry,
+    EntryKind,
+    Heartbeat,
+    HeartbeatResponse,
+    InstallSnapshot,
+    InstallSnapshotResponse,
+    Message,
+    ReadIndexRequest,
+    ReadIndexResponse,
+    SnapshotMeta,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+)
+
+PROTOCOL_VERSION = 1
+CLIENT_FRAME_LIMIT = 64 * 1024
+PEER_FRAME_LIMIT = 4 * 1024 * 1024
+DEFAULT_PORT = 7700
+
+_LENGTH = struct.Struct(">I")
+
+
+class ProtocolError(Exception):
+    """The peer sent something this protocol does not allow. ``code`` is an ErrorCode."""
+
+    def __init__(self, message: str, code: ErrorCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code if code is not None else ErrorCode.BAD_REQUEST
+
+
+class ErrorCode(enum.StrEnum):
+    NOT_LEADER = "NOT_LEADER"
+    LOCKED = "LOCKED"
+    NOT_HOLDER = "NOT_HOLDER"
+    SESSION_EXPIRED = "SESSION_EXPIRED"
+    NO_QUORUM = "NO_QUORUM"
+    TIMEOUT = "TIMEOUT"
+    BAD_REQUEST = "BAD_REQUEST"
+    TOO_LARGE = "TOO_LARGE"
+    UNAVAILABLE = "UNAVAILABLE"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+
+
+# ---------------------------------------------------------------------------
+# Framing
+# ---------------------------------------------------------------------------
+
+
+def _reject_tag(*_: object) -> object:
+    # CBOR tags can name arbitrary types (dates, regexes, shared references...). We expect none.
+    raise ProtocolError("CBOR tags are not allowed")
+
+
+_MAX_DEPTH = 16
+
+
+def _strict_decode_options() -> dict[str, Any]:
+    """Extra cbor2 options that refuse built-in semantic tags, where this cbor2 has them.
+
+    cbor2 decodes some tags (dates, regexes, shared references, ...) by itself and
+    only passes unknown ones to tag_hook. Releases that accept ``semantic_decoders``
+    let us refuse those too; on older ones (including the pure-Python fallback
+    used by the zipapp) such values still fail the typed field checks below.
+    """
+    known = (0, 1, 2, 3, 4, 5, 25, 28, 29, 30, 35, 36, 37, 38, 52, 54, 100, 256, 258, 260,
+             261, 262, 263, 1004, 1040, 55799)  # fmt: skip
+    options: dict[str, Any] = {
+        "semantic_decoders": dict.fromkeys(known, _reject_tag),
+        "max_depth": _MAX_DEPTH,
+        "strict_hashable_types": True,
+    }
+    try:
+        cbor2.loads(b"\xa0", **options)
+    except TypeError:
+        return {}
+    return options
+
+
+_DECODE_OPTIONS = _strict_decode_options()
+
+
+def encode_frame(obj: object) -> bytes:
+    body = cbor2.dumps(obj)
+    return _LENGTH.pack(len(body)) + body
+
+
+def decode_body(body: bytes) -> Any:
+    try:
+        return cbor2.loads(body, tag_hook=_reject_tag, **_DECODE_OPTIONS)
+    except ProtocolError:
+        raise
+    except RecursionError:
+        raise ProtocolError("frame is nested too deeply") from None
+    except Exception as exc:  # cbor2 raises several types; all mean the same to us
+        raise ProtocolError(f"frame is not valid CBOR: {exc}") from None
+
+
+class FrameDecoder:
+    """Splits a byte stream into decoded frames; feed bytes in, take objects out."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    def frames(self) -> Iterator[Any]:
+        buf = self._buf
+        pos = 0
+        try:
+            while len(buf) - pos >= 4:
+                (length,) = _LENGTH.unpack_from(buf, pos)
+                if length > self._limit:
+                    raise ProtocolError(
+                        f"frame of {length} bytes exceeds the limit of {self._limit}",
+                        ErrorCode.TOO_LARGE,
+                    )
+                if len(buf) - pos - 4 < length:
+                    break
+                body = bytes(buf[pos + 4 : pos + 4 + length])
+                pos += 4 + length
+                yield decode_body(body)
+        finally:
+            del buf[:pos]
+
+
+# ---------------------------------------------------------------------------
+# Field validation
+# ---------------------------------------------------------------------------
+
+
+def _field(msg: dict[Any, Any], name: str, kind: type, *, optional: bool = False) -> Any:
+    if name not in msg:
+        if optional:
+            return None
+        raise ProtocolError(f"missing field {name!r}")
+    value = msg[name]
+    if value is None and optional:
+        return None
+    # bool is an int subclass; an int field must not accept True.
+    if kind is int and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ProtocolError(f"field {name!r} must be an integer")
+    if not isinstance(value, kind):
+        raise ProtocolError(f"field {name!r} must be {kind.__name__}")
+    return value
+
+
+def _str_map(msg: dict[Any, Any], name: str) -> dict[str, str]:
+    value = msg.get(name, {})
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ProtocolError(f"field {name!r} must be a map of strings to strings")
+    return dict(value)
+
+
+def as_map(obj: Any) -> dict[Any, Any]:
+    if not isinstance(obj, dict):
+        raise ProtocolError("frame must be a CBOR map")
+    return obj
+
+
+# ---------------------------------------------------------------------------
+# Hello
+# ---------------------------------------------------------------------------
+
+
+class Role(enum.StrEnum):
+    CLIENT = "client"
+    PEER = "peer"
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    role: Role
+    version: int = PROTOCOL_VERSION
+    cluster: str = ""
+    node: str = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "t": "hello",
+            "role": self.role.value,
+            "version": self.version,
+            "cluster": self.cluster,
+            "node": self.node,
+        }
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> Hello:
+        msg = as_map(obj)
+        if msg.get("t") != "hello":
+            raise ProtocolError("a connection must open with a hello frame")
+        role = _field(msg, "role", str)
+        if role not in (Role.CLIENT.value, Role.PEER.value):
+            raise ProtocolError(f"unknown role {role!r}")
+        return cls(
+            role=Role(role),
+            version=_field(msg, "version", int),
+            cluster=_field(msg, "cluster", str, optional=True) or "",
+            node=_field(msg, "node", str, optional=True) or "",
+        )
+
+
+def welcome(node: str, cluster: str) -> dict[str, Any]:
+    return {"t": "welcome", "version": PROTOCOL_VERSION, "node": node, "cluster": cluster}
+
+
+# ---------------------------------------------------------------------------
+# Client requests
+# ---------------------------------------------------------------------------
+
+_LEASE_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _lease(msg: dict[Any, Any]) -> str:
+    lease: str = _field(msg, "lease", str)
+    if not _LEASE_RE.match(lease):
+        raise ProtocolError("lease id must be 1-64 characters of A-Z, a-z, 0-9, '_' or '-'")
+    return lease
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    """Base of every client request; ``id`` pairs a reply with its request."""
+
+    TYPE: ClassVar[str] = ""
+    id: int
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"t": self.TYPE}
+        for name in self.__dataclass_fields__:
+            out[name] = getattr(self, name)
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpenLease(Request):
+    TYPE: ClassVar[str] = "open_lease"
+    lease: str
+    ttl_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeepAlive(Request):
+    """Renews a lease. Answered only after the leader has confirmed it still leads."""
+
+    TYPE: ClassVar[str] = "keepalive"
+    lease: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CloseLease(Request):
+    TYPE: ClassVar[str] = "close_lease"
+    lease: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Acquire(Request):
+    TYPE: ClassVar[str] = "acquire"
+    lease: str
+    seq: int
+    key: str
+    wait: bool = False
+    limit: int = 1
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Release(Request):
+    """Releases a held lock, or leaves the key's queue if only waiting."""
+
+    TYPE: ClassVar[str] = "release"
+    lease: str
+    seq: int
+    key: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Get(Request):
+    TYPE: ClassVar[str] = "get"
+    key: str
+    stale: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListLocks(Request):
+    TYPE: ClassVar[str] = "list"
+    prefix: str = ""
+    stale: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseInfo(Request):
+    TYPE: ClassVar[str] = "lease_info"
+    lease: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Status(Request):
+    """This member's view: role, term, indexes, and the leader's view of its peers."""
+
+    TYPE: ClassVar[str] = "status"
+    stale: bool = False
+
+
+ClientRequest = (
+    OpenLease | KeepAlive | CloseLease | Acquire | Release | Get | ListLocks | LeaseInfo | Status
+)
+
+MAX_KEY_BYTES = 512
+
+
+def _key(msg: dict[Any, Any]) -> str:
+    key: str = _field(msg, "key", str)
+    if not key or len(key.encode()) > MAX_KEY_BYTES:
+        raise ProtocolError(f"key must be 1-{MAX_KEY_BYTES} bytes")
+    return key
+
+
+def decode_request(obj: Any) -> ClientRequest:
+    """Validates one client frame; raises ProtocolError naming what is wrong."""
+    msg = as_map(obj)
+    kind = msg.get("t")
+    rid = _field(msg, "id", int)
+    if kind == "open_lease":
+        return OpenLease(id=rid, lease=_lease(msg), ttl_ms=_field(msg, "ttl_ms", int))
+    if kind == "keepalive":
+        return KeepAlive(id=rid, lease=_lease(msg))
+    if kind == "close_lease":
+        return CloseLease(id=rid, lease=_lease(msg), seq=_field(msg, "seq", int))
+    if kind == "acquire":
+        wait = _field(msg, "wait", bool, optional=True)
+        limit = _field(msg, "limit", int, optional=True)
+        return Acquire(
+            id=rid,
+            lease=_lease(msg),
+            seq=_field(msg, "seq", int),
+            key=_key(msg),
+            wait=bool(wait),
+            limit=1 if limit is None else limit,
+            meta=_str_map(msg, "meta"),
+        )
+    if kind == "release":
+        return Release(id=rid, lease=_lease(msg), seq=_field(msg, "seq", int), key=_key(msg))
+    if kind == "get":
+        return Get(id=rid, key=_key(msg), stale=bool(_field(msg, "stale", bool, optional=True)))
+    if kind == "list":
+        prefix = _field(msg, "prefix", str, optional=True) or ""
+        stale = bool(_field(msg, "stale", bool, optional=True))
+        return ListLocks(id=rid, prefix=prefix, stale=stale)
+    if kind == "lease_info":
+        return LeaseInfo(id=rid, lease=_lease(msg))
+    if kind == "status":
+        return Status(id=rid, stale=bool(_field(msg, "stale", bool, optional=True)))
+    raise ProtocolError(f"unknown request type {kind!r}")
+
+
+def ok(rid: int, **fields: Any) -> dict[str, Any]:
+    return {"t": "ok", "id": rid, **fields}
+
+
+def error(rid: int | None, code: ErrorCode, message: str, **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"t": "error", "code": code.value, "message": message}
+    if rid is not None:
+        out["id"] = rid
+    out.update(extra)
+    return out
+
+
+def grant_push(lease: str, key: str, token: int) -> dict[str, Any]:
+    return {"t": "grant", "lease": lease, "key": key, "token": token}
+
+
+# ---------------------------------------------------------------------------
+# Raft messages between peers, as positional arrays: [kind, group, term, src, dst, ...]
+# ---------------------------------------------------------------------------
+
+
+def _entry_to_wire(e: Entry) -> list[Any]:
+    return [e.index, e.term, int(e.kind), e.data]
+
+
+def _entry_from_wire(v: Any) -> Entry:
+    if not isinstance(v, list) or len(v) != 4:
+        raise ProtocolError("malformed entry")
+    index, term, kind, data = v
+    _check_ints(index, term, kind)
+    if not isinstance(data, bytes):
+        raise ProtocolError("entry data must be bytes")
+    try:
+        entry_kind = EntryKind(kind)
+    except ValueError:
+        raise ProtocolError(f"unknown entry kind {kind}") from None
+    return Entry(index=index, term=term, data=data, kind=entry_kind)
+
+
+def _meta_to_wire(m: SnapshotMeta) -> list[Any]:
+    return [m.index, m.term, list(m.conf.voters), list(m.conf.learners)]
+
+
+def _str_tuple(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ProtocolError("expected a list of node ids")
+    return tuple(v)
+
+
+def _meta_from_wire(v: Any) -> SnapshotMeta:
+    if not isinstance(v, list) or len(v) != 4:
+        raise ProtocolError("malformed snapshot metadata")
+    _check_ints(v[0], v[1])
+    return SnapshotMeta(
+        index=v[0], term=v[1], conf=ConfState(voters=_str_tuple(v[2]), learners=_str_tuple(v[3]))
+    )
+
+
+def _check_ints(*values: Any) -> None:
+    for v in values:
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ProtocolError("expected a non-negative integer")
+
+
+def _check_bools(*values: Any) -> None:
+    for v in values:
+        if not isinstance(v, bool):
+            raise ProtocolError("expected a boolean")
+
+
+def _check_bytes(*values: Any) -> None:
+    for v in values:
+        if not isinstance(v, bytes):
+            raise ProtocolError("expected bytes")
+
+
+_KIND = {
+    VoteRequest: 1,
+    VoteResponse: 2,
+    AppendEntries: 3,
+    AppendEntriesResponse: 4,
+    Heartbeat: 5,
+    HeartbeatResponse: 6,
+    InstallSnapshot: 7,
+    InstallSnapshotResponse: 8,
+    TimeoutNow: 9,
+    ReadIndexRequest: 10,
+    ReadIndexResponse: 11,
+}
+
+
+def raft_to_wire(m: Message) -> list[Any]:
+    head: list[Any] = [_KIND[type(m)], m.group, m.term, m.src, m.dst]
+    match m:
+        case VoteRequest():
+            return [*head, m.last_log_index, m.last_log_term, m.pre_vote, m.transfer]
+        case VoteResponse():
+            return [*head, m.granted, m.pre_vote]
+        case AppendEntries():
+            ents = [_entry_to_wire(e) for e in m.entries]
+            return [*head, m.prev_index, m.prev_term, ents, m.commit]
+        case AppendEntriesResponse():
+            return [*head, m.reject, m.index, m.hint_index, m.hint_term]
+        case Heartbeat():
+            return [*head, m.commit, m.ctx]
+        case HeartbeatResponse():
+            return [*head, m.ctx]
+        case InstallSnapshot():
+            return [*head, _meta_to_wire(m.meta), m.offset, m.data, m.done]
+        case InstallSnapshotResponse():
+            return [*head, m.index, m.next_offset, m.reject]
+        case TimeoutNow():
+            return head
+        case ReadIndexRequest():
+            return [*head, m.ctx]
+        case ReadIndexResponse():
+            return [*head, m.ctx, m.index]
+    raise TypeError(f"not a raft message: {m!r}")  # pragma: no cover - exhaustive match
+
+
+_ARITY = {1: 9, 2: 7, 3: 9, 4: 9, 5: 7, 6: 6, 7: 9, 8: 8, 9: 5, 10: 6, 11: 7}
+
+
+def raft_from_wire(v: Any) -> Message:
+    """Decodes one Raft message; any deviation from the schema is a ProtocolError."""
+    if (
+        not isinstance(v, list)
+        or not v
+        or not isinstance(v[0], int)
+        or v[0] not in _ARITY
+        or len(v) != _ARITY[v[0]]
+    ):
+        raise ProtocolError("malformed raft message")
+    kind, group, term, src, dst = v[:5]
+    _check_ints(group, term)
+    if not isinstance(src, str) or not isinstance(dst, str):
+        raise ProtocolError("raft message src/dst must be strings")
+    h = {"group": group, "term": term, "src": src, "dst": dst}
+    r = v[5:]
+    if kind == 1:
+        _check_ints(r[0], r[1])
+        _check_bools(r[2], r[3])
+        return VoteRequest(
+            **h, last_log_index=r[0], last_log_term=r[1], pre_vote=r[2], transfer=r[3]
+        )
+    if kind == 2:
+        _check_bools(r[0], r[1])
+        return VoteResponse(**h, granted=r[0], pre_vote=r[1])
+    if kind == 3:
+        _check_ints(r[0], r[1], r[3])
+        if not isinstance(r[2], list):
+            raise ProtocolError("entries must be a list")
+        entries = tuple(_entry_from_wire(e) for e in r[2])
+        return AppendEntries(**h, prev_index=r[0], prev_term=r[1], entries=entries, commit=r[3])
+    if kind == 4:
+        _check_bools(r[0])
+        _check_ints(r[1], r[2], r[3])
+        return AppendEntriesResponse(**h, reject=r[0], index=r[1], hint_index=r[2], hint_term=r[3])
+    if kind == 5:
+        _check_ints(r[0])
+        _check_bytes(r[1])
+        return Heartbeat(**h, commit=r[0], ctx=r[1])
+    if kind == 6:
+        _check_bytes(r[0])
+        return HeartbeatResponse(**h, ctx=r[0])
+    if kind == 7:
+        _check_ints(r[1])
+        _check_bytes(r[2])
+        _check_bools(r[3])
+        return InstallSnapshot(**h, meta=_meta_from_wire(r[0]), offset=r[1], data=r[2], done=r[3])
+    if kind == 8:
+        _check_ints(r[0], r[1])
+        _check_bools(r[2])
+        return InstallSnapshotResponse(**h, index=r[0], next_offset=r[1], reject=r[2])
+    if kind == 9:
+        return TimeoutNow(**h)
+    if kind == 10:
+        _check_bytes(r[0])
+        return ReadIndexRequest(**h, ctx=r[0])
+    _check_bytes(r[0])
+    _check_ints(r[1])
+    return ReadIndexResponse(**h, ctx=r[0], index=r[1])
+
+
+def raft_frame(messages: list[Message]) -> bytes:
+    """One frame carrying several Raft messages to the same peer."""
+    return encode_frame({"t": "raft", "m": [raft_to_wire(m) for m in messages]})
+
+
+def decode_raft_frame(obj: Any) -> list[Message]:
+    msg = as_map(obj)
+    if msg.get("t") != "raft" or not isinstance(msg.get("m"), list):
+        raise ProtocolError("expected a raft frame")
+    return [raft_from_wire(m) for m in msg["m"]]
+
+
+# ---------------------------------------------------------------------------
+# Addresses
+# ---------------------------------------------------------------------------
+
+
+def parse_addr(text: str) -> tuple[str, int]:
+    """Parses HOST:PORT (or [IPv6]:PORT); a bare HOST gets the default port."""
+    text = text.strip()
+    if not text:
+        raise ValueError("empty address")
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep:
+            raise ValueError(f"bad address {text!r}: missing ']'")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    else:
+        host, port_text = text, ""
+    if not host:
+        raise ValueError(f"bad address {text!r}: missing host")
+    if not port_text:
+        return host, DEFAULT_PORT
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"bad address {text!r}: port must be 1-65535")
+    return host, int(port_text)
+
+
+def format_addr(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

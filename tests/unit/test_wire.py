@@ -1,0 +1,158 @@
+"""The wire codec: round trips, and refusal of everything it does not expect."""
+
+from __future__ import annotations
+
+import struct
+
+import cbor2
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dlm import wire
+from dlm.node.raft.types import (
+    AppendEntries,
+    AppendEntriesResponse,
+    ConfState,
+    Entry,
+    Heartbeat,
+    HeartbeatResponse,
+    InstallSnapshot,
+    InstallSnapshotResponse,
+    Message,
+    ReadIndexRequest,
+    ReadIndexResponse,
+    SnapshotMeta,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+)
+
+H = {"group": 0, "term": 3, "src": "a", "dst": "b"}
+
+SAMPLES: list[Message] = [
+    VoteRequest(**H, last_log_index=5, last_log_term=2, pre_vote=True, transfer=False),
+    VoteResponse(**H, granted=True, pre_vote=False),
+    AppendEntries(
+        **H,
+        prev_index=4,
+        prev_term=2,
+        entries=(Entry(5, 3, b"x"), Entry(6, 3, b"")),
+        commit=4,
+    ),
+    AppendEntriesResponse(**H, reject=True, index=4, hint_index=3, hint_term=1),
+    Heartbeat(**H, commit=7, ctx=b"r1"),
+    HeartbeatResponse(**H, ctx=b"r1"),
+    InstallSnapshot(
+        **H,
+        meta=SnapshotMeta(10, 2, ConfState(("a", "b", "c"), ())),
+        offset=0,
+        data=b"img",
+        done=True,
+    ),
+    InstallSnapshotResponse(**H, index=10, next_offset=3, reject=False),
+    TimeoutNow(**H),
+    ReadIndexRequest(**H, ctx=b"q"),
+    ReadIndexResponse(**H, ctx=b"q", index=9),
+]
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
+def test_raft_message_round_trips(msg: Message) -> None:
+    dec = wire.FrameDecoder(wire.PEER_FRAME_LIMIT)
+    dec.feed(wire.raft_frame([msg, msg]))
+    (frame,) = list(dec.frames())
+    assert wire.decode_raft_frame(frame) == [msg, msg]
+
+
+def test_decoder_reassembles_frames_split_anywhere() -> None:
+    data = wire.raft_frame(SAMPLES) + wire.encode_frame({"t": "x"})
+    for cut in range(0, len(data), 7):
+        dec = wire.FrameDecoder(wire.PEER_FRAME_LIMIT)
+        dec.feed(data[:cut])
+        got = list(dec.frames())
+        dec.feed(data[cut:])
+        got += list(dec.frames())
+        assert len(got) == 2
+
+
+def test_oversized_frame_is_refused_before_it_is_buffered() -> None:
+    dec = wire.FrameDecoder(wire.CLIENT_FRAME_LIMIT)
+    dec.feed(struct.pack(">I", wire.CLIENT_FRAME_LIMIT + 1))
+    with pytest.raises(wire.ProtocolError) as info:
+        list(dec.frames())
+    assert info.value.code is wire.ErrorCode.TOO_LARGE
+
+
+def test_unknown_cbor_tags_are_refused() -> None:
+    body = cbor2.dumps(cbor2.CBORTag(999, 0))
+    with pytest.raises(wire.ProtocolError):
+        wire.decode_body(body)
+
+
+def test_a_tagged_value_in_a_field_is_refused() -> None:
+    frame = {"t": "acquire", "id": 1, "lease": "l", "seq": cbor2.CBORTag(1, 0), "key": "k"}
+    with pytest.raises(wire.ProtocolError):
+        wire.decode_request(wire.decode_body(cbor2.dumps(frame)))
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        [],
+        {"t": "acquire"},
+        {"t": "acquire", "id": 1, "lease": "l", "seq": True, "key": "k"},
+        {"t": "acquire", "id": 1, "lease": "bad lease!", "seq": 1, "key": "k"},
+        {"t": "acquire", "id": 1, "lease": "l", "seq": 1, "key": ""},
+        {"t": "acquire", "id": 1, "lease": "l", "seq": 1, "key": "k", "meta": {"a": 1}},
+        {"t": "nope", "id": 1},
+    ],
+)
+def test_bad_requests_are_protocol_errors(frame: object) -> None:
+    with pytest.raises(wire.ProtocolError):
+        wire.decode_request(frame)
+
+
+def test_request_round_trip() -> None:
+    req = wire.Acquire(id=7, lease="L1", seq=3, key="k", wait=True, limit=2, meta={"h": "x"})
+    assert wire.decode_request(req.to_wire()) == req
+
+
+@given(st.binary(max_size=300))
+def test_arbitrary_bytes_never_raise_anything_but_protocol_error(data: bytes) -> None:
+    dec = wire.FrameDecoder(wire.PEER_FRAME_LIMIT)
+    dec.feed(struct.pack(">I", len(data)) + data)
+    try:
+        for frame in dec.frames():
+            wire.decode_raft_frame(frame)
+    except wire.ProtocolError:
+        pass
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.binary() | st.text(),
+        lambda c: st.lists(c, max_size=6),
+        max_leaves=30,
+    )
+)
+def test_arbitrary_cbor_values_never_raise_anything_but_protocol_error(value: object) -> None:
+    for decode in (wire.raft_from_wire, wire.decode_request, wire.Hello.from_wire):
+        try:
+            decode(value)
+        except wire.ProtocolError:
+            pass
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("127.0.0.1:7701", ("127.0.0.1", 7701)), ("host", ("host", 7700)), ("[::1]:9", ("::1", 9))],
+)
+def test_parse_addr(text: str, expected: tuple[str, int]) -> None:
+    assert wire.parse_addr(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "h:0", "h:x", "[::1"])
+def test_parse_addr_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        wire.parse_addr(text)
