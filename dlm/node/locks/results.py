@@ -1,0 +1,223 @@
+"""What applying a command answers, and the read-only views of the lock table.
+
+Results form a small closed set (``Result``). Each has ``code``: "OK" or the
+wire error code the server should reply with, and ``to_dict()``: a plain
+dict of str/int/bool/list/dict with a ``"type"`` entry, so the server can put
+any result on the wire without knowing its class. ``result_from_dict`` is the
+inverse; the state machine uses it to restore the cached last result of each
+lease from a snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    return value
+
+
+class _Plain:
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class Holder(_Plain):
+    """One holder of a key: ``token`` is the log index of the entry that granted it."""
+
+    lease: str
+    token: int
+    granted_at_ms: int
+    meta: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Waiter(_Plain):
+    """One lease in a key's FIFO queue, waiting since the leader's clock read ``since_ms``."""
+
+    lease: str
+    since_ms: int
+    meta: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Grant(_Plain):
+    """A waiter that the apply step just made a holder; the server pushes it to that client."""
+
+    lease: str
+    key: str
+    token: int
+    granted_at_ms: int
+
+
+class _Result(_Plain):
+    __slots__ = ()
+    kind: ClassVar[str]
+    code: ClassVar[str] = "OK"
+
+    @property
+    def ok(self) -> bool:
+        return self.code == "OK"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.kind, **_Plain.to_dict(self)}
+
+
+@dataclass(frozen=True, slots=True)
+class Granted(_Result):
+    kind = "granted"
+    key: str
+    token: int
+    lease: str
+
+
+@dataclass(frozen=True, slots=True)
+class Queued(_Result):
+    """The lease waits for ``key``; ``position`` 1 means it is next in line."""
+
+    kind = "queued"
+    key: str
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class Locked(_Result):
+    """No slot free and the request did not ask to wait."""
+
+    kind = "locked"
+    code = "LOCKED"
+    key: str
+    holders: tuple[Holder, ...]
+    retry_after_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Released(_Result):
+    """``held`` is True when a held slot was given up, False when a queue place was."""
+
+    kind = "released"
+    key: str
+    held: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class NotHolder(_Result):
+    """The lease neither holds nor waits for ``key``."""
+
+    kind = "not_holder"
+    code = "NOT_HOLDER"
+    key: str
+    holders: tuple[Holder, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionExpired(_Result):
+    """The lease does not exist: it expired, was closed, or was never opened."""
+
+    kind = "session_expired"
+    code = "SESSION_EXPIRED"
+    lease: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseOpened(_Result):
+    kind = "lease_opened"
+    lease: str
+    ttl_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseClosed(_Result):
+    kind = "lease_closed"
+    lease: str
+
+
+@dataclass(frozen=True, slots=True)
+class BadRequest(_Result):
+    kind = "bad_request"
+    code = "BAD_REQUEST"
+    message: str
+
+
+Result = (
+    Granted
+    | Queued
+    | Locked
+    | Released
+    | NotHolder
+    | SessionExpired
+    | LeaseOpened
+    | LeaseClosed
+    | BadRequest
+)
+
+
+def result_from_dict(d: Mapping[str, Any]) -> Result:
+    """Rebuild a result from its ``to_dict()`` form; ValueError when it is not one."""
+    try:
+        match d["type"]:
+            case "granted":
+                return Granted(_s(d["key"]), _i(d["token"]), _s(d["lease"]))
+            case "queued":
+                return Queued(_s(d["key"]), _i(d["position"]))
+            case "locked":
+                return Locked(_s(d["key"]), _holders(d["holders"]), _i(d["retry_after_ms"]))
+            case "released":
+                held = d["held"]
+                if type(held) is not bool:
+                    raise ValueError("held must be a bool")
+                return Released(_s(d["key"]), held)
+            case "not_holder":
+                return NotHolder(_s(d["key"]), _holders(d["holders"]))
+            case "session_expired":
+                return SessionExpired(_s(d["lease"]))
+            case "lease_opened":
+                return LeaseOpened(_s(d["lease"]), _i(d["ttl_ms"]))
+            case "lease_closed":
+                return LeaseClosed(_s(d["lease"]))
+            case "bad_request":
+                return BadRequest(_s(d["message"]))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"malformed result: {exc!r}") from None
+    raise ValueError(f"unknown result type {d.get('type')!r}")
+
+
+def holder_from_dict(d: Mapping[str, Any]) -> Holder:
+    return Holder(_s(d["lease"]), _i(d["token"]), _i(d["granted_at_ms"]), str_map(d["meta"]))
+
+
+def str_map(value: object) -> dict[str, str]:
+    if type(value) is not dict or not all(
+        type(k) is str and type(v) is str for k, v in value.items()
+    ):
+        raise ValueError("expected a map of text to text")
+    return dict(value)
+
+
+def _holders(value: object) -> tuple[Holder, ...]:
+    if type(value) is not list:
+        raise ValueError("holders must be a list")
+    return tuple(holder_from_dict(h) for h in value)
+
+
+def _s(value: object) -> str:
+    if type(value) is not str:
+        raise ValueError(f"expected text, got {type(value).__name__}")
+    return value
+
+
+def _i(value: object) -> int:
+    if type(value) is not int:
+        raise ValueError(f"expected an integer, got {type(value).__name__}")
+    return value
