@@ -18,9 +18,13 @@ deadline it keeps on its own monotonic clock passes. Keep-alives do not go
 through the log. The fencing token of a grant is the index of the entry that
 made it, so tokens rise strictly per key with no counter to replicate.
 
-Requests that change state carry (lease, seq). Each lease remembers its last
-seq and result: a re-sent request returns the remembered result (a re-sent
-waiting acquire reports where the wait stands now), an older seq is refused.
+Requests that change state carry (lease, seq), where seq is a request id the
+client picks and reuses unchanged when it re-sends (docs/PROTOCOL.md). Each
+lease remembers the results of its last 32 request ids: a re-sent request gets
+its remembered result without running again, except that a re-sent waiting
+acquire whose answer was ``Queued`` reports where the wait stands now
+(``Granted`` with its token once granted). Ids need not increase, so a client
+may run several requests of one lease concurrently.
 """
 
 from dlm.node.locks.commands import (

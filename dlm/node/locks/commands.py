@@ -236,9 +236,9 @@ def _check_limit(limit: int) -> str | None:
 
 
 def _check_seq(seq: int) -> str | None:
-    if 1 <= seq <= INT_MAX:
+    if 0 <= seq <= INT_MAX:
         return None
-    return f"seq must be a positive request number; got {seq}"
+    return f"seq must be a request id between 0 and 2**63-1; got {seq}"
 
 
 def _is_control(ch: str) -> bool:
@@ -276,8 +276,6 @@ def _bool(value: object, what: str) -> bool:
 def _meta(value: object) -> dict[str, str]:
     if type(value) is not dict:
         raise CommandError(f"meta must be a map of text to text, got {type(value).__name__}")
-    if len(value) > META_MAX_ENTRIES:
-        raise CommandError(f"meta has {len(value)} entries; at most {META_MAX_ENTRIES} allowed")
     for name, text in value.items():
         if type(name) is not str or type(text) is not str:
             raise CommandError("meta must be a map of text to text")

@@ -57,6 +57,8 @@ from dlm.node.locks.results import (
 )
 
 SNAPSHOT_VERSION = 1
+RECENT_RESULTS = 32
+"""Results remembered per lease, keyed by request seq, for answering re-sent requests."""
 RETRY_AFTER_MAX_MS = 30_000
 """Cap on the LOCKED retry hint: a poller should not sleep longer than this."""
 
@@ -98,7 +100,8 @@ class LeaseInfo(_Plain):
     lease: str
     ttl_ms: int
     opened_at_ms: int
-    last_seq: int
+    last_seq: int | None
+    """The seq of the latest request the lease made, if any."""
     holding: tuple[str, ...]
     """Keys the lease holds, sorted."""
     waiting: tuple[str, ...]
@@ -136,8 +139,8 @@ class _Key:
 class _Lease:
     ttl_ms: int
     opened_at_ms: int
-    last_seq: int = 0
-    last_result: Result | None = None
+    recent: OrderedDict[int, Result] = field(default_factory=OrderedDict)
+    """The last RECENT_RESULTS (seq, result) pairs, oldest first."""
     holding: set[str] = field(default_factory=set)
     waiting: set[str] = field(default_factory=set)
 
@@ -220,13 +223,9 @@ class LockStateMachine:
             self._end_lease(cmd.lease, step)
             step.expired.append(cmd.lease)
             return LeaseClosed(cmd.lease)
-        if cmd.seq < lease.last_seq:
-            return BadRequest(
-                f"stale sequence: request {cmd.seq} is older than {lease.last_seq}, the last one "
-                "this lease sent; a client must number its requests in increasing order"
-            )
-        if cmd.seq == lease.last_seq and lease.last_result is not None:
-            return self._replay(cmd.lease, lease, lease.last_result)
+        cached = lease.recent.get(cmd.seq)
+        if cached is not None:
+            return self._replay(cmd.lease, lease, cached)
         result: Result
         match cmd:
             case CloseLease():
@@ -238,8 +237,9 @@ class LockStateMachine:
                 result = self._acquire(cmd, lease, step)
             case Release():
                 result = self._release(cmd, lease, step)
-        lease.last_seq = cmd.seq
-        lease.last_result = result
+        lease.recent[cmd.seq] = result
+        if len(lease.recent) > RECENT_RESULTS:
+            lease.recent.popitem(last=False)
         return result
 
     def _replay(self, lease_id: str, lease: _Lease, cached: Result) -> Result:
@@ -387,7 +387,7 @@ class LockStateMachine:
             lease_id,
             lease.ttl_ms,
             lease.opened_at_ms,
-            lease.last_seq,
+            next(reversed(lease.recent), None),
             tuple(sorted(lease.holding)),
             tuple(sorted(lease.waiting)),
         )
@@ -418,8 +418,7 @@ class LockStateMachine:
                 lease_id,
                 lease.ttl_ms,
                 lease.opened_at_ms,
-                lease.last_seq,
-                None if lease.last_result is None else lease.last_result.to_dict(),
+                [[seq, result.to_dict()] for seq, result in lease.recent.items()],
             ]
             for lease_id, lease in sorted(self._leases.items())
         ]
@@ -451,13 +450,11 @@ class LockStateMachine:
         _, applied, leases, keys = item
         machine = cls()
         machine._applied = _int(applied)
-        for lease_id, ttl_ms, opened_at_ms, last_seq, last_result in leases:
-            machine._leases[_str(lease_id)] = _Lease(
-                ttl_ms=_int(ttl_ms),
-                opened_at_ms=_int(opened_at_ms),
-                last_seq=_int(last_seq),
-                last_result=None if last_result is None else result_from_dict(last_result),
-            )
+        for lease_id, ttl_ms, opened_at_ms, recent in leases:
+            lease = _Lease(ttl_ms=_int(ttl_ms), opened_at_ms=_int(opened_at_ms))
+            for seq, result in recent:
+                lease.recent[_int(seq)] = result_from_dict(result)
+            machine._leases[_str(lease_id)] = lease
         for key, limit, holders, waiters in keys:
             entry = _Key(limit=_int(limit))
             for lease_id, token, granted_at_ms, meta in holders:
