@@ -1,4 +1,4 @@
-"""Options shared by all test directories: `pytest tests` and `pytest tests/sim` both accept them."""
+"""Options shared by all test directories (`pytest tests` and `pytest tests/sim` accept them)."""
 
 from __future__ import annotations
 
