@@ -1,0 +1,212 @@
+"""A node's configuration: what `dlm node start` was told, checked and completed.
+
+``NodeConfig.from_flags`` turns the raw flag values into a checked config
+with the embedded defaults filled in (no flags at all: a single-node cluster
+``n1`` on 127.0.0.1:7700 with data in ./dlm-data). Every problem is a
+``ConfigError`` whose message is one line a user can act on.
+
+The data directory remembers which node and cluster created it, in
+``DIR/node.json``; ``check_data_dir`` refuses to start a node on a directory
+made for another one, because mixing two members' logs loses acknowledged
+writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dlm.wire import format_addr, parse_addr
+
+DEFAULT_NODE_ID = "n1"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 7700
+DEFAULT_DATA_DIR = "dlm-data"
+DEFAULT_CLUSTER = "dlm"
+META_FILE = "node.json"
+META_FORMAT = 1
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+class ConfigError(Exception):
+    """A flag or the data directory does not make sense; the message is one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Clock settings of the runtime.
+
+    The election timeout is drawn by the core between ``election_ticks`` and
+    twice that, so 50 ms ticks and 6 ticks give 300-600 ms: a dead leader is
+    replaced well within a second, while a follower whose event loop stalls
+    for a few hundred milliseconds under load does not start an election.
+    """
+
+    tick_s: float = 0.05
+    election_ticks: int = 6
+    heartbeat_ticks: int = 1
+    request_timeout_s: float = 5.0
+    """A proposal or read not answered in this time gets TIMEOUT (the client retries)."""
+    expire_retry_s: float = 1.0
+    """A lease whose Expire was proposed but is still alive this long after is proposed again."""
+    shutdown_grace_s: float = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    node_id: str
+    listen: tuple[str, int]
+    peers: dict[str, tuple[str, int]]
+    """Every voter's advertised address, this node included."""
+    data_dir: Path
+    cluster: str
+    timing: Timing = field(default_factory=Timing)
+    snapshot_every: int = 10_000
+    """Take a state-machine snapshot after this many applied entries."""
+    snapshot_keep: int = 1_000
+    """Entries kept in the log behind a snapshot, so a briefly lagging peer needs no snapshot."""
+    fsync: bool = True
+
+    @property
+    def address(self) -> str:
+        host, port = self.peers[self.node_id]
+        return format_addr(host, port)
+
+    @property
+    def voters(self) -> tuple[str, ...]:
+        return tuple(sorted(self.peers))
+
+    def address_of(self, node_id: str | None) -> str | None:
+        if node_id is None or node_id not in self.peers:
+            return None
+        host, port = self.peers[node_id]
+        return format_addr(host, port)
+
+    @classmethod
+    def from_flags(
+        cls,
+        *,
+        node_id: str | None,
+        listen: str | None,
+        peers: str | None,
+        data: str | None,
+        cluster: str | None,
+    ) -> NodeConfig:
+        node = node_id.strip() if node_id is not None else DEFAULT_NODE_ID
+        check_id(node, "--id")
+        cluster_id = cluster.strip() if cluster is not None else DEFAULT_CLUSTER
+        check_id(cluster_id, "--cluster-id")
+
+        peer_map = parse_peers(peers) if peers is not None else {}
+        listen_addr = _parse(listen, "--listen") if listen is not None else None
+        if not peer_map:
+            peer_map = {node: listen_addr or (DEFAULT_HOST, DEFAULT_PORT)}
+        elif node not in peer_map:
+            known = ", ".join(sorted(peer_map))
+            raise ConfigError(
+                f"--peers does not include this node {node!r} (it names {known}): "
+                f"add {node}=HOST:PORT to --peers or pick one of them with --id"
+            )
+        if listen_addr is None:
+            listen_addr = peer_map[node]
+
+        data_dir = Path(data) if data is not None else Path(DEFAULT_DATA_DIR)
+        return cls(
+            node_id=node,
+            listen=listen_addr,
+            peers=peer_map,
+            data_dir=data_dir,
+            cluster=cluster_id,
+        )
+
+
+def check_id(value: str, flag: str) -> None:
+    if not _ID_RE.match(value):
+        raise ConfigError(
+            f"{flag} {value!r} is not a valid name: use 1-63 letters, digits, '_', '-' or '.', "
+            "starting with a letter or digit"
+        )
+
+
+def _parse(text: str, what: str) -> tuple[str, int]:
+    try:
+        return parse_addr(text)
+    except ValueError as exc:
+        raise ConfigError(f"{what}: {exc}; expected HOST:PORT, e.g. 127.0.0.1:7701") from None
+
+
+def parse_peers(text: str) -> dict[str, tuple[str, int]]:
+    """Parses ``ID=HOST:PORT,ID=HOST:PORT``; raises ConfigError naming the bad item."""
+    out: dict[str, tuple[str, int]] = {}
+    items = [item.strip() for item in text.split(",")]
+    for item in items:
+        if not item:
+            continue
+        name, sep, addr = item.partition("=")
+        name = name.strip()
+        if not sep or not name or not addr.strip():
+            raise ConfigError(
+                f"--peers item {item!r} is malformed: expected ID=HOST:PORT, "
+                "e.g. --peers n1=127.0.0.1:7701,n2=127.0.0.1:7702"
+            )
+        check_id(name, "--peers id")
+        if name in out:
+            raise ConfigError(f"--peers names {name!r} twice: each member must appear once")
+        out[name] = _parse(addr, f"--peers address of {name}")
+    if not out:
+        raise ConfigError("--peers is empty: expected ID=HOST:PORT,ID=HOST:PORT,...")
+    addrs = list(out.values())
+    if len(set(addrs)) != len(addrs):
+        raise ConfigError("--peers gives two members the same address: each needs its own port")
+    return out
+
+
+def check_data_dir(config: NodeConfig) -> bool:
+    """Refuses a data dir made for another node or cluster; True when it is new (no meta yet)."""
+    path = config.data_dir / META_FILE
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return True
+    except NotADirectoryError:
+        raise ConfigError(f"data dir {config.data_dir} is not a directory") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        meta = json.loads(raw)
+        node, cluster = meta["node"], meta["cluster"]
+        if not isinstance(node, str) or not isinstance(cluster, str):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(
+            f"{path} is damaged: it should name the node and cluster this data dir belongs to"
+        ) from None
+    if node != config.node_id or cluster != config.cluster:
+        raise ConfigError(
+            f"data dir {config.data_dir} belongs to node {node!r} of cluster {cluster!r}, "
+            f"not node {config.node_id!r} of cluster {config.cluster!r}: "
+            "start with the matching --id/--cluster-id or use another --data"
+        )
+    return False
+
+
+def write_meta(config: NodeConfig) -> None:
+    """Records the owner of a fresh data dir (atomically: temp file, fsync, rename)."""
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    path = config.data_dir / META_FILE
+    tmp = path.with_suffix(".tmp")
+    body = json.dumps({"format": META_FORMAT, "node": config.node_id, "cluster": config.cluster})
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(body + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(config.data_dir, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
