@@ -537,11 +537,12 @@ def test_snapshot_round_trip_keeps_state_and_behaviour(d: Driver) -> None:
     assert restored.lease("b") == d.sm.lease("b")
     assert restored.counts() == d.sm.counts()
     # The restored replica then behaves exactly like the live one.
-    for cmd in [
+    later: list[Command] = [
         Acquire("b", 4242, "k", True, 1, {}, 1),
         CloseLease("a", 99, 2),
         Acquire("b", 4242, "k", True, 1, {}, 3),
-    ]:
+    ]
+    for cmd in later:
         index = d.sm.applied_index + 1
         assert restored.apply_command(index, cmd) == d.sm.apply_command(index, cmd)
     assert restored.snapshot() == d.sm.snapshot()
