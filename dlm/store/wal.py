@@ -62,6 +62,7 @@ _ENTRY = struct.Struct("<BQQB")
 _HEADER = struct.Struct("<B4sBQQQB")
 _KINDS = frozenset(int(k) for k in EntryKind)
 _NONZERO = re.compile(rb"[^\x00]")
+_UNKNOWN_TERM = -1
 
 
 def segment_name(seq: int) -> str:
@@ -298,6 +299,11 @@ def replay(scans: list[SegmentScan], snap_index: int, snap_term: int) -> Replay:
             elif base[0] < e.index < nxt:
                 del entries[e.index - base[0] - 1 :]
                 entries.append(e)
+            elif 0 < e.index <= base[0] and e.index - 1 <= snap_index:
+                # A rewind to before this segment's start, whose earlier
+                # segments compaction has deleted: the log restarts here, and
+                # only the snapshot can vouch for what came before.
+                base, entries = (e.index - 1, _UNKNOWN_TERM), [e]
             else:
                 raise _corrupt(
                     scan.name,
@@ -323,7 +329,10 @@ def replay(scans: list[SegmentScan], snap_index: int, snap_term: int) -> Replay:
         term_at = (
             base_term if snap_index == base_index else entries[snap_index - base_index - 1].term
         )
-        if term_at == snap_term:
+        if term_at == snap_term or (term_at == _UNKNOWN_TERM and snap_index == base_index):
+            if base_term == _UNKNOWN_TERM:
+                # term(first_index - 1) must be answerable: start at the snapshot.
+                return Replay(snap_index, snap_term, entries[snap_index - base_index :])
             return Replay(base_index, base_term, entries)
     return Replay(snap_index, snap_term, [], needs_reset=True)
 
