@@ -1,0 +1,55 @@
+"""The dlm client library: talk to a cluster, take and hold locks.
+
+``from dlm.client import Client`` gives the blocking client (sync.py);
+``dlm.client.aio.AsyncClient`` is the anyio one. Importing this package is
+cheap: the exceptions are loaded at once, everything else on first use, so
+the CLI can catch ``DlmError`` without paying for sockets or CBOR.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from dlm.client.errors import (
+    BadRequest,
+    ClusterUnavailable,
+    DlmError,
+    LeaseLost,
+    LockHeld,
+    NotHolder,
+    ServerError,
+)
+
+if TYPE_CHECKING:
+    from dlm.client.core import Grant, Lease
+    from dlm.client.sync import Client, KeepAlive
+
+_LAZY = {
+    "Client": "dlm.client.sync",
+    "KeepAlive": "dlm.client.sync",
+    "Grant": "dlm.client.core",
+    "Lease": "dlm.client.core",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dlm.client' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = [
+    "BadRequest",
+    "Client",
+    "ClusterUnavailable",
+    "DlmError",
+    "Grant",
+    "KeepAlive",
+    "Lease",
+    "LeaseLost",
+    "LockHeld",
+    "NotHolder",
+    "ServerError",
+]

@@ -1,0 +1,95 @@
+"""What can go wrong when talking to a dlm cluster, as exceptions a caller can act on.
+
+Each exception carries the protocol's error ``code``, a one-line ``message``
+that says what to do next, and the ``exit_code`` the ``dlm`` command maps it
+to. This module imports nothing heavy: the CLI imports it on its hot path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DlmError(Exception):
+    """Base of every error the client raises; ``code`` is the protocol error code."""
+
+    exit_code: int = 1
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ClusterUnavailable(DlmError):
+    """No member answered, or none could reach a leader with a quorum, within the timeout."""
+
+    exit_code = 69
+
+    def __init__(self, message: str, code: str = "UNAVAILABLE") -> None:
+        super().__init__(code, message)
+
+
+class LockHeld(DlmError):
+    """Someone else holds the lock (and it was not obtained within the wait, if any)."""
+
+    exit_code = 75
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        holders: list[dict[str, Any]] | None = None,
+        retry_after_ms: int | None = None,
+    ) -> None:
+        super().__init__("LOCKED", message)
+        self.holders: list[dict[str, Any]] = list(holders or [])
+        self.retry_after_ms = retry_after_ms
+
+
+class LeaseLost(DlmError):
+    """The lease has expired or was closed; every lock it held is gone."""
+
+    exit_code = 77
+
+    def __init__(self, message: str) -> None:
+        super().__init__("SESSION_EXPIRED", message)
+
+
+class NotHolder(DlmError):
+    """The lease does not hold the key; ``holders`` says who does now (maybe nobody)."""
+
+    exit_code = 77
+
+    def __init__(self, message: str, *, holders: list[dict[str, Any]] | None = None) -> None:
+        super().__init__("NOT_HOLDER", message)
+        self.holders: list[dict[str, Any]] = list(holders or [])
+
+
+class BadRequest(DlmError):
+    """The cluster refused the request as malformed or too large; retrying will not help."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, code: str = "BAD_REQUEST") -> None:
+        super().__init__(code, message)
+
+
+class ServerError(DlmError):
+    """An error code this client does not know how to handle."""
+
+    exit_code = 1
+
+
+__all__ = [
+    "BadRequest",
+    "ClusterUnavailable",
+    "DlmError",
+    "LeaseLost",
+    "LockHeld",
+    "NotHolder",
+    "ServerError",
+]
