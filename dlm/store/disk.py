@@ -118,7 +118,7 @@ class DiskStorage:
         fresh = not fs.exists(root)
         if fresh:
             fs.makedirs(root)
-            parent = os.path.dirname(os.path.abspath(root))
+            parent = os.path.dirname(os.path.normpath(root)) or "."
             if sync:
                 fs.fsync_dir(parent)
         fs.listdir(root)  # unreadable directories fail here, with their errno

@@ -286,7 +286,8 @@ class _MemLock:
 
 
 def _norm(path: str) -> str:
-    return os.path.normpath(path)
+    # Relative paths are taken from the in-memory root, never the real cwd.
+    return os.path.normpath(os.path.join(os.sep, path))
 
 
 class CrashableFS:
@@ -320,6 +321,14 @@ class CrashableFS:
     (a write landing per ``Tear``) and then raise ``SimulatedCrash``; follow
     it with ``crash(...)`` to restart. ``flip_bit(path, bit)`` and
     ``read``/``write_file`` let tests corrupt or plant files directly.
+
+    Typical use (the simulator)::
+
+        fs = CrashableFS(random.Random(seed))
+        store = DiskStorage.open("/n1", fs=fs)        # paths are in-memory
+        ...                                           # run the node
+        fs.crash(CrashMode.POWER_LOSS, under="/n1")   # node n1 loses power
+        store = DiskStorage.open("/n1", fs=fs)        # restart from what survived
     """
 
     def __init__(self, rng: random.Random) -> None:

@@ -429,13 +429,13 @@ class Wal:
         active = self._active
         assert active is not None, "wal is closed"
         if active.size >= self._segment_bytes:
-            self._roll(buf, max(e.index for e in entries))
+            self._roll(buf, entries[-1].index)
         else:
             active.write(buf)
             if self._sync:
                 active.fsync()
             seg = self._segments[-1]
-            seg.max_index = max(seg.max_index, *(e.index for e in entries))
+            seg.max_index = max(seg.max_index, entries[-1].index)
         self._last_index, self._last_term = entries[-1].index, entries[-1].term
 
     def _roll(self, first_batch: bytes, max_index: int) -> None:

@@ -204,6 +204,19 @@ def test_crashable_fs_models_lost_writes() -> None:
         g.write(b"x")
 
 
+def test_crashable_fs_takes_relative_paths_and_crashes_one_subtree() -> None:
+    fs = CrashableFS(random.Random(4))
+    one = DiskStorage.open("n1", fs=fs)
+    two = DiskStorage.open("n2", fs=fs)
+    one.append(entries(1, 3))
+    two.append(entries(1, 4))
+    fs.crash(CrashMode.POWER_LOSS, under="n1")
+    two.append(entries(4, 5))  # n2 is unaffected and keeps running
+    with DiskStorage.open("n1", fs=fs) as again:
+        assert again.entries(1, 3) == entries(1, 3)
+    two.close()
+
+
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), restarts=st.lists(st.integers(0, 39), max_size=5))
 def test_model_based_with_restarts(seed: int, restarts: list[int]) -> None:
