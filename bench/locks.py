@@ -1,0 +1,896 @@
+"""The lock-service benchmark: dlm against the machine's floor and etcd 3.4, same run.
+
+What it does (see bench/README.md for what each figure means):
+
+1. Measures the floor (bench/floor.py): fsync of a 100-byte append in the
+   data directory's filesystem, and a loopback TCP round trip.
+2. Starts a 3-node dlm cluster on 127.0.0.1 (free ports, temporary data
+   dirs, fsync on) and waits for a leader.
+3. Runs closed-loop cells: c concurrent clients (default 1, 16, 64), each
+   with its own connection and lease, doing acquire then release, either on
+   a key of its own ("distinct") or all on one key ("hot", acquire waits in
+   the FIFO queue). Each cell warms up, then measures for a fixed window:
+   pairs/s, p50/p99 of acquire latency and of the whole pair, the CPU the
+   load generator used and the CPU the three servers used.
+   The load runs in worker processes, each an asyncio loop holding a share
+   of the clients. With c >= 16 both a single loop and ``--procs`` loops are
+   measured, because on a small machine the load generator itself may be
+   the bottleneck; the table shows the better of the two and says which.
+4. Failover: a client loops acquire/release, the leader is killed with
+   SIGKILL, and the time from the kill to the first acquire issued after it
+   that succeeds is recorded; the node is restarted and the run repeated.
+5. The same cells and failover against a 3-member etcd 3.4 cluster
+   (bench/etcd.py) when etcd is installed; dlm/etcd ratios from this run.
+
+Every process started here is stopped by PID in a ``finally`` block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import json
+import math
+import multiprocessing
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from bench import etcd as etcd_bench
+from bench.floor import Floor, Percentiles, free_ports, measure_floor, summarize
+from dlm.wire import (
+    CLIENT_FRAME_LIMIT,
+    FrameDecoder,
+    Hello,
+    ProtocolError,
+    Role,
+    Status,
+    encode_frame,
+    parse_addr,
+)
+
+CLIENT_COUNTS = (1, 16, 64)
+DEFAULT_SECONDS = 5.0
+DEFAULT_WARMUP = 1.0
+DEFAULT_PROCS = 2
+DEFAULT_FAILOVERS = 5
+LEASE_TTL_MS = 30_000
+HOT_WAIT_S = 30.0
+OP_TIMEOUT_S = 10.0
+SETUP_TIMEOUT_S = 30.0
+LEADER_TIMEOUT_S = 20.0
+FAILOVER_TIMEOUT_S = 20.0
+# etcd drops a proposal made while it has no leader and answers only when its 7 s request
+# timeout fires; a real client would give up sooner and try another member. 1 s is etcd's
+# election timeout, so a retry after it usually finds the new leader.
+ETCD_FAILOVER_ATTEMPT_S = 1.0
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------------------
+# What the load talks to
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Enough to reach a cluster from a fresh worker process (so it must pickle)."""
+
+    system: str  # "dlm" or "etcd"
+    endpoints: tuple[str, ...]  # HOST:PORT, the leader first
+    # etcd only: re-send a request that stays silent this long to the next member.
+    attempt_timeout_s: float | None = None
+
+
+class LockSession(Protocol):
+    async def acquire(self, key: str, *, wait: bool) -> None: ...
+
+    async def release(self, key: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class DlmSession:
+    """One dlm client: its own AsyncClient (so its own connection) and its own lease."""
+
+    def __init__(self, client: Any, lease: Any) -> None:
+        self._client = client
+        self._lease = lease
+
+    @classmethod
+    async def open(cls, endpoints: Sequence[str]) -> DlmSession:
+        # Lazy: the etcd half of the benchmark runs without dlm's client.
+        from dlm.client.aio import AsyncClient  # noqa: PLC0415
+
+        client = AsyncClient(list(endpoints), timeout=OP_TIMEOUT_S)
+        try:
+            lease = await client.open_lease(LEASE_TTL_MS)
+        except BaseException:
+            await client.aclose()
+            raise
+        return cls(client, lease)
+
+    async def acquire(self, key: str, *, wait: bool) -> None:
+        await self._client.acquire(self._lease, key, wait=HOT_WAIT_S if wait else None)
+
+    async def release(self, key: str) -> None:
+        await self._client.release(self._lease, key)
+
+    async def close(self) -> None:
+        try:
+            await self._client.close_lease(self._lease)
+        finally:
+            await self._client.aclose()
+
+
+async def open_session(target: Target) -> LockSession:
+    if target.system == "dlm":
+        return await DlmSession.open(target.endpoints)
+    return await etcd_bench.EtcdSession.open(
+        target.endpoints, 0, op_timeout=OP_TIMEOUT_S, attempt_timeout=target.attempt_timeout_s
+    )
+
+
+class Cluster(Protocol):
+    """What the harness needs from a running cluster, dlm's or etcd's."""
+
+    @property
+    def pids(self) -> list[int]: ...
+
+    def leader_index(self, timeout: float) -> int: ...
+
+    def wait_all_agree(self, timeout: float) -> None: ...
+
+    def kill(self, i: int) -> None: ...
+
+    def restart(self, i: int) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+# ---------------------------------------------------------------------------
+# The dlm cluster
+# ---------------------------------------------------------------------------
+
+
+def probe_status(addr: str, timeout: float = 1.0) -> dict[str, Any] | None:
+    """One member's own view (a stale status read), over a raw connection; None if silent."""
+
+    deadline = time.monotonic() + timeout
+    try:
+        with socket.create_connection(parse_addr(addr), timeout=timeout) as sock:
+            sock.sendall(encode_frame(Hello(role=Role.CLIENT).to_wire()))
+            sock.sendall(encode_frame(Status(id=1, stale=True).to_wire()))
+            decoder = FrameDecoder(CLIENT_FRAME_LIMIT)
+            while time.monotonic() < deadline:
+                sock.settimeout(max(0.01, deadline - time.monotonic()))
+                data = sock.recv(65536)
+                if not data:
+                    return None
+                decoder.feed(data)
+                for frame in decoder.frames():
+                    if isinstance(frame, dict) and frame.get("id") == 1:
+                        return frame if frame.get("t") == "ok" else None
+                    if isinstance(frame, dict) and frame.get("t") == "error":
+                        return None
+    except (OSError, ProtocolError, ValueError):
+        return None
+    return None
+
+
+class DlmCluster:
+    """Three `dlm node start` processes on 127.0.0.1, data under ``base_dir``."""
+
+    def __init__(self, base_dir: str, size: int = 3, node_wrapper: Sequence[str] = ()) -> None:
+        self.base_dir = base_dir
+        self.ids = [f"n{i + 1}" for i in range(size)]
+        self.addrs = [f"127.0.0.1:{p}" for p in free_ports(size)]
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * size
+        self.node_wrapper = list(node_wrapper)
+
+    def _command(self, i: int) -> list[str]:
+        peers = ",".join(f"{n}={a}" for n, a in zip(self.ids, self.addrs, strict=True))
+        data = os.path.join(self.base_dir, self.ids[i])
+        args = ["--id", self.ids[i], "--listen", self.addrs[i], "--peers", peers, "--data", data]
+        return [*self.node_wrapper, sys.executable, "-m", "dlm", "node", "start", *args]
+
+    def _spawn(self, i: int) -> None:
+        log = open(os.path.join(self.base_dir, f"{self.ids[i]}.log"), "ab")  # noqa: SIM115
+        with log:
+            self.procs[i] = subprocess.Popen(
+                self._command(i), stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            )
+
+    def start(self) -> None:
+        for i in range(len(self.ids)):
+            self._spawn(i)
+        self.leader_index(LEADER_TIMEOUT_S)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p is not None and p.poll() is None]
+
+    def _views(self) -> dict[int, dict[str, Any]]:
+        views = {}
+        for i, proc in enumerate(self.procs):
+            if proc is None or proc.poll() is not None:
+                continue
+            view = probe_status(self.addrs[i])
+            if view is not None:
+                views[i] = view
+        return views
+
+    def leader_index(self, timeout: float) -> int:
+        """The member that says it leads, in the highest term any live member reports."""
+        deadline = time.monotonic() + timeout
+        while True:
+            views = self._views()
+            top_term = max((int(v.get("term") or 0) for v in views.values()), default=0)
+            for i, view in views.items():
+                if view.get("role") == "leader" and int(view.get("term") or 0) == top_term:
+                    return i
+            dead = [self.ids[i] for i, p in enumerate(self.procs) if p and p.poll() is not None]
+            if dead and len(dead) == len(self.ids):
+                raise RuntimeError(f"every dlm node exited; see the logs in {self.base_dir}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no dlm leader after {timeout:.0f} s (logs: {self.base_dir})")
+            time.sleep(0.05)
+
+    def wait_all_agree(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            views = self._views()
+            leaders = {v.get("leader") for v in views.values()}
+            if len(views) == len(self.ids) and len(leaders) == 1 and None not in leaders:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError("dlm members do not agree on a leader")
+            time.sleep(0.05)
+
+    def kill(self, i: int) -> None:
+        proc = self.procs[i]
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    def restart(self, i: int) -> None:
+        self._spawn(i)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            if proc is None:
+                continue
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User + system CPU time the given processes have used so far."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / _CLK_TCK
+
+
+# ---------------------------------------------------------------------------
+# Closed-loop load
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    hot: bool
+    clients: int
+    procs: int
+    warmup: float
+    seconds: float
+    key_prefix: str
+
+    @property
+    def label(self) -> str:
+        return f"{'hot key' if self.hot else 'distinct keys'}, c={self.clients}"
+
+
+@dataclass(slots=True)
+class WorkerResult:
+    acquire_s: list[float] = field(default_factory=list)
+    pair_s: list[float] = field(default_factory=list)
+    completed: int = 0
+    errors: int = 0
+    first_error: str = ""
+    cpu_s: float = 0.0
+
+
+async def _client_loop(
+    session: LockSession, key: str, hot: bool, window: tuple[float, float], out: WorkerResult
+) -> None:
+    measure_from, stop_at = window
+    while (start := time.monotonic()) < stop_at:
+        try:
+            await asyncio.wait_for(session.acquire(key, wait=hot), OP_TIMEOUT_S + HOT_WAIT_S)
+            acquired = time.monotonic()
+            await asyncio.wait_for(session.release(key), OP_TIMEOUT_S)
+        except Exception as exc:
+            out.errors += 1
+            out.first_error = out.first_error or f"{type(exc).__name__}: {exc}"
+            await asyncio.sleep(0.01)  # an erroring cluster must not be spun on
+            continue
+        done = time.monotonic()
+        if measure_from <= done <= stop_at:
+            out.completed += 1
+            if start >= measure_from:
+                out.acquire_s.append(acquired - start)
+                out.pair_s.append(done - start)
+
+
+async def _drive(target: Target, cell: Cell, indices: Sequence[int], barrier: Any) -> WorkerResult:
+    out = WorkerResult()
+    sessions = await asyncio.wait_for(
+        asyncio.gather(*(open_session(target) for _ in indices)), SETUP_TIMEOUT_S
+    )
+    try:
+        await asyncio.to_thread(barrier.wait, SETUP_TIMEOUT_S)
+        measure_from = time.monotonic() + cell.warmup
+        window = (measure_from, measure_from + cell.seconds)
+
+        async def sample_cpu() -> None:
+            await asyncio.sleep(max(0.0, window[0] - time.monotonic()))
+            started = time.process_time()
+            await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
+            out.cpu_s = time.process_time() - started
+
+        keys = [f"{cell.key_prefix}/hot" if cell.hot else f"{cell.key_prefix}/{i}" for i in indices]
+        await asyncio.gather(
+            sample_cpu(),
+            *(
+                _client_loop(s, k, cell.hot, window, out)
+                for s, k in zip(sessions, keys, strict=True)
+            ),
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                asyncio.gather(*(s.close() for s in sessions), return_exceptions=True), 10.0
+            )
+    return out
+
+
+def _worker(target: Target, cell: Cell, indices: list[int], barrier: Any, results: Any) -> None:
+    try:
+        result = asyncio.run(_drive(target, cell, indices, barrier))
+    except BaseException as exc:
+        barrier.abort()
+        result = WorkerResult(errors=1, first_error=f"{type(exc).__name__}: {exc}")
+    results.put(asdict(result))
+
+
+@dataclass(slots=True)
+class CellResult:
+    label: str
+    hot: bool
+    clients: int
+    procs: int
+    seconds: float
+    pairs_per_s: float
+    acquire: Percentiles
+    pair: Percentiles
+    errors: int
+    first_error: str
+    client_cpu: float  # cores' worth: CPU seconds per wall second
+    server_cpu: float
+
+
+def run_cell(target: Target, cell: Cell, server_pids: Sequence[int]) -> CellResult:
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(cell.procs + 1)
+    results = ctx.Queue()
+    shares = [list(range(cell.clients))[k :: cell.procs] for k in range(cell.procs)]
+    workers = [
+        ctx.Process(target=_worker, args=(target, cell, share, barrier, results), daemon=True)
+        for share in shares
+        if share
+    ]
+    server_cpu = 0.0
+    collected: list[WorkerResult] = []
+    for w in workers:
+        w.start()
+    try:
+        try:
+            barrier.wait(SETUP_TIMEOUT_S)
+            time.sleep(cell.warmup)
+            cpu_before = cpu_seconds(server_pids)
+            time.sleep(cell.seconds)
+            server_cpu = (cpu_seconds(server_pids) - cpu_before) / cell.seconds
+        except threading.BrokenBarrierError:
+            pass  # a worker failed its set-up; its result says why
+        deadline = time.monotonic() + OP_TIMEOUT_S + HOT_WAIT_S + 15
+        while len(collected) < len(workers) and time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                collected.append(WorkerResult(**results.get(timeout=0.5)))
+    finally:
+        for w in workers:
+            w.join(timeout=5)
+            if w.is_alive():
+                w.kill()
+                w.join(timeout=5)
+    acquire = [x for r in collected for x in r.acquire_s]
+    pair = [x for r in collected for x in r.pair_s]
+    missing = len(workers) - len(collected)
+    first_error = next((r.first_error for r in collected if r.first_error), "")
+    if missing:
+        first_error = first_error or f"{missing} load process(es) sent no result"
+    return CellResult(
+        label=cell.label,
+        hot=cell.hot,
+        clients=cell.clients,
+        procs=len(workers),
+        seconds=cell.seconds,
+        pairs_per_s=sum(r.completed for r in collected) / cell.seconds,
+        acquire=summarize(acquire),
+        pair=summarize(pair),
+        errors=sum(r.errors for r in collected) + missing,
+        first_error=first_error,
+        client_cpu=sum(r.cpu_s for r in collected) / cell.seconds,
+        server_cpu=server_cpu,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Failover
+# ---------------------------------------------------------------------------
+
+
+async def _failover_once(target: Target, kill_leader: Callable[[], None]) -> float | None:
+    session = await asyncio.wait_for(open_session(target), SETUP_TIMEOUT_S)
+    kill_at: float | None = None
+    recovered = asyncio.Event()
+    recovered_at = 0.0
+    steady = asyncio.Event()
+    pairs = 0
+    stop = False
+
+    async def loop() -> None:
+        nonlocal recovered_at, pairs
+        while not stop:
+            issued = time.monotonic()
+            try:
+                await session.acquire("bench/failover", wait=True)
+            except Exception:
+                await asyncio.sleep(0.01)
+                continue
+            if kill_at is not None and issued >= kill_at and not recovered.is_set():
+                recovered_at = time.monotonic()
+                recovered.set()
+            with contextlib.suppress(Exception):
+                await session.release("bench/failover")
+            pairs += 1
+            if pairs >= 20:
+                steady.set()
+
+    task = asyncio.create_task(loop())
+    try:
+        await asyncio.wait_for(steady.wait(), SETUP_TIMEOUT_S)
+        kill_at = time.monotonic()
+        kill_leader()
+        await asyncio.wait_for(recovered.wait(), FAILOVER_TIMEOUT_S)
+        return recovered_at - kill_at
+    except TimeoutError:
+        return None
+    finally:
+        stop = True
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(session.close(), 5.0)
+
+
+def measure_failover(
+    system: str, cluster: Cluster, endpoints: Sequence[str], repeats: int
+) -> list[float | None]:
+    samples: list[float | None] = []
+    for _ in range(repeats):
+        leader = cluster.leader_index(LEADER_TIMEOUT_S)
+        ordered = (endpoints[leader], *(a for i, a in enumerate(endpoints) if i != leader))
+        attempt = ETCD_FAILOVER_ATTEMPT_S if system == "etcd" else None
+        target = Target(system, ordered, attempt)
+        samples.append(asyncio.run(_failover_once(target, functools.partial(cluster.kill, leader))))
+        cluster.restart(leader)
+        cluster.wait_all_agree(LEADER_TIMEOUT_S)
+    return samples
+
+
+# ---------------------------------------------------------------------------
+# One system, every cell
+# ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SystemRun:
+    system: str
+    version: str = ""
+    error: str = ""
+    cells: list[CellResult] = field(default_factory=list)
+    failover_s: list[float | None] = field(default_factory=list)
+
+    def best(self, hot: bool, clients: int) -> CellResult | None:
+        matching = [c for c in self.cells if c.hot == hot and c.clients == clients]
+        return max(matching, key=lambda c: c.pairs_per_s, default=None)
+
+    @property
+    def failover_median(self) -> float | None:
+        ok = [s for s in self.failover_s if s is not None]
+        return statistics.median(ok) if ok else None
+
+
+def run_system(
+    run: SystemRun,
+    cluster: Cluster,
+    endpoints: Sequence[str],
+    args: argparse.Namespace,
+) -> None:
+    leader = cluster.leader_index(LEADER_TIMEOUT_S)
+    ordered = (endpoints[leader], *(a for i, a in enumerate(endpoints) if i != leader))
+    target = Target(run.system, ordered)
+    for hot in (False, True):
+        for clients in args.clients:
+            models = [1] if clients < 16 or args.procs <= 1 else [1, args.procs]
+            if args.model == "loop":
+                models = [1]
+            elif args.model == "procs":
+                models = [min(args.procs, clients)]
+            for procs in models:
+                prefix = f"bench/{run.system}/{'h' if hot else 'd'}{clients}x{procs}/{os.getpid()}"
+                cell = Cell(hot, clients, procs, args.warmup, args.seconds, prefix)
+                result = run_cell(target, cell, cluster.pids)
+                run.cells.append(result)
+                _progress(run.system, result)
+    if args.failovers > 0:
+        run.failover_s = measure_failover(run.system, cluster, endpoints, args.failovers)
+        shown = ", ".join("timeout" if s is None else f"{s:.2f}" for s in run.failover_s)
+        print(f"  {run.system}: kill -9 leader -> next acquire (s): {shown}", flush=True)
+
+
+def _progress(system: str, r: CellResult) -> None:
+    note = f"  errors {r.errors} ({r.first_error})" if r.errors else ""
+    print(
+        f"  {system}: {r.label:20} procs={r.procs}  {r.pairs_per_s:8.0f} pairs/s"
+        f"  acquire p50 {r.acquire.p50_ms:7.2f} p99 {r.acquire.p99_ms:7.2f} ms"
+        f"  pair p50 {r.pair.p50_ms:7.2f} p99 {r.pair.p99_ms:7.2f} ms"
+        f"  cpu client {r.client_cpu:4.2f} server {r.server_cpu:4.2f}{note}",
+        flush=True,
+    )
+
+
+def bench_dlm(args: argparse.Namespace, base_dir: str) -> SystemRun:
+    run = SystemRun("dlm")
+    wrapper = args.node_wrapper.split() if args.node_wrapper else []
+    cluster = DlmCluster(os.path.join(base_dir, "dlm"), node_wrapper=wrapper)
+    os.makedirs(cluster.base_dir)
+    try:
+        cluster.start()
+        print(f"dlm: 3 nodes up on {', '.join(cluster.addrs)}", flush=True)
+        run_system(run, cluster, cluster.addrs, args)
+    except Exception as exc:
+        run.error = f"{type(exc).__name__}: {exc}"
+        print(f"dlm: skipped the rest: {run.error}", flush=True)
+    finally:
+        cluster.stop()
+    return run
+
+
+def bench_etcd(args: argparse.Namespace, base_dir: str) -> SystemRun:
+    run = SystemRun("etcd")
+    version = etcd_bench.etcd_version()
+    if version is None:
+        run.error = "etcd is not installed (apt-get install etcd-server etcd-client)"
+        print(f"etcd: skipped: {run.error}", flush=True)
+        return run
+    run.version = version
+    cluster = etcd_bench.EtcdCluster(os.path.join(base_dir, "etcd"))
+    os.makedirs(cluster.base_dir)
+    try:
+        cluster.start()
+        print(f"etcd {version}: 3 members up on {', '.join(cluster.client_addrs)}", flush=True)
+        run_system(run, cluster, cluster.client_addrs, args)
+    except Exception as exc:
+        run.error = f"{type(exc).__name__}: {exc}"
+        print(f"etcd: skipped the rest: {run.error}", flush=True)
+    finally:
+        cluster.stop()
+    return run
+
+
+# ---------------------------------------------------------------------------
+# The table
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    figure: str
+    floor: float | None
+    etcd: float | None
+    dlm: float | None
+    unit: str
+    target: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        if self.dlm is None or self.etcd is None or self.etcd == 0:
+            return None
+        return self.dlm / self.etcd
+
+
+def build_rows(floor: Floor, dlm: SystemRun, etcd: SystemRun, clients: Sequence[int]) -> list[Row]:
+    rows = [
+        Row("fsync of a 100 B append, p50", floor.fsync.p50_ms, None, None, "ms"),
+        Row("fsync of a 100 B append, p99", floor.fsync.p99_ms, None, None, "ms"),
+        Row("loopback TCP round trip, p50", floor.rtt.p50_ms, None, None, "ms"),
+        Row("loopback TCP round trip, p99", floor.rtt.p99_ms, None, None, "ms"),
+    ]
+
+    def value(run: SystemRun, hot: bool, c: int, pick: Callable[[CellResult], float]) -> Any:
+        cell = run.best(hot, c)
+        return None if cell is None else pick(cell)
+
+    for hot in (False, True):
+        for c in clients:
+            where = f"c={c}, {'one hot key' if hot else 'distinct keys'}"
+            single = c == 1 and not hot
+            figures: list[tuple[str, Callable[[CellResult], float], float | None, str, str]] = [
+                (
+                    "pairs/s",
+                    lambda r: r.pairs_per_s,
+                    1e3 / floor.pair_p50_ms if single else None,
+                    "/s",
+                    {(False, 64): ">= 3000", (True, 64): ">= 500"}.get((hot, c), ""),
+                ),
+                (
+                    "acquire p50",
+                    lambda r: r.acquire.p50_ms,
+                    floor.commit_p50_ms if single else None,
+                    "ms",
+                    "",
+                ),
+                ("acquire p99", lambda r: r.acquire.p99_ms, None, "ms", ""),
+                (
+                    "pair p50",
+                    lambda r: r.pair.p50_ms,
+                    floor.pair_p50_ms if single else None,
+                    "ms",
+                    "<= 2.0" if single else "",
+                ),
+                (
+                    "pair p99",
+                    lambda r: r.pair.p99_ms,
+                    None,
+                    "ms",
+                    "<= 3 x p50" if hot and c == 64 else "",
+                ),
+            ]
+            for name, pick, floor_value, unit, target in figures:
+                rows.append(
+                    Row(
+                        f"{name}, {where}",
+                        floor_value,
+                        value(etcd, hot, c, pick),
+                        value(dlm, hot, c, pick),
+                        unit,
+                        target,
+                    )
+                )
+    top = max(clients)
+    rows.append(
+        Row(
+            f"load generator CPU, c={top}, distinct keys",
+            None,
+            value(etcd, False, top, lambda r: r.client_cpu),
+            value(dlm, False, top, lambda r: r.client_cpu),
+            "cores",
+        )
+    )
+    rows.append(
+        Row(
+            f"server CPU (3 members), c={top}, distinct keys",
+            None,
+            value(etcd, False, top, lambda r: r.server_cpu),
+            value(dlm, False, top, lambda r: r.server_cpu),
+            "cores",
+        )
+    )
+    rows.append(
+        Row(
+            "kill -9 leader -> next acquire, median",
+            None,
+            etcd.failover_median,
+            dlm.failover_median,
+            "s",
+            "<= 1.0",
+        )
+    )
+    return rows
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None or math.isnan(value):  # NaN: no samples
+        return "-"
+    if unit == "/s":
+        return f"{value:,.0f}"
+    if unit == "cores":
+        return f"{value:.2f}"
+    if unit == "s":
+        return f"{value:.2f} s"
+    return f"{value:.2f} ms" if value < 100 else f"{value:,.0f} ms"
+
+
+def render_table(rows: Sequence[Row]) -> str:
+    lines = [
+        "| figure | floor | etcd | dlm | dlm/etcd | target |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        ratio = "-" if r.ratio is None else f"{r.ratio:.2f}"
+        lines.append(
+            f"| {r.figure} | {_fmt(r.floor, r.unit)} | {_fmt(r.etcd, r.unit)} "
+            f"| {_fmt(r.dlm, r.unit)} | {ratio} | {r.target} |"
+        )
+    return "\n".join(lines)
+
+
+def render_models(runs: Sequence[SystemRun]) -> str:
+    """Pairs/s of each load model, so the better one is visible, not just used."""
+    lines = [
+        "| system | cell | 1 loop: pairs/s (client CPU) | N procs: pairs/s (client CPU) |",
+        "|---|---|---:|---:|",
+    ]
+    for run in runs:
+        seen: dict[tuple[bool, int], dict[int, CellResult]] = {}
+        for cell in run.cells:
+            seen.setdefault((cell.hot, cell.clients), {})[cell.procs] = cell
+        for (_, _), by_procs in seen.items():
+            if len(by_procs) < 2:
+                continue
+            single = by_procs[1]
+            multi = max((p for p in by_procs if p > 1), default=1)
+            many = by_procs[multi]
+            lines.append(
+                f"| {run.system} | {single.label} | {single.pairs_per_s:,.0f} "
+                f"({single.client_cpu:.2f}) | {multi} procs: {many.pairs_per_s:,.0f} "
+                f"({many.client_cpu:.2f}) |"
+            )
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def _jsonable(run: SystemRun) -> dict[str, Any]:
+    out = asdict(run)
+    out["failover_median_s"] = run.failover_median
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------
+
+
+def _client_counts(text: str) -> list[int]:
+    counts = sorted({int(x) for x in text.split(",") if x.strip()})
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError("expected positive integers, e.g. 1,16,64")
+    return counts
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.locks",
+        description="dlm lock-service benchmark (closed loop, 3 local members, fsync on).",
+    )
+    parser.add_argument("--seconds", type=float, default=DEFAULT_SECONDS, help="window per cell")
+    parser.add_argument("--warmup", type=float, default=DEFAULT_WARMUP, help="before each window")
+    parser.add_argument(
+        "--clients", type=_client_counts, default=list(CLIENT_COUNTS), help="e.g. 1,16,64"
+    )
+    parser.add_argument(
+        "--procs", type=int, default=DEFAULT_PROCS, help="load processes in the multi-process model"
+    )
+    parser.add_argument(
+        "--model",
+        choices=("both", "loop", "procs"),
+        default="both",
+        help="load model for c >= 16: one asyncio loop, --procs processes, or both (best shown)",
+    )
+    parser.add_argument("--failovers", type=int, default=DEFAULT_FAILOVERS, help="0 to skip")
+    parser.add_argument("--only", choices=("all", "dlm", "etcd"), default="all")
+    parser.add_argument("--no-etcd", action="store_true", help="same as --only dlm")
+    parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
+    parser.add_argument(
+        "--data-dir", default=None, help="where temporary data dirs go (default: the system tmp)"
+    )
+    parser.add_argument(
+        "--node-wrapper",
+        default=os.environ.get("DLM_BENCH_NODE_WRAPPER", ""),
+        help="command prefix for each dlm node, e.g. 'py-spy record -o /tmp/n.svg --'",
+    )
+    args = parser.parse_args(argv)
+    if args.no_etcd:
+        args.only = "dlm"
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="dlm-bench-", dir=args.data_dir) as base_dir:
+        floor = measure_floor(base_dir)
+        print(
+            f"floor: fsync p50 {floor.fsync.p50_ms:.3f} ms p99 {floor.fsync.p99_ms:.3f} ms; "
+            f"loopback RTT p50 {floor.rtt.p50_ms:.3f} ms p99 {floor.rtt.p99_ms:.3f} ms",
+            flush=True,
+        )
+        skipped = "not run (--only)"
+        dlm = bench_dlm(args, base_dir) if args.only != "etcd" else SystemRun("dlm", error=skipped)
+        etcd = (
+            bench_etcd(args, base_dir) if args.only != "dlm" else SystemRun("etcd", error=skipped)
+        )
+    rows = build_rows(floor, dlm, etcd, args.clients)
+    print()
+    print(
+        f"dlm lock benchmark: 3 members on 127.0.0.1, fsync on, {args.seconds:g} s per cell "
+        f"after {args.warmup:g} s warm-up; {os.cpu_count()} CPUs; etcd {etcd.version or '-'}"
+    )
+    print(render_table(rows))
+    models = render_models([dlm, etcd])
+    if models:
+        print()
+        print("Load generator models (the table above uses the better of the two):")
+        print(models)
+    for run in (dlm, etcd):
+        if run.error:
+            print(f"{run.system}: {run.error}")
+    print(f"\ntotal {time.monotonic() - started:.0f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "floor": asdict(floor),
+                    "settings": {
+                        k: v for k, v in vars(args).items() if k not in ("json", "node_wrapper")
+                    },
+                    "cpus": os.cpu_count(),
+                    "dlm": _jsonable(dlm),
+                    "etcd": _jsonable(etcd),
+                    "table": [{**asdict(r), "ratio": r.ratio} for r in rows],
+                },
+                f,
+                indent=2,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    # Worker processes are spawned, so their functions must belong to bench.locks, not __main__.
+    from bench import locks  # noqa: PLW0406
+
+    raise SystemExit(locks.main())
