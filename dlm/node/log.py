@@ -62,11 +62,11 @@ class Logger:
             pass
 
     def debug(self, event: str, **fields: Any) -> None:
-        if DEBUG >= self.level:
+        if self.level <= DEBUG:
             self.log(DEBUG, event, **fields)
 
     def info(self, event: str, **fields: Any) -> None:
-        if INFO >= self.level:
+        if self.level <= INFO:
             self.log(INFO, event, **fields)
 
     def warning(self, event: str, **fields: Any) -> None:
