@@ -384,16 +384,17 @@ def acquire_flow(
 ) -> Generator[Action, Outcome, Grant]:
     waiting = wait is not None and wait > 0
     seq = new_seq()
-    request = Acquire(
-        id=0,
-        lease=lease,
-        seq=seq,
-        key=key,
-        wait=waiting,
-        limit=limit,
-        meta=dict(meta or {}),
-    ).to_wire()
-    del request["id"]
+    request = without_id(
+        Acquire(
+            id=0,
+            lease=lease,
+            seq=seq,
+            key=key,
+            wait=waiting,
+            limit=limit,
+            meta=dict(meta or {}),
+        )
+    )
     wait_s = wait if wait is not None and waiting else 0.0
     wait_deadline = s.clock() + wait_s
     while True:
@@ -427,14 +428,13 @@ def acquire_flow(
 
 
 def release_request(lease: str, key: str) -> dict[str, Any]:
-    request = Release(id=0, lease=lease, seq=new_seq(), key=key).to_wire()
-    del request["id"]
-    return request
+    return without_id(Release(id=0, lease=lease, seq=new_seq(), key=key))
 
 
 def without_id(request: Any) -> dict[str, Any]:
     wire: dict[str, Any] = request.to_wire()
     del wire["id"]
+    wire.pop("TYPE", None)  # wire.Request.to_wire also emits the ClassVar TYPE
     return wire
 
 
@@ -472,8 +472,24 @@ def reply_list(reply: Mapping[Any, Any], name: str) -> list[Any]:
 
 
 def payload(reply: Reply) -> dict[str, Any]:
-    """The ok reply's fields without the envelope."""
-    return {k: v for k, v in reply.items() if k not in ("t", "id")}
+    """The ok reply's fields without the envelope (a string ``id`` is the member's, see below)."""
+    return {
+        k: v for k, v in reply.items() if k != "t" and not (k == "id" and not isinstance(v, str))
+    }
+
+
+def is_reply_to(frame: Mapping[Any, Any], rid: int, request: Mapping[str, Any]) -> bool:
+    """Whether ``frame`` answers request ``rid`` (sent as ``request``).
+
+    A ``status`` reply carries the member's own ``id`` field, which overwrites
+    the envelope's request id (``wire.ok(rid, **view)``). Only one request is
+    in flight per connection here, so an ok frame with a string id answers a
+    pending status request.
+    """
+    fid = frame.get("id")
+    if isinstance(fid, int) and not isinstance(fid, bool) and fid == rid:
+        return True
+    return request.get("t") == "status" and frame.get("t") == "ok" and isinstance(fid, str)
 
 
 def grant_from_reply(reply: Mapping[Any, Any], lease: str, key: str) -> Grant:

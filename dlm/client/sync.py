@@ -154,7 +154,7 @@ class _Connection:
                 return None
             if frame.get("t") == "grant" and "id" not in frame:
                 self._pushes.append(frame)
-            elif frame.get("id") == rid:
+            elif core.is_reply_to(frame, rid, request):
                 return frame
             elif frame.get("t") == "error" and "id" not in frame:
                 return frame  # the member is refusing the connection as a whole

@@ -1,0 +1,263 @@
+"""The IO-free decisions: redirects, retries with the same request, backoff, error mapping."""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+import pytest
+
+from dlm.client import core
+from dlm.client.errors import (
+    BadRequest,
+    ClusterUnavailable,
+    LeaseLost,
+    LockHeld,
+    NotHolder,
+    ServerError,
+)
+from dlm.wire import ErrorCode, error, ok
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def settings(members: list[str], timeout: float = 5.0) -> tuple[core.Settings, FakeClock]:
+    clock = FakeClock()
+    s = core.Settings(
+        members=members,
+        router=core.Router(members),
+        backoff=core.Backoff(random.Random(7)),
+        clock=clock,
+        timeout=timeout,
+        attempt_timeout=1.0,
+    )
+    return s, clock
+
+
+def drive(flow: core.Flow, answer: Any, clock: FakeClock, max_steps: int = 10_000) -> Any:
+    """Runs a flow; ``answer(action)`` gives each Send's outcome. Sleeps advance the clock."""
+    action = next(flow)
+    for _ in range(max_steps):
+        if isinstance(action, core.Sleep):
+            clock.now += action.seconds
+            outcome = None
+        else:
+            clock.now += 0.001
+            outcome = answer(action)
+        try:
+            action = flow.send(outcome)
+        except StopIteration as done:
+            return done.value
+    raise AssertionError("flow did not finish")
+
+
+def not_leader(addr: str | None) -> dict[str, Any]:
+    return error(1, ErrorCode.NOT_LEADER, "no", leader=None, leader_address=addr)
+
+
+def test_follows_redirects_over_several_hops_with_the_same_request() -> None:
+    s, clock = settings(["a:1"])
+    chain = {"a:1": not_leader("b:2"), "b:2": not_leader("c:3"), "c:3": ok(1, lease="x")}
+    sent: list[core.Send] = []
+
+    def answer(action: core.Send) -> Any:
+        sent.append(action)
+        return chain[action.addr]
+
+    addr, reply = drive(core.call(s, {"t": "keepalive", "lease": "x"}), answer, clock)
+    assert (addr, reply["lease"]) == ("c:3", "x")
+    assert [a.addr for a in sent] == ["a:1", "b:2", "c:3"]
+    assert all(a.request is sent[0].request for a in sent)
+    # The leader is remembered: the next call goes straight there.
+    assert s.router.target() == "c:3"
+
+
+def test_redirect_loop_is_bounded_and_ends_in_cluster_unavailable() -> None:
+    s, clock = settings(["a:1", "b:2"], timeout=2.0)
+    loop = {"a:1": not_leader("b:2"), "b:2": not_leader("a:1")}
+    sends = 0
+
+    def answer(action: core.Send) -> Any:
+        nonlocal sends
+        sends += 1
+        return loop[action.addr]
+
+    with pytest.raises(ClusterUnavailable, match="no leader with a quorum"):
+        drive(core.call(s, {"t": "status"}), answer, clock)
+    assert sends < 2000
+
+
+def test_connection_failures_retry_the_same_seq_on_the_next_member() -> None:
+    s, clock = settings(["a:1", "b:2"])
+    request = core.release_request("lease1", "k")
+    seen: list[tuple[str, int]] = []
+
+    def answer(action: core.Send) -> Any:
+        seen.append((action.addr, action.request["seq"]))
+        return core.Failed("refused") if action.addr == "a:1" else ok(1, released="lock")
+
+    drive(core.call(s, request), answer, clock)
+    assert [addr for addr, _ in seen] == ["a:1", "b:2"]
+    assert len({seq for _, seq in seen}) == 1
+
+
+def test_unreachable_cluster_message_names_members_and_what_to_do() -> None:
+    s, clock = settings(["127.0.0.1:7700"], timeout=3.0)
+    with pytest.raises(ClusterUnavailable) as info:
+        drive(core.call(s, {"t": "status"}), lambda a: core.Failed("connection refused"), clock)
+    message = str(info.value)
+    assert "no member of 127.0.0.1:7700 answered within 3s" in message
+    assert "DLM_CLUSTER" in message
+    assert "\n" not in message
+    assert info.value.exit_code == 69
+
+
+@pytest.mark.parametrize(
+    "code", ["NO_QUORUM", "TIMEOUT", "SHUTTING_DOWN", "UNAVAILABLE", "NOT_LEADER"]
+)
+def test_retryable_codes_are_retried_until_the_deadline(code: str) -> None:
+    s, clock = settings(["a:1", "b:2", "c:3"], timeout=4.0)
+    start = clock.now
+    replies = 0
+
+    def answer(action: core.Send) -> Any:
+        nonlocal replies
+        replies += 1
+        return error(1, ErrorCode(code), "busy", retry_after_ms=50)
+
+    with pytest.raises(ClusterUnavailable):
+        drive(core.call(s, {"t": "status"}), answer, clock)
+    assert replies > 3
+    # It gives up close to the deadline, never long after it.
+    assert start + 4.0 <= clock.now <= start + 4.0 + 0.1
+
+
+def test_transient_error_then_success() -> None:
+    s, clock = settings(["a:1"])
+    replies = iter([error(1, ErrorCode.NO_QUORUM, "wait", retry_after_ms=200), ok(1, x=1)])
+    _, reply = drive(core.call(s, {"t": "status"}), lambda a: next(replies), clock)
+    assert reply["x"] == 1
+
+
+def test_backoff_is_full_jitter_capped_and_honours_retry_after() -> None:
+    backoff = core.Backoff(random.Random(1), base=0.01, cap=0.5)
+    for attempt in range(40):
+        for _ in range(20):
+            d = backoff.delay(attempt)
+            assert 0.0 <= d <= min(0.5, 0.01 * 2**attempt)
+    assert all(backoff.delay(0, retry_after_ms=300) >= 0.3 for _ in range(20))
+    # A server asking for absurd waits is not obeyed beyond ten caps.
+    assert backoff.delay(0, retry_after_ms=10**9) <= 5.0
+    # Same seed, same delays: runs replay.
+    a = core.Backoff(random.Random(5))
+    b = core.Backoff(random.Random(5))
+    assert [a.delay(i) for i in range(10)] == [b.delay(i) for i in range(10)]
+
+
+ERROR_CASES = [
+    ("LOCKED", LockHeld, 75),
+    ("NOT_HOLDER", NotHolder, 77),
+    ("SESSION_EXPIRED", LeaseLost, 77),
+    ("BAD_REQUEST", BadRequest, 2),
+    ("TOO_LARGE", BadRequest, 2),
+    ("SOMETHING_NEW", ServerError, 1),
+]
+
+
+@pytest.mark.parametrize(("code", "cls", "exit_code"), ERROR_CASES)
+def test_error_replies_map_to_exceptions(code: str, cls: type, exit_code: int) -> None:
+    holders = [{"lease": "other", "token": 42}]
+    reply = {
+        "t": "error",
+        "id": 1,
+        "code": code,
+        "message": "server\nsays",
+        "holders": holders,
+        "retry_after_ms": 250,
+    }
+    exc = core.error_from_reply(reply, {"key": "jobs/nightly", "lease": "mine"})
+    assert isinstance(exc, cls)
+    assert exc.code == code
+    assert exc.exit_code == exit_code
+    assert "\n" not in str(exc)
+    if isinstance(exc, LockHeld):
+        assert exc.holders == holders and exc.retry_after_ms == 250
+        assert "other" in str(exc) and "jobs/nightly" in str(exc)
+    if isinstance(exc, NotHolder):
+        assert exc.holders == holders and "mine" in str(exc)
+
+
+def test_non_retryable_error_is_raised_at_once() -> None:
+    s, clock = settings(["a:1"])
+    calls = 0
+
+    def answer(action: core.Send) -> Any:
+        nonlocal calls
+        calls += 1
+        return error(1, ErrorCode.SESSION_EXPIRED, "gone")
+
+    with pytest.raises(LeaseLost):
+        drive(core.call(s, {"t": "keepalive", "lease": "x"}), answer, clock)
+    assert calls == 1
+
+
+def test_parse_members_and_ids() -> None:
+    assert core.parse_members("a:1, b:2,a:1") == ["a:1", "b:2"]
+    assert core.parse_members(["h"]) == ["h:7700"]
+    with pytest.raises(ValueError):
+        core.parse_members(" , ")
+    ids = {core.new_lease_id() for _ in range(200)}
+    assert len(ids) == 200
+    assert all(re.fullmatch(r"[a-z0-9]{16}", i) for i in ids)
+    seqs = [core.new_seq() for _ in range(200)]
+    assert all(0 <= q < 2**63 for q in seqs)
+    counter = core.RequestIds()
+    assert [counter.next() for _ in range(3)] == [1, 2, 3]
+
+
+def test_waiting_acquire_flow_times_out_and_leaves_the_queue() -> None:
+    s, clock = settings(["a:1"])
+    sent: list[dict[str, Any]] = []
+
+    def answer(action: Any) -> Any:
+        if isinstance(action, core.AwaitGrant):
+            clock.now += action.timeout
+            return None
+        sent.append(action.request)
+        if action.request["t"] == "acquire":
+            return ok(1, result="queued", key="k", lease="l", position=1)
+        return ok(1, key="k", released="queue")
+
+    flow = core.acquire_flow(s, "l", "k", wait=2.0, limit=1, meta=None, known_ttl_ms=1000)
+    with pytest.raises(LockHeld, match="after waiting 2s"):
+        drive(flow, answer, clock)
+    assert [r["t"] for r in sent] == ["acquire", "release"]
+    assert sent[0]["wait"] is True
+
+
+def test_waiting_acquire_flow_resends_the_same_seq_after_a_drop() -> None:
+    s, clock = settings(["a:1"])
+    acquires: list[dict[str, Any]] = []
+    dropped = False
+
+    def answer(action: Any) -> Any:
+        nonlocal dropped
+        if isinstance(action, core.AwaitGrant):
+            dropped = True
+            return core.Failed("connection closed")
+        acquires.append(action.request)
+        if not dropped:
+            return ok(1, result="queued", key="k", lease="l", position=1)
+        return ok(1, result="granted", key="k", lease="l", token=9, ttl_ms=1000)
+
+    flow = core.acquire_flow(s, "l", "k", wait=5.0, limit=1, meta=None, known_ttl_ms=None)
+    grant = drive(flow, answer, clock)
+    assert grant == core.Grant(key="k", token=9, lease="l", ttl_ms=1000)
+    assert len(acquires) == 2 and acquires[0]["seq"] == acquires[1]["seq"]
