@@ -151,7 +151,9 @@ def inspect_store(path: str | os.PathLike[str], fs: FileSystem | None = None) ->
         else:
             span = f"entries from {first}, rewound to {last} (a conflicting suffix was replaced)"
 
-        extra = " (starts fresh after a snapshot)" if seg["reset"] else ""
+        extra = ""
+        if seg["reset"] and seg["prev_index"]:
+            extra = f" (log restarts after snapshot index {seg['prev_index']})"
         status = seg["status"]
         if "problem" in seg:
             status += f" at byte {seg['problem']['offset']}: {seg['problem']['reason']}"
