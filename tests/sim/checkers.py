@@ -103,6 +103,26 @@ class SafetyChecker:
         self.last_vote[node] = (term, vote)
         self.max_term[node] = max(self.max_term.get(node, 0), term)
 
+    def check_promises(
+        self, node: NodeId, term: int, vote: NodeId | None, promised_term: int
+    ) -> None:
+        """A restarted node must keep what its messages promised before the crash.
+
+        Messages leave only after their Ready is durable, so the term on any
+        message and any vote granted must survive, even a crash in mid-write.
+        """
+        if term < promised_term:
+            raise Violation(
+                "term-regressed",
+                f"{node} restarted at term {term} after sending messages of term {promised_term}",
+            )
+        granted = self.votes_cast.get((node, term))
+        if granted is not None and vote != granted:
+            raise Violation(
+                "vote-regressed",
+                f"{node} granted its term-{term} vote to {granted} but restarted with vote {vote}",
+            )
+
     # -- logs --------------------------------------------------------------
 
     def observe_persisted(self, node: NodeId, entries: Sequence[Entry], prev_term: int) -> None:

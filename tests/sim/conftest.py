@@ -8,7 +8,14 @@ cover exactly seeds S .. S+C-1, for every such test.
 
 from __future__ import annotations
 
+import time
+from collections import Counter
+from typing import TYPE_CHECKING
+
 import pytest
+
+if TYPE_CHECKING:
+    from .harness import SimResult
 
 CI_SEEDS = (0, 300)
 BATCH = 10
@@ -51,3 +58,68 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "sim_default_seeds(start, count): the seed range used without --sim-seeds"
     )
+
+
+class SimTotals:
+    """Figures summed over every seed the session ran, printed at the end."""
+
+    def __init__(self) -> None:
+        self.seeds: dict[str, int] = {}
+        self.ticks: dict[str, int] = {}
+        self.stats: dict[str, Counter[str]] = {}
+        self.faults: dict[str, Counter[str]] = {}
+        self.seconds: dict[str, float] = {}
+        self._started = time.perf_counter()
+
+    def add(self, suite: str, result: SimResult) -> None:
+        now = time.perf_counter()
+        self.seconds[suite] = self.seconds.get(suite, 0.0) + (now - self._started)
+        self._started = now
+        self.seeds[suite] = self.seeds.get(suite, 0) + 1
+        self.ticks[suite] = self.ticks.get(suite, 0) + result.ticks
+        self.stats.setdefault(suite, Counter()).update(result.stats)
+        self.faults.setdefault(suite, Counter()).update(result.faults)
+
+    def restart_clock(self) -> None:
+        self._started = time.perf_counter()
+
+    def lines(self) -> list[str]:
+        out: list[str] = []
+        for suite, seeds in self.seeds.items():
+            secs = self.seconds[suite]
+            stats = self.stats[suite]
+            mix = ", ".join(
+                f"{kind} {count / seeds:.1f}" for kind, count in sorted(self.faults[suite].items())
+            )
+            out.append(
+                f"sim[{suite}]: {seeds} seeds, {self.ticks[suite]} ticks in {secs:.1f} s "
+                f"({seeds / secs:.2f} seeds/s, {self.ticks[suite] / secs:.0f} ticks/s)"
+            )
+            out.append(f"  faults per seed: {mix}")
+            keys = (
+                "snapshot_installs",
+                "snapshots_taken",
+                "elections",
+                "crashes",
+                "crashes_mid_write",
+                "proposals",
+                "reads_served",
+                "transfers",
+                "delivered",
+            )
+            out.append("  totals: " + ", ".join(f"{k} {stats[k]}" for k in keys if stats[k]))
+        return out
+
+
+_TOTALS = SimTotals()
+
+
+@pytest.fixture
+def sim_totals() -> SimTotals:
+    _TOTALS.restart_clock()
+    return _TOTALS
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in _TOTALS.lines():
+        terminalreporter.write_line(line)

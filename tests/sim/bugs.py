@@ -1,0 +1,42 @@
+"""Known Raft bugs, switched on through the core's test seams, to prove the checkers can fail."""
+
+from __future__ import annotations
+
+from dlm.node.raft.core import RaftNode
+from dlm.node.raft.types import HardState, NodeId, Role
+
+
+class CommitsPreviousTermByCounting(RaftNode):
+    """Commits whatever a quorum holds, even an entry of an earlier term (Raft figure 8)."""
+
+    def _maybe_commit(self) -> bool:
+        index = self._quorum_match_index()
+        if index <= self._log.committed:
+            return False
+        return self._log.commit_to(index)
+
+
+class ForgetsVote(RaftNode):
+    """Never persists its vote, so a restart in the same term can vote again."""
+
+    def _hard_state(self) -> HardState:
+        real = super()._hard_state()
+        return HardState(real.term, None, real.commit)
+
+
+class VotesForStaleLogs(RaftNode):
+    """Grants its vote (and pre-vote) whatever the candidate's log looks like."""
+
+    def _log_is_up_to_date(self, last_index: int, last_term: int) -> bool:
+        return True
+
+
+class LeaderIgnoresHigherTerm(RaftNode):
+    """A leader adopts a higher term it hears of but goes on leading in it."""
+
+    def _on_higher_term(self, term: int, leader: NodeId | None) -> None:
+        if self._role is Role.LEADER:
+            self._term = term
+            self._vote = None
+            return
+        super()._on_higher_term(term, leader)
