@@ -1,75 +1,118 @@
-"""Entry point of the `dlm` command: builds the typer app and maps outcomes to exit codes."""
+"""Entry point of the `dlm` command: runs the typer app and turns every outcome into an exit code.
+
+Nothing a user sees is left to chance here: usage errors are one line (or one
+JSON object with --json) and exit 2; errors from the cluster keep the exit
+code of the table in exits.py; anything unexpected is one line naming it and
+exit 1, never a traceback (set DLM_DEBUG=1 to see one).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Annotated
+from collections.abc import Sequence
 
-import typer
-
-app = typer.Typer(
-    name="dlm",
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    no_args_is_help=True,
-    help="dlm: distributed locks with fencing tokens, from the shell.",
-)
-node_app = typer.Typer(
-    add_completion=False, rich_markup_mode=None, no_args_is_help=True, help="Run a cluster member."
-)
-store_app = typer.Typer(
-    add_completion=False,
-    rich_markup_mode=None,
-    no_args_is_help=True,
-    help="Look at a member's data directory.",
-)
-app.add_typer(node_app, name="node")
-app.add_typer(store_app, name="store")
+from dlm.cli import exits
+from dlm.cli.exits import CliError, Interrupted
 
 
-@node_app.command("start")
-def node_start(
-    node_id: Annotated[str | None, typer.Option("--id", help="This member's id.")] = None,
-    listen: Annotated[str | None, typer.Option("--listen", help="HOST:PORT to serve on.")] = None,
-    peers: Annotated[str | None, typer.Option("--peers", help="ID=HOST:PORT,...")] = None,
-    data: Annotated[str | None, typer.Option("--data", help="Data directory.")] = None,
-    cluster_id: Annotated[str | None, typer.Option("--cluster-id", help="Cluster id.")] = None,
-) -> None:
-    """Start a cluster member in the foreground."""
-    from dlm.node.main import start_node
-
-    code = start_node(node_id=node_id, listen=listen, peers=peers, data=data, cluster=cluster_id)
-    raise typer.Exit(code)
+def wants_json(args: Sequence[str]) -> bool:
+    """Whether the user asked for JSON, judged from the raw arguments (a usage error
+    may come before the parser got to --json). Words after ``--`` belong to CMD."""
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return False
+        if arg == "--json":
+            return True
+        if arg == "--format=json" or (arg == "--format" and args[i + 1 : i + 2] == ["json"]):
+            return True
+    return False
 
 
-@store_app.command("inspect")
-def store_inspect(
-    directory: Annotated[str, typer.Argument(help="A member's data directory.")],
-    json_out: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
-) -> None:
-    """Report on a data directory without changing it."""
-    import json
+def report(error: CliError, as_json: bool) -> int:
+    from dlm.cli.output import complain, emit_json  # noqa: PLC0415
 
-    from dlm.store import StoreError
-    from dlm.store.inspect import inspect_store, inspect_store_json
+    if error.reported:
+        return error.exit_code
+    if as_json:
+        emit_json(error.to_json())
+    else:
+        complain(error.message)
+    return error.exit_code
 
+
+def _usage_message(exc: Exception) -> str:
+    ctx = getattr(exc, "ctx", None)
+    command_path = getattr(ctx, "command_path", "") or "dlm"
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    message = " ".join(str(message).split())
+    return f"{message} (see '{command_path} --help')"
+
+
+def run(args: Sequence[str]) -> int:
+    """Runs one command line and returns the exit code; prints everything the user sees."""
+    as_json = wants_json(args)
     try:
-        if json_out:
-            print(json.dumps(inspect_store_json(directory)))
-        else:
-            print(inspect_store(directory))
-    except (StoreError, OSError) as exc:
-        if json_out:
-            print(json.dumps({"error": {"code": "STORE", "message": str(exc)}}))
-        else:
-            print(f"dlm: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from None
+        import typer  # noqa: PLC0415 - after the cheap checks; typer is ~40 ms
+        from typer._click import exceptions as click_exc  # noqa: PLC0415
+    except ImportError as exc:  # a broken install or zipapp: say what is missing
+        return report(CliError("INTERNAL", f"cannot load the CLI library: {exc}", 1), as_json)
 
+    from dlm.cli.app import app  # noqa: PLC0415
 
-def main() -> None:
+    command = typer.main.get_command(app)
     try:
-        app()
-    except Exception as exc:  # a traceback never reaches a user
-        print(f"dlm: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        sys.exit(1)
+        result = command.main(args=list(args), prog_name="dlm", standalone_mode=False)
+        return result if isinstance(result, int) else 0
+    except CliError as exc:
+        return report(exc, as_json)
+    except click_exc.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:
+            if not as_json:
+                sys.stderr.write(exc.ctx.get_help() + "\n")
+                return exits.USAGE
+            return report(
+                exits.usage_error(f"missing command (see '{exc.ctx.command_path} --help')"), True
+            )
+        return report(exits.usage_error(_usage_message(exc)), as_json)
+    except click_exc.ClickException as exc:
+        return report(CliError("USAGE", exc.format_message(), exc.exit_code), as_json)
+    except typer.Abort:
+        return report(CliError("INTERRUPTED", "interrupted", 130), as_json)
+    except Interrupted as exc:
+        return 128 + exc.signum
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`dlm locks | head`): nothing more to say to it.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except Exception as exc:
+        client_error = _client_error(exc)
+        if client_error is not None:
+            return report(client_error, as_json)
+        if os.environ.get("DLM_DEBUG"):
+            raise
+        message = (
+            f"internal error: {type(exc).__name__}: {exc}. This is a bug in dlm: please report "
+            "it with the command you ran (DLM_DEBUG=1 shows the traceback)"
+        )
+        return report(CliError("INTERNAL", " ".join(message.split()), 1), as_json)
+
+
+def _client_error(exc: Exception) -> CliError | None:
+    errors = sys.modules.get("dlm.client.errors")
+    if errors is not None and isinstance(exc, errors.DlmError):
+        return exits.from_client_error(exc)
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    code = run(args)
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+    sys.exit(code)

@@ -1,0 +1,355 @@
+"""The typer app: every subcommand's options, and nothing else.
+
+Each command resolves the shared options, then hands over to the module that
+does the work (ops, exec_cmd, status_view), importing it only when it runs so
+that ``dlm --help`` and ``dlm acquire`` load no more than they need.
+
+Speed notes: typer < 0.29 (0.29 routes every option through pydantic),
+``rich_markup_mode=None`` (plain click help: no rich import for ``--help``),
+``pretty_exceptions_enable=False`` and ``add_completion=False`` (no
+completion machinery). Duration options are plain strings parsed by
+dlm.cli.durations, so a bad one gets our one-line message.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dlm.cli.exits import EXIT_CODE_HELP
+from dlm.cli.settings import DEFAULT_CLUSTER, GlobalOptions, Settings, resolve
+
+_ROOT_HELP = f"""\
+dlm: distributed locks with fencing tokens, for cron jobs, CI and operators.
+
+\b
+Examples:
+  dlm exec --lock nightly-backup -- /usr/local/bin/backup.sh
+  eval "$(dlm acquire deploy --ttl 5m --format env)"
+  dlm release deploy --lease "$DLM_LEASE_ID"
+  dlm status
+
+Options --cluster, --timeout and --json may be given before or after the subcommand.
+The cluster defaults to $DLM_CLUSTER, else {DEFAULT_CLUSTER}.
+
+{EXIT_CODE_HELP}"""
+
+_SETTINGS = {"help_option_names": ["-h", "--help"]}
+
+app = typer.Typer(
+    name="dlm",
+    help=_ROOT_HELP,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    no_args_is_help=True,
+    context_settings=_SETTINGS,
+)
+node_app = typer.Typer(
+    help="Run a cluster member.",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    no_args_is_help=True,
+)
+store_app = typer.Typer(
+    help="Look into a member's data directory.",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    no_args_is_help=True,
+)
+app.add_typer(node_app, name="node")
+app.add_typer(store_app, name="store")
+
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print exactly one JSON object on stdout, errors too.")
+]
+ClusterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cluster",
+        metavar="ADDR[,ADDR...]",
+        help=f"Cluster members to ask. [env: DLM_CLUSTER; default: {DEFAULT_CLUSTER}]",
+        show_default=False,
+    ),
+]
+TimeoutOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--timeout",
+        metavar="DURATION",
+        help="How long to try to reach a quorum before giving up (exit 69). [default: 10s]",
+        show_default=False,
+    ),
+]
+WaitOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--wait",
+        metavar="DURATION",
+        help="Queue (FIFO) for up to DURATION if the lock is held. Default: try once.",
+        show_default=False,
+    ),
+]
+LimitOpt = Annotated[
+    int,
+    typer.Option("--limit", metavar="N", min=1, help="Up to N holders at once (a semaphore)."),
+]
+
+
+def _settings(ctx: typer.Context, cluster: str | None, timeout: str | None, json: bool) -> Settings:
+    return resolve(ctx.obj, cluster, timeout, json)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from dlm import __version__  # noqa: PLC0415
+
+        print(f"dlm {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    cluster: ClusterOpt = None,
+    timeout: TimeoutOpt = None,
+    json: JsonOpt = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    ctx.obj = GlobalOptions(cluster=cluster, timeout=timeout, json=json)
+
+
+@app.command()
+def acquire(
+    ctx: typer.Context,
+    *,
+    key: Annotated[str, typer.Argument(help="The lock's name.", show_default=False)],
+    ttl: Annotated[
+        str, typer.Option("--ttl", metavar="DURATION", help="Lifetime of a new lease.")
+    ] = "30s",
+    wait: WaitOpt = None,
+    lease: Annotated[
+        str | None,
+        typer.Option("--lease", metavar="ID", help="Hold it under this existing lease."),
+    ] = None,
+    limit: LimitOpt = 1,
+    meta: Annotated[
+        list[str] | None,
+        typer.Option("--meta", metavar="K=V", help="Owner metadata; repeat for more."),
+    ] = None,
+    output_format: Annotated[
+        str, typer.Option("--format", metavar="text|env|json", help="Output format.")
+    ] = "text",
+    cluster: ClusterOpt = None,
+    timeout: TimeoutOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Take a lock and print its key, fencing token, lease id and TTL.
+
+    Creates a lease unless --lease names one. The lease outlives this process
+    until it expires or is released: renew it with `dlm renew`, give the lock
+    back with `dlm release KEY --lease ID`.
+
+    \b
+    eval "$(dlm acquire deploy --ttl 10m --wait 1m --format env)"
+    """
+    from dlm.cli import ops  # noqa: PLC0415
+
+    settings = _settings(ctx, cluster, timeout, json)
+    ops.acquire(
+        settings,
+        key=key,
+        ttl=ttl,
+        wait=wait,
+        lease=lease,
+        limit=limit,
+        meta_pairs=meta or [],
+        output_format=output_format,
+    )
+
+
+@app.command()
+def renew(
+    ctx: typer.Context,
+    *,
+    lease: Annotated[str, typer.Argument(help="The lease id.", show_default=False)],
+    keep_alive: Annotated[
+        bool,
+        typer.Option(
+            "--keep-alive", help="Keep renewing until killed, or until the lease is lost (77)."
+        ),
+    ] = False,
+    cluster: ClusterOpt = None,
+    timeout: TimeoutOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Renew a lease once, or keep it alive (--keep-alive)."""
+    from dlm.cli import ops  # noqa: PLC0415
+
+    ops.renew(_settings(ctx, cluster, timeout, json), lease, keep_alive)
+
+
+@app.command()
+def release(
+    ctx: typer.Context,
+    *,
+    key: Annotated[str, typer.Argument(help="The lock's name.", show_default=False)],
+    lease: Annotated[str, typer.Option("--lease", metavar="ID", help="The lease that holds it.")],
+    cluster: ClusterOpt = None,
+    timeout: TimeoutOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Give a lock back. Exits 77, naming the holder, if LEASE does not hold KEY."""
+    from dlm.cli import ops  # noqa: PLC0415
+
+    ops.release(_settings(ctx, cluster, timeout, json), key, lease)
+
+
+@app.command(
+    "exec",
+    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": False},
+)
+def exec_(
+    ctx: typer.Context,
+    *,
+    command: Annotated[
+        list[str], typer.Argument(metavar="-- CMD [ARGS...]", help="The command to run.")
+    ],
+    lock: Annotated[str, typer.Option("--lock", metavar="KEY", help="The lock to hold.")],
+    ttl: Annotated[
+        str, typer.Option("--ttl", metavar="DURATION", help="Lease TTL, renewed every TTL/3.")
+    ] = "15s",
+    wait: WaitOpt = None,
+    kill_grace: Annotated[
+        str,
+        typer.Option(
+            "--kill-grace",
+            metavar="DURATION",
+            help="After losing the lock: SIGTERM, then SIGKILL this much later.",
+        ),
+    ] = "10s",
+    conflict_exit_code: Annotated[
+        int,
+        typer.Option(
+            "--conflict-exit-code",
+            metavar="N",
+            min=0,
+            max=255,
+            help="Exit code when the lock is not obtained.",
+        ),
+    ] = 75,
+    limit: LimitOpt = 1,
+    cluster: ClusterOpt = None,
+    timeout: TimeoutOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Run CMD (no shell) only while holding the lock; exit with CMD's code.
+
+    CMD gets DLM_LOCK_KEY, DLM_FENCING_TOKEN, DLM_LEASE_ID and DLM_LEASE_TTL_MS,
+    runs in its own process group, and receives SIGINT, SIGTERM, SIGHUP and
+    SIGQUIT sent to dlm. If the lease cannot be renewed in time, CMD gets
+    SIGTERM, then SIGKILL after --kill-grace, and dlm exits 77. If the lock is
+    not obtained, CMD does not run and dlm exits 75 (or --conflict-exit-code).
+
+    \b
+    */5 * * * * dlm exec --lock report --wait 1m -- /usr/local/bin/report.sh
+    """
+    from dlm.cli import exec_cmd  # noqa: PLC0415
+
+    settings = _settings(ctx, cluster, timeout, json)
+    code = exec_cmd.run(
+        settings,
+        key=lock,
+        command=command,
+        ttl=ttl,
+        wait=wait,
+        kill_grace=kill_grace,
+        conflict_exit_code=conflict_exit_code,
+        limit=limit,
+    )
+    raise typer.Exit(code)
+
+
+@app.command()
+def status(
+    ctx: typer.Context,
+    *,
+    key: Annotated[
+        str | None,
+        typer.Argument(metavar="[KEY]", help="Show this lock's holder and waiters instead."),
+    ] = None,
+    cluster: ClusterOpt = None,
+    timeout: TimeoutOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Show the cluster: members, roles, term, indexes, lag; or one lock (KEY)."""
+    from dlm.cli import status_view  # noqa: PLC0415
+
+    settings = _settings(ctx, cluster, timeout, json)
+    if key is None:
+        status_view.cluster_status(settings)
+    else:
+        status_view.key_status(settings, key)
+
+
+@app.command()
+def locks(
+    ctx: typer.Context,
+    *,
+    prefix: Annotated[
+        str, typer.Option("--prefix", metavar="P", help="Only keys starting with P.")
+    ] = "",
+    cluster: ClusterOpt = None,
+    timeout: TimeoutOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """List the held locks."""
+    from dlm.cli import status_view  # noqa: PLC0415
+
+    status_view.list_locks(_settings(ctx, cluster, timeout, json), prefix)
+
+
+@node_app.command("start")
+def node_start(
+    node_id: Annotated[
+        str | None, typer.Option("--id", metavar="ID", help="This member's id.")
+    ] = None,
+    listen: Annotated[
+        str | None,
+        typer.Option("--listen", metavar="HOST:PORT", help="Address to serve clients and peers."),
+    ] = None,
+    peers: Annotated[
+        str | None,
+        typer.Option("--peers", metavar="ID=HOST:PORT,...", help="The other members."),
+    ] = None,
+    data: Annotated[
+        str | None, typer.Option("--data", metavar="DIR", help="Data directory.")
+    ] = None,
+    cluster_id: Annotated[
+        str | None, typer.Option("--cluster-id", metavar="NAME", help="The cluster's name.")
+    ] = None,
+) -> None:
+    """Run a cluster member in the foreground (no flags: a one-node cluster in ./dlm-data)."""
+    from dlm.node.main import start_node  # noqa: PLC0415 - only this command needs the node
+
+    code = start_node(node_id=node_id, listen=listen, peers=peers, data=data, cluster=cluster_id)
+    raise typer.Exit(code)
+
+
+@store_app.command("inspect")
+def store_inspect(
+    ctx: typer.Context,
+    directory: Annotated[str, typer.Argument(metavar="DIR", help="A member's data directory.")],
+    json: JsonOpt = False,
+) -> None:
+    """Report on a data directory without changing it."""
+    from dlm.cli import ops  # noqa: PLC0415
+
+    top = ctx.find_root().obj
+    ops.store_inspect(directory, json or (isinstance(top, GlobalOptions) and top.json))

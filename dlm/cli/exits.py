@@ -1,0 +1,79 @@
+"""Exit codes of the `dlm` command and the one error type its commands raise.
+
+Scripts branch on these numbers, so they are a contract (README, `dlm --help`):
+they follow sysexits.h where a code there fits, and stay clear of 1, which
+a wrapped command uses for its own failures.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+OK = 0
+INTERNAL = 1
+USAGE = 2
+UNAVAILABLE = 69  # EX_UNAVAILABLE
+CONFLICT = 75  # EX_TEMPFAIL: try again later
+LOST = 77  # EX_NOPERM: not (or no longer) the holder
+NOT_EXECUTABLE = 126  # as shells report it
+NOT_FOUND = 127
+
+EXIT_CODE_HELP = """\
+Exit codes:
+
+\b
+  0   success (for exec: CMD exited 0)
+  2   usage error
+  69  cluster unavailable: no member reachable, or no quorum within --timeout
+  75  lock held by someone else and not obtained (immediately, or within --wait)
+  77  lease lost, or not the holder (renew or release of an expired lease;
+      exec's lock lost while CMD ran)
+  N   exec only: CMD's own exit code; 128+N when CMD was killed by signal N
+"""
+
+
+class CliError(Exception):
+    """A failure to report as one line (or one JSON object) and an exit code.
+
+    ``code`` is the machine-readable name put in ``{"error": {"code": ...}}``:
+    the protocol's error code where the cluster gave one, else one of ours
+    (USAGE, NOT_FOUND, INTERNAL, ...). ``details`` are extra fields for JSON.
+    """
+
+    def __init__(self, code: str, message: str, exit_code: int, **details: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.exit_code = exit_code
+        self.details = details
+        self.reported = False  # set when the JSON object already went out with more fields
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, **self.details}}
+
+
+class Interrupted(BaseException):
+    """dlm got a terminating signal; the command cleans up and exits 128 + ``signum``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def usage_error(message: str) -> CliError:
+    return CliError("USAGE", message, USAGE)
+
+
+def from_client_error(exc: Exception) -> CliError:
+    """Wraps an error of dlm.client, keeping its code, message and exit code."""
+    code = str(getattr(exc, "code", "ERROR"))
+    message = str(getattr(exc, "message", "") or exc)
+    exit_code = int(getattr(exc, "exit_code", INTERNAL))
+    details: dict[str, Any] = {}
+    holders = getattr(exc, "holders", None)
+    if holders is not None:
+        details["holders"] = holders
+    retry_after = getattr(exc, "retry_after_ms", None)
+    if retry_after is not None:
+        details["retry_after_ms"] = retry_after
+    return CliError(code, message, exit_code, **details)

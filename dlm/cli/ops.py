@@ -1,0 +1,313 @@
+"""The lease and lock subcommands: acquire, renew, release, and store inspect.
+
+Each is one or two calls into the blocking client (dlm.client.sync) plus the
+printing; the client already words its errors, so they pass through with
+their exit codes (exits.from_client_error, applied in main).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from dlm.cli.durations import DurationError, format_ms, parse_duration, parse_duration_ms
+from dlm.cli.exits import LOST, CliError, Interrupted, usage_error
+from dlm.cli.output import emit_json, say
+from dlm.cli.settings import Settings
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from dlm.client.sync import Client
+
+FORMATS = ("text", "env", "json")
+MAX_META_VALUE = 256
+
+# A lease shorter than this could not be renewed in time over a real network.
+MIN_TTL_MS = 1000
+
+
+# ---------------------------------------------------------------------------
+# Argument helpers shared with exec
+# ---------------------------------------------------------------------------
+
+
+def duration_option(option: str, text: str, *, allow_zero: bool = True) -> float:
+    """Seconds, or a usage error naming the option."""
+    try:
+        seconds = parse_duration(text)
+    except DurationError as exc:
+        raise usage_error(f"bad {option}: {exc}") from None
+    if not allow_zero and seconds <= 0:
+        raise usage_error(f"{option} must be more than 0")
+    return seconds
+
+
+def ttl_option(text: str) -> int:
+    try:
+        ttl_ms = parse_duration_ms(text)
+    except DurationError as exc:
+        raise usage_error(f"bad --ttl: {exc}") from None
+    if ttl_ms < MIN_TTL_MS:
+        raise usage_error(f"--ttl must be at least {format_ms(MIN_TTL_MS)}")
+    return ttl_ms
+
+
+def wait_option(text: str | None) -> float | None:
+    return None if text is None else duration_option("--wait", text)
+
+
+def parse_meta(pairs: Sequence[str]) -> dict[str, str]:
+    meta: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise usage_error(f"bad --meta {pair!r}: write it as KEY=VALUE")
+        meta[name.strip()] = value
+    return meta
+
+
+def _user() -> str:
+    name = os.environ.get("USER") or os.environ.get("LOGNAME")
+    if name:
+        return name
+    try:
+        import pwd  # noqa: PLC0415 - only when the environment does not say
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.getuid())
+
+
+def owner_meta(*, pid: int, command: Sequence[str] | None = None) -> dict[str, str]:
+    """Who took the lock, for `dlm status KEY`: host, user, pid and (for exec) the command."""
+    meta = {"host": socket.gethostname(), "user": _user(), "pid": str(pid)}
+    if command:
+        meta["cmd"] = " ".join(command)[:MAX_META_VALUE]
+    return meta
+
+
+@contextmanager
+def signals_interrupt(signums: Sequence[int] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
+    """Turns these signals into Interrupted, so cleanup runs as it does for Ctrl-C."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in signums}
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def _close_quietly(client: Client, lease: str) -> None:
+    """Best effort: the lease would expire on its own anyway."""
+    try:
+        client.close_lease(lease)
+    except Exception:
+        pass
+
+
+# ---------------------------------------------------------------------------
+# acquire
+# ---------------------------------------------------------------------------
+
+
+def acquire(
+    settings: Settings,
+    *,
+    key: str,
+    ttl: str,
+    wait: str | None,
+    lease: str | None,
+    limit: int,
+    meta_pairs: Sequence[str],
+    output_format: str,
+) -> None:
+    if output_format not in FORMATS:
+        raise usage_error(f"bad --format {output_format!r}: use text, env or json")
+    ttl_ms = ttl_option(ttl)
+    wait_s = wait_option(wait)
+    meta = owner_meta(pid=os.getppid())
+    meta.update(parse_meta(meta_pairs))
+
+    from dlm.client.errors import ClusterUnavailable  # noqa: PLC0415
+    from dlm.client.sync import KeepAlive  # noqa: PLC0415
+
+    client = settings.connect()
+    try:
+        with signals_interrupt():
+            created = None
+            ref: Any = lease
+            if lease is None:
+                created = client.open_lease(ttl_ms)
+                ref = created
+            # Queued longer than a TTL, the lease must be renewed meanwhile.
+            keeper = KeepAlive(client, created) if created is not None and wait_s else None
+            try:
+                if keeper is not None:
+                    keeper.start()
+                grant = client.acquire(ref, key, wait=wait_s, limit=limit, meta=meta)
+            except ClusterUnavailable:
+                raise  # closing would wait out --timeout a second time
+            except BaseException:
+                if created is not None:
+                    _close_quietly(client, created.id)
+                raise
+            finally:
+                if keeper is not None:
+                    keeper.stop()
+    finally:
+        client.close()
+
+    result = {"key": grant.key, "token": grant.token, "lease": grant.lease, "ttl_ms": grant.ttl_ms}
+    if settings.json or output_format == "json":
+        emit_json(result)
+    elif output_format == "env":
+        say(format_env(result))
+    else:
+        say(
+            f"acquired {grant.key}: token {grant.token}, lease {grant.lease}, "
+            f"ttl {format_ms(grant.ttl_ms)}"
+        )
+
+
+def format_env(result: dict[str, Any]) -> str:
+    """NAME=value lines, quoted for the shell, for `eval "$(dlm acquire ... --format env)"`."""
+    import shlex  # noqa: PLC0415
+
+    return "\n".join(
+        [
+            f"DLM_LOCK_KEY={shlex.quote(str(result['key']))}",
+            f"DLM_FENCING_TOKEN={int(result['token'])}",
+            f"DLM_LEASE_ID={shlex.quote(str(result['lease']))}",
+        ]
+    )
+
+
+# ---------------------------------------------------------------------------
+# renew
+# ---------------------------------------------------------------------------
+
+
+def renew(settings: Settings, lease: str, keep_alive: bool) -> None:
+    client = settings.connect()
+    try:
+        if keep_alive:
+            renewals, ttl_ms = _keep_alive(client, lease)
+            if settings.json:
+                emit_json({"lease": lease, "ttl_ms": ttl_ms, "renewals": renewals})
+            return
+        ttl_ms = client.keepalive(lease)
+    finally:
+        client.close()
+    if settings.json:
+        emit_json({"lease": lease, "ttl_ms": ttl_ms})
+    else:
+        say(f"renewed lease {lease}: ttl {format_ms(ttl_ms)}")
+
+
+def _keep_alive(client: Client, lease: str) -> tuple[int, int]:
+    """Renews until a terminating signal (returns) or until the lease is lost (raises, 77)."""
+    import time  # noqa: PLC0415
+
+    from dlm.client.sync import KeepAlive  # noqa: PLC0415
+
+    sent = time.monotonic()
+    ttl_ms = client.keepalive(lease)
+    stop = threading.Event()
+    stopped_by: list[int] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stopped_by.append(signum)
+        stop.set()
+
+    keeper = KeepAlive(
+        client, lease, confirmed_at=sent, ttl_ms=ttl_ms, on_lost=lambda _: stop.set()
+    )
+    watched = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, on_signal) for s in watched}
+    try:
+        keeper.start()
+        # Event.wait is interruptible by signals in the main thread; the timeout bounds
+        # each wait so a lost wake-up could never hang us.
+        while not stop.wait(1.0):
+            pass
+    finally:
+        keeper.stop()
+        for s, old in previous.items():
+            signal.signal(s, old)
+    if keeper.lost.is_set():
+        raise CliError("SESSION_EXPIRED", f"lease lost: {keeper.reason}", LOST, lease=lease)
+    return keeper.renewals + 1, keeper.ttl_ms
+
+
+# ---------------------------------------------------------------------------
+# release
+# ---------------------------------------------------------------------------
+
+
+def release(settings: Settings, key: str, lease: str) -> None:
+    from dlm.client.errors import LeaseLost  # noqa: PLC0415
+
+    client = settings.connect()
+    try:
+        try:
+            client.release(lease, key)
+        except LeaseLost as exc:
+            holders = _holders_now(client, key)
+            raise CliError(
+                "SESSION_EXPIRED",
+                f"{exc.message}; {key!r} is {describe_holders(holders)}",
+                LOST,
+                holders=holders,
+            ) from None
+    finally:
+        client.close()
+    if settings.json:
+        emit_json({"key": key, "lease": lease, "released": True})
+    else:
+        say(f"released {key} (lease {lease})")
+
+
+def _holders_now(client: Client, key: str) -> list[dict[str, Any]]:
+    try:
+        holders = client.get(key).get("holders", [])
+    except Exception:
+        return []
+    return [h for h in holders if isinstance(h, dict)] if isinstance(holders, list) else []
+
+
+def describe_holders(holders: Sequence[dict[str, Any]]) -> str:
+    if not holders:
+        return "held by nobody now"
+    names = [f"lease {h.get('lease', '?')} (token {h.get('token', '?')})" for h in holders]
+    return "held by " + ", ".join(names)
+
+
+# ---------------------------------------------------------------------------
+# store inspect
+# ---------------------------------------------------------------------------
+
+
+def store_inspect(directory: str, as_json: bool) -> None:
+    from dlm.store import StoreError  # noqa: PLC0415
+    from dlm.store.inspect import inspect_store, inspect_store_json  # noqa: PLC0415
+
+    try:
+        if as_json:
+            emit_json(inspect_store_json(directory))
+        else:
+            sys.stdout.write(inspect_store(directory).rstrip("\n") + "\n")
+    except StoreError as exc:
+        raise CliError("STORE_CORRUPTED", str(exc), 1) from None
+    except OSError as exc:
+        raise CliError("STORE_UNREADABLE", f"cannot read {directory}: {exc}", 1) from None

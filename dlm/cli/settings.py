@@ -1,0 +1,74 @@
+"""The options every subcommand shares (--cluster, --timeout, --json) and the client they make.
+
+Each may be given before the subcommand (``dlm --json status``) or after it
+(``dlm status --json``); the later, more specific one wins, then the
+environment (``DLM_CLUSTER``), then the default.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dlm.cli.durations import DurationError, parse_duration
+from dlm.cli.exits import usage_error
+
+if TYPE_CHECKING:
+    from dlm.client.sync import Client
+
+DEFAULT_CLUSTER = "127.0.0.1:7700"
+DEFAULT_TIMEOUT = "10s"
+CLUSTER_ENV = "DLM_CLUSTER"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    members: tuple[str, ...]
+    timeout: float
+    json: bool
+
+    def connect(self) -> Client:
+        from dlm.client.sync import Client  # noqa: PLC0415 - keeps `dlm --help` light
+
+        return Client(list(self.members), timeout=self.timeout)
+
+
+@dataclass(slots=True)
+class GlobalOptions:
+    """What the root callback saw before the subcommand."""
+
+    cluster: str | None = None
+    timeout: str | None = None
+    json: bool = False
+
+
+def parse_members(text: str) -> tuple[str, ...]:
+    from dlm.client.core import parse_members as parse  # noqa: PLC0415 - pulls in the codec
+
+    try:
+        return tuple(parse(text))
+    except ValueError as exc:
+        raise usage_error(f"bad --cluster {text!r}: {exc}") from None
+
+
+def parse_timeout(text: str) -> float:
+    try:
+        seconds = parse_duration(text)
+    except DurationError as exc:
+        raise usage_error(f"bad --timeout: {exc}") from None
+    if seconds <= 0:
+        raise usage_error("--timeout must be more than 0")
+    return seconds
+
+
+def resolve(root: Any, cluster: str | None, timeout: str | None, json_out: bool) -> Settings:
+    """Merges the subcommand's own options over the root's, the environment and defaults."""
+    top = root if isinstance(root, GlobalOptions) else GlobalOptions()
+    cluster_text = cluster or top.cluster or os.environ.get(CLUSTER_ENV) or DEFAULT_CLUSTER
+    timeout_text = timeout or top.timeout or DEFAULT_TIMEOUT
+    return Settings(
+        members=parse_members(cluster_text),
+        timeout=parse_timeout(timeout_text),
+        json=json_out or top.json,
+    )

@@ -1,0 +1,244 @@
+"""`dlm status`, `dlm status KEY` and `dlm locks`: what the cluster and its locks look like.
+
+Cluster status is put together from two sources: one linearizable ``status``
+through the leader (term, leader, counts, membership), then each member asked
+directly (a stale read of its own view, with a short timeout) for role, term,
+commit and applied index. A member that does not answer is shown as
+unreachable rather than failing the whole command, and if no quorum answers
+the members are still shown before exiting 69: that is when an operator
+needs them most.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from dlm.cli.durations import format_ms
+from dlm.cli.exits import CliError, from_client_error
+from dlm.cli.output import console, emit_json, say
+from dlm.cli.settings import Settings
+
+if TYPE_CHECKING:
+    from dlm.client.sync import Client
+
+# Each member gets at most this long to describe itself: the table is worth
+# more with one member missing than late.
+MEMBER_TIMEOUT = 1.0
+
+MEMBER_FIELDS = ("id", "address", "role", "term", "commit", "applied", "lag", "reachable")
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def gather_members(
+    client: Client,
+    members: list[dict[str, Any]],
+    leader_commit: int | None,
+    timeout: float,
+) -> list[dict[str, Any]]:
+    """Asks every member for its own view, in parallel; keeps the given order."""
+    addresses = [str(m.get("address") or "") for m in members]
+
+    def ask(addr: str) -> dict[str, Any] | None:
+        return client.member_status(addr, timeout) if addr else None
+
+    with ThreadPoolExecutor(max_workers=max(1, min(len(addresses), 8))) as pool:
+        views = list(pool.map(ask, addresses))
+    return [merge_member(m, v, leader_commit) for m, v in zip(members, views, strict=True)]
+
+
+def merge_member(
+    member: dict[str, Any], view: dict[str, Any] | None, leader_commit: int | None
+) -> dict[str, Any]:
+    """One row of the members table: what the leader listed plus what the member said."""
+    row: dict[str, Any] = dict.fromkeys(MEMBER_FIELDS)
+    row["id"] = _str(member.get("id")) or (_str(view.get("id")) if view else None)
+    row["address"] = _str(member.get("address"))
+    row["reachable"] = view is not None
+    if view is not None:
+        row["role"] = _str(view.get("role"))
+        row["term"] = _int(view.get("term"))
+        row["commit"] = _int(view.get("commit"))
+        row["applied"] = _int(view.get("applied"))
+        if leader_commit is not None and row["applied"] is not None:
+            row["lag"] = max(0, leader_commit - row["applied"])
+    return row
+
+
+def cluster_status(settings: Settings) -> None:
+    from dlm.client.errors import ClusterUnavailable  # noqa: PLC0415
+
+    client = settings.connect()
+    try:
+        try:
+            view = client.status()
+        except ClusterUnavailable as exc:
+            _report_unavailable(settings, client, exc)
+            return
+        result = summarize(client, view, min(MEMBER_TIMEOUT, settings.timeout))
+    finally:
+        client.close()
+    if settings.json:
+        emit_json(result)
+    else:
+        print_cluster(result)
+
+
+def summarize(client: Client, view: dict[str, Any], member_timeout: float) -> dict[str, Any]:
+    """The `dlm status --json` object, from one member's view and every member's own."""
+    members = [m for m in view.get("members") or [] if isinstance(m, dict)]
+    if not members:
+        members = [{"id": view.get("id"), "address": view.get("address")}]
+    leader_commit = _int(view.get("commit")) if view.get("role") == "leader" else None
+    rows = gather_members(client, members, None, member_timeout)
+    leader = _str(view.get("leader"))
+    for row in rows:
+        if row["id"] == leader and row["commit"] is not None:
+            leader_commit = row["commit"]
+    if leader_commit is None:
+        leader_commit = _int(view.get("commit"))
+    for row in rows:
+        if leader_commit is not None and row["applied"] is not None:
+            row["lag"] = max(0, leader_commit - row["applied"])
+    return {
+        "cluster": _str(view.get("cluster")),
+        "leader": leader,
+        "leader_address": _str(view.get("leader_address")),
+        "term": _int(view.get("term")),
+        "commit": leader_commit,
+        "members": rows,
+        "sessions": _int(view.get("sessions")),
+        "locks": _int(view.get("locks")),
+        "waiters": _int(view.get("waiters")),
+    }
+
+
+def _report_unavailable(settings: Settings, client: Client, exc: Exception) -> None:
+    """No quorum: show what each member we know of says, then fail with 69."""
+    members = [{"id": None, "address": addr} for addr in settings.members]
+    rows = gather_members(client, members, None, min(MEMBER_TIMEOUT, settings.timeout))
+    error = from_client_error(exc)
+    if settings.json:
+        emit_json({**error.to_json(), "members": rows})
+        raise _Reported(error.exit_code)
+    print_members(rows)
+    raise error
+
+
+class _Reported(CliError):
+    """The error is already printed (as part of a JSON object); only the exit code is left."""
+
+    def __init__(self, exit_code: int) -> None:
+        super().__init__("REPORTED", "", exit_code)
+        self.reported = True
+
+
+def key_status(settings: Settings, key: str) -> None:
+    client = settings.connect()
+    try:
+        state = client.get(key)
+    finally:
+        client.close()
+    if settings.json:
+        emit_json(state)
+        return
+    holders = [h for h in state.get("holders") or [] if isinstance(h, dict)]
+    waiters = [w for w in state.get("waiters") or [] if isinstance(w, dict)]
+    limit = _int(state.get("limit")) or 1
+    if not holders and not waiters:
+        say(f"{key} is free")
+        return
+    out = console()
+    what = "lock" if limit == 1 else f"semaphore (limit {limit})"
+    out.print(f"{key}: {what}, {len(holders)} holder(s), {len(waiters)} waiter(s)")
+    table = _table("LEASE", "TOKEN", "HELD FOR", "TTL LEFT", "OWNER")
+    for h in holders:
+        table.add_row(
+            str(h.get("lease", "?")),
+            str(h.get("token", "?")),
+            format_ms(_int(h.get("held_ms"))),
+            format_ms(_int(h.get("remaining_ms"))),
+            _meta(h.get("meta")),
+        )
+    out.print(table)
+    if waiters:
+        queue = _table("#", "LEASE", "WAITING FOR", "OWNER")
+        for i, w in enumerate(waiters, 1):
+            queue.add_row(
+                str(_int(w.get("position")) or i),
+                str(w.get("lease", "?")),
+                format_ms(_int(w.get("since_ms"))),
+                _meta(w.get("meta")),
+            )
+        out.print(queue)
+
+
+def list_locks(settings: Settings, prefix: str) -> None:
+    client = settings.connect()
+    try:
+        locks = client.list_locks(prefix)
+    finally:
+        client.close()
+    if settings.json:
+        emit_json({"prefix": prefix, "locks": locks})
+        return
+    if not locks:
+        say(f"no locks held{f' under {prefix!r}' if prefix else ''}")
+        return
+    table = _table("KEY", "LEASE", "TOKEN", "HELD FOR", "TTL LEFT", "WAITERS", "OWNER")
+    for lock in locks:
+        holders = [h for h in lock.get("holders") or [] if isinstance(h, dict)] or [{}]
+        for h in holders:
+            table.add_row(
+                str(lock.get("key", "?")),
+                str(h.get("lease", "-")),
+                str(h.get("token", "-")),
+                format_ms(_int(h.get("held_ms"))),
+                format_ms(_int(h.get("remaining_ms"))),
+                str(lock.get("waiters", 0)),
+                _meta(h.get("meta")),
+            )
+    console().print(table)
+
+
+def _meta(meta: Any) -> str:
+    if not isinstance(meta, dict):
+        return ""
+    return " ".join(f"{k}={v}" for k, v in meta.items())
+
+
+def _table(*columns: str) -> Any:
+    from rich import box  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    return table
+
+
+def print_cluster(result: dict[str, Any]) -> None:
+    leader = result.get("leader") or "none"
+    say(
+        f"cluster {result.get('cluster') or '-'}: leader {leader}, term {result.get('term')}, "
+        f"commit {result.get('commit')}; {result.get('sessions')} sessions, "
+        f"{result.get('locks')} locks, {result.get('waiters')} waiters"
+    )
+    print_members(result["members"])
+
+
+def print_members(rows: list[dict[str, Any]]) -> None:
+    table = _table("ID", "ADDRESS", "ROLE", "TERM", "COMMIT", "APPLIED", "LAG", "REACHABLE")
+    for r in rows:
+        table.add_row(
+            *("-" if r[f] is None else str(r[f]) for f in MEMBER_FIELDS[:-1]),
+            "yes" if r["reachable"] else "NO",
+        )
+    console().print(table)
