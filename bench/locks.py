@@ -180,8 +180,10 @@ def probe_status(addr: str, timeout: float = 1.0) -> dict[str, Any] | None:
                     return None
                 decoder.feed(data)
                 for frame in decoder.frames():
-                    if isinstance(frame, dict) and frame.get("id") == 1:
-                        return frame if frame.get("t") == "ok" else None
+                    # Matched by shape, not only by request id: the status view has a
+                    # field named ``id`` too (the member's), and it may shadow ours.
+                    if isinstance(frame, dict) and frame.get("t") == "ok" and "role" in frame:
+                        return frame
                     if isinstance(frame, dict) and frame.get("t") == "error":
                         return None
     except (OSError, ProtocolError, ValueError):
