@@ -487,6 +487,7 @@ class KeepAlive:
             threading.Thread(target=self._watch, name=f"dlm-deadline-{self.lease}", daemon=True),
         ]
         self._started = False
+        self._lost_marked = False
 
     @property
     def deadline(self) -> float:
@@ -528,26 +529,29 @@ class KeepAlive:
 
     def _mark_lost(self, reason: str) -> None:
         with self._cond:
-            if self.lost.is_set() or self._stopping.is_set():
+            if self._lost_marked or self._stopping.is_set():
                 return
+            self._lost_marked = True
             self.reason = reason
-            self.lost.set()
             self._cond.notify_all()
         self._client.close()  # a hung renewal has nothing left to save
+        # The callback runs before ``lost`` is set, so whoever waits on ``lost``
+        # knows the callback (e.g. stopping the child) has already happened.
         if self._on_lost is not None:
             try:
                 self._on_lost(reason)
             except Exception as exc:  # the callback's failure must not kill the watcher
                 self.last_error = exc
+        self.lost.set()
 
     def _watch(self) -> None:
         with self._cond:
-            while not self._stopping.is_set() and not self.lost.is_set():
+            while not self._stopping.is_set() and not self._lost_marked:
                 left = self._deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._cond.wait(left)
-            if self._stopping.is_set() or self.lost.is_set():
+            if self._stopping.is_set() or self._lost_marked:
                 return
         self._mark_lost(
             f"lease {self.lease} could not be renewed before its deadline "
@@ -556,7 +560,7 @@ class KeepAlive:
 
     def _renew_loop(self) -> None:
         next_at = self._confirmed_at + self._interval()
-        while not self._stopping.is_set() and not self.lost.is_set():
+        while not self._stopping.is_set() and not self._lost_marked:
             wait = next_at - time.monotonic()
             if wait > 0 and self._stopping.wait(wait):
                 return
