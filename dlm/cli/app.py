@@ -129,7 +129,7 @@ def root(
 def acquire(
     ctx: typer.Context,
     *,
-    key: Annotated[str, typer.Argument(help="The lock's name.", show_default=False)],
+    key: Annotated[str, typer.Argument(metavar="KEY", help="The lock's name.")],
     ttl: Annotated[
         str, typer.Option("--ttl", metavar="DURATION", help="Lifetime of a new lease.")
     ] = "30s",
@@ -178,7 +178,7 @@ def acquire(
 def renew(
     ctx: typer.Context,
     *,
-    lease: Annotated[str, typer.Argument(help="The lease id.", show_default=False)],
+    lease: Annotated[str, typer.Argument(metavar="LEASE", help="The lease id.")],
     keep_alive: Annotated[
         bool,
         typer.Option(
@@ -199,7 +199,7 @@ def renew(
 def release(
     ctx: typer.Context,
     *,
-    key: Annotated[str, typer.Argument(help="The lock's name.", show_default=False)],
+    key: Annotated[str, typer.Argument(metavar="KEY", help="The lock's name.")],
     lease: Annotated[str, typer.Option("--lease", metavar="ID", help="The lease that holds it.")],
     cluster: ClusterOpt = None,
     timeout: TimeoutOpt = None,
@@ -219,7 +219,7 @@ def exec_(
     ctx: typer.Context,
     *,
     command: Annotated[
-        list[str], typer.Argument(metavar="-- CMD [ARGS...]", help="The command to run.")
+        list[str], typer.Argument(metavar="[--] CMD [ARGS...]", help="The command to run.")
     ],
     lock: Annotated[str, typer.Option("--lock", metavar="KEY", help="The lock to hold.")],
     ttl: Annotated[

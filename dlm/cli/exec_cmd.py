@@ -70,7 +70,9 @@ class _Signals:
 
     def install(self) -> None:
         for s in FORWARDED:
-            self._previous[s] = signal.signal(s, self._handle)
+            # An ignored signal (nohup, `&` in sh) stays ignored, and CMD inherits that.
+            if signal.getsignal(s) != signal.SIG_IGN:
+                self._previous[s] = signal.signal(s, self._handle)
 
     def restore(self) -> None:
         for s, old in self._previous.items():

@@ -100,7 +100,9 @@ def signals_interrupt(signums: Sequence[int] = (signal.SIGTERM, signal.SIGHUP)) 
     def handler(signum: int, _frame: FrameType | None) -> None:
         raise Interrupted(signum)
 
-    previous = {s: signal.signal(s, handler) for s in signums}
+    previous = {
+        s: signal.signal(s, handler) for s in signums if signal.getsignal(s) != signal.SIG_IGN
+    }
     try:
         yield
     finally:
@@ -234,7 +236,9 @@ def _keep_alive(client: Client, lease: str) -> tuple[int, int]:
         client, lease, confirmed_at=sent, ttl_ms=ttl_ms, on_lost=lambda _: stop.set()
     )
     watched = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {s: signal.signal(s, on_signal) for s in watched}
+    previous = {
+        s: signal.signal(s, on_signal) for s in watched if signal.getsignal(s) != signal.SIG_IGN
+    }
     try:
         keeper.start()
         # Event.wait is interruptible by signals in the main thread; the timeout bounds

@@ -169,15 +169,29 @@ def key_status(settings: Settings, key: str) -> None:
         )
     out.print(table)
     if waiters:
+        now_ms = server_now_ms(holders)
         queue = _table("#", "LEASE", "WAITING FOR", "OWNER")
         for i, w in enumerate(waiters, 1):
+            since = _int(w.get("since_ms"))
             queue.add_row(
                 str(_int(w.get("position")) or i),
                 str(w.get("lease", "?")),
-                format_ms(_int(w.get("since_ms"))),
+                format_ms(None if since is None else now_ms - since),
                 _meta(w.get("meta")),
             )
         out.print(queue)
+
+
+def server_now_ms(holders: list[dict[str, Any]]) -> int:
+    """The answering member's clock, as far as a reply shows it (holder's grant time plus
+    how long it has held); our own clock only when nobody holds the key."""
+    for h in holders:
+        granted, held = _int(h.get("granted_at_ms")), _int(h.get("held_ms"))
+        if granted is not None and held is not None:
+            return granted + held
+    import time  # noqa: PLC0415
+
+    return int(time.time() * 1000)
 
 
 def list_locks(settings: Settings, prefix: str) -> None:
@@ -220,7 +234,8 @@ def _table(*columns: str) -> Any:
 
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for column in columns:
-        table.add_column(column, overflow="fold")
+        # Ids and numbers stay whole (people copy them); the owner column takes the squeeze.
+        table.add_column(column, no_wrap=column != "OWNER", overflow="fold")
     return table
 
 
