@@ -38,18 +38,20 @@ def test_sets_lost_when_keepalives_stop_being_answered() -> None:
         return model(conn, req)
 
     reasons: list[str] = []
-    with FakeServer(goes_silent) as server:
-        with Client(server.addr, timeout=2.0, attempt_timeout=1.0) as c:
-            lease = c.open_lease(300)
-            ka = KeepAlive(c, lease, on_lost=reasons.append).start()
-            try:
-                assert ka.lost.wait(5.0)
-                assert "deadline" in (ka.reason or "")
-                assert reasons == [ka.reason]
-                # Lost means: no confirmed renewal within the TTL before now.
-                assert time.monotonic() >= ka.deadline
-            finally:
-                ka.stop()
+    with (
+        FakeServer(goes_silent) as server,
+        Client(server.addr, timeout=2.0, attempt_timeout=1.0) as c,
+    ):
+        lease = c.open_lease(300)
+        ka = KeepAlive(c, lease, on_lost=reasons.append).start()
+        try:
+            assert ka.lost.wait(5.0)
+            assert "deadline" in (ka.reason or "")
+            assert reasons == [ka.reason]
+            # Lost means: no confirmed renewal within the TTL before now.
+            assert time.monotonic() >= ka.deadline
+        finally:
+            ka.stop()
 
 
 def test_sets_lost_on_session_expired() -> None:

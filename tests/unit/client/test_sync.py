@@ -56,17 +56,19 @@ def test_basic_flow() -> None:
 
 
 def test_follows_redirects_across_two_hops_and_stays_with_the_leader() -> None:
-    with FakeServer(name="leader") as leader:
-        with FakeServer(redirect_to(leader.addr), name="f2") as f2:
-            with FakeServer(redirect_to(f2.addr), name="f1") as f1:
-                with Client([f1.addr], timeout=3.0) as c:
-                    lease = c.open_lease(1000, lease="fixed")
-                    assert lease.id == "fixed"
-                    assert c.connected_to == leader.addr
-                    c.keepalive(lease)
-                assert len(f1.of_type("open_lease")) == 1
-                assert len(f2.of_type("open_lease")) == 1
-                assert f1.of_type("keepalive") == [] and f2.of_type("keepalive") == []
+    with (
+        FakeServer(name="leader") as leader,
+        FakeServer(redirect_to(leader.addr), name="f2") as f2,
+        FakeServer(redirect_to(f2.addr), name="f1") as f1,
+    ):
+        with Client([f1.addr], timeout=3.0) as c:
+            lease = c.open_lease(1000, lease="fixed")
+            assert lease.id == "fixed"
+            assert c.connected_to == leader.addr
+            c.keepalive(lease)
+        assert len(f1.of_type("open_lease")) == 1
+        assert len(f2.of_type("open_lease")) == 1
+        assert f1.of_type("keepalive") == [] and f2.of_type("keepalive") == []
 
 
 def test_dropped_connection_is_retried_with_the_same_seq() -> None:
@@ -106,9 +108,11 @@ def test_silent_member_is_abandoned_for_the_next_one() -> None:
 
 def test_unreachable_cluster_raises_cluster_unavailable() -> None:
     addr = free_port_addr()
-    with Client(addr, timeout=0.3, rng=random.Random(1)) as c:
-        with pytest.raises(ClusterUnavailable) as info:
-            c.status()
+    with (
+        Client(addr, timeout=0.3, rng=random.Random(1)) as c,
+        pytest.raises(ClusterUnavailable) as info,
+    ):
+        c.status()
     assert f"no member of {addr} answered" in str(info.value)
     assert info.value.exit_code == 69
 
@@ -125,9 +129,12 @@ def test_no_quorum_until_timeout_raises_cluster_unavailable() -> None:
 
 def test_refused_hello_is_reported() -> None:
     greeting = error(None, ErrorCode.BAD_REQUEST, "unsupported protocol version")
-    with FakeServer(greeting=greeting) as server, client(server) as c:
-        with pytest.raises(BadRequest, match="unsupported protocol version"):
-            c.status()
+    with (
+        FakeServer(greeting=greeting) as server,
+        client(server) as c,
+        pytest.raises(BadRequest, match="unsupported protocol version"),
+    ):
+        c.status()
 
 
 @pytest.mark.parametrize(

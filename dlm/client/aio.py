@@ -1,0 +1,490 @@
+"""The async client (anyio): the blocking client's API as coroutines.
+
+It drives the same decision generators as sync.py (core.py), so redirects,
+retries, backoff and error mapping behave identically. Calls on one client
+are serialised over one connection; ``keep_alive`` renews from a client of its
+own, so a renewal never waits behind a long acquire. Imported only by code
+that runs an event loop: importing anyio is too slow for the CLI's hot path.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from dlm.client import core
+from dlm.client.core import (
+    Action,
+    AwaitGrant,
+    Failed,
+    Grant,
+    Lease,
+    LeaseRef,
+    Outcome,
+    Send,
+    Sleep,
+    lease_id,
+    payload,
+    reply_int,
+    reply_list,
+    without_id,
+)
+from dlm.client.errors import ClusterUnavailable, DlmError, LeaseLost
+from dlm.wire import (
+    PEER_FRAME_LIMIT,
+    CloseLease,
+    FrameDecoder,
+    Get,
+    Hello,
+    LeaseInfo,
+    ListLocks,
+    OpenLease,
+    ProtocolError,
+    Role,
+    Status,
+    encode_frame,
+    format_addr,
+    parse_addr,
+)
+from dlm.wire import KeepAlive as KeepAliveRequest
+
+_STREAM_ERRORS = (
+    OSError,
+    anyio.EndOfStream,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+)
+
+
+class _Broken(Exception):
+    pass
+
+
+class _Connection:
+    def __init__(self, addr: str, stream: anyio.abc.SocketStream) -> None:
+        self.addr = addr
+        self.stream = stream
+        self._decoder = FrameDecoder(PEER_FRAME_LIMIT)
+        self._frames: deque[Any] = deque()
+        self._pushes: list[dict[Any, Any]] = []
+        self._ids = core.RequestIds()
+
+    @classmethod
+    async def open(cls, addr: str, timeout: float) -> tuple[_Connection, dict[Any, Any]]:
+        host, port = parse_addr(addr)
+        try:
+            with anyio.fail_after(max(0.001, timeout)):
+                stream = await anyio.connect_tcp(host, port)
+                conn = cls(addr, stream)
+                try:
+                    raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+                    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    await conn.send(Hello(role=Role.CLIENT).to_wire())
+                    greeting = await conn.read()
+                except BaseException:
+                    await conn.aclose()
+                    raise
+        except TimeoutError:
+            raise _Broken("no greeting in time") from None
+        except _STREAM_ERRORS as exc:
+            raise _Broken(str(exc) or "connect failed") from None
+        return conn, greeting
+
+    async def send(self, obj: Any) -> None:
+        try:
+            await self.stream.send(encode_frame(obj))
+        except _STREAM_ERRORS as exc:
+            raise _Broken(str(exc) or "send failed") from None
+
+    async def read(self) -> dict[Any, Any]:
+        while not self._frames:
+            try:
+                data = await self.stream.receive()
+            except anyio.EndOfStream:
+                raise _Broken("connection closed by the member") from None
+            except _STREAM_ERRORS as exc:
+                raise _Broken(str(exc) or "receive failed") from None
+            self._decoder.feed(data)
+            try:
+                self._frames.extend(self._decoder.frames())
+            except ProtocolError as exc:
+                raise _Broken(f"bad frame: {exc}") from None
+        frame = self._frames.popleft()
+        if not isinstance(frame, dict):
+            raise _Broken("frame is not a map")
+        return frame
+
+    async def request(self, request: dict[str, Any], timeout: float) -> dict[Any, Any] | None:
+        rid = self._ids.next()
+        with anyio.move_on_after(timeout):
+            await self.send({**request, "id": rid})
+            while True:
+                frame = await self.read()
+                if frame.get("t") == "grant" and "id" not in frame:
+                    self._pushes.append(frame)
+                elif core.is_reply_to(frame, rid, request) or (
+                    frame.get("t") == "error" and "id" not in frame
+                ):
+                    return frame
+        return None
+
+    def drop_pushes(self, lease: str, key: str) -> None:
+        self._pushes = [p for p in self._pushes if not _push_matches(p, lease, key)]
+
+    async def await_grant(self, lease: str, key: str, timeout: float) -> dict[Any, Any] | None:
+        with anyio.move_on_after(timeout):
+            while True:
+                for i, push in enumerate(self._pushes):
+                    if _push_matches(push, lease, key):
+                        del self._pushes[i]
+                        return push
+                frame = await self.read()
+                if frame.get("t") == "grant" and "id" not in frame:
+                    self._pushes.append(frame)
+                elif frame.get("t") == "error" and "id" not in frame:
+                    raise _Broken(f"member closed the connection: {frame.get('code')}")
+        return None
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.stream.aclose()
+            except _STREAM_ERRORS:
+                pass
+
+
+def _push_matches(push: Mapping[Any, Any], lease: str, key: str) -> bool:
+    return push.get("lease") == lease and push.get("key") == key
+
+
+class AsyncClient:
+    """An anyio dlm client. Use as ``async with AsyncClient(...) as client``."""
+
+    def __init__(
+        self,
+        members: Sequence[str] | str,
+        *,
+        timeout: float = 10.0,
+        rng: random.Random | None = None,
+        attempt_timeout: float | None = None,
+    ) -> None:
+        self.members = core.parse_members(members)
+        self.timeout = timeout
+        self._rng = rng
+        start = rng.randrange(len(self.members)) if rng is not None else 0
+        self._settings = core.Settings(
+            members=self.members,
+            router=core.Router(self.members, start),
+            backoff=core.Backoff(rng),
+            clock=time.monotonic,
+            timeout=timeout,
+            attempt_timeout=attempt_timeout or core.default_attempt_timeout(timeout),
+        )
+        self._lock = anyio.Lock()
+        self._conn: _Connection | None = None
+        self._closed = False
+        self._ttl_ms: dict[str, int] = {}
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        await self._drop_connection()
+
+    @property
+    def connected_to(self) -> str | None:
+        return self._conn.addr if self._conn is not None else None
+
+    def spawn(self) -> AsyncClient:
+        rng = random.Random(self._rng.getrandbits(64)) if self._rng is not None else None
+        child = AsyncClient(
+            self.members,
+            timeout=self.timeout,
+            rng=rng,
+            attempt_timeout=self._settings.attempt_timeout,
+        )
+        child._settings.router.preferred = self._settings.router.preferred
+        child._ttl_ms = dict(self._ttl_ms)
+        return child
+
+    # -- leases ---------------------------------------------------------------
+
+    async def open_lease(self, ttl_ms: int, lease: str | None = None) -> Lease:
+        lid = lease or core.new_lease_id()
+        request = without_id(OpenLease(id=0, lease=lid, ttl_ms=ttl_ms))
+        sent = time.monotonic()
+        _, reply = await self._run(core.call(self._settings, request))
+        ttl = reply_int(reply, "ttl_ms")
+        self._ttl_ms[lid] = ttl
+        return Lease(id=lid, ttl_ms=ttl, confirmed_at=sent)
+
+    async def keepalive(self, lease: LeaseRef, *, timeout: float | None = None) -> int:
+        lid = lease_id(lease)
+        request = without_id(KeepAliveRequest(id=0, lease=lid))
+        _, reply = await self._run(core.call(self._settings, request, timeout=timeout))
+        ttl = reply_int(reply, "ttl_ms")
+        self._ttl_ms[lid] = ttl
+        return ttl
+
+    async def close_lease(self, lease: LeaseRef) -> None:
+        lid = lease_id(lease)
+        request = without_id(CloseLease(id=0, lease=lid, seq=core.new_seq()))
+        await self._run(core.call(self._settings, request))
+        self._ttl_ms.pop(lid, None)
+
+    async def lease_info(self, lease: LeaseRef) -> dict[str, Any]:
+        request = without_id(LeaseInfo(id=0, lease=lease_id(lease)))
+        _, reply = await self._run(core.call(self._settings, request))
+        return payload(reply)
+
+    # -- locks ----------------------------------------------------------------
+
+    async def acquire(
+        self,
+        lease: LeaseRef,
+        key: str,
+        *,
+        wait: float | None = None,
+        limit: int = 1,
+        meta: Mapping[str, str] | None = None,
+    ) -> Grant:
+        lid = lease_id(lease)
+        known_ttl = lease.ttl_ms if isinstance(lease, Lease) else self._ttl_ms.get(lid)
+        flow = core.acquire_flow(
+            self._settings, lid, key, wait=wait, limit=limit, meta=meta, known_ttl_ms=known_ttl
+        )
+        grant: Grant = await self._run(flow)
+        return grant
+
+    async def release(self, lease: LeaseRef, key: str) -> None:
+        await self._run(core.call(self._settings, core.release_request(lease_id(lease), key)))
+
+    async def get(self, key: str, *, stale: bool = False) -> dict[str, Any]:
+        request = without_id(Get(id=0, key=key, stale=stale))
+        _, reply = await self._run(core.call(self._settings, request))
+        return payload(reply)
+
+    async def list_locks(self, prefix: str = "", *, stale: bool = False) -> list[dict[str, Any]]:
+        request = without_id(ListLocks(id=0, prefix=prefix, stale=stale))
+        _, reply = await self._run(core.call(self._settings, request))
+        return [lock for lock in reply_list(reply, "locks") if isinstance(lock, dict)]
+
+    # -- cluster --------------------------------------------------------------
+
+    async def status(self, *, stale: bool = False) -> dict[str, Any]:
+        request = without_id(Status(id=0, stale=stale))
+        _, reply = await self._run(core.call(self._settings, request))
+        return payload(reply)
+
+    async def member_status(self, addr: str, timeout: float = 2.0) -> dict[str, Any] | None:
+        deadline = time.monotonic() + timeout
+        try:
+            conn, greeting = await _Connection.open(format_addr(*parse_addr(addr)), timeout)
+        except (_Broken, ValueError):
+            return None
+        try:
+            if greeting.get("t") != "welcome":
+                return None
+            left = max(0.001, deadline - time.monotonic())
+            reply = await conn.request(without_id(Status(id=0, stale=True)), left)
+        except _Broken:
+            return None
+        finally:
+            await conn.aclose()
+        if reply is None or reply.get("t") != "ok":
+            return None
+        return payload(reply)
+
+    # -- keeping a lease alive --------------------------------------------------
+
+    @asynccontextmanager
+    async def keep_alive(
+        self,
+        lease: LeaseRef,
+        *,
+        confirmed_at: float | None = None,
+        ttl_ms: int | None = None,
+        on_lost: Callable[[str], None] | None = None,
+        interval: float | None = None,
+    ) -> AsyncIterator[AsyncKeepAlive]:
+        """Renews ``lease`` in the background for the duration of the block."""
+        keeper = AsyncKeepAlive(
+            self.spawn(),
+            lease,
+            confirmed_at=confirmed_at,
+            ttl_ms=ttl_ms,
+            on_lost=on_lost,
+            interval=interval,
+        )
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(keeper._renew_loop)
+                tg.start_soon(keeper._watch)
+                try:
+                    yield keeper
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            await keeper._client.aclose()
+
+    # -- the driver -------------------------------------------------------------
+
+    async def _run(self, flow: core.Flow) -> Any:
+        async with self._lock:
+            try:
+                action: Action = next(flow)
+                while True:
+                    action = flow.send(await self._perform(action))
+            except StopIteration as done:
+                return done.value
+
+    async def _perform(self, action: Action) -> Outcome:
+        if self._closed:
+            raise ClusterUnavailable("the client was closed", code="CLOSED")
+        if isinstance(action, Sleep):
+            if action.seconds > 0:
+                await anyio.sleep(action.seconds)
+            return None
+        if isinstance(action, AwaitGrant):
+            conn = self._conn
+            if conn is None or conn.addr != action.addr:
+                return Failed("connection lost while waiting")
+            try:
+                return await conn.await_grant(action.lease, action.key, action.timeout)
+            except _Broken as exc:
+                await self._drop_connection()
+                return Failed(str(exc))
+        return await self._send(action)
+
+    async def _send(self, action: Send) -> Outcome:
+        deadline = time.monotonic() + action.timeout
+        conn = self._conn
+        if conn is None or conn.addr != action.addr:
+            await self._drop_connection()
+            try:
+                conn, greeting = await _Connection.open(action.addr, action.timeout)
+            except _Broken as exc:
+                return Failed(str(exc))
+            if greeting.get("t") != "welcome":
+                await conn.aclose()
+                return greeting if greeting.get("t") == "error" else Failed("no welcome")
+            self._conn = conn
+        if action.drop_pushes_for is not None:
+            conn.drop_pushes(*action.drop_pushes_for)
+        try:
+            reply = await conn.request(action.request, max(0.001, deadline - time.monotonic()))
+        except _Broken as exc:
+            await self._drop_connection()
+            return Failed(str(exc))
+        if reply is None:
+            await self._drop_connection()
+            return Failed(f"no reply within {action.timeout:.3g}s")
+        if reply.get("t") == "error" and "id" not in reply:
+            await self._drop_connection()
+        return reply
+
+    async def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.aclose()
+
+
+class AsyncKeepAlive:
+    """The async twin of sync.KeepAlive; made by ``AsyncClient.keep_alive``."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        lease: LeaseRef,
+        *,
+        confirmed_at: float | None,
+        ttl_ms: int | None,
+        on_lost: Callable[[str], None] | None,
+        interval: float | None,
+    ) -> None:
+        if isinstance(lease, Lease):
+            ttl_ms = lease.ttl_ms if ttl_ms is None else ttl_ms
+            confirmed_at = lease.confirmed_at if confirmed_at is None else confirmed_at
+        if ttl_ms is None or ttl_ms <= 0:
+            raise ValueError("keep_alive needs the lease's ttl_ms")
+        if confirmed_at is None:
+            raise ValueError("keep_alive needs confirmed_at: when the lease was last confirmed")
+        self.lease = lease_id(lease)
+        self.ttl_ms = ttl_ms
+        self.lost = anyio.Event()
+        self.reason: str | None = None
+        self.renewals = 0
+        self.last_error: BaseException | None = None
+        self.deadline = confirmed_at + ttl_ms / 1000.0
+        self._client = client
+        self._on_lost = on_lost
+        self._fixed_interval = interval
+        self._confirmed_at = confirmed_at
+
+    def _interval(self) -> float:
+        return self._fixed_interval or self.ttl_ms / 3000.0
+
+    def _mark_lost(self, reason: str) -> None:
+        if self.lost.is_set():
+            return
+        self.reason = reason
+        if self._on_lost is not None:
+            try:
+                self._on_lost(reason)
+            except Exception as exc:
+                self.last_error = exc
+        self.lost.set()
+
+    async def _watch(self) -> None:
+        while not self.lost.is_set():
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self._mark_lost(
+                    f"lease {self.lease} could not be renewed before its deadline "
+                    f"({self.ttl_ms} ms after the last confirmed renewal)"
+                )
+                return
+            await anyio.sleep(left)
+
+    async def _renew_loop(self) -> None:
+        next_at = self._confirmed_at + self._interval()
+        while not self.lost.is_set():
+            wait = next_at - time.monotonic()
+            if wait > 0:
+                await anyio.sleep(wait)
+            sent = time.monotonic()
+            left = self.deadline - sent
+            if left <= 0:
+                return
+            try:
+                with anyio.move_on_after(left):
+                    ttl = await self._client.keepalive(self.lease, timeout=left)
+                    self.ttl_ms = ttl
+                    self.deadline = max(self.deadline, sent + ttl / 1000.0)
+                    self.renewals += 1
+                    next_at = sent + self._interval()
+                    continue
+            except LeaseLost as exc:
+                self._mark_lost(exc.message)
+                return
+            except (DlmError, ValueError) as exc:
+                self.last_error = exc
+            next_at = time.monotonic() + min(self._interval() / 4, 0.25)
