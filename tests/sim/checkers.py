@@ -190,7 +190,7 @@ class SafetyChecker:
             raise Violation(
                 "leader-completeness",
                 f"{node} leads term {term} with term {have} at committed index {index}, "
-                f"which was committed with term {want}",
+                f"where the committed entry has term {want}",
             )
 
     # -- state machines ----------------------------------------------------

@@ -69,6 +69,7 @@ class SimTotals:
         self.stats: dict[str, Counter[str]] = {}
         self.faults: dict[str, Counter[str]] = {}
         self.seconds: dict[str, float] = {}
+        self.notes: list[str] = []
         self._started = time.perf_counter()
 
     def add(self, suite: str, result: SimResult) -> None:
@@ -79,6 +80,9 @@ class SimTotals:
         self.ticks[suite] = self.ticks.get(suite, 0) + result.ticks
         self.stats.setdefault(suite, Counter()).update(result.stats)
         self.faults.setdefault(suite, Counter()).update(result.faults)
+
+    def note(self, line: str) -> None:
+        self.notes.append(line)
 
     def restart_clock(self) -> None:
         self._started = time.perf_counter()
@@ -108,6 +112,7 @@ class SimTotals:
                 "delivered",
             )
             out.append("  totals: " + ", ".join(f"{k} {stats[k]}" for k in keys if stats[k]))
+        out.extend(f"sim: {note}" for note in self.notes)
         return out
 
 
