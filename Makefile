@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test lint typecheck unit sim cluster run bench zipapp soak clean
+.PHONY: install test lint typecheck unit sim cluster run bench bench-wal bench-startup zipapp soak clean
 
 install: $(STAMP)
 
@@ -32,6 +32,31 @@ sim: install
 
 cluster: install
 	$(PY) -m pytest tests/cluster
+
+# A local 3-node cluster in the foreground on 127.0.0.1:7701-7703; Ctrl-C stops it.
+run: install
+	$(PY) -m dlm.node.devcluster
+
+BENCH_ARGS ?=
+
+# The lock-service benchmark: machine floor, a dlm 3-node cluster, etcd 3.4 if installed.
+bench: install
+	$(PY) -m bench.locks $(BENCH_ARGS)
+
+bench-wal: install
+	$(PY) -m bench.wal
+
+bench-startup: install zipapp
+	$(PY) -m bench.startup
+
+# The whole of dlm and its runtime dependencies in one file: dist/dlm.pyz.
+zipapp: install
+	$(PY) tools/build_zipapp.py
+
+# Longer simulation than CI runs: SOAK_SEEDS=START:COUNT.
+SOAK_SEEDS ?= 1000:3000
+soak: install
+	$(PY) -m pytest tests/sim --sim-seeds=$(SOAK_SEEDS)
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -12,7 +12,8 @@ the code, ``leader``, ``retry_after_ms``, ``holders``). A node may also push
 frames with no ``id``: ``grant`` when a queued acquire is granted.
 
 Peer frames carry Raft messages as compact positional arrays, several per
-frame. Nothing here trusts its input: decoding accepts only the types it
+frame; their codec lives in dlm/node/peer_codec.py, so a client never pays
+for importing it. Nothing here trusts its input: decoding accepts only the types it
 expects and raises ``ProtocolError`` (never anything else) on the rest, so a
 bad byte costs the sender its connection and nobody else anything.
 
@@ -26,29 +27,10 @@ import enum
 import re
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import cbor2
-
-from dlm.node.raft.types import (
-    AppendEntries,
-    AppendEntriesResponse,
-    ConfState,
-    Entry,
-    EntryKind,
-    Heartbeat,
-    HeartbeatResponse,
-    InstallSnapshot,
-    InstallSnapshotResponse,
-    Message,
-    ReadIndexRequest,
-    ReadIndexResponse,
-    SnapshotMeta,
-    TimeoutNow,
-    VoteRequest,
-    VoteResponse,
-)
 
 PROTOCOL_VERSION = 1
 CLIENT_FRAME_LIMIT = 64 * 1024
@@ -270,8 +252,8 @@ class Request:
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"t": self.TYPE}
-        for name in self.__dataclass_fields__:
-            out[name] = getattr(self, name)
+        for f in fields(self):
+            out[f.name] = getattr(self, f.name)
         return out
 
 
@@ -398,8 +380,9 @@ def decode_request(obj: Any) -> ClientRequest:
     raise ProtocolError(f"unknown request type {kind!r}")
 
 
-def ok(rid: int, **fields: Any) -> dict[str, Any]:
-    return {"t": "ok", "id": rid, **fields}
+def ok(rid: int, **body: Any) -> dict[str, Any]:
+    # The request id goes last so that no reply field can shadow it.
+    return {"t": "ok", **body, "id": rid}
 
 
 def error(rid: int | None, code: ErrorCode, message: str, **extra: Any) -> dict[str, Any]:
@@ -412,186 +395,6 @@ def error(rid: int | None, code: ErrorCode, message: str, **extra: Any) -> dict[
 
 def grant_push(lease: str, key: str, token: int) -> dict[str, Any]:
     return {"t": "grant", "lease": lease, "key": key, "token": token}
-
-
-# ---------------------------------------------------------------------------
-# Raft messages between peers, as positional arrays: [kind, group, term, src, dst, ...]
-# ---------------------------------------------------------------------------
-
-
-def _entry_to_wire(e: Entry) -> list[Any]:
-    return [e.index, e.term, int(e.kind), e.data]
-
-
-def _entry_from_wire(v: Any) -> Entry:
-    if not isinstance(v, list) or len(v) != 4:
-        raise ProtocolError("malformed entry")
-    index, term, kind, data = v
-    _check_ints(index, term, kind)
-    if not isinstance(data, bytes):
-        raise ProtocolError("entry data must be bytes")
-    try:
-        entry_kind = EntryKind(kind)
-    except ValueError:
-        raise ProtocolError(f"unknown entry kind {kind}") from None
-    return Entry(index=index, term=term, data=data, kind=entry_kind)
-
-
-def _meta_to_wire(m: SnapshotMeta) -> list[Any]:
-    return [m.index, m.term, list(m.conf.voters), list(m.conf.learners)]
-
-
-def _str_tuple(v: Any) -> tuple[str, ...]:
-    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-        raise ProtocolError("expected a list of node ids")
-    return tuple(v)
-
-
-def _meta_from_wire(v: Any) -> SnapshotMeta:
-    if not isinstance(v, list) or len(v) != 4:
-        raise ProtocolError("malformed snapshot metadata")
-    _check_ints(v[0], v[1])
-    return SnapshotMeta(
-        index=v[0], term=v[1], conf=ConfState(voters=_str_tuple(v[2]), learners=_str_tuple(v[3]))
-    )
-
-
-def _check_ints(*values: Any) -> None:
-    for v in values:
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ProtocolError("expected a non-negative integer")
-
-
-def _check_bools(*values: Any) -> None:
-    for v in values:
-        if not isinstance(v, bool):
-            raise ProtocolError("expected a boolean")
-
-
-def _check_bytes(*values: Any) -> None:
-    for v in values:
-        if not isinstance(v, bytes):
-            raise ProtocolError("expected bytes")
-
-
-_KIND = {
-    VoteRequest: 1,
-    VoteResponse: 2,
-    AppendEntries: 3,
-    AppendEntriesResponse: 4,
-    Heartbeat: 5,
-    HeartbeatResponse: 6,
-    InstallSnapshot: 7,
-    InstallSnapshotResponse: 8,
-    TimeoutNow: 9,
-    ReadIndexRequest: 10,
-    ReadIndexResponse: 11,
-}
-
-
-def raft_to_wire(m: Message) -> list[Any]:
-    head: list[Any] = [_KIND[type(m)], m.group, m.term, m.src, m.dst]
-    match m:
-        case VoteRequest():
-            return [*head, m.last_log_index, m.last_log_term, m.pre_vote, m.transfer]
-        case VoteResponse():
-            return [*head, m.granted, m.pre_vote]
-        case AppendEntries():
-            ents = [_entry_to_wire(e) for e in m.entries]
-            return [*head, m.prev_index, m.prev_term, ents, m.commit]
-        case AppendEntriesResponse():
-            return [*head, m.reject, m.index, m.hint_index, m.hint_term]
-        case Heartbeat():
-            return [*head, m.commit, m.ctx]
-        case HeartbeatResponse():
-            return [*head, m.ctx]
-        case InstallSnapshot():
-            return [*head, _meta_to_wire(m.meta), m.offset, m.data, m.done]
-        case InstallSnapshotResponse():
-            return [*head, m.index, m.next_offset, m.reject]
-        case TimeoutNow():
-            return head
-        case ReadIndexRequest():
-            return [*head, m.ctx]
-        case ReadIndexResponse():
-            return [*head, m.ctx, m.index]
-    raise TypeError(f"not a raft message: {m!r}")  # pragma: no cover - exhaustive match
-
-
-_ARITY = {1: 9, 2: 7, 3: 9, 4: 9, 5: 7, 6: 6, 7: 9, 8: 8, 9: 5, 10: 6, 11: 7}
-
-
-def raft_from_wire(v: Any) -> Message:
-    """Decodes one Raft message; any deviation from the schema is a ProtocolError."""
-    if (
-        not isinstance(v, list)
-        or not v
-        or not isinstance(v[0], int)
-        or v[0] not in _ARITY
-        or len(v) != _ARITY[v[0]]
-    ):
-        raise ProtocolError("malformed raft message")
-    kind, group, term, src, dst = v[:5]
-    _check_ints(group, term)
-    if not isinstance(src, str) or not isinstance(dst, str):
-        raise ProtocolError("raft message src/dst must be strings")
-    h = {"group": group, "term": term, "src": src, "dst": dst}
-    r = v[5:]
-    if kind == 1:
-        _check_ints(r[0], r[1])
-        _check_bools(r[2], r[3])
-        return VoteRequest(
-            **h, last_log_index=r[0], last_log_term=r[1], pre_vote=r[2], transfer=r[3]
-        )
-    if kind == 2:
-        _check_bools(r[0], r[1])
-        return VoteResponse(**h, granted=r[0], pre_vote=r[1])
-    if kind == 3:
-        _check_ints(r[0], r[1], r[3])
-        if not isinstance(r[2], list):
-            raise ProtocolError("entries must be a list")
-        entries = tuple(_entry_from_wire(e) for e in r[2])
-        return AppendEntries(**h, prev_index=r[0], prev_term=r[1], entries=entries, commit=r[3])
-    if kind == 4:
-        _check_bools(r[0])
-        _check_ints(r[1], r[2], r[3])
-        return AppendEntriesResponse(**h, reject=r[0], index=r[1], hint_index=r[2], hint_term=r[3])
-    if kind == 5:
-        _check_ints(r[0])
-        _check_bytes(r[1])
-        return Heartbeat(**h, commit=r[0], ctx=r[1])
-    if kind == 6:
-        _check_bytes(r[0])
-        return HeartbeatResponse(**h, ctx=r[0])
-    if kind == 7:
-        _check_ints(r[1])
-        _check_bytes(r[2])
-        _check_bools(r[3])
-        return InstallSnapshot(**h, meta=_meta_from_wire(r[0]), offset=r[1], data=r[2], done=r[3])
-    if kind == 8:
-        _check_ints(r[0], r[1])
-        _check_bools(r[2])
-        return InstallSnapshotResponse(**h, index=r[0], next_offset=r[1], reject=r[2])
-    if kind == 9:
-        return TimeoutNow(**h)
-    if kind == 10:
-        _check_bytes(r[0])
-        return ReadIndexRequest(**h, ctx=r[0])
-    _check_bytes(r[0])
-    _check_ints(r[1])
-    return ReadIndexResponse(**h, ctx=r[0], index=r[1])
-
-
-def raft_frame(messages: list[Message]) -> bytes:
-    """One frame carrying several Raft messages to the same peer."""
-    return encode_frame({"t": "raft", "m": [raft_to_wire(m) for m in messages]})
-
-
-def decode_raft_frame(obj: Any) -> list[Message]:
-    msg = as_map(obj)
-    if msg.get("t") != "raft" or not isinstance(msg.get("m"), list):
-        raise ProtocolError("expected a raft frame")
-    return [raft_from_wire(m) for m in msg["m"]]
 
 
 # ---------------------------------------------------------------------------
@@ -624,3 +427,15 @@ def parse_addr(text: str) -> tuple[str, int]:
 
 def format_addr(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+_PEER_CODEC = {"raft_frame", "decode_raft_frame", "raft_to_wire", "raft_from_wire"}
+
+
+def __getattr__(name: str) -> Any:
+    # Transitional: the peer codec moved to dlm.node.peer_codec.
+    if name in _PEER_CODEC:
+        from dlm.node import peer_codec
+
+        return getattr(peer_codec, name)
+    raise AttributeError(name)

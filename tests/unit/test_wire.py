@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dlm import wire
+from dlm.node import peer_codec
 from dlm.node.raft.types import (
     AppendEntries,
     AppendEntriesResponse,
@@ -60,13 +61,13 @@ SAMPLES: list[Message] = [
 @pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).__name__)
 def test_raft_message_round_trips(msg: Message) -> None:
     dec = wire.FrameDecoder(wire.PEER_FRAME_LIMIT)
-    dec.feed(wire.raft_frame([msg, msg]))
+    dec.feed(peer_codec.raft_frame([msg, msg]))
     (frame,) = list(dec.frames())
-    assert wire.decode_raft_frame(frame) == [msg, msg]
+    assert peer_codec.decode_raft_frame(frame) == [msg, msg]
 
 
 def test_decoder_reassembles_frames_split_anywhere() -> None:
-    data = wire.raft_frame(SAMPLES) + wire.encode_frame({"t": "x"})
+    data = peer_codec.raft_frame(SAMPLES) + wire.encode_frame({"t": "x"})
     for cut in range(0, len(data), 7):
         dec = wire.FrameDecoder(wire.PEER_FRAME_LIMIT)
         dec.feed(data[:cut])
@@ -124,7 +125,7 @@ def test_arbitrary_bytes_never_raise_anything_but_protocol_error(data: bytes) ->
     dec.feed(struct.pack(">I", len(data)) + data)
     try:
         for frame in dec.frames():
-            wire.decode_raft_frame(frame)
+            peer_codec.decode_raft_frame(frame)
     except wire.ProtocolError:
         pass
 
@@ -137,7 +138,7 @@ def test_arbitrary_bytes_never_raise_anything_but_protocol_error(data: bytes) ->
     )
 )
 def test_arbitrary_cbor_values_never_raise_anything_but_protocol_error(value: object) -> None:
-    for decode in (wire.raft_from_wire, wire.decode_request, wire.Hello.from_wire):
+    for decode in (peer_codec.raft_from_wire, wire.decode_request, wire.Hello.from_wire):
         try:
             decode(value)
         except wire.ProtocolError:
