@@ -657,13 +657,14 @@ class RaftNode:
 
     def _on_stale_term(self, msg: Message) -> None:
         """A message from an older term. Answer only where that helps its sender catch up."""
-        if isinstance(msg, _LEADER_MESSAGES):
-            if self._cfg.check_quorum or self._cfg.pre_vote:
-                # A deposed leader cut off by a partition may never see a higher-term
-                # vote (we refuse those while in lease); this answer makes it step down.
-                self._send(
-                    HeartbeatResponse(group=self._group, term=self._term, src=self._id, dst=msg.src)
-                )
+        if isinstance(msg, AppendEntries):
+            # Figure 2: reply false, with our term, so a deposed leader steps down. Under
+            # check-quorum it may never see a higher-term vote (we refuse those in lease).
+            self._send_append_response(msg.src, reject=True, index=msg.prev_index)
+        elif isinstance(msg, (Heartbeat, InstallSnapshot)):
+            self._send(
+                HeartbeatResponse(group=self._group, term=self._term, src=self._id, dst=msg.src)
+            )
         elif isinstance(msg, VoteRequest) and msg.pre_vote:
             self._send(
                 VoteResponse(

@@ -79,9 +79,11 @@ class Net:
 
     def restart(self, n: NodeId) -> RaftNode:
         """Lose everything not persisted; the state machine restarts from the snapshot."""
-        self.queue = deque(m for m in self.queue if m.dst != n and m.src != n)
+        self.queue = deque(m for m in self.queue if n not in (m.dst, m.src))
         snap = self.storages[n].snapshot()
-        self.applied[n] = [e for e in self.applied[n] if snap is not None and e.index <= snap.meta.index]
+        self.applied[n] = [
+            e for e in self.applied[n] if snap is not None and e.index <= snap.meta.index
+        ]
         return self.start(n)
 
     def __getitem__(self, n: NodeId) -> RaftNode:
