@@ -105,7 +105,7 @@ def _settings(ctx: typer.Context, cluster: str | None, timeout: str | None, json
 
 def _version(value: bool) -> None:
     if value:
-        from dlm import __version__  # noqa: PLC0415
+        from dlm import __version__
 
         print(f"dlm {__version__}")
         raise typer.Exit(0)
@@ -159,7 +159,7 @@ def acquire(
     \b
     eval "$(dlm acquire deploy --ttl 10m --wait 1m --format env)"
     """
-    from dlm.cli import ops  # noqa: PLC0415
+    from dlm.cli import ops
 
     settings = _settings(ctx, cluster, timeout, json)
     ops.acquire(
@@ -190,7 +190,7 @@ def renew(
     json: JsonOpt = False,
 ) -> None:
     """Renew a lease once, or keep it alive (--keep-alive)."""
-    from dlm.cli import ops  # noqa: PLC0415
+    from dlm.cli import ops
 
     ops.renew(_settings(ctx, cluster, timeout, json), lease, keep_alive)
 
@@ -206,7 +206,7 @@ def release(
     json: JsonOpt = False,
 ) -> None:
     """Give a lock back. Exits 77, naming the holder, if LEASE does not hold KEY."""
-    from dlm.cli import ops  # noqa: PLC0415
+    from dlm.cli import ops
 
     ops.release(_settings(ctx, cluster, timeout, json), key, lease)
 
@@ -260,7 +260,7 @@ def exec_(
     \b
     */5 * * * * dlm exec --lock report --wait 1m -- /usr/local/bin/report.sh
     """
-    from dlm.cli import exec_cmd  # noqa: PLC0415
+    from dlm.cli import exec_cmd
 
     settings = _settings(ctx, cluster, timeout, json)
     code = exec_cmd.run(
@@ -289,7 +289,7 @@ def status(
     json: JsonOpt = False,
 ) -> None:
     """Show the cluster: members, roles, term, indexes, lag; or one lock (KEY)."""
-    from dlm.cli import status_view  # noqa: PLC0415
+    from dlm.cli import status_view
 
     settings = _settings(ctx, cluster, timeout, json)
     if key is None:
@@ -310,7 +310,7 @@ def locks(
     json: JsonOpt = False,
 ) -> None:
     """List the held locks."""
-    from dlm.cli import status_view  # noqa: PLC0415
+    from dlm.cli import status_view
 
     status_view.list_locks(_settings(ctx, cluster, timeout, json), prefix)
 
@@ -336,7 +336,7 @@ def node_start(
     ] = None,
 ) -> None:
     """Run a cluster member in the foreground (no flags: a one-node cluster in ./dlm-data)."""
-    from dlm.node.main import start_node  # noqa: PLC0415 - only this command needs the node
+    from dlm.node.main import start_node  # anyio and the runtime: only this command pays
 
     code = start_node(node_id=node_id, listen=listen, peers=peers, data=data, cluster=cluster_id)
     raise typer.Exit(code)
@@ -349,7 +349,7 @@ def store_inspect(
     json: JsonOpt = False,
 ) -> None:
     """Report on a data directory without changing it."""
-    from dlm.cli import ops  # noqa: PLC0415
+    from dlm.cli import ops
 
     top = ctx.find_root().obj
     ops.store_inspect(directory, json or (isinstance(top, GlobalOptions) and top.json))

@@ -113,8 +113,8 @@ def run(
     grace_s = duration_option("--kill-grace", kill_grace)
     program = resolve_program(command[0])
 
-    from dlm.client.errors import ClusterUnavailable, LockHeld  # noqa: PLC0415
-    from dlm.client.sync import KeepAlive  # noqa: PLC0415
+    from dlm.client.errors import ClusterUnavailable, LockHeld
+    from dlm.client.sync import KeepAlive
 
     signals = _Signals()
     signals.install()

@@ -30,7 +30,7 @@ def wants_json(args: Sequence[str]) -> bool:
 
 
 def report(error: CliError, as_json: bool) -> int:
-    from dlm.cli.output import complain, emit_json  # noqa: PLC0415
+    from dlm.cli.output import complain, emit_json
 
     if error.reported:
         return error.exit_code
@@ -53,12 +53,12 @@ def run(args: Sequence[str]) -> int:
     """Runs one command line and returns the exit code; prints everything the user sees."""
     as_json = wants_json(args)
     try:
-        import typer  # noqa: PLC0415 - after the cheap checks; typer is ~40 ms
-        from typer._click import exceptions as click_exc  # noqa: PLC0415
+        import typer  # after the cheap checks: typer is most of a plain run's import time
+        from typer._click import exceptions as click_exc
     except ImportError as exc:  # a broken install or zipapp: say what is missing
         return report(CliError("INTERNAL", f"cannot load the CLI library: {exc}", 1), as_json)
 
-    from dlm.cli.app import app  # noqa: PLC0415
+    from dlm.cli.app import app
 
     command = typer.main.get_command(app)
     try:

@@ -78,7 +78,7 @@ def _user() -> str:
     if name:
         return name
     try:
-        import pwd  # noqa: PLC0415 - only when the environment does not say
+        import pwd
 
         return pwd.getpwuid(os.getuid()).pw_name
     except (ImportError, KeyError):
@@ -141,8 +141,8 @@ def acquire(
     meta = owner_meta(pid=os.getppid())
     meta.update(parse_meta(meta_pairs))
 
-    from dlm.client.errors import ClusterUnavailable  # noqa: PLC0415
-    from dlm.client.sync import KeepAlive  # noqa: PLC0415
+    from dlm.client.errors import ClusterUnavailable
+    from dlm.client.sync import KeepAlive
 
     client = settings.connect()
     try:
@@ -184,7 +184,7 @@ def acquire(
 
 def format_env(result: dict[str, Any]) -> str:
     """NAME=value lines, quoted for the shell, for `eval "$(dlm acquire ... --format env)"`."""
-    import shlex  # noqa: PLC0415
+    import shlex
 
     return "\n".join(
         [
@@ -219,9 +219,9 @@ def renew(settings: Settings, lease: str, keep_alive: bool) -> None:
 
 def _keep_alive(client: Client, lease: str) -> tuple[int, int]:
     """Renews until a terminating signal (returns) or until the lease is lost (raises, 77)."""
-    import time  # noqa: PLC0415
+    import time
 
-    from dlm.client.sync import KeepAlive  # noqa: PLC0415
+    from dlm.client.sync import KeepAlive
 
     sent = time.monotonic()
     ttl_ms = client.keepalive(lease)
@@ -260,7 +260,7 @@ def _keep_alive(client: Client, lease: str) -> tuple[int, int]:
 
 
 def release(settings: Settings, key: str, lease: str) -> None:
-    from dlm.client.errors import LeaseLost  # noqa: PLC0415
+    from dlm.client.errors import LeaseLost
 
     client = settings.connect()
     try:
@@ -303,8 +303,8 @@ def describe_holders(holders: Sequence[dict[str, Any]]) -> str:
 
 
 def store_inspect(directory: str, as_json: bool) -> None:
-    from dlm.store import StoreError  # noqa: PLC0415
-    from dlm.store.inspect import inspect_store, inspect_store_json  # noqa: PLC0415
+    from dlm.store import StoreError
+    from dlm.store.inspect import inspect_store, inspect_store_json
 
     try:
         if as_json:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 def emit_json(obj: Any) -> None:
     """Prints exactly one JSON object, on one line, to stdout."""
-    import json  # noqa: PLC0415 - only the --json paths need it
+    import json  # only the --json paths pay for it
 
     sys.stdout.write(json.dumps(obj, separators=(", ", ": "), default=str) + "\n")
     sys.stdout.flush()
@@ -34,6 +34,6 @@ def complain(text: str) -> None:
 
 
 def console() -> Console:
-    from rich.console import Console  # noqa: PLC0415 - rich costs ~40 ms; tables only
+    from rich.console import Console  # ~40 ms: only tables need it
 
     return Console(highlight=False, soft_wrap=False)

@@ -29,7 +29,7 @@ class Settings:
     json: bool
 
     def connect(self) -> Client:
-        from dlm.client.sync import Client  # noqa: PLC0415 - keeps `dlm --help` light
+        from dlm.client.sync import Client
 
         return Client(list(self.members), timeout=self.timeout)
 
@@ -44,7 +44,7 @@ class GlobalOptions:
 
 
 def parse_members(text: str) -> tuple[str, ...]:
-    from dlm.client.core import parse_members as parse  # noqa: PLC0415 - pulls in the codec
+    from dlm.client.core import parse_members as parse
 
     try:
         return tuple(parse(text))

@@ -73,7 +73,7 @@ def merge_member(
 
 
 def cluster_status(settings: Settings) -> None:
-    from dlm.client.errors import ClusterUnavailable  # noqa: PLC0415
+    from dlm.client.errors import ClusterUnavailable
 
     client = settings.connect()
     try:
@@ -189,7 +189,7 @@ def server_now_ms(holders: list[dict[str, Any]]) -> int:
         granted, held = _int(h.get("granted_at_ms")), _int(h.get("held_ms"))
         if granted is not None and held is not None:
             return granted + held
-    import time  # noqa: PLC0415
+    import time
 
     return int(time.time() * 1000)
 
@@ -229,8 +229,8 @@ def _meta(meta: Any) -> str:
 
 
 def _table(*columns: str) -> Any:
-    from rich import box  # noqa: PLC0415
-    from rich.table import Table  # noqa: PLC0415
+    from rich import box
+    from rich.table import Table
 
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for column in columns:

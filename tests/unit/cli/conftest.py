@@ -1,0 +1,149 @@
+"""Doubles for the cluster: a scripted client and a KeepAlive the test decides for.
+
+The CLI is tested in-process through dlm.cli.main.run (which returns the exit
+code), with Settings.connect patched to hand out FakeClient, so no socket is
+opened. Tests against real nodes live in tests/cluster/test_cli_*.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from dlm.cli.settings import Settings
+from dlm.client.core import Grant, Lease
+
+
+class FakeClient:
+    """Answers like a one-member cluster; ``fail`` maps a method name to the error to raise."""
+
+    instances: list[FakeClient] = []
+
+    def __init__(self, members: list[str], timeout: float) -> None:
+        self.members = members
+        self.timeout = timeout
+        self.calls: list[tuple[str, Any]] = []
+        self.fail: dict[str, Exception] = {}
+        self.closed = False
+        FakeClient.instances.append(self)
+
+    def _call(self, name: str, *args: Any) -> None:
+        self.calls.append((name, args))
+        error = self.fail.get(name)
+        if error is not None:
+            raise error
+
+    def open_lease(self, ttl_ms: int, lease: str | None = None) -> Lease:
+        self._call("open_lease", ttl_ms)
+        return Lease(id=lease or "fakelease0000001", ttl_ms=ttl_ms, confirmed_at=time.monotonic())
+
+    def acquire(
+        self, lease: Any, key: str, *, wait: float | None, limit: int, meta: dict[str, str]
+    ) -> Grant:
+        self._call("acquire", lease, key, wait, limit, meta)
+        lid = lease.id if isinstance(lease, Lease) else lease
+        ttl = lease.ttl_ms if isinstance(lease, Lease) else 30000
+        return Grant(key=key, token=4242, lease=lid, ttl_ms=ttl)
+
+    def keepalive(self, lease: str) -> int:
+        self._call("keepalive", lease)
+        return 30000
+
+    def release(self, lease: str, key: str) -> None:
+        self._call("release", lease, key)
+
+    def close_lease(self, lease: Any) -> None:
+        self._call("close_lease", lease)
+
+    def get(self, key: str) -> dict[str, Any]:
+        self._call("get", key)
+        return {"key": key, "limit": 1, "holders": [], "waiters": []}
+
+    def list_locks(self, prefix: str = "") -> list[dict[str, Any]]:
+        self._call("list_locks", prefix)
+        return []
+
+    def status(self) -> dict[str, Any]:
+        self._call("status")
+        return {
+            "id": "n1",
+            "address": "127.0.0.1:7700",
+            "cluster": "dlm",
+            "role": "leader",
+            "term": 3,
+            "leader": "n1",
+            "leader_address": "127.0.0.1:7700",
+            "commit": 10,
+            "applied": 10,
+            "members": [
+                {"id": "n1", "address": "127.0.0.1:7700"},
+                {"id": "n2", "address": "127.0.0.1:7701"},
+            ],
+            "sessions": 2,
+            "locks": 1,
+            "waiters": 0,
+        }
+
+    def member_status(self, addr: str, timeout: float = 2.0) -> dict[str, Any] | None:
+        if addr.endswith(":7701"):
+            return None
+        return {"id": "n1", "role": "leader", "term": 3, "commit": 10, "applied": 9}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeKeepAlive:
+    """Stands in for dlm.client.sync.KeepAlive; ``lose()`` plays a lease loss."""
+
+    instances: list[FakeKeepAlive] = []
+
+    def __init__(
+        self,
+        client: Any,
+        lease: Any,
+        *,
+        confirmed_at: float | None = None,
+        ttl_ms: int | None = None,
+        on_lost: Callable[[str], None] | None = None,
+    ) -> None:
+        self.lease = lease.id if isinstance(lease, Lease) else lease
+        self.ttl_ms = ttl_ms or (lease.ttl_ms if isinstance(lease, Lease) else 30000)
+        self.on_lost = on_lost
+        self.lost = threading.Event()
+        self.reason: str | None = None
+        self.renewals = 0
+        self.started = threading.Event()
+        self.stopped = False
+        FakeKeepAlive.instances.append(self)
+
+    def start(self) -> FakeKeepAlive:
+        self.started.set()
+        return self
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self.stopped = True
+
+    def lose(self, reason: str = "planted loss") -> None:
+        self.reason = reason
+        self.lost.set()
+        if self.on_lost is not None:
+            self.on_lost(reason)
+
+
+@pytest.fixture
+def fake_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeClient]]:
+    FakeClient.instances.clear()
+    FakeKeepAlive.instances.clear()
+
+    def connect(self: Settings) -> FakeClient:
+        return FakeClient(list(self.members), self.timeout)
+
+    monkeypatch.setattr(Settings, "connect", connect)
+    monkeypatch.setattr("dlm.client.sync.KeepAlive", FakeKeepAlive)
+    monkeypatch.delenv("DLM_CLUSTER", raising=False)
+    yield FakeClient

@@ -1,0 +1,361 @@
+"""The command line against a scripted client: arguments, output formats, exit codes.
+
+Everything goes through dlm.cli.main.run, as `dlm ARGS...` would, and checks
+what a script would see: the exit code, stdout and the one line on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+import pytest
+
+from dlm.cli.main import run, wants_json
+from dlm.client.errors import (
+    BadRequest,
+    ClusterUnavailable,
+    DlmError,
+    LeaseLost,
+    LockHeld,
+    NotHolder,
+    ServerError,
+)
+from tests.unit.cli.conftest import FakeClient
+
+Capture = pytest.CaptureFixture[str]
+
+
+def one_json(out: str) -> dict[str, Any]:
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1, out
+    obj = json.loads(lines[0])
+    assert isinstance(obj, dict)
+    return obj
+
+
+def one_error_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("dlm: ")
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# --- help and usage ------------------------------------------------------------
+
+
+def test_help_lists_the_exit_codes_and_every_subcommand(capsys: Capture) -> None:
+    assert run(["--help"]) == 0
+    out = capsys.readouterr().out
+    for code in ("69", "75", "77", "128+N"):
+        assert code in out
+    for command in ("acquire", "renew", "release", "exec", "status", "locks", "node", "store"):
+        assert command in out
+    assert "DLM_CLUSTER" in out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["acquire"],
+        ["acquire", "k", "--bogus"],
+        ["acquire", "k", "--ttl", "soon"],
+        ["acquire", "k", "--wait", "-1s"],
+        ["acquire", "k", "--ttl", "10ms"],
+        ["acquire", "k", "--limit", "0"],
+        ["acquire", "k", "--limit", "many"],
+        ["acquire", "k", "--meta", "novalue"],
+        ["acquire", "k", "--format", "yaml"],
+        ["release", "k"],
+        ["renew"],
+        ["exec", "--lock", "k"],
+        ["exec", "--", "true"],
+        ["exec", "--lock", "k", "--kill-grace", "later", "--", "true"],
+        ["exec", "--lock", "k", "--conflict-exit-code", "256", "--", "true"],
+        ["--timeout", "0s", "status"],
+        ["status", "--timeout", "never"],
+        ["--cluster", "host:notaport", "status"],
+        ["frobnicate"],
+    ],
+)
+def test_usage_errors_exit_2_with_one_line_or_one_json_object(
+    args: list[str], capsys: Capture, fake_cluster: type[FakeClient]
+) -> None:
+    assert run(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    one_error_line(captured.err)
+
+    cut = args.index("--") if "--" in args else len(args)
+    assert run([*args[:cut], "--json", *args[cut:]]) == 2
+    error = one_json(capsys.readouterr().out)["error"]
+    assert error["code"] == "USAGE"
+    assert error["message"]
+    assert not any(c for c in FakeClient.instances if c.calls), "no request on a usage error"
+
+
+def test_no_arguments_prints_help_and_exits_2(capsys: Capture) -> None:
+    assert run([]) == 2
+    assert "Usage:" in capsys.readouterr().err
+
+
+def test_json_is_detected_before_parsing_but_not_inside_cmd() -> None:
+    assert wants_json(["acquire", "--json"])
+    assert wants_json(["--json", "status"])
+    assert wants_json(["acquire", "k", "--format", "json"])
+    assert not wants_json(["exec", "--lock", "k", "--", "tool", "--json"])
+    assert not wants_json(["status"])
+
+
+# --- global options --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--json", "--cluster", "10.0.0.1:7000,10.0.0.2", "--timeout", "3s", "locks"],
+        ["locks", "--json", "--cluster", "10.0.0.1:7000,10.0.0.2", "--timeout", "3s"],
+        ["--cluster", "10.0.0.9:1", "locks", "--json", "--cluster", "10.0.0.1:7000,10.0.0.2",
+         "--timeout", "3s"],
+    ],
+)  # fmt: skip
+def test_global_options_before_or_after_the_subcommand(
+    args: list[str], capsys: Capture, fake_cluster: type[FakeClient]
+) -> None:
+    assert run(args) == 0
+    assert one_json(capsys.readouterr().out) == {"prefix": "", "locks": []}
+    (client,) = FakeClient.instances
+    assert client.members == ["10.0.0.1:7000", "10.0.0.2:7700"]
+    assert client.timeout == 3.0
+
+
+def test_cluster_comes_from_the_environment_then_the_default(
+    monkeypatch: pytest.MonkeyPatch, capsys: Capture, fake_cluster: type[FakeClient]
+) -> None:
+    assert run(["locks"]) == 0
+    assert FakeClient.instances[-1].members == ["127.0.0.1:7700"]
+    assert FakeClient.instances[-1].timeout == 10.0
+    monkeypatch.setenv("DLM_CLUSTER", "a:1,b:2")
+    assert run(["locks"]) == 0
+    assert FakeClient.instances[-1].members == ["a:1", "b:2"]
+    assert run(["--cluster", "c:3", "locks"]) == 0
+    assert FakeClient.instances[-1].members == ["c:3"]
+    capsys.readouterr()
+
+
+# --- acquire ------------------------------------------------------------------------
+
+
+def test_acquire_json_has_the_contract_fields(capsys: Capture, fake_cluster: Any) -> None:
+    assert run(["acquire", "deploy", "--ttl", "45s", "--json"]) == 0
+    obj = one_json(capsys.readouterr().out)
+    assert obj == {"key": "deploy", "token": 4242, "lease": "fakelease0000001", "ttl_ms": 45000}
+    (client,) = FakeClient.instances
+    assert [c[0] for c in client.calls] == ["open_lease", "acquire"]
+    assert client.calls[0][1] == (45000,)
+
+
+def test_acquire_format_env_can_be_evaluated(capsys: Capture, fake_cluster: Any) -> None:
+    assert run(["acquire", "it's a key", "--format", "env"]) == 0
+    out = capsys.readouterr().out
+    values = dict(shlex.split(line)[0].split("=", 1) for line in out.splitlines())
+    assert values == {
+        "DLM_LOCK_KEY": "it's a key",
+        "DLM_FENCING_TOKEN": "4242",
+        "DLM_LEASE_ID": "fakelease0000001",
+    }
+
+
+def test_acquire_text_and_defaults(capsys: Capture, fake_cluster: Any) -> None:
+    assert run(["acquire", "k", "--meta", "job=nightly", "--meta", "host=override"]) == 0
+    assert capsys.readouterr().out.startswith("acquired k: token 4242, lease fakelease0000001")
+    (client,) = FakeClient.instances
+    assert client.calls[0][1] == (30000,)
+    _, (_lease, key, wait, limit, meta) = client.calls[1]
+    assert (key, wait, limit) == ("k", None, 1)
+    assert meta["job"] == "nightly"
+    assert meta["host"] == "override"
+    assert {"user", "pid"} <= set(meta)
+
+
+def test_acquire_with_an_existing_lease_and_wait(capsys: Capture, fake_cluster: Any) -> None:
+    assert run(["acquire", "k", "--lease", "mylease", "--wait", "1m30s", "--limit", "3"]) == 0
+    (client,) = FakeClient.instances
+    assert [c[0] for c in client.calls] == ["acquire"]
+    _, (lease, _key, wait, limit, _meta) = client.calls[0]
+    assert (lease, wait, limit) == ("mylease", 90.0, 3)
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "exit_code"),
+    [
+        (ClusterUnavailable("no member answered"), "UNAVAILABLE", 69),
+        (ClusterUnavailable("no quorum", code="NO_QUORUM"), "NO_QUORUM", 69),
+        (LockHeld("held by lease x", holders=[{"lease": "x", "token": 7}]), "LOCKED", 75),
+        (LeaseLost("lease gone"), "SESSION_EXPIRED", 77),
+        (NotHolder("not yours", holders=[]), "NOT_HOLDER", 77),
+        (BadRequest("key too long"), "BAD_REQUEST", 2),
+        (ServerError("WEIRD", "the cluster answered WEIRD"), "WEIRD", 1),
+    ],
+)
+def test_client_errors_keep_their_exit_code_and_code(  # noqa: PLR0917 - fixtures
+    error: DlmError,
+    code: str,
+    exit_code: int,
+    capsys: Capture,
+    fake_cluster: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def failing_acquire(self: FakeClient, *args: Any, **kwargs: Any) -> None:
+        raise error
+
+    monkeypatch.setattr(FakeClient, "acquire", failing_acquire)
+    assert run(["acquire", "k"]) == exit_code
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert error.message in one_error_line(captured.err)
+
+    assert run(["acquire", "k", "--json"]) == exit_code
+    obj = one_json(capsys.readouterr().out)
+    assert obj["error"]["code"] == code
+    assert obj["error"]["message"] == error.message
+    if isinstance(error, LockHeld):
+        assert obj["error"]["holders"] == [{"lease": "x", "token": 7}]
+
+
+def test_a_refused_acquire_gives_its_new_lease_back(
+    capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def held(self: FakeClient, *args: Any, **kwargs: Any) -> None:
+        self.calls.append(("acquire", args))
+        raise LockHeld("held")
+
+    monkeypatch.setattr(FakeClient, "acquire", held)
+    assert run(["acquire", "k"]) == 75
+    (client,) = FakeClient.instances
+    assert [c[0] for c in client.calls] == ["open_lease", "acquire", "close_lease"]
+    assert client.closed
+    capsys.readouterr()
+
+
+def test_unexpected_exceptions_are_one_line_exit_1(
+    capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: FakeClient, *args: Any, **kwargs: Any) -> None:
+        raise ZeroDivisionError("planted")
+
+    monkeypatch.setattr(FakeClient, "acquire", broken)
+    monkeypatch.delenv("DLM_DEBUG", raising=False)
+    assert run(["acquire", "k"]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert "ZeroDivisionError" in line
+    assert "report" in line
+    assert run(["acquire", "k", "--json"]) == 1
+    assert one_json(capsys.readouterr().out)["error"]["code"] == "INTERNAL"
+
+
+# --- renew, release --------------------------------------------------------------
+
+
+def test_renew_once(capsys: Capture, fake_cluster: Any) -> None:
+    assert run(["renew", "abc", "--json"]) == 0
+    assert one_json(capsys.readouterr().out) == {"lease": "abc", "ttl_ms": 30000}
+
+
+def test_renew_of_a_lost_lease_exits_77(
+    capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def lost(self: FakeClient, lease: str) -> int:
+        raise LeaseLost(f"lease {lease} has expired")
+
+    monkeypatch.setattr(FakeClient, "keepalive", lost)
+    assert run(["renew", "abc"]) == 77
+    assert "expired" in one_error_line(capsys.readouterr().err)
+
+
+def test_release(capsys: Capture, fake_cluster: Any) -> None:
+    assert run(["release", "k", "--lease", "abc", "--json"]) == 0
+    assert one_json(capsys.readouterr().out) == {"key": "k", "lease": "abc", "released": True}
+    assert FakeClient.instances[0].calls == [("release", ("abc", "k"))]
+
+
+def test_release_by_an_expired_lease_says_who_holds_it_now(
+    capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def expired(self: FakeClient, lease: str, key: str) -> None:
+        raise LeaseLost("lease abc has expired")
+
+    def get(self: FakeClient, key: str) -> dict[str, Any]:
+        return {"key": key, "holders": [{"lease": "other", "token": 99}], "waiters": []}
+
+    monkeypatch.setattr(FakeClient, "release", expired)
+    monkeypatch.setattr(FakeClient, "get", get)
+    assert run(["release", "k", "--lease", "abc"]) == 77
+    line = one_error_line(capsys.readouterr().err)
+    assert "lease other (token 99)" in line
+    assert run(["release", "k", "--lease", "abc", "--json"]) == 77
+    error = one_json(capsys.readouterr().out)["error"]
+    assert error["holders"] == [{"lease": "other", "token": 99}]
+
+
+# --- status and locks --------------------------------------------------------------
+
+
+def test_status_json_merges_every_members_own_view(capsys: Capture, fake_cluster: Any) -> None:
+    assert run(["status", "--json"]) == 0
+    obj = one_json(capsys.readouterr().out)
+    assert obj["leader"] == "n1"
+    assert obj["term"] == 3
+    assert (obj["sessions"], obj["locks"], obj["waiters"]) == (2, 1, 0)
+    n1, n2 = obj["members"]
+    assert n1 == {
+        "id": "n1",
+        "address": "127.0.0.1:7700",
+        "role": "leader",
+        "term": 3,
+        "commit": 10,
+        "applied": 9,
+        "lag": 1,
+        "reachable": True,
+    }
+    assert n2["reachable"] is False
+    assert n2["role"] is None
+
+
+def test_status_human_output_is_a_table(capsys: Capture, fake_cluster: Any) -> None:
+    assert run(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "leader n1" in out
+    assert "REACHABLE" in out
+    assert "127.0.0.1:7701" in out
+
+
+def test_status_without_quorum_still_shows_the_members_and_exits_69(
+    capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_quorum(self: FakeClient) -> None:
+        raise ClusterUnavailable("no quorum", code="NO_QUORUM")
+
+    monkeypatch.setattr(FakeClient, "status", no_quorum)
+    assert run(["status", "--json", "--cluster", "127.0.0.1:7700,127.0.0.1:7701"]) == 69
+    obj = one_json(capsys.readouterr().out)
+    assert obj["error"]["code"] == "NO_QUORUM"
+    assert [m["reachable"] for m in obj["members"]] == [True, False]
+
+
+def test_key_status_and_locks(capsys: Capture, fake_cluster: Any) -> None:
+    assert run(["status", "k", "--json"]) == 0
+    assert one_json(capsys.readouterr().out) == {
+        "key": "k",
+        "limit": 1,
+        "holders": [],
+        "waiters": [],
+    }
+    assert run(["status", "k"]) == 0
+    assert capsys.readouterr().out == "k is free\n"
+    assert run(["locks", "--prefix", "job/"]) == 0
+    assert "no locks held" in capsys.readouterr().out
+    assert FakeClient.instances[-1].calls == [("list_locks", ("job/",))]

@@ -1,0 +1,228 @@
+"""`dlm exec` with real child processes and a scripted cluster.
+
+The child tells the test it is running by writing to a FIFO, so nothing here
+waits on a clock: the helper thread blocks on the FIFO, then plays the event
+under test (a lease loss, a signal to dlm) while exec supervises the child.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dlm.cli.main import run
+from dlm.client.errors import LockHeld
+from tests.unit.cli.conftest import FakeClient, FakeKeepAlive
+
+Capture = pytest.CaptureFixture[str]
+JOIN_S = 30.0
+
+
+class Ready:
+    """A FIFO the child writes one line to once it runs; ``then`` runs a step after that."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        os.mkfifo(path)
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def then(self, step: Callable[[], None]) -> None:
+        def wait_and_step() -> None:
+            try:
+                with open(self.path, encoding="utf-8") as fifo:
+                    fifo.readline()
+                step()
+            except BaseException as exc:  # reported by the test, not lost in the thread
+                self.error = exc
+
+        self.thread = threading.Thread(target=wait_and_step, daemon=True)
+        self.thread.start()
+
+    def finish(self) -> None:
+        if self.thread is None:
+            return
+        if self.thread.is_alive():
+            # The child never wrote: unblock the reader so the thread ends.
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+                os.write(fd, b"\n")
+                os.close(fd)
+            except OSError:
+                pass
+        self.thread.join(JOIN_S)
+        assert not self.thread.is_alive()
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.fixture
+def ready(tmp_path: Path) -> Iterator[Ready]:
+    r = Ready(tmp_path / "ready")
+    yield r
+    r.finish()
+
+
+def calls(client: FakeClient) -> list[str]:
+    return [name for name, _ in client.calls]
+
+
+def test_env_vars_are_exported_over_inherited_ones(
+    tmp_path: Path, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DLM_LOCK_KEY", "inherited")
+    monkeypatch.setenv("DLM_FENCING_TOKEN", "1")
+    out = tmp_path / "env"
+    script = (
+        'printf "%s|%s|%s|%s|%s" "$DLM_LOCK_KEY" "$DLM_FENCING_TOKEN" "$DLM_LEASE_ID" '
+        f'"$DLM_LEASE_TTL_MS" "$KEEP" > {out}'
+    )
+    monkeypatch.setenv("KEEP", "kept")
+    assert run(["exec", "--lock", "job", "--ttl", "20s", "--", "sh", "-c", script]) == 0
+    assert out.read_text() == "job|4242|fakelease0000001|20000|kept"
+    (client,) = FakeClient.instances
+    assert calls(client) == ["open_lease", "acquire", "close_lease"]
+    assert client.closed
+    (keeper,) = FakeKeepAlive.instances
+    assert keeper.started.is_set() and keeper.stopped
+
+
+@pytest.mark.parametrize(
+    ("script", "code"),
+    [("exit 0", 0), ("exit 3", 3), ("exit 255", 255), ("kill -TERM $$", 143), ("kill -9 $$", 137)],
+)
+def test_exit_code_passes_through_or_is_128_plus_the_signal(
+    script: str, code: int, fake_cluster: Any
+) -> None:
+    assert run(["exec", "--lock", "job", "--", "sh", "-c", script]) == code
+    assert calls(FakeClient.instances[0])[-1] == "close_lease"
+
+
+def test_no_descriptor_of_dlm_reaches_the_child(tmp_path: Path, fake_cluster: Any) -> None:
+    r, w = os.pipe()
+    os.set_inheritable(r, True)
+    os.set_inheritable(w, True)
+    out = tmp_path / "fds"
+    probe = (
+        "import os\n"
+        "def is_open(fd):\n"
+        "    try:\n        os.fstat(fd)\n        return True\n"
+        "    except OSError:\n        return False\n"
+        f"open({str(out)!r}, 'w').write(repr([fd for fd in range(3, 1024) if is_open(fd)]))\n"
+    )
+    try:
+        assert run(["exec", "--lock", "job", "--", sys.executable, "-I", "-c", probe]) == 0
+    finally:
+        os.close(r)
+        os.close(w)
+    fds = eval(out.read_text())
+    assert fds in ([], [3])  # 3: the probe's own file, opened before listing
+
+
+def test_the_child_runs_in_its_own_process_group(tmp_path: Path, fake_cluster: Any) -> None:
+    out = tmp_path / "pgid"
+    probe = f"import os; open({str(out)!r}, 'w').write(f'{{os.getpid()}} {{os.getpgid(0)}}')"
+    assert run(["exec", "--lock", "job", "--", sys.executable, "-I", "-c", probe]) == 0
+    pid, pgid = out.read_text().split()
+    assert pid == pgid
+    assert int(pgid) != os.getpgid(0)
+
+
+@pytest.mark.parametrize(("extra", "code"), [([], 75), (["--conflict-exit-code", "9"], 9)])
+def test_a_held_lock_means_cmd_never_runs(  # noqa: PLR0917 - fixtures
+    extra: list[str],
+    code: int,
+    tmp_path: Path,
+    capsys: Capture,
+    fake_cluster: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def held(self: FakeClient, *args: Any, **kwargs: Any) -> None:
+        self.calls.append(("acquire", args))
+        raise LockHeld("lock 'job' is held by lease other (token 7)")
+
+    monkeypatch.setattr(FakeClient, "acquire", held)
+    marker = tmp_path / "ran"
+    assert run(["exec", "--lock", "job", *extra, "--", "touch", str(marker)]) == code
+    assert not marker.exists()
+    assert "held by lease other" in capsys.readouterr().err
+    assert calls(FakeClient.instances[0]) == ["open_lease", "acquire", "close_lease"]
+
+
+def test_a_missing_command_exits_127_before_touching_the_cluster(
+    capsys: Capture, fake_cluster: Any
+) -> None:
+    assert run(["exec", "--lock", "job", "--", "no-such-command-dlm-test"]) == 127
+    assert "command not found" in capsys.readouterr().err
+    assert FakeClient.instances == []
+
+
+def test_wait_and_limit_reach_the_acquire(fake_cluster: Any) -> None:
+    assert run(["exec", "--lock", "job", "--wait", "2m", "--limit", "2", "--", "true"]) == 0
+    _, (_lease, key, wait, limit, meta) = FakeClient.instances[0].calls[1]
+    assert (key, wait, limit) == ("job", 120.0, 2)
+    assert meta["cmd"] == "true"
+
+
+@pytest.mark.parametrize("traps_term", [False, True])
+def test_lost_lease_stops_the_child_and_exits_77(
+    traps_term: bool, ready: Ready, capsys: Capture, fake_cluster: Any, tmp_path: Path
+) -> None:
+    after = tmp_path / "survived"
+    trap = 'trap "" TERM; ' if traps_term else ""
+    script = f"{trap}echo up > {ready.path}; sleep 60; touch {after}"
+    ready.then(lambda: FakeKeepAlive.instances[0].lose("planted: renewal unconfirmed"))
+    args = ["exec", "--lock", "job", "--kill-grace", "200ms", "--", "sh", "-c", script]
+    assert run(args) == 77
+    assert not after.exists()
+    err = capsys.readouterr().err
+    assert "lost the lock on 'job'" in err
+    assert "planted" in err
+    # The lease is gone (or unreachable): no attempt to give it back.
+    assert "close_lease" not in calls(FakeClient.instances[0])
+
+
+def test_signals_to_dlm_are_forwarded_and_the_lock_released_after(
+    ready: Ready, fake_cluster: Any, tmp_path: Path
+) -> None:
+    got = tmp_path / "got"
+    script = f'trap "echo TERM > {got}; exit 42" TERM; echo up > {ready.path}; sleep 60 & wait'
+    ready.then(lambda: os.kill(os.getpid(), signal.SIGTERM))
+    assert run(["exec", "--lock", "job", "--", "sh", "-c", script]) == 42
+    assert got.read_text() == "TERM\n"
+    assert calls(FakeClient.instances[0])[-1] == "close_lease"
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_a_signal_before_cmd_starts_gives_the_lease_back(
+    tmp_path: Path, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(self: FakeClient, *args: Any, **kwargs: Any) -> None:
+        self.calls.append(("acquire", args))
+        os.kill(os.getpid(), signal.SIGHUP)
+
+    monkeypatch.setattr(FakeClient, "acquire", interrupted)
+    marker = tmp_path / "ran"
+    assert run(["exec", "--lock", "job", "--", "touch", str(marker)]) == 128 + signal.SIGHUP
+    assert not marker.exists()
+    assert calls(FakeClient.instances[0]) == ["open_lease", "acquire", "close_lease"]
+
+
+def test_exec_json_reports_the_grant_and_the_exit_code(capsys: Capture, fake_cluster: Any) -> None:
+    assert run(["exec", "--lock", "job", "--json", "--", "sh", "-c", "exit 5"]) == 5
+    import json
+
+    assert json.loads(capsys.readouterr().out) == {
+        "key": "job",
+        "token": 4242,
+        "lease": "fakelease0000001",
+        "ttl_ms": 15000,
+        "exit_code": 5,
+    }

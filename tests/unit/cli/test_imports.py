@@ -1,0 +1,66 @@
+"""What the hot paths import: start-up time is paid on every cron run.
+
+`dlm acquire`, `exec`, `release` and `renew` must not load an event loop
+(asyncio alone costs 60-75 ms), rich (only tables need it), pydantic, or the
+node runtime. dlm.node.raft.types is allowed: dlm.wire imports the Raft
+message types, and it is a module of plain dataclasses.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+FORBIDDEN = ("asyncio", "anyio", "rich", "pydantic", "dlm.node.server", "dlm.node.main",
+             "dlm.node.locks", "dlm.node.raft.core", "dlm.store")  # fmt: skip
+
+
+def modules_after(code: str) -> set[str]:
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    return set(json.loads(out.splitlines()[-1]))
+
+
+def forbidden(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if any(m == f or m.startswith(f + ".") for f in FORBIDDEN))
+
+
+def test_the_hot_path_modules_import_nothing_heavy() -> None:
+    loaded = modules_after(
+        "import dlm.cli.main, dlm.cli.app, dlm.cli.ops, dlm.cli.exec_cmd, dlm.client.sync"
+    )
+    assert forbidden(loaded) == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["acquire", "k", "--help"],
+        ["exec", "--help"],
+        ["--help"],
+        ["acquire", "k", "--timeout", "100ms", "--cluster", "127.0.0.1:1"],
+        ["exec", "--lock", "k", "--timeout", "100ms", "--cluster", "127.0.0.1:1", "--", "true"],
+    ],
+)
+def test_running_a_hot_command_imports_nothing_heavy(args: list[str]) -> None:
+    # -X importtime lists every module imported, on stderr; the process's own
+    # output and exit code do not matter here (port 1 refuses: exit 69).
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "dlm", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    imported = {
+        line.rsplit("|", 1)[-1].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "dlm.cli.main" in imported
+    assert forbidden(imported) == []
