@@ -28,6 +28,7 @@ import anyio
 import anyio.abc
 
 from dlm.node.log import Logger
+from dlm.node.peer_codec import raft_frame
 from dlm.node.raft.types import AppendEntries, InstallSnapshot, Message
 from dlm.wire import (
     CLIENT_FRAME_LIMIT,
@@ -39,7 +40,6 @@ from dlm.wire import (
     decode_body,
     encode_frame,
     format_addr,
-    raft_frame,
 )
 
 T = TypeVar("T")

@@ -53,6 +53,7 @@ from dlm.node import locks
 from dlm.node.config import NodeConfig
 from dlm.node.leases import LeaseTracker
 from dlm.node.log import Logger
+from dlm.node.peer_codec import decode_raft_frame
 from dlm.node.peers import Outbox, PeerLink, read_first_frame
 from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.types import (
@@ -81,7 +82,6 @@ from dlm.wire import (
     ProtocolError,
     Release,
     Status,
-    decode_raft_frame,
     decode_request,
     encode_frame,
     error,
@@ -705,7 +705,7 @@ class NodeServer:
         st = self.raft.status()
         counts = self.machine.counts()
         view: dict[str, Any] = {
-            "id": st.id,
+            "node": st.id,
             "address": self.config.address,
             "cluster": self.config.cluster,
             "role": st.role.value,

@@ -1,0 +1,29 @@
+"""Fixtures for the real-process cluster tests: a fresh 3-member cluster per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.harness import Cluster
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """Three members on free 127.0.0.1 ports with a leader elected; stopped by PID afterwards."""
+    c = Cluster(tmp_path, size=3)
+    try:
+        c.start_all()
+        c.wait_for_leader(timeout=15.0)
+        yield c
+    finally:
+        c.stop_all()

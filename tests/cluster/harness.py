@@ -1,0 +1,317 @@
+"""Real `dlm node` processes on 127.0.0.1 for the cluster tests.
+
+``Cluster`` starts N members on free ports with their data under a temp dir,
+and can kill -9, pause (SIGSTOP), resume and restart each one by PID. Every
+process it starts it also stops, by PID, in ``stop_all`` (the fixture's
+teardown). Waiting is always polling a condition with a deadline.
+
+``RawConn`` speaks the wire protocol by hand, for tests that need exact
+control over frames (malformed input, pushes on one connection).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import cbor2
+
+REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+
+def free_ports(count: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def wait_for(
+    condition: Callable[[], T | None], timeout: float, what: str, interval: float = 0.02
+) -> T:
+    """Polls ``condition`` until it returns something truthy; fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class RawConn:
+    """A hand-driven protocol connection (blocking socket, bounded waits)."""
+
+    def __init__(self, addr: str, *, hello: dict[str, Any] | None = None, timeout: float = 5.0):
+        host, port = addr.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._buf = b""
+        self._next_id = 1
+        self.pushes: list[dict[str, Any]] = []
+        if hello is not False:
+            self.send(hello or {"t": "hello", "role": "client", "version": 1})
+            self.welcome = self.recv()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> RawConn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send(self, obj: Any) -> None:
+        self.send_raw_body(cbor2.dumps(obj))
+
+    def send_raw_body(self, body: bytes) -> None:
+        self.sock.sendall(struct.pack(">I", len(body)) + body)
+
+    def send_bytes(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv(self, timeout: float = 5.0) -> dict[str, Any]:
+        """The next frame; raises ConnectionError when the node hung up."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if len(self._buf) >= 4:
+                (n,) = struct.unpack(">I", self._buf[:4])
+                if len(self._buf) >= 4 + n:
+                    obj = cbor2.loads(self._buf[4 : 4 + n])
+                    self._buf = self._buf[4 + n :]
+                    return dict(obj)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no frame in time")
+            self.sock.settimeout(left)
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed by the node")
+            self._buf += data
+
+    def request(self, obj: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+        """Sends a request with a fresh id; returns its reply (pushes meanwhile are kept)."""
+        rid = self._next_id
+        self._next_id += 1
+        self.send({**obj, "id": rid})
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = self.recv(max(0.01, deadline - time.monotonic()))
+            if frame.get("id") == rid:
+                return frame
+            if frame.get("t") == "grant":
+                self.pushes.append(frame)
+
+    def await_push(self, lease: str, key: str, timeout: float = 10.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            for push in self.pushes:
+                if push.get("lease") == lease and push.get("key") == key:
+                    self.pushes.remove(push)
+                    return push
+            frame = self.recv(max(0.01, deadline - time.monotonic()))
+            if frame.get("t") == "grant":
+                self.pushes.append(frame)
+
+    def closed_by_peer(self, timeout: float = 5.0) -> bool:
+        try:
+            while True:
+                self.recv(timeout)
+        except ConnectionError:
+            return True
+        except (TimeoutError, OSError):
+            return False
+
+
+class NodeProc:
+    def __init__(self, cluster: Cluster, node_id: str, port: int) -> None:
+        self.cluster = cluster
+        self.node_id = node_id
+        self.port = port
+        self.data_dir = cluster.base / node_id
+        self.log_path = cluster.base / f"{node_id}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.paused = False
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "dlm.node.main",
+            "--id",
+            self.node_id,
+            "--listen",
+            self.address,
+            "--peers",
+            self.cluster.peers_flag,
+            "--data",
+            str(self.data_dir),
+            "--cluster-id",
+            self.cluster.cluster_id,
+        ]
+
+    def start(self) -> None:
+        assert not self.alive, f"{self.node_id} is already running"
+        env = dict(os.environ)
+        env.setdefault("DLM_LOG_LEVEL", "info")
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.command(), stdout=log, stderr=log, cwd=self.cluster.base, env=env
+            )
+        self.paused = False
+
+    def kill(self) -> None:
+        """kill -9, and reap."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self.paused = False
+
+    def terminate(self, grace: float = 5.0) -> int | None:
+        """SIGTERM; SIGKILL after ``grace``. Returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            if self.paused:
+                os.kill(self.proc.pid, signal.SIGCONT)
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        return self.proc.returncode
+
+    def pause(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+        self.paused = False
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def status(self, timeout: float = 1.0) -> dict[str, Any] | None:
+        """This member's own view (a stale read), or None if it does not answer."""
+        if not self.alive or self.paused:
+            return None
+        try:
+            with RawConn(self.address, timeout=timeout) as conn:
+                reply = conn.request({"t": "status", "stale": True}, timeout=timeout)
+        except (OSError, ConnectionError, TimeoutError, ValueError):
+            return None
+        return reply if reply.get("t") == "ok" else None
+
+
+class Cluster:
+    def __init__(self, base: Path, size: int = 3, cluster_id: str = "test") -> None:
+        self.base = base
+        self.cluster_id = cluster_id
+        ports = free_ports(size)
+        self.nodes = {
+            f"n{i + 1}": NodeProc(self, f"n{i + 1}", port) for i, port in enumerate(ports)
+        }
+        self.peers_flag = ",".join(f"{n.node_id}={n.address}" for n in self.nodes.values())
+
+    @property
+    def addresses(self) -> list[str]:
+        return [n.address for n in self.nodes.values()]
+
+    @property
+    def members_env(self) -> str:
+        return ",".join(self.addresses)
+
+    def start_all(self) -> None:
+        for node in self.nodes.values():
+            node.start()
+
+    def stop_all(self) -> None:
+        """SIGTERM every member at once, then reap each (SIGKILL after a grace)."""
+        for node in self.nodes.values():
+            if node.alive:
+                if node.paused:
+                    node.resume()
+                os.kill(node.pid, signal.SIGTERM)
+        for node in self.nodes.values():
+            node.terminate(grace=5.0)
+
+    def kill_all(self) -> None:
+        for node in self.nodes.values():
+            node.kill()
+
+    def leader_now(self) -> NodeProc | None:
+        """The member a majority of the live members name as leader in the newest term."""
+        views = [s for s in (n.status() for n in self.nodes.values()) if s is not None]
+        if not views:
+            return None
+        term = max(v["term"] for v in views)
+        named = [v["leader"] for v in views if v["term"] == term and v["leader"]]
+        majority = len(self.nodes) // 2 + 1
+        for view in views:
+            if (
+                view["role"] == "leader"
+                and view["term"] == term
+                and named.count(view["node"]) >= majority
+            ):
+                return self.nodes[view["node"]]
+        return None
+
+    def wait_for_leader(self, timeout: float = 10.0, *, not_: str | None = None) -> NodeProc:
+        def found() -> NodeProc | None:
+            leader = self.leader_now()
+            if leader is not None and leader.node_id != not_:
+                return leader
+            return None
+
+        try:
+            return wait_for(found, timeout, "a leader")
+        except AssertionError:
+            logs = "\n".join(f"--- {n.node_id}\n{n.log_tail(15)}" for n in self.nodes.values())
+            raise AssertionError(f"no leader within {timeout}s\n{logs}") from None
+
+    def client(self, **kwargs: Any) -> Any:
+        from dlm.client import Client
+
+        return Client(self.addresses, **kwargs)
