@@ -59,7 +59,7 @@ def merge_member(
 ) -> dict[str, Any]:
     """One row of the members table: what the leader listed plus what the member said."""
     row: dict[str, Any] = dict.fromkeys(MEMBER_FIELDS)
-    row["id"] = _str(member.get("id")) or (_str(view.get("id")) if view else None)
+    row["id"] = _str(member.get("id")) or (_member_id(view) if view else None)
     row["address"] = _str(member.get("address"))
     row["reachable"] = view is not None
     if view is not None:
@@ -70,6 +70,12 @@ def merge_member(
         if leader_commit is not None and row["applied"] is not None:
             row["lag"] = max(0, leader_commit - row["applied"])
     return row
+
+
+def _member_id(view: dict[str, Any]) -> str | None:
+    # A status reply names its member in "node" ("id" is the request id, and
+    # the client strips it); "id" is still read for older members.
+    return _str(view.get("node")) or _str(view.get("id"))
 
 
 def cluster_status(settings: Settings) -> None:
@@ -95,7 +101,7 @@ def summarize(client: Client, view: dict[str, Any], member_timeout: float) -> di
     """The `dlm status --json` object, from one member's view and every member's own."""
     members = [m for m in view.get("members") or [] if isinstance(m, dict)]
     if not members:
-        members = [{"id": view.get("id"), "address": view.get("address")}]
+        members = [{"id": _member_id(view), "address": view.get("address")}]
     leader_commit = _int(view.get("commit")) if view.get("role") == "leader" else None
     rows = gather_members(client, members, None, member_timeout)
     leader = _str(view.get("leader"))

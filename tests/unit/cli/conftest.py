@@ -70,7 +70,7 @@ class FakeClient:
     def status(self) -> dict[str, Any]:
         self._call("status")
         return {
-            "id": "n1",
+            "node": "n1",
             "address": "127.0.0.1:7700",
             "cluster": "dlm",
             "role": "leader",
@@ -91,7 +91,7 @@ class FakeClient:
     def member_status(self, addr: str, timeout: float = 2.0) -> dict[str, Any] | None:
         if addr.endswith(":7701"):
             return None
-        return {"id": "n1", "role": "leader", "term": 3, "commit": 10, "applied": 9}
+        return {"node": "n1", "role": "leader", "term": 3, "commit": 10, "applied": 9}
 
     def close(self) -> None:
         self.closed = True
