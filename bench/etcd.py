@@ -373,7 +373,7 @@ class EtcdSession:
 
 def main(argv: Sequence[str] | None = None) -> int:
     # The load harness lives with the dlm benchmark; importing it here avoids a cycle.
-    from bench.locks import main as locks_main  # noqa: PLC0415
+    from bench.locks import main as locks_main
 
     return locks_main(["--only", "etcd", *(argv or [])])
 

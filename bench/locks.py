@@ -111,7 +111,7 @@ class DlmSession:
     @classmethod
     async def open(cls, endpoints: Sequence[str]) -> DlmSession:
         # Lazy: the etcd half of the benchmark runs without dlm's client.
-        from dlm.client.aio import AsyncClient  # noqa: PLC0415
+        from dlm.client.aio import AsyncClient
 
         client = AsyncClient(list(endpoints), timeout=OP_TIMEOUT_S)
         try:
@@ -844,6 +844,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
+    # Other work on the machine skews every figure; the load average makes that visible.
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="dlm-bench-", dir=args.data_dir) as base_dir:
         floor = measure_floor(base_dir)
         print(
@@ -856,11 +858,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         etcd = (
             bench_etcd(args, base_dir) if args.only != "dlm" else SystemRun("etcd", error=skipped)
         )
+    load_after = os.getloadavg()
     rows = build_rows(floor, dlm, etcd, args.clients)
     print()
     print(
         f"dlm lock benchmark: 3 members on 127.0.0.1, fsync on, {args.seconds:g} s per cell "
-        f"after {args.warmup:g} s warm-up; {os.cpu_count()} CPUs; etcd {etcd.version or '-'}"
+        f"after {args.warmup:g} s warm-up; {os.cpu_count()} CPUs; etcd {etcd.version or '-'}; "
+        f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after"
     )
     print(render_table(rows))
     models = render_models([dlm, etcd])
@@ -881,6 +885,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         k: v for k, v in vars(args).items() if k not in ("json", "node_wrapper")
                     },
                     "cpus": os.cpu_count(),
+                    "load_average_before": load_before,
+                    "load_average_after": load_after,
                     "dlm": _jsonable(dlm),
                     "etcd": _jsonable(etcd),
                     "table": [{**asdict(r), "ratio": r.ratio} for r in rows],
