@@ -168,13 +168,13 @@ class SimOptions:
 class SimFailure(AssertionError):
     """A violation, with the seed and tick that produced it and how to replay it."""
 
-    def __init__(self, seed: int, tick: int, violation: Violation) -> None:
+    def __init__(self, seed: int, tick: int, violation: Violation, test: str) -> None:
         self.seed = seed
         self.tick = tick
         self.violation = violation
         super().__init__(
             f"seed {seed}, tick {tick}: {violation}\n"
-            f"replay: .venv/bin/python -m pytest tests/sim --sim-seeds={seed}:1"
+            f"replay: .venv/bin/python -m pytest {test} --sim-seeds={seed}:1"
         )
 
 
@@ -209,6 +209,8 @@ class SimNode:
 
 
 class Simulation:
+    REPLAY_TEST = "tests/sim/test_raft_sim.py::test_raft_sim"
+
     def __init__(self, seed: int, options: SimOptions | None = None) -> None:
         self.seed = seed
         self.options = opts = options or SimOptions()
@@ -270,7 +272,7 @@ class Simulation:
             snapshot_chunk_bytes=opts.chunk_bytes,
         )
 
-    def _boot(self, node: SimNode) -> None:
+    def _boot(self, node: SimNode) -> RaftNode:
         node.acked_hard_state = node.storage.initial_state()[0]
         snap = node.storage.snapshot()
         if snap is not None:
@@ -280,7 +282,8 @@ class Simulation:
             node.applied = node.image_index = 0
         self.after_restore(node)
         rng = random.Random(self.node_rng.getrandbits(64))
-        node.raft = self.options.node_class(self.config(node.id), node.storage, rng)
+        node.raft = raft = self.options.node_class(self.config(node.id), node.storage, rng)
+        return raft
 
     def trace(self, record: str) -> None:
         self._trace.update(record.encode())
@@ -460,12 +463,11 @@ class Simulation:
     def restart(self, node: SimNode) -> None:
         if node.raft is not None:
             return
-        self._boot(node)
-        assert node.raft is not None
+        raft = self._boot(node)
         recovered = node.storage.initial_state()[0]
         self.checker.observe_hard_state(node.id, recovered.term, recovered.vote)
         if self.options.check_restart_promises:
-            status = node.raft.status()
+            status = raft.status()
             self.checker.check_promises(node.id, status.term, status.vote, node.promised_term)
         self.stats["restarts"] += 1
         self.trace(f"R{self.now}{node.id}")
@@ -735,10 +737,13 @@ class Simulation:
                 pass
             self.finish()
         except Violation as violation:
-            raise SimFailure(self.seed, self.now, violation) from violation
+            raise SimFailure(self.seed, self.now, violation, self.REPLAY_TEST) from violation
         except Exception as error:
             raise SimFailure(
-                self.seed, self.now, Violation("exception", f"{type(error).__name__}: {error}")
+                self.seed,
+                self.now,
+                Violation("exception", f"{type(error).__name__}: {error}"),
+                self.REPLAY_TEST,
             ) from error
         finally:
             self.backend.close()

@@ -103,6 +103,8 @@ def lock_options(**overrides: object) -> SimOptions:
 
 
 class LockSimulation(Simulation):
+    REPLAY_TEST = "tests/sim/test_lock_sim.py::test_lock_sim"
+
     def __init__(self, seed: int, options: SimOptions | None = None) -> None:
         self.trackers: dict[NodeId, LeaseTracker] = {}
         self.max_token: dict[NodeId, dict[str, int]] = {}

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from .conftest import SimTotals
-from .harness import DiskBackend, MemoryBackend, SimFailure
-from .locksim import LockSimulation, lock_options
+from .harness import DiskBackend, MemoryBackend, SimFailure, SimNode
+from .locksim import LockMachine, LockSimulation, lock_options
 
 
 def run_lock_seed(
@@ -36,8 +36,9 @@ def test_lock_sim(sim_seeds: range, sim_totals: SimTotals) -> None:
 class ShortensLeasesOnFailover(LockSimulation):
     """A new leader that counts every lease's TTL from a second before it took office."""
 
-    def leader_elected(self, node):  # type: ignore[no-untyped-def]
+    def leader_elected(self, node: SimNode) -> None:
         machine = node.machine
+        assert isinstance(machine, LockMachine)
         self.trackers[node.id].take_office(self._seconds() - 1.0, machine.sm.leases())
 
 
