@@ -387,15 +387,22 @@ class RaftNode:
     def has_ready(self) -> bool:
         self._flush()
         log = self._log
-        return bool(
+        if (
             self._msgs
             or self._read_states
             or log.has_unstable()
             or log.has_pending_snapshot()
             or log.has_committed()
-            or self._hard_state() != self._prev_hard
-            or self._soft_state() != self._prev_soft
-        )
+        ):
+            return True
+        hard = self._prev_hard
+        # Cheap field comparisons first; only build the values when something moved.
+        if (
+            hard.term != self._term or hard.vote != self._vote or hard.commit != log.committed
+        ) and (self._hard_state() != hard):
+            return True
+        soft = self._prev_soft
+        return soft.role is not self._role or soft.leader != self._leader or soft.term != self._term
 
     def ready(self) -> Ready:
         """Take the work accumulated since the last call; see types.Ready for what to do with it."""
@@ -966,6 +973,7 @@ class RaftNode:
         elif m.index == snap.meta.index and m.next_offset > pr.snap_offset:
             pr.snap_offset = m.next_offset
             pr.snap_need_send = True
+            pr.stall = 0
         else:
             return
         self._pending_append.add(m.src)
@@ -1082,8 +1090,29 @@ class RaftNode:
         if pr.is_paused():
             return False
         log = self._log
-        prev_index = pr.next - 1
         last = log.last_index()
+        if pr.next > last and pr.state is ProgressState.REPLICATE:
+            if not send_empty:
+                return False
+            # Commit news only. Anchor it at match, which the follower surely holds, so
+            # that it cannot be refused while our earlier appends are still in flight.
+            anchor_term = log.term_or_none(pr.match)
+            if anchor_term is None:
+                return False  # compacted: the next heartbeat carries the commit instead
+            self._send(
+                AppendEntries(
+                    group=self._group,
+                    term=self._term,
+                    src=self._id,
+                    dst=peer,
+                    prev_index=pr.match,
+                    prev_term=anchor_term,
+                    entries=(),
+                    commit=log.committed,
+                )
+            )
+            return True
+        prev_index = pr.next - 1
         try:
             prev_term = log.term(prev_index)
             entries = (
