@@ -58,15 +58,19 @@ def wait_for(
 class RawConn:
     """A hand-driven protocol connection (blocking socket, bounded waits)."""
 
-    def __init__(self, addr: str, *, hello: dict[str, Any] | None = None, timeout: float = 5.0):
+    def __init__(
+        self, addr: str, *, hello: dict[str, Any] | bool | None = None, timeout: float = 5.0
+    ):
         host, port = addr.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buf = b""
         self._next_id = 1
         self.pushes: list[dict[str, Any]] = []
+        self.welcome: dict[str, Any] = {}
         if hello is not False:
-            self.send(hello or {"t": "hello", "role": "client", "version": 1})
+            greeting = hello if isinstance(hello, dict) else None
+            self.send(greeting or {"t": "hello", "role": "client", "version": 1})
             self.welcome = self.recv()
 
     def close(self) -> None:

@@ -44,7 +44,7 @@ def test_reads_work_on_every_member_and_followers_redirect_writes(cluster: Clust
                 {"t": "acquire", "lease": lease.id, "seq": 99, "key": "other", "wait": False}
             )
             if node is leader:
-                assert write["t"] == "ok"
+                assert write["t"] == "ok", write
             else:
                 assert write["code"] == "NOT_LEADER"
                 assert write["leader_address"] == leader.address
