@@ -1,0 +1,210 @@
+"""A local 3-member cluster in the foreground, for trying dlm out: `python -m dlm.node.devcluster`.
+
+Starts members n1..n3 on 127.0.0.1:7701-7703 (cluster id ``devcluster``)
+with their data in ./dlm-data/devcluster/n1..n3, so locks survive a restart
+of the dev cluster. It waits until they have elected a leader, prints the
+line to paste into another terminal, and then watches: Ctrl-C (or SIGTERM)
+stops all three by PID - SIGTERM first, SIGKILL for any member still running
+after a grace period. If a member dies on its own, the others are stopped
+too and the exit code says so.
+
+``--base-port`` and ``--data`` move it elsewhere (two dev clusters side by side).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import cbor2
+
+SIZE = 3
+CLUSTER_ID = "devcluster"
+STOP_GRACE = 5.0
+LEADER_TIMEOUT = 20.0
+
+
+def _status(port: int, timeout: float = 0.5) -> dict[str, Any] | None:
+    """One member's own view, over the client protocol; None if it does not answer."""
+
+    def frame(obj: Any) -> bytes:
+        body: bytes = cbor2.dumps(obj)
+        return struct.pack(">I", len(body)) + body
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            sock.sendall(frame({"t": "hello", "role": "client", "version": 1}))
+            sock.sendall(frame({"t": "status", "id": 1, "stale": True}))
+            buf = b""
+            replies: list[Any] = []
+            while len(replies) < 2:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return None
+                buf += chunk
+                while len(buf) >= 4:
+                    (n,) = struct.unpack(">I", buf[:4])
+                    if len(buf) < 4 + n:
+                        break
+                    replies.append(cbor2.loads(buf[4 : 4 + n]))
+                    buf = buf[4 + n :]
+    except (OSError, ValueError):
+        return None
+    reply = replies[1]
+    return reply if isinstance(reply, dict) and reply.get("t") == "ok" else None
+
+
+class DevCluster:
+    def __init__(self, base_port: int, data: Path) -> None:
+        self.ports = [base_port + i for i in range(1, SIZE + 1)]
+        self.ids = [f"n{i}" for i in range(1, SIZE + 1)]
+        self.data = data
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.peers = ",".join(
+            f"{node}=127.0.0.1:{port}" for node, port in zip(self.ids, self.ports, strict=True)
+        )
+
+    @property
+    def members(self) -> str:
+        return ",".join(f"127.0.0.1:{port}" for port in self.ports)
+
+    def start(self) -> None:
+        for node, port in zip(self.ids, self.ports, strict=True):
+            command = [
+                sys.executable,
+                "-m",
+                "dlm.node.main",
+                "--id",
+                node,
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--peers",
+                self.peers,
+                "--data",
+                str(self.data / node),
+                "--cluster-id",
+                CLUSTER_ID,
+            ]
+            # Members log JSON lines to our stderr; stdout stays for the instructions. Their
+            # own session keeps a terminal Ctrl-C away from them: we stop them, in order.
+            self.procs[node] = subprocess.Popen(
+                command, stdout=sys.stderr, stderr=sys.stderr, start_new_session=True
+            )
+
+    def dead(self) -> list[tuple[str, int]]:
+        return [(n, p.returncode) for n, p in self.procs.items() if p.poll() is not None]
+
+    def wait_for_leader(self, timeout: float) -> str | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.dead():
+            for port in self.ports:
+                view = _status(port)
+                if view is not None and view.get("role") == "leader":
+                    return str(view.get("node"))
+            time.sleep(0.1)
+        return None
+
+    def stop(self) -> None:
+        """SIGTERM to every member, then SIGKILL to any still running after the grace."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE
+        for node, proc in self.procs.items():
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(f"devcluster: {node} (pid {proc.pid}) did not stop; killing it", flush=True)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _busy(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stop
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m dlm.node.devcluster",
+        description="Run a local 3-member dlm cluster in the foreground (Ctrl-C stops it).",
+    )
+    parser.add_argument("--base-port", type=int, default=7700, help="members use +1..+3")
+    parser.add_argument("--data", default=os.path.join("dlm-data", "devcluster"))
+    args = parser.parse_args(argv)
+
+    cluster = DevCluster(args.base_port, Path(args.data))
+    busy = [port for port in cluster.ports if _busy(port)]
+    if busy:
+        taken = ", ".join(f"127.0.0.1:{p}" for p in busy)
+        print(
+            f"devcluster: error: {taken} already in use: stop the other process "
+            "(another devcluster?) or pass --base-port",
+            file=sys.stderr,
+        )
+        return 1
+
+    # Installed explicitly: a shell may start us with SIGINT ignored (a background job).
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGINT, _raise_stop)
+    code = 0
+    try:
+        cluster.start()
+        leader = cluster.wait_for_leader(LEADER_TIMEOUT)
+        if leader is None:
+            died = ", ".join(f"{n} exited with {rc}" for n, rc in cluster.dead())
+            why = died or f"no leader within {LEADER_TIMEOUT:.0f}s"
+            print(f"devcluster: error: the cluster did not come up ({why})", file=sys.stderr)
+            return 1
+        print(
+            f"\ndlm dev cluster is up: {cluster.members} (leader {leader}, data in {args.data})\n"
+            "Take a lock from another terminal:\n\n"
+            f"    DLM_CLUSTER={cluster.members} dlm exec --lock demo -- echo hello\n\n"
+            "Ctrl-C stops all three members.\n",
+            flush=True,
+        )
+        while True:
+            dead = cluster.dead()
+            if dead:
+                died = ", ".join(f"{n} exited with {rc}" for n, rc in dead)
+                print(f"devcluster: {died}; stopping the others", file=sys.stderr)
+                code = 1
+                break
+            time.sleep(0.5)
+    except (KeyboardInterrupt, _Stop):
+        print("\ndevcluster: stopping n1..n3", flush=True)
+    finally:
+        # A second Ctrl-C during the stop must not leave members behind.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        cluster.stop()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
