@@ -134,6 +134,8 @@ class DevCluster:
 
 def _busy(port: int) -> bool:
     with socket.socket() as s:
+        # As the members' own listeners do, so a port in TIME_WAIT counts as free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
