@@ -84,7 +84,9 @@ class DevCluster:
             command = [
                 sys.executable,
                 "-m",
-                "dlm.node.main",
+                "dlm",
+                "node",
+                "start",
                 "--id",
                 node,
                 "--listen",

@@ -171,7 +171,9 @@ class NodeProc:
         return [
             sys.executable,
             "-m",
-            "dlm.node.main",
+            "dlm",
+            "node",
+            "start",
             "--id",
             self.node_id,
             "--listen",
