@@ -18,7 +18,17 @@ from typing import Annotated
 import typer
 
 from dlm.cli.exits import EXIT_CODE_HELP
-from dlm.cli.settings import DEFAULT_CLUSTER, GlobalOptions, Settings, resolve
+from dlm.cli.settings import (
+    ACQUIRE_FORMAT,
+    ACQUIRE_TTL,
+    DEFAULT_CLUSTER,
+    EXEC_CONFLICT_EXIT_CODE,
+    EXEC_KILL_GRACE,
+    EXEC_TTL,
+    GlobalOptions,
+    Settings,
+    resolve,
+)
 
 _ROOT_HELP = f"""\
 dlm: distributed locks with fencing tokens, for cron jobs, CI and operators.
@@ -132,7 +142,7 @@ def acquire(
     key: Annotated[str, typer.Argument(metavar="KEY", help="The lock's name.")],
     ttl: Annotated[
         str, typer.Option("--ttl", metavar="DURATION", help="Lifetime of a new lease.")
-    ] = "30s",
+    ] = ACQUIRE_TTL,
     wait: WaitOpt = None,
     lease: Annotated[
         str | None,
@@ -145,7 +155,7 @@ def acquire(
     ] = None,
     output_format: Annotated[
         str, typer.Option("--format", metavar="text|env|json", help="Output format.")
-    ] = "text",
+    ] = ACQUIRE_FORMAT,
     cluster: ClusterOpt = None,
     timeout: TimeoutOpt = None,
     json: JsonOpt = False,
@@ -224,7 +234,7 @@ def exec_(
     lock: Annotated[str, typer.Option("--lock", metavar="KEY", help="The lock to hold.")],
     ttl: Annotated[
         str, typer.Option("--ttl", metavar="DURATION", help="Lease TTL, renewed every TTL/3.")
-    ] = "15s",
+    ] = EXEC_TTL,
     wait: WaitOpt = None,
     kill_grace: Annotated[
         str,
@@ -233,7 +243,7 @@ def exec_(
             metavar="DURATION",
             help="After losing the lock: SIGTERM, then SIGKILL this much later.",
         ),
-    ] = "10s",
+    ] = EXEC_KILL_GRACE,
     conflict_exit_code: Annotated[
         int,
         typer.Option(
@@ -243,7 +253,7 @@ def exec_(
             max=255,
             help="Exit code when the lock is not obtained.",
         ),
-    ] = 75,
+    ] = EXEC_CONFLICT_EXIT_CODE,
     limit: LimitOpt = 1,
     cluster: ClusterOpt = None,
     timeout: TimeoutOpt = None,

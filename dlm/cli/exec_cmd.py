@@ -28,7 +28,6 @@ from __future__ import annotations
 import errno
 import os
 import select
-import shutil
 import signal
 import subprocess
 import time
@@ -176,12 +175,21 @@ def run(
 
 def resolve_program(name: str) -> str:
     """The executable CMD names, found now so a typo does not take (and drop) a lock."""
-    found = shutil.which(name) if os.sep not in name else name
+    found = name if os.sep in name else _which(name)
     if found is None or not os.path.exists(found):
         raise CliError("NOT_FOUND", f"{name}: command not found", exits.NOT_FOUND)
     if os.path.isdir(found) or not os.access(found, os.X_OK):
         raise CliError("NOT_EXECUTABLE", f"{name}: permission denied", exits.NOT_EXECUTABLE)
     return found
+
+
+def _which(name: str) -> str | None:
+    # shutil.which, without importing shutil (and the compression modules it probes).
+    for directory in os.get_exec_path():
+        path = os.path.join(directory, name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
 
 
 def child_env(grant: Grant, ttl_ms: int) -> dict[str, str]:

@@ -53,32 +53,14 @@ def run(args: Sequence[str]) -> int:
     """Runs one command line and returns the exit code; prints everything the user sees."""
     as_json = wants_json(args)
     try:
-        import typer  # after the cheap checks: typer is most of a plain run's import time
-        from typer._click import exceptions as click_exc
-    except ImportError as exc:  # a broken install or zipapp: say what is missing
-        return report(CliError("INTERNAL", f"cannot load the CLI library: {exc}", 1), as_json)
+        from dlm.cli import fastpath
 
-    from dlm.cli.app import app
-
-    command = typer.main.get_command(app)
-    try:
-        result = command.main(args=list(args), prog_name="dlm", standalone_mode=False)
-        return result if isinstance(result, int) else 0
+        parsed = None if os.environ.get("DLM_NO_FASTPATH") else fastpath.parse(args)
+        if parsed is not None:
+            return fastpath.run(parsed)
+        return _run_typer(args, as_json)
     except CliError as exc:
         return report(exc, as_json)
-    except click_exc.UsageError as exc:
-        if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:
-            if not as_json:
-                sys.stderr.write(exc.ctx.get_help() + "\n")
-                return exits.USAGE
-            return report(
-                exits.usage_error(f"missing command (see '{exc.ctx.command_path} --help')"), True
-            )
-        return report(exits.usage_error(_usage_message(exc)), as_json)
-    except click_exc.ClickException as exc:
-        return report(CliError("USAGE", exc.format_message(), exc.exit_code), as_json)
-    except typer.Abort:
-        return report(CliError("INTERRUPTED", "interrupted", 130), as_json)
     except Interrupted as exc:
         return 128 + exc.signum
     except KeyboardInterrupt:
@@ -99,6 +81,31 @@ def run(args: Sequence[str]) -> int:
             "it with the command you ran (DLM_DEBUG=1 shows the traceback)"
         )
         return report(CliError("INTERNAL", " ".join(message.split()), 1), as_json)
+
+
+def _run_typer(args: Sequence[str], as_json: bool) -> int:
+    """The full command line: help, every subcommand, and every usage error."""
+    try:
+        import typer  # most of a plain run's import time, hence not on the fast path
+        from typer._click import exceptions as click_exc
+    except ImportError as exc:  # a broken install or zipapp: say what is missing
+        raise CliError("INTERNAL", f"cannot load the CLI library: {exc}", 1) from None
+
+    from dlm.cli.app import app
+
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=list(args), prog_name="dlm", standalone_mode=False)
+    except click_exc.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None and not as_json:
+            sys.stderr.write(exc.ctx.get_help() + "\n")
+            return exits.USAGE
+        raise exits.usage_error(_usage_message(exc)) from None
+    except click_exc.ClickException as exc:
+        raise CliError("USAGE", exc.format_message(), exc.exit_code) from None
+    except typer.Abort:
+        raise CliError("INTERRUPTED", "interrupted", 130) from None
+    return result if isinstance(result, int) else 0
 
 
 def _client_error(exc: Exception) -> CliError | None:

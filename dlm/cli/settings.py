@@ -8,7 +8,6 @@ environment (``DLM_CLUSTER``), then the default.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dlm.cli.durations import DurationError, parse_duration
@@ -21,12 +20,33 @@ DEFAULT_CLUSTER = "127.0.0.1:7700"
 DEFAULT_TIMEOUT = "10s"
 CLUSTER_ENV = "DLM_CLUSTER"
 
+# Defaults of the subcommands, shared by the typer app and the fast path.
+ACQUIRE_TTL = "30s"
+ACQUIRE_FORMAT = "text"
+EXEC_TTL = "15s"
+EXEC_KILL_GRACE = "10s"
+EXEC_CONFLICT_EXIT_CODE = 75
 
-@dataclass(frozen=True, slots=True)
+
 class Settings:
-    members: tuple[str, ...]
-    timeout: float
-    json: bool
+    """Where to find the cluster, how long to try, and how to answer."""
+
+    __slots__ = ("json", "members", "timeout")
+
+    def __init__(self, members: tuple[str, ...], timeout: float, json: bool) -> None:
+        self.members = members
+        self.timeout = timeout
+        self.json = json
+
+    def __repr__(self) -> str:
+        return f"Settings(members={self.members!r}, timeout={self.timeout!r}, json={self.json!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Settings):
+            return NotImplemented
+        return (self.members, self.timeout, self.json) == (other.members, other.timeout, other.json)
+
+    __hash__ = None  # type: ignore[assignment]
 
     def connect(self) -> Client:
         from dlm.client.sync import Client
@@ -34,13 +54,17 @@ class Settings:
         return Client(list(self.members), timeout=self.timeout)
 
 
-@dataclass(slots=True)
 class GlobalOptions:
     """What the root callback saw before the subcommand."""
 
-    cluster: str | None = None
-    timeout: str | None = None
-    json: bool = False
+    __slots__ = ("cluster", "json", "timeout")
+
+    def __init__(
+        self, cluster: str | None = None, timeout: str | None = None, json: bool = False
+    ) -> None:
+        self.cluster = cluster
+        self.timeout = timeout
+        self.json = json
 
 
 def parse_members(text: str) -> tuple[str, ...]:
