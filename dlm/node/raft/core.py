@@ -385,40 +385,28 @@ class RaftNode:
     # ------------------------------------------------------------------
 
     def has_ready(self) -> bool:
-        self._flush()
-        log = self._log
-        if (
-            self._msgs
-            or self._read_states
-            or log.has_unstable()
-            or log.has_pending_snapshot()
-            or log.has_committed()
-        ):
+        if self._append_all or self._commit_bcast or self._heartbeat_due or self._pending_append:
+            self._flush()
+        if self._msgs or self._read_states or self._log.has_work():
             return True
-        hard = self._prev_hard
-        # Cheap field comparisons first; only build the values when something moved.
-        if (
-            hard.term != self._term or hard.vote != self._vote or hard.commit != log.committed
-        ) and (self._hard_state() != hard):
-            return True
-        soft = self._prev_soft
-        return soft.role is not self._role or soft.leader != self._leader or soft.term != self._term
+        return self._changed_hard_state() is not None or self._changed_soft_state() is not None
 
     def ready(self) -> Ready:
         """Take the work accumulated since the last call; see types.Ready for what to do with it."""
-        self._flush()
+        if self._append_all or self._commit_bcast or self._heartbeat_due or self._pending_append:
+            self._flush()
         log = self._log
-        hard = self._hard_state()
-        hard_out = None
-        if hard != self._prev_hard:
-            self._prev_hard = hard_out = hard
-        soft = self._soft_state()
-        soft_out = None
-        if soft != self._prev_soft:
-            self._prev_soft = soft_out = soft
-        snapshot = log.take_snapshot()
-        entries = log.take_unstable()
-        committed = log.take_committed(self._cfg.max_entries_bytes)
+        hard = self._changed_hard_state()
+        if hard is not None:
+            self._prev_hard = hard
+        soft = self._changed_soft_state()
+        if soft is not None:
+            self._prev_soft = soft
+        snapshot = entries = committed = None
+        if log.has_work():
+            snapshot = log.take_snapshot()
+            entries = log.take_unstable()
+            committed = log.take_committed(self._cfg.max_entries_bytes)
         msgs: tuple[Message, ...] = ()
         if self._msgs:
             msgs = tuple(self._msgs)
@@ -428,14 +416,32 @@ class RaftNode:
             reads = tuple(self._read_states)
             self._read_states = []
         return Ready(
-            hard_state=hard_out,
-            entries=entries,
+            hard_state=hard,
+            entries=entries or (),
             snapshot=snapshot,
             messages=msgs,
-            committed=committed,
+            committed=committed or (),
             read_states=reads,
-            soft_state=soft_out,
+            soft_state=soft,
         )
+
+    def _changed_hard_state(self) -> HardState | None:
+        prev = self._prev_hard
+        # Compare raw fields first; build the value (through the seam) only when one moved.
+        if (
+            prev.term == self._term
+            and prev.vote == self._vote
+            and prev.commit == self._log.committed
+        ):
+            return None
+        hard = self._hard_state()
+        return hard if hard != prev else None
+
+    def _changed_soft_state(self) -> SoftState | None:
+        prev = self._prev_soft
+        if prev.role is self._role and prev.leader == self._leader and prev.term == self._term:
+            return None
+        return self._soft_state()
 
     def advance(self, ready: Ready) -> None:
         """The runtime persisted, sent and applied ``ready``."""

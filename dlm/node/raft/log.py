@@ -250,6 +250,14 @@ class RaftLog:
 
     # -- handing work to the runtime ---------------------------------------
 
+    def has_work(self) -> bool:
+        """Whether entries to persist, a snapshot to install or entries to apply are waiting."""
+        return (
+            self._persist_from < self._offset + len(self._unstable)
+            or self.committed > self.applying
+            or (self._snapshot is not None and not self._snapshot_taken)
+        )
+
     def has_unstable(self) -> bool:
         return self._persist_from < self._offset + len(self._unstable)
 
@@ -277,6 +285,8 @@ class RaftLog:
     def take_committed(self, max_bytes: int) -> tuple[Entry, ...]:
         lo = max(self.applying + 1, self.first_index())
         if lo > self.committed:
+            # Only compacted entries are left: they are in the state machine's snapshot.
+            self.applying = max(self.applying, self.committed)
             return ()
         ents = self.entries(lo, self.committed + 1, max_bytes)
         if ents:
