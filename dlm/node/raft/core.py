@@ -1131,8 +1131,6 @@ class RaftNode:
         except LogUnavailable:
             pr.next = last + 1  # beyond our log: only a confused ack leads here
             return False
-        if not entries and not send_empty and pr.state is not ProgressState.PROBE:
-            return False
         self._send(
             AppendEntries(
                 group=self._group,

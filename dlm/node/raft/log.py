@@ -269,18 +269,12 @@ class RaftLog:
         self._persist_from = end
         return tuple(self._unstable[start - self._offset :])
 
-    def has_pending_snapshot(self) -> bool:
-        return self._snapshot is not None and not self._snapshot_taken
-
     def take_snapshot(self) -> Snapshot | None:
         if self._snapshot is None or self._snapshot_taken:
             return None
         self._snapshot_taken = True
         self.applying = max(self.applying, self._snapshot.meta.index)
         return self._snapshot
-
-    def has_committed(self) -> bool:
-        return self.committed > self.applying
 
     def take_committed(self, max_bytes: int) -> tuple[Entry, ...]:
         lo = max(self.applying + 1, self.first_index())

@@ -792,6 +792,37 @@ def test_learner_receives_entries_but_never_votes_for_quorum_or_campaigns() -> N
     assert net["l1"].role is Role.LEARNER
 
 
+def test_empty_storage_bootstraps_membership_from_config() -> None:
+    storages = {n: MemoryStorage() for n in ("a", "b", "c")}
+    nodes = {
+        n: RaftNode(Config(n, ("a", "b", "c")), storages[n], random.Random(n)) for n in storages
+    }
+    assert nodes["a"].voters == ("a", "b", "c")
+    for _ in range(40):
+        nodes["a"].tick()
+        pending = list(nodes["a"].ready().messages)
+        while pending:
+            m = pending.pop(0)
+            nodes[m.dst].step(m)
+            pending += nodes[m.dst].ready().messages
+        if nodes["a"].role is Role.LEADER:
+            break
+    assert nodes["a"].role is Role.LEADER
+
+
+def test_report_unreachable_moves_a_streaming_follower_to_probe_only_on_the_leader() -> None:
+    net = Net(3)
+    leader = net.elect("n1")
+    net.deliver()
+    net["n2"].report_unreachable("n1")  # not a leader: nothing to do
+    leader.report_unreachable("n1")  # ourselves: nothing to do
+    leader.report_unreachable("n2")
+    leader.propose(b"a")
+    leader.propose(b"b")
+    net.deliver()
+    assert leader.status().progress["n2"].match == 3
+
+
 def test_status_reports_progress_only_on_the_leader() -> None:
     net = Net(3)
     leader = net.elect("n1")
