@@ -1,0 +1,259 @@
+"""The `dlm` command against a real 3-member cluster: exit codes, output formats, queueing.
+
+One cluster serves the whole module (each test uses keys of its own); the
+tests that freeze or kill members live in test_cli_exec.py with a cluster each.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.cli_harness import Dlm, finish, stop
+from tests.cluster.harness import Cluster, free_ports, wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("cli-cluster"), size=3)
+    try:
+        c.start_all()
+        c.wait_for_leader(timeout=15.0)
+        yield c
+    finally:
+        c.stop_all()
+
+
+@pytest.fixture
+def dlm(shared: Cluster, tmp_path: Path) -> Dlm:
+    return Dlm(shared.members_env, tmp_path)
+
+
+def holders(dlm: Dlm, key: str) -> list[dict[str, Any]]:
+    state = dlm.json("status", key)
+    assert state["key"] == key
+    return list(state["holders"])
+
+
+# --- exit codes --------------------------------------------------------------------
+
+
+def test_acquire_then_conflict_75_then_release_0(dlm: Dlm) -> None:
+    grant = dlm.json("acquire", "ec-deploy", "--ttl", "30s")
+    assert set(grant) == {"key", "token", "lease", "ttl_ms"}
+    assert grant["key"] == "ec-deploy"
+    assert isinstance(grant["token"], int) and grant["token"] > 0
+    assert isinstance(grant["lease"], str) and grant["lease"]
+    assert grant["ttl_ms"] == 30000
+
+    held = dlm.run("acquire", "ec-deploy")
+    assert held.returncode == 75
+    assert held.stdout == ""
+    assert len(held.stderr.splitlines()) == 1
+    assert grant["lease"] in held.stderr
+    error = dlm.json("acquire", "ec-deploy", code=75)["error"]
+    assert error["code"] == "LOCKED"
+
+    released = dlm.run("release", "ec-deploy", "--lease", str(grant["lease"]))
+    assert released.returncode == 0, released.stderr
+    assert holders(dlm, "ec-deploy") == []
+
+
+def test_release_by_the_wrong_lease_exits_77_and_names_the_holder(dlm: Dlm) -> None:
+    mine = dlm.json("acquire", "ec-mine")
+    other = dlm.json("acquire", "ec-other")
+    wrong = dlm.run("release", "ec-mine", "--lease", str(other["lease"]))
+    assert wrong.returncode == 77
+    assert str(mine["lease"]) in wrong.stderr
+    assert len(wrong.stderr.splitlines()) == 1
+    error = dlm.json("release", "ec-mine", "--lease", str(other["lease"]), code=77)["error"]
+    assert error["code"] == "NOT_HOLDER"
+    assert [h["lease"] for h in error["holders"]] == [mine["lease"]]
+
+
+def test_renew_and_release_of_a_lease_that_is_gone_exit_77(dlm: Dlm) -> None:
+    assert dlm.run("renew", "nosuchlease0000").returncode == 77
+    assert dlm.json("renew", "nosuchlease0000", code=77)["error"]["code"] == "SESSION_EXPIRED"
+    released = dlm.run("release", "ec-gone", "--lease", "nosuchlease0000")
+    assert released.returncode == 77
+
+
+def test_no_member_reachable_exits_69(dlm: Dlm) -> None:
+    (port,) = free_ports(1)
+    nobody = f"127.0.0.1:{port}"
+    for args in (["acquire", "k"], ["exec", "--lock", "k", "--", "true"], ["status"]):
+        proc = dlm.run("--cluster", nobody, "--timeout", "300ms", *args)
+        assert proc.returncode == 69, proc.stderr
+        assert len(proc.stderr.splitlines()) == 1
+        assert "Traceback" not in proc.stderr
+    error = dlm.json("acquire", "k", "--cluster", nobody, "--timeout", "300ms", code=69)
+    assert error["error"]["code"] == "UNAVAILABLE"
+
+
+def test_usage_errors_exit_2(dlm: Dlm) -> None:
+    for args in (["acquire", "k", "--ttl", "soon"], ["exec", "--lock", "k"], ["bogus"]):
+        proc = dlm.run(*args)
+        assert proc.returncode == 2
+        assert len(proc.stderr.splitlines()) == 1
+    assert dlm.json("acquire", "k", "--wait", "x", code=2)["error"]["code"] == "USAGE"
+
+
+# --- renew ----------------------------------------------------------------------------
+
+
+def test_renew_once_and_keep_alive(dlm: Dlm) -> None:
+    grant = dlm.json("acquire", "rn-key", "--ttl", "1s")
+    lease = str(grant["lease"])
+    renewed = dlm.json("renew", lease)
+    assert renewed == {"lease": lease, "ttl_ms": 1000}
+    keeper = dlm.start("renew", lease, "--keep-alive", "--json")
+    try:
+        # Alive after several TTLs only if the keep-alive renews it.
+        def held_long() -> bool:
+            now = holders(dlm, "rn-key")
+            assert now, "the lease expired although --keep-alive was running"
+            return int(now[0]["held_ms"]) > 3500
+
+        wait_for(held_long, 30.0, "the lock to outlive 3 TTLs")
+        keeper.terminate()
+        code, out, _ = finish(keeper)
+    finally:
+        stop(keeper)
+    assert code == 0
+    report = json.loads(out)
+    assert report["lease"] == lease
+    assert report["renewals"] >= 3
+
+
+# --- formats -----------------------------------------------------------------------------
+
+
+def test_format_env_evaluates_in_a_shell(dlm: Dlm) -> None:
+    script = (
+        'eval "$("$@" acquire "fmt key" --format env)" && '
+        'printf "%s|%s|%s" "$DLM_LOCK_KEY" "$DLM_FENCING_TOKEN" "$DLM_LEASE_ID"'
+    )
+    proc = subprocess.run(
+        ["sh", "-c", script, "sh", *dlm.command],
+        env=dlm.env,
+        cwd=dlm.cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    key, token, lease = proc.stdout.split("|")
+    assert key == "fmt key"
+    (holder,) = holders(dlm, "fmt key")
+    assert (int(token), lease) == (holder["token"], holder["lease"])
+
+
+def test_json_of_every_subcommand_parses(dlm: Dlm, shared: Cluster) -> None:
+    grant = dlm.json("acquire", "js-key", "--meta", "job=nightly")
+    lease = str(grant["lease"])
+    assert dlm.json("renew", lease)["lease"] == lease
+
+    state = dlm.json("status", "js-key")
+    (holder,) = state["holders"]
+    assert holder["lease"] == lease and holder["token"] == grant["token"]
+    assert holder["meta"]["job"] == "nightly"
+    assert {"host", "user"} <= set(holder["meta"])
+    assert state["waiters"] == []
+
+    listed = dlm.json("locks", "--prefix", "js-")
+    assert [lock["key"] for lock in listed["locks"]] == ["js-key"]
+
+    status = dlm.json("status")
+    assert status["leader"] in shared.nodes
+    assert isinstance(status["term"], int) and status["term"] >= 1
+    assert {m["id"] for m in status["members"]} == set(shared.nodes)
+    for member in status["members"]:
+        assert set(member) >= {"id", "address", "role", "term", "commit", "applied", "lag",
+                               "reachable"}  # fmt: skip
+        assert member["reachable"] is True
+        assert member["role"] in ("leader", "follower", "learner")
+    assert [m["role"] for m in status["members"]].count("leader") == 1
+    assert status["locks"] >= 1 and status["sessions"] >= 1 and status["waiters"] >= 0
+
+    assert dlm.json("release", "js-key", "--lease", lease) == {
+        "key": "js-key",
+        "lease": lease,
+        "released": True,
+    }
+    ran = dlm.json("exec", "--lock", "js-exec", "--", "true")
+    assert ran["exit_code"] == 0 and ran["key"] == "js-exec"
+
+    node = next(iter(shared.nodes.values()))
+    inspected = dlm.json("store", "inspect", str(node.data_dir))
+    assert inspected
+
+
+def test_human_output_has_tables(dlm: Dlm) -> None:
+    dlm.json("acquire", "hu-key")
+    status = dlm.run("status")
+    assert status.returncode == 0
+    assert "REACHABLE" in status.stdout and "leader" in status.stdout
+    locks = dlm.run("locks", "--prefix", "hu-")
+    assert locks.returncode == 0 and "hu-key" in locks.stdout
+    key = dlm.run("status", "hu-key")
+    assert key.returncode == 0 and "TOKEN" in key.stdout
+
+
+# --- waiting ----------------------------------------------------------------------------
+
+
+def test_wait_queues_fifo_and_times_out_with_75(dlm: Dlm) -> None:
+    first = dlm.json("acquire", "q-key")
+    timed_out = dlm.run("acquire", "q-key", "--wait", "300ms")
+    assert timed_out.returncode == 75
+
+    def waiters(n: int) -> bool:
+        return len(dlm.json("status", "q-key")["waiters"]) == n
+
+    a = dlm.start("acquire", "q-key", "--wait", "60s", "--json")
+    b = None
+    try:
+        wait_for(lambda: waiters(1), 30.0, "the first waiter in the queue")
+        b = dlm.start("acquire", "q-key", "--wait", "60s", "--json")
+        wait_for(lambda: waiters(2), 30.0, "the second waiter in the queue")
+        assert dlm.run("release", "q-key", "--lease", str(first["lease"])).returncode == 0
+        code_a, out_a, err_a = finish(a)
+        assert code_a == 0, err_a
+        grant_a = json.loads(out_a)
+        assert grant_a["token"] > first["token"]
+        assert b.poll() is None  # still queued behind a
+        assert dlm.run("release", "q-key", "--lease", grant_a["lease"]).returncode == 0
+        code_b, out_b, err_b = finish(b)
+        assert code_b == 0, err_b
+        assert json.loads(out_b)["token"] > grant_a["token"]
+    finally:
+        stop(a)
+        if b is not None:
+            stop(b)
+
+
+def test_exec_waits_for_the_lock(dlm: Dlm, tmp_path: Path) -> None:
+    first = dlm.json("acquire", "qe-key")
+    out = tmp_path / "token"
+    proc = dlm.start(
+        "exec", "--lock", "qe-key", "--wait", "60s", "--", "sh", "-c",
+        f'echo "$DLM_FENCING_TOKEN" > {out}',
+    )  # fmt: skip
+    try:
+        wait_for(lambda: dlm.json("status", "qe-key")["waiters"], 30.0, "exec in the queue")
+        assert not out.exists()
+        assert dlm.run("release", "qe-key", "--lease", str(first["lease"])).returncode == 0
+        code, _, err = finish(proc)
+    finally:
+        stop(proc)
+    assert code == 0, err
+    assert int(out.read_text()) > int(first["token"])
+    assert holders(dlm, "qe-key") == []
