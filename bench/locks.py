@@ -194,18 +194,17 @@ def probe_status(addr: str, timeout: float = 1.0) -> dict[str, Any] | None:
 class DlmCluster:
     """Three `dlm node start` processes on 127.0.0.1, data under ``base_dir``."""
 
-    def __init__(self, base_dir: str, size: int = 3, node_wrapper: Sequence[str] = ()) -> None:
+    def __init__(self, base_dir: str, size: int = 3) -> None:
         self.base_dir = base_dir
         self.ids = [f"n{i + 1}" for i in range(size)]
         self.addrs = [f"127.0.0.1:{p}" for p in free_ports(size)]
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * size
-        self.node_wrapper = list(node_wrapper)
 
     def _command(self, i: int) -> list[str]:
         peers = ",".join(f"{n}={a}" for n, a in zip(self.ids, self.addrs, strict=True))
         data = os.path.join(self.base_dir, self.ids[i])
         args = ["--id", self.ids[i], "--listen", self.addrs[i], "--peers", peers, "--data", data]
-        return [*self.node_wrapper, sys.executable, "-m", "dlm", "node", "start", *args]
+        return [sys.executable, "-m", "dlm", "node", "start", *args]
 
     def _spawn(self, i: int) -> None:
         log = open(os.path.join(self.base_dir, f"{self.ids[i]}.log"), "ab")  # noqa: SIM115
@@ -588,8 +587,7 @@ def _progress(system: str, r: CellResult) -> None:
 
 def bench_dlm(args: argparse.Namespace, base_dir: str) -> SystemRun:
     run = SystemRun("dlm")
-    wrapper = args.node_wrapper.split() if args.node_wrapper else []
-    cluster = DlmCluster(os.path.join(base_dir, "dlm"), node_wrapper=wrapper)
+    cluster = DlmCluster(os.path.join(base_dir, "dlm"))
     os.makedirs(cluster.base_dir)
     try:
         cluster.start()
@@ -830,11 +828,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--data-dir", default=None, help="where temporary data dirs go (default: the system tmp)"
     )
-    parser.add_argument(
-        "--node-wrapper",
-        default=os.environ.get("DLM_BENCH_NODE_WRAPPER", ""),
-        help="command prefix for each dlm node, e.g. 'py-spy record -o /tmp/n.svg --'",
-    )
     args = parser.parse_args(argv)
     if args.no_etcd:
         args.only = "dlm"
@@ -881,9 +874,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             json.dump(
                 {
                     "floor": asdict(floor),
-                    "settings": {
-                        k: v for k, v in vars(args).items() if k not in ("json", "node_wrapper")
-                    },
+                    "settings": {k: v for k, v in vars(args).items() if k != "json"},
                     "cpus": os.cpu_count(),
                     "load_average_before": load_before,
                     "load_average_after": load_after,
