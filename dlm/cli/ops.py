@@ -204,7 +204,7 @@ def renew(settings: Settings, lease: str, keep_alive: bool) -> None:
     client = settings.connect()
     try:
         if keep_alive:
-            renewals, ttl_ms = _keep_alive(client, lease)
+            renewals, ttl_ms = _keep_alive(client, lease, announce=not settings.json)
             if settings.json:
                 emit_json({"lease": lease, "ttl_ms": ttl_ms, "renewals": renewals})
             return
@@ -217,19 +217,26 @@ def renew(settings: Settings, lease: str, keep_alive: bool) -> None:
         say(f"renewed lease {lease}: ttl {format_ms(ttl_ms)}")
 
 
-def _keep_alive(client: Client, lease: str) -> tuple[int, int]:
-    """Renews until a terminating signal (returns) or until the lease is lost (raises, 77)."""
+def _keep_alive(client: Client, lease: str, *, announce: bool) -> tuple[int, int]:
+    """Renews until a terminating signal (returns) or until the lease is lost (raises, 77).
+
+    ``announce`` prints one line once the first renewal is confirmed, so a script
+    (or a test) can tell the keep-alive is really running.
+    """
     import time
 
     from dlm.client.sync import KeepAlive
 
     sent = time.monotonic()
     ttl_ms = client.keepalive(lease)
+    if announce:
+        say(
+            f"renewed lease {lease}: ttl {format_ms(ttl_ms)}; renewing every "
+            f"{format_ms(ttl_ms // 3)} until stopped"
+        )
     stop = threading.Event()
-    stopped_by: list[int] = []
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        stopped_by.append(signum)
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
         stop.set()
 
     keeper = KeepAlive(

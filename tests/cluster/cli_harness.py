@@ -128,6 +128,18 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def first_line(proc: subprocess.Popen[str], timeout: float = 30.0) -> str:
+    """The first line a started dlm prints on stdout (bounded wait)."""
+    assert proc.stdout is not None
+    stream = proc.stdout
+    result: list[str] = []
+    thread = threading.Thread(target=lambda: result.append(stream.readline()), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert result and result[0], f"no output from dlm within {timeout}s"
+    return result[0]
+
+
 def stop(proc: subprocess.Popen[str]) -> None:
     """Teardown for a background dlm: SIGKILL by PID if still running, then reap."""
     if proc.poll() is None:

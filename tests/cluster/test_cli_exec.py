@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.cluster.cli_harness import Dlm, Fifo, finish, group_members, stop
+from tests.cluster.cli_harness import Dlm, Fifo, finish, first_line, group_members, stop
 from tests.cluster.harness import Cluster, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -107,37 +108,35 @@ def test_no_descriptor_reaches_the_child_and_it_leads_its_own_group(
 
 
 def test_losing_the_lease_stops_the_child_and_exits_77(tmp_path: Path) -> None:
-    cluster = Cluster(tmp_path / "frozen", size=3)
     (tmp_path / "frozen").mkdir()
     (tmp_path / "cwd").mkdir()
-    dlm = Dlm("", tmp_path / "cwd")
+    cluster = Cluster(tmp_path / "frozen", size=3)
+    dlm = Dlm(cluster.members_env, tmp_path / "cwd")
     ready = Fifo(tmp_path / "ready")
     after = tmp_path / "after"
     script = f'trap "" TERM; echo $$ > {ready.path}; sleep 60; touch {after}'
+    started: list[subprocess.Popen[str]] = []
     try:
         cluster.start_all()
         cluster.wait_for_leader(timeout=15.0)
-        dlm.env["DLM_CLUSTER"] = cluster.members_env
         held = dlm.json("acquire", "lost-keeper", "--ttl", "1s")
         keeper = dlm.start("renew", str(held["lease"]), "--keep-alive")
+        started.append(keeper)
+        assert "renewing every" in first_line(keeper)
         proc = dlm.start(
             "exec", "--lock", "lost", "--ttl", "1s", "--kill-grace", "300ms", "--", "sh", "-c",
             script,
         )  # fmt: skip
-        try:
-            child = int(ready.read())
-            for node in cluster.nodes.values():
-                node.pause()
-            code, _, err = finish(proc)
-            keeper_code, _, keeper_err = finish(keeper)
-            assert dlm.run("acquire", "k", "--timeout", "500ms").returncode == 69
-        finally:
-            stop(proc)
-            stop(keeper)
-            for node in cluster.nodes.values():
-                if node.paused:
-                    node.resume()
+        started.append(proc)
+        child = int(ready.read())
+        for node in cluster.nodes.values():
+            node.pause()
+        code, _, err = finish(proc)
+        keeper_code, _, keeper_err = finish(keeper)
+        assert dlm.run("acquire", "k", "--timeout", "500ms").returncode == 69
     finally:
+        for p in started:
+            stop(p)
         cluster.stop_all()
     assert code == 77, err
     assert "lost the lock" in err
