@@ -195,7 +195,7 @@ class RaftNode:
 
         log = self._log
         # A lazily persisted commit may lag the snapshot; it never exceeds the log.
-        log.committed = min(max(hard.commit, log.first_index() - 1), log.last_index())
+        log.committed = min(max(hard.commit, log.committed), log.last_index())
         self._term = hard.term
         self._vote: NodeId | None = hard.vote
         self._leader: NodeId | None = None
@@ -952,6 +952,8 @@ class RaftNode:
             self._pending_append.add(m.src)
         else:
             pr.stall = 0
+            if m.src == self._lead_transferee:
+                self._send_timeout_now(m.src)  # the first one may have been lost
         if m.ctx and m.src in self._voter_set:
             acks = self._read_only.ack(m.ctx, m.src)
             if acks + 1 >= self._quorum:  # +1: the leader itself

@@ -55,9 +55,13 @@ class RaftLog:
         self._persist_from = last + 1
         self._snapshot: Snapshot | None = None
         self._snapshot_taken = False
-        self.committed = first - 1
-        self.applying = first - 1  # handed to the runtime to apply
-        self.applied = first - 1  # confirmed applied by advance()
+        # The runtime restores its state machine from storage's snapshot, which may
+        # be newer than the compaction point (the log is kept behind a snapshot).
+        snap = storage.snapshot()
+        restored = max(first - 1, snap.meta.index if snap is not None else 0)
+        self.committed = restored
+        self.applying = restored  # handed to the runtime to apply
+        self.applied = restored  # confirmed applied by advance()
 
     def __repr__(self) -> str:
         return (

@@ -69,6 +69,29 @@ def test_single_node_restart_replays_committed_entries_and_reelects() -> None:
 # ---------------------------------------------------------------------------
 
 
+def test_restart_applies_only_entries_after_the_snapshot_even_if_log_is_kept() -> None:
+    net = Net(1)
+    leader = net.elect("n1")
+    for i in range(5):
+        leader.propose(b"%d" % i)
+    net.persist("n1")
+    net.storages["n1"].create_snapshot(4, ConfState(net.voters), b"image@4")  # log not compacted
+    node = net.restart("n1")
+    assert node.applied_index == 4
+    rd = node.ready()
+    assert [e.index for e in rd.committed] == [5, 6]
+
+
+def test_lost_timeout_now_is_resent_on_the_next_heartbeat_answer() -> None:
+    net = Net(3)
+    leader = net.elect("n1")
+    net.deliver()
+    leader.transfer_leadership("n2")
+    assert of_type(net.take("n1"), TimeoutNow)
+    net.tick_all(2)
+    assert net.leader() == "n2"
+
+
 def test_pre_vote_does_not_change_term_or_vote() -> None:
     net = Net(3)
     node = net["n1"]
