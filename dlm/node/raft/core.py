@@ -19,6 +19,19 @@ Any message with a higher term sends us back to FOLLOWER, except the vote
 requests a follower ignores while it still hears from a live leader (the
 check-quorum lease) and pre-vote traffic, which carries a future term.
 
+Lost messages: a follower in probe mode gets its next probe when it answers
+a heartbeat; a streaming follower whose acknowledgements stop while its
+heartbeat answers keep coming (``STALL_ROUNDS`` of them) drops back to probe.
+``report_unreachable`` does the same at once when the runtime knows a link broke.
+
+Snapshots: when a follower needs an entry the leader has compacted, the leader
+sends ``storage.snapshot()`` in ``snapshot_chunk_bytes`` chunks, one in flight
+at a time. The follower acknowledges each chunk with the byte it wants next
+(``InstallSnapshotResponse.index`` is the snapshot's index), asks for a restart
+(``reject``) when a chunk does not fit what it holds, and on the last chunk
+hands the whole image to the runtime as ``Ready.snapshot``; its final answer's
+``index`` is the index its log now matches. Heartbeats go on meanwhile.
+
 Membership changes are a later issue: voters and learners are fixed at
 construction (or by an installed snapshot). ``_set_membership`` is the one
 place that changes them, and ``quorum.py`` the one place that counts them.
@@ -392,7 +405,11 @@ class RaftNode:
         return self._changed_hard_state() is not None or self._changed_soft_state() is not None
 
     def ready(self) -> Ready:
-        """Take the work accumulated since the last call; see types.Ready for what to do with it."""
+        """Take the work accumulated since the last call; see types.Ready for what to do with it.
+
+        Each piece of work is handed out once, so ``step``/``tick``/``ready`` may go on
+        while an earlier Ready is being persisted; ``advance`` it when it is done.
+        """
         if self._append_all or self._commit_bcast or self._heartbeat_due or self._pending_append:
             self._flush()
         log = self._log
