@@ -167,3 +167,16 @@ def test_a_paused_leader_is_replaced_and_steps_down_when_resumed(cluster: Cluste
         holders = c.get("p")["holders"]
         assert [(h["lease"], h["token"]) for h in holders] == [(lease.id, during)]
     assert new.node_id != old.node_id
+
+
+def test_sigterm_hands_leadership_over_and_exits_0(cluster: Cluster) -> None:
+    old = cluster.wait_for_leader()
+    with cluster.client(timeout=20.0) as c:
+        lease = c.open_lease(60_000)
+        token = c.acquire(lease, "t").token
+        assert old.terminate(grace=10.0) == 0
+        new = cluster.wait_for_leader(timeout=10.0, not_=old.node_id)
+        holders = c.get("t")["holders"]
+        assert [(h["lease"], h["token"]) for h in holders] == [(lease.id, token)]
+    assert "transfer_leadership" in old.log_tail(10)
+    assert new.node_id != old.node_id
