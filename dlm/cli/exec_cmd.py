@@ -177,7 +177,11 @@ def resolve_program(name: str) -> str:
     """The executable CMD names, found now so a typo does not take (and drop) a lock."""
     found = name if os.sep in name else _which(name)
     if found is None or not os.path.exists(found):
-        raise CliError("NOT_FOUND", f"{name}: command not found", exits.NOT_FOUND)
+        raise CliError(
+            "NOT_FOUND",
+            f"{name}: command not found (check PATH, or give its full path)",
+            exits.NOT_FOUND,
+        )
     if os.path.isdir(found) or not os.access(found, os.X_OK):
         raise CliError("NOT_EXECUTABLE", f"{name}: permission denied", exits.NOT_EXECUTABLE)
     return found
@@ -230,7 +234,8 @@ def _lost_error(keeper: KeepAlive, key: str, *, ran: bool) -> CliError:
     what = "stopped the command" if ran else "the command was not started"
     return CliError(
         "LOCK_LOST",
-        f"lost the lock on {key!r}: {keeper.reason or 'lease lost'}; {what}",
+        f"lost the lock on {key!r}: {keeper.reason or 'lease lost'}; {what}. "
+        "Check the cluster with `dlm status`",
         exits.LOST,
     )
 

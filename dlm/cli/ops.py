@@ -257,7 +257,12 @@ def _keep_alive(client: Client, lease: str, *, announce: bool) -> tuple[int, int
         for s, old in previous.items():
             signal.signal(s, old)
     if keeper.lost.is_set():
-        raise CliError("SESSION_EXPIRED", f"lease lost: {keeper.reason}", LOST, lease=lease)
+        raise CliError(
+            "SESSION_EXPIRED",
+            f"lease lost: {keeper.reason}; its locks are gone: take them again (dlm acquire)",
+            LOST,
+            lease=lease,
+        )
     return keeper.renewals + 1, keeper.ttl_ms
 
 
@@ -310,15 +315,26 @@ def describe_holders(holders: Sequence[dict[str, Any]]) -> str:
 
 
 def store_inspect(directory: str, as_json: bool) -> None:
-    from dlm.store import StoreError
+    """Prints the report; exits 1 when the directory has problems (corrupt, missing, ...)."""
+    from dlm.store import StoreCorrupted, StoreError
     from dlm.store.inspect import inspect_store, inspect_store_json
 
     try:
+        report = inspect_store_json(directory)
         if as_json:
-            emit_json(inspect_store_json(directory))
+            emit_json(report)
         else:
             sys.stdout.write(inspect_store(directory).rstrip("\n") + "\n")
     except StoreError as exc:
-        raise CliError("STORE_CORRUPTED", str(exc), 1) from None
+        code = "STORE_CORRUPTED" if isinstance(exc, StoreCorrupted) else "STORE_ERROR"
+        raise CliError(code, str(exc), 1) from None
     except OSError as exc:
         raise CliError("STORE_UNREADABLE", f"cannot read {directory}: {exc}", 1) from None
+    if not report.get("ok", False):
+        error = CliError(
+            "STORE_PROBLEMS",
+            f"{directory} has problems (listed above); do not start a member on it as it is",
+            1,
+        )
+        error.reported = as_json  # the JSON report already says ok: false
+        raise error

@@ -359,3 +359,13 @@ def test_key_status_and_locks(capsys: Capture, fake_cluster: Any) -> None:
     assert run(["locks", "--prefix", "job/"]) == 0
     assert "no locks held" in capsys.readouterr().out
     assert FakeClient.instances[-1].calls == [("list_locks", ("job/",))]
+
+
+def test_store_inspect_exits_1_on_a_bad_directory(capsys: Capture, tmp_path: Any) -> None:
+    missing = str(tmp_path / "missing")
+    assert run(["store", "inspect", missing, "--json"]) == 1
+    report = one_json(capsys.readouterr().out)
+    assert report["ok"] is False
+    assert run(["store", "inspect", missing]) == 1
+    captured = capsys.readouterr()
+    assert "problems" in one_error_line(captured.err)
