@@ -112,7 +112,7 @@ def run(
     grace_s = duration_option("--kill-grace", kill_grace)
     program = resolve_program(command[0])
 
-    from dlm.client.errors import ClusterUnavailable, LockHeld
+    from dlm.client.errors import ClusterUnavailable, LeaseLost, LockHeld
     from dlm.client.sync import KeepAlive
 
     signals = _Signals()
@@ -154,8 +154,10 @@ def run(
                 }
             )
         return code
-    except ClusterUnavailable:
-        lease = None  # closing would only wait out --timeout again; the lease expires
+    except (ClusterUnavailable, LeaseLost):
+        # Unreachable: closing would only wait out --timeout again, and the lease expires
+        # by itself. Lost: there is nothing left to close.
+        lease = None
         raise
     except CliError as exc:
         if exc.exit_code == exits.LOST and exc.code == "LOCK_LOST":

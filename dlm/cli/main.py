@@ -62,9 +62,9 @@ def run(args: Sequence[str]) -> int:
     except CliError as exc:
         return report(exc, as_json)
     except Interrupted as exc:
-        return 128 + exc.signum
+        return _interrupted(exc.signum, as_json)
     except KeyboardInterrupt:
-        return 130
+        return _interrupted(2, as_json)
     except BrokenPipeError:
         # The reader went away (`dlm locks | head`): nothing more to say to it.
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -81,6 +81,17 @@ def run(args: Sequence[str]) -> int:
             "it with the command you ran (DLM_DEBUG=1 shows the traceback)"
         )
         return report(CliError("INTERNAL", " ".join(message.split()), 1), as_json)
+
+
+def _interrupted(signum: int, as_json: bool) -> int:
+    """Quiet, as shells are about Ctrl-C, except that --json still gets its one object."""
+    code = 128 + signum
+    if as_json:
+        import signal
+
+        name = signal.Signals(signum).name
+        report(CliError("INTERRUPTED", f"interrupted by {name}", code), True)
+    return code
 
 
 def _run_typer(args: Sequence[str], as_json: bool) -> int:

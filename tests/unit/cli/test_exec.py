@@ -226,3 +226,33 @@ def test_exec_json_reports_the_grant_and_the_exit_code(capsys: Capture, fake_clu
         "ttl_ms": 15000,
         "exit_code": 5,
     }
+
+
+def test_an_interrupted_run_with_json_still_prints_one_object(
+    capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(self: FakeClient, *args: Any, **kwargs: Any) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(FakeClient, "acquire", interrupted)
+    assert run(["exec", "--lock", "job", "--json", "--", "true"]) == 143
+    import json
+
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["code"] == "INTERRUPTED"
+    assert "SIGTERM" in error["message"]
+
+
+def test_a_lease_lost_while_queued_exits_77_without_closing_it(
+    capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlm.client.errors import LeaseLost
+
+    def expired(self: FakeClient, *args: Any, **kwargs: Any) -> None:
+        self.calls.append(("acquire", args))
+        raise LeaseLost("lease fakelease0000001 has expired")
+
+    monkeypatch.setattr(FakeClient, "acquire", expired)
+    assert run(["exec", "--lock", "job", "--wait", "1m", "--", "true"]) == 77
+    assert calls(FakeClient.instances[0]) == ["open_lease", "acquire"]
+    assert "expired" in capsys.readouterr().err
