@@ -109,19 +109,19 @@ def test_usage_errors_exit_2(dlm: Dlm) -> None:
 
 
 def test_renew_once_and_keep_alive(dlm: Dlm) -> None:
-    grant = dlm.json("acquire", "rn-key", "--ttl", "1s")
+    grant = dlm.json("acquire", "rn-key", "--ttl", "2s")
     lease = str(grant["lease"])
     renewed = dlm.json("renew", lease)
-    assert renewed == {"lease": lease, "ttl_ms": 1000}
+    assert renewed == {"lease": lease, "ttl_ms": 2000}
     keeper = dlm.start("renew", lease, "--keep-alive", "--json")
     try:
         # Alive after several TTLs only if the keep-alive renews it.
         def held_long() -> bool:
             now = holders(dlm, "rn-key")
             assert now, "the lease expired although --keep-alive was running"
-            return int(now[0]["held_ms"]) > 3500
+            return int(now[0]["held_ms"]) > 5000
 
-        wait_for(held_long, 30.0, "the lock to outlive 3 TTLs")
+        wait_for(held_long, 30.0, "the lock to outlive 2.5 TTLs")
         keeper.terminate()
         code, out, _ = finish(keeper)
     finally:
@@ -129,7 +129,7 @@ def test_renew_once_and_keep_alive(dlm: Dlm) -> None:
     assert code == 0
     report = json.loads(out)
     assert report["lease"] == lease
-    assert report["renewals"] >= 3
+    assert report["renewals"] >= 2
 
 
 # --- formats -----------------------------------------------------------------------------

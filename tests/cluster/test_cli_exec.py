@@ -119,12 +119,12 @@ def test_losing_the_lease_stops_the_child_and_exits_77(tmp_path: Path) -> None:
     try:
         cluster.start_all()
         cluster.wait_for_leader(timeout=15.0)
-        held = dlm.json("acquire", "lost-keeper", "--ttl", "1s")
+        held = dlm.json("acquire", "lost-keeper", "--ttl", "2s")
         keeper = dlm.start("renew", str(held["lease"]), "--keep-alive")
         started.append(keeper)
         assert "renewing every" in first_line(keeper)
         proc = dlm.start(
-            "exec", "--lock", "lost", "--ttl", "1s", "--kill-grace", "300ms", "--", "sh", "-c",
+            "exec", "--lock", "lost", "--ttl", "2s", "--kill-grace", "300ms", "--", "sh", "-c",
             script,
         )  # fmt: skip
         started.append(proc)
