@@ -63,7 +63,7 @@ def test_help_lists_the_exit_codes_and_every_subcommand(capsys: Capture) -> None
         ["acquire", "k", "--bogus"],
         ["acquire", "k", "--ttl", "soon"],
         ["acquire", "k", "--wait", "-1s"],
-        ["acquire", "k", "--ttl", "10ms"],
+        ["acquire", "k", "--ttl", "0s"],
         ["acquire", "k", "--limit", "0"],
         ["acquire", "k", "--limit", "many"],
         ["acquire", "k", "--meta", "novalue"],
