@@ -27,7 +27,7 @@ import anyio.abc
 from dlm.node.config import ConfigError, NodeConfig, check_data_dir, write_meta
 from dlm.node.log import Logger
 from dlm.node.raft.types import ConfState
-from dlm.node.server import run
+from dlm.node.server import PERSIST_THREAD_MIN_ENTRIES, run
 from dlm.store import StoreCorrupted, StoreError
 from dlm.store.disk import DiskStorage
 from dlm.wire import format_addr
@@ -54,7 +54,7 @@ def start_node(
     peers: str | None,
     data: str | None,
     cluster: str | None,
-    persist_in_thread: bool | None = None,
+    persist_in_thread: bool | int | None = None,
     on_started: Callable[[Any], None] | None = None,
 ) -> int:
     """Runs a member in the foreground until SIGTERM/SIGINT; returns the exit code."""
@@ -65,7 +65,7 @@ def start_node(
     except ConfigError as exc:
         return _fail(str(exc), EXIT_USAGE)
     if persist_in_thread is None:
-        persist_in_thread = os.environ.get("DLM_PERSIST_THREAD", "") == "1"
+        persist_in_thread = _thread_setting(os.environ.get("DLM_PERSIST_THREAD", ""))
     if os.environ.get("DLM_NO_FSYNC", "") == "1":
         config = _replace_fsync(config)
     try:
@@ -94,12 +94,22 @@ def _describe(exc: BaseException) -> str:
     return f"stopped after an unexpected error: {exc!r}"
 
 
+def _thread_setting(text: str) -> bool | int:
+    """DLM_PERSIST_THREAD: "never", "always", or a minimum batch size (default 2)."""
+    text = text.strip().lower()
+    if text == "never":
+        return False
+    if text == "always":
+        return True
+    return int(text) if text.isdigit() and int(text) > 0 else PERSIST_THREAD_MIN_ENTRIES
+
+
 def _replace_fsync(config: NodeConfig) -> NodeConfig:
     return replace(config, fsync=False)
 
 
 async def _main(
-    config: NodeConfig, persist_in_thread: bool, on_started: Callable[[Any], None] | None
+    config: NodeConfig, persist_in_thread: bool | int, on_started: Callable[[Any], None] | None
 ) -> None:
     log = Logger(config.node_id)
     fresh = check_data_dir(config)

@@ -96,7 +96,8 @@ from dlm.wire import (
 HELLO_TIMEOUT = 5.0
 MAX_BAD_FRAMES = 16
 """Malformed frames tolerated on one client connection before we hang up on it."""
-MAX_STEPS_PER_YIELD = 256
+PERSIST_THREAD_MIN_ENTRIES = 2
+"""Batches this large are persisted in a worker thread; smaller ones inline (see _drive)."""
 
 
 def _now_ms() -> int:
@@ -164,13 +165,16 @@ class NodeServer:
         *,
         log: Logger | None = None,
         rng: random.Random | None = None,
-        persist_in_thread: bool = False,
+        persist_in_thread: bool | int = PERSIST_THREAD_MIN_ENTRIES,
     ) -> None:
         self.config = config
         self.storage = storage
         self.log = log or Logger(config.node_id)
         self._rng = rng or random.Random(int.from_bytes(os.urandom(8), "big"))
-        self._persist_in_thread = persist_in_thread
+        # True: every batch; False: none; n: batches of at least n entries.
+        if persist_in_thread is True:
+            persist_in_thread = 1
+        self._thread_min_entries = persist_in_thread if persist_in_thread else 1 << 62
         timing = config.timing
         self._timing = timing
 
@@ -316,7 +320,9 @@ class NodeServer:
                 if not raft.has_ready():
                     break
                 rd = raft.ready()
-                if self._persist_in_thread and (rd.entries or rd.snapshot or rd.hard_state):
+                if len(rd.entries) >= self._thread_min_entries or rd.snapshot is not None:
+                    # A big batch means a busy node: let the loop take in the next
+                    # batch and answer the last one while the disk syncs this one.
                     await anyio.to_thread.run_sync(self._persist, rd)
                 else:
                     self._persist(rd)
@@ -1010,7 +1016,7 @@ async def run(
     *,
     log: Logger,
     on_started: Callable[[NodeServer], None] | None = None,
-    persist_in_thread: bool = False,
+    persist_in_thread: bool | int = PERSIST_THREAD_MIN_ENTRIES,
 ) -> None:
     """Serves until SIGTERM/SIGINT, then shuts down gracefully."""
     server = NodeServer(config, storage, log=log, persist_in_thread=persist_in_thread)
