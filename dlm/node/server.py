@@ -320,9 +320,12 @@ class NodeServer:
                 if not raft.has_ready():
                     break
                 rd = raft.ready()
-                if len(rd.entries) >= self._thread_min_entries or rd.snapshot is not None:
+                if len(rd.entries) >= self._thread_min_entries and rd.snapshot is None:
                     # A big batch means a busy node: let the loop take in the next
                     # batch and answer the last one while the disk syncs this one.
+                    # The core may read the stored prefix meanwhile; appends only
+                    # touch indexes its unstable tail still shadows. A snapshot
+                    # replaces the whole log, so it is installed inline.
                     await anyio.to_thread.run_sync(self._persist, rd)
                 else:
                     self._persist(rd)
