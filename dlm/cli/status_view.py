@@ -38,10 +38,7 @@ def _str(value: Any) -> str | None:
 
 
 def gather_members(
-    client: Client,
-    members: list[dict[str, Any]],
-    leader_commit: int | None,
-    timeout: float,
+    client: Client, members: list[dict[str, Any]], timeout: float
 ) -> list[dict[str, Any]]:
     """Asks every member for its own view, in parallel; keeps the given order."""
     addresses = [str(m.get("address") or "") for m in members]
@@ -51,12 +48,10 @@ def gather_members(
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(addresses), 8))) as pool:
         views = list(pool.map(ask, addresses))
-    return [merge_member(m, v, leader_commit) for m, v in zip(members, views, strict=True)]
+    return [merge_member(m, v) for m, v in zip(members, views, strict=True)]
 
 
-def merge_member(
-    member: dict[str, Any], view: dict[str, Any] | None, leader_commit: int | None
-) -> dict[str, Any]:
+def merge_member(member: dict[str, Any], view: dict[str, Any] | None) -> dict[str, Any]:
     """One row of the members table: what the leader listed plus what the member said."""
     row: dict[str, Any] = dict.fromkeys(MEMBER_FIELDS)
     row["id"] = _str(member.get("id")) or (_member_id(view) if view else None)
@@ -67,9 +62,14 @@ def merge_member(
         row["term"] = _int(view.get("term"))
         row["commit"] = _int(view.get("commit"))
         row["applied"] = _int(view.get("applied"))
-        if leader_commit is not None and row["applied"] is not None:
-            row["lag"] = max(0, leader_commit - row["applied"])
     return row
+
+
+def fill_lag(rows: list[dict[str, Any]], reference: int | None) -> None:
+    """lag = how many committed entries a member has yet to apply, against ``reference``."""
+    for row in rows:
+        if reference is not None and row["applied"] is not None:
+            row["lag"] = max(0, reference - row["applied"])
 
 
 def _member_id(view: dict[str, Any]) -> str | None:
@@ -102,17 +102,15 @@ def summarize(client: Client, view: dict[str, Any], member_timeout: float) -> di
     members = [m for m in view.get("members") or [] if isinstance(m, dict)]
     if not members:
         members = [{"id": _member_id(view), "address": view.get("address")}]
-    leader_commit = _int(view.get("commit")) if view.get("role") == "leader" else None
-    rows = gather_members(client, members, None, member_timeout)
+    rows = gather_members(client, members, member_timeout)
     leader = _str(view.get("leader"))
-    for row in rows:
-        if row["id"] == leader and row["commit"] is not None:
-            leader_commit = row["commit"]
-    if leader_commit is None:
-        leader_commit = _int(view.get("commit"))
-    for row in rows:
-        if leader_commit is not None and row["applied"] is not None:
-            row["lag"] = max(0, leader_commit - row["applied"])
+    # The leader's own commit index is the reference; the answering member's if the
+    # leader did not answer us directly.
+    leader_commit = next(
+        (row["commit"] for row in rows if row["id"] == leader and row["commit"] is not None),
+        _int(view.get("commit")),
+    )
+    fill_lag(rows, leader_commit)
     return {
         "cluster": _str(view.get("cluster")),
         "leader": leader,
@@ -129,7 +127,8 @@ def summarize(client: Client, view: dict[str, Any], member_timeout: float) -> di
 def _report_unavailable(settings: Settings, client: Client, exc: Exception) -> None:
     """No quorum: show what each member we know of says, then fail with 69."""
     members = [{"id": None, "address": addr} for addr in settings.members]
-    rows = gather_members(client, members, None, min(MEMBER_TIMEOUT, settings.timeout))
+    rows = gather_members(client, members, min(MEMBER_TIMEOUT, settings.timeout))
+    fill_lag(rows, max((r["commit"] for r in rows if r["commit"] is not None), default=None))
     error = from_client_error(exc)
     if settings.json:
         emit_json({**error.to_json(), "members": rows})
