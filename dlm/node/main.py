@@ -67,7 +67,14 @@ def start_node(
     if persist_in_thread is None:
         persist_in_thread = _thread_setting(os.environ.get("DLM_PERSIST_THREAD", ""))
     if os.environ.get("DLM_NO_FSYNC", "") == "1":
-        config = _replace_fsync(config)
+        config = replace(config, fsync=False)
+    # Tuning knobs for tests and experiments, not flags a user should need.
+    every = os.environ.get("DLM_SNAPSHOT_EVERY", "").strip()
+    keep = os.environ.get("DLM_SNAPSHOT_KEEP", "").strip()
+    if every.isdigit() and int(every) > 0:
+        config = replace(config, snapshot_every=int(every))
+    if keep.isdigit():
+        config = replace(config, snapshot_keep=int(keep))
     try:
         anyio.run(_main, config, persist_in_thread, on_started, backend="asyncio")
     except StartupError as exc:
@@ -102,10 +109,6 @@ def _thread_setting(text: str) -> bool | int:
     if text == "always":
         return True
     return int(text) if text.isdigit() and int(text) > 0 else PERSIST_THREAD_MIN_ENTRIES
-
-
-def _replace_fsync(config: NodeConfig) -> NodeConfig:
-    return replace(config, fsync=False)
 
 
 async def _main(

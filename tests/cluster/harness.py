@@ -191,6 +191,7 @@ class NodeProc:
         env = dict(os.environ)
         env.setdefault("DLM_LOG_LEVEL", "info")
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        env.update(self.cluster.env)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.command(), stdout=log, stderr=log, cwd=self.cluster.base, env=env
@@ -252,8 +253,15 @@ class NodeProc:
 
 
 class Cluster:
-    def __init__(self, base: Path, size: int = 3, cluster_id: str = "test") -> None:
+    def __init__(
+        self,
+        base: Path,
+        size: int = 3,
+        cluster_id: str = "test",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.base = base
+        self.env = env or {}
         self.cluster_id = cluster_id
         ports = free_ports(size)
         self.nodes = {

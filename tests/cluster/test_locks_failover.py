@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -180,3 +181,40 @@ def test_sigterm_hands_leadership_over_and_exits_0(cluster: Cluster) -> None:
         assert [(h["lease"], h["token"]) for h in holders] == [(lease.id, token)]
     assert "transfer_leadership" in old.log_tail(10)
     assert new.node_id != old.node_id
+
+
+def test_a_member_that_fell_behind_the_log_catches_up_from_a_snapshot(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, env={"DLM_SNAPSHOT_EVERY": "40", "DLM_SNAPSHOT_KEEP": "5"})
+    try:
+        cluster.start_all()
+        leader = cluster.wait_for_leader(timeout=15.0)
+        behind = next(n for n in cluster.nodes.values() if n is not leader)
+        behind.kill()
+        with cluster.client(timeout=20.0) as c:
+            lease = c.open_lease(60_000)
+            for _ in range(60):
+                c.acquire(lease, "churn")
+                c.release(lease, "churn")
+            token = c.acquire(lease, "kept").token
+            waiter = c.open_lease(60_000)
+        with RawConn(cluster.wait_for_leader().address) as conn:
+            queued = conn.request(
+                {"t": "acquire", "lease": waiter.id, "seq": 1, "key": "kept", "wait": True}
+            )
+            assert queued["result"] == "queued"
+        behind.start()
+
+        def has_it() -> dict[str, Any] | None:
+            view = behind.status()
+            if view is None or view["applied"] < token:
+                return None
+            with RawConn(behind.address) as conn:
+                got = conn.request({"t": "get", "key": "kept", "stale": True})
+            return got if got["holders"] else None
+
+        got = wait_for(has_it, 20.0, f"{behind.node_id} to catch up")
+        assert [(h["lease"], h["token"]) for h in got["holders"]] == [(lease.id, token)]
+        assert [w["lease"] for w in got["waiters"]] == [waiter.id]
+        assert "snapshot_installed" in behind.log_path.read_text()
+    finally:
+        cluster.stop_all()

@@ -1,0 +1,72 @@
+"""Peer-link pieces that need no sockets: batching into frames, and the outbox."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from dlm.node.peer_codec import decode_raft_frame
+from dlm.node.peers import FRAME_BUDGET, Outbox, encode_batches
+from dlm.node.raft.types import AppendEntries, Entry, Heartbeat, Message
+from dlm.wire import PEER_FRAME_LIMIT, FrameDecoder
+
+
+def _append(index: int, size: int) -> AppendEntries:
+    return AppendEntries(
+        group=0,
+        term=1,
+        src="n1",
+        dst="n2",
+        prev_index=index - 1,
+        prev_term=1,
+        entries=(Entry(index, 1, b"x" * size),),
+        commit=0,
+    )
+
+
+def _decode_all(frames: list[bytes]) -> list[Message]:
+    decoder = FrameDecoder(PEER_FRAME_LIMIT)
+    for frame in frames:
+        decoder.feed(frame)
+    return [m for obj in decoder.frames() for m in decode_raft_frame(obj)]
+
+
+def test_small_messages_share_one_frame() -> None:
+    msgs: list[Message] = [
+        Heartbeat(group=0, term=1, src="n1", dst="n2", commit=3),
+        _append(4, 10),
+        _append(5, 10),
+    ]
+    frames = encode_batches(msgs)
+    assert len(frames) == 1
+    assert _decode_all(frames) == msgs
+
+
+def test_big_batches_are_split_under_the_frame_limit_in_order() -> None:
+    msgs: list[Message] = [_append(i, FRAME_BUDGET // 3) for i in range(1, 8)]
+    frames = encode_batches(msgs)
+    assert len(frames) > 1
+    assert all(len(f) - 4 <= PEER_FRAME_LIMIT for f in frames)
+    assert _decode_all(frames) == msgs
+
+
+@pytest.mark.anyio
+async def test_outbox_hands_over_everything_queued_at_once() -> None:
+    box: Outbox[int] = Outbox()
+    got: list[list[int]] = []
+
+    async def reader() -> None:
+        got.append(await box.take())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reader)
+        await anyio.wait_all_tasks_blocked()
+        box.put(1)
+        box.put(2)
+    assert got == [[1, 2]]
+    assert len(box) == 0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
