@@ -185,16 +185,18 @@ class PeerLink:
             if failures or not self.sent_frames:
                 self._log.info("peer_connected", peer=self.peer_id, addr=self._addr)
             failures = 0
+            reason = "closed by the peer"
             try:
                 await self._pump(stream)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                self._log.info("peer_disconnected", peer=self.peer_id, error=repr(exc))
+                reason = repr(exc)
             finally:
                 self.connected = False
                 self._outbox.clear()
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()
                 self._on_down(self.peer_id)
+            self._log.info("peer_disconnected", peer=self.peer_id, reason=reason)
             failures = 1
             await anyio.sleep(BACKOFF_MIN * (0.5 + self._rng.random()))
 

@@ -213,6 +213,9 @@ class NodeServer:
         self._stopping = False
         self.stopped = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
+        self._accept_scope = anyio.CancelScope()
+        self._accept_done = anyio.Event()
+        self._listener: anyio.abc.Listener[Any] | None = None
         self.leader_seen = anyio.Event()
         self.stats: dict[str, int] = {"readies": 0, "fsync_batches": 0, "entries_persisted": 0}
 
@@ -220,6 +223,7 @@ class NodeServer:
 
     async def serve(self, listener: anyio.abc.Listener[Any]) -> None:
         """Runs until ``shutdown`` (or cancellation); closes nothing it did not open."""
+        self._listener = listener
         async with anyio.create_task_group() as tg:
             self._tg = tg
             for peer_id, address in sorted(self.config.peers.items()):
@@ -257,6 +261,14 @@ class NodeServer:
         if self._stopping:
             return
         self._stopping = True
+        self._accept_scope.cancel()
+        if self._listener is not None:
+            # Connections waiting in the backlog are refused now, so their clients
+            # move on to another member instead of waiting for us to exit.
+            with anyio.move_on_after(1.0):
+                await self._accept_done.wait()
+            with anyio.CancelScope(shield=True):
+                await self._listener.aclose()
         self.log.info("shutting_down", pending=len(self._proposals), reads=len(self._rounds))
         deadline = time.monotonic() + self._timing.shutdown_grace_s
         while (self._proposals or self._rounds) and time.monotonic() < deadline:
@@ -838,8 +850,14 @@ class NodeServer:
     # ------------------------------------------------------------------ clients
 
     async def _accept_loop(self, listener: anyio.abc.Listener[Any]) -> None:
-        async with anyio.create_task_group() as tg:
-            await listener.serve(self._on_connection, task_group=tg)
+        # Connections already open live in the outer task group, so closing
+        # the door at shutdown does not cut them off.
+        assert self._tg is not None
+        try:
+            with self._accept_scope:
+                await listener.serve(self._on_connection, task_group=self._tg)
+        finally:
+            self._accept_done.set()
 
     async def _on_connection(self, stream: anyio.abc.ByteStream) -> None:
         where = _remote(stream)
