@@ -744,6 +744,11 @@ class NodeServer:
             "locks": counts.locks,
             "waiters": counts.waiters,
         }
+        view["stats"] = {
+            **self.stats,
+            "peer_frames": {p: link.sent_frames for p, link in self._links.items()},
+            "peer_dropped": {p: link.dropped for p, link in self._links.items()},
+        }
         if st.progress:
             view["progress"] = {
                 member: {"match": p.match, "next": p.next, "active": p.recent_active}
