@@ -427,15 +427,3 @@ def parse_addr(text: str) -> tuple[str, int]:
 
 def format_addr(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-_PEER_CODEC = {"raft_frame", "decode_raft_frame", "raft_to_wire", "raft_from_wire"}
-
-
-def __getattr__(name: str) -> Any:
-    # Transitional: the peer codec moved to dlm.node.peer_codec.
-    if name in _PEER_CODEC:
-        from dlm.node import peer_codec
-
-        return getattr(peer_codec, name)
-    raise AttributeError(name)

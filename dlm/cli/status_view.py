@@ -75,7 +75,7 @@ def fill_lag(rows: list[dict[str, Any]], reference: int | None) -> None:
 def _member_id(view: dict[str, Any]) -> str | None:
     # A status reply names its member in "node" ("id" is the request id, and
     # the client strips it); "id" is still read for older members.
-    return _str(view.get("node")) or _str(view.get("id"))
+    return _str(view.get("node"))
 
 
 def cluster_status(settings: Settings) -> None:

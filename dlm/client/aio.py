@@ -131,7 +131,7 @@ class _Connection:
                 frame = await self.read()
                 if frame.get("t") == "grant" and "id" not in frame:
                     self._pushes.append(frame)
-                elif core.is_reply_to(frame, rid, request) or (
+                elif core.is_reply_to(frame, rid) or (
                     frame.get("t") == "error" and "id" not in frame
                 ):
                     return frame

@@ -434,7 +434,6 @@ def release_request(lease: str, key: str) -> dict[str, Any]:
 def without_id(request: Any) -> dict[str, Any]:
     wire: dict[str, Any] = request.to_wire()
     del wire["id"]
-    wire.pop("TYPE", None)  # wire.Request.to_wire also emits the ClassVar TYPE
     return wire
 
 
@@ -472,24 +471,14 @@ def reply_list(reply: Mapping[Any, Any], name: str) -> list[Any]:
 
 
 def payload(reply: Reply) -> dict[str, Any]:
-    """The ok reply's fields without the envelope (a string ``id`` is the member's, see below)."""
-    return {
-        k: v for k, v in reply.items() if k != "t" and not (k == "id" and not isinstance(v, str))
-    }
+    """The ok reply's fields without the envelope (type and request id)."""
+    return {k: v for k, v in reply.items() if k not in ("t", "id")}
 
 
-def is_reply_to(frame: Mapping[Any, Any], rid: int, request: Mapping[str, Any]) -> bool:
-    """Whether ``frame`` answers request ``rid`` (sent as ``request``).
-
-    A ``status`` reply carries the member's own ``id`` field, which overwrites
-    the envelope's request id (``wire.ok(rid, **view)``). Only one request is
-    in flight per connection here, so an ok frame with a string id answers a
-    pending status request.
-    """
+def is_reply_to(frame: Mapping[Any, Any], rid: int) -> bool:
+    """Whether ``frame`` answers request ``rid``."""
     fid = frame.get("id")
-    if isinstance(fid, int) and not isinstance(fid, bool) and fid == rid:
-        return True
-    return request.get("t") == "status" and frame.get("t") == "ok" and isinstance(fid, str)
+    return isinstance(fid, int) and not isinstance(fid, bool) and fid == rid
 
 
 def grant_from_reply(reply: Mapping[Any, Any], lease: str, key: str) -> Grant:

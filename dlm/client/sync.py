@@ -154,7 +154,7 @@ class _Connection:
                 return None
             if frame.get("t") == "grant" and "id" not in frame:
                 self._pushes.append(frame)
-            elif core.is_reply_to(frame, rid, request):
+            elif core.is_reply_to(frame, rid):
                 return frame
             elif frame.get("t") == "error" and "id" not in frame:
                 return frame  # the member is refusing the connection as a whole

@@ -1,1 +1,1 @@
-"""The server side of dlm: the Raft core, the lock state machine and the runtime that drives them."""
+"""The server side of dlm: the Raft core, the lock state machine and their runtime."""

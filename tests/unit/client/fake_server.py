@@ -279,8 +279,9 @@ class LockModel:
             ]
             return ok(rid, locks=locks)
         if kind == "status":
-            # As the real server does: the view's "id" overwrites the request id.
-            return ok(rid, id=self.name, role="leader", term=1, leader=self.name, commit=self.index)
+            return ok(
+                rid, node=self.name, role="leader", term=1, leader=self.name, commit=self.index
+            )
         return error(rid, ErrorCode.BAD_REQUEST, f"unknown request {kind}")
 
 

@@ -31,7 +31,7 @@ def test_basic_flow_through_a_redirect() -> None:
                 assert (await c.get("k"))["holders"][0]["token"] == grant.token
                 assert [lock["key"] for lock in await c.list_locks()] == ["k"]
                 assert (await c.lease_info(lease))["keys"] == ["k"]
-                assert (await c.status())["id"] == "n1"
+                assert (await c.status())["node"] == "n1"
                 assert (await c.member_status(leader.addr)) is not None
                 other = await c.open_lease(2000)
                 with pytest.raises(LockHeld):

@@ -280,7 +280,7 @@ def test_sockets_are_close_on_exec_and_nodelay() -> None:
 def test_member_status_asks_one_member_and_none_when_unreachable() -> None:
     with FakeServer(LockModel("n7"), name="n7") as server, client(server) as c:
         view = c.member_status(server.addr, timeout=2.0)
-        assert view is not None and view["id"] == "n7"
+        assert view is not None and view["node"] == "n7"
         assert server.of_type("status")[0]["stale"] is True
         assert c.member_status(free_port_addr(), timeout=0.5) is None
 
