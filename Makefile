@@ -9,11 +9,11 @@ STAMP := $(VENV)/.installed-stamp
 install: $(STAMP)
 
 # Re-installs only when pyproject.toml changes, so repeated `make test` is quick.
+# editable_mode=compat: a plain path entry instead of an import hook, which would
+# cost every `dlm` start-up about 10 ms.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	# compat mode: a plain path entry instead of an import hook, which costs every
-	# `dlm` start-up about 10 ms.
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,metrics]' \
 		--config-settings editable_mode=compat
 	touch $(STAMP)
