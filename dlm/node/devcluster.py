@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -153,6 +154,20 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
     raise _Stop
 
 
+def _dlm_command() -> str:
+    """How the user's shell reaches the `dlm` that sits beside this interpreter."""
+    beside = Path(sys.executable).parent / "dlm"
+    found = shutil.which("dlm")
+    if found and Path(found).resolve() == beside.resolve():
+        return "dlm"
+    if beside.exists():
+        try:
+            return str(beside.relative_to(Path.cwd()))
+        except ValueError:
+            return str(beside)
+    return f"{sys.executable} -m dlm"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m dlm.node.devcluster",
@@ -188,7 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"\ndlm dev cluster is up: {cluster.members} (leader {leader}, data in {args.data})\n"
             "Take a lock from another terminal:\n\n"
-            f"    DLM_CLUSTER={cluster.members} dlm exec --lock demo -- echo hello\n\n"
+            f"    DLM_CLUSTER={cluster.members} {_dlm_command()} exec --lock demo -- "
+            "sh -c 'echo \"hello, token $DLM_FENCING_TOKEN\"'\n\n"
             "Ctrl-C stops all three members.\n",
             flush=True,
         )
