@@ -26,11 +26,15 @@ from __future__ import annotations
 import enum
 import re
 import struct
-from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
 
 import cbor2
+
+# typing (like dataclasses) is left off the client's import path: `dlm acquire` would pay
+# milliseconds for names only the type checker reads. mypy takes any TYPE_CHECKING as true.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any, ClassVar
 
 PROTOCOL_VERSION = 1
 CLIENT_FRAME_LIMIT = 64 * 1024
@@ -184,6 +188,48 @@ def as_map(obj: Any) -> dict[Any, Any]:
 
 
 # ---------------------------------------------------------------------------
+# Records
+# ---------------------------------------------------------------------------
+
+_set = object.__setattr__
+
+
+class Record:
+    """Base of the small immutable value types here and in the client.
+
+    They behave as frozen dataclasses do (equality and hash from the fields, a
+    repr naming them, no assignment), but are written out by hand: importing
+    dataclasses and generating the methods of each class cost ~15 ms of every
+    `dlm` start-up. Each class lists its fields in ``FIELDS``, in order.
+    """
+
+    __slots__ = ()
+    FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple([getattr(self, name) for name in self.FIELDS])
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, Record)
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.FIELDS)
+        return f"{type(self).__name__}({inner})"
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}: {type(self).__name__} is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r}: {type(self).__name__} is immutable")
+
+
+# ---------------------------------------------------------------------------
 # Hello
 # ---------------------------------------------------------------------------
 
@@ -193,12 +239,22 @@ class Role(enum.StrEnum):
     PEER = "peer"
 
 
-@dataclass(frozen=True, slots=True)
-class Hello:
+class Hello(Record):
+    __slots__ = ("cluster", "node", "role", "version")
+    FIELDS = ("role", "version", "cluster", "node")
+    __match_args__ = ("role", "version", "cluster", "node")
     role: Role
-    version: int = PROTOCOL_VERSION
-    cluster: str = ""
-    node: str = ""
+    version: int
+    cluster: str
+    node: str
+
+    def __init__(
+        self, role: Role, version: int = PROTOCOL_VERSION, cluster: str = "", node: str = ""
+    ) -> None:
+        _set(self, "role", role)
+        _set(self, "version", version)
+        _set(self, "cluster", cluster)
+        _set(self, "node", node)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -243,89 +299,162 @@ def _lease(msg: dict[Any, Any]) -> str:
     return lease
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Request:
-    """Base of every client request; ``id`` pairs a reply with its request."""
+class Request(Record):
+    """Base of every client request; ``id`` pairs a reply with its request.
 
+    Fields are keyword-only, and ``to_wire`` gives the frame: ``t`` and the fields.
+    """
+
+    __slots__ = ("id",)
     TYPE: ClassVar[str] = ""
+    FIELDS: ClassVar[tuple[str, ...]] = ("id",)
     id: int
+
+    def __init__(self, *, id: int) -> None:
+        _set(self, "id", id)
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"t": self.TYPE}
-        for f in fields(self):
-            out[f.name] = getattr(self, f.name)
+        for name in self.FIELDS:
+            out[name] = getattr(self, name)
         return out
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class OpenLease(Request):
-    TYPE: ClassVar[str] = "open_lease"
+    __slots__ = ("lease", "ttl_ms")
+    TYPE = "open_lease"
+    FIELDS = ("id", "lease", "ttl_ms")
     lease: str
     ttl_ms: int
 
+    def __init__(self, *, id: int, lease: str, ttl_ms: int) -> None:
+        _set(self, "id", id)
+        _set(self, "lease", lease)
+        _set(self, "ttl_ms", ttl_ms)
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+
 class KeepAlive(Request):
     """Renews a lease. Answered only after the leader has confirmed it still leads."""
 
-    TYPE: ClassVar[str] = "keepalive"
+    __slots__ = ("lease",)
+    TYPE = "keepalive"
+    FIELDS = ("id", "lease")
     lease: str
 
+    def __init__(self, *, id: int, lease: str) -> None:
+        _set(self, "id", id)
+        _set(self, "lease", lease)
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+
 class CloseLease(Request):
-    TYPE: ClassVar[str] = "close_lease"
+    __slots__ = ("lease", "seq")
+    TYPE = "close_lease"
+    FIELDS = ("id", "lease", "seq")
     lease: str
     seq: int
 
+    def __init__(self, *, id: int, lease: str, seq: int) -> None:
+        _set(self, "id", id)
+        _set(self, "lease", lease)
+        _set(self, "seq", seq)
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+
 class Acquire(Request):
-    TYPE: ClassVar[str] = "acquire"
+    __slots__ = ("key", "lease", "limit", "meta", "seq", "wait")
+    TYPE = "acquire"
+    FIELDS = ("id", "lease", "seq", "key", "wait", "limit", "meta")
     lease: str
     seq: int
     key: str
-    wait: bool = False
-    limit: int = 1
-    meta: dict[str, str] = field(default_factory=dict)
+    wait: bool
+    limit: int
+    meta: dict[str, str]
+
+    def __init__(
+        self,
+        *,
+        id: int,
+        lease: str,
+        seq: int,
+        key: str,
+        wait: bool = False,
+        limit: int = 1,
+        meta: dict[str, str] | None = None,
+    ) -> None:
+        _set(self, "id", id)
+        _set(self, "lease", lease)
+        _set(self, "seq", seq)
+        _set(self, "key", key)
+        _set(self, "wait", wait)
+        _set(self, "limit", limit)
+        _set(self, "meta", {} if meta is None else meta)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Release(Request):
     """Releases a held lock, or leaves the key's queue if only waiting."""
 
-    TYPE: ClassVar[str] = "release"
+    __slots__ = ("key", "lease", "seq")
+    TYPE = "release"
+    FIELDS = ("id", "lease", "seq", "key")
     lease: str
     seq: int
     key: str
 
+    def __init__(self, *, id: int, lease: str, seq: int, key: str) -> None:
+        _set(self, "id", id)
+        _set(self, "lease", lease)
+        _set(self, "seq", seq)
+        _set(self, "key", key)
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+
 class Get(Request):
-    TYPE: ClassVar[str] = "get"
+    __slots__ = ("key", "stale")
+    TYPE = "get"
+    FIELDS = ("id", "key", "stale")
     key: str
-    stale: bool = False
+    stale: bool
+
+    def __init__(self, *, id: int, key: str, stale: bool = False) -> None:
+        _set(self, "id", id)
+        _set(self, "key", key)
+        _set(self, "stale", stale)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class ListLocks(Request):
-    TYPE: ClassVar[str] = "list"
-    prefix: str = ""
-    stale: bool = False
+    __slots__ = ("prefix", "stale")
+    TYPE = "list"
+    FIELDS = ("id", "prefix", "stale")
+    prefix: str
+    stale: bool
+
+    def __init__(self, *, id: int, prefix: str = "", stale: bool = False) -> None:
+        _set(self, "id", id)
+        _set(self, "prefix", prefix)
+        _set(self, "stale", stale)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseInfo(Request):
-    TYPE: ClassVar[str] = "lease_info"
+    __slots__ = ("lease",)
+    TYPE = "lease_info"
+    FIELDS = ("id", "lease")
     lease: str
 
+    def __init__(self, *, id: int, lease: str) -> None:
+        _set(self, "id", id)
+        _set(self, "lease", lease)
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+
 class Status(Request):
     """This member's view: role, term, indexes, and the leader's view of its peers."""
 
-    TYPE: ClassVar[str] = "status"
-    stale: bool = False
+    __slots__ = ("stale",)
+    TYPE = "status"
+    FIELDS = ("id", "stale")
+    stale: bool
+
+    def __init__(self, *, id: int, stale: bool = False) -> None:
+        _set(self, "id", id)
+        _set(self, "stale", stale)
 
 
 ClientRequest = (

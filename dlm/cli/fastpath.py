@@ -17,8 +17,11 @@ same call for the same line.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+# typing stays off the CLI's import path (milliseconds per run); mypy reads TYPE_CHECKING as true.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
 
 FLAG, VALUE, MULTI, INT = "flag", "value", "multi", "int"
 

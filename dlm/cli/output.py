@@ -8,9 +8,12 @@ for it.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
 
+# typing stays off the CLI's import path (milliseconds per run); mypy reads TYPE_CHECKING as true.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from rich.console import Console
 
 

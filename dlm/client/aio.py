@@ -16,20 +16,18 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 
 from dlm.client import core
 from dlm.client.core import (
-    Action,
     AwaitGrant,
     Failed,
     Grant,
     Lease,
     LeaseRef,
-    Outcome,
     Send,
     Sleep,
     lease_id,
@@ -56,6 +54,9 @@ from dlm.wire import (
     parse_addr,
 )
 from dlm.wire import KeepAlive as KeepAliveRequest
+
+if TYPE_CHECKING:
+    from dlm.client.core import Action, Outcome
 
 _STREAM_ERRORS = (
     OSError,

@@ -24,10 +24,6 @@ replies to exceptions - lives here once, and is tested with a fake clock.
 from __future__ import annotations
 
 import os
-import random
-from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from dlm.client.errors import (
     BadRequest,
@@ -41,13 +37,21 @@ from dlm.client.errors import (
 from dlm.wire import (
     Acquire,
     ErrorCode,
+    Record,
     Release,
     format_addr,
     parse_addr,
 )
 
-Clock = Callable[[], float]
-Reply = dict[Any, Any]
+# typing, dataclasses and random stay off the import path of `dlm acquire` (see wire.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import random
+    from collections.abc import Callable, Generator, Mapping, Sequence
+    from typing import Any
+
+    Clock = Callable[[], float]
+    Reply = dict[Any, Any]
 
 # Redirects followed in a row before backing off: a cluster mid-election may
 # point in circles for a moment, and we must not spin.
@@ -67,24 +71,46 @@ RETRYABLE_CODES = frozenset(
 _LEASE_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """An open lease. ``confirmed_at`` is the monotonic time the open_lease request was first
-    sent: the client-side deadline ``confirmed_at + ttl_ms`` falls before the server's."""
+_set = object.__setattr__
 
+
+class Lease(Record):
+    """An open lease. ``confirmed_at`` is the monotonic time the open_lease request was first
+    sent: the client-side deadline ``confirmed_at + ttl_ms`` falls before the server's.
+    Two leases are equal when their id and TTL are (``confirmed_at`` is not compared)."""
+
+    __slots__ = ("confirmed_at", "id", "ttl_ms")
+    FIELDS = ("id", "ttl_ms")
+    __match_args__ = ("id", "ttl_ms", "confirmed_at")
     id: str
     ttl_ms: int
-    confirmed_at: float = field(default=0.0, compare=False)
+    confirmed_at: float
+
+    def __init__(self, id: str, ttl_ms: int, confirmed_at: float = 0.0) -> None:
+        _set(self, "id", id)
+        _set(self, "ttl_ms", ttl_ms)
+        _set(self, "confirmed_at", confirmed_at)
+
+    def __repr__(self) -> str:
+        return f"Lease(id={self.id!r}, ttl_ms={self.ttl_ms!r}, confirmed_at={self.confirmed_at!r})"
 
 
-@dataclass(frozen=True, slots=True)
-class Grant:
+class Grant(Record):
     """A held lock; ``token`` is the fencing token (the Raft index that granted it)."""
 
+    __slots__ = ("key", "lease", "token", "ttl_ms")
+    FIELDS = ("key", "token", "lease", "ttl_ms")
+    __match_args__ = ("key", "token", "lease", "ttl_ms")
     key: str
     token: int
     lease: str
     ttl_ms: int
+
+    def __init__(self, key: str, token: int, lease: str, ttl_ms: int) -> None:
+        _set(self, "key", key)
+        _set(self, "token", token)
+        _set(self, "lease", lease)
+        _set(self, "ttl_ms", ttl_ms)
 
 
 LeaseRef = str | Lease
@@ -209,6 +235,8 @@ class Backoff:
 
     def _random(self) -> random.Random:
         if self._rng is None:
+            import random  # only a retry needs it: most runs never back off
+
             self._rng = random.Random()
         return self._rng
 
@@ -225,49 +253,89 @@ class Backoff:
 # ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Send:
+class Send(Record):
+    __slots__ = ("addr", "drop_pushes_for", "request", "timeout")
+    FIELDS = ("addr", "request", "timeout", "drop_pushes_for")
     addr: str
     request: dict[str, Any]  # without "id": the driver assigns one per attempt
     timeout: float
     # A grant push for this (lease, key) that is already buffered is stale once we
     # send a new acquire for it; the driver drops it before sending.
-    drop_pushes_for: tuple[str, str] | None = None
+    drop_pushes_for: tuple[str, str] | None
+
+    def __init__(
+        self,
+        addr: str,
+        request: dict[str, Any],
+        timeout: float,
+        drop_pushes_for: tuple[str, str] | None = None,
+    ) -> None:
+        _set(self, "addr", addr)
+        _set(self, "request", request)
+        _set(self, "timeout", timeout)
+        _set(self, "drop_pushes_for", drop_pushes_for)
 
 
-@dataclass(frozen=True, slots=True)
-class Sleep:
+class Sleep(Record):
+    __slots__ = ("seconds",)
+    FIELDS = ("seconds",)
     seconds: float
 
+    def __init__(self, seconds: float) -> None:
+        _set(self, "seconds", seconds)
 
-@dataclass(frozen=True, slots=True)
-class AwaitGrant:
+
+class AwaitGrant(Record):
+    __slots__ = ("addr", "key", "lease", "timeout")
+    FIELDS = ("addr", "lease", "key", "timeout")
     addr: str
     lease: str
     key: str
     timeout: float
 
+    def __init__(self, addr: str, lease: str, key: str, timeout: float) -> None:
+        _set(self, "addr", addr)
+        _set(self, "lease", lease)
+        _set(self, "key", key)
+        _set(self, "timeout", timeout)
 
-@dataclass(frozen=True, slots=True)
-class Failed:
+
+class Failed(Record):
+    __slots__ = ("reason",)
+    FIELDS = ("reason",)
     reason: str
 
-
-Action = Send | Sleep | AwaitGrant
-Outcome = Reply | Failed | None
-Flow = Generator[Action, Outcome, Any]
+    def __init__(self, reason: str) -> None:
+        _set(self, "reason", reason)
 
 
-@dataclass(slots=True)
+if TYPE_CHECKING:
+    Action = Send | Sleep | AwaitGrant
+    Outcome = Reply | Failed | None
+    Flow = Generator[Action, Outcome, Any]
+
+
 class Settings:
     """What every call of one client shares."""
 
-    members: list[str]
-    router: Router
-    backoff: Backoff
-    clock: Clock
-    timeout: float
-    attempt_timeout: float
+    __slots__ = ("attempt_timeout", "backoff", "clock", "members", "router", "timeout")
+
+    def __init__(
+        self,
+        *,
+        members: list[str],
+        router: Router,
+        backoff: Backoff,
+        clock: Clock,
+        timeout: float,
+        attempt_timeout: float,
+    ) -> None:
+        self.members = members
+        self.router = router
+        self.backoff = backoff
+        self.clock = clock
+        self.timeout = timeout
+        self.attempt_timeout = attempt_timeout
 
 
 def default_attempt_timeout(timeout: float) -> float:

@@ -13,25 +13,19 @@ child started by ``dlm exec`` inherits no descriptor of ours.
 
 from __future__ import annotations
 
-import random
 import select
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from types import TracebackType
-from typing import Any
 
 from dlm.client import core
 from dlm.client.core import (
-    Action,
     AwaitGrant,
     Failed,
     Grant,
     Lease,
     LeaseRef,
-    Outcome,
     Send,
     Sleep,
     lease_id,
@@ -60,6 +54,16 @@ from dlm.wire import (
 from dlm.wire import (
     KeepAlive as KeepAliveRequest,
 )
+
+# typing and random stay off the import path of `dlm acquire` (see wire.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import random
+    from collections.abc import Callable, Mapping, Sequence
+    from types import TracebackType
+    from typing import Any
+
+    from dlm.client.core import Action, Outcome
 
 # Replies (a long ``list``) may be bigger than the 64 KiB a client may send.
 REPLY_FRAME_LIMIT = PEER_FRAME_LIMIT
@@ -261,7 +265,11 @@ class Client:
 
     def spawn(self) -> Client:
         """A new client for the same cluster with its own connection (for background work)."""
-        rng = random.Random(self._rng.getrandbits(64)) if self._rng is not None else None
+        rng = None
+        if self._rng is not None:
+            import random  # already loaded by whoever made self._rng
+
+            rng = random.Random(self._rng.getrandbits(64))
         child = Client(
             self.members,
             timeout=self.timeout,

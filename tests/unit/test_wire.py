@@ -119,6 +119,31 @@ def test_request_round_trip() -> None:
     assert wire.decode_request(req.to_wire()) == req
 
 
+def test_requests_behave_as_immutable_values() -> None:
+    a = wire.KeepAlive(id=1, lease="L")
+    assert a == wire.KeepAlive(id=1, lease="L")
+    assert hash(a) == hash(wire.KeepAlive(id=1, lease="L"))
+    assert a != wire.KeepAlive(id=2, lease="L")
+    # Same fields, another type: not equal (they are not tuples).
+    assert a != wire.LeaseInfo(id=1, lease="L")
+    assert repr(a) == "KeepAlive(id=1, lease='L')"
+    with pytest.raises(AttributeError):
+        a.lease = "M"
+    with pytest.raises(AttributeError):
+        a.other = 1
+    with pytest.raises(TypeError):
+        wire.KeepAlive(1, "L")  # type: ignore[call-arg]
+    assert wire.Acquire(id=1, lease="L", seq=2, key="k").meta == {}
+    assert wire.Hello(wire.Role.CLIENT).to_wire()["version"] == wire.PROTOCOL_VERSION
+
+
+@pytest.mark.parametrize("cls", [wire.Hello, *wire.Request.__subclasses__()])
+def test_each_record_lists_all_its_slots_as_fields(cls: type[wire.Record]) -> None:
+    slots = {name for klass in cls.__mro__ for name in getattr(klass, "__slots__", ())}
+    assert set(cls.FIELDS) == slots
+    assert len(cls.FIELDS) == len(slots)
+
+
 @given(st.binary(max_size=300))
 def test_arbitrary_bytes_never_raise_anything_but_protocol_error(data: bytes) -> None:
     dec = wire.FrameDecoder(wire.PEER_FRAME_LIMIT)

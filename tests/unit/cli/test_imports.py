@@ -2,7 +2,8 @@
 
 `dlm acquire`, `exec`, `release` and `renew` must not load an event loop
 (asyncio alone costs 60-75 ms), rich (only tables need it), pydantic, any of
-the node's code, or (on the fast path) typer itself.
+the node's code, or (on the fast path) typer itself, or dataclasses (which
+pulls in inspect, ast, dis and tokenize, and then generates code per class).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 import pytest
 
 FORBIDDEN = ("asyncio", "anyio", "rich", "pydantic", "dlm.node", "dlm.store")
-FAST_PATH_FORBIDDEN = (*FORBIDDEN, "typer")
+FAST_PATH_FORBIDDEN = (*FORBIDDEN, "typer", "dataclasses", "inspect")
 
 
 def modules_after(code: str) -> set[str]:

@@ -261,3 +261,15 @@ def test_waiting_acquire_flow_resends_the_same_seq_after_a_drop() -> None:
     grant = drive(flow, answer, clock)
     assert grant == core.Grant(key="k", token=9, lease="l", ttl_ms=1000)
     assert len(acquires) == 2 and acquires[0]["seq"] == acquires[1]["seq"]
+
+
+def test_lease_and_grant_are_values_and_lease_equality_ignores_confirmed_at() -> None:
+    assert core.Lease("l", 1000, confirmed_at=1.0) == core.Lease(id="l", ttl_ms=1000)
+    assert hash(core.Lease("l", 1000, 1.0)) == hash(core.Lease("l", 1000, 2.0))
+    assert core.Lease("l", 1000) != core.Lease("l", 2000)
+    assert "confirmed_at=1.5" in repr(core.Lease("l", 1000, 1.5))
+    grant = core.Grant("k", 9, "l", 1000)
+    assert grant == core.Grant(key="k", token=9, lease="l", ttl_ms=1000)
+    assert repr(grant) == "Grant(key='k', token=9, lease='l', ttl_ms=1000)"
+    with pytest.raises(AttributeError):
+        grant.token = 10
