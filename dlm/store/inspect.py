@@ -127,6 +127,8 @@ def inspect_store_json(
 def inspect_store(path: str | os.PathLike[str], fs: FileSystem | None = None) -> str:
     """The same report as human-readable text."""
     r = inspect_store_json(path, fs)
+    if r["problems"] == [f"{r['path']} is not a directory"]:
+        return f"store {r['path']}: not a directory (no data dir there)"
     lines = [f"store {r['path']}: {'OK' if r['ok'] else 'CORRUPT'}"]
     hs = r["hard_state"]
     if hs is None:
