@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 
-from dlm.client import core
+from dlm.client import cbor, core
 from dlm.client.core import (
     AwaitGrant,
     Failed,
@@ -81,7 +81,7 @@ class _Connection:
         self.addr = addr
         self.sock = sock
         self.node = ""
-        self._decoder = FrameDecoder(REPLY_FRAME_LIMIT)
+        self._decoder = FrameDecoder(REPLY_FRAME_LIMIT, cbor.loads)
         self._frames: deque[Any] = deque()
         self._pushes: list[dict[Any, Any]] = []
         self._ids = core.RequestIds()
@@ -112,7 +112,7 @@ class _Connection:
         return conn, greeting
 
     def send(self, obj: Any, deadline: float) -> None:
-        data = encode_frame(obj)
+        data = encode_frame(obj, cbor.dumps)
         try:
             self.sock.settimeout(max(0.001, _left(deadline)))
             self.sock.sendall(data)
