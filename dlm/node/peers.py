@@ -1,31 +1,35 @@
-"""Peer links: one outbound TCP stream per peer, carrying batched Raft messages.
+"""Peer links: one outbound TCP connection per peer, carrying batched Raft messages.
 
-Each member dials every other member and only *sends* on that stream; what a
-peer says back arrives on the stream the peer dialled to us (server.py feeds
-those messages to ``RaftNode.step``). So each pair of members shares two
-connections, one per direction, and neither side ever waits for the other to
-read before it can write.
+Each member dials every other member and only *sends* on that connection;
+what a peer says back arrives on the connection the peer dialled to us
+(server.py feeds those messages to ``RaftNode.step``). So each pair of members
+shares two connections, one per direction, and neither side ever waits for
+the other to read before it can write.
 
-A link queues messages while its writer is busy and sends everything queued
-as one frame (several frames when the payload is large), so a Ready that
-carries one AppendEntries per follower costs one write per follower. A link
-that is down, or whose queue is already long, drops messages: Raft is built
-to survive loss, and a backlog of stale appends would only delay recovery.
-When a connection breaks, ``on_down`` lets the runtime tell the core
-(``report_unreachable``), which then probes the peer gently instead of
-streaming to it. Reconnects back off exponentially with jitter, so members
-restarting together do not dial in lockstep.
+The runtime queues a Ready's messages with ``send`` and then calls ``flush``
+once per link: everything queued goes out as one frame (several when the
+payload is large) in one write, straight from the driver. There is no writer
+task to wake, so a message leaves in the same event-loop step that produced
+it. The connection is a plain asyncio transport rather than an anyio stream:
+anyio's stream re-arms the socket in the selector and yields to the loop on
+every receive and send, which on this path cost more than the rest of the
+hop. A link that is down, or whose socket buffer is already long, drops
+messages: Raft is built to survive loss, and a backlog of stale appends
+would only delay recovery. When a connection breaks, ``on_down`` lets the
+runtime tell the core (``report_unreachable``), which then probes the peer
+gently instead of streaming to it. Reconnects back off exponentially with
+jitter, so members restarting together do not dial in lockstep.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import struct
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import anyio
-import anyio.abc
 
 from dlm.node.log import Logger
 from dlm.node.peer_codec import raft_frame
@@ -42,10 +46,8 @@ from dlm.wire import (
     format_addr,
 )
 
-T = TypeVar("T")
-
-MAX_QUEUED = 4096
-"""Messages waiting for one peer beyond which new ones are dropped."""
+MAX_BUFFERED_BYTES = 2 * PEER_FRAME_LIMIT
+"""Bytes waiting in one link's socket buffer beyond which new messages are dropped."""
 FRAME_BUDGET = PEER_FRAME_LIMIT // 2
 """Estimated payload per frame; leaves ample room for CBOR overhead under the hard limit."""
 CONNECT_TIMEOUT = 1.0
@@ -55,61 +57,22 @@ BACKOFF_MAX = 0.5
 _LENGTH = struct.Struct(">I")
 
 
-class Outbox(Generic[T]):
-    """A list that one writer task drains in batches; ``put`` never blocks."""
-
-    __slots__ = ("_event", "_items")
-
-    def __init__(self) -> None:
-        self._items: list[T] = []
-        self._event: anyio.Event | None = None
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def put(self, item: T) -> None:
-        self._items.append(item)
-        event = self._event
-        if event is not None:
-            self._event = None
-            event.set()
-
-    def clear(self) -> None:
-        self._items = []
-
-    async def take(self) -> list[T]:
-        """Everything queued so far, waiting until there is at least one item."""
-        while not self._items:
-            event = anyio.Event()
-            self._event = event
-            await event.wait()
-        items = self._items
-        self._items = []
-        return items
-
-
-async def read_first_frame(
-    stream: anyio.abc.ByteReceiveStream, timeout: float, limit: int = CLIENT_FRAME_LIMIT
-) -> tuple[Any, bytes]:
-    """Reads exactly one frame; returns it decoded and whatever bytes followed it.
+def split_first_frame(buf: bytearray, limit: int = CLIENT_FRAME_LIMIT) -> tuple[Any, bytes] | None:
+    """The first frame of ``buf`` decoded, and the bytes after it; None until it is complete.
 
     Used for the hello and the welcome, before the connection knows its role
-    (and hence its frame limit). Raises TimeoutError, ProtocolError or the
-    stream's own errors.
+    (and hence its frame limit). Raises ProtocolError.
     """
-    buf = bytearray()
-    with anyio.fail_after(timeout):
-        while True:
-            if len(buf) >= 4:
-                (length,) = _LENGTH.unpack_from(buf)
-                if length > limit:
-                    raise ProtocolError(
-                        f"frame of {length} bytes exceeds the limit of {limit}",
-                        ErrorCode.TOO_LARGE,
-                    )
-                if len(buf) >= 4 + length:
-                    return decode_body(bytes(buf[4 : 4 + length])), bytes(buf[4 + length :])
-            buf += await stream.receive()
+    if len(buf) < 4:
+        return None
+    (length,) = _LENGTH.unpack_from(buf)
+    if length > limit:
+        raise ProtocolError(
+            f"frame of {length} bytes exceeds the limit of {limit}", ErrorCode.TOO_LARGE
+        )
+    if len(buf) < 4 + length:
+        return None
+    return decode_body(bytes(buf[4 : 4 + length])), bytes(buf[4 + length :])
 
 
 def _estimated_bytes(msg: Message) -> int:
@@ -136,6 +99,35 @@ def encode_batches(messages: list[Message]) -> list[bytes]:
     return frames
 
 
+class _LinkProtocol(asyncio.Protocol):
+    """Our end of an outbound peer connection: waits for the welcome, then only for the end."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.welcome: asyncio.Future[Any] = loop.create_future()
+        self.lost: asyncio.Future[None] = loop.create_future()
+        self._buf = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        # The peer never writes after its welcome; anything more is ignored.
+        if self.welcome.done():
+            return
+        self._buf += data
+        try:
+            first = split_first_frame(self._buf)
+        except ProtocolError as exc:
+            self.welcome.set_exception(exc)
+            return
+        if first is not None:
+            self.welcome.set_result(first[0])
+            self._buf = bytearray()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.welcome.done():
+            self.welcome.set_exception(ConnectionError("closed before the welcome"))
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+
 class PeerLink:
     """The outbound half of our connection with one peer."""
 
@@ -156,24 +148,44 @@ class PeerLink:
         self._log = log
         self._on_down = on_down
         self._rng = rng or random.Random()
-        self._outbox: Outbox[Message] = Outbox()
+        self._transport: asyncio.Transport | None = None
+        self._queued: list[Message] = []
         self.connected = False
         self.dropped = 0
         self.sent_frames = 0
 
     def send(self, msg: Message) -> None:
-        if not self.connected or len(self._outbox) >= MAX_QUEUED:
+        """Queues ``msg`` for the next ``flush``."""
+        if not self.connected:
             self.dropped += 1
             return
-        self._outbox.put(msg)
+        self._queued.append(msg)
+
+    def flush(self) -> None:
+        """Writes everything queued, batched into as few frames as fit."""
+        messages = self._queued
+        if not messages:
+            return
+        self._queued = []
+        transport = self._transport
+        if (
+            transport is None
+            or transport.is_closing()
+            or transport.get_write_buffer_size() > MAX_BUFFERED_BYTES
+        ):
+            self.dropped += len(messages)
+            return
+        frames = [raft_frame(messages)] if len(messages) == 1 else encode_batches(messages)
+        transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
+        self.sent_frames += len(frames)
 
     async def run(self) -> None:
         """Keeps the link up until cancelled."""
         backoff = BACKOFF_MIN
         failures = 0
         while True:
-            stream = await self._connect()
-            if stream is None:
+            connected = await self._connect()
+            if connected is None:
                 failures += 1
                 # One line when a peer first goes missing, then quiet until it returns.
                 if failures == 1:
@@ -181,22 +193,22 @@ class PeerLink:
                 await anyio.sleep(backoff * (0.5 + self._rng.random()))
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
+            transport, protocol = connected
             backoff = BACKOFF_MIN
             if failures or not self.sent_frames:
                 self._log.info("peer_connected", peer=self.peer_id, addr=self._addr)
             failures = 0
-            reason = "closed by the peer"
+            self._transport = transport
+            self.connected = True
             try:
-                await self._pump(stream)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                reason = repr(exc)
+                await protocol.lost
             finally:
                 self.connected = False
-                self._outbox.clear()
-                with anyio.CancelScope(shield=True):
-                    await stream.aclose()
+                self._transport = None
+                self._queued = []
+                transport.abort()
                 self._on_down(self.peer_id)
-            self._log.info("peer_disconnected", peer=self.peer_id, reason=reason)
+            self._log.info("peer_disconnected", peer=self.peer_id, reason="connection closed")
             failures = 1
             await anyio.sleep(BACKOFF_MIN * (0.5 + self._rng.random()))
 
@@ -204,48 +216,29 @@ class PeerLink:
     def _addr(self) -> str:
         return format_addr(*self.address)
 
-    async def _connect(self) -> anyio.abc.SocketStream | None:
+    async def _connect(self) -> tuple[asyncio.Transport, _LinkProtocol] | None:
         host, port = self.address
+        loop = asyncio.get_running_loop()
         try:
             with anyio.fail_after(CONNECT_TIMEOUT):
-                stream = await anyio.connect_tcp(host, port)
+                transport, protocol = await loop.create_connection(
+                    lambda: _LinkProtocol(loop), host, port
+                )
         except (OSError, TimeoutError):
             return None
         try:
-            await stream.send(self._hello)
-            reply, _ = await read_first_frame(stream, HELLO_TIMEOUT)
-        except (OSError, TimeoutError, ProtocolError, anyio.EndOfStream, anyio.BrokenResourceError):
-            await stream.aclose()
+            transport.write(self._hello)
+            with anyio.fail_after(HELLO_TIMEOUT):
+                reply = await protocol.welcome
+        except (OSError, TimeoutError, ProtocolError):
+            transport.abort()
             return None
+        except BaseException:
+            transport.abort()
+            raise
         if not isinstance(reply, dict) or reply.get("t") != "welcome":
             message = reply.get("message") if isinstance(reply, dict) else None
             self._log.warning("peer_refused", peer=self.peer_id, message=str(message)[:200])
-            await stream.aclose()
+            transport.abort()
             return None
-        self.connected = True
-        return stream
-
-    async def _pump(self, stream: anyio.abc.SocketStream) -> None:
-        async with anyio.create_task_group() as tg:
-            # The peer never writes on this stream; reading only tells us when it goes away.
-            tg.start_soon(self._watch, stream, tg.cancel_scope)
-            try:
-                while True:
-                    messages = await self._outbox.take()
-                    if len(messages) == 1:
-                        await stream.send(raft_frame(messages))
-                        self.sent_frames += 1
-                        continue
-                    for frame in encode_batches(messages):
-                        await stream.send(frame)
-                        self.sent_frames += 1
-            finally:
-                tg.cancel_scope.cancel()
-
-    async def _watch(self, stream: anyio.abc.SocketStream, scope: anyio.CancelScope) -> None:
-        try:
-            while await stream.receive():
-                pass
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            pass
-        scope.cancel()
+        return transport, protocol

@@ -5,14 +5,16 @@ Theory of operation
 Everything that touches the Raft core, the lock state machine or the lease
 tracker runs on one event loop thread, so none of it needs a lock. Tasks:
 
-* the **accept loop** takes TCP connections on the node's one port; the first
-  frame (the hello) decides whether the connection is a peer's or a client's;
-* a **peer reader** per inbound peer connection decodes Raft messages and
-  calls ``step``; a ``PeerLink`` per peer (peers.py) carries our messages out;
-* a **client reader** per client connection validates requests and turns them
-  into proposals (writes), read rounds (reads, keep-alives) or immediate
-  replies (stale reads, NOT_LEADER); a writer task per connection sends
-  replies and grant pushes in batches;
+* **connections** are asyncio protocols on the node's one port, not tasks:
+  the first frame (the hello) decides whether a connection is a peer's or a
+  client's. A peer's frames are decoded and ``step``-ped as they arrive; a
+  ``PeerLink`` per peer (peers.py) carries our messages out. A client's
+  requests become proposals (writes), read rounds (reads, keep-alives) or
+  immediate replies (stale reads, NOT_LEADER); replies and grant pushes are
+  written to the transport the moment they exist. (anyio streams cost a
+  selector re-arm and a loop round trip per receive and send; on the hot
+  path that was more than the work itself, so sockets are plain asyncio
+  transports while tasks, timeouts and threads stay anyio.)
 * the **ticker** advances the core's logical clock from the monotonic clock,
   proposes ``Expire`` for leases whose deadline passed, and times requests out;
 * the **driver** runs the Ready loop. Inputs only *mark* work; the driver takes
@@ -37,9 +39,11 @@ and the lease still exists, and the deadline becomes receipt time + TTL.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -54,7 +58,7 @@ from dlm.node.config import NodeConfig
 from dlm.node.leases import LeaseTracker
 from dlm.node.log import Logger
 from dlm.node.peer_codec import decode_raft_frame
-from dlm.node.peers import Outbox, PeerLink, read_first_frame
+from dlm.node.peers import PeerLink, split_first_frame
 from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.types import (
     ConfState,
@@ -98,6 +102,8 @@ MAX_BAD_FRAMES = 16
 """Malformed frames tolerated on one client connection before we hang up on it."""
 PERSIST_THREAD_MIN_ENTRIES = 2
 """Batches this large are persisted in a worker thread; smaller ones inline (see _drive)."""
+CLIENT_BUFFER_LIMIT = 16 * CLIENT_FRAME_LIMIT
+"""Unsent reply bytes beyond which a client that does not read is cut off."""
 
 
 def _now_ms() -> int:
@@ -106,27 +112,30 @@ def _now_ms() -> int:
 
 @dataclass(slots=True, eq=False)
 class ClientConn:
-    """One client connection: replies and pushes queue here and go out in batches."""
+    """One client connection: replies and pushes are written the moment they exist."""
 
-    stream: anyio.abc.ByteStream
+    transport: asyncio.WriteTransport | None
     peer: str
-    outbox: Outbox[dict[str, Any]] = field(default_factory=Outbox)
     closed: bool = False
     waiting: set[tuple[str, str]] = field(default_factory=set)
     """(lease, key) pairs this connection waits for a grant push on."""
     bad_frames: int = 0
 
     def send(self, obj: dict[str, Any]) -> None:
-        if not self.closed:
-            self.outbox.put(obj)
+        transport = self.transport
+        if self.closed or transport is None:
+            return
+        if transport.get_write_buffer_size() > CLIENT_BUFFER_LIMIT:
+            # A client that does not read its replies must not grow our memory.
+            self.closed = True
+            transport.abort()
+            return
+        transport.write(encode_frame(obj))
 
-    async def write_loop(self) -> None:
-        while True:
-            items = await self.outbox.take()
-            if len(items) == 1:
-                await self.stream.send(encode_frame(items[0]))
-            else:
-                await self.stream.send(b"".join([encode_frame(o) for o in items]))
+    @property
+    def unsent(self) -> int:
+        transport = self.transport
+        return 0 if transport is None or self.closed else transport.get_write_buffer_size()
 
 
 @dataclass(slots=True)
@@ -212,10 +221,9 @@ class NodeServer:
         self._wake_event: anyio.Event | None = None
         self._stopping = False
         self.stopped = anyio.Event()
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._accept_scope = anyio.CancelScope()
-        self._accept_done = anyio.Event()
         self._listener: anyio.abc.Listener[Any] | None = None
+        self._servers: list[asyncio.Server] = []
+        self._transports: set[asyncio.Transport] = set()
         self.leader_seen = anyio.Event()
         self.stats: dict[str, int] = {"readies": 0, "fsync_batches": 0, "entries_persisted": 0}
 
@@ -224,8 +232,11 @@ class NodeServer:
     async def serve(self, listener: anyio.abc.Listener[Any]) -> None:
         """Runs until ``shutdown`` (or cancellation); closes nothing it did not open."""
         self._listener = listener
+        # The listener's sockets are served by asyncio directly: see _Connection.
+        loop = asyncio.get_running_loop()
+        for sock in _raw_sockets(listener):
+            self._servers.append(await loop.create_server(lambda: _Connection(self), sock=sock))
         async with anyio.create_task_group() as tg:
-            self._tg = tg
             for peer_id, address in sorted(self.config.peers.items()):
                 if peer_id == self.config.node_id:
                     continue
@@ -242,7 +253,6 @@ class NodeServer:
                 tg.start_soon(link.run)
             tg.start_soon(self._drive)
             tg.start_soon(self._tick_loop)
-            tg.start_soon(self._accept_loop, listener)
             self.log.info(
                 "node_started",
                 address=self.config.address,
@@ -253,20 +263,23 @@ class NodeServer:
                 last_index=self.raft.last_index,
             )
             self._wake()
-            await self.stopped.wait()
-            tg.cancel_scope.cancel()
+            try:
+                await self.stopped.wait()
+            finally:
+                tg.cancel_scope.cancel()
+                self._stop_serving()
+                for transport in list(self._transports):
+                    transport.abort()
 
     async def shutdown(self) -> None:
         """Stops taking requests, lets in-flight ones finish (bounded), then stops."""
         if self._stopping:
             return
         self._stopping = True
-        self._accept_scope.cancel()
+        # Connections waiting in the backlog are refused now, so their clients
+        # move on to another member instead of waiting for us to exit.
+        self._stop_serving()
         if self._listener is not None:
-            # Connections waiting in the backlog are refused now, so their clients
-            # move on to another member instead of waiting for us to exit.
-            with anyio.move_on_after(1.0):
-                await self._accept_done.wait()
             with anyio.CancelScope(shield=True):
                 await self._listener.aclose()
         self.log.info("shutting_down", pending=len(self._proposals), reads=len(self._rounds))
@@ -283,10 +296,15 @@ class NodeServer:
         self._proposals.clear()
         # Let the writers flush the last replies.
         for _ in range(10):
-            if not any(len(c.outbox) for c in self._conns):
+            if not any(c.unsent for c in self._conns):
                 break
             await anyio.sleep(0.01)
         self.stopped.set()
+
+    def _stop_serving(self) -> None:
+        for srv in self._servers:
+            srv.close()
+        self._servers = []
 
     def _hand_over_leadership(self) -> bool:
         if self._role is not Role.LEADER or len(self.config.peers) < 2:
@@ -366,6 +384,8 @@ class NodeServer:
                 link = links.get(msg.dst)
                 if link is not None:
                     link.send(msg)
+            for link in links.values():
+                link.flush()
         if rd.soft_state is not None:
             self._on_soft_state(rd.soft_state.role, rd.soft_state.leader, rd.soft_state.term)
         if rd.snapshot is not None:
@@ -809,142 +829,57 @@ class NodeServer:
         self.raft.report_unreachable(peer)
         self._wake()
 
-    async def _serve_peer(
-        self, stream: anyio.abc.ByteStream, hello: Hello, rest: bytes, where: str
-    ) -> None:
-        problem = None
+    def _peer_hello(self, hello: Hello, where: str) -> str | None:
+        """Why a peer's hello is refused, or None to accept it."""
         if hello.cluster != self.config.cluster:
-            problem = (
+            return (
                 f"cluster id mismatch: this node {self.config.node_id} is in cluster "
                 f"{self.config.cluster!r}, the peer says {hello.cluster!r}"
             )
-        elif hello.node == self.config.node_id or hello.node not in self.config.peers:
-            problem = f"{hello.node!r} is not a member of this cluster"
-        if problem is not None:
-            self.log.warning("peer_refused", remote=where, peer=hello.node, reason=problem)
-            await _send_and_close(stream, error(None, ErrorCode.BAD_REQUEST, problem))
-            return
-        await stream.send(encode_frame(welcome(self.config.node_id, self.config.cluster)))
-        src = hello.node
-        decoder = FrameDecoder(PEER_FRAME_LIMIT)
-        decoder.feed(rest)
+        if hello.node == self.config.node_id or hello.node not in self.config.peers:
+            return f"{hello.node!r} is not a member of this cluster"
+        return None
+
+    def _step_peer_frames(self, src: str, decoder: FrameDecoder) -> None:
+        """Steps every Raft message buffered from ``src``; ProtocolError ends the connection."""
         raft = self.raft
         node_id = self.config.node_id
-        while True:
-            try:
-                for obj in decoder.frames():
-                    for msg in decode_raft_frame(obj):
-                        if msg.src != src or msg.dst != node_id:
-                            continue
-                        try:
-                            raft.step(msg)
-                        except Exception as exc:  # a core bug must not kill the node
-                            self.log.error(
-                                "step_failed", peer=src, message=type(msg).__name__, error=repr(exc)
-                            )
-            except ProtocolError as exc:
-                self.log.warning("peer_bad_frame", peer=src, remote=where, error=str(exc))
-                return
-            self._wake()
-            try:
-                data = await stream.receive()
-            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-                return
-            decoder.feed(data)
+        for obj in decoder.frames():
+            for msg in decode_raft_frame(obj):
+                if msg.src != src or msg.dst != node_id:
+                    continue
+                try:
+                    raft.step(msg)
+                except Exception as exc:  # a core bug must not kill the node
+                    self.log.error(
+                        "step_failed", peer=src, message=type(msg).__name__, error=repr(exc)
+                    )
+        self._wake()
 
     # ------------------------------------------------------------------ clients
 
-    async def _accept_loop(self, listener: anyio.abc.Listener[Any]) -> None:
-        # Connections already open live in the outer task group, so closing
-        # the door at shutdown does not cut them off.
-        assert self._tg is not None
-        try:
-            with self._accept_scope:
-                await listener.serve(self._on_connection, task_group=self._tg)
-        finally:
-            self._accept_done.set()
-
-    async def _on_connection(self, stream: anyio.abc.ByteStream) -> None:
-        where = _remote(stream)
-        try:
-            async with stream:
-                try:
-                    first, rest = await read_first_frame(stream, HELLO_TIMEOUT)
-                    hello = Hello.from_wire(first)
-                except ProtocolError as exc:
-                    self.log.warning("bad_hello", remote=where, error=str(exc))
-                    await _send_and_close(stream, error(None, exc.code, str(exc)))
-                    return
-                except (TimeoutError, anyio.EndOfStream):
-                    return
-                if hello.version != PROTOCOL_VERSION:
-                    message = (
-                        f"protocol version {hello.version} is not supported "
-                        f"(this node speaks {PROTOCOL_VERSION})"
-                    )
-                    self.log.warning("bad_hello", remote=where, error=message)
-                    await _send_and_close(stream, error(None, ErrorCode.BAD_REQUEST, message))
-                    return
-                if hello.role is WireRole.PEER:
-                    await self._serve_peer(stream, hello, rest, where)
-                else:
-                    await self._serve_client(stream, hello, rest, where)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            return
-
-    async def _serve_client(
-        self, stream: anyio.abc.ByteStream, hello: Hello, rest: bytes, where: str
-    ) -> None:
+    def _client_hello(self, hello: Hello) -> dict[str, Any] | None:
+        """The error that refuses a client's hello, or None to accept it."""
         if hello.cluster and hello.cluster != self.config.cluster:
             message = (
                 f"this node is in cluster {self.config.cluster!r}, "
                 f"not {hello.cluster!r}: check DLM_CLUSTER"
             )
-            await _send_and_close(stream, error(None, ErrorCode.BAD_REQUEST, message))
-            return
+            return error(None, ErrorCode.BAD_REQUEST, message)
         if self._stopping:
-            await _send_and_close(
-                stream, error(None, ErrorCode.SHUTTING_DOWN, "node is shutting down")
-            )
-            return
-        await stream.send(encode_frame(welcome(self.config.node_id, self.config.cluster)))
-        conn = ClientConn(stream, where)
-        self._conns.add(conn)
-        decoder = FrameDecoder(CLIENT_FRAME_LIMIT)
-        decoder.feed(rest)
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._write_client, conn, tg.cancel_scope)
-                while not conn.closed:
-                    if not self._handle_frames(conn, decoder):
-                        break
-                    try:
-                        data = await stream.receive()
-                    except (anyio.EndOfStream, anyio.BrokenResourceError):
-                        break
-                    decoder.feed(data)
-                # Give the writer a moment to flush a final error before hanging up.
-                with anyio.move_on_after(1.0):
-                    while len(conn.outbox) and not conn.closed:
-                        await anyio.sleep(0.005)
-                tg.cancel_scope.cancel()
-        finally:
-            conn.closed = True
-            self._conns.discard(conn)
-            for pair in conn.waiting:
-                conns = self._waiters.get(pair)
-                if conns is not None and conn in conns:
-                    conns.remove(conn)
-                    if not conns:
-                        del self._waiters[pair]
-            conn.waiting.clear()
+            return error(None, ErrorCode.SHUTTING_DOWN, "node is shutting down")
+        return None
 
-    async def _write_client(self, conn: ClientConn, scope: anyio.CancelScope) -> None:
-        try:
-            await conn.write_loop()
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            conn.closed = True
-            scope.cancel()
+    def _client_gone(self, conn: ClientConn) -> None:
+        conn.closed = True
+        self._conns.discard(conn)
+        for pair in conn.waiting:
+            conns = self._waiters.get(pair)
+            if conns is not None and conn in conns:
+                conns.remove(conn)
+                if not conns:
+                    del self._waiters[pair]
+        conn.waiting.clear()
 
     def _handle_frames(self, conn: ClientConn, decoder: FrameDecoder) -> bool:
         """Handles every complete frame buffered; False when the connection must close."""
@@ -1017,16 +952,123 @@ class NodeServer:
         self._proposals[result] = _Proposal(conn, req, data, time.monotonic())
 
 
-async def _send_and_close(stream: anyio.abc.ByteStream, frame: dict[str, Any]) -> None:
-    try:
-        with anyio.move_on_after(1.0):
-            await stream.send(encode_frame(frame))
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-        pass
+class _Connection(asyncio.Protocol):
+    """One accepted TCP connection. Its hello decides whether a client or a peer speaks.
+
+    Everything runs in the transport's callbacks, on the loop thread: frames
+    are handled as they arrive and the driver is woken once per read.
+    """
+
+    def __init__(self, server: NodeServer) -> None:
+        self._server = server
+        self._transport: asyncio.Transport | None = None
+        self._where = "?"
+        self._hello_buf: bytearray | None = bytearray()
+        self._hello_timer: asyncio.TimerHandle | None = None
+        self._decoder: FrameDecoder | None = None
+        self._client: ClientConn | None = None
+        self._peer: str | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._where = _remote(transport.get_extra_info("peername"))
+        self._server._transports.add(transport)
+        loop = asyncio.get_running_loop()
+        self._hello_timer = loop.call_later(HELLO_TIMEOUT, transport.abort)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+        if self._transport is not None:
+            self._server._transports.discard(self._transport)
+        if self._client is not None:
+            self._server._client_gone(self._client)
+
+    def data_received(self, data: bytes) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        decoder = self._decoder
+        if decoder is None:
+            decoder = self._hello(data)
+            if decoder is None:
+                return
+        else:
+            decoder.feed(data)
+        server = self._server
+        if self._client is not None:
+            if not server._handle_frames(self._client, decoder):
+                transport.close()  # after the final error is flushed
+        elif self._peer is not None:
+            try:
+                server._step_peer_frames(self._peer, decoder)
+            except ProtocolError as exc:
+                server.log.warning(
+                    "peer_bad_frame", peer=self._peer, remote=self._where, error=str(exc)
+                )
+                transport.abort()
+
+    def _hello(self, data: bytes) -> FrameDecoder | None:
+        """Consumes the hello; the connection's decoder once its role is known."""
+        assert self._transport is not None and self._hello_buf is not None
+        transport, server, where = self._transport, self._server, self._where
+        self._hello_buf += data
+        try:
+            first = split_first_frame(self._hello_buf)
+            if first is None:
+                return None
+            hello = Hello.from_wire(first[0])
+        except ProtocolError as exc:
+            server.log.warning("bad_hello", remote=where, error=str(exc))
+            _send_and_close(transport, error(None, exc.code, str(exc)))
+            return None
+        self._hello_buf = None
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+            self._hello_timer = None
+        if hello.version != PROTOCOL_VERSION:
+            message = (
+                f"protocol version {hello.version} is not supported "
+                f"(this node speaks {PROTOCOL_VERSION})"
+            )
+            server.log.warning("bad_hello", remote=where, error=message)
+            _send_and_close(transport, error(None, ErrorCode.BAD_REQUEST, message))
+            return None
+        config = server.config
+        if hello.role is WireRole.PEER:
+            problem = server._peer_hello(hello, where)
+            if problem is not None:
+                server.log.warning("peer_refused", remote=where, peer=hello.node, reason=problem)
+                _send_and_close(transport, error(None, ErrorCode.BAD_REQUEST, problem))
+                return None
+            self._peer = hello.node
+            decoder = FrameDecoder(PEER_FRAME_LIMIT)
+        else:
+            refusal = server._client_hello(hello)
+            if refusal is not None:
+                _send_and_close(transport, refusal)
+                return None
+            self._client = ClientConn(transport, where)
+            server._conns.add(self._client)
+            decoder = FrameDecoder(CLIENT_FRAME_LIMIT)
+        transport.write(encode_frame(welcome(config.node_id, config.cluster)))
+        self._decoder = decoder
+        decoder.feed(first[1])
+        return decoder
 
 
-def _remote(stream: anyio.abc.ByteStream) -> str:
-    addr: object = stream.extra(anyio.abc.SocketAttribute.remote_address, None)
+def _send_and_close(transport: asyncio.Transport, frame: dict[str, Any]) -> None:
+    transport.write(encode_frame(frame))
+    transport.close()
+
+
+def _raw_sockets(listener: anyio.abc.Listener[Any]) -> list[socket.socket]:
+    listeners = getattr(listener, "listeners", None) or [listener]
+    return [item.extra(anyio.abc.SocketAttribute.raw_socket) for item in listeners]
+
+
+def _remote(addr: object) -> str:
     if isinstance(addr, tuple) and len(addr) >= 2:
         return f"{addr[0]}:{addr[1]}"
     return "?" if addr is None else str(addr)

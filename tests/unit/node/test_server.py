@@ -235,16 +235,32 @@ async def test_snapshots_compact_the_log_and_restore_on_restart(tmp_path: Path) 
         assert [(h["lease"], h["token"]) for h in got["holders"]] == [("a", token)]
 
 
+class _RecordingTransport:
+    """Just enough of an asyncio transport for ClientConn.send."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+
 async def test_an_entry_that_replaced_our_proposal_answers_not_leader(tmp_path: Path) -> None:
     async with running_node(tmp_path) as (server, _port):
-        conn = ClientConn(stream=None, peer="test")  # type: ignore[arg-type]
+        transport = _RecordingTransport()
+        conn = ClientConn(transport, peer="test")  # type: ignore[arg-type]
         request = Acquire(id=77, lease="a", seq=1, key="k")
         ours = locks.encode_command(locks.Acquire("a", 1, "k", False, 1, {}, 0))
         theirs = locks.encode_command(locks.OpenLease("b", 5_000, 0))
         index = server.machine.applied_index + 1000
         server._proposals[index] = _Proposal(conn, request, ours, 0.0)
         server._apply(Ready(committed=(Entry(index, 99, theirs),)))
-        sent = conn.outbox._items
+        decoder = FrameDecoder(CLIENT_FRAME_LIMIT)
+        decoder.feed(b"".join(transport.written))
+        sent = list(decoder.frames())
         assert [(r["id"], r["code"]) for r in sent] == [(77, "NOT_LEADER")]
         assert index not in server._proposals
 

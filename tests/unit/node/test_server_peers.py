@@ -1,14 +1,21 @@
-"""Peer-link pieces that need no sockets: batching into frames, and the outbox."""
+"""Peer-link pieces that need no sockets: batching into frames, and the first frame."""
 
 from __future__ import annotations
 
-import anyio
+import struct
+
 import pytest
 
 from dlm.node.peer_codec import decode_raft_frame
-from dlm.node.peers import FRAME_BUDGET, Outbox, encode_batches
+from dlm.node.peers import FRAME_BUDGET, encode_batches, split_first_frame
 from dlm.node.raft.types import AppendEntries, Entry, Heartbeat, Message
-from dlm.wire import PEER_FRAME_LIMIT, FrameDecoder
+from dlm.wire import (
+    CLIENT_FRAME_LIMIT,
+    PEER_FRAME_LIMIT,
+    FrameDecoder,
+    ProtocolError,
+    encode_frame,
+)
 
 
 def _append(index: int, size: int) -> AppendEntries:
@@ -50,21 +57,14 @@ def test_big_batches_are_split_under_the_frame_limit_in_order() -> None:
     assert _decode_all(frames) == msgs
 
 
-@pytest.mark.anyio
-async def test_outbox_hands_over_everything_queued_at_once() -> None:
-    box: Outbox[int] = Outbox()
-    got: list[list[int]] = []
-
-    async def reader() -> None:
-        got.append(await box.take())
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(reader)
-        await anyio.wait_all_tasks_blocked()
-        box.put(1)
-        box.put(2)
-    assert got == [[1, 2]]
-    assert len(box) == 0
+def test_the_first_frame_is_split_from_what_follows() -> None:
+    frame = encode_frame({"t": "welcome"})
+    buf = bytearray(frame[:3])
+    assert split_first_frame(buf) is None
+    buf += frame[3:] + b"rest"
+    assert split_first_frame(buf) == ({"t": "welcome"}, b"rest")
+    with pytest.raises(ProtocolError):
+        split_first_frame(bytearray(struct.pack(">I", CLIENT_FRAME_LIMIT + 1)))
 
 
 @pytest.fixture
