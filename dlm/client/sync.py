@@ -90,8 +90,11 @@ class _Connection:
     def open(cls, addr: str, deadline: float) -> tuple[_Connection, dict[Any, Any]]:
         """Connects and says hello; returns the connection and the member's greeting."""
         host, port = parse_addr(addr)
+        # getaddrinfo encodes a str host with the idna codec, whose import (with
+        # stringprep and unicodedata) costs ~1 ms a run; an ASCII name needs no encoding.
+        target: Any = host.encode("ascii") if host.isascii() else host
         try:
-            sock = socket.create_connection((host, port), timeout=max(0.001, _left(deadline)))
+            sock = socket.create_connection((target, port), timeout=max(0.001, _left(deadline)))
         except TimeoutError:
             raise _Broken("connect timed out") from None
         except OSError as exc:
