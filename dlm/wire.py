@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import re
 import struct
 
 # typing (like dataclasses) is left off the client's import path: `dlm acquire` would pay
@@ -315,12 +314,14 @@ def welcome(node: str, cluster: str) -> dict[str, Any]:
 # Client requests
 # ---------------------------------------------------------------------------
 
-_LEASE_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_LEASE_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
 
 
 def _lease(msg: dict[Any, Any]) -> str:
     lease: str = _field(msg, "lease", str)
-    if not _LEASE_RE.match(lease):
+    # Stripping every allowed character leaves nothing iff there is no other one:
+    # as quick as a regex, and the client need not import re (~2 ms).
+    if not 0 < len(lease) <= 64 or lease.strip(_LEASE_CHARS):
         raise ProtocolError("lease id must be 1-64 characters of A-Z, a-z, 0-9, '_' or '-'")
     return lease
 
