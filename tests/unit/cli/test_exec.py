@@ -256,3 +256,43 @@ def test_a_lease_lost_while_queued_exits_77_without_closing_it(
     assert run(["exec", "--lock", "job", "--wait", "1m", "--", "true"]) == 77
     assert calls(FakeClient.instances[0]) == ["open_lease", "acquire"]
     assert "expired" in capsys.readouterr().err
+
+
+def test_spawn_starts_a_new_session_with_default_sigpipe_and_no_inherited_fds() -> None:
+    from dlm.cli.exec_cmd import spawn
+
+    keep_r, keep_w = os.pipe()
+    os.set_inheritable(keep_w, True)  # as if dlm had been given it by its parent
+    probe = (
+        "import os, signal, sys\n"
+        f"try:\n    os.fstat({keep_w})\n    sys.exit(3)\nexcept OSError:\n    pass\n"
+        "assert os.getsid(0) == os.getpid(), 'not a session leader'\n"
+        "sys.exit(0 if os.environ.get('PROBE') == 'yes' else 4)\n"
+    )
+    try:
+        pid = spawn(sys.executable, [sys.executable, "-c", probe], {**os.environ, "PROBE": "yes"})
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(keep_r)
+        os.close(keep_w)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_spawn_gives_the_child_sigpipe_at_its_default(tmp_path: Path) -> None:
+    from dlm.cli.exec_cmd import spawn
+
+    out = tmp_path / "status"
+    script = 'exec grep SigIgn /proc/self/status > "$OUT"'
+    pid = spawn("/bin/sh", ["sh", "-c", script], {**os.environ, "OUT": str(out)})
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    ignored = int(out.read_text().split()[1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1))
+
+
+def test_spawn_reports_a_missing_program_as_oserror() -> None:
+    from dlm.cli.exec_cmd import spawn
+
+    with pytest.raises(FileNotFoundError):
+        spawn("/nonexistent/program", ["program"], dict(os.environ))
