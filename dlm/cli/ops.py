@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -87,7 +86,8 @@ def _user() -> str:
 
 def owner_meta(*, pid: int, command: Sequence[str] | None = None) -> dict[str, str]:
     """Who took the lock, for `dlm status KEY`: host, user, pid and (for exec) the command."""
-    meta = {"host": socket.gethostname(), "user": _user(), "pid": str(pid)}
+    # uname's node name is what gethostname() returns, without importing socket (~2 ms).
+    meta = {"host": os.uname().nodename, "user": _user(), "pid": str(pid)}
     if command:
         meta["cmd"] = " ".join(command)[:MAX_META_VALUE]
     return meta
