@@ -11,8 +11,6 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 
 from dlm.cli.durations import DurationError, format_ms, parse_duration, parse_duration_ms
 from dlm.cli.exits import LOST, CliError, Interrupted, usage_error
@@ -22,6 +20,7 @@ from dlm.cli.settings import Settings
 # typing stays off the CLI's import path (milliseconds per run); mypy reads TYPE_CHECKING as true.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from types import FrameType
     from typing import Any
 
@@ -93,21 +92,27 @@ def owner_meta(*, pid: int, command: Sequence[str] | None = None) -> dict[str, s
     return meta
 
 
-@contextmanager
-def signals_interrupt(signums: Sequence[int] = (signal.SIGTERM, signal.SIGHUP)) -> Iterator[None]:
-    """Turns these signals into Interrupted, so cleanup runs as it does for Ctrl-C."""
+class signals_interrupt:
+    """Turns these signals into Interrupted while in effect (``with``), so cleanup runs
+    as it does for Ctrl-C. A class, not @contextmanager: contextlib costs ~0.5 ms a run."""
 
-    def handler(signum: int, _frame: FrameType | None) -> None:
+    def __init__(self, signums: Sequence[int] = (signal.SIGTERM, signal.SIGHUP)) -> None:
+        self._signums = signums
+        self._previous: dict[int, Any] = {}
+
+    @staticmethod
+    def _handler(signum: int, _frame: FrameType | None) -> None:
         raise Interrupted(signum)
 
-    previous = {
-        s: signal.signal(s, handler) for s in signums if signal.getsignal(s) != signal.SIG_IGN
-    }
-    try:
-        yield
-    finally:
-        for s, old in previous.items():
+    def __enter__(self) -> None:
+        for s in self._signums:
+            if signal.getsignal(s) != signal.SIG_IGN:
+                self._previous[s] = signal.signal(s, self._handler)
+
+    def __exit__(self, *_exc: object) -> None:
+        for s, old in self._previous.items():
             signal.signal(s, old)
+        self._previous.clear()
 
 
 def _close_quietly(client: Client, lease: str) -> None:
