@@ -91,6 +91,26 @@ class _Connection:
     @classmethod
     def open(cls, addr: str, deadline: float) -> tuple[_Connection, dict[Any, Any]]:
         """Connects and says hello; returns the connection and the member's greeting."""
+        conn = cls.start(addr, deadline)
+        try:
+            greeting = conn.read(deadline)
+        except BaseException:
+            conn.close()
+            raise
+        if greeting is None:
+            conn.close()
+            raise _Broken("no greeting")
+        conn.greeted(greeting)
+        return conn, greeting
+
+    @classmethod
+    def start(cls, addr: str, deadline: float) -> _Connection:
+        """Connects and sends the hello, without waiting for the greeting.
+
+        A request may follow at once: the member reads frames in order, so it
+        answers the hello first and the request after, and a run saves a round
+        trip. If it refuses the hello, the refusal comes back as the reply.
+        """
         host, port = parse_addr(addr)
         # getaddrinfo encodes a str host with the idna codec, whose import (with
         # stringprep and unicodedata) costs ~1 ms a run; an ASCII name needs no encoding.
@@ -105,16 +125,14 @@ class _Connection:
         conn = cls(addr, sock)
         try:
             conn.send(Hello(role=Role.CLIENT).to_wire(), deadline)
-            greeting = conn.read(deadline)
         except BaseException:
             conn.close()
             raise
-        if greeting is None:
-            conn.close()
-            raise _Broken("no greeting")
+        return conn
+
+    def greeted(self, greeting: dict[Any, Any]) -> None:
         node = greeting.get("node")
-        conn.node = node if isinstance(node, str) else ""
-        return conn, greeting
+        self.node = node if isinstance(node, str) else ""
 
     def send(self, obj: Any, deadline: float) -> None:
         data = encode_frame(obj, cbor.dumps)
@@ -165,6 +183,8 @@ class _Connection:
                 self._pushes.append(frame)
             elif core.is_reply_to(frame, rid):
                 return frame
+            elif frame.get("t") == "welcome" and "id" not in frame:
+                self.greeted(frame)  # the greeting of a hello sent just before
             elif frame.get("t") == "error" and "id" not in frame:
                 return frame  # the member is refusing the connection as a whole
             # Anything else is a reply to a request we gave up on: drop it.
@@ -439,12 +459,9 @@ class Client:
         if conn is None or conn.addr != action.addr:
             self._drop_connection()
             try:
-                conn, greeting = _Connection.open(action.addr, deadline)
+                conn = _Connection.start(action.addr, deadline)
             except _Broken as exc:
                 return Failed(str(exc))
-            if greeting.get("t") != "welcome":
-                conn.close()
-                return greeting if greeting.get("t") == "error" else Failed("no welcome")
             self._conn = conn
         if action.drop_pushes_for is not None:
             conn.drop_pushes(*action.drop_pushes_for)

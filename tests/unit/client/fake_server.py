@@ -64,10 +64,14 @@ class FakeServer:
         *,
         name: str = "n1",
         greeting: dict[str, Any] | None = None,
+        welcome_after_request: bool = False,
     ) -> None:
         self.name = name
         self.handler: Handler = handler or LockModel()
         self.greeting = greeting
+        # Greet only once the first request is in: a client that waited for the
+        # greeting before sending anything would never get one.
+        self.welcome_after_request = welcome_after_request
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -139,6 +143,7 @@ class FakeServer:
     def _serve(self, conn: FakeConn) -> None:
         decoder = FrameDecoder(CLIENT_FRAME_LIMIT)
         greeted = False
+        greeting_owed = False
         while not self._stopping.is_set() and not conn.closed:
             try:
                 readable, _, _ = select.select([conn.sock], [], [], 0.05)
@@ -158,8 +163,13 @@ class FakeServer:
             for frame in frames:
                 if not greeted:
                     greeted = True
-                    conn.send(self.greeting or welcome(self.name, "test-cluster"))
+                    greeting_owed = self.welcome_after_request
+                    if not greeting_owed:
+                        conn.send(self.greeting or welcome(self.name, "test-cluster"))
                     continue
+                if greeting_owed:
+                    greeting_owed = False
+                    conn.send(self.greeting or welcome(self.name, "test-cluster"))
                 with self._cond:
                     self.requests.append((conn.number, frame))
                     self._cond.notify_all()

@@ -137,6 +137,12 @@ def test_refused_hello_is_reported() -> None:
         c.status()
 
 
+def test_first_request_goes_out_behind_the_hello_without_waiting_for_the_welcome() -> None:
+    with FakeServer(welcome_after_request=True) as server, client(server) as c:
+        lease = c.open_lease(5000)
+        assert c.acquire(lease, "k").key == "k"
+
+
 @pytest.mark.parametrize(
     ("code", "exc"),
     [
