@@ -8,8 +8,6 @@ the CLI can catch ``DlmError`` without paying for sockets or CBOR.
 
 from __future__ import annotations
 
-import importlib
-
 from dlm.client.errors import (
     BadRequest,
     ClusterUnavailable,
@@ -40,7 +38,8 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'dlm.client' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    # __import__ rather than importlib.import_module: importlib costs ~0.3 ms to import.
+    return getattr(__import__(module, fromlist=(name,)), name)
 
 
 __all__ = [
