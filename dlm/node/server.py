@@ -63,6 +63,7 @@ from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.types import (
     ConfState,
     EntryKind,
+    Message,
     NotLeader,
     Ready,
     Role,
@@ -378,14 +379,14 @@ class NodeServer:
 
     def _handle_ready(self, rd: Ready) -> None:
         self.stats["readies"] += 1
-        if rd.messages:
-            links = self._links
-            for msg in rd.messages:
-                link = links.get(msg.dst)
-                if link is not None:
-                    link.send(msg)
-            for link in links.values():
-                link.flush()
+        # Messages that carry new entries (or a snapshot) start the followers'
+        # fsyncs, so they go first. The rest (commit news, acks, heartbeats)
+        # wait until the clients are answered: a loopback write can hand the
+        # CPU to the receiving process, and the answers are what someone is
+        # waiting for. Everything in this Ready is already durable either way.
+        send_first = bool(rd.entries) or rd.snapshot is not None
+        if send_first and rd.messages:
+            self._send(rd.messages)
         if rd.soft_state is not None:
             self._on_soft_state(rd.soft_state.role, rd.soft_state.leader, rd.soft_state.term)
         if rd.snapshot is not None:
@@ -399,6 +400,17 @@ class NodeServer:
                     read_round.index = rs.index
         if self._rounds:
             self._serve_ready_rounds()
+        if not send_first and rd.messages:
+            self._send(rd.messages)
+
+    def _send(self, messages: Iterable[Message]) -> None:
+        links = self._links
+        for msg in messages:
+            link = links.get(msg.dst)
+            if link is not None:
+                link.send(msg)
+        for link in links.values():
+            link.flush()
 
     def _on_soft_state(self, role: Role, leader: str | None, term: int) -> None:
         was_leader = self._role is Role.LEADER
