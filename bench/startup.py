@@ -204,9 +204,11 @@ BREAKDOWN_LINES = (
     ("exec", "--lock", "k", "--cluster", "127.0.0.1:1", "--timeout", "50ms", "--", "true"),
     ("--help",),
 )
+# The modules that matter, and those the fast path keeps out (listed only if imported).
 IMPORTS_OF_INTEREST = (
     "typer", "dlm.cli.app", "dlm.cli.fastpath", "dlm.cli.ops", "dlm.cli.exec_cmd",
-    "dlm.client.sync", "dlm.wire", "cbor2", "subprocess", "json", "rich", "asyncio",
+    "dlm.client.core", "dlm.client.sync", "dlm.client.cbor", "dlm.wire", "cbor2", "typing",
+    "dataclasses", "re", "socket", "subprocess", "json", "rich", "asyncio",
 )  # fmt: skip
 
 
