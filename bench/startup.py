@@ -207,7 +207,7 @@ BREAKDOWN_LINES = (
 # The modules that matter, and those the fast path keeps out (listed only if imported).
 IMPORTS_OF_INTEREST = (
     "typer", "dlm.cli.app", "dlm.cli.fastpath", "dlm.cli.ops", "dlm.cli.exec_cmd",
-    "dlm.client.core", "dlm.client.sync", "dlm.client.cbor", "dlm.wire", "cbor2", "typing",
+    "dlm.client.core", "dlm.client.sync", "dlm.wire", "cbor2", "typing",
     "dataclasses", "re", "socket", "subprocess", "json", "rich", "asyncio",
 )  # fmt: skip
 

@@ -24,14 +24,15 @@ the anyio runtime share it.
 from __future__ import annotations
 
 import enum
-import functools
 import struct
+
+import cbor2
 
 # typing (like dataclasses) is left off the client's import path: `dlm acquire` would pay
 # milliseconds for names only the type checker reads. mypy takes any TYPE_CHECKING as true.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Iterator
     from typing import Any, ClassVar
 
 PROTOCOL_VERSION = 1
@@ -76,7 +77,7 @@ def _reject_tag(*_: object) -> object:
 _MAX_DEPTH = 16
 
 
-def _strict_decode_options(loads: Callable[..., Any]) -> dict[str, Any]:
+def _strict_decode_options() -> dict[str, Any]:
     """Extra cbor2 options that refuse built-in semantic tags, where this cbor2 has them.
 
     cbor2 decodes some tags (dates, regexes, shared references, ...) by itself and
@@ -92,49 +93,23 @@ def _strict_decode_options(loads: Callable[..., Any]) -> dict[str, Any]:
         "strict_hashable_types": True,
     }
     try:
-        loads(b"\xa0", **options)
+        cbor2.loads(b"\xa0", **options)
     except TypeError:
         return {}
     return options
 
 
-def _load_cbor2() -> None:
-    """Binds the codec to cbor2, on first use: the `dlm` command's blocking client
-    brings its own small codec (dlm/client/cbor.py) and so never pays for importing
-    cbor2 (with typing and datetime, ~6 ms of each run)."""
-    global _dumps, _loads
-    import cbor2
-
-    options = _strict_decode_options(cbor2.loads)
-    _dumps = cbor2.dumps
-    _loads = functools.partial(cbor2.loads, tag_hook=_reject_tag, **options)
+_DECODE_OPTIONS = _strict_decode_options()
 
 
-def _dumps_first(obj: object) -> bytes:
-    _load_cbor2()
-    return _dumps(obj)
-
-
-def _loads_first(body: bytes) -> Any:
-    _load_cbor2()
-    return _loads(body)
-
-
-_dumps: Callable[[object], bytes] = _dumps_first
-_loads: Callable[[bytes], Any] = _loads_first
-
-
-def encode_frame(obj: object, dumps: Callable[[object], bytes] | None = None) -> bytes:
-    """One frame: the length, then ``obj`` as CBOR (by cbor2 unless ``dumps`` is given)."""
-    body = (dumps or _dumps)(obj)
+def encode_frame(obj: object) -> bytes:
+    body = cbor2.dumps(obj)
     return _LENGTH.pack(len(body)) + body
 
 
-def decode_body(body: bytes, loads: Callable[[bytes], Any] | None = None) -> Any:
-    """The value of one frame's body (by cbor2 unless ``loads`` is given); ProtocolError
-    for anything that is not valid CBOR or not allowed here."""
+def decode_body(body: bytes) -> Any:
     try:
-        return (loads or _loads)(body)
+        return cbor2.loads(body, tag_hook=_reject_tag, **_DECODE_OPTIONS)
     except ProtocolError:
         raise
     except RecursionError:
@@ -146,9 +121,8 @@ def decode_body(body: bytes, loads: Callable[[bytes], Any] | None = None) -> Any
 class FrameDecoder:
     """Splits a byte stream into decoded frames; feed bytes in, take objects out."""
 
-    def __init__(self, limit: int, loads: Callable[[bytes], Any] | None = None) -> None:
+    def __init__(self, limit: int) -> None:
         self._limit = limit
-        self._loads = loads
         self._buf = bytearray()
 
     def feed(self, data: bytes) -> None:
@@ -169,7 +143,7 @@ class FrameDecoder:
                     break
                 body = bytes(buf[pos + 4 : pos + 4 + length])
                 pos += 4 + length
-                yield decode_body(body, self._loads)
+                yield decode_body(body)
         finally:
             del buf[:pos]
 

@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 
-from dlm.client import cbor, core
+from dlm.client import core
 from dlm.client.core import (
     AwaitGrant,
     Failed,
@@ -83,7 +83,7 @@ class _Connection:
         self.addr = addr
         self.sock = sock
         self.node = ""
-        self._decoder = FrameDecoder(REPLY_FRAME_LIMIT, cbor.loads)
+        self._decoder = FrameDecoder(REPLY_FRAME_LIMIT)
         self._frames: deque[Any] = deque()
         self._pushes: list[dict[Any, Any]] = []
         self._ids = core.RequestIds()
@@ -135,7 +135,7 @@ class _Connection:
         self.node = node if isinstance(node, str) else ""
 
     def send(self, obj: Any, deadline: float) -> None:
-        data = encode_frame(obj, cbor.dumps)
+        data = encode_frame(obj)
         try:
             self.sock.settimeout(max(0.001, _left(deadline)))
             self.sock.sendall(data)

@@ -3,8 +3,7 @@
 `dlm acquire`, `exec`, `release` and `renew` must not load an event loop
 (asyncio alone costs 60-75 ms), rich (only tables need it), pydantic, any of
 the node's code, or (on the fast path) typer itself, or dataclasses (which
-pulls in inspect, ast, dis and tokenize, and then generates code per class),
-or cbor2 and typing (the client has its own small codec).
+pulls in inspect, ast, dis and tokenize, and then generates code per class).
 """
 
 from __future__ import annotations
@@ -16,10 +15,7 @@ import sys
 import pytest
 
 FORBIDDEN = ("asyncio", "anyio", "rich", "pydantic", "dlm.node", "dlm.store")
-FAST_PATH_FORBIDDEN = (
-    *FORBIDDEN,
-    *("typer", "dataclasses", "inspect", "cbor2", "_cbor2", "typing"),
-)
+FAST_PATH_FORBIDDEN = (*FORBIDDEN, "typer", "dataclasses", "inspect")
 
 
 def modules_after(code: str) -> set[str]:
