@@ -11,13 +11,15 @@ Theory of operation
    no terminal job control can stop it), with only fds 0-2 and the DLM_*
    variables set over the inherited environment.
 4. Wait for whichever comes first:
-   - CMD ends: close the lease (which releases the lock) and exit with CMD's
-     code, or 128+N if signal N killed it;
+   - CMD ends: stop whatever it left running in its group (SIGTERM, then
+     SIGKILL after ``--kill-grace``), close the lease (which releases the
+     lock) and exit with CMD's code, or 128+N if signal N killed it;
    - a signal to dlm (INT, TERM, HUP, QUIT): forward it to CMD's group and
      keep waiting, so CMD decides how to end and the lock is released after;
    - the lease cannot be confirmed before its client-side deadline (counted
      from when the last confirmed renewal was *sent*, so it passes before the
      server's): SIGTERM the group, SIGKILL it after ``--kill-grace``, exit 77.
+     A lease lost while still queued (``--wait``) ends the wait at once: 77.
 
 Waiting uses a pidfd (Linux >= 5.3) and a self-pipe the KeepAlive writes to
 on loss, in one ``select``; where pidfds are missing it polls every 20 ms.
@@ -49,6 +51,8 @@ if TYPE_CHECKING:
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 POLL_SECONDS = 0.02
+LOST_VERDICT_SECONDS = 2.0
+"""How long to wait for the KeepAlive's verdict after it closed the client under us."""
 
 
 class _Signals:
@@ -124,7 +128,7 @@ def run(
     wake_r, wake_w = os.pipe()
     try:
         lease = client.open_lease(ttl_ms)
-        keeper = KeepAlive(client, lease, on_lost=lambda _reason: _poke(wake_w))
+        keeper = KeepAlive(client, lease, on_lost=lambda _reason: _on_lost(client, wake_w))
         keeper.start()
         meta = owner_meta(pid=os.getpid(), command=command)
         try:
@@ -133,6 +137,11 @@ def run(
             error = exits.from_client_error(exc)
             error.exit_code = conflict_exit_code
             raise error from None
+        except ClusterUnavailable as exc:
+            # A lease lost while queued closes the client under the waiting acquire.
+            if exc.code == "CLOSED" and keeper.lost.wait(LOST_VERDICT_SECONDS):
+                raise _lost_error(keeper, key, ran=False) from None
+            raise
         if keeper.lost.is_set():
             raise _lost_error(keeper, key, ran=False)
         code = _supervise(
@@ -213,6 +222,13 @@ def child_env(grant: Grant, ttl_ms: int) -> dict[str, str]:
 def exit_code_of(returncode: int) -> int:
     """A shell's view of how the child ended: its code, or 128+N after signal N."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def _on_lost(client: Client, wake_fd: int) -> None:
+    """The lease is gone: wake the supervisor, and fail an acquire still waiting in the queue
+    (the cluster drops a lost lease's queue place without telling the waiter)."""
+    _poke(wake_fd)
+    client.close()
 
 
 def _poke(fd: int) -> None:
@@ -329,6 +345,31 @@ class _Child:
                 except ProcessLookupError:
                     pass
 
+    def group_alive(self) -> bool:
+        """Whether any process is left in CMD's process group (its leader included)."""
+        self.poll()
+        try:
+            os.killpg(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def stop_group(self, grace_s: float) -> None:
+        """SIGTERM the whole group, SIGKILL whatever is left after the grace, reap the leader.
+
+        Members other than the leader are not our children, so nothing signals their
+        end: the group is polled. SIGKILL goes out even when the group looks empty, in
+        case a member was just being created.
+        """
+        self.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while self.group_alive() and time.monotonic() < deadline:
+            self.wait_until(min(deadline, time.monotonic() + POLL_SECONDS), None)
+        self.signal_group(signal.SIGKILL)
+        self.wait()
+
     def wait_until(self, deadline: float | None, wake_fd: int | None) -> bool:
         """Waits for CMD to end, the wake fd to fire, or the deadline; True once CMD ended."""
         while True:
@@ -376,14 +417,19 @@ def _supervise(
     try:
         while not child.wait_until(None, wake_fd):
             if keeper.lost.is_set():
-                child.signal_group(signal.SIGTERM)
-                if not child.wait_until(time.monotonic() + grace_s, None):
-                    child.signal_group(signal.SIGKILL)
-                    child.wait_until(None, None)
+                child.stop_group(grace_s)
                 signals.phase = signals.DONE
                 # Whatever the child did, the lock was lost while it ran.
                 raise _lost_error(keeper, grant.key, ran=True)
         signals.phase = signals.DONE
-        return exit_code_of(child.wait())
+        code = exit_code_of(child.wait())
+        if child.group_alive():
+            # Left running, CMD's background processes would outlive the lock.
+            complain(
+                f"{command[0]} ended but left processes in its group; stopping them "
+                "before the lock is released"
+            )
+            child.stop_group(grace_s)
+        return code
     finally:
         child.close()

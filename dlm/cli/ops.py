@@ -158,12 +158,24 @@ def acquire(
                 created = client.open_lease(ttl_ms)
                 ref = created
             # Queued longer than a TTL, the lease must be renewed meanwhile.
-            keeper = KeepAlive(client, created) if created is not None and wait_s else None
+            # A lease lost while queued closes the client, which ends the wait at once.
+            keeper = (
+                KeepAlive(client, created, on_lost=lambda _reason: client.close())
+                if created is not None and wait_s
+                else None
+            )
             try:
                 if keeper is not None:
                     keeper.start()
                 grant = client.acquire(ref, key, wait=wait_s, limit=limit, meta=meta)
-            except ClusterUnavailable:
+            except ClusterUnavailable as exc:
+                if exc.code == "CLOSED" and keeper is not None and keeper.lost.wait(2.0):
+                    raise CliError(
+                        "SESSION_EXPIRED",
+                        f"lease lost while waiting for {key!r}: {keeper.reason}; "
+                        "check the cluster with `dlm status`, then try again",
+                        LOST,
+                    ) from None
                 raise  # closing would wait out --timeout a second time
             except BaseException:
                 if created is not None:

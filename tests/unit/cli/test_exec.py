@@ -296,3 +296,68 @@ def test_spawn_reports_a_missing_program_as_oserror() -> None:
 
     with pytest.raises(FileNotFoundError):
         spawn("/nonexistent/program", ["program"], dict(os.environ))
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie may wait a moment for init to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_processes_cmd_leaves_behind_are_stopped_before_the_lock_is_released(
+    tmp_path: Path, fake_cluster: Any, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pidfile = tmp_path / "bg.pid"
+    alive_at_release: list[bool] = []
+    real_close = FakeClient.close_lease
+
+    def close_lease(self: FakeClient, lease: Any) -> None:
+        alive_at_release.append(_running(int(pidfile.read_text())))
+        real_close(self, lease)
+
+    monkeypatch.setattr(FakeClient, "close_lease", close_lease)
+    script = f"sleep 60 & echo $! > {pidfile}; exit 4"
+    args = ["exec", "--lock", "job", "--kill-grace", "200ms", "--", "sh", "-c", script]
+    assert run(args) == 4
+    assert alive_at_release == [False]
+    assert "left processes in its group" in capsys.readouterr().err
+
+
+def test_a_lost_lease_also_kills_group_members_that_outlive_the_leader(
+    ready: Ready, fake_cluster: Any, tmp_path: Path
+) -> None:
+    pidfile = tmp_path / "bg.pid"
+    # The leader dies at SIGTERM; its background child ignores SIGTERM and must get SIGKILL.
+    script = f"(trap '' TERM; exec sleep 60) & echo $! > {pidfile}; echo up > {ready.path}; wait"
+    ready.then(lambda: FakeKeepAlive.instances[0].lose("planted: renewal unconfirmed"))
+    args = ["exec", "--lock", "job", "--kill-grace", "200ms", "--", "sh", "-c", script]
+    assert run(args) == 77
+    assert not _running(int(pidfile.read_text()))
+
+
+def test_a_lease_lost_while_waiting_in_the_queue_ends_the_wait_at_once(
+    fake_cluster: Any, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlm.client.errors import ClusterUnavailable
+
+    closed = threading.Event()
+
+    def close(self: FakeClient) -> None:
+        self.closed = True
+        closed.set()
+
+    def queued(self: FakeClient, *args: Any, **kwargs: Any) -> None:
+        self.calls.append(("acquire", args))
+        threading.Thread(target=FakeKeepAlive.instances[0].lose, daemon=True).start()
+        # Queued for an hour: only the loss of the lease may end this wait.
+        assert closed.wait(JOIN_S)
+        raise ClusterUnavailable("the client was closed", code="CLOSED")
+
+    monkeypatch.setattr(FakeClient, "close", close)
+    monkeypatch.setattr(FakeClient, "acquire", queued)
+    assert run(["exec", "--lock", "job", "--wait", "1h", "--", "true"]) == 77
+    assert "the command was not started" in capsys.readouterr().err
