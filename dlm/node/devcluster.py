@@ -19,51 +19,17 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
-
-import cbor2
 
 SIZE = 3
 CLUSTER_ID = "devcluster"
 STOP_GRACE = 5.0
 LEADER_TIMEOUT = 20.0
-
-
-def _status(port: int, timeout: float = 0.5) -> dict[str, Any] | None:
-    """One member's own view, over the client protocol; None if it does not answer."""
-
-    def frame(obj: Any) -> bytes:
-        body: bytes = cbor2.dumps(obj)
-        return struct.pack(">I", len(body)) + body
-
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-            sock.sendall(frame({"t": "hello", "role": "client", "version": 1}))
-            sock.sendall(frame({"t": "status", "id": 1, "stale": True}))
-            buf = b""
-            replies: list[Any] = []
-            while len(replies) < 2:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    return None
-                buf += chunk
-                while len(buf) >= 4:
-                    (n,) = struct.unpack(">I", buf[:4])
-                    if len(buf) < 4 + n:
-                        break
-                    replies.append(cbor2.loads(buf[4 : 4 + n]))
-                    buf = buf[4 + n :]
-    except (OSError, ValueError):
-        return None
-    reply = replies[1]
-    return reply if isinstance(reply, dict) and reply.get("t") == "ok" else None
 
 
 class DevCluster:
@@ -109,13 +75,16 @@ class DevCluster:
         return [(n, p.returncode) for n, p in self.procs.items() if p.poll() is not None]
 
     def wait_for_leader(self, timeout: float) -> str | None:
+        from dlm.client.sync import Client
+
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not self.dead():
-            for port in self.ports:
-                view = _status(port)
-                if view is not None and view.get("role") == "leader":
-                    return str(view.get("node"))
-            time.sleep(0.1)
+        with Client(self.members, timeout=timeout) as client:
+            while time.monotonic() < deadline and not self.dead():
+                for port in self.ports:
+                    view = client.member_status(f"127.0.0.1:{port}", timeout=0.5)
+                    if view is not None and view.get("role") == "leader":
+                        return str(view.get("node"))
+                time.sleep(0.1)
         return None
 
     def stop(self) -> None:
