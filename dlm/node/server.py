@@ -51,7 +51,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-from anyio.lowlevel import checkpoint
 
 from dlm.node import locks
 from dlm.node.config import NodeConfig
@@ -219,7 +218,7 @@ class NodeServer:
         self._links: dict[str, PeerLink] = {}
 
         self._wake_flag = False
-        self._wake_event: anyio.Event | None = None
+        self._wake_future: asyncio.Future[None] | None = None
         self._stopping = False
         self.stopped = anyio.Event()
         self._listener: anyio.abc.Listener[Any] | None = None
@@ -327,16 +326,19 @@ class NodeServer:
 
     def _wake(self) -> None:
         self._wake_flag = True
-        event = self._wake_event
-        if event is not None:
-            self._wake_event = None
-            event.set()
+        waiter = self._wake_future
+        if waiter is not None:
+            self._wake_future = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def _wait_wake(self) -> None:
+        # A bare future rather than an anyio.Event: this runs a few thousand
+        # times a second, and cancellation (task.cancel) reaches it all the same.
         while not self._wake_flag:
-            event = anyio.Event()
-            self._wake_event = event
-            await event.wait()
+            waiter = asyncio.get_running_loop().create_future()
+            self._wake_future = waiter
+            await waiter
         self._wake_flag = False
 
     # ------------------------------------------------------------------ the Ready loop
@@ -363,7 +365,7 @@ class NodeServer:
                 self._handle_ready(rd)
                 raft.advance(rd)
                 # Let readers queue what arrived meanwhile, so it joins the next batch.
-                await checkpoint()
+                await asyncio.sleep(0)
 
     def _persist(self, rd: Ready) -> None:
         storage = self.storage
