@@ -25,13 +25,13 @@ import http.client
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from bench.floor import free_ports
+from bench.procs import ProcessCluster
 
 ETCD_BINARY = "etcd"
 START_TIMEOUT_S = 20.0
@@ -95,17 +95,15 @@ def _post_sync(addr: str, path: str, body: dict[str, Any], timeout: float) -> di
         conn.close()
 
 
-class EtcdCluster:
+class EtcdCluster(ProcessCluster):
     """Three etcd members on 127.0.0.1 with data in ``base_dir``; stopped by PID."""
 
     def __init__(self, base_dir: str, size: int = 3) -> None:
-        self.base_dir = base_dir
+        super().__init__(base_dir, [f"e{i}" for i in range(size)])
         ports = free_ports(2 * size)
-        self.names = [f"e{i}" for i in range(size)]
         self.client_addrs = [f"127.0.0.1:{p}" for p in ports[:size]]
         self.peer_urls = [f"http://127.0.0.1:{p}" for p in ports[size:]]
         self.token = f"dlm-bench-{os.getpid()}-{time.monotonic_ns()}"
-        self.procs: list[subprocess.Popen[bytes] | None] = [None] * size
         self._member_ids: dict[str, int] = {}
 
     def _command(self, i: int) -> list[str]:
@@ -126,25 +124,9 @@ class EtcdCluster:
             "--log-level=error",
         ]
 
-    def _spawn(self, i: int) -> None:
-        log = open(os.path.join(self.base_dir, f"{self.names[i]}.log"), "ab")  # noqa: SIM115
-        with log:
-            self.procs[i] = subprocess.Popen(
-                self._command(i), stdin=subprocess.DEVNULL, stdout=log, stderr=log
-            )
-
     def start(self) -> None:
-        for i in range(len(self.names)):
-            self._spawn(i)
+        self.spawn_all()
         self.leader_index(START_TIMEOUT_S)
-
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs if p is not None and p.poll() is None]
-
-    def alive(self, i: int) -> bool:
-        proc = self.procs[i]
-        return proc is not None and proc.poll() is None
 
     def status(self, i: int, timeout: float = 1.0) -> dict[str, Any] | None:
         if not self.alive(i):
@@ -186,33 +168,6 @@ class EtcdCluster:
             if time.monotonic() > deadline:
                 raise TimeoutError("etcd members do not agree on a leader")
             time.sleep(0.05)
-
-    def kill(self, i: int) -> None:
-        proc = self.procs[i]
-        if proc is not None and proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-    def restart(self, i: int) -> None:
-        self._spawn(i)
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs:
-            if proc is None:
-                continue
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-
-
-# ---------------------------------------------------------------------------
-# The client
-# ---------------------------------------------------------------------------
 
 
 class _HttpConnection:

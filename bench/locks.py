@@ -35,10 +35,7 @@ import json
 import math
 import multiprocessing
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -49,16 +46,8 @@ from typing import Any, Protocol
 
 from bench import etcd as etcd_bench
 from bench.floor import Floor, Percentiles, free_ports, measure_floor, summarize
-from dlm.wire import (
-    CLIENT_FRAME_LIMIT,
-    FrameDecoder,
-    Hello,
-    ProtocolError,
-    Role,
-    Status,
-    encode_frame,
-    parse_addr,
-)
+from bench.procs import ProcessCluster
+from dlm.client.sync import Client
 
 CLIENT_COUNTS = (1, 16, 64)
 DEFAULT_SECONDS = 5.0
@@ -164,70 +153,30 @@ class Cluster(Protocol):
 # ---------------------------------------------------------------------------
 
 
-def probe_status(addr: str, timeout: float = 1.0) -> dict[str, Any] | None:
-    """One member's own view (a stale status read), over a raw connection; None if silent."""
-
-    deadline = time.monotonic() + timeout
-    try:
-        with socket.create_connection(parse_addr(addr), timeout=timeout) as sock:
-            sock.sendall(encode_frame(Hello(role=Role.CLIENT).to_wire()))
-            sock.sendall(encode_frame(Status(id=1, stale=True).to_wire()))
-            decoder = FrameDecoder(CLIENT_FRAME_LIMIT)
-            while time.monotonic() < deadline:
-                sock.settimeout(max(0.01, deadline - time.monotonic()))
-                data = sock.recv(65536)
-                if not data:
-                    return None
-                decoder.feed(data)
-                for frame in decoder.frames():
-                    # Matched by shape, not only by request id: the status view has a
-                    # field named ``id`` too (the member's), and it may shadow ours.
-                    if isinstance(frame, dict) and frame.get("t") == "ok" and "role" in frame:
-                        return frame
-                    if isinstance(frame, dict) and frame.get("t") == "error":
-                        return None
-    except (OSError, ProtocolError, ValueError):
-        return None
-    return None
-
-
-class DlmCluster:
+class DlmCluster(ProcessCluster):
     """Three `dlm node start` processes on 127.0.0.1, data under ``base_dir``."""
 
     def __init__(self, base_dir: str, size: int = 3) -> None:
-        self.base_dir = base_dir
-        self.ids = [f"n{i + 1}" for i in range(size)]
+        super().__init__(base_dir, [f"n{i + 1}" for i in range(size)])
         self.addrs = [f"127.0.0.1:{p}" for p in free_ports(size)]
-        self.procs: list[subprocess.Popen[bytes] | None] = [None] * size
+        self._client = Client(self.addrs)
 
     def _command(self, i: int) -> list[str]:
-        peers = ",".join(f"{n}={a}" for n, a in zip(self.ids, self.addrs, strict=True))
-        data = os.path.join(self.base_dir, self.ids[i])
-        args = ["--id", self.ids[i], "--listen", self.addrs[i], "--peers", peers, "--data", data]
+        peers = ",".join(f"{n}={a}" for n, a in zip(self.names, self.addrs, strict=True))
+        data = os.path.join(self.base_dir, self.names[i])
+        args = ["--id", self.names[i], "--listen", self.addrs[i], "--peers", peers, "--data", data]
         return [sys.executable, "-m", "dlm", "node", "start", *args]
 
-    def _spawn(self, i: int) -> None:
-        log = open(os.path.join(self.base_dir, f"{self.ids[i]}.log"), "ab")  # noqa: SIM115
-        with log:
-            self.procs[i] = subprocess.Popen(
-                self._command(i), stdin=subprocess.DEVNULL, stdout=log, stderr=log
-            )
-
     def start(self) -> None:
-        for i in range(len(self.ids)):
-            self._spawn(i)
+        self.spawn_all()
         self.leader_index(LEADER_TIMEOUT_S)
-
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs if p is not None and p.poll() is None]
 
     def _views(self) -> dict[int, dict[str, Any]]:
         views = {}
         for i, proc in enumerate(self.procs):
             if proc is None or proc.poll() is not None:
                 continue
-            view = probe_status(self.addrs[i])
+            view = self._client.member_status(self.addrs[i], timeout=1.0)
             if view is not None:
                 views[i] = view
         return views
@@ -241,8 +190,8 @@ class DlmCluster:
             for i, view in views.items():
                 if view.get("role") == "leader" and int(view.get("term") or 0) == top_term:
                     return i
-            dead = [self.ids[i] for i, p in enumerate(self.procs) if p and p.poll() is not None]
-            if dead and len(dead) == len(self.ids):
+            dead = [self.names[i] for i, p in enumerate(self.procs) if p and p.poll() is not None]
+            if dead and len(dead) == len(self.names):
                 raise RuntimeError(f"every dlm node exited; see the logs in {self.base_dir}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no dlm leader after {timeout:.0f} s (logs: {self.base_dir})")
@@ -253,33 +202,11 @@ class DlmCluster:
         while True:
             views = self._views()
             leaders = {v.get("leader") for v in views.values()}
-            if len(views) == len(self.ids) and len(leaders) == 1 and None not in leaders:
+            if len(views) == len(self.names) and len(leaders) == 1 and None not in leaders:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError("dlm members do not agree on a leader")
             time.sleep(0.05)
-
-    def kill(self, i: int) -> None:
-        proc = self.procs[i]
-        if proc is not None and proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-    def restart(self, i: int) -> None:
-        self._spawn(i)
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs:
-            if proc is None:
-                continue
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:
