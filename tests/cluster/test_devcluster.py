@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import select
@@ -39,19 +40,37 @@ def _three_free_ports_after() -> int:
     pytest.skip("no three consecutive free ports")
 
 
-def _read_until(proc: subprocess.Popen[str], marker: str, timeout: float) -> str:
+def _read_until(proc: subprocess.Popen[bytes], marker: str, timeout: float) -> str:
+    """Everything devcluster printed up to ``marker`` (raw reads: select and a buffered
+    reader do not mix)."""
     assert proc.stdout is not None
-    seen = ""
+    fd = proc.stdout.fileno()
+    seen = b""
     deadline = time.monotonic() + timeout
-    while marker not in seen:
+    while marker.encode() not in seen:
         left = deadline - time.monotonic()
-        assert left > 0, f"no {marker!r} within {timeout}s; got:\n{seen}"
-        ready, _, _ = select.select([proc.stdout], [], [], left)
+        assert left > 0, f"no {marker!r} within {timeout}s; got:\n{seen.decode()}"
+        ready, _, _ = select.select([fd], [], [], left)
         if ready:
-            line = proc.stdout.readline()
-            assert line, f"devcluster exited early ({proc.poll()}):\n{seen}"
-            seen += line
-    return seen
+            chunk = os.read(fd, 65536)
+            assert chunk, f"devcluster exited early ({proc.poll()}):\n{seen.decode()}"
+            seen += chunk
+    return seen.decode()
+
+
+def _children(pid: int) -> list[int]:
+    """PIDs whose parent is ``pid`` (the members a devcluster started)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="ascii") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pid:
+                found.append(int(entry))
+    return found
 
 
 def _refused(port: int) -> bool:
@@ -68,7 +87,7 @@ def test_the_dev_cluster_serves_its_paste_line_and_stops_on_ctrl_c(tmp_path: Pat
     proc = subprocess.Popen(
         [sys.executable, "-m", "dlm.node.devcluster", "--base-port", str(base),
          "--data", str(tmp_path / "data")],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path,
     )  # fmt: skip
     try:
         shown = _read_until(proc, "Ctrl-C stops", UP_TIMEOUT)
@@ -90,5 +109,10 @@ def test_the_dev_cluster_serves_its_paste_line_and_stops_on_ctrl_c(tmp_path: Pat
             wait_for(lambda p=port: _refused(p), 10.0, f"127.0.0.1:{port} to close")
     finally:
         if proc.poll() is None:
+            # The members run in their own session: a killed devcluster would orphan them.
+            members = _children(proc.pid)
             proc.kill()
             proc.wait(timeout=10)
+            for pid in members:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
