@@ -353,12 +353,19 @@ class NodeServer:
                 if not raft.has_ready():
                     break
                 rd = raft.ready()
-                if len(rd.entries) >= self._thread_min_entries and rd.snapshot is None:
-                    # A big batch means a busy node: let the loop take in the next
-                    # batch and answer the last one while the disk syncs this one.
-                    # The core may read the stored prefix meanwhile; appends only
-                    # touch indexes its unstable tail still shadows. A snapshot
-                    # replaces the whole log, so it is installed inline.
+                if (
+                    len(rd.entries) >= self._thread_min_entries
+                    and rd.snapshot is None
+                    and self._role is Role.LEADER
+                ):
+                    # A big batch means a busy leader: let the loop take in the
+                    # next batch and answer the last one while the disk syncs this
+                    # one. The core may read the stored prefix meanwhile; appends
+                    # only touch indexes its unstable tail still shadows. A
+                    # snapshot replaces the whole log, so it is installed inline.
+                    # A follower has nothing to overlap with its fsync but the
+                    # next append, and waking a thread (and winning the GIL back)
+                    # cost it more than that.
                     await anyio.to_thread.run_sync(self._persist, rd)
                 else:
                     self._persist(rd)
