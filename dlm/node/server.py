@@ -938,13 +938,12 @@ class NodeServer:
             return
         if isinstance(req, Acquire | Release | OpenLease | CloseLease):
             self._propose_request(conn, req)
-        elif isinstance(req, KeepAlive):
-            if self._role is not Role.LEADER:
-                self._reply_not_leader(conn, req.id)
-            else:
-                self._reads_queued.append(_Read(conn, req, time.monotonic()))
         elif isinstance(req, Get | ListLocks | Status) and req.stale:
             self._serve_read(_Read(conn, req, 0.0))
+        elif self._role is not Role.LEADER:
+            # Keep-alives and linearizable reads go to the leader: it confirms the read
+            # point itself, and only it knows how much of each lease's TTL is left.
+            self._reply_not_leader(conn, req.id)
         else:
             self._reads_queued.append(_Read(conn, req, time.monotonic()))
 

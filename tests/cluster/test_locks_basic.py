@@ -30,24 +30,36 @@ def test_acquire_conflict_release(cluster: Cluster) -> None:
         assert b.get("deploy")["holders"] == []
 
 
-def test_reads_work_on_every_member_and_followers_redirect_writes(cluster: Cluster) -> None:
+def test_stale_reads_work_on_every_member_and_followers_redirect_the_rest(
+    cluster: Cluster,
+) -> None:
     leader = cluster.wait_for_leader()
     with cluster.client() as c:
         lease = c.open_lease(10_000)
         token = c.acquire(lease, "k").token
+        # Through the client, a linearizable read reaches the leader, which knows the TTL left.
+        holder = c.get("k")["holders"][0]
+        assert holder["token"] == token and 0 < holder["remaining_ms"] <= 10_000
     for node in cluster.nodes.values():
         with RawConn(node.address) as conn:
-            reply = conn.request({"t": "get", "key": "k"})
-            assert reply["t"] == "ok", reply
-            assert reply["holders"][0]["token"] == token
+
+            def stale_sees_the_grant(conn: RawConn = conn) -> bool:
+                reply = conn.request({"t": "get", "key": "k", "stale": True})
+                assert reply["t"] == "ok", reply
+                return [h["token"] for h in reply["holders"]] == [token]
+
+            wait_for(stale_sees_the_grant, 10.0, f"{node.node_id} to apply the grant")
+            read = conn.request({"t": "get", "key": "k"})
             write = conn.request(
                 {"t": "acquire", "lease": lease.id, "seq": 99, "key": "other", "wait": False}
             )
             if node is leader:
+                assert read["t"] == "ok", read
                 assert write["t"] == "ok", write
             else:
-                assert write["code"] == "NOT_LEADER"
-                assert write["leader_address"] == leader.address
+                for reply in (read, write):
+                    assert reply["code"] == "NOT_LEADER"
+                    assert reply["leader_address"] == leader.address
 
 
 def test_keepalive_renews_a_lease_past_its_ttl(cluster: Cluster) -> None:
