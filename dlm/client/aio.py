@@ -9,6 +9,7 @@ that runs an event loop: importing anyio is too slow for the CLI's hot path.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import socket
 import time
@@ -163,6 +164,216 @@ class _Connection:
                 pass
 
 
+class _Wake:
+    """Why a waiting read woke up: data (or a broken connection) arrived, or its time ran out."""
+
+    DATA = True
+    TIMEOUT = False
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(_Wake.TIMEOUT)
+
+
+class _FrameProtocol(asyncio.Protocol):
+    """Decodes frames as bytes arrive, in the loop's callback, and wakes the one reader.
+
+    On asyncio this replaces anyio's socket stream, which pauses and resumes
+    reading (two epoll syscalls) and enters a cancel scope and a checkpoint on
+    every receive and send: most of the client's CPU per request.
+    """
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.frames: deque[Any] = deque()
+        self.problem: str | None = None
+        self.waiter: asyncio.Future[bool] | None = None
+        self.writable: asyncio.Future[bool] | None = None
+        self._decoder = FrameDecoder(PEER_FRAME_LIMIT)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.problem is not None:
+            return
+        self._decoder.feed(data)
+        try:
+            self.frames.extend(self._decoder.frames())
+        except ProtocolError as exc:
+            # The connection is dropped on this; frames before the bad one are never read.
+            self.frames.clear()
+            self._broken(f"bad frame: {exc}")
+            return
+        self._wake(self.waiter)
+
+    def eof_received(self) -> bool:
+        self._broken("connection closed by the member")
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._broken(str(exc) if exc else "connection closed by the member")
+
+    def pause_writing(self) -> None:
+        if self.writable is None:
+            self.writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        writable, self.writable = self.writable, None
+        self._wake(writable)
+
+    def _broken(self, reason: str) -> None:
+        if self.problem is None:
+            self.problem = reason or "connection broken"
+        self._wake(self.waiter)
+        self._wake(self.writable)
+
+    @staticmethod
+    def _wake(waiter: asyncio.Future[bool] | None) -> None:
+        if waiter is not None and not waiter.done():
+            waiter.set_result(_Wake.DATA)
+
+
+class _AsyncioConnection:
+    """The asyncio twin of _Connection: same requests and pushes, deadlines instead of scopes."""
+
+    def __init__(self, addr: str, protocol: _FrameProtocol, loop: asyncio.AbstractEventLoop):
+        self.addr = addr
+        self._protocol = protocol
+        self._loop = loop
+        self._pushes: list[dict[Any, Any]] = []
+        self._ids = core.RequestIds()
+
+    @classmethod
+    async def open(cls, addr: str, timeout: float) -> tuple[_AsyncioConnection, dict[Any, Any]]:
+        host, port = parse_addr(addr)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.001, timeout)
+        protocol = _FrameProtocol()
+        try:
+            with anyio.fail_after(max(0.001, timeout)):
+                transport, _ = await loop.create_connection(lambda: protocol, host, port)
+        except TimeoutError:
+            raise _Broken("no greeting in time") from None
+        except OSError as exc:
+            raise _Broken(str(exc) or "connect failed") from None
+        conn = cls(addr, protocol, loop)
+        try:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            await conn.send(Hello(role=Role.CLIENT).to_wire(), deadline)
+            greeting = await conn.read(deadline)
+        except BaseException:
+            await conn.aclose()
+            raise
+        if greeting is None:
+            await conn.aclose()
+            raise _Broken("no greeting in time")
+        return conn, greeting
+
+    async def send(self, obj: Any, deadline: float) -> bool:
+        """Writes one frame; False if the peer did not take it before ``deadline``."""
+        protocol = self._protocol
+        if protocol.problem is not None or protocol.transport is None:
+            raise _Broken(protocol.problem or "send failed")
+        protocol.transport.write(encode_frame(obj))
+        while protocol.writable is not None:
+            if not await self._wait(protocol.writable, deadline):
+                return False
+            if protocol.problem is not None:
+                raise _Broken(protocol.problem)
+        return True
+
+    async def read(self, deadline: float) -> dict[Any, Any] | None:
+        """The next frame, or None if none arrived before ``deadline``."""
+        protocol = self._protocol
+        frames = protocol.frames
+        while not frames:
+            if protocol.problem is not None:
+                raise _Broken(protocol.problem)
+            waiter = self._loop.create_future()
+            protocol.waiter = waiter
+            try:
+                if not await self._wait(waiter, deadline):
+                    return None
+            finally:
+                protocol.waiter = None
+        frame = frames.popleft()
+        if not isinstance(frame, dict):
+            raise _Broken("frame is not a map")
+        return frame
+
+    async def _wait(self, waiter: asyncio.Future[bool], deadline: float) -> bool:
+        timer = self._loop.call_at(deadline, _expire, waiter)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
+
+    async def request(self, request: dict[str, Any], timeout: float) -> dict[Any, Any] | None:
+        rid = self._ids.next()
+        deadline = self._loop.time() + timeout
+        if not await self.send({**request, "id": rid}, deadline):
+            return None
+        while True:
+            frame = await self.read(deadline)
+            if frame is None:
+                return None
+            if frame.get("t") == "grant" and "id" not in frame:
+                self._pushes.append(frame)
+            elif core.is_reply_to(frame, rid) or (frame.get("t") == "error" and "id" not in frame):
+                return frame
+
+    def drop_pushes(self, lease: str, key: str) -> None:
+        self._pushes = [p for p in self._pushes if not _push_matches(p, lease, key)]
+
+    async def await_grant(self, lease: str, key: str, timeout: float) -> dict[Any, Any] | None:
+        deadline = self._loop.time() + timeout
+        while True:
+            for i, push in enumerate(self._pushes):
+                if _push_matches(push, lease, key):
+                    del self._pushes[i]
+                    return push
+            frame = await self.read(deadline)
+            if frame is None:
+                return None
+            if frame.get("t") == "grant" and "id" not in frame:
+                self._pushes.append(frame)
+            elif frame.get("t") == "error" and "id" not in frame:
+                raise _Broken(f"member closed the connection: {frame.get('code')}")
+
+    async def aclose(self) -> None:
+        transport = self._protocol.transport
+        if transport is not None:
+            transport.close()
+
+
+def _on_asyncio() -> bool:
+    """Whether the running loop is asyncio's (anyio may also run on trio)."""
+    if not NATIVE_ASYNCIO:
+        return False
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+async def _open_connection(addr: str, timeout: float) -> tuple[_AnyConnection, dict[Any, Any]]:
+    if _on_asyncio():
+        return await _AsyncioConnection.open(addr, timeout)
+    return await _Connection.open(addr, timeout)
+
+
+_AnyConnection = _Connection | _AsyncioConnection
+
+# Tests turn this off to drive the portable anyio path on asyncio too.
+NATIVE_ASYNCIO = True
+
+
 def _push_matches(push: Mapping[Any, Any], lease: str, key: str) -> bool:
     return push.get("lease") == lease and push.get("key") == key
 
@@ -190,8 +401,9 @@ class AsyncClient:
             timeout=timeout,
             attempt_timeout=attempt_timeout or core.default_attempt_timeout(timeout),
         )
-        self._lock = anyio.Lock()
-        self._conn: _Connection | None = None
+        # asyncio's Lock takes no checkpoint when free; anyio's is the portable fallback.
+        self._lock: asyncio.Lock | anyio.Lock | None = None
+        self._conn: _AnyConnection | None = None
         self._closed = False
         self._ttl_ms: dict[str, int] = {}
 
@@ -298,7 +510,7 @@ class AsyncClient:
     async def member_status(self, addr: str, timeout: float = 2.0) -> dict[str, Any] | None:
         deadline = time.monotonic() + timeout
         try:
-            conn, greeting = await _Connection.open(format_addr(*parse_addr(addr)), timeout)
+            conn, greeting = await _open_connection(format_addr(*parse_addr(addr)), timeout)
         except (_Broken, ValueError):
             return None
         try:
@@ -349,7 +561,10 @@ class AsyncClient:
     # -- the driver -------------------------------------------------------------
 
     async def _run(self, flow: core.Flow) -> Any:
-        async with self._lock:
+        lock = self._lock
+        if lock is None:
+            lock = self._lock = asyncio.Lock() if _on_asyncio() else anyio.Lock()
+        async with lock:
             try:
                 action: Action = next(flow)
                 while True:
@@ -381,7 +596,7 @@ class AsyncClient:
         if conn is None or conn.addr != action.addr:
             await self._drop_connection()
             try:
-                conn, greeting = await _Connection.open(action.addr, action.timeout)
+                conn, greeting = await _open_connection(action.addr, action.timeout)
             except _Broken as exc:
                 return Failed(str(exc))
             if greeting.get("t") != "welcome":

@@ -8,6 +8,7 @@ from typing import Any
 import anyio
 import pytest
 
+from dlm.client import aio
 from dlm.client.aio import AsyncClient
 from dlm.client.errors import LockHeld, NotHolder
 
@@ -16,6 +17,13 @@ from .fake_server import FakeConn, FakeServer, LockModel, redirect_to
 
 def run(fn: Any) -> Any:
     return anyio.run(fn, backend="asyncio")
+
+
+@pytest.fixture(autouse=True, params=["native", "anyio"])
+def connection_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs on asyncio's own transport and on anyio's portable stream."""
+    monkeypatch.setattr(aio, "NATIVE_ASYNCIO", request.param == "native")
+    return str(request.param)
 
 
 def test_basic_flow_through_a_redirect() -> None:
@@ -97,5 +105,49 @@ def test_waiting_acquire_times_out_and_releases() -> None:
                 with pytest.raises(LockHeld):
                     await c.acquire(b, "k", wait=0.2)
                 assert [r["lease"] for r in server.of_type("release")] == [b.id]
+
+        run(main)
+
+
+def test_dropped_connection_is_retried_with_the_same_seq() -> None:
+    model = LockModel()
+    dropped: list[int] = []
+
+    def flaky(conn: FakeConn, req: dict[str, Any]) -> dict[str, Any] | None:
+        if req["t"] == "acquire" and not dropped:
+            dropped.append(req["seq"])
+            conn.drop()
+            return None
+        return model(conn, req)
+
+    with FakeServer(flaky) as server:
+
+        async def main() -> None:
+            async with AsyncClient(server.addr, timeout=3.0, rng=random.Random(3)) as c:
+                lease = await c.open_lease(2000)
+                grant = await c.acquire(lease, "k")
+                assert grant.token > 0
+                await c.release(lease, "k")
+
+        run(main)
+        acquires = server.of_type("acquire")
+        assert len(acquires) == 2
+        assert acquires[0]["seq"] == acquires[1]["seq"] == dropped[0]
+        assert server.of_type("release")[0]["seq"] != dropped[0]
+
+
+def test_silent_member_is_abandoned_for_the_next_one() -> None:
+    def silent(conn: FakeConn, req: dict[str, Any]) -> None:
+        return None
+
+    with FakeServer(silent, name="stopped") as stopped, FakeServer() as live:
+
+        async def main() -> None:
+            members = [stopped.addr, live.addr]
+            async with AsyncClient(members, timeout=3.0, attempt_timeout=0.2) as c:
+                lease = await c.open_lease(1000)
+                assert lease.ttl_ms == 1000
+                assert c.connected_to == live.addr
+                assert stopped.of_type("open_lease")[0]["lease"] == lease.id
 
         run(main)
