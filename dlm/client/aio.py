@@ -349,6 +349,10 @@ class _AsyncioConnection:
         transport = self._protocol.transport
         if transport is not None:
             transport.close()
+            # The socket is closed in a callback close() schedules: let it run, as
+            # anyio's aclose does, so an event loop ending right after us finds it done.
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(0)
 
 
 def _on_asyncio() -> bool:
