@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 POLL_SECONDS = 0.02
+KILL_SETTLE_SECONDS = 1.0
 LOST_VERDICT_SECONDS = 2.0
 """How long to wait for the KeepAlive's verdict after it closed the client under us."""
 
@@ -369,6 +370,11 @@ class _Child:
             self.wait_until(min(deadline, time.monotonic() + POLL_SECONDS), None)
         self.signal_group(signal.SIGKILL)
         self.wait()
+        # SIGKILL lands when the kernel next schedules each member: give it a moment, so
+        # that when dlm reports the lock gone, nothing of CMD is still running.
+        settle = time.monotonic() + KILL_SETTLE_SECONDS
+        while self.group_alive() and time.monotonic() < settle:
+            self.wait_until(min(settle, time.monotonic() + POLL_SECONDS), None)
 
     def wait_until(self, deadline: float | None, wake_fd: int | None) -> bool:
         """Waits for CMD to end, the wake fd to fire, or the deadline; True once CMD ended."""
