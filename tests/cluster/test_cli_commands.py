@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,22 +17,6 @@ from tests.cluster.cli_harness import Dlm, finish, stop
 from tests.cluster.harness import Cluster, free_ports, wait_for
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("cli-cluster"), size=3)
-    try:
-        c.start_all()
-        c.wait_for_leader(timeout=15.0)
-        yield c
-    finally:
-        c.stop_all()
-
-
-@pytest.fixture
-def dlm(shared: Cluster, tmp_path: Path) -> Dlm:
-    return Dlm(shared.members_env, tmp_path)
 
 
 def holders(dlm: Dlm, key: str) -> list[dict[str, Any]]:

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,22 +14,6 @@ from tests.cluster.cli_harness import Dlm, Fifo, finish, first_line, group_membe
 from tests.cluster.harness import Cluster, wait_for
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("cli-exec-cluster"), size=3)
-    try:
-        c.start_all()
-        c.wait_for_leader(timeout=15.0)
-        yield c
-    finally:
-        c.stop_all()
-
-
-@pytest.fixture
-def dlm(shared: Cluster, tmp_path: Path) -> Dlm:
-    return Dlm(shared.members_env, tmp_path)
 
 
 def test_exports_the_lock_to_the_child_over_inherited_values(dlm: Dlm, tmp_path: Path) -> None:
