@@ -336,7 +336,11 @@ def node_start(
     ] = None,
     peers: Annotated[
         str | None,
-        typer.Option("--peers", metavar="ID=HOST:PORT,...", help="The other members."),
+        typer.Option(
+            "--peers",
+            metavar="ID=HOST:PORT,...",
+            help="Every member of the cluster, this one included.",
+        ),
     ] = None,
     data: Annotated[
         str | None, typer.Option("--data", metavar="DIR", help="Data directory.")
