@@ -512,20 +512,30 @@ def _progress(system: str, r: CellResult) -> None:
     )
 
 
-def bench_dlm(args: argparse.Namespace, base_dir: str) -> SystemRun:
-    run = SystemRun("dlm")
-    cluster = DlmCluster(os.path.join(base_dir, "dlm"))
+def _bench_on(
+    run: SystemRun,
+    cluster: DlmCluster | etcd_bench.EtcdCluster,
+    addrs: list[str],
+    args: argparse.Namespace,
+    up: str,
+) -> SystemRun:
+    """Starts ``cluster``, runs every cell and failover on it, and stops it by PID."""
     os.makedirs(cluster.base_dir)
     try:
         cluster.start()
-        print(f"dlm: 3 nodes up on {', '.join(cluster.addrs)}", flush=True)
-        run_system(run, cluster, cluster.addrs, args)
+        print(f"{up} on {', '.join(addrs)}", flush=True)
+        run_system(run, cluster, addrs, args)
     except Exception as exc:
         run.error = f"{type(exc).__name__}: {exc}"
-        print(f"dlm: skipped the rest: {run.error}", flush=True)
+        print(f"{run.system}: skipped the rest: {run.error}", flush=True)
     finally:
         cluster.stop()
     return run
+
+
+def bench_dlm(args: argparse.Namespace, base_dir: str) -> SystemRun:
+    cluster = DlmCluster(os.path.join(base_dir, "dlm"))
+    return _bench_on(SystemRun("dlm"), cluster, cluster.addrs, args, "dlm: 3 nodes up")
 
 
 def bench_etcd(args: argparse.Namespace, base_dir: str) -> SystemRun:
@@ -537,17 +547,7 @@ def bench_etcd(args: argparse.Namespace, base_dir: str) -> SystemRun:
         return run
     run.version = version
     cluster = etcd_bench.EtcdCluster(os.path.join(base_dir, "etcd"))
-    os.makedirs(cluster.base_dir)
-    try:
-        cluster.start()
-        print(f"etcd {version}: 3 members up on {', '.join(cluster.client_addrs)}", flush=True)
-        run_system(run, cluster, cluster.client_addrs, args)
-    except Exception as exc:
-        run.error = f"{type(exc).__name__}: {exc}"
-        print(f"etcd: skipped the rest: {run.error}", flush=True)
-    finally:
-        cluster.stop()
-    return run
+    return _bench_on(run, cluster, cluster.client_addrs, args, f"etcd {version}: 3 members up")
 
 
 # ---------------------------------------------------------------------------
