@@ -1,0 +1,112 @@
+"""The rules on what a key, a lease id, a TTL, a limit or owner metadata may be.
+
+One place for them, because three rooms enforce them: the ``dlm`` command
+(before it connects, naming the option), the wire decoder (a member refuses a
+bad request before proposing it) and the lock state machine (a bad command in
+the log changes nothing). Each ``check_*`` returns None when the value is fine,
+or a sentence a user can act on, worded without option names so each caller
+can put its own in front.
+
+Cheap to import: the CLI's fast path loads it on every run.
+"""
+
+from __future__ import annotations
+
+# typing stays off the CLI's import path (milliseconds per run); mypy reads TYPE_CHECKING as true.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+KEY_MAX_BYTES = 512
+"""A key is 1 to 512 bytes of UTF-8 text without control characters."""
+LEASE_ID_MAX_CHARS = 64
+LEASE_ID_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
+CLIENT_ID_MAX_CHARS = 64
+"""Client ids (one per client process, for request deduplication) use the lease id alphabet."""
+TTL_MIN_MS = 1_000
+TTL_MAX_MS = 86_400_000
+HOLD_MAX_MS = 86_400_000
+"""A lease's TTL may be set below TTL_MIN_MS only to finish a minimum hold; never above a day."""
+LIMIT_MAX = 1024
+META_MAX_ENTRIES = 16
+META_NAME_MAX_CHARS = 64
+META_VALUE_MAX_CHARS = 256
+INT_MAX = 2**63 - 1
+"""Every integer on the wire and in the log fits in a signed 64-bit field."""
+
+
+def is_control(ch: str) -> bool:
+    """C0, DEL, C1 and lone surrogates: characters a key or a name may not contain."""
+    code = ord(ch)
+    return code < 0x20 or 0x7F <= code <= 0x9F or 0xD800 <= code <= 0xDFFF
+
+
+def check_key(key: str) -> str | None:
+    if not key:
+        return "a lock key must not be empty"
+    size = len(key.encode("utf-8", "surrogatepass"))
+    if size > KEY_MAX_BYTES:
+        return f"a lock key is at most {KEY_MAX_BYTES} bytes of UTF-8; this one has {size}"
+    if any(is_control(ch) for ch in key):
+        return "a lock key must be printable text (it contains a control character)"
+    return None
+
+
+def check_lease_id(lease: str) -> str | None:
+    if 1 <= len(lease) <= LEASE_ID_MAX_CHARS and not lease.strip(LEASE_ID_ALPHABET):
+        return None
+    return (
+        f"a lease id is 1 to {LEASE_ID_MAX_CHARS} characters of A-Z, a-z, 0-9, '_' or '-'; "
+        f"got {lease[:80]!r}"
+    )
+
+
+def check_client_id(client: str) -> str | None:
+    if 1 <= len(client) <= CLIENT_ID_MAX_CHARS and not client.strip(LEASE_ID_ALPHABET):
+        return None
+    return f"a client id is 1 to {CLIENT_ID_MAX_CHARS} characters of A-Z, a-z, 0-9, '_' or '-'"
+
+
+def check_ttl_ms(ttl_ms: int) -> str | None:
+    if TTL_MIN_MS <= ttl_ms <= TTL_MAX_MS:
+        return None
+    return f"a lease TTL must be between 1s and 24h (got {_ms(ttl_ms)})"
+
+
+def check_hold_ms(ttl_ms: int) -> str | None:
+    """The TTL a lease may be given to finish a minimum hold: 1 ms up to a day."""
+    if 1 <= ttl_ms <= HOLD_MAX_MS:
+        return None
+    return f"a remaining hold must be between 1ms and 24h (got {_ms(ttl_ms)})"
+
+
+def check_limit(limit: int) -> str | None:
+    if 1 <= limit <= LIMIT_MAX:
+        return None
+    return f"a limit must be between 1 (exclusive lock) and {LIMIT_MAX} (got {limit})"
+
+
+def check_meta(meta: Mapping[str, str]) -> str | None:
+    if len(meta) > META_MAX_ENTRIES:
+        return f"owner metadata holds at most {META_MAX_ENTRIES} entries (got {len(meta)})"
+    for name, value in meta.items():
+        if not 1 <= len(name) <= META_NAME_MAX_CHARS or any(is_control(ch) for ch in name):
+            return (
+                f"a metadata name is 1 to {META_NAME_MAX_CHARS} printable characters "
+                f"(got {name[:80]!r})"
+            )
+        if len(value) > META_VALUE_MAX_CHARS or any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
+            return f"the metadata value of {name!r} is at most {META_VALUE_MAX_CHARS} characters"
+    return None
+
+
+def check_seq(seq: int) -> str | None:
+    if 0 <= seq <= INT_MAX:
+        return None
+    return "a request sequence number is between 0 and 2**63-1"
+
+
+def _ms(ms: int) -> str:
+    if ms % 1000 == 0 and abs(ms) >= 1000:
+        return f"{ms // 1000}s"
+    return f"{ms}ms"
