@@ -28,33 +28,27 @@ from dlm.client.core import (
     Failed,
     Grant,
     Lease,
+    LeaseClock,
     LeaseRef,
+    Released,
     Send,
     Sleep,
     lease_id,
     payload,
-    reply_int,
-    reply_list,
     without_id,
 )
 from dlm.client.errors import ClusterUnavailable, DlmError, LeaseLost
 from dlm.wire import (
     PEER_FRAME_LIMIT,
-    CloseLease,
     FrameDecoder,
-    Get,
     Hello,
-    LeaseInfo,
-    ListLocks,
-    OpenLease,
+    HelloRole,
     ProtocolError,
-    Role,
     Status,
     encode_frame,
     format_addr,
     parse_addr,
 )
-from dlm.wire import KeepAlive as KeepAliveRequest
 
 if TYPE_CHECKING:
     from dlm.client.core import Action, Outcome
@@ -90,7 +84,7 @@ class _Connection:
                 try:
                     raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
                     raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    await conn.send(Hello(role=Role.CLIENT).to_wire())
+                    await conn.send(Hello(role=HelloRole.CLIENT).to_wire())
                     greeting = await conn.read()
                 except BaseException:
                     await conn.aclose()
@@ -264,7 +258,7 @@ class _AsyncioConnection:
             sock = transport.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await conn.send(Hello(role=Role.CLIENT).to_wire(), deadline)
+            await conn.send(Hello(role=HelloRole.CLIENT).to_wire(), deadline)
             greeting = await conn.read(deadline)
         except BaseException:
             await conn.aclose()
@@ -397,7 +391,7 @@ class AsyncClient:
         self.timeout = timeout
         self._rng = rng
         start = rng.randrange(len(self.members)) if rng is not None else 0
-        self._settings = core.Settings(
+        self._ctx = core.Context(
             members=self.members,
             router=core.Router(self.members, start),
             backoff=core.Backoff(rng),
@@ -430,47 +424,68 @@ class AsyncClient:
     def connected_to(self) -> str | None:
         return self._conn.addr if self._conn is not None else None
 
+    @property
+    def client_id(self) -> str:
+        return self._ctx.client
+
     def spawn(self) -> AsyncClient:
         rng = random.Random(self._rng.getrandbits(64)) if self._rng is not None else None
         child = AsyncClient(
             self.members,
             timeout=self.timeout,
             rng=rng,
-            attempt_timeout=self._settings.attempt_timeout,
+            attempt_timeout=self._ctx.attempt_timeout,
         )
-        child._settings.router.preferred = self._settings.router.preferred
+        child._ctx.router.preferred = self._ctx.router.preferred
         child._ttl_ms = dict(self._ttl_ms)
         return child
 
-    # -- leases ---------------------------------------------------------------
+    # -- leases (each method is the blocking client's, as a coroutine) ----------
 
-    async def open_lease(self, ttl_ms: int, lease: str | None = None) -> Lease:
-        lid = lease or core.new_lease_id()
-        request = without_id(OpenLease(id=0, lease=lid, ttl_ms=ttl_ms))
-        sent = time.monotonic()
-        _, reply = await self._run(core.call(self._settings, request))
-        ttl = reply_int(reply, "ttl_ms")
-        self._ttl_ms[lid] = ttl
-        return Lease(id=lid, ttl_ms=ttl, confirmed_at=sent)
+    async def open_lease(
+        self,
+        ttl_ms: int,
+        lease: str | None = None,
+        *,
+        ephemeral: bool = False,
+        meta: Mapping[str, str] | None = None,
+    ) -> Lease:
+        opened: Lease = await self._run(
+            core.open_lease_flow(self._ctx, ttl_ms, lease, ephemeral=ephemeral, meta=meta)
+        )
+        self._ttl_ms[opened.id] = opened.ttl_ms
+        return opened
 
     async def keepalive(self, lease: LeaseRef, *, timeout: float | None = None) -> int:
         lid = lease_id(lease)
-        request = without_id(KeepAliveRequest(id=0, lease=lid))
-        _, reply = await self._run(core.call(self._settings, request, timeout=timeout))
-        ttl = reply_int(reply, "ttl_ms")
+        ttl: int = await self._run(core.keepalive_flow(self._ctx, lid, timeout=timeout))
         self._ttl_ms[lid] = ttl
         return ttl
 
-    async def close_lease(self, lease: LeaseRef) -> None:
+    async def close_lease(self, lease: LeaseRef, *, must_exist: bool = False) -> list[str]:
         lid = lease_id(lease)
-        request = without_id(CloseLease(id=0, lease=lid, seq=core.new_seq()))
-        await self._run(core.call(self._settings, request))
+        released: list[str] = await self._run(
+            core.close_lease_flow(self._ctx, lid, must_exist=must_exist)
+        )
         self._ttl_ms.pop(lid, None)
+        return released
+
+    async def update_lease(self, lease: LeaseRef, ttl_ms: int, *, finished: bool = False) -> int:
+        lid = lease_id(lease)
+        flow = core.update_lease_flow(self._ctx, lid, ttl_ms, finished=finished)
+        ttl: int = await self._run(flow)
+        self._ttl_ms[lid] = ttl
+        return ttl
 
     async def lease_info(self, lease: LeaseRef) -> dict[str, Any]:
-        request = without_id(LeaseInfo(id=0, lease=lease_id(lease)))
-        _, reply = await self._run(core.call(self._settings, request))
-        return payload(reply)
+        info: dict[str, Any] = await self._run(core.lease_info_flow(self._ctx, lease_id(lease)))
+        return info
+
+    async def list_leases(self, *, stale: bool = False) -> list[dict[str, Any]]:
+        leases: list[dict[str, Any]] = await self._run(
+            core.list_leases_flow(self._ctx, stale=stale)
+        )
+        return leases
 
     # -- locks ----------------------------------------------------------------
 
@@ -486,30 +501,35 @@ class AsyncClient:
         lid = lease_id(lease)
         known_ttl = lease.ttl_ms if isinstance(lease, Lease) else self._ttl_ms.get(lid)
         flow = core.acquire_flow(
-            self._settings, lid, key, wait=wait, limit=limit, meta=meta, known_ttl_ms=known_ttl
+            self._ctx, lid, key, wait=wait, limit=limit, meta=meta, known_ttl_ms=known_ttl
         )
         grant: Grant = await self._run(flow)
         return grant
 
-    async def release(self, lease: LeaseRef, key: str) -> None:
-        await self._run(core.call(self._settings, core.release_request(lease_id(lease), key)))
+    async def release(
+        self, lease: LeaseRef, key: str, *, token: int | None = None, keep_lease: bool = True
+    ) -> Released:
+        flow = core.release_flow(
+            self._ctx, lease_id(lease), key, token=token, keep_lease=keep_lease
+        )
+        released: Released = await self._run(flow)
+        return released
 
     async def get(self, key: str, *, stale: bool = False) -> dict[str, Any]:
-        request = without_id(Get(id=0, key=key, stale=stale))
-        _, reply = await self._run(core.call(self._settings, request))
-        return payload(reply)
+        state: dict[str, Any] = await self._run(core.get_flow(self._ctx, key, stale=stale))
+        return state
 
     async def list_locks(self, prefix: str = "", *, stale: bool = False) -> list[dict[str, Any]]:
-        request = without_id(ListLocks(id=0, prefix=prefix, stale=stale))
-        _, reply = await self._run(core.call(self._settings, request))
-        return [lock for lock in reply_list(reply, "locks") if isinstance(lock, dict)]
+        locks: list[dict[str, Any]] = await self._run(
+            core.list_locks_flow(self._ctx, prefix, stale=stale)
+        )
+        return locks
 
     # -- cluster --------------------------------------------------------------
 
     async def status(self, *, stale: bool = False) -> dict[str, Any]:
-        request = without_id(Status(id=0, stale=stale))
-        _, reply = await self._run(core.call(self._settings, request))
-        return payload(reply)
+        view: dict[str, Any] = await self._run(core.status_flow(self._ctx, stale=stale))
+        return view
 
     async def member_status(self, addr: str, timeout: float = 2.0) -> dict[str, Any] | None:
         deadline = time.monotonic() + timeout
@@ -648,19 +668,26 @@ class AsyncKeepAlive:
         if confirmed_at is None:
             raise ValueError("keep_alive needs confirmed_at: when the lease was last confirmed")
         self.lease = lease_id(lease)
-        self.ttl_ms = ttl_ms
         self.lost = anyio.Event()
         self.reason: str | None = None
         self.renewals = 0
         self.last_error: BaseException | None = None
-        self.deadline = confirmed_at + ttl_ms / 1000.0
+        self._clock = LeaseClock(ttl_ms, confirmed_at)
         self._client = client
         self._on_lost = on_lost
         self._fixed_interval = interval
-        self._confirmed_at = confirmed_at
+
+    @property
+    def ttl_ms(self) -> int:
+        return self._clock.ttl_ms
+
+    @property
+    def deadline(self) -> float:
+        """Monotonic time after which the lease must be presumed lost."""
+        return self._clock.deadline
 
     def _interval(self) -> float:
-        return self._fixed_interval or self.ttl_ms / 3000.0
+        return self._fixed_interval or self._clock.interval()
 
     def _mark_lost(self, reason: str) -> None:
         if self.lost.is_set():
@@ -685,7 +712,7 @@ class AsyncKeepAlive:
             await anyio.sleep(left)
 
     async def _renew_loop(self) -> None:
-        next_at = self._confirmed_at + self._interval()
+        next_at = self._clock.last_sent + self._interval()
         while not self.lost.is_set():
             wait = next_at - time.monotonic()
             if wait > 0:
@@ -697,8 +724,7 @@ class AsyncKeepAlive:
             try:
                 with anyio.move_on_after(left):
                     ttl = await self._client.keepalive(self.lease, timeout=left)
-                    self.ttl_ms = ttl
-                    self.deadline = max(self.deadline, sent + ttl / 1000.0)
+                    self._clock.confirmed(sent, ttl)
                     self.renewals += 1
                     next_at = sent + self._interval()
                     continue

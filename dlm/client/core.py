@@ -17,8 +17,15 @@ A request is driven by a generator (``call`` or ``acquire_flow``) that yields
 The blocking client (sync.py) and the anyio client (aio.py) are drivers of
 these generators; everything they would otherwise both have to get right -
 following NOT_LEADER redirects, rotating through members, backing off with
-full jitter, keeping one ``seq`` for every retry of one request, mapping error
-replies to exceptions - lives here once, and is tested with a fake clock.
+full jitter, keeping one ``seq`` for every retry of one request, building
+each request and reading its reply, mapping error replies to exceptions -
+lives here once, one ``*_flow`` per client method, and is tested with a fake
+clock. The simulator (tests/sim) drives the same flows.
+
+Request identity (docs/PROTOCOL.md): each client has a random ``client`` id
+and a ``Sequencer`` whose numbers rise per request; a re-sent request keeps
+its number, and every request says up to where the client has its answers
+(``acked``), so the cluster can forget results nobody will ask for again.
 """
 
 from __future__ import annotations
@@ -36,9 +43,22 @@ from dlm.client.errors import (
 )
 from dlm.wire import (
     Acquire,
+    CloseLease,
     ErrorCode,
+    Get,
+    LeaseInfo,
+    ListLeases,
+    ListLocks,
+    MemberAdd,
+    MemberPromote,
+    MemberRemove,
+    Members,
+    OpenLease,
     Record,
     Release,
+    Renew,
+    Status,
+    UpdateLease,
     format_addr,
     parse_addr,
 )
@@ -138,12 +158,43 @@ def new_lease_id() -> str:
 
 
 def new_seq() -> int:
-    """A fresh random 63-bit request sequence number.
-
-    Always from the OS, never from an injected (maybe seeded) generator: two
-    processes sharing a lease with equal seqs would get each other's results.
-    """
+    """A random 63-bit request id: what a version-1 client sends as ``seq``."""
     return int.from_bytes(os.urandom(8), "big") >> 1
+
+
+class Sequencer:
+    """The rising request numbers of one client, and how far it has its answers.
+
+    Numbers start at a random offset below 2**62 (from the OS, never from a
+    seeded generator: two clients sharing a lease must not meet), so they
+    never collide with another client's, and a member of the previous release,
+    which knows requests only by their number, tells them apart too.
+    ``acked`` is the highest number below which every request was answered or
+    given up: neither will be re-sent.
+    """
+
+    __slots__ = ("_next", "_open")
+
+    def __init__(self, start: int | None = None) -> None:
+        if start is None:
+            start = int.from_bytes(os.urandom(8), "big") >> 2
+        self._next = start + 1
+        self._open: set[int] = set()
+
+    def issue(self) -> int:
+        """The number of a new request; it counts as unanswered until ``done``."""
+        seq = self._next
+        self._next += 1
+        self._open.add(seq)
+        return seq
+
+    def done(self, seq: int) -> None:
+        """``seq`` was answered, or given up: it will never be sent again."""
+        self._open.discard(seq)
+
+    @property
+    def acked(self) -> int:
+        return min(self._open) - 1 if self._open else self._next - 1
 
 
 class RequestIds:
@@ -315,10 +366,20 @@ if TYPE_CHECKING:
     Flow = Generator[Action, Outcome, Any]
 
 
-class Settings:
-    """What every call of one client shares."""
+class Context:
+    """What every call of one client shares: members, routing, backoff, clock, identity."""
 
-    __slots__ = ("attempt_timeout", "backoff", "clock", "members", "router", "timeout")
+    __slots__ = (
+        "attempt_timeout",
+        "backoff",
+        "client",
+        "clock",
+        "dial_timeout",
+        "members",
+        "router",
+        "seqs",
+        "timeout",
+    )
 
     def __init__(
         self,
@@ -329,6 +390,9 @@ class Settings:
         clock: Clock,
         timeout: float,
         attempt_timeout: float,
+        client: str | None = None,
+        seqs: Sequencer | None = None,
+        dial_timeout: float | None = None,
     ) -> None:
         self.members = members
         self.router = router
@@ -336,6 +400,9 @@ class Settings:
         self.clock = clock
         self.timeout = timeout
         self.attempt_timeout = attempt_timeout
+        self.client = client or new_lease_id()
+        self.seqs = seqs or Sequencer()
+        self.dial_timeout = dial_timeout
 
 
 def default_attempt_timeout(timeout: float) -> float:
@@ -350,7 +417,7 @@ def default_attempt_timeout(timeout: float) -> float:
 
 
 def call(
-    s: Settings,
+    s: Context,
     request: dict[str, Any],
     *,
     timeout: float | None = None,
@@ -436,12 +503,90 @@ def _unavailable(
 
 
 # ---------------------------------------------------------------------------
-# Acquire: try once, or queue and wait for the pushed grant
+# The client's methods, one flow each
 # ---------------------------------------------------------------------------
 
 
+def change(
+    s: Context, request: Any, *, timeout: float | None = None, drop_pushes_for: Any = None
+) -> Generator[Action, Outcome, tuple[str, Reply]]:
+    """``call`` for a request that changes state: it carries this client's identity.
+
+    ``request`` is a wire request made with ``seq=0``; the flow fills in the
+    client id, a fresh seq and the acknowledged floor, keeps them for every
+    retry, and marks the seq done however the call ends.
+    """
+    seq = s.seqs.issue()
+    wire = without_id(request)
+    wire.update(client=s.client, seq=seq, acked=s.seqs.acked)
+    try:
+        return (yield from call(s, wire, timeout=timeout, drop_pushes_for=drop_pushes_for))
+    finally:
+        s.seqs.done(seq)
+
+
+def open_lease_flow(
+    s: Context,
+    ttl_ms: int,
+    lease: str | None = None,
+    *,
+    ephemeral: bool = False,
+    meta: Mapping[str, str] | None = None,
+) -> Generator[Action, Outcome, Lease]:
+    """Opens a lease (a fresh random id unless ``lease`` is given).
+
+    The lease's client-side clock starts when the request was first *sent*:
+    whatever the server did with it happened later, so our deadline passes first.
+    """
+    lid = lease or new_lease_id()
+    sent = s.clock()
+    request = OpenLease(id=0, lease=lid, ttl_ms=ttl_ms, ephemeral=ephemeral, meta=dict(meta or {}))
+    _, reply = yield from change(s, request)
+    return Lease(id=lid, ttl_ms=reply_int(reply, "ttl_ms"), confirmed_at=sent)
+
+
+def keepalive_flow(
+    s: Context, lease: str, *, timeout: float | None = None
+) -> Generator[Action, Outcome, int]:
+    """Renews the lease; returns its TTL in ms. LeaseLost if it is gone."""
+    # A keep-alive is not in the log, so it takes no part in the acknowledged floor; its
+    # number only lets the leader ignore a stale copy of an older one.
+    seq = s.seqs.issue()
+    s.seqs.done(seq)
+    request = without_id(Renew(id=0, lease=lease, client=s.client, seq=seq))
+    _, reply = yield from call(s, request, timeout=timeout)
+    return reply_int(reply, "ttl_ms")
+
+
+def close_lease_flow(
+    s: Context, lease: str, *, must_exist: bool = False
+) -> Generator[Action, Outcome, list[str]]:
+    """Ends the lease, releasing its locks; returns the keys it held.
+
+    A lease that is already gone is what its owner wanted, so that is success,
+    unless ``must_exist`` (an operator revoking a lease by id): then LeaseLost.
+    """
+    try:
+        _, reply = yield from change(s, CloseLease(id=0, lease=lease, seq=0))
+    except LeaseLost:
+        if must_exist:
+            raise
+        return []
+    released = reply.get("released")
+    return [k for k in released if isinstance(k, str)] if isinstance(released, list) else []
+
+
+def update_lease_flow(
+    s: Context, lease: str, ttl_ms: int, *, finished: bool = False
+) -> Generator[Action, Outcome, int]:
+    """Gives the lease a new TTL from now; returns it."""
+    request = UpdateLease(id=0, lease=lease, ttl_ms=ttl_ms, finished=finished, seq=0)
+    _, reply = yield from change(s, request)
+    return reply_int(reply, "ttl_ms")
+
+
 def acquire_flow(
-    s: Settings,
+    s: Context,
     lease: str,
     key: str,
     *,
@@ -450,64 +595,190 @@ def acquire_flow(
     meta: Mapping[str, str] | None,
     known_ttl_ms: int | None,
 ) -> Generator[Action, Outcome, Grant]:
+    """Takes ``key``: once (LockHeld if held), or queued FIFO for up to ``wait`` seconds."""
     waiting = wait is not None and wait > 0
-    seq = new_seq()
-    request = without_id(
-        Acquire(
-            id=0,
-            lease=lease,
-            seq=seq,
-            key=key,
-            wait=waiting,
-            limit=limit,
-            meta=dict(meta or {}),
+    seq = s.seqs.issue()
+    try:
+        request = without_id(
+            Acquire(
+                id=0,
+                lease=lease,
+                seq=seq,
+                key=key,
+                wait=waiting,
+                limit=limit,
+                meta=dict(meta or {}),
+                client=s.client,
+                acked=s.seqs.acked,
+            )
         )
+        wait_s = wait if wait is not None and waiting else 0.0
+        wait_deadline = s.clock() + wait_s
+        while True:
+            budget = max(0.0, wait_deadline - s.clock()) + s.timeout
+            addr, reply = yield from call(s, request, timeout=budget, drop_pushes_for=(lease, key))
+            result = reply.get("result")
+            if result == "granted":
+                return grant_from_reply(reply, lease, key)
+            if result != "queued" or not waiting:
+                raise ServerError("BAD_REPLY", f"unexpected acquire reply {result!r} from {addr}")
+            outcome = yield AwaitGrant(addr, lease, key, max(0.0, wait_deadline - s.clock()))
+            if isinstance(outcome, dict):
+                token = outcome.get("token")
+                if not isinstance(token, int) or isinstance(token, bool):
+                    raise ServerError("BAD_REPLY", f"grant push without a token from {addr}")
+                if known_ttl_ms is not None:
+                    return Grant(key=key, token=token, lease=lease, ttl_ms=known_ttl_ms)
+                # The push carries no TTL; the re-sent acquire (same seq) is answered
+                # "granted" from the state machine, with it.
+                continue
+            if isinstance(outcome, Failed):
+                # Connection lost while queued: re-send the same acquire; the server
+                # answers from its state (granted meanwhile, or still queued).
+                continue
+            # The wait ran out. Leave the queue; if the grant raced in, this releases it.
+            yield from change(s, Release(id=0, lease=lease, seq=0, key=key, keep_lease=True))
+            raise LockHeld(
+                f"lock {key!r} is still held by someone else after waiting {wait_s:g}s: "
+                "try again later or wait longer (--wait)"
+            )
+    finally:
+        s.seqs.done(seq)
+
+
+class Released(Record):
+    """What a release did: ``held`` (a lock, with its ``token``) or a queue place, and
+    whether the lease ended with it (an ephemeral lease left idle)."""
+
+    __slots__ = ("held", "key", "lease_ended", "token")
+    FIELDS = ("key", "held", "token", "lease_ended")
+    key: str
+    held: bool
+    token: int | None
+    lease_ended: bool
+
+    def __init__(self, key: str, held: bool, token: int | None, lease_ended: bool) -> None:
+        _set(self, "key", key)
+        _set(self, "held", held)
+        _set(self, "token", token)
+        _set(self, "lease_ended", lease_ended)
+
+
+def release_flow(
+    s: Context, lease: str, key: str, *, token: int | None = None, keep_lease: bool = True
+) -> Generator[Action, Outcome, Released]:
+    """Releases ``key`` (only the grant ``token`` names, if given), or leaves its queue."""
+    request = Release(id=0, lease=lease, seq=0, key=key, token=token, keep_lease=keep_lease)
+    _, reply = yield from change(s, request)
+    ended = reply.get("lease_ended")
+    return Released(
+        key,
+        reply.get("released", "lock") == "lock",
+        _opt_int(reply, "token"),
+        ended is True,
     )
-    wait_s = wait if wait is not None and waiting else 0.0
-    wait_deadline = s.clock() + wait_s
-    while True:
-        budget = max(0.0, wait_deadline - s.clock()) + s.timeout
-        addr, reply = yield from call(s, request, timeout=budget, drop_pushes_for=(lease, key))
-        result = reply.get("result")
-        if result == "granted":
-            return grant_from_reply(reply, lease, key)
-        if result != "queued" or not waiting:
-            raise ServerError("BAD_REPLY", f"unexpected acquire reply {result!r} from {addr}")
-        outcome = yield AwaitGrant(addr, lease, key, max(0.0, wait_deadline - s.clock()))
-        if isinstance(outcome, dict):
-            token = outcome.get("token")
-            if not isinstance(token, int) or isinstance(token, bool):
-                raise ServerError("BAD_REPLY", f"grant push without a token from {addr}")
-            if known_ttl_ms is not None:
-                return Grant(key=key, token=token, lease=lease, ttl_ms=known_ttl_ms)
-            # The push carries no TTL; the re-sent acquire (same seq) is answered
-            # "granted" from the state machine, with it.
-            continue
-        if isinstance(outcome, Failed):
-            # Connection lost while queued: re-send the same acquire; the server
-            # answers from its state (granted meanwhile, or still queued).
-            continue
-        # The wait ran out. Leave the queue; if the grant raced in, this releases it.
-        yield from call(s, release_request(lease, key))
-        raise LockHeld(
-            f"lock {key!r} is still held by someone else after waiting {wait_s:g}s: "
-            "try again later or wait longer (--wait)"
-        )
 
 
-def release_request(lease: str, key: str) -> dict[str, Any]:
-    return without_id(Release(id=0, lease=lease, seq=new_seq(), key=key))
+def read_flow(
+    s: Context, request: Any, *, timeout: float | None = None
+) -> Generator[Action, Outcome, dict[str, Any]]:
+    """A request that changes nothing (get, lease_info, status, members): its ok payload."""
+    _, reply = yield from call(s, without_id(request), timeout=timeout)
+    return payload(reply)
 
 
-def without_id(request: Any) -> dict[str, Any]:
-    wire: dict[str, Any] = request.to_wire()
-    del wire["id"]
-    return wire
+def get_flow(s: Context, key: str, *, stale: bool = False) -> Flow:
+    return read_flow(s, Get(id=0, key=key, stale=stale))
+
+
+def lease_info_flow(s: Context, lease: str) -> Flow:
+    return read_flow(s, LeaseInfo(id=0, lease=lease))
+
+
+def status_flow(s: Context, *, stale: bool = False) -> Flow:
+    return read_flow(s, Status(id=0, stale=stale))
+
+
+def members_flow(s: Context) -> Flow:
+    return read_flow(s, Members(id=0))
+
+
+def paged_flow(
+    s: Context, request: ListLocks | ListLeases, field: str
+) -> Generator[Action, Outcome, list[dict[str, Any]]]:
+    """Every item of a paged listing, page after page (``next`` is the cursor)."""
+    items: list[dict[str, Any]] = []
+    wire = without_id(request)
+    for _ in range(1 << 20):  # bounded: each page moves the cursor forward
+        _, reply = yield from call(s, wire)
+        items.extend(item for item in reply_list(reply, field) if isinstance(item, dict))
+        cursor = reply.get("next")
+        if not isinstance(cursor, str) or cursor == wire.get("after"):
+            break
+        wire = {**wire, "after": cursor}
+    return items
+
+
+def list_locks_flow(
+    s: Context, prefix: str = "", *, stale: bool = False
+) -> Generator[Action, Outcome, list[dict[str, Any]]]:
+    return paged_flow(s, ListLocks(id=0, prefix=prefix, stale=stale), "locks")
+
+
+def list_leases_flow(
+    s: Context, *, stale: bool = False
+) -> Generator[Action, Outcome, list[dict[str, Any]]]:
+    return paged_flow(s, ListLeases(id=0, stale=stale), "leases")
+
+
+def member_change_flow(
+    s: Context, request: MemberAdd | MemberRemove | MemberPromote
+) -> Generator[Action, Outcome, dict[str, Any]]:
+    _, reply = yield from change(s, request)
+    return payload(reply)
+
+
+class LeaseClock:
+    """When a held lease must be presumed lost, from this client's side.
+
+    The deadline is the *send* time of the last confirmed renewal plus the TTL:
+    the leader started (or restarted) the lease's clock when the request reached
+    it, later than we sent it, so our deadline passes first (ARCHITECTURE.md,
+    invariant 4). Counting from the reply instead would let the server's
+    deadline pass first. Times are the client's monotonic clock, in seconds.
+    """
+
+    __slots__ = ("deadline", "last_sent", "ttl_ms")
+
+    def __init__(self, ttl_ms: int, confirmed_at: float) -> None:
+        self.ttl_ms = ttl_ms
+        self.last_sent = confirmed_at
+        self.deadline = confirmed_at + ttl_ms / 1000.0
+
+    def confirmed(self, sent_at: float, ttl_ms: int) -> None:
+        """A renewal sent at ``sent_at`` was confirmed with ``ttl_ms``."""
+        self.ttl_ms = ttl_ms
+        self.last_sent = max(self.last_sent, sent_at)
+        self.deadline = max(self.deadline, sent_at + ttl_ms / 1000.0)
+
+    def interval(self) -> float:
+        """Renew every third of the TTL: two renewals may fail before the deadline."""
+        return self.ttl_ms / 3000.0
+
+    def next_renewal(self) -> float:
+        return self.last_sent + self.interval()
 
 
 # ---------------------------------------------------------------------------
 # Replies
 # ---------------------------------------------------------------------------
+
+
+def without_id(request: Any) -> dict[str, Any]:
+    """A wire request's frame without its ``id``: the driver assigns one per attempt."""
+    wire: dict[str, Any] = request.to_wire()
+    del wire["id"]
+    return wire
 
 
 def _opt_int(reply: Mapping[Any, Any], name: str) -> int | None:

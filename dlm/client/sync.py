@@ -28,33 +28,27 @@ from dlm.client.core import (
     Grant,
     Lease,
     LeaseRef,
+    Released,
     Send,
     Sleep,
     lease_id,
     payload,
-    reply_int,
-    reply_list,
     without_id,
 )
 from dlm.client.errors import ClusterUnavailable, DlmError, LeaseLost
 from dlm.wire import (
     PEER_FRAME_LIMIT,
-    CloseLease,
     FrameDecoder,
-    Get,
     Hello,
-    LeaseInfo,
-    ListLocks,
-    OpenLease,
+    HelloRole,
+    MemberAdd,
+    MemberPromote,
+    MemberRemove,
     ProtocolError,
-    Role,
     Status,
     encode_frame,
     format_addr,
     parse_addr,
-)
-from dlm.wire import (
-    KeepAlive as KeepAliveRequest,
 )
 
 # typing and random stay off the import path of `dlm acquire` (see wire.py).
@@ -124,7 +118,7 @@ class _Connection:
         sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
         conn = cls(addr, sock)
         try:
-            conn.send(Hello(role=Role.CLIENT).to_wire(), deadline)
+            conn.send(Hello(role=HelloRole.CLIENT).to_wire(), deadline)
         except BaseException:
             conn.close()
             raise
@@ -254,18 +248,20 @@ class Client:
         timeout: float = 10.0,
         rng: random.Random | None = None,
         attempt_timeout: float | None = None,
+        dial_timeout: float | None = None,
     ) -> None:
         self.members = core.parse_members(members)
         self.timeout = timeout
         self._rng = rng
         start = rng.randrange(len(self.members)) if rng is not None else 0
-        self._settings = core.Settings(
+        self._ctx = core.Context(
             members=self.members,
             router=core.Router(self.members, start),
             backoff=core.Backoff(rng),
             clock=time.monotonic,
             timeout=timeout,
             attempt_timeout=attempt_timeout or core.default_attempt_timeout(timeout),
+            dial_timeout=dial_timeout,
         )
         self._lock = threading.RLock()
         self._conn: _Connection | None = None
@@ -304,6 +300,11 @@ class Client:
         conn = self._conn
         return conn.addr if conn is not None else None
 
+    @property
+    def client_id(self) -> str:
+        """This client's id: the cluster tells its requests from other clients' by it."""
+        return self._ctx.client
+
     def spawn(self) -> Client:
         """A new client for the same cluster with its own connection (for background work)."""
         rng = None
@@ -315,48 +316,68 @@ class Client:
             self.members,
             timeout=self.timeout,
             rng=rng,
-            attempt_timeout=self._settings.attempt_timeout,
+            attempt_timeout=self._ctx.attempt_timeout,
+            dial_timeout=self._ctx.dial_timeout,
         )
-        child._settings.router.preferred = self._settings.router.preferred
+        child._ctx.router.preferred = self._ctx.router.preferred
         child._ttl_ms = dict(self._ttl_ms)
         return child
 
     # -- leases ---------------------------------------------------------------
 
-    def open_lease(self, ttl_ms: int, lease: str | None = None) -> Lease:
-        """Opens a lease (a fresh random id unless ``lease`` is given)."""
-        lid = lease or core.new_lease_id()
-        with self._lock:
-            sent = time.monotonic()
-            _, reply = self._run(
-                core.call(self._settings, without_id(OpenLease(id=0, lease=lid, ttl_ms=ttl_ms)))
-            )
-        ttl = reply_int(reply, "ttl_ms")
-        self._ttl_ms[lid] = ttl
-        return Lease(id=lid, ttl_ms=ttl, confirmed_at=sent)
+    def open_lease(
+        self,
+        ttl_ms: int,
+        lease: str | None = None,
+        *,
+        ephemeral: bool = False,
+        meta: Mapping[str, str] | None = None,
+    ) -> Lease:
+        """Opens a lease (a fresh random id unless ``lease`` is given).
+
+        ``ephemeral``: the lease is for one lock, and a release that leaves it
+        idle ends it (what ``dlm acquire`` does).
+        """
+        opened: Lease = self._run(
+            core.open_lease_flow(self._ctx, ttl_ms, lease, ephemeral=ephemeral, meta=meta)
+        )
+        self._ttl_ms[opened.id] = opened.ttl_ms
+        return opened
 
     def keepalive(self, lease: LeaseRef, *, timeout: float | None = None) -> int:
         """Renews the lease; returns its TTL in ms. LeaseLost if it is gone."""
         lid = lease_id(lease)
-        request = without_id(KeepAliveRequest(id=0, lease=lid))
-        with self._lock:
-            _, reply = self._run(core.call(self._settings, request, timeout=timeout))
-        ttl = reply_int(reply, "ttl_ms")
+        ttl: int = self._run(core.keepalive_flow(self._ctx, lid, timeout=timeout))
         self._ttl_ms[lid] = ttl
         return ttl
 
-    def close_lease(self, lease: LeaseRef) -> None:
+    def close_lease(self, lease: LeaseRef, *, must_exist: bool = False) -> list[str]:
+        """Ends the lease and releases its locks; returns the keys it held.
+
+        A lease that is already gone counts as closed, unless ``must_exist``
+        (revoking someone's lease by id): then LeaseLost.
+        """
         lid = lease_id(lease)
-        request = without_id(CloseLease(id=0, lease=lid, seq=core.new_seq()))
-        with self._lock:
-            self._run(core.call(self._settings, request))
+        released: list[str] = self._run(
+            core.close_lease_flow(self._ctx, lid, must_exist=must_exist)
+        )
         self._ttl_ms.pop(lid, None)
+        return released
+
+    def update_lease(self, lease: LeaseRef, ttl_ms: int, *, finished: bool = False) -> int:
+        """Gives the lease a new TTL, counted from now (``finished``: its command ended)."""
+        lid = lease_id(lease)
+        ttl: int = self._run(core.update_lease_flow(self._ctx, lid, ttl_ms, finished=finished))
+        self._ttl_ms[lid] = ttl
+        return ttl
 
     def lease_info(self, lease: LeaseRef) -> dict[str, Any]:
-        request = without_id(LeaseInfo(id=0, lease=lease_id(lease)))
-        with self._lock:
-            _, reply = self._run(core.call(self._settings, request))
-        return payload(reply)
+        info: dict[str, Any] = self._run(core.lease_info_flow(self._ctx, lease_id(lease)))
+        return info
+
+    def list_leases(self, *, stale: bool = False) -> list[dict[str, Any]]:
+        leases: list[dict[str, Any]] = self._run(core.list_leases_flow(self._ctx, stale=stale))
+        return leases
 
     # -- locks ----------------------------------------------------------------
 
@@ -374,37 +395,65 @@ class Client:
         lid = lease_id(lease)
         known_ttl = lease.ttl_ms if isinstance(lease, Lease) else self._ttl_ms.get(lid)
         flow = core.acquire_flow(
-            self._settings, lid, key, wait=wait, limit=limit, meta=meta, known_ttl_ms=known_ttl
+            self._ctx, lid, key, wait=wait, limit=limit, meta=meta, known_ttl_ms=known_ttl
         )
-        with self._lock:
-            grant: Grant = self._run(flow)
+        grant: Grant = self._run(flow)
         return grant
 
-    def release(self, lease: LeaseRef, key: str) -> None:
-        """Releases ``key`` (or leaves its queue). NotHolder if this lease has neither."""
-        with self._lock:
-            self._run(core.call(self._settings, core.release_request(lease_id(lease), key)))
+    def release(
+        self,
+        lease: LeaseRef,
+        key: str,
+        *,
+        token: int | None = None,
+        keep_lease: bool = True,
+    ) -> Released:
+        """Releases ``key`` (or leaves its queue). NotHolder if this lease has neither, or
+        holds it under another token than ``token``. ``keep_lease=False`` ends an
+        ephemeral lease that the release leaves idle."""
+        flow = core.release_flow(
+            self._ctx, lease_id(lease), key, token=token, keep_lease=keep_lease
+        )
+        released: Released = self._run(flow)
+        return released
 
     def get(self, key: str, *, stale: bool = False) -> dict[str, Any]:
-        with self._lock:
-            _, reply = self._run(
-                core.call(self._settings, without_id(Get(id=0, key=key, stale=stale)))
-            )
-        return payload(reply)
+        state: dict[str, Any] = self._run(core.get_flow(self._ctx, key, stale=stale))
+        return state
 
     def list_locks(self, prefix: str = "", *, stale: bool = False) -> list[dict[str, Any]]:
-        request = without_id(ListLocks(id=0, prefix=prefix, stale=stale))
-        with self._lock:
-            _, reply = self._run(core.call(self._settings, request))
-        return [lock for lock in reply_list(reply, "locks") if isinstance(lock, dict)]
+        """Every held lock whose key starts with ``prefix`` (paged through, however many)."""
+        locks: list[dict[str, Any]] = self._run(
+            core.list_locks_flow(self._ctx, prefix, stale=stale)
+        )
+        return locks
 
     # -- cluster --------------------------------------------------------------
 
     def status(self, *, stale: bool = False) -> dict[str, Any]:
         """The answering member's view of the cluster."""
-        with self._lock:
-            _, reply = self._run(core.call(self._settings, without_id(Status(id=0, stale=stale))))
-        return payload(reply)
+        view: dict[str, Any] = self._run(core.status_flow(self._ctx, stale=stale))
+        return view
+
+    def members_view(self) -> dict[str, Any]:
+        """The leader's view of the membership: ``members`` and ``leader``."""
+        view: dict[str, Any] = self._run(core.members_flow(self._ctx))
+        return view
+
+    def add_member(self, member: str, address: str) -> dict[str, Any]:
+        request = MemberAdd(id=0, member=member, address=address, seq=0)
+        view: dict[str, Any] = self._run(core.member_change_flow(self._ctx, request))
+        return view
+
+    def remove_member(self, member: str, *, force: bool = False) -> dict[str, Any]:
+        request = MemberRemove(id=0, member=member, force=force, seq=0)
+        view: dict[str, Any] = self._run(core.member_change_flow(self._ctx, request))
+        return view
+
+    def promote_member(self, member: str) -> dict[str, Any]:
+        request = MemberPromote(id=0, member=member, seq=0)
+        view: dict[str, Any] = self._run(core.member_change_flow(self._ctx, request))
+        return view
 
     def member_status(self, addr: str, timeout: float = 2.0) -> dict[str, Any] | None:
         """Asks one member directly for its own (stale) view; None if it does not answer."""
@@ -428,12 +477,13 @@ class Client:
     # -- the driver -------------------------------------------------------------
 
     def _run(self, flow: core.Flow) -> Any:
-        try:
-            action: Action = next(flow)
-            while True:
-                action = flow.send(self._perform(action))
-        except StopIteration as done:
-            return done.value
+        with self._lock:
+            try:
+                action: Action = next(flow)
+                while True:
+                    action = flow.send(self._perform(action))
+            except StopIteration as done:
+                return done.value
 
     def _perform(self, action: Action) -> Outcome:
         if self._closed:

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlm.node.machine import Quotas, Timing
 from dlm.wire import format_addr, parse_addr
 
 DEFAULT_NODE_ID = "n1"
@@ -37,26 +38,6 @@ class ConfigError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Timing:
-    """Clock settings of the runtime.
-
-    The election timeout is drawn by the core between ``election_ticks`` and
-    twice that, so 50 ms ticks and 6 ticks give 300-600 ms: a dead leader is
-    replaced well within a second, while a follower whose event loop stalls
-    for a few hundred milliseconds under load does not start an election.
-    """
-
-    tick_s: float = 0.05
-    election_ticks: int = 6
-    heartbeat_ticks: int = 1
-    request_timeout_s: float = 5.0
-    """A proposal or read not answered in this time gets TIMEOUT (the client retries)."""
-    expire_retry_s: float = 1.0
-    """A lease whose Expire was proposed but is still alive this long after is proposed again."""
-    shutdown_grace_s: float = 2.0
-
-
-@dataclass(frozen=True, slots=True)
 class NodeConfig:
     node_id: str
     listen: tuple[str, int]
@@ -65,6 +46,9 @@ class NodeConfig:
     data_dir: Path
     cluster: str
     timing: Timing = field(default_factory=Timing)
+    quotas: Quotas = field(default_factory=Quotas)
+    shutdown_grace_s: float = 2.0
+    """How long a stopping member waits for its in-flight requests."""
     snapshot_every: int = 10_000
     """Take a state-machine snapshot after this many applied entries."""
     snapshot_keep: int = 1_000

@@ -14,14 +14,16 @@ made-up times.
 
 * ``take_office(now, leases)``: this node became leader; every live lease gets
   a fresh full TTL from ``now``, so a failover never shortens a lease.
-* ``opened(lease, ttl_ms, now)``: an OpenLease was applied while leading.
+* ``arm(lease, ttl_ms, incarnation, now)``: an entry that (re)starts a lease's
+  clock was applied while leading: an open, a join or a TTL update.
 * ``renew(lease, received_at)``: a keep-alive, confirmed by a ReadIndex round,
   moves the deadline to ``received_at + ttl`` (never backwards).
-* ``ended(lease)``: a CloseLease or Expire was applied.
-* ``due(now)``: leases whose deadline passed and need an Expire proposal. A
-  lease is reported once, then again only if it is still tracked
-  ``expire_retry`` seconds later (the first proposal was lost, say, in a
-  leadership blip). Once reported, a lease is doomed: ``renew`` refuses it.
+* ``ended(lease)``: the lease ended (closed, expired, released idle).
+* ``due(now)``: (lease, incarnation) pairs whose deadline passed and need an
+  Expire proposal. A lease is reported once, then again only if it is still
+  tracked ``expire_retry`` seconds later (the first proposal was lost, say, in
+  a leadership blip). Once reported, a lease is doomed: ``renew`` and ``arm``
+  refuse it, and the node refuses to let a client join it.
 * ``leave_office()``: this node stopped leading; forget everything.
 """
 
@@ -29,16 +31,19 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
 class _Tracked:
     ttl: float
+    incarnation: int
     deadline: float
     wake_at: float
     """When ``due`` must look at this lease: its deadline, or the next Expire retry."""
     expiring: bool = False
+    renewers: dict[str, int] = field(default_factory=dict)
+    """The highest keep-alive seq seen from each client of this lease."""
 
 
 class LeaseTracker:
@@ -61,36 +66,46 @@ class LeaseTracker:
     def __contains__(self, lease: object) -> bool:
         return lease in self._leases
 
-    def take_office(self, now: float, leases: Iterable[tuple[str, int]]) -> None:
+    def take_office(self, now: float, leases: Iterable[tuple[str, int, int]]) -> None:
+        """``leases``: (lease id, ttl_ms, incarnation) of every live lease."""
         self._leading = True
         self._leases.clear()
         self._heap.clear()
-        for lease, ttl_ms in leases:
-            self._arm(lease, ttl_ms / 1000.0, now)
+        for lease, ttl_ms, incarnation in leases:
+            self._arm(lease, ttl_ms / 1000.0, incarnation, now)
 
     def leave_office(self) -> None:
         self._leading = False
         self._leases.clear()
         self._heap.clear()
 
-    def opened(self, lease: str, ttl_ms: int, now: float) -> None:
+    def arm(self, lease: str, ttl_ms: int, incarnation: int, now: float) -> None:
         if not self._leading:
             return
         tracked = self._leases.get(lease)
-        if tracked is not None and tracked.expiring:
-            # An Expire is already on its way through the log; re-opening after
-            # it applies creates a new lease and arrives here again then.
+        if tracked is not None and tracked.expiring and tracked.incarnation == incarnation:
+            # An Expire of this incarnation is on its way through the log: the lease
+            # is doomed, and a new clock would only hide that.
             return
-        self._arm(lease, ttl_ms / 1000.0, now)
+        self._arm(lease, ttl_ms / 1000.0, incarnation, now)
 
     def ended(self, lease: str) -> None:
         self._leases.pop(lease, None)
 
-    def renew(self, lease: str, received_at: float) -> bool:
-        """Extends a live lease; False if it is unknown here or already being expired."""
+    def renew(self, lease: str, received_at: float, client: str = "", seq: int = 0) -> bool:
+        """Extends a live lease; False if it is unknown here or already being expired.
+
+        A keep-alive that names its ``client`` and ``seq`` extends the lease at most
+        once: a copy of an older keep-alive of that client (seq not above the last one
+        seen) is acknowledged without moving the deadline.
+        """
         tracked = self._leases.get(lease)
         if not self._leading or tracked is None or tracked.expiring:
             return False
+        if client:
+            if seq <= tracked.renewers.get(client, -1):
+                return True
+            tracked.renewers[client] = seq
         deadline = received_at + tracked.ttl
         if deadline > tracked.deadline:
             tracked.deadline = deadline
@@ -108,9 +123,10 @@ class LeaseTracker:
             return None
         return max(0, int((tracked.deadline - now) * 1000))
 
-    def due(self, now: float) -> list[str]:
-        """Leases to propose an Expire for now (each marked so it is not reported again soon)."""
-        out: list[str] = []
+    def due(self, now: float) -> list[tuple[str, int]]:
+        """(lease, incarnation) to propose an Expire for now (each marked so it is not
+        reported again soon)."""
+        out: list[tuple[str, int]] = []
         heap = self._heap
         while heap and heap[0][0] <= now:
             wake_at, lease = heapq.heappop(heap)
@@ -120,7 +136,7 @@ class LeaseTracker:
             tracked.expiring = True
             tracked.wake_at = now + self._expire_retry
             self._push(tracked.wake_at, lease)
-            out.append(lease)
+            out.append((lease, tracked.incarnation))
         return out
 
     def next_timer(self) -> float | None:
@@ -134,9 +150,11 @@ class LeaseTracker:
             heapq.heappop(heap)
         return None
 
-    def _arm(self, lease: str, ttl: float, now: float) -> None:
+    def _arm(self, lease: str, ttl: float, incarnation: int, now: float) -> None:
         deadline = now + ttl
-        self._leases[lease] = _Tracked(ttl=ttl, deadline=deadline, wake_at=deadline)
+        self._leases[lease] = _Tracked(
+            ttl=ttl, incarnation=incarnation, deadline=deadline, wake_at=deadline
+        )
         self._push(deadline, lease)
 
     def _push(self, when: float, lease: str) -> None:

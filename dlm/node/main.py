@@ -27,7 +27,7 @@ import anyio.abc
 from dlm.node.config import ConfigError, NodeConfig, check_data_dir, write_meta
 from dlm.node.log import Logger
 from dlm.node.raft.types import ConfState
-from dlm.node.server import PERSIST_THREAD_MIN_ENTRIES, run
+from dlm.node.server import run
 from dlm.store import StoreCorrupted, StoreError
 from dlm.store.disk import DiskStorage
 from dlm.wire import format_addr
@@ -54,7 +54,6 @@ def start_node(
     peers: str | None,
     data: str | None,
     cluster: str | None,
-    persist_in_thread: bool | int | None = None,
     on_started: Callable[[Any], None] | None = None,
 ) -> int:
     """Runs a member in the foreground until SIGTERM/SIGINT; returns the exit code."""
@@ -64,8 +63,6 @@ def start_node(
         )
     except ConfigError as exc:
         return _fail(str(exc), EXIT_USAGE)
-    if persist_in_thread is None:
-        persist_in_thread = _thread_setting(os.environ.get("DLM_PERSIST_THREAD", ""))
     if os.environ.get("DLM_NO_FSYNC", "") == "1":
         config = replace(config, fsync=False)
     # Tuning knobs for tests and experiments, not flags a user should need.
@@ -76,7 +73,7 @@ def start_node(
     if keep.isdigit():
         config = replace(config, snapshot_keep=int(keep))
     try:
-        anyio.run(_main, config, persist_in_thread, on_started, backend="asyncio")
+        return anyio.run(_main, config, on_started, backend="asyncio")
     except StartupError as exc:
         return _fail(str(exc), EXIT_FAILURE)
     except ConfigError as exc:
@@ -87,7 +84,6 @@ def start_node(
         return _fail(_describe(group), EXIT_FAILURE)
     except Exception as exc:
         return _fail(_describe(exc), EXIT_FAILURE)
-    return EXIT_OK
 
 
 def _describe(exc: BaseException) -> str:
@@ -101,19 +97,7 @@ def _describe(exc: BaseException) -> str:
     return f"stopped after an unexpected error: {exc!r}"
 
 
-def _thread_setting(text: str) -> bool | int:
-    """DLM_PERSIST_THREAD: "never", "always", or a minimum batch size (default 2)."""
-    text = text.strip().lower()
-    if text == "never":
-        return False
-    if text == "always":
-        return True
-    return int(text) if text.isdigit() and int(text) > 0 else PERSIST_THREAD_MIN_ENTRIES
-
-
-async def _main(
-    config: NodeConfig, persist_in_thread: bool | int, on_started: Callable[[Any], None] | None
-) -> None:
+async def _main(config: NodeConfig, on_started: Callable[[Any], None] | None) -> int:
     log = Logger(config.node_id)
     fresh = check_data_dir(config)
     listener = await _listen(config)
@@ -139,14 +123,7 @@ async def _main(
                         f"cannot write to data dir {config.data_dir}: {exc.strerror or exc}"
                     ) from None
             try:
-                await run(
-                    config,
-                    storage,
-                    listener,
-                    log=log,
-                    on_started=on_started,
-                    persist_in_thread=persist_in_thread,
-                )
+                return await run(config, storage, listener, log=log, on_started=on_started)
             except Exception:
                 log.error("node_crashed", traceback=traceback.format_exc())
                 raise

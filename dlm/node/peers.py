@@ -41,8 +41,8 @@ from dlm.wire import (
     PEER_FRAME_LIMIT,
     ErrorCode,
     Hello,
+    HelloRole,
     ProtocolError,
-    Role,
     decode_body,
     encode_frame,
     format_addr,
@@ -154,13 +154,16 @@ class PeerLink:
         cluster: str,
         log: Logger,
         on_down: Callable[[str], None],
+        on_welcome: Callable[[str, int], None] | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.peer_id = peer_id
         self.address = address
-        self._hello = encode_frame(Hello(role=Role.PEER, cluster=cluster, node=local_id).to_wire())
+        hello = Hello(role=HelloRole.PEER, cluster=cluster, node=local_id)
+        self._hello = encode_frame(hello.to_wire())
         self._log = log
         self._on_down = on_down
+        self._on_welcome = on_welcome
         self._rng = rng or random.Random()
         self._transport: asyncio.Transport | None = None
         self._queued: list[Message] = []
@@ -290,4 +293,7 @@ class PeerLink:
             self._log.warning("peer_refused", peer=self.peer_id, message=str(message)[:200])
             transport.abort()
             return None
+        version = reply.get("version")
+        if self._on_welcome is not None and isinstance(version, int):
+            self._on_welcome(self.peer_id, version)
         return transport, protocol

@@ -7,9 +7,9 @@ proposes it; once committed, every replica hands the entry to
 ``LockStateMachine.apply(index, data)``, which returns an ``ApplyOutcome``:
 
 * ``result``: the reply for whoever proposed the entry (a ``Result``);
-* ``grants``: waiters that this entry made holders; the node each waiter is
-  connected to pushes the grant to it;
-* ``opened`` / ``closed`` / ``expired``: lease lifecycle events for the
+* ``promotions``: waiters that this entry made holders; the member each waiter
+  is connected to pushes the grant to it;
+* ``armed`` / ``ended`` / ``expired``: lease lifecycle events for the
   leader's lease tracker.
 
 Time never comes from a clock here. The leader stamps ``at_ms`` into each
@@ -18,103 +18,104 @@ deadline it keeps on its own monotonic clock passes. Keep-alives do not go
 through the log. The fencing token of a grant is the index of the entry that
 made it, so tokens rise strictly per key with no counter to replicate.
 
-Requests that change state carry (lease, seq), where seq is a request id the
-client picks and reuses unchanged when it re-sends (docs/PROTOCOL.md). Each
-lease remembers the results of its last 32 request ids: a re-sent request gets
-its remembered result without running again, except that a re-sent waiting
-acquire whose answer was ``Queued`` reports where the wait stands now
-(``Granted`` with its token once granted). Ids need not increase, so a client
-may run several requests of one lease concurrently.
+Requests that change state carry an ``Origin`` (client id, a seq that rises
+per client, and the client's acknowledged floor; docs/PROTOCOL.md): a re-sent
+request gets its remembered result without running again, except that a
+re-sent waiting acquire whose answer was ``Queued`` reports where the wait
+stands now (``Granted`` with its token once granted), and a request at or
+below the floor is refused as stale. Leases carry an incarnation, and ended
+leases leave tombstones, so an ``Expire`` or a delayed duplicate cannot act on
+a lease other than the one it was meant for.
 """
 
 from dlm.node.locks.commands import (
     COMMAND_MAX_BYTES,
-    KEY_MAX_CHARS,
-    LEASE_ID_MAX_CHARS,
-    LIMIT_MAX,
-    META_KEY_MAX_CHARS,
-    META_MAX_ENTRIES,
-    META_VALUE_MAX_CHARS,
-    TTL_MAX_MS,
-    TTL_MIN_MS,
-    Acquire,
-    CloseLease,
+    LEGACY_CLIENT,
+    AcquireCommand,
+    ClientCommand,
+    CloseLeaseCommand,
+    ClusterVersionCommand,
     Command,
     CommandError,
-    Expire,
-    OpenLease,
-    Release,
-    check_key,
-    check_lease_id,
-    check_meta,
+    ExpireCommand,
+    LeaseCommand,
+    OpenLeaseCommand,
+    Origin,
+    ReleaseCommand,
+    UpdateLeaseCommand,
     decode_command,
     encode_command,
+    is_legacy,
     validate_command,
 )
 from dlm.node.locks.machine import (
+    MAX_UNANSWERED,
+    TOMBSTONES,
     ApplyOutcome,
     Counts,
-    KeyState,
-    LeaseInfo,
+    KeyView,
+    LeaseView,
     LockStateMachine,
 )
 from dlm.node.locks.results import (
-    BadRequest,
-    Grant,
     Granted,
     Holder,
+    Invalid,
     LeaseClosed,
+    LeaseGone,
     LeaseOpened,
+    LeaseUpdated,
     Locked,
-    NotHolder,
+    NotHeld,
+    Promotion,
     Queued,
     Released,
     Result,
-    SessionExpired,
+    StaleRequest,
     Waiter,
     result_from_dict,
 )
 
 __all__ = [
     "COMMAND_MAX_BYTES",
-    "KEY_MAX_CHARS",
-    "LEASE_ID_MAX_CHARS",
-    "LIMIT_MAX",
-    "META_KEY_MAX_CHARS",
-    "META_MAX_ENTRIES",
-    "META_VALUE_MAX_CHARS",
-    "TTL_MAX_MS",
-    "TTL_MIN_MS",
-    "Acquire",
+    "LEGACY_CLIENT",
+    "MAX_UNANSWERED",
+    "TOMBSTONES",
+    "AcquireCommand",
     "ApplyOutcome",
-    "BadRequest",
-    "CloseLease",
+    "ClientCommand",
+    "CloseLeaseCommand",
+    "ClusterVersionCommand",
     "Command",
     "CommandError",
     "Counts",
-    "Expire",
-    "Grant",
+    "ExpireCommand",
     "Granted",
     "Holder",
-    "KeyState",
+    "Invalid",
+    "KeyView",
     "LeaseClosed",
-    "LeaseInfo",
+    "LeaseCommand",
+    "LeaseGone",
     "LeaseOpened",
+    "LeaseUpdated",
+    "LeaseView",
     "LockStateMachine",
     "Locked",
-    "NotHolder",
-    "OpenLease",
+    "NotHeld",
+    "OpenLeaseCommand",
+    "Origin",
+    "Promotion",
     "Queued",
-    "Release",
+    "ReleaseCommand",
     "Released",
     "Result",
-    "SessionExpired",
+    "StaleRequest",
+    "UpdateLeaseCommand",
     "Waiter",
-    "check_key",
-    "check_lease_id",
-    "check_meta",
     "decode_command",
     "encode_command",
+    "is_legacy",
     "result_from_dict",
     "validate_command",
 ]

@@ -1,15 +1,27 @@
 """The commands that change the lock table, and their bytes in the Raft log.
 
 A command is a frozen dataclass. ``encode_command`` turns it into a CBOR array
-whose first item names the command (``["acquire", lease, seq, ...]``), encoded
-canonically so equal commands give equal bytes. ``decode_command`` is strict:
-it accepts exactly the shapes ``encode_command`` produces and raises
-``CommandError`` for anything else, so a bad payload in the log becomes a
-BAD_REQUEST reply instead of an exception inside apply.
+whose first item names the command, encoded canonically so equal commands
+give equal bytes. ``decode_command`` is strict: it accepts exactly the shapes
+``encode_command`` produces and raises ``CommandError`` for anything else, so a
+bad payload in the log becomes an ``Invalid`` result instead of an exception
+inside apply.
 
-Decoding checks types only; ``validate_command`` checks ranges (lease id
-alphabet, key length, TTL bounds, ...). The state machine runs both, and the
-server may call ``validate_command`` before proposing, to spare the log.
+Two generations of encodings live in the log. The previous release wrote
+version-1 commands (``"open"``, ``"close"``, ``"acquire"``, ``"release"``,
+``"expire"``), whose only request identity is a random ``seq`` per lease;
+they decode to the same classes with ``Origin.client == ""`` (a "legacy"
+origin) and are applied with that release's rules. A cluster at version 2
+writes the ``*2`` encodings, which carry the whole ``Origin`` (client id,
+rising seq, acknowledged floor), the lease incarnation on ``expire2``, the
+grant's token on ``release2``, and the commands version 1 lacks
+(``update2``, ``version``). A version-1 command is encoded exactly as the
+previous release did, so members of both releases apply the same bytes while
+a cluster is being upgraded (docs/PROTOCOL.md, "Mixed versions").
+
+Decoding checks types only; ``validate_command`` checks ranges with the rules
+of dlm/limits.py. The state machine runs both; the node machine runs
+``validate_command`` before proposing, to spare the log.
 """
 
 from __future__ import annotations
@@ -20,105 +32,266 @@ from typing import Any
 
 import cbor2
 
-LEASE_ID_MAX_CHARS = 64
-KEY_MAX_CHARS = 512
-META_MAX_ENTRIES = 16
-META_KEY_MAX_CHARS = 64
-META_VALUE_MAX_CHARS = 256
-LIMIT_MAX = 1024
-TTL_MIN_MS = 1_000
-TTL_MAX_MS = 86_400_000
+from dlm.limits import (
+    INT_MAX,
+    check_client_id,
+    check_hold_ms,
+    check_key,
+    check_lease_id,
+    check_limit,
+    check_meta,
+    check_seq,
+    check_ttl_ms,
+)
+
 COMMAND_MAX_BYTES = 64 * 1024
 """Larger payloads are refused before CBOR decoding even starts."""
-INT_MAX = 2**63 - 1
-"""Integers above this are refused: they would not survive a round trip through most stores."""
-
-_LEASE_ID_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+LEGACY_CLIENT = ""
+"""The client id of a version-1 request: it has a random seq and no client."""
 
 
 @dataclass(frozen=True, slots=True)
-class OpenLease:
-    """Start a lease (session) with the client-chosen id; idempotent while it lives."""
+class Origin:
+    """Who asked for a command, for at-most-once execution (docs/PROTOCOL.md).
+
+    ``client`` is the requesting process's id, ``seq`` rises with each of its
+    requests, and every request of that client at or below ``acked`` has been
+    answered and will not be re-sent. A legacy origin (``client == ""``) has
+    a random ``seq`` and no floor.
+    """
+
+    client: str
+    seq: int
+    acked: int = 0
+
+    @property
+    def legacy(self) -> bool:
+        return self.client == LEGACY_CLIENT
+
+
+@dataclass(frozen=True, slots=True)
+class OpenLeaseCommand:
+    """Start a lease (session) with the client-chosen id.
+
+    ``ephemeral``: opened by ``dlm acquire`` for one lock, so a release that
+    leaves it idle ends it. ``meta``: who opened it, for ``dlm lease list``.
+    """
 
     lease: str
     ttl_ms: int
+    origin: Origin
     at_ms: int
+    ephemeral: bool = False
+    meta: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True, slots=True)
-class CloseLease:
+class CloseLeaseCommand:
     """End a lease: release its locks, leave its queues, grant the next waiters."""
 
     lease: str
-    seq: int
+    origin: Origin
     at_ms: int
 
 
 @dataclass(frozen=True, slots=True)
-class Acquire:
+class AcquireCommand:
     """Take ``key`` (exclusive when ``limit`` is 1, else a semaphore of ``limit`` slots).
 
     ``wait`` asks for a place in the key's FIFO queue when no slot is free.
     """
 
     lease: str
-    seq: int
     key: str
     wait: bool
     limit: int
     meta: Mapping[str, str] = field(hash=False)
+    origin: Origin
     at_ms: int
 
 
 @dataclass(frozen=True, slots=True)
-class Release:
-    """Give up a held slot of ``key``, or the lease's place in its queue."""
+class ReleaseCommand:
+    """Give up a held slot of ``key``, or the lease's place in its queue.
+
+    ``token``: act only on the grant with this fencing token (None: on the
+    lease's current grant). ``keep_lease``: do not end an ephemeral lease that
+    this release leaves idle.
+    """
 
     lease: str
-    seq: int
     key: str
+    token: int | None
+    keep_lease: bool
+    origin: Origin
     at_ms: int
 
 
 @dataclass(frozen=True, slots=True)
-class Expire:
-    """Proposed by the leader alone when a lease's deadline passed; acts like CloseLease."""
+class UpdateLeaseCommand:
+    """Give a lease a new TTL (its clock restarts with it); ``finished`` marks a minimum hold."""
 
     lease: str
+    ttl_ms: int
+    finished: bool
+    origin: Origin
     at_ms: int
 
 
-Command = OpenLease | CloseLease | Acquire | Release | Expire
+@dataclass(frozen=True, slots=True)
+class ExpireCommand:
+    """Proposed by the leader alone when a lease's deadline passed; ends that incarnation.
+
+    ``incarnation`` 0 (a version-1 expire) ends whatever lease has the id.
+    """
+
+    lease: str
+    incarnation: int
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterVersionCommand:
+    """From this entry on, the log holds commands of ``version`` (proposed by the leader)."""
+
+    version: int
+    at_ms: int
+
+
+LeaseCommand = (
+    OpenLeaseCommand
+    | CloseLeaseCommand
+    | AcquireCommand
+    | ReleaseCommand
+    | UpdateLeaseCommand
+    | ExpireCommand
+)
+Command = LeaseCommand | ClusterVersionCommand
+ClientCommand = (
+    OpenLeaseCommand | CloseLeaseCommand | AcquireCommand | ReleaseCommand | UpdateLeaseCommand
+)
 
 
 class CommandError(ValueError):
     """A payload that is not a well-formed command."""
 
 
-def encode_command(cmd: Command) -> bytes:
-    """The canonical bytes of ``cmd`` for a Raft entry."""
-    item: list[Any]
+# ---------------------------------------------------------------------------
+# Encoding
+# ---------------------------------------------------------------------------
+
+
+def is_legacy(cmd: Command) -> bool:
+    """Whether ``cmd`` has a version-1 encoding (what a cluster at version 1 must write)."""
     match cmd:
-        case OpenLease():
-            item = ["open", cmd.lease, cmd.ttl_ms, cmd.at_ms]
-        case CloseLease():
-            item = ["close", cmd.lease, cmd.seq, cmd.at_ms]
-        case Acquire():
-            item = [
-                "acquire",
+        case OpenLeaseCommand():
+            return cmd.origin.legacy and not cmd.ephemeral and not cmd.meta
+        case CloseLeaseCommand() | AcquireCommand():
+            return cmd.origin.legacy
+        case ReleaseCommand():
+            return cmd.origin.legacy and cmd.token is None and cmd.keep_lease
+        case ExpireCommand():
+            return cmd.incarnation == 0
+    return False
+
+
+def encode_command(cmd: Command) -> bytes:
+    """The canonical bytes of ``cmd`` for a Raft entry (version 1 where it has such a form)."""
+    return bytes(cbor2.dumps(_to_item(cmd), canonical=True))
+
+
+def _origin(o: Origin) -> list[Any]:
+    return [o.client, o.seq, o.acked]
+
+
+def _to_item(cmd: Command) -> list[Any]:
+    legacy = is_legacy(cmd)
+    match cmd:
+        case OpenLeaseCommand():
+            if legacy:
+                return ["open", cmd.lease, cmd.ttl_ms, cmd.at_ms]
+            return [
+                "open2",
                 cmd.lease,
-                cmd.seq,
+                cmd.ttl_ms,
+                cmd.ephemeral,
+                dict(cmd.meta),
+                *_origin(cmd.origin),
+                cmd.at_ms,
+            ]
+        case CloseLeaseCommand():
+            if legacy:
+                return ["close", cmd.lease, cmd.origin.seq, cmd.at_ms]
+            return ["close2", cmd.lease, *_origin(cmd.origin), cmd.at_ms]
+        case AcquireCommand():
+            if legacy:
+                return [
+                    "acquire",
+                    cmd.lease,
+                    cmd.origin.seq,
+                    cmd.key,
+                    cmd.wait,
+                    cmd.limit,
+                    dict(cmd.meta),
+                    cmd.at_ms,
+                ]
+            return [
+                "acquire2",
+                cmd.lease,
                 cmd.key,
                 cmd.wait,
                 cmd.limit,
                 dict(cmd.meta),
+                *_origin(cmd.origin),
                 cmd.at_ms,
             ]
-        case Release():
-            item = ["release", cmd.lease, cmd.seq, cmd.key, cmd.at_ms]
-        case Expire():
-            item = ["expire", cmd.lease, cmd.at_ms]
-    return bytes(cbor2.dumps(item, canonical=True))
+        case ReleaseCommand():
+            if legacy:
+                return ["release", cmd.lease, cmd.origin.seq, cmd.key, cmd.at_ms]
+            return [
+                "release2",
+                cmd.lease,
+                cmd.key,
+                cmd.token,
+                cmd.keep_lease,
+                *_origin(cmd.origin),
+                cmd.at_ms,
+            ]
+        case UpdateLeaseCommand():
+            return [
+                "update2",
+                cmd.lease,
+                cmd.ttl_ms,
+                cmd.finished,
+                *_origin(cmd.origin),
+                cmd.at_ms,
+            ]
+        case ExpireCommand():
+            if legacy:
+                return ["expire", cmd.lease, cmd.at_ms]
+            return ["expire2", cmd.lease, cmd.incarnation, cmd.at_ms]
+        case ClusterVersionCommand():
+            return ["version", cmd.version, cmd.at_ms]
+
+
+# ---------------------------------------------------------------------------
+# Decoding
+# ---------------------------------------------------------------------------
+
+_ARITY = {
+    "open": 3,
+    "close": 3,
+    "acquire": 7,
+    "release": 4,
+    "expire": 2,
+    "open2": 8,
+    "close2": 5,
+    "acquire2": 9,
+    "release2": 8,
+    "update2": 7,
+    "expire2": 3,
+    "version": 2,
+}
 
 
 def decode_command(data: bytes) -> Command:
@@ -131,125 +304,134 @@ def decode_command(data: bytes) -> Command:
         raise CommandError(f"command is not valid CBOR ({type(exc).__name__})") from None
     if not isinstance(item, list) or not item or not isinstance(item[0], str):
         raise CommandError("command must be a CBOR array that starts with its name")
-    name, fields = item[0], item[1:]
+    name, f = item[0], item[1:]
+    arity = _ARITY.get(name)
+    if arity is None:
+        raise CommandError(f"unknown command {name[:32]!r}")
+    if len(f) != arity:
+        raise CommandError(f"{name} takes {arity} fields, got {len(f)}")
     match name:
         case "open":
-            _arity(name, fields, 3)
-            return OpenLease(
-                _str(fields[0], "lease"), _int(fields[1], "ttl_ms"), _int(fields[2], "at_ms")
+            return OpenLeaseCommand(
+                _str(f[0], "lease"), _int(f[1], "ttl_ms"), _legacy(), _int(f[2], "at_ms")
             )
         case "close":
-            _arity(name, fields, 3)
-            return CloseLease(
-                _str(fields[0], "lease"), _int(fields[1], "seq"), _int(fields[2], "at_ms")
+            return CloseLeaseCommand(
+                _str(f[0], "lease"), _legacy(_int(f[1], "seq")), _int(f[2], "at_ms")
             )
         case "acquire":
-            _arity(name, fields, 7)
-            return Acquire(
-                lease=_str(fields[0], "lease"),
-                seq=_int(fields[1], "seq"),
-                key=_str(fields[2], "key"),
-                wait=_bool(fields[3], "wait"),
-                limit=_int(fields[4], "limit"),
-                meta=_meta(fields[5]),
-                at_ms=_int(fields[6], "at_ms"),
+            return AcquireCommand(
+                lease=_str(f[0], "lease"),
+                key=_str(f[2], "key"),
+                wait=_bool(f[3], "wait"),
+                limit=_int(f[4], "limit"),
+                meta=_meta(f[5]),
+                origin=_legacy(_int(f[1], "seq")),
+                at_ms=_int(f[6], "at_ms"),
             )
         case "release":
-            _arity(name, fields, 4)
-            return Release(
-                _str(fields[0], "lease"),
-                _int(fields[1], "seq"),
-                _str(fields[2], "key"),
-                _int(fields[3], "at_ms"),
+            return ReleaseCommand(
+                lease=_str(f[0], "lease"),
+                key=_str(f[2], "key"),
+                token=None,
+                keep_lease=True,
+                origin=_legacy(_int(f[1], "seq")),
+                at_ms=_int(f[3], "at_ms"),
             )
         case "expire":
-            _arity(name, fields, 2)
-            return Expire(_str(fields[0], "lease"), _int(fields[1], "at_ms"))
-    raise CommandError(f"unknown command {name[:32]!r}")
+            return ExpireCommand(_str(f[0], "lease"), 0, _int(f[1], "at_ms"))
+        case "open2":
+            return OpenLeaseCommand(
+                lease=_str(f[0], "lease"),
+                ttl_ms=_int(f[1], "ttl_ms"),
+                ephemeral=_bool(f[2], "ephemeral"),
+                meta=_meta(f[3]),
+                origin=_read_origin(f[4:7]),
+                at_ms=_int(f[7], "at_ms"),
+            )
+        case "close2":
+            return CloseLeaseCommand(_str(f[0], "lease"), _read_origin(f[1:4]), _int(f[4], "at_ms"))
+        case "acquire2":
+            return AcquireCommand(
+                lease=_str(f[0], "lease"),
+                key=_str(f[1], "key"),
+                wait=_bool(f[2], "wait"),
+                limit=_int(f[3], "limit"),
+                meta=_meta(f[4]),
+                origin=_read_origin(f[5:8]),
+                at_ms=_int(f[8], "at_ms"),
+            )
+        case "release2":
+            token = f[2]
+            return ReleaseCommand(
+                lease=_str(f[0], "lease"),
+                key=_str(f[1], "key"),
+                token=None if token is None else _int(token, "token"),
+                keep_lease=_bool(f[3], "keep_lease"),
+                origin=_read_origin(f[4:7]),
+                at_ms=_int(f[7], "at_ms"),
+            )
+        case "update2":
+            return UpdateLeaseCommand(
+                lease=_str(f[0], "lease"),
+                ttl_ms=_int(f[1], "ttl_ms"),
+                finished=_bool(f[2], "finished"),
+                origin=_read_origin(f[3:6]),
+                at_ms=_int(f[6], "at_ms"),
+            )
+        case "expire2":
+            return ExpireCommand(
+                _str(f[0], "lease"), _int(f[1], "incarnation"), _int(f[2], "at_ms")
+            )
+        case _:  # "version"
+            return ClusterVersionCommand(_int(f[0], "version"), _int(f[1], "at_ms"))
+
+
+def _legacy(seq: int = 0) -> Origin:
+    return Origin(LEGACY_CLIENT, seq)
+
+
+def _read_origin(f: list[Any]) -> Origin:
+    client = _str(f[0], "client")
+    if client == LEGACY_CLIENT:
+        raise CommandError("a version-2 command needs a client id")
+    return Origin(client, _int(f[1], "seq"), _int(f[2], "acked"))
+
+
+# ---------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------
 
 
 def validate_command(cmd: Command) -> str | None:
     """Why ``cmd`` is out of range (a message for the user), or None when it is fine."""
+    if not 0 <= cmd.at_ms <= INT_MAX:
+        return "at_ms must be a non-negative wall-clock time in milliseconds"
+    if isinstance(cmd, ClusterVersionCommand):
+        return None if cmd.version in (1, 2) else f"unknown cluster version {cmd.version}"
     problem = check_lease_id(cmd.lease)
-    if problem is None and not 0 <= cmd.at_ms <= INT_MAX:
-        problem = "at_ms must be a non-negative wall-clock time in milliseconds"
-    if problem is None and isinstance(cmd, CloseLease | Acquire | Release):
-        problem = _check_seq(cmd.seq)
+    if problem is not None:
+        return problem
+    if isinstance(cmd, ExpireCommand):
+        return None if 0 <= cmd.incarnation <= INT_MAX else "incarnation out of range"
+    origin = cmd.origin
+    problem = check_seq(origin.seq) or check_seq(origin.acked)
+    if problem is None and not origin.legacy:
+        problem = check_client_id(origin.client)
     if problem is not None:
         return problem
     match cmd:
-        case OpenLease():
-            if not TTL_MIN_MS <= cmd.ttl_ms <= TTL_MAX_MS:
-                return (
-                    f"ttl_ms must be between {TTL_MIN_MS} and {TTL_MAX_MS} (1 s to 24 h); "
-                    f"got {cmd.ttl_ms}: pick a TTL in that range"
-                )
-        case Acquire():
-            return check_key(cmd.key) or _check_limit(cmd.limit) or check_meta(cmd.meta)
-        case Release():
+        case OpenLeaseCommand():
+            return check_ttl_ms(cmd.ttl_ms) or check_meta(cmd.meta)
+        case AcquireCommand():
+            return check_key(cmd.key) or check_limit(cmd.limit) or check_meta(cmd.meta)
+        case ReleaseCommand():
+            if cmd.token is not None and not 0 < cmd.token <= INT_MAX:
+                return "a fencing token is a positive log index"
             return check_key(cmd.key)
+        case UpdateLeaseCommand():
+            return check_hold_ms(cmd.ttl_ms)
     return None
-
-
-def check_lease_id(lease: str) -> str | None:
-    if 1 <= len(lease) <= LEASE_ID_MAX_CHARS and _LEASE_ID_ALPHABET.issuperset(lease):
-        return None
-    return (
-        f"lease id must be 1 to {LEASE_ID_MAX_CHARS} characters of A-Z, a-z, 0-9, '_' or '-'; "
-        f"got {lease[:80]!r}"
-    )
-
-
-def check_key(key: str) -> str | None:
-    if not 1 <= len(key) <= KEY_MAX_CHARS:
-        return (
-            f"key must be 1 to {KEY_MAX_CHARS} characters long; got {len(key)}: use a shorter key"
-        )
-    if any(_is_control(ch) for ch in key):
-        return f"key {key[:80]!r} contains a control character; keys must be printable text"
-    return None
-
-
-def check_meta(meta: Mapping[str, str]) -> str | None:
-    if len(meta) > META_MAX_ENTRIES:
-        return f"metadata has {len(meta)} entries; at most {META_MAX_ENTRIES} are kept: drop some"
-    for name, value in meta.items():
-        if not 1 <= len(name) <= META_KEY_MAX_CHARS or any(_is_control(ch) for ch in name):
-            return (
-                f"metadata name {name[:80]!r} must be 1 to {META_KEY_MAX_CHARS} printable "
-                "characters"
-            )
-        if len(value) > META_VALUE_MAX_CHARS or any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
-            return (
-                f"metadata value of {name!r} must be at most {META_VALUE_MAX_CHARS} characters "
-                "of text: shorten it"
-            )
-    return None
-
-
-def _check_limit(limit: int) -> str | None:
-    if 1 <= limit <= LIMIT_MAX:
-        return None
-    return (
-        f"limit must be between 1 (exclusive lock) and {LIMIT_MAX} (semaphore slots); got {limit}"
-    )
-
-
-def _check_seq(seq: int) -> str | None:
-    if 0 <= seq <= INT_MAX:
-        return None
-    return f"seq must be a request id between 0 and 2**63-1; got {seq}"
-
-
-def _is_control(ch: str) -> bool:
-    code = ord(ch)
-    # C0, DEL, C1, and lone surrogates (which have no UTF-8 form).
-    return code < 0x20 or 0x7F <= code <= 0x9F or 0xD800 <= code <= 0xDFFF
-
-
-def _arity(name: str, fields: list[Any], expected: int) -> None:
-    if len(fields) != expected:
-        raise CommandError(f"{name} takes {expected} fields, got {len(fields)}")
 
 
 def _str(value: object, what: str) -> str:

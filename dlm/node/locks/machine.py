@@ -16,10 +16,26 @@ State invariants kept by every apply step:
 * a key with neither holders nor waiters does not exist (its limit is forgotten);
 * a lease holds or waits for a key at most once, and ``_Lease.holding`` /
   ``_Lease.waiting`` mirror the key table exactly.
+
+At most once (docs/PROTOCOL.md): each lease keeps, per client, the results of
+that client's requests above its acknowledged floor, so a re-sent request is
+answered from memory and a request at or below the floor is refused as stale.
+A lease that ends leaves a tombstone (the last ``TOMBSTONES`` of them) with
+the result of the request that ended it, so a delayed copy of an old
+``open_lease`` cannot bring it back and a re-sent close still gets its answer.
+Leases have an incarnation (the index of the entry that created them); an
+``Expire`` of another incarnation does nothing.
+
+Versions: ``version`` is the cluster version the log has reached
+(``ClusterVersionCommand``). At version 1 the machine keeps exactly what the
+previous release kept (no tombstones, incarnation 0, the last 32 results per
+lease) and its snapshot has the previous release's layout, so a member of
+either release can restore it during a rolling upgrade.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Self
@@ -27,38 +43,49 @@ from typing import Any, NamedTuple, Self
 import cbor2
 
 from dlm.node.locks.commands import (
-    Acquire,
-    CloseLease,
+    AcquireCommand,
+    ClientCommand,
+    CloseLeaseCommand,
+    ClusterVersionCommand,
     Command,
     CommandError,
-    Expire,
-    OpenLease,
-    Release,
+    ExpireCommand,
+    OpenLeaseCommand,
+    Origin,
+    ReleaseCommand,
+    UpdateLeaseCommand,
     decode_command,
     validate_command,
 )
 from dlm.node.locks.results import (
-    BadRequest,
-    Grant,
     Granted,
     Holder,
+    Invalid,
     LeaseClosed,
+    LeaseGone,
     LeaseOpened,
+    LeaseUpdated,
     Locked,
-    NotHolder,
+    NotHeld,
+    Promotion,
     Queued,
     Released,
     Result,
-    SessionExpired,
+    StaleRequest,
     Waiter,
     _Plain,
     result_from_dict,
     str_map,
 )
 
-SNAPSHOT_VERSION = 1
-RECENT_RESULTS = 32
-"""Results remembered per lease, keyed by request seq, for answering re-sent requests."""
+SNAPSHOT_V1 = 1
+SNAPSHOT_V2 = 2
+LEGACY_RECENT = 32
+"""Results a lease remembers for version-1 (random-seq) requests, as the previous release did."""
+MAX_UNANSWERED = 1024
+"""Results kept per client and lease above its floor; more unanswered requests are refused."""
+TOMBSTONES = 65_536
+"""Ended leases remembered, so that a delayed duplicate cannot revive one."""
 RETRY_AFTER_MAX_MS = 30_000
 """Cap on the LOCKED retry hint: a poller should not sleep longer than this."""
 
@@ -68,25 +95,27 @@ class ApplyOutcome:
     """Everything one applied entry produced.
 
     ``result``: the reply for the client that proposed the entry (None for an
-    empty payload, i.e. a leader's no-op entry).
-    ``grants``: waiters that this step made holders, in grant order; the
+    empty payload, a leader's no-op, or a cluster version entry).
+    ``promotions``: waiters that this step made holders, in grant order; the
     proposer's own immediate grant is in ``result``, not here.
-    ``opened``: (lease, ttl_ms) of leases opened or re-opened; the leader's
-    lease tracker (re)arms each with a full TTL.
-    ``closed``: leases ended by CloseLease; ``expired``: leases ended by Expire.
-    The tracker disarms both.
+    ``armed``: (lease, ttl_ms, incarnation) of leases whose clock restarts with a
+    full TTL now: opened, joined or updated. The leader's lease tracker re-arms
+    each.
+    ``ended``: leases that ended (closed, expired, or released idle); the tracker
+    disarms them. ``expired`` lists those ended by an Expire.
     """
 
     index: int
     result: Result | None
-    grants: tuple[Grant, ...] = ()
-    opened: tuple[tuple[str, int], ...] = ()
-    closed: tuple[str, ...] = ()
+    command: Command | None = None
+    promotions: tuple[Promotion, ...] = ()
+    armed: tuple[tuple[str, int, int], ...] = ()
+    ended: tuple[str, ...] = ()
     expired: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
-class KeyState(_Plain):
+class KeyView(_Plain):
     """A key as ``get``/``list_locks`` show it: holders in grant order, waiters in queue order."""
 
     key: str
@@ -96,12 +125,15 @@ class KeyState(_Plain):
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseInfo(_Plain):
+class LeaseView(_Plain):
     lease: str
     ttl_ms: int
     opened_at_ms: int
-    last_seq: int | None
-    """The seq of the latest request the lease made, if any."""
+    incarnation: int
+    ephemeral: bool
+    meta: dict[str, str]
+    finished_at_ms: int | None
+    """When a minimum hold's command finished (``lease_update`` with finished), else None."""
     holding: tuple[str, ...]
     """Keys the lease holds, sorted."""
     waiting: tuple[str, ...]
@@ -136,13 +168,33 @@ class _Key:
 
 
 @dataclass(slots=True)
+class _Client:
+    """What one client asked of one lease: results above ``floor``, by seq (oldest first)."""
+
+    floor: int = 0
+    results: OrderedDict[int, Result] = field(default_factory=OrderedDict)
+
+
+@dataclass(slots=True)
 class _Lease:
     ttl_ms: int
     opened_at_ms: int
-    recent: OrderedDict[int, Result] = field(default_factory=OrderedDict)
-    """The last RECENT_RESULTS (seq, result) pairs, oldest first."""
+    incarnation: int = 0
+    ephemeral: bool = False
+    meta: dict[str, str] = field(default_factory=dict)
+    finished_at_ms: int | None = None
+    clients: dict[str, _Client] = field(default_factory=dict)
     holding: set[str] = field(default_factory=set)
     waiting: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class _Tombstone:
+    """How a lease ended: the ending request's client, seq and result (client "" for Expire)."""
+
+    client: str
+    seq: int
+    result: Result
 
 
 @dataclass(slots=True)
@@ -151,9 +203,9 @@ class _Step:
 
     index: int
     at_ms: int
-    grants: list[Grant] = field(default_factory=list)
-    opened: list[tuple[str, int]] = field(default_factory=list)
-    closed: list[str] = field(default_factory=list)
+    promotions: list[Promotion] = field(default_factory=list)
+    armed: list[tuple[str, int, int]] = field(default_factory=list)
+    ended: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
 
 
@@ -162,8 +214,15 @@ class LockStateMachine:
 
     def __init__(self) -> None:
         self._applied = 0
+        self._version = 1
         self._leases: dict[str, _Lease] = {}
         self._keys: dict[str, _Key] = {}
+        self._tombstones: OrderedDict[str, _Tombstone] = OrderedDict()
+        self._held = 0
+        self._queued = 0
+        # Sorted views for paging, rebuilt only after a key or lease came or went.
+        self._sorted_keys: list[str] | None = None
+        self._sorted_leases: list[str] | None = None
 
     # ------------------------------------------------------------------ apply
 
@@ -171,12 +230,17 @@ class LockStateMachine:
     def applied_index(self) -> int:
         return self._applied
 
+    @property
+    def version(self) -> int:
+        """The cluster version this log has reached (1 until a ClusterVersionCommand)."""
+        return self._version
+
     def apply(self, index: int, data: bytes) -> ApplyOutcome:
         """Apply the entry at ``index`` whose payload is ``data``.
 
         Indices must increase (gaps are fine: entries the runtime does not hand
         over, such as membership changes, are simply skipped). An empty payload
-        is a no-op; a malformed one yields a BadRequest result and changes
+        is a no-op; a malformed one yields an Invalid result and changes
         nothing but ``applied_index``.
         """
         self._advance(index)
@@ -185,13 +249,17 @@ class LockStateMachine:
         try:
             cmd = decode_command(data)
         except CommandError as exc:
-            return ApplyOutcome(index, BadRequest(str(exc)))
+            return ApplyOutcome(index, Invalid(str(exc)))
         return self._execute(index, cmd)
 
     def apply_command(self, index: int, cmd: Command) -> ApplyOutcome:
-        """``apply`` for an already decoded command (the simulator and tests use it)."""
+        """``apply`` for an already decoded command (saves the leader decoding its own)."""
         self._advance(index)
         return self._execute(index, cmd)
+
+    def skip(self, index: int) -> None:
+        """Entry ``index`` is not ours (a membership change): only ``applied_index`` moves."""
+        self._advance(index)
 
     def _advance(self, index: int) -> None:
         if index <= self._applied:
@@ -201,48 +269,108 @@ class LockStateMachine:
     def _execute(self, index: int, cmd: Command) -> ApplyOutcome:
         problem = validate_command(cmd)
         if problem is not None:
-            return ApplyOutcome(index, BadRequest(problem))
+            return ApplyOutcome(index, Invalid(problem), cmd)
+        if isinstance(cmd, ClusterVersionCommand):
+            # Versions only rise: a stale proposal of an older version changes nothing.
+            self._version = max(self._version, cmd.version)
+            return ApplyOutcome(index, None, cmd)
         step = _Step(index, cmd.at_ms)
         result = self._dispatch(cmd, step)
         return ApplyOutcome(
             index,
             result,
-            tuple(step.grants),
-            tuple(step.opened),
-            tuple(step.closed),
+            cmd,
+            tuple(step.promotions),
+            tuple(step.armed),
+            tuple(step.ended),
             tuple(step.expired),
         )
 
     def _dispatch(self, cmd: Command, step: _Step) -> Result:
-        if isinstance(cmd, OpenLease):
-            return self._open(cmd, step)
+        assert not isinstance(cmd, ClusterVersionCommand)
+        if isinstance(cmd, ExpireCommand):
+            return self._expire(cmd, step)
         lease = self._leases.get(cmd.lease)
         if lease is None:
-            return SessionExpired(cmd.lease)
-        if isinstance(cmd, Expire):
-            self._end_lease(cmd.lease, step)
-            step.expired.append(cmd.lease)
-            return LeaseClosed(cmd.lease)
-        cached = lease.recent.get(cmd.seq)
+            if isinstance(cmd, OpenLeaseCommand):
+                return self._open_new(cmd, step)
+            return self._after_end(cmd)
+        if isinstance(cmd, OpenLeaseCommand) and cmd.origin.legacy:
+            # Version 1: an open is idempotent by lease id alone and remembers nothing.
+            step.armed.append((cmd.lease, lease.ttl_ms, lease.incarnation))
+            return LeaseOpened(cmd.lease, lease.ttl_ms, lease.incarnation, joined=True)
+        record, cached = self._recall(lease, cmd.origin)
         if cached is not None:
-            return self._replay(cmd.lease, lease, cached)
+            return self._replay(cmd.lease, cached)
         result: Result
         match cmd:
-            case CloseLease():
-                self._end_lease(cmd.lease, step)
-                step.closed.append(cmd.lease)
-                # The lease is gone, so a retried close answers SESSION_EXPIRED.
-                return LeaseClosed(cmd.lease)
-            case Acquire():
+            case OpenLeaseCommand():
+                # Joining a live lease: another process of the same owner, or a re-send
+                # whose record was acknowledged away. Its clock restarts (never shortens).
+                step.armed.append((cmd.lease, lease.ttl_ms, lease.incarnation))
+                result = LeaseOpened(cmd.lease, lease.ttl_ms, lease.incarnation, joined=True)
+            case CloseLeaseCommand():
+                released = tuple(sorted(lease.holding))
+                result = LeaseClosed(cmd.lease, released)
+                self._end_lease(
+                    cmd.lease, step, _Tombstone(cmd.origin.client, cmd.origin.seq, result)
+                )
+                return result  # the lease and its records are gone; the tombstone answers
+            case AcquireCommand():
                 result = self._acquire(cmd, lease, step)
-            case Release():
+            case ReleaseCommand():
                 result = self._release(cmd, lease, step)
-        lease.recent[cmd.seq] = result
-        if len(lease.recent) > RECENT_RESULTS:
-            lease.recent.popitem(last=False)
+                if isinstance(result, Released) and result.lease_ended:
+                    ending = _Tombstone(cmd.origin.client, cmd.origin.seq, result)
+                    self._end_lease(cmd.lease, step, ending)
+                    return result
+            case UpdateLeaseCommand():
+                lease.ttl_ms = cmd.ttl_ms
+                if cmd.finished:
+                    lease.finished_at_ms = cmd.at_ms
+                step.armed.append((cmd.lease, cmd.ttl_ms, lease.incarnation))
+                result = LeaseUpdated(cmd.lease, cmd.ttl_ms)
+        if record is not None:
+            self._remember(record, cmd.origin, result)
         return result
 
-    def _replay(self, lease_id: str, lease: _Lease, cached: Result) -> Result:
+    # -- at most once ---------------------------------------------------------
+
+    def _recall(self, lease: _Lease, origin: Origin) -> tuple[_Client | None, Result | None]:
+        """The client's record on ``lease`` and the remembered result of this request, if any.
+
+        A request at or below the client's floor gets StaleRequest; too many
+        unanswered requests get Invalid. Neither runs.
+        """
+        record = lease.clients.get(origin.client)
+        if origin.legacy:
+            if record is None:
+                record = lease.clients[origin.client] = _Client()
+            return record, record.results.get(origin.seq)
+        if record is None:
+            record = lease.clients[origin.client] = _Client(floor=origin.acked)
+        elif origin.acked > record.floor:
+            record.floor = origin.acked
+            results = record.results
+            while results and next(iter(results)) <= origin.acked:
+                results.popitem(last=False)
+        if origin.seq <= record.floor:
+            return record, StaleRequest(origin.seq)
+        cached = record.results.get(origin.seq)
+        if cached is None and len(record.results) >= MAX_UNANSWERED:
+            return record, Invalid(
+                f"client {origin.client} has {MAX_UNANSWERED} unanswered requests on this lease: "
+                "wait for some answers before sending more"
+            )
+        return record, cached
+
+    def _remember(self, record: _Client, origin: Origin, result: Result) -> None:
+        results = record.results
+        results[origin.seq] = result
+        if origin.legacy and len(results) > LEGACY_RECENT:
+            results.popitem(last=False)
+
+    def _replay(self, lease_id: str, cached: Result) -> Result:
         # A waiting client that lost its connection re-sends its acquire to
         # learn what became of it: answer with the present, not the past.
         if isinstance(cached, Queued):
@@ -255,19 +383,76 @@ class LockStateMachine:
                     return Queued(cached.key, self._position(entry, lease_id))
         return cached
 
-    def _open(self, cmd: OpenLease, step: _Step) -> Result:
-        lease = self._leases.get(cmd.lease)
-        if lease is None:
-            lease = _Lease(ttl_ms=cmd.ttl_ms, opened_at_ms=cmd.at_ms)
-            self._leases[cmd.lease] = lease
-        step.opened.append((cmd.lease, lease.ttl_ms))
-        return LeaseOpened(cmd.lease, lease.ttl_ms)
+    def _after_end(self, cmd: ClientCommand) -> Result:
+        """A request for a lease that does not exist: the answer its ending gave, or gone."""
+        stone = self._tombstones.get(cmd.lease)
+        origin = cmd.origin
+        if (
+            stone is not None
+            and not origin.legacy
+            and stone.client == origin.client
+            and stone.seq == origin.seq
+        ):
+            return stone.result
+        return LeaseGone(cmd.lease)
 
-    def _acquire(self, cmd: Acquire, lease: _Lease, step: _Step) -> Result:
+    # -- leases ---------------------------------------------------------------
+
+    def _open_new(self, cmd: OpenLeaseCommand, step: _Step) -> Result:
+        if cmd.lease in self._tombstones:
+            return LeaseGone(cmd.lease)
+        incarnation = step.index if self._version >= 2 else 0
+        lease = _Lease(
+            ttl_ms=cmd.ttl_ms,
+            opened_at_ms=cmd.at_ms,
+            incarnation=incarnation,
+            ephemeral=cmd.ephemeral,
+            meta=dict(cmd.meta),
+        )
+        self._leases[cmd.lease] = lease
+        self._sorted_leases = None
+        result = LeaseOpened(cmd.lease, cmd.ttl_ms, incarnation)
+        origin = cmd.origin
+        if not origin.legacy:
+            record = lease.clients[origin.client] = _Client(floor=origin.acked)
+            if origin.seq > record.floor:
+                self._remember(record, origin, result)
+        step.armed.append((cmd.lease, cmd.ttl_ms, incarnation))
+        return result
+
+    def _expire(self, cmd: ExpireCommand, step: _Step) -> Result:
+        lease = self._leases.get(cmd.lease)
+        if lease is None or (cmd.incarnation and cmd.incarnation != lease.incarnation):
+            return LeaseGone(cmd.lease)
+        result = LeaseClosed(cmd.lease, tuple(sorted(lease.holding)))
+        self._end_lease(cmd.lease, step, _Tombstone("", 0, LeaseGone(cmd.lease)))
+        step.expired.append(cmd.lease)
+        return result
+
+    def _end_lease(self, lease_id: str, step: _Step, ending: _Tombstone) -> None:
+        lease = self._leases[lease_id]
+        # Sorted, so a replica restored from a snapshot grants in the same order.
+        for key in sorted(lease.waiting):
+            self._drop_waiter(key, self._keys[key], lease_id, lease)
+        for key in sorted(lease.holding):
+            self._drop_holder(key, self._keys[key], lease_id, lease, step)
+        del self._leases[lease_id]
+        self._sorted_leases = None
+        step.ended.append(lease_id)
+        if self._version >= 2:
+            stones = self._tombstones
+            stones.pop(lease_id, None)
+            stones[lease_id] = ending
+            while len(stones) > TOMBSTONES:
+                stones.popitem(last=False)
+
+    # -- locks ----------------------------------------------------------------
+
+    def _acquire(self, cmd: AcquireCommand, lease: _Lease, step: _Step) -> Result:
         entry = self._keys.get(cmd.key)
         if entry is not None:
             if entry.limit != cmd.limit:
-                return BadRequest(
+                return Invalid(
                     f"key {cmd.key!r} is in use with limit={entry.limit}; acquire it with "
                     f"limit={entry.limit}, or wait until it has no holders and no waiters"
                 )
@@ -279,62 +464,70 @@ class LockStateMachine:
         else:
             entry = _Key(limit=cmd.limit)
             self._keys[cmd.key] = entry
+            self._sorted_keys = None
         if self._has_room(entry):
             entry.holders[cmd.lease] = _Hold(step.index, step.at_ms, dict(cmd.meta))
             lease.holding.add(cmd.key)
+            self._held += 1
             return Granted(cmd.key, step.index, cmd.lease)
         if cmd.wait:
             entry.waiters[cmd.lease] = _Wait(step.at_ms, dict(cmd.meta))
             lease.waiting.add(cmd.key)
+            self._queued += 1
             return Queued(cmd.key, len(entry.waiters))
         return Locked(cmd.key, self._holders(entry), self._retry_after(entry))
 
-    def _release(self, cmd: Release, lease: _Lease, step: _Step) -> Result:
+    def _release(self, cmd: ReleaseCommand, lease: _Lease, step: _Step) -> Result:
         entry = self._keys.get(cmd.key)
         if entry is None:
-            return NotHolder(cmd.key, ())
-        if cmd.lease in entry.holders:
+            return NotHeld(cmd.key, ())
+        hold = entry.holders.get(cmd.lease)
+        if hold is not None:
+            if cmd.token is not None and cmd.token != hold.token:
+                # The grant this release names is gone; a newer one must not be freed by it.
+                return NotHeld(cmd.key, self._holders(entry))
+            token = hold.token
             self._drop_holder(cmd.key, entry, cmd.lease, lease, step)
-            return Released(cmd.key, held=True)
-        if cmd.lease in entry.waiters:
+            return Released(cmd.key, True, token, self._idle_ephemeral(cmd, lease))
+        if cmd.lease in entry.waiters and cmd.token is None:
             self._drop_waiter(cmd.key, entry, cmd.lease, lease)
-            return Released(cmd.key, held=False)
-        return NotHolder(cmd.key, self._holders(entry))
+            return Released(cmd.key, False, None, self._idle_ephemeral(cmd, lease))
+        return NotHeld(cmd.key, self._holders(entry))
 
-    def _end_lease(self, lease_id: str, step: _Step) -> None:
-        lease = self._leases[lease_id]
-        # Sorted, so a replica restored from a snapshot grants in the same order.
-        for key in sorted(lease.waiting):
-            self._drop_waiter(key, self._keys[key], lease_id, lease)
-        for key in sorted(lease.holding):
-            self._drop_holder(key, self._keys[key], lease_id, lease, step)
-        del self._leases[lease_id]
+    @staticmethod
+    def _idle_ephemeral(cmd: ReleaseCommand, lease: _Lease) -> bool:
+        return lease.ephemeral and not cmd.keep_lease and not lease.holding and not lease.waiting
 
     def _drop_holder(
         self, key: str, entry: _Key, lease_id: str, lease: _Lease, step: _Step
     ) -> None:
         del entry.holders[lease_id]
         lease.holding.discard(key)
+        self._held -= 1
         while entry.waiters and self._has_room(entry):
             next_id = self._next_waiter(entry)
             wait = entry.waiters.pop(next_id)
+            self._queued -= 1
+            self._held += 1
             entry.holders[next_id] = _Hold(step.index, step.at_ms, wait.meta)
             waiter_lease = self._leases[next_id]
             waiter_lease.waiting.discard(key)
             waiter_lease.holding.add(key)
-            step.grants.append(Grant(next_id, key, step.index, step.at_ms))
+            step.promotions.append(Promotion(next_id, key, step.index, step.at_ms))
         self._forget_if_idle(key, entry)
 
     def _drop_waiter(self, key: str, entry: _Key, lease_id: str, lease: _Lease) -> None:
         del entry.waiters[lease_id]
         lease.waiting.discard(key)
+        self._queued -= 1
         self._forget_if_idle(key, entry)
 
     def _forget_if_idle(self, key: str, entry: _Key) -> None:
         if not entry.holders and not entry.waiters:
             del self._keys[key]
+            self._sorted_keys = None
 
-    # Small seams, overridden only by tests that check the checker catches bugs.
+    # Small seams, overridden only by tests that check the checkers catch bugs.
 
     def _has_room(self, entry: _Key) -> bool:
         return len(entry.holders) < entry.limit
@@ -358,49 +551,65 @@ class LockStateMachine:
         # A holder that vanishes is expired within its lease's TTL, so polling
         # more slowly than the shortest holder TTL only adds latency.
         shortest = min(self._leases[lease_id].ttl_ms for lease_id in entry.holders)
-        return min(shortest, RETRY_AFTER_MAX_MS)
+        return max(1, min(shortest, RETRY_AFTER_MAX_MS))
 
     # ---------------------------------------------------------------- queries
 
-    def get(self, key: str) -> KeyState | None:
+    def get(self, key: str) -> KeyView | None:
         entry = self._keys.get(key)
         if entry is None:
             return None
-        return self._key_state(key, entry)
+        return self._key_view(key, entry)
 
-    def list_locks(self, prefix: str = "") -> list[KeyState]:
-        """Keys that start with ``prefix``, sorted."""
+    def list_locks(
+        self, prefix: str = "", *, after: str | None = None, limit: int | None = None
+    ) -> tuple[list[KeyView], str | None]:
+        """Keys that start with ``prefix``, sorted, after ``after``; and the next page's cursor."""
+        if self._sorted_keys is None:
+            self._sorted_keys = sorted(self._keys)
+        names = self._sorted_keys
+        start = bisect.bisect_left(names, prefix)
+        if after is not None and after >= prefix:
+            start = bisect.bisect_right(names, after)
+        out: list[KeyView] = []
+        for i in range(start, len(names)):
+            key = names[i]
+            if not key.startswith(prefix):
+                return out, None
+            if limit is not None and len(out) >= limit:
+                return out, out[-1].key
+            out.append(self._key_view(key, self._keys[key]))
+        return out, None
+
+    def leases(self) -> list[tuple[str, int, int]]:
+        """(lease id, ttl_ms, incarnation) of every live lease, sorted by id."""
         return [
-            self._key_state(key, self._keys[key])
-            for key in sorted(k for k in self._keys if k.startswith(prefix))
+            (lease_id, self._leases[lease_id].ttl_ms, self._leases[lease_id].incarnation)
+            for lease_id in sorted(self._leases)
         ]
 
-    def leases(self) -> list[tuple[str, int]]:
-        """(lease id, ttl_ms) of every live lease, sorted by id."""
-        return [(lease_id, self._leases[lease_id].ttl_ms) for lease_id in sorted(self._leases)]
-
-    def lease(self, lease_id: str) -> LeaseInfo | None:
+    def lease(self, lease_id: str) -> LeaseView | None:
         lease = self._leases.get(lease_id)
         if lease is None:
             return None
-        return LeaseInfo(
-            lease_id,
-            lease.ttl_ms,
-            lease.opened_at_ms,
-            next(reversed(lease.recent), None),
-            tuple(sorted(lease.holding)),
-            tuple(sorted(lease.waiting)),
-        )
+        return self._lease_view(lease_id, lease)
+
+    def list_leases(
+        self, *, after: str | None = None, limit: int | None = None
+    ) -> tuple[list[LeaseView], str | None]:
+        if self._sorted_leases is None:
+            self._sorted_leases = sorted(self._leases)
+        names = self._sorted_leases
+        start = 0 if after is None else bisect.bisect_right(names, after)
+        stop = len(names) if limit is None else min(len(names), start + limit)
+        out = [self._lease_view(name, self._leases[name]) for name in names[start:stop]]
+        return out, (names[stop - 1] if stop < len(names) and out else None)
 
     def counts(self) -> Counts:
-        return Counts(
-            sessions=len(self._leases),
-            locks=sum(len(e.holders) for e in self._keys.values()),
-            waiters=sum(len(e.waiters) for e in self._keys.values()),
-        )
+        return Counts(sessions=len(self._leases), locks=self._held, waiters=self._queued)
 
-    def _key_state(self, key: str, entry: _Key) -> KeyState:
-        return KeyState(
+    def _key_view(self, key: str, entry: _Key) -> KeyView:
+        return KeyView(
             key,
             entry.limit,
             self._holders(entry),
@@ -409,19 +618,28 @@ class LockStateMachine:
             ),
         )
 
+    @staticmethod
+    def _lease_view(lease_id: str, lease: _Lease) -> LeaseView:
+        return LeaseView(
+            lease_id,
+            lease.ttl_ms,
+            lease.opened_at_ms,
+            lease.incarnation,
+            lease.ephemeral,
+            dict(lease.meta),
+            lease.finished_at_ms,
+            tuple(sorted(lease.holding)),
+            tuple(sorted(lease.waiting)),
+        )
+
     # --------------------------------------------------------------- snapshot
 
     def snapshot(self) -> bytes:
-        """Canonical CBOR of the whole state: equal states give equal bytes."""
-        leases = [
-            [
-                lease_id,
-                lease.ttl_ms,
-                lease.opened_at_ms,
-                [[seq, result.to_dict()] for seq, result in lease.recent.items()],
-            ]
-            for lease_id, lease in sorted(self._leases.items())
-        ]
+        """Canonical CBOR of the whole state: equal states give equal bytes.
+
+        At cluster version 1 the layout is the previous release's, so its
+        members can restore an image this release took.
+        """
         keys = [
             [
                 key,
@@ -431,7 +649,48 @@ class LockStateMachine:
             ]
             for key, entry in sorted(self._keys.items())
         ]
-        return bytes(cbor2.dumps([SNAPSHOT_VERSION, self._applied, leases, keys], canonical=True))
+        if self._version < 2:
+            leases_v1 = [
+                [
+                    lease_id,
+                    lease.ttl_ms,
+                    lease.opened_at_ms,
+                    [
+                        [seq, result.to_dict()]
+                        for record in lease.clients.values()
+                        for seq, result in record.results.items()
+                    ],
+                ]
+                for lease_id, lease in sorted(self._leases.items())
+            ]
+            image: list[Any] = [SNAPSHOT_V1, self._applied, leases_v1, keys]
+        else:
+            leases = [
+                [
+                    lease_id,
+                    lease.ttl_ms,
+                    lease.opened_at_ms,
+                    lease.incarnation,
+                    lease.ephemeral,
+                    lease.meta,
+                    lease.finished_at_ms,
+                    [
+                        [
+                            client,
+                            record.floor,
+                            [[s, r.to_dict()] for s, r in record.results.items()],
+                        ]
+                        for client, record in sorted(lease.clients.items())
+                    ],
+                ]
+                for lease_id, lease in sorted(self._leases.items())
+            ]
+            stones = [
+                [lease_id, t.client, t.seq, t.result.to_dict()]
+                for lease_id, t in self._tombstones.items()
+            ]
+            image = [SNAPSHOT_V2, self._applied, self._version, leases, keys, stones]
+        return bytes(cbor2.dumps(image, canonical=True))
 
     @classmethod
     def restore(cls, data: bytes) -> Self:
@@ -445,16 +704,44 @@ class LockStateMachine:
 
     @classmethod
     def _restore(cls, item: Any) -> Self:
-        if type(item) is not list or len(item) != 4 or item[0] != SNAPSHOT_VERSION:
-            raise ValueError("lock snapshot has an unknown layout or version")
-        _, applied, leases, keys = item
+        if type(item) is not list or not item:
+            raise ValueError("lock snapshot has an unknown layout")
         machine = cls()
+        if item[0] == SNAPSHOT_V1 and len(item) == 4:
+            _, applied, leases, keys = item
+            for lease_id, ttl_ms, opened_at_ms, recent in leases:
+                lease = _Lease(ttl_ms=_int(ttl_ms), opened_at_ms=_int(opened_at_ms))
+                record = lease.clients[""] = _Client()
+                for seq, result in recent:
+                    record.results[_int(seq)] = result_from_dict(result)
+                machine._leases[_str(lease_id)] = lease
+        elif item[0] == SNAPSHOT_V2 and len(item) == 6:
+            _, applied, version, leases, keys, stones = item
+            machine._version = _int(version)
+            for row in leases:
+                lease_id, ttl_ms, opened_at_ms, incarnation, ephemeral, meta, finished, clients = (
+                    row
+                )
+                lease = _Lease(
+                    ttl_ms=_int(ttl_ms),
+                    opened_at_ms=_int(opened_at_ms),
+                    incarnation=_int(incarnation),
+                    ephemeral=bool(ephemeral),
+                    meta=str_map(meta),
+                    finished_at_ms=None if finished is None else _int(finished),
+                )
+                for client, floor, results in clients:
+                    record = lease.clients[_str(client)] = _Client(floor=_int(floor))
+                    for seq, result in results:
+                        record.results[_int(seq)] = result_from_dict(result)
+                machine._leases[_str(lease_id)] = lease
+            for lease_id, client, seq, result in stones:
+                machine._tombstones[_str(lease_id)] = _Tombstone(
+                    _str(client), _int(seq), result_from_dict(result)
+                )
+        else:
+            raise ValueError("lock snapshot has an unknown layout or version")
         machine._applied = _int(applied)
-        for lease_id, ttl_ms, opened_at_ms, recent in leases:
-            lease = _Lease(ttl_ms=_int(ttl_ms), opened_at_ms=_int(opened_at_ms))
-            for seq, result in recent:
-                lease.recent[_int(seq)] = result_from_dict(result)
-            machine._leases[_str(lease_id)] = lease
         for key, limit, holders, waiters in keys:
             entry = _Key(limit=_int(limit))
             for lease_id, token, granted_at_ms, meta in holders:
@@ -473,6 +760,8 @@ class LockStateMachine:
             ):
                 raise ValueError(f"lock snapshot has an impossible entry for key {key!r}")
             machine._keys[_str(key)] = entry
+            machine._held += len(entry.holders)
+            machine._queued += len(entry.waiters)
         return machine
 
 

@@ -52,8 +52,8 @@ class Waiter(_Plain):
 
 
 @dataclass(frozen=True, slots=True)
-class Grant(_Plain):
-    """A waiter that the apply step just made a holder; the server pushes it to that client."""
+class Promotion(_Plain):
+    """A waiter that the apply step just made a holder; its member pushes the grant to it."""
 
     lease: str
     key: str
@@ -104,16 +104,21 @@ class Locked(_Result):
 
 @dataclass(frozen=True, slots=True)
 class Released(_Result):
-    """``held`` is True when a held slot was given up, False when a queue place was."""
+    """``held``: a held slot was given up (with fencing ``token``), else a queue place was.
+
+    ``lease_ended``: the release left an ephemeral lease idle, which ended it.
+    """
 
     kind = "released"
     key: str
     held: bool = True
+    token: int | None = None
+    lease_ended: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class NotHolder(_Result):
-    """The lease neither holds nor waits for ``key``."""
+class NotHeld(_Result):
+    """The lease neither holds nor waits for ``key`` (or holds it under another token)."""
 
     kind = "not_holder"
     code = "NOT_HOLDER"
@@ -122,7 +127,7 @@ class NotHolder(_Result):
 
 
 @dataclass(frozen=True, slots=True)
-class SessionExpired(_Result):
+class LeaseGone(_Result):
     """The lease does not exist: it expired, was closed, or was never opened."""
 
     kind = "session_expired"
@@ -132,19 +137,45 @@ class SessionExpired(_Result):
 
 @dataclass(frozen=True, slots=True)
 class LeaseOpened(_Result):
+    """``incarnation``: the index of the entry that created the lease (0 for version 1).
+
+    ``joined``: the lease was live already and this request created nothing.
+    """
+
     kind = "lease_opened"
+    lease: str
+    ttl_ms: int
+    incarnation: int = 0
+    joined: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseClosed(_Result):
+    """The lease ended; ``released`` are the keys it held, sorted."""
+
+    kind = "lease_closed"
+    lease: str
+    released: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseUpdated(_Result):
+    kind = "lease_updated"
     lease: str
     ttl_ms: int
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseClosed(_Result):
-    kind = "lease_closed"
-    lease: str
+class StaleRequest(_Result):
+    """A request at or below its client's acknowledged floor: answered before, not run again."""
+
+    kind = "stale_request"
+    code = "STALE_REQUEST"
+    seq: int
 
 
 @dataclass(frozen=True, slots=True)
-class BadRequest(_Result):
+class Invalid(_Result):
     kind = "bad_request"
     code = "BAD_REQUEST"
     message: str
@@ -155,11 +186,13 @@ Result = (
     | Queued
     | Locked
     | Released
-    | NotHolder
-    | SessionExpired
+    | NotHeld
+    | LeaseGone
     | LeaseOpened
     | LeaseClosed
-    | BadRequest
+    | LeaseUpdated
+    | StaleRequest
+    | Invalid
 )
 
 
@@ -174,20 +207,35 @@ def result_from_dict(d: Mapping[str, Any]) -> Result:
             case "locked":
                 return Locked(_s(d["key"]), _holders(d["holders"]), _i(d["retry_after_ms"]))
             case "released":
-                held = d["held"]
-                if type(held) is not bool:
-                    raise ValueError("held must be a bool")
-                return Released(_s(d["key"]), held)
+                token = d.get("token")
+                return Released(
+                    _s(d["key"]),
+                    _b(d["held"]),
+                    None if token is None else _i(token),
+                    _b(d.get("lease_ended", False)),
+                )
             case "not_holder":
-                return NotHolder(_s(d["key"]), _holders(d["holders"]))
+                return NotHeld(_s(d["key"]), _holders(d["holders"]))
             case "session_expired":
-                return SessionExpired(_s(d["lease"]))
+                return LeaseGone(_s(d["lease"]))
             case "lease_opened":
-                return LeaseOpened(_s(d["lease"]), _i(d["ttl_ms"]))
+                return LeaseOpened(
+                    _s(d["lease"]),
+                    _i(d["ttl_ms"]),
+                    _i(d.get("incarnation", 0)),
+                    _b(d.get("joined", False)),
+                )
             case "lease_closed":
-                return LeaseClosed(_s(d["lease"]))
+                released = d.get("released", [])
+                if type(released) is not list:
+                    raise ValueError("released must be a list")
+                return LeaseClosed(_s(d["lease"]), tuple(_s(k) for k in released))
+            case "lease_updated":
+                return LeaseUpdated(_s(d["lease"]), _i(d["ttl_ms"]))
+            case "stale_request":
+                return StaleRequest(_i(d["seq"]))
             case "bad_request":
-                return BadRequest(_s(d["message"]))
+                return Invalid(_s(d["message"]))
     except (KeyError, TypeError) as exc:
         raise ValueError(f"malformed result: {exc!r}") from None
     raise ValueError(f"unknown result type {d.get('type')!r}")
@@ -214,6 +262,12 @@ def _holders(value: object) -> tuple[Holder, ...]:
 def _s(value: object) -> str:
     if type(value) is not str:
         raise ValueError(f"expected text, got {type(value).__name__}")
+    return value
+
+
+def _b(value: object) -> bool:
+    if type(value) is not bool:
+        raise ValueError(f"expected true or false, got {type(value).__name__}")
     return value
 
 

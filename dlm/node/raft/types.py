@@ -328,6 +328,9 @@ class Ready:
     committed: tuple[Entry, ...] = ()
     read_states: tuple[ReadState, ...] = ()
     soft_state: SoftState | None = None
+    messages_now: tuple[Message, ...] = ()
+    """Messages that may leave before this Ready is persisted (none yet: see the
+    membership and §10.2.1 work on the core)."""
 
     def is_empty(self) -> bool:
         return (

@@ -1,0 +1,1410 @@
+"""The whole member as a pure state machine: events and the time in, actions out.
+
+Theory of operation
+-------------------
+``NodeMachine`` makes every decision a member makes and performs none of
+them. The runtime (server.py, or the simulator in tests/sim) feeds it events,
+each with the time (``Instant``: a monotonic reading for timers and lease
+clocks, and the wall clock only for the ``at_ms`` stamps users read):
+
+* ``client_connected`` / ``client_frame`` / ``client_closed``: a client's
+  connection, after the runtime accepted its hello;
+* ``peer_messages``: Raft messages that arrived from an authenticated peer;
+  ``peer_version`` / ``peer_unreachable``: what the links learned;
+* ``timer``: the time in ``next_timer()`` has come;
+* ``persisted``: a ``Persist`` action is durable.
+
+and collects what must be done as actions (``take_actions()``): frames for
+client connections, messages for peers, entries and hard state to persist,
+snapshots to save, log events, a changed set of peers to dial, a request to
+stop. It owns the Raft node, the lock state machine, the leader's lease
+tracker, the pending proposals, the read rounds and the waiters to push
+grants to. Nothing here reads a clock, touches a socket or a file, or draws
+randomness it was not given, so the simulator drives exactly this object.
+
+Persistence (Raft dissertation §10.2.1): each Ready is handed out as one
+``Persist`` job, and jobs complete in order. The leader's appends and
+heartbeats (``Ready.messages_now``) leave at once, while its own fsync runs;
+everything that promises something about this member's disk leaves only
+when its job, and every job before it, is durable. The core counts the
+leader's own entries toward a commit only after ``advance``, which happens
+at that point too. Committed entries are applied as soon as they are handed
+out: they are durable on a quorum already.
+
+Answers: a proposal is remembered by its log index and payload; when the
+entry at that index is applied, its result goes to the client if the payload
+is the one we proposed; if another leader's entry took the index, or we lose
+leadership first, the client gets NOT_LEADER and re-sends with the same seq,
+which the state machine answers from memory (docs/PROTOCOL.md).
+
+Time: only the leader keeps lease deadlines (leases.py) and only the leader
+stamps ``at_ms``. Keep-alives do not enter the log: they are answered once a
+ReadIndex round confirms we still lead; one round confirms every keep-alive
+and read that arrived before it started.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import cbor2
+
+from dlm.node import locks
+from dlm.node.leases import LeaseTracker
+from dlm.node.raft.core import Config, RaftNode
+from dlm.node.raft.types import (
+    ConfState,
+    Entry,
+    EntryKind,
+    HardState,
+    LogStorage,
+    Message,
+    NodeId,
+    NotLeader,
+    Ready,
+    Role,
+    Snapshot,
+)
+from dlm.wire import (
+    PAGE_MAX,
+    Acquire,
+    ClientRequest,
+    CloseLease,
+    ErrorCode,
+    Get,
+    LeaseInfo,
+    ListLeases,
+    ListLocks,
+    LockChange,
+    MemberChange,
+    Members,
+    OpenLease,
+    Ping,
+    ProtocolError,
+    Release,
+    Renew,
+    Status,
+    UpdateLease,
+    decode_request,
+    error,
+    grant_push,
+    ok,
+)
+
+MAX_BAD_REQUESTS = 16
+"""Bad requests of any kind tolerated on one client connection before it is closed."""
+NODE_IMAGE_FORMAT = 2
+"""Layout of this member's snapshot image at cluster version 2 (version 1: the bare lock image)."""
+PROTOCOL_SPOKEN = 2
+"""The highest cluster version this release can run."""
+REJECT_LOG_EVERY = 1.0
+"""Seconds between two log lines about rejected input (the rest are counted)."""
+
+
+# ---------------------------------------------------------------------------
+# Inputs and outputs
+# ---------------------------------------------------------------------------
+
+
+class Instant(NamedTuple):
+    """The time of an event: ``mono`` (monotonic seconds) for every timer and lease clock,
+    ``wall_ms`` (ms since the epoch) only for the stamps people read."""
+
+    mono: float
+    wall_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Clock settings of a member.
+
+    The election timeout is drawn by the core between ``election_ticks`` and
+    twice that, so 50 ms ticks and 6 ticks give 300-600 ms: a dead leader is
+    replaced well within a second, while a follower whose event loop stalls
+    for a few hundred milliseconds under load does not start an election.
+    """
+
+    tick_s: float = 0.05
+    election_ticks: int = 6
+    heartbeat_ticks: int = 1
+    request_timeout_s: float = 5.0
+    """A proposal or read not answered in this time gets TIMEOUT (the client retries)."""
+    expire_retry_s: float = 1.0
+    """A lease whose Expire was proposed but is still alive this long after is proposed again."""
+
+    @property
+    def election_timeout_s(self) -> float:
+        return self.tick_s * self.election_ticks
+
+
+@dataclass(frozen=True, slots=True)
+class Quotas:
+    """What one member agrees to hold; requests beyond get QUOTA_EXCEEDED.
+
+    The defaults are far beyond what a fleet of 5,000 hosts needs; they exist
+    so that a runaway client cannot make the leader run out of memory.
+    """
+
+    max_leases: int = 200_000
+    max_locks: int = 2_000_000
+    """Held slots plus queued waiters."""
+    max_meta_bytes: int = 4096
+    """Owner metadata of one lock or lease, names and values together."""
+
+
+@dataclass(frozen=True, slots=True)
+class MachineConfig:
+    node_id: NodeId
+    cluster: str
+    peers: Mapping[NodeId, str]
+    """Bootstrap membership: every voter's address, this member included (used only
+    until the log or a snapshot says otherwise)."""
+    timing: Timing = field(default_factory=Timing)
+    snapshot_every: int = 10_000
+    snapshot_keep: int = 1_000
+    quotas: Quotas = field(default_factory=Quotas)
+    max_version: int = PROTOCOL_SPOKEN
+    """The highest cluster version this member runs (tests lower it to play an old member)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendFrame:
+    conn: int
+    frame: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class CloseConnection:
+    """Close a client connection once the frames queued before this are written."""
+
+    conn: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SendMessages:
+    peer: NodeId
+    messages: tuple[Message, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Persist:
+    """Make these durable, in order after every earlier Persist, then call ``persisted(job)``.
+
+    Snapshot first, then entries (dropping any stored entries at or after the
+    first one's index), then the hard state; one fsync for the lot.
+    """
+
+    job: int
+    snapshot: Snapshot | None
+    entries: tuple[Entry, ...]
+    hard_state: HardState | None
+
+
+@dataclass(frozen=True, slots=True)
+class SaveSnapshot:
+    """Record this image of the applied state (after every earlier Persist), then drop
+    log entries up to ``compact_to`` (nothing when 0)."""
+
+    index: int
+    conf: ConfState
+    data: bytes
+    compact_to: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogEvent:
+    level: str
+    event: str
+    fields: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PeersChanged:
+    """The members to keep links to (every member but this one), with their addresses."""
+
+    peers: dict[NodeId, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """This member must stop serving and exit with ``code``, saying ``reason``."""
+
+    reason: str
+    code: int
+
+
+Action = (
+    SendFrame
+    | CloseConnection
+    | SendMessages
+    | Persist
+    | SaveSnapshot
+    | LogEvent
+    | PeersChanged
+    | Stop
+)
+
+
+# ---------------------------------------------------------------------------
+# Internal records
+# ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class _Conn:
+    conn: int
+    remote: str
+    waiting: set[tuple[str, str]] = field(default_factory=set)
+    """(lease, key) pairs this connection waits for a grant push on."""
+    bad_requests: int = 0
+
+
+@dataclass(slots=True)
+class _Proposal:
+    conn: int
+    request: ClientRequest
+    data: bytes
+    command: locks.Command
+    started: float
+    received_ms: int
+
+
+@dataclass(slots=True)
+class _Read:
+    """A request that needs a confirmed read point (or, for keep-alives, confirmed leadership)."""
+
+    conn: int
+    request: ClientRequest
+    received: float
+
+
+@dataclass(slots=True)
+class _ReadRound:
+    reads: list[_Read]
+    started: float
+    as_leader: bool
+    index: int = -1
+    """The confirmed read point, once the core reported it."""
+
+
+@dataclass(slots=True)
+class _Job:
+    ready: Ready
+    persisting: bool
+    done: bool = False
+
+
+@dataclass(slots=True)
+class Stats:
+    """Counters a metrics exporter reads (plain numbers: this module has no metrics library)."""
+
+    requests: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(request type, outcome code) -> count."""
+    grants: int = 0
+    releases: int = 0
+    expiries: int = 0
+    leader_changes: int = 0
+    proposals: int = 0
+    persist_jobs: int = 0
+    entries_persisted: int = 0
+    snapshots_taken: int = 0
+    rejected_frames: int = 0
+    acquire_waits_ms: list[int] = field(default_factory=list)
+    """Recent queued-acquire waits (ms, queued to granted); the exporter drains it."""
+    hold_times_ms: list[int] = field(default_factory=list)
+    """Recent hold times (ms, granted to released or expired); the exporter drains it."""
+
+    def count(self, kind: str, outcome: str) -> None:
+        key = (kind, outcome)
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+
+# ---------------------------------------------------------------------------
+# The machine
+# ---------------------------------------------------------------------------
+
+
+class NodeMachine:
+    """One member's decisions. Not thread-safe: one runtime task owns it."""
+
+    def __init__(
+        self,
+        config: MachineConfig,
+        storage: LogStorage,
+        rng: random.Random,
+        now: Instant,
+    ) -> None:
+        self.config = config
+        self._storage = storage
+        self._rng = rng
+        self._timing = timing = config.timing
+        self._actions: list[Action] = []
+        self.stats = Stats()
+
+        self.locks = locks.LockStateMachine()
+        self._addresses: dict[NodeId, str] = dict(config.peers)
+        snap = storage.snapshot()
+        self._snapshot_index = 0
+        if snap is not None and snap.data:
+            self._restore_image(snap.data)
+            self._snapshot_index = snap.meta.index
+
+        self.raft = RaftNode(
+            Config(
+                id=config.node_id,
+                voters=tuple(sorted(config.peers)),
+                election_ticks=timing.election_ticks,
+                heartbeat_ticks=timing.heartbeat_ticks,
+            ),
+            storage,
+            rng,
+        )
+        self.tracker = LeaseTracker(expire_retry=timing.expire_retry_s)
+        self._role = self.raft.role
+        self._leader = self.raft.leader
+        self._term = self.raft.term
+        self._next_tick = now.mono + timing.tick_s
+
+        self._conns: dict[int, _Conn] = {}
+        self._waiters: dict[tuple[str, str], list[int]] = {}
+        self._proposals: dict[int, _Proposal] = {}
+        self._reads_queued: list[_Read] = []
+        self._rounds: dict[bytes, _ReadRound] = {}
+        self._round_seq = 0
+        # Unique per process incarnation: a late answer to a read round from before a
+        # restart must not be taken for one of ours.
+        self._round_prefix = config.node_id.encode() + b"/" + rng.getrandbits(32).to_bytes(4)
+        self._jobs: deque[tuple[int, _Job]] = deque()
+        self._next_job = 1
+        self._peer_versions: dict[NodeId, int] = {}
+        self._peer_heard: dict[NodeId, float] = {}
+        self._version_proposed_at = -1.0e9
+        self._stopping = False
+        self._reject_log_at = -1.0e9
+        self._rejects_unlogged = 0
+        self._granted_mono: dict[tuple[str, str], float] = {}
+        self._queued_mono: dict[tuple[str, str], float] = {}
+        self._emit(PeersChanged(self._peer_map()))
+        self._pump(now)
+
+    # ------------------------------------------------------------------ outputs
+
+    def take_actions(self) -> list[Action]:
+        actions, self._actions = self._actions, []
+        return actions
+
+    def next_timer(self) -> float:
+        """The monotonic time at which ``timer`` must be called next."""
+        return self._next_tick
+
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    @property
+    def leader(self) -> NodeId | None:
+        return self._leader
+
+    @property
+    def transferring(self) -> bool:
+        """A leader handing leadership over (a stopping member waits for it to finish)."""
+        return self._role is Role.LEADER and self.raft.lead_transferee is not None
+
+    @property
+    def idle(self) -> bool:
+        """No proposal, read or persistence outstanding (a draining member may stop)."""
+        return not self._proposals and not self._rounds and not self._jobs
+
+    def address_of(self, node: NodeId | None) -> str | None:
+        return None if node is None else self._addresses.get(node)
+
+    def _emit(self, action: Action) -> None:
+        self._actions.append(action)
+
+    def _log(self, level: str, event: str, **fields: Any) -> None:
+        self._actions.append(LogEvent(level, event, fields))
+
+    def _reply(self, conn: int, frame: dict[str, Any]) -> None:
+        if conn in self._conns:
+            self._actions.append(SendFrame(conn, frame))
+
+    def _peer_map(self) -> dict[NodeId, str]:
+        members = (*self.raft.voters, *self.raft.learners)
+        me = self.config.node_id
+        return {m: self._addresses[m] for m in members if m != me and m in self._addresses}
+
+    # ------------------------------------------------------------------ inputs: time
+
+    def timer(self, now: Instant) -> None:
+        if now.mono >= self._next_tick:
+            # After a stall, tick once rather than catching up: a burst of ticks would
+            # make a starved follower start an election it does not need.
+            tick = self._timing.tick_s
+            self._next_tick = max(self._next_tick + tick, now.mono + tick / 2)
+            self.raft.tick()
+            if self.tracker.leading:
+                self._expire_due(now)
+                self._maybe_raise_version(now)
+            self._time_out_requests(now)
+        self._pump(now)
+
+    def _expire_due(self, now: Instant) -> None:
+        for lease, incarnation in self.tracker.due(now.mono):
+            cmd = locks.ExpireCommand(lease, incarnation, now.wall_ms)
+            result = self.raft.propose(locks.encode_command(cmd))
+            if isinstance(result, NotLeader):
+                return
+            self._log("info", "lease_deadline_passed", lease=lease, index=result)
+
+    def _maybe_raise_version(self, now: Instant) -> None:
+        """Once every member speaks version 2, the leader moves the log to it (PROTOCOL.md)."""
+        if self.locks.version >= self.config.max_version or self._role is not Role.LEADER:
+            return
+        if now.mono - self._version_proposed_at < self._timing.election_timeout_s * 4:
+            return
+        members = (*self.raft.voters, *self.raft.learners)
+        me = self.config.node_id
+        if any(self._peer_versions.get(m, 1) < self.config.max_version for m in members if m != me):
+            return
+        cmd = locks.ClusterVersionCommand(self.config.max_version, now.wall_ms)
+        if not isinstance(self.raft.propose(locks.encode_command(cmd)), NotLeader):
+            self._version_proposed_at = now.mono
+            self._log("info", "cluster_version_proposed", version=self.config.max_version)
+
+    def _time_out_requests(self, now: Instant) -> None:
+        limit = now.mono - self._timing.request_timeout_s
+        if self._proposals:
+            for index in [i for i, p in self._proposals.items() if p.started < limit]:
+                p = self._proposals.pop(index)
+                self._reply(
+                    p.conn, error(p.request.id, ErrorCode.TIMEOUT, "not committed in time; re-send")
+                )
+        if self._rounds:
+            for ctx in [c for c, r in self._rounds.items() if r.started < limit]:
+                read_round = self._rounds.pop(ctx)
+                code = ErrorCode.NO_QUORUM if read_round.as_leader else ErrorCode.TIMEOUT
+                self._fail_reads(read_round.reads, code)
+
+    # ------------------------------------------------------------------ inputs: peers
+
+    def accept_peer(self, node: NodeId, speaks: int) -> str | None:
+        """Why a peer's (authenticated) hello is refused, or None to accept it."""
+        if node == self.config.node_id:
+            return f"{node!r} is this member's own id"
+        if node not in self._addresses and node not in self.raft.voters:
+            return f"{node!r} is not a member of this cluster"
+        if self.locks.version >= 2 and speaks < 2:
+            return (
+                f"member {node} speaks protocol {speaks}, and this cluster already runs "
+                "version 2: upgrade it to this release"
+            )
+        return None
+
+    def peer_version(self, node: NodeId, speaks: int) -> None:
+        """A link to or from ``node`` learned the highest protocol version it speaks."""
+        self._peer_versions[node] = speaks
+
+    def peer_unreachable(self, node: NodeId, now: Instant) -> None:
+        self.raft.report_unreachable(node)
+        self._pump(now)
+
+    def peer_messages(self, src: NodeId, messages: Iterable[Message], now: Instant) -> None:
+        """Steps every message ``src`` sent; a message claiming another sender is dropped."""
+        raft = self.raft
+        me = self.config.node_id
+        members = self._addresses
+        self._peer_heard[src] = now.mono
+        for msg in messages:
+            if msg.src != src or msg.dst != me or src not in members:
+                self._reject(now, "peer_message_refused", peer=src, message=type(msg).__name__)
+                continue
+            raft.step(msg)
+        self._pump(now)
+
+    # ------------------------------------------------------------------ inputs: persistence
+
+    def persisted(self, job: int, now: Instant) -> None:
+        """Persist ``job`` is durable (jobs complete in the order they were handed out)."""
+        for number, entry in self._jobs:
+            if number == job:
+                entry.done = True
+                break
+        self._finish_jobs()
+        self._pump(now)
+
+    def _finish_jobs(self) -> None:
+        jobs = self._jobs
+        while jobs and jobs[0][1].done:
+            _, job = jobs.popleft()
+            if job.ready.messages:
+                self._send_messages(job.ready.messages)
+            self.raft.advance(job.ready)
+
+    # ------------------------------------------------------------------ the Ready loop
+
+    def _pump(self, now: Instant) -> None:
+        raft = self.raft
+        for _ in range(64):  # each turn hands out new work; a stuck core must not spin us
+            if self._reads_queued:
+                self._start_read_round(now)
+            if not raft.has_ready():
+                break
+            self._handle_ready(raft.ready(), now)
+        if self._rounds:
+            self._serve_ready_rounds(now)
+
+    def _handle_ready(self, rd: Ready, now: Instant) -> None:
+        if rd.soft_state is not None:
+            self._on_soft_state(rd.soft_state.role, rd.soft_state.leader, rd.soft_state.term, now)
+        if rd.messages_now:
+            self._send_messages(rd.messages_now)
+        persisting = bool(rd.entries) or rd.snapshot is not None or rd.hard_state is not None
+        job = _Job(rd, persisting, done=not persisting)
+        number = self._next_job
+        self._next_job += 1
+        self._jobs.append((number, job))
+        if persisting:
+            self.stats.persist_jobs += 1
+            self.stats.entries_persisted += len(rd.entries)
+            self._emit(Persist(number, rd.snapshot, rd.entries, rd.hard_state))
+        if rd.snapshot is not None:
+            self._install_snapshot(rd.snapshot, now)
+        if rd.entries:
+            self._note_conf_entries(rd.entries)
+        if rd.committed:
+            self._apply(rd.committed, now)
+        for rs in rd.read_states:
+            read_round = self._rounds.get(rs.ctx)
+            if read_round is not None:
+                read_round.index = rs.index
+        self._finish_jobs()
+
+    def _send_messages(self, messages: Iterable[Message]) -> None:
+        by_peer: dict[NodeId, list[Message]] = {}
+        for msg in messages:
+            by_peer.setdefault(msg.dst, []).append(msg)
+        for peer, batch in by_peer.items():
+            self._emit(SendMessages(peer, tuple(batch)))
+
+    def _on_soft_state(self, role: Role, leader: NodeId | None, term: int, now: Instant) -> None:
+        was_leader = self._role is Role.LEADER
+        changed_leader = leader != self._leader or term != self._term
+        self._role, self._leader, self._term = role, leader, term
+        if changed_leader:
+            self.stats.leader_changes += 1
+            self._log("info", "leader_changed", role=_role_name(role), leader=leader, term=term)
+        elif (role is Role.LEADER) != was_leader:
+            self._log("info", "role_changed", role=_role_name(role), leader=leader, term=term)
+        if role is Role.LEADER and not was_leader:
+            self.tracker.take_office(now.mono, self.locks.leases())
+            self._version_proposed_at = -1.0e9
+        elif was_leader and role is not Role.LEADER:
+            self.tracker.leave_office()
+            self._fail_proposals()
+            for ctx in [c for c, r in self._rounds.items() if r.as_leader]:
+                self._fail_reads(self._rounds.pop(ctx).reads, ErrorCode.NOT_LEADER)
+
+    # ------------------------------------------------------------------ applying
+
+    def _install_snapshot(self, snap: Snapshot, now: Instant) -> None:
+        self._restore_image(snap.data)
+        self._snapshot_index = snap.meta.index
+        self._log("info", "snapshot_installed", index=snap.meta.index, term=snap.meta.term)
+        self._emit(PeersChanged(self._peer_map()))
+        # Grants that happened inside the snapshot never passed through apply here.
+        for (lease, key), conns in list(self._waiters.items()):
+            state = self.locks.get(key)
+            for holder in state.holders if state is not None else ():
+                if holder.lease == lease:
+                    self._push_grant(lease, key, holder.token)
+                    break
+            else:
+                if self.locks.lease(lease) is None:
+                    self._drop_waiter(lease, key, conns)
+        if self.tracker.leading:
+            self.tracker.take_office(now.mono, self.locks.leases())
+
+    def _restore_image(self, data: bytes) -> None:
+        """Rebuild the applied state from a snapshot image of either layout."""
+        try:
+            item = cbor2.loads(data)
+        except Exception as exc:
+            raise ValueError(f"snapshot image is corrupt: {exc!r}") from None
+        if isinstance(item, dict) and item.get("format") == NODE_IMAGE_FORMAT:
+            lock_image = item.get("locks")
+            members = item.get("members")
+            if not isinstance(lock_image, bytes) or not isinstance(members, dict):
+                raise ValueError("snapshot image has an unknown layout")
+            self.locks = locks.LockStateMachine.restore(lock_image)
+            self._addresses = {str(k): str(v) for k, v in members.items()}
+        else:
+            self.locks = locks.LockStateMachine.restore(data)
+
+    def _image(self) -> bytes:
+        lock_image = self.locks.snapshot()
+        if self.locks.version < 2:
+            return lock_image  # what a member of the previous release restores
+        members = {m: self._addresses[m] for m in sorted(self._addresses)}
+        return bytes(
+            cbor2.dumps(
+                {"format": NODE_IMAGE_FORMAT, "locks": lock_image, "members": members},
+                canonical=True,
+            )
+        )
+
+    def _note_conf_entries(self, entries: Iterable[Entry]) -> None:
+        """Membership entries carry the new member's address; keep it from the moment the
+        entry is in our log, since the configuration takes effect then."""
+        changed = False
+        for entry in entries:
+            if entry.kind is EntryKind.CONF_CHANGE:
+                changed = True
+        if changed:
+            self._emit(PeersChanged(self._peer_map()))
+
+    def _apply(self, committed: Iterable[Entry], now: Instant) -> None:
+        machine = self.locks
+        proposals = self._proposals
+        for entry in committed:
+            index = entry.index
+            if index <= machine.applied_index:
+                continue  # already in the image we restored from
+            if entry.kind is not EntryKind.NORMAL:
+                machine.skip(index)
+                proposal = proposals.pop(index, None)
+                if proposal is not None:
+                    self._reply_not_leader(proposal.conn, proposal.request.id)
+                continue
+            proposal = proposals.pop(index, None)
+            if proposal is not None and proposal.data == entry.data:
+                outcome = machine.apply_command(index, proposal.command)
+            else:
+                outcome = machine.apply(index, entry.data)
+                if proposal is not None:
+                    self._reply_not_leader(proposal.conn, proposal.request.id)
+                    proposal = None
+            self._after_apply(outcome, proposal, now)
+        if machine.applied_index - self._snapshot_index >= self.config.snapshot_every:
+            self._take_snapshot()
+
+    def _after_apply(
+        self, outcome: locks.ApplyOutcome, proposal: _Proposal | None, now: Instant
+    ) -> None:
+        tracker = self.tracker
+        for lease, ttl_ms, incarnation in outcome.armed:
+            tracker.arm(lease, ttl_ms, incarnation, now.mono)
+        if proposal is not None and outcome.result is not None:
+            self._answer(proposal, outcome.result, now)
+        for promotion in outcome.promotions:
+            self.stats.grants += 1
+            self._audit_grant(promotion.lease, promotion.key, promotion.token, now, queued=True)
+            self._push_grant(promotion.lease, promotion.key, promotion.token)
+        for lease in outcome.ended:
+            tracker.ended(lease)
+            self._forget_lease_waiters(lease)
+        cmd = outcome.command
+        result = outcome.result
+        if isinstance(cmd, locks.ExpireCommand) and isinstance(result, locks.LeaseClosed):
+            self.stats.expiries += 1
+            self._log(
+                "info",
+                "lease_expired",
+                lease=cmd.lease,
+                index=outcome.index,
+                released=list(result.released),
+            )
+            self._audit_released(result.released, cmd.lease, "expired", now)
+        elif isinstance(cmd, locks.ClusterVersionCommand):
+            self._log("info", "cluster_version", version=self.locks.version, index=outcome.index)
+            self._emit(PeersChanged(self._peer_map()))
+        elif isinstance(result, locks.Granted) and result.token == outcome.index:
+            self.stats.grants += 1
+            self._audit_grant(result.lease, result.key, result.token, now, queued=False)
+        elif isinstance(result, locks.Released) and result.held:
+            self._audit_released((result.key,), cmd.lease if cmd else "", "released", now)
+        elif isinstance(result, locks.LeaseClosed) and isinstance(cmd, locks.CloseLeaseCommand):
+            self._log("info", "lease_closed", lease=cmd.lease, released=list(result.released))
+            self._audit_released(result.released, cmd.lease, "closed", now)
+        elif isinstance(result, locks.LeaseOpened) and not result.joined:
+            self._log("info", "lease_opened", lease=result.lease, ttl_ms=result.ttl_ms)
+
+    def _audit_grant(self, lease: str, key: str, token: int, now: Instant, *, queued: bool) -> None:
+        state = self.locks.get(key)
+        meta: dict[str, str] = {}
+        for holder in state.holders if state is not None else ():
+            if holder.lease == lease:
+                meta = dict(holder.meta)
+        self._granted_mono[(lease, key)] = now.mono
+        queued_at = self._queued_mono.pop((lease, key), None)
+        if queued_at is not None:
+            self.stats.acquire_waits_ms.append(int((now.mono - queued_at) * 1000))
+        self._log("info", "lock_granted", key=key, token=token, lease=lease, owner=meta)
+
+    def _audit_released(self, keys: Iterable[str], lease: str, how: str, now: Instant) -> None:
+        for key in keys:
+            self.stats.releases += 1
+            granted = self._granted_mono.pop((lease, key), None)
+            if granted is not None:
+                self.stats.hold_times_ms.append(int((now.mono - granted) * 1000))
+            self._log("info", "lock_released", key=key, lease=lease, how=how)
+
+    def _take_snapshot(self) -> None:
+        index = self.locks.applied_index
+        data = self._image()
+        conf = ConfState(voters=self.raft.voters, learners=self.raft.learners)
+        keep_from = index - self.config.snapshot_keep
+        self._emit(SaveSnapshot(index, conf, data, max(0, keep_from)))
+        self._snapshot_index = index
+        self.stats.snapshots_taken += 1
+        self._log("info", "snapshot_taken", index=index, bytes=len(data))
+
+    # ------------------------------------------------------------------ clients
+
+    def client_connected(self, conn: int, remote: str) -> None:
+        self._conns[conn] = _Conn(conn, remote)
+
+    def client_closed(self, conn: int) -> None:
+        state = self._conns.pop(conn, None)
+        if state is None:
+            return
+        for pair in state.waiting:
+            conns = self._waiters.get(pair)
+            if conns is not None and conn in conns:
+                conns.remove(conn)
+                if not conns:
+                    del self._waiters[pair]
+
+    def client_frame(self, conn: int, obj: Any, now: Instant) -> None:
+        """One decoded frame from a client connection."""
+        state = self._conns.get(conn)
+        if state is None:
+            return
+        try:
+            req = decode_request(obj)
+        except ProtocolError as exc:
+            rid = obj.get("id") if isinstance(obj, dict) else None
+            if not isinstance(rid, int) or isinstance(rid, bool) or not 0 <= rid < 2**63:
+                rid = None
+            self._bad_request(state, rid, exc.code, str(exc), now)
+            self.stats.count("invalid", exc.code.value)
+            return
+        self._handle_request(state, req, now)
+        self._pump(now)
+
+    def _bad_request(
+        self, state: _Conn, rid: int | None, code: ErrorCode, message: str, now: Instant
+    ) -> None:
+        state.bad_requests += 1
+        self._reject(now, "client_bad_request", remote=state.remote, error=message)
+        self._reply(state.conn, error(rid, code, message))
+        if state.bad_requests > MAX_BAD_REQUESTS:
+            self._emit(CloseConnection(state.conn, "too many bad requests"))
+
+    def _reject(self, now: Instant, event: str, **fields: Any) -> None:
+        """A log line about refused input, at most one per REJECT_LOG_EVERY (the rest counted)."""
+        self.stats.rejected_frames += 1
+        if now.mono - self._reject_log_at < REJECT_LOG_EVERY:
+            self._rejects_unlogged += 1
+            return
+        if self._rejects_unlogged:
+            fields["also_refused"] = self._rejects_unlogged
+        self._rejects_unlogged = 0
+        self._reject_log_at = now.mono
+        self._log("warning", event, **fields)
+
+    def _handle_request(self, state: _Conn, req: ClientRequest, now: Instant) -> None:
+        conn = state.conn
+        if self._stopping:
+            self._reply(conn, error(req.id, ErrorCode.SHUTTING_DOWN, "member is shutting down"))
+            return
+        if isinstance(req, Ping):
+            self._reply(conn, ok(req.id))
+        elif isinstance(req, OpenLease | CloseLease | UpdateLease | Acquire | Release):
+            self._propose_change(state, req, now)
+        elif isinstance(req, MemberChange):
+            self._member_change(state, req, now)
+        elif isinstance(req, Get | ListLocks | ListLeases | Status) and req.stale:
+            self._serve_read(_Read(conn, req, now.mono), now)
+        elif self._role is not Role.LEADER:
+            # Keep-alives and linearizable reads go to the leader: it confirms the read
+            # point itself, and only it knows how much of each lease's TTL is left.
+            self._reply_not_leader(conn, req.id)
+        else:
+            self._reads_queued.append(_Read(conn, req, now.mono))
+
+    # -- proposals ----------------------------------------------------------
+
+    def _propose_change(self, state: _Conn, req: LockChange, now: Instant) -> None:
+        conn = state.conn
+        if self._role is not Role.LEADER:
+            self._reply_not_leader(conn, req.id)
+            return
+        try:
+            cmd = self._command_for(req, now)
+        except _Refusal as refusal:
+            self._reply(conn, error(req.id, refusal.code, refusal.message, **refusal.extra))
+            self.stats.count(req.TYPE, refusal.code.value)
+            return
+        problem = locks.validate_command(cmd)
+        if problem is not None:
+            self._bad_request(state, req.id, ErrorCode.BAD_REQUEST, problem, now)
+            self.stats.count(req.TYPE, ErrorCode.BAD_REQUEST.value)
+            return
+        data = locks.encode_command(cmd)
+        result = self.raft.propose(data)
+        if isinstance(result, NotLeader):
+            self._reply_not_leader(conn, req.id, result.leader)
+            return
+        self.stats.proposals += 1
+        self._proposals[result] = _Proposal(conn, req, data, cmd, now.mono, now.wall_ms)
+
+    def _command_for(self, req: LockChange, now: Instant) -> locks.ClientCommand:
+        """The log command for ``req``, in the form the cluster's version runs."""
+        v2 = self.locks.version >= 2
+        if v2 and req.client:
+            origin = locks.Origin(req.client, req.seq, req.acked)
+        else:
+            origin = locks.Origin(locks.LEGACY_CLIENT, req.seq)
+        at_ms = now.wall_ms
+        quotas = self.config.quotas
+        if isinstance(req, OpenLease):
+            if self.tracker.is_expiring(req.lease):
+                raise _Refusal(
+                    ErrorCode.SESSION_EXPIRED,
+                    f"lease {req.lease!r} is being expired: open a new lease",
+                )
+            if self.locks.lease(req.lease) is None:
+                if self.locks.counts().sessions >= quotas.max_leases:
+                    raise _quota(f"this cluster holds {quotas.max_leases} leases", "max_leases")
+                _check_meta_quota(req.meta, quotas)
+            return locks.OpenLeaseCommand(
+                lease=req.lease,
+                ttl_ms=req.ttl_ms,
+                origin=origin,
+                at_ms=at_ms,
+                ephemeral=req.ephemeral and v2,
+                meta=req.meta if v2 else {},
+            )
+        if isinstance(req, CloseLease):
+            return locks.CloseLeaseCommand(req.lease, origin, at_ms)
+        if isinstance(req, Acquire):
+            counts = self.locks.counts()
+            if counts.locks + counts.waiters >= quotas.max_locks:
+                raise _quota(
+                    f"this cluster holds {quotas.max_locks} locks and waiters", "max_locks"
+                )
+            _check_meta_quota(req.meta, quotas)
+            return locks.AcquireCommand(
+                req.lease, req.key, req.wait, req.limit, req.meta, origin, at_ms
+            )
+        if isinstance(req, Release):
+            if not v2 and req.token is not None:
+                raise _upgrading("release with a fencing token")
+            return locks.ReleaseCommand(
+                req.lease, req.key, req.token, req.keep_lease or not v2, origin, at_ms
+            )
+        if not v2:
+            raise _upgrading("lease_update")
+        return locks.UpdateLeaseCommand(req.lease, req.ttl_ms, req.finished, origin, at_ms)
+
+    def _member_change(self, state: _Conn, req: MemberChange, now: Instant) -> None:
+        self._reply(
+            state.conn,
+            error(
+                req.id,
+                ErrorCode.BAD_REQUEST,
+                "membership changes are not supported by this member",
+            ),
+        )
+
+    # -- answering ------------------------------------------------------------
+
+    def _answer(self, proposal: _Proposal, result: locks.Result, now: Instant) -> None:
+        conn, req = proposal.conn, proposal.request
+        rid = req.id
+        self.stats.count(req.TYPE, result.code)
+        if isinstance(result, locks.Granted):
+            info = self.locks.lease(result.lease)
+            self._reply(
+                conn,
+                ok(
+                    rid,
+                    result="granted",
+                    key=result.key,
+                    token=result.token,
+                    lease=result.lease,
+                    ttl_ms=info.ttl_ms if info is not None else 0,
+                ),
+            )
+        elif isinstance(result, locks.Queued):
+            assert isinstance(req, Acquire)
+            self._register_waiter(conn, req.lease, result.key)
+            self._queued_mono.setdefault((req.lease, result.key), now.mono)
+            self._reply(
+                conn,
+                ok(rid, result="queued", key=result.key, lease=req.lease, position=result.position),
+            )
+        elif isinstance(result, locks.Released):
+            self._reply(
+                conn,
+                ok(
+                    rid,
+                    key=result.key,
+                    released="lock" if result.held else "queue",
+                    token=result.token,
+                    lease_ended=result.lease_ended,
+                ),
+            )
+        elif isinstance(result, locks.LeaseOpened):
+            if result.joined and self.tracker.is_expiring(result.lease):
+                # The lease is doomed by an Expire already in the log: a client that counted
+                # a fresh TTL from its request would outlive it.
+                self._reply(
+                    conn,
+                    error(
+                        rid,
+                        ErrorCode.SESSION_EXPIRED,
+                        f"lease {result.lease!r} is being expired: open a new lease",
+                    ),
+                )
+                return
+            self._reply(
+                conn,
+                ok(rid, lease=result.lease, ttl_ms=result.ttl_ms, incarnation=result.incarnation),
+            )
+        elif isinstance(result, locks.LeaseClosed):
+            self._reply(conn, ok(rid, lease=result.lease, released=list(result.released)))
+        elif isinstance(result, locks.LeaseUpdated):
+            self._reply(conn, ok(rid, lease=result.lease, ttl_ms=result.ttl_ms))
+        elif isinstance(result, locks.Locked):
+            self._reply(
+                conn,
+                error(
+                    rid,
+                    ErrorCode.LOCKED,
+                    f"{result.key!r} is held",
+                    key=result.key,
+                    holders=self._holders(result.holders, now),
+                    retry_after_ms=result.retry_after_ms,
+                ),
+            )
+        elif isinstance(result, locks.NotHeld):
+            self._reply(
+                conn,
+                error(
+                    rid,
+                    ErrorCode.NOT_HOLDER,
+                    f"this lease does not hold or wait for {result.key!r}",
+                    key=result.key,
+                    holders=self._holders(result.holders, now),
+                ),
+            )
+        elif isinstance(result, locks.LeaseGone):
+            self._reply(
+                conn,
+                error(
+                    rid,
+                    ErrorCode.SESSION_EXPIRED,
+                    f"lease {result.lease!r} does not exist (expired or closed)",
+                ),
+            )
+        elif isinstance(result, locks.StaleRequest):
+            self._reply(
+                conn,
+                error(
+                    rid,
+                    ErrorCode.STALE_REQUEST,
+                    f"request {result.seq} was answered before and is not run again",
+                ),
+            )
+        elif isinstance(result, locks.Invalid):
+            self._reply(conn, error(rid, ErrorCode.BAD_REQUEST, result.message))
+
+    def _holders(self, holders: Iterable[locks.Holder], now: Instant) -> list[dict[str, Any]]:
+        leading = self.tracker.leading
+        out = []
+        for h in holders:
+            item: dict[str, Any] = {
+                "lease": h.lease,
+                "token": h.token,
+                "granted_at_ms": h.granted_at_ms,
+                "held_ms": max(0, now.wall_ms - h.granted_at_ms),
+                "meta": dict(h.meta),
+            }
+            if leading:
+                info = self.locks.lease(h.lease)
+                remaining = self.tracker.remaining_ms(h.lease, now.mono)
+                if info is not None:
+                    item["ttl_ms"] = info.ttl_ms
+                    item["remaining_ms"] = remaining
+                    if info.finished_at_ms is not None:
+                        item["finished_at_ms"] = info.finished_at_ms
+                        if remaining is not None:
+                            item["hold_until_ms"] = now.wall_ms + remaining
+            out.append(item)
+        return out
+
+    def _reply_not_leader(self, conn: int, rid: int, leader: NodeId | None = None) -> None:
+        if leader is None and self._leader != self.config.node_id:
+            leader = self._leader
+        self._reply(
+            conn,
+            error(
+                rid,
+                ErrorCode.NOT_LEADER,
+                "not the leader" if leader is None else f"not the leader; try {leader}",
+                leader=leader,
+                leader_address=self.address_of(leader),
+            ),
+        )
+
+    def _fail_proposals(self) -> None:
+        proposals, self._proposals = self._proposals, {}
+        for proposal in proposals.values():
+            self._reply_not_leader(proposal.conn, proposal.request.id)
+
+    def _fail_reads(self, reads: Iterable[_Read], code: ErrorCode) -> None:
+        for read in reads:
+            if code is ErrorCode.NOT_LEADER:
+                self._reply_not_leader(read.conn, read.request.id)
+            elif code is ErrorCode.NO_QUORUM:
+                self._reply(
+                    read.conn,
+                    error(
+                        read.request.id,
+                        code,
+                        "the leader cannot reach a majority",
+                        retry_after_ms=500,
+                    ),
+                )
+            else:
+                self._reply(
+                    read.conn, error(read.request.id, code, "read was not confirmed in time")
+                )
+
+    # -- waiters and pushes -------------------------------------------------
+
+    def _register_waiter(self, conn: int, lease: str, key: str) -> None:
+        state = self._conns.get(conn)
+        if state is None:
+            return
+        conns = self._waiters.setdefault((lease, key), [])
+        if conn not in conns:
+            conns.append(conn)
+        state.waiting.add((lease, key))
+
+    def _push_grant(self, lease: str, key: str, token: int) -> None:
+        conns = self._waiters.pop((lease, key), None)
+        if not conns:
+            return
+        frame = grant_push(lease, key, token)
+        for conn in conns:
+            state = self._conns.get(conn)
+            if state is not None:
+                state.waiting.discard((lease, key))
+                self._reply(conn, frame)
+
+    def _drop_waiter(self, lease: str, key: str, conns: list[int]) -> None:
+        self._waiters.pop((lease, key), None)
+        for conn in conns:
+            state = self._conns.get(conn)
+            if state is not None:
+                state.waiting.discard((lease, key))
+
+    def _forget_lease_waiters(self, lease: str) -> None:
+        for pair in [p for p in self._queued_mono if p[0] == lease]:
+            del self._queued_mono[pair]
+        if not self._waiters:
+            return
+        for pair in [p for p in self._waiters if p[0] == lease]:
+            self._drop_waiter(*pair, self._waiters[pair])
+
+    # -- reads ----------------------------------------------------------------
+
+    def _start_read_round(self, now: Instant) -> None:
+        reads, self._reads_queued = self._reads_queued, []
+        self._round_seq += 1
+        ctx = self._round_prefix + self._round_seq.to_bytes(8, "big")
+        result = self.raft.read_index(ctx)
+        if isinstance(result, NotLeader):
+            for read in reads:
+                self._reply_not_leader(read.conn, read.request.id, result.leader)
+            return
+        self._rounds[ctx] = _ReadRound(reads, now.mono, as_leader=self._role is Role.LEADER)
+
+    def _serve_ready_rounds(self, now: Instant) -> None:
+        applied = self.locks.applied_index
+        done = [ctx for ctx, r in self._rounds.items() if 0 <= r.index <= applied]
+        for ctx in done:
+            for read in self._rounds.pop(ctx).reads:
+                self._serve_read(read, now)
+
+    def _serve_read(self, read: _Read, now: Instant) -> None:
+        conn, req = read.conn, read.request
+        if isinstance(req, Renew):
+            self._serve_keepalive(read, req)
+        elif isinstance(req, Get):
+            self._reply(conn, self._get_reply(req, now))
+        elif isinstance(req, ListLocks):
+            self._reply(conn, self._list_reply(req, now))
+        elif isinstance(req, LeaseInfo):
+            self._reply(conn, self._lease_info_reply(req, now))
+        elif isinstance(req, ListLeases):
+            self._reply(conn, self._list_leases_reply(req, now))
+        elif isinstance(req, Status):
+            self._reply(conn, ok(req.id, **self.status_view(now)))
+        elif isinstance(req, Members):
+            self._reply(conn, ok(req.id, **self.members_view(now)))
+
+    def _serve_keepalive(self, read: _Read, req: Renew) -> None:
+        if self._role is not Role.LEADER:
+            self._reply_not_leader(read.conn, req.id)
+            return
+        info = self.locks.lease(req.lease)
+        if info is None or self.tracker.is_expiring(req.lease):
+            self.stats.count(req.TYPE, ErrorCode.SESSION_EXPIRED.value)
+            self._reply(
+                read.conn,
+                error(
+                    req.id,
+                    ErrorCode.SESSION_EXPIRED,
+                    f"lease {req.lease!r} does not exist (expired or closed)",
+                ),
+            )
+            return
+        if not self.tracker.renew(req.lease, read.received, req.client, req.seq):
+            # Not tracked (a lease applied before we took office is always tracked, so this
+            # is a race with its opening): start its clock now.
+            self.tracker.arm(req.lease, info.ttl_ms, info.incarnation, read.received)
+        self.stats.count(req.TYPE, "OK")
+        self._reply(read.conn, ok(req.id, lease=req.lease, ttl_ms=info.ttl_ms))
+
+    def _waiters_view(self, waiters: Iterable[locks.Waiter]) -> list[dict[str, Any]]:
+        return [
+            {"lease": w.lease, "since_ms": w.since_ms, "position": i, "meta": dict(w.meta)}
+            for i, w in enumerate(waiters, start=1)
+        ]
+
+    def _get_reply(self, req: Get, now: Instant) -> dict[str, Any]:
+        state = self.locks.get(req.key)
+        if state is None:
+            return ok(req.id, key=req.key, limit=1, holders=[], waiters=[])
+        return ok(
+            req.id,
+            key=req.key,
+            limit=state.limit,
+            holders=self._holders(state.holders, now),
+            waiters=self._waiters_view(state.waiters),
+        )
+
+    def _list_reply(self, req: ListLocks, now: Instant) -> dict[str, Any]:
+        views, cursor = self.locks.list_locks(req.prefix, after=req.after, limit=req.max)
+        return ok(
+            req.id,
+            locks=[
+                {
+                    "key": v.key,
+                    "limit": v.limit,
+                    "holders": self._holders(v.holders, now),
+                    "waiters": self._waiters_view(v.waiters),
+                }
+                for v in views
+            ],
+            next=cursor,
+        )
+
+    def _lease_info_reply(self, req: LeaseInfo, now: Instant) -> dict[str, Any]:
+        info = self.locks.lease(req.lease)
+        if info is None:
+            return error(
+                req.id,
+                ErrorCode.SESSION_EXPIRED,
+                f"lease {req.lease!r} does not exist (expired or closed)",
+            )
+        remaining = self.tracker.remaining_ms(req.lease, now.mono) if self.tracker.leading else None
+        return ok(
+            req.id,
+            lease=req.lease,
+            ttl_ms=info.ttl_ms,
+            remaining_ms=remaining,
+            keys=list(info.holding),
+            waiting=list(info.waiting),
+        )
+
+    def _list_leases_reply(self, req: ListLeases, now: Instant) -> dict[str, Any]:
+        views, cursor = self.locks.list_leases(after=req.after, limit=min(req.max, PAGE_MAX))
+        leading = self.tracker.leading
+        return ok(
+            req.id,
+            leases=[
+                {
+                    "id": v.lease,
+                    "ttl_ms": v.ttl_ms,
+                    "left_ms": self.tracker.remaining_ms(v.lease, now.mono) if leading else None,
+                    "holding": list(v.holding),
+                    "waiting": list(v.waiting),
+                    "meta": dict(v.meta),
+                }
+                for v in views
+            ],
+            next=cursor,
+        )
+
+    def status_view(self, now: Instant) -> dict[str, Any]:
+        st = self.raft.status()
+        counts = self.locks.counts()
+        learners = set(self.raft.learners)
+        view: dict[str, Any] = {
+            "node": st.id,
+            "address": self.address_of(st.id),
+            "cluster": self.config.cluster,
+            "role": st.role.value,
+            "term": st.term,
+            "leader": st.leader,
+            "leader_address": self.address_of(st.leader),
+            "commit": st.commit,
+            "applied": self.locks.applied_index,
+            "first_index": st.first_index,
+            "last_index": st.last_index,
+            "members": [
+                {
+                    "id": member,
+                    "address": self.address_of(member),
+                    "role": "learner" if member in learners else "voter",
+                }
+                for member in (*st.voters, *sorted(learners))
+            ],
+            "sessions": counts.sessions,
+            "locks": counts.locks,
+            "waiters": counts.waiters,
+            "version": PROTOCOL_SPOKEN,
+            "cluster_version": self.locks.version,
+        }
+        if st.progress:
+            view["progress"] = {
+                member: {
+                    "match": p.match,
+                    "next": p.next,
+                    "active": p.recent_active,
+                    "last_contact_ms": self._last_contact_ms(member, now),
+                }
+                for member, p in st.progress.items()
+            }
+        return view
+
+    def members_view(self, now: Instant) -> dict[str, Any]:
+        st = self.raft.status()
+        learners = set(self.raft.learners)
+        last = st.last_index
+        members = []
+        for member in (*st.voters, *sorted(learners)):
+            progress = st.progress.get(member)
+            if member == st.leader:
+                role = "leader"
+            elif member in learners:
+                role = "learner"
+            else:
+                role = "follower"
+            reachable = member == self.config.node_id or (
+                progress is not None and progress.recent_active
+            )
+            members.append(
+                {
+                    "id": member,
+                    "address": self.address_of(member),
+                    "role": role,
+                    "match": progress.match if progress is not None else None,
+                    "lag": last - progress.match if progress is not None else None,
+                    "reachable": reachable,
+                    "last_contact_ms": self._last_contact_ms(member, now),
+                }
+            )
+        return {"members": members, "leader": st.leader}
+
+    def _last_contact_ms(self, member: NodeId, now: Instant) -> int | None:
+        if member == self.config.node_id:
+            return 0
+        heard = self._peer_heard.get(member)
+        return None if heard is None else max(0, int((now.mono - heard) * 1000))
+
+    # ------------------------------------------------------------------ stopping
+
+    def begin_shutdown(self, now: Instant) -> None:
+        """Refuse new requests; a leader hands leadership to its most caught-up voter."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self._log("info", "shutting_down", pending=len(self._proposals), reads=len(self._rounds))
+        if self._role is Role.LEADER and len(self.raft.voters) > 1:
+            status = self.raft.status()
+            best, best_match = None, -1
+            for peer, pr in status.progress.items():
+                if (
+                    peer != self.config.node_id
+                    and peer in self.raft.voters
+                    and pr.recent_active
+                    and pr.match > best_match
+                ):
+                    best, best_match = peer, pr.match
+            if best is not None:
+                self._log("info", "transfer_leadership", to=best)
+                self.raft.transfer_leadership(best)
+        self._pump(now)
+
+    def finish_shutdown(self) -> None:
+        """Answer whatever is still pending: the member stops now."""
+        proposals, self._proposals = self._proposals, {}
+        for proposal in proposals.values():
+            self._reply(
+                proposal.conn,
+                error(proposal.request.id, ErrorCode.SHUTTING_DOWN, "member is shutting down"),
+            )
+        for read_round in self._rounds.values():
+            for read in read_round.reads:
+                self._reply(
+                    read.conn,
+                    error(read.request.id, ErrorCode.SHUTTING_DOWN, "member is shutting down"),
+                )
+        self._rounds.clear()
+
+
+class _Refusal(Exception):
+    """A request the leader refuses before proposing it."""
+
+    def __init__(self, code: ErrorCode, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+
+def _quota(what: str, limit: str) -> _Refusal:
+    return _Refusal(
+        ErrorCode.QUOTA_EXCEEDED,
+        f"{what}, its limit (--{limit.replace('_', '-')}): release some, or raise the limit",
+        limit=limit,
+    )
+
+
+def _upgrading(what: str) -> _Refusal:
+    return _Refusal(
+        ErrorCode.UNAVAILABLE,
+        f"{what} needs every member on protocol version 2, and an upgrade is in progress: "
+        "retry once every member runs this release",
+        retry_after_ms=1000,
+    )
+
+
+def _check_meta_quota(meta: Mapping[str, str], quotas: Quotas) -> None:
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in meta.items())
+    if size > quotas.max_meta_bytes:
+        raise _quota(f"owner metadata of {size} bytes is over", "max_meta_bytes")
+
+
+def _role_name(role: Role) -> str:
+    return role.value
