@@ -433,18 +433,26 @@ class OpenLease(Change):
 
 
 class Renew(Request):
-    """A keep-alive. Answered only after the leader has confirmed it still leads."""
+    """A keep-alive. Answered only after the leader has confirmed it still leads.
 
-    __slots__ = ("client", "lease", "seq")
+    ``incarnation`` (0: any) names the lease the client opened, so a late copy
+    cannot renew another lease that reuses the id.
+    """
+
+    __slots__ = ("client", "incarnation", "lease", "seq")
     TYPE = "keepalive"
-    FIELDS = ("id", "lease", "client", "seq")
+    FIELDS = ("id", "lease", "incarnation", "client", "seq")
     lease: str
+    incarnation: int
     client: str
     seq: int
 
-    def __init__(self, *, id: int, lease: str, client: str = "", seq: int = 0) -> None:
+    def __init__(
+        self, *, id: int, lease: str, incarnation: int = 0, client: str = "", seq: int = 0
+    ) -> None:
         _set(self, "id", id)
         _set(self, "lease", lease)
+        _set(self, "incarnation", incarnation)
         _set(self, "client", client)
         _set(self, "seq", seq)
 
@@ -772,7 +780,8 @@ def decode_request(obj: Any) -> ClientRequest:
         if client:
             _checked(limits.check_client_id(client))
         seq = _opt_bounded(msg, "seq", 0, limits.INT_MAX, 0)
-        return Renew(id=rid, lease=_lease(msg), client=client, seq=seq)
+        incarnation = _opt_bounded(msg, "incarnation", 0, limits.INT_MAX, 0)
+        return Renew(id=rid, lease=_lease(msg), incarnation=incarnation, client=client, seq=seq)
     if kind == "open_lease":
         client, seq, acked = _origin(msg) if "seq" in msg else ("", 0, 0)
         meta = _str_map(msg, "meta")

@@ -458,7 +458,9 @@ class AsyncClient:
 
     async def keepalive(self, lease: LeaseRef, *, timeout: float | None = None) -> int:
         lid = lease_id(lease)
-        ttl: int = await self._run(core.keepalive_flow(self._ctx, lid, timeout=timeout))
+        ttl: int = await self._run(
+            core.keepalive_flow(self._ctx, lid, incarnation=_incarnation(lease), timeout=timeout)
+        )
         self._ttl_ms[lid] = ttl
         return ttl
 
@@ -724,7 +726,8 @@ class AsyncKeepAlive:
             try:
                 with anyio.move_on_after(left):
                     ttl = await self._client.keepalive(self.lease, timeout=left)
-                    self._clock.confirmed(sent, ttl)
+                    if not self._clock.confirmed(sent, ttl, time.monotonic()):
+                        return  # too late to count: the watcher reports the loss
                     self.renewals += 1
                     next_at = sent + self._interval()
                     continue
@@ -734,3 +737,7 @@ class AsyncKeepAlive:
             except (DlmError, ValueError) as exc:
                 self.last_error = exc
             next_at = time.monotonic() + min(self._interval() / 4, 0.25)
+
+
+def _incarnation(lease: LeaseRef) -> int:
+    return lease.incarnation if isinstance(lease, Lease) else 0

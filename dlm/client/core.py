@@ -73,6 +73,9 @@ if TYPE_CHECKING:
     Clock = Callable[[], float]
     Reply = dict[Any, Any]
 
+OPEN_RETRY_MAX_S = 60.0
+"""An open_lease is re-sent for at most this long, whatever --timeout says (PROTOCOL.md)."""
+
 # Redirects followed in a row before backing off: a cluster mid-election may
 # point in circles for a moment, and we must not spin.
 MAX_REDIRECT_HOPS = 8
@@ -97,22 +100,30 @@ _set = object.__setattr__
 class Lease(Record):
     """An open lease. ``confirmed_at`` is the monotonic time the open_lease request was first
     sent: the client-side deadline ``confirmed_at + ttl_ms`` falls before the server's.
+    ``incarnation`` tells this lease from a later one that reuses the id (0: unknown).
     Two leases are equal when their id and TTL are (``confirmed_at`` is not compared)."""
 
-    __slots__ = ("confirmed_at", "id", "ttl_ms")
+    __slots__ = ("confirmed_at", "id", "incarnation", "ttl_ms")
     FIELDS = ("id", "ttl_ms")
     __match_args__ = ("id", "ttl_ms", "confirmed_at")
     id: str
     ttl_ms: int
     confirmed_at: float
+    incarnation: int
 
-    def __init__(self, id: str, ttl_ms: int, confirmed_at: float = 0.0) -> None:
+    def __init__(
+        self, id: str, ttl_ms: int, confirmed_at: float = 0.0, incarnation: int = 0
+    ) -> None:
         _set(self, "id", id)
         _set(self, "ttl_ms", ttl_ms)
         _set(self, "confirmed_at", confirmed_at)
+        _set(self, "incarnation", incarnation)
 
     def __repr__(self) -> str:
-        return f"Lease(id={self.id!r}, ttl_ms={self.ttl_ms!r}, confirmed_at={self.confirmed_at!r})"
+        return (
+            f"Lease(id={self.id!r}, ttl_ms={self.ttl_ms!r}, confirmed_at={self.confirmed_at!r}, "
+            f"incarnation={self.incarnation!r})"
+        )
 
 
 class Grant(Record):
@@ -540,20 +551,30 @@ def open_lease_flow(
     """
     lid = lease or new_lease_id()
     sent = s.clock()
+    # Re-sending an open is only safe while the cluster still remembers the leases that
+    # ended (five minutes of its log time): stop well before.
+    budget = min(s.timeout, OPEN_RETRY_MAX_S)
     request = OpenLease(id=0, lease=lid, ttl_ms=ttl_ms, ephemeral=ephemeral, meta=dict(meta or {}))
-    _, reply = yield from change(s, request)
-    return Lease(id=lid, ttl_ms=reply_int(reply, "ttl_ms"), confirmed_at=sent)
+    _, reply = yield from change(s, request, timeout=budget)
+    incarnation = _opt_int(reply, "incarnation") or 0
+    return Lease(lid, reply_int(reply, "ttl_ms"), confirmed_at=sent, incarnation=incarnation)
 
 
 def keepalive_flow(
-    s: Context, lease: str, *, timeout: float | None = None
+    s: Context, lease: str, *, incarnation: int = 0, timeout: float | None = None
 ) -> Generator[Action, Outcome, int]:
-    """Renews the lease; returns its TTL in ms. LeaseLost if it is gone."""
+    """Renews the lease; returns its TTL in ms. LeaseLost if it is gone.
+
+    ``incarnation`` (from ``Lease``; 0 when unknown) keeps a late copy of this
+    request from renewing a later lease that reuses the id.
+    """
     # A keep-alive is not in the log, so it takes no part in the acknowledged floor; its
     # number only lets the leader ignore a stale copy of an older one.
     seq = s.seqs.issue()
     s.seqs.done(seq)
-    request = without_id(Renew(id=0, lease=lease, client=s.client, seq=seq))
+    request = without_id(
+        Renew(id=0, lease=lease, incarnation=incarnation, client=s.client, seq=seq)
+    )
     _, reply = yield from call(s, request, timeout=timeout)
     return reply_int(reply, "ttl_ms")
 
@@ -738,28 +759,56 @@ def member_change_flow(
     return payload(reply)
 
 
+CLOCK_RATE_BOUND = 0.005
+"""How far the rate of any clock, ours or the leader's, may stray from real time (±0.5%)."""
+
+
 class LeaseClock:
     """When a held lease must be presumed lost, from this client's side.
 
-    The deadline is the *send* time of the last confirmed renewal plus the TTL:
-    the leader started (or restarted) the lease's clock when the request reached
-    it, later than we sent it, so our deadline passes first (ARCHITECTURE.md,
-    invariant 4). Counting from the reply instead would let the server's
-    deadline pass first. Times are the client's monotonic clock, in seconds.
+    The deadline is the *send* time of the last confirmed renewal plus the TTL,
+    less a margin for clock rates: the leader started (or restarted) the
+    lease's clock when the request reached it, later than we sent it, so our
+    deadline passes first (ARCHITECTURE.md, invariant 4), as long as neither
+    clock runs more than ``CLOCK_RATE_BOUND`` fast or slow; the margin covers
+    both being off in opposite directions. Counting from the reply instead
+    would let the server's deadline pass first.
+
+    Once the deadline has passed the lease is lost for good: a confirmation
+    that arrives later (a slow reply, a process that was paused) extends
+    nothing, because the cluster may already have expired the lease and given
+    its locks away. Times are the client's monotonic clock, in seconds.
     """
 
-    __slots__ = ("deadline", "last_sent", "ttl_ms")
+    __slots__ = ("deadline", "last_sent", "lost", "ttl_ms")
 
     def __init__(self, ttl_ms: int, confirmed_at: float) -> None:
         self.ttl_ms = ttl_ms
         self.last_sent = confirmed_at
-        self.deadline = confirmed_at + ttl_ms / 1000.0
+        self.deadline = confirmed_at + self.span(ttl_ms)
+        self.lost = False
 
-    def confirmed(self, sent_at: float, ttl_ms: int) -> None:
-        """A renewal sent at ``sent_at`` was confirmed with ``ttl_ms``."""
+    @staticmethod
+    def span(ttl_ms: int) -> float:
+        """How long after a confirmed send the lease may be counted on."""
+        ttl = ttl_ms / 1000.0
+        return ttl - 2 * CLOCK_RATE_BOUND * ttl
+
+    def expired(self, now: float) -> bool:
+        """Whether the deadline has passed (and so the lease is lost for good)."""
+        if now >= self.deadline:
+            self.lost = True
+        return self.lost
+
+    def confirmed(self, sent_at: float, ttl_ms: int, now: float) -> bool:
+        """A renewal sent at ``sent_at`` was confirmed with ``ttl_ms``, and the answer
+        arrived at ``now``. False when it came too late to count."""
+        if self.expired(now):
+            return False
         self.ttl_ms = ttl_ms
         self.last_sent = max(self.last_sent, sent_at)
-        self.deadline = max(self.deadline, sent_at + ttl_ms / 1000.0)
+        self.deadline = max(self.deadline, sent_at + self.span(ttl_ms))
+        return True
 
     def interval(self) -> float:
         """Renew every third of the TTL: two renewals may fail before the deadline."""

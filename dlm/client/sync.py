@@ -347,7 +347,9 @@ class Client:
     def keepalive(self, lease: LeaseRef, *, timeout: float | None = None) -> int:
         """Renews the lease; returns its TTL in ms. LeaseLost if it is gone."""
         lid = lease_id(lease)
-        ttl: int = self._run(core.keepalive_flow(self._ctx, lid, timeout=timeout))
+        ttl: int = self._run(
+            core.keepalive_flow(self._ctx, lid, incarnation=_incarnation(lease), timeout=timeout)
+        )
         self._ttl_ms[lid] = ttl
         return ttl
 
@@ -679,3 +681,7 @@ class KeepAlive:
                 self.renewals += 1
                 self._cond.notify_all()
             next_at = sent + self._interval()
+
+
+def _incarnation(lease: LeaseRef) -> int:
+    return lease.incarnation if isinstance(lease, Lease) else 0

@@ -152,9 +152,12 @@ class LeaseTracker:
 
     def _arm(self, lease: str, ttl: float, incarnation: int, now: float) -> None:
         deadline = now + ttl
-        self._leases[lease] = _Tracked(
-            ttl=ttl, incarnation=incarnation, deadline=deadline, wake_at=deadline
-        )
+        tracked = _Tracked(ttl=ttl, incarnation=incarnation, deadline=deadline, wake_at=deadline)
+        previous = self._leases.get(lease)
+        if previous is not None and previous.incarnation == incarnation:
+            # A re-armed lease (joined, updated) still knows which keep-alives it took.
+            tracked.renewers = previous.renewers
+        self._leases[lease] = tracked
         self._push(deadline, lease)
 
     def _push(self, when: float, lease: str) -> None:

@@ -332,6 +332,11 @@ class Stats:
 class NodeMachine:
     """One member's decisions. Not thread-safe: one runtime task owns it."""
 
+    # Seams for the simulator's instrumented and bug-injected variants.
+    lock_machine_class: type[locks.LockStateMachine] = locks.LockStateMachine
+    raft_class: type[RaftNode] = RaftNode
+    tracker_class: type[LeaseTracker] = LeaseTracker
+
     def __init__(
         self,
         config: MachineConfig,
@@ -346,7 +351,7 @@ class NodeMachine:
         self._actions: list[Action] = []
         self.stats = Stats()
 
-        self.locks = locks.LockStateMachine()
+        self.locks = self.lock_machine_class()
         self._addresses: dict[NodeId, str] = dict(config.peers)
         snap = storage.snapshot()
         self._snapshot_index = 0
@@ -354,7 +359,7 @@ class NodeMachine:
             self._restore_image(snap.data)
             self._snapshot_index = snap.meta.index
 
-        self.raft = RaftNode(
+        self.raft = self.raft_class(
             Config(
                 id=config.node_id,
                 voters=tuple(sorted(config.peers)),
@@ -364,7 +369,7 @@ class NodeMachine:
             storage,
             rng,
         )
-        self.tracker = LeaseTracker(expire_retry=timing.expire_retry_s)
+        self.tracker = self.tracker_class(expire_retry=timing.expire_retry_s)
         self._role = self.raft.role
         self._leader = self.raft.leader
         self._term = self.raft.term
@@ -640,10 +645,10 @@ class NodeMachine:
             members = item.get("members")
             if not isinstance(lock_image, bytes) or not isinstance(members, dict):
                 raise ValueError("snapshot image has an unknown layout")
-            self.locks = locks.LockStateMachine.restore(lock_image)
+            self.locks = self.lock_machine_class.restore(lock_image)
             self._addresses = {str(k): str(v) for k, v in members.items()}
         else:
-            self.locks = locks.LockStateMachine.restore(data)
+            self.locks = self.lock_machine_class.restore(data)
 
     def _image(self) -> bytes:
         lock_image = self.locks.snapshot()
@@ -830,9 +835,11 @@ class NodeMachine:
             self._member_change(state, req, now)
         elif isinstance(req, Get | ListLocks | ListLeases | Status) and req.stale:
             self._serve_read(_Read(conn, req, now.mono), now)
-        elif self._role is not Role.LEADER:
-            # Keep-alives and linearizable reads go to the leader: it confirms the read
-            # point itself, and only it knows how much of each lease's TTL is left.
+        elif self._role is not Role.LEADER and not isinstance(req, Status):
+            # Keep-alives and lock reads go to the leader: it confirms the read point
+            # itself, and only it knows how much of each lease's TTL is left. A member's
+            # own status is linearizable from any member: the read point comes from the
+            # leader (ReadIndex), and the member answers once it has applied up to it.
             self._reply_not_leader(conn, req.id)
         else:
             self._reads_queued.append(_Read(conn, req, now.mono))
@@ -873,7 +880,7 @@ class NodeMachine:
         at_ms = now.wall_ms
         quotas = self.config.quotas
         if isinstance(req, OpenLease):
-            if self.tracker.is_expiring(req.lease):
+            if self._doomed(req.lease):
                 raise _Refusal(
                     ErrorCode.SESSION_EXPIRED,
                     f"lease {req.lease!r} is being expired: open a new lease",
@@ -961,7 +968,7 @@ class NodeMachine:
                 ),
             )
         elif isinstance(result, locks.LeaseOpened):
-            if result.joined and self.tracker.is_expiring(result.lease):
+            if result.joined and self._doomed(result.lease):
                 # The lease is doomed by an Expire already in the log: a client that counted
                 # a fresh TTL from its request would outlive it.
                 self._reply(
@@ -1161,12 +1168,20 @@ class NodeMachine:
         elif isinstance(req, Members):
             self._reply(conn, ok(req.id, **self.members_view(now)))
 
+    def _doomed(self, lease: str) -> bool:
+        """The leader proposed an Expire for ``lease``: no client may count on it any more.
+
+        (A seam: the simulator's bug-injection tests switch it off.)
+        """
+        return self.tracker.is_expiring(lease)
+
     def _serve_keepalive(self, read: _Read, req: Renew) -> None:
         if self._role is not Role.LEADER:
             self._reply_not_leader(read.conn, req.id)
             return
         info = self.locks.lease(req.lease)
-        if info is None or self.tracker.is_expiring(req.lease):
+        stale = info is not None and req.incarnation not in (0, info.incarnation)
+        if info is None or stale or self._doomed(req.lease):
             self.stats.count(req.TYPE, ErrorCode.SESSION_EXPIRED.value)
             self._reply(
                 read.conn,

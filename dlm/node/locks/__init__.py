@@ -50,6 +50,7 @@ from dlm.node.locks.commands import (
 )
 from dlm.node.locks.machine import (
     MAX_UNANSWERED,
+    TOMBSTONE_MS,
     TOMBSTONES,
     ApplyOutcome,
     Counts,
@@ -81,6 +82,7 @@ __all__ = [
     "LEGACY_CLIENT",
     "MAX_UNANSWERED",
     "TOMBSTONES",
+    "TOMBSTONE_MS",
     "AcquireCommand",
     "ApplyOutcome",
     "ClientCommand",

@@ -20,9 +20,11 @@ State invariants kept by every apply step:
 At most once (docs/PROTOCOL.md): each lease keeps, per client, the results of
 that client's requests above its acknowledged floor, so a re-sent request is
 answered from memory and a request at or below the floor is refused as stale.
-A lease that ends leaves a tombstone (the last ``TOMBSTONES`` of them) with
-the result of the request that ended it, so a delayed copy of an old
-``open_lease`` cannot bring it back and a re-sent close still gets its answer.
+A lease that ends leaves a tombstone, kept for ``TOMBSTONE_MS`` of log time
+(the leaders' ``at_ms`` stamps; at most ``TOMBSTONES`` of them), with the
+result of the request that ended it: a re-sent ``open_lease`` cannot bring
+the lease back (clients re-send an open for at most a minute, well inside
+that time), and a re-sent close still gets its answer.
 Leases have an incarnation (the index of the entry that created them); an
 ``Expire`` of another incarnation does nothing.
 
@@ -84,8 +86,10 @@ LEGACY_RECENT = 32
 """Results a lease remembers for version-1 (random-seq) requests, as the previous release did."""
 MAX_UNANSWERED = 1024
 """Results kept per client and lease above its floor; more unanswered requests are refused."""
-TOMBSTONES = 65_536
-"""Ended leases remembered, so that a delayed duplicate cannot revive one."""
+TOMBSTONE_MS = 300_000
+"""How long (leader wall-clock ms, as stamped in the log) an ended lease is remembered."""
+TOMBSTONES = 1_000_000
+"""At most this many ended leases are remembered (a memory bound under extreme churn)."""
 RETRY_AFTER_MAX_MS = 30_000
 """Cap on the LOCKED retry hint: a poller should not sleep longer than this."""
 
@@ -190,11 +194,13 @@ class _Lease:
 
 @dataclass(slots=True)
 class _Tombstone:
-    """How a lease ended: the ending request's client, seq and result (client "" for Expire)."""
+    """How a lease ended: the ending request's client, seq and result (client "" for Expire),
+    and when (the ending entry's ``at_ms``)."""
 
     client: str
     seq: int
     result: Result
+    ended_at_ms: int
 
 
 @dataclass(slots=True)
@@ -211,6 +217,9 @@ class _Step:
 
 class LockStateMachine:
     """The replicated lock table. Feed it committed entries in log order via ``apply``."""
+
+    tombstone_capacity = TOMBSTONES
+    tombstone_ms = TOMBSTONE_MS
 
     def __init__(self) -> None:
         self._applied = 0
@@ -302,6 +311,7 @@ class LockStateMachine:
         record, cached = self._recall(lease, cmd.origin)
         if cached is not None:
             return self._replay(cmd.lease, cached)
+        self._executing(cmd)
         result: Result
         match cmd:
             case OpenLeaseCommand():
@@ -312,16 +322,15 @@ class LockStateMachine:
             case CloseLeaseCommand():
                 released = tuple(sorted(lease.holding))
                 result = LeaseClosed(cmd.lease, released)
-                self._end_lease(
-                    cmd.lease, step, _Tombstone(cmd.origin.client, cmd.origin.seq, result)
-                )
+                ending = _Tombstone(cmd.origin.client, cmd.origin.seq, result, cmd.at_ms)
+                self._end_lease(cmd.lease, step, ending)
                 return result  # the lease and its records are gone; the tombstone answers
             case AcquireCommand():
                 result = self._acquire(cmd, lease, step)
             case ReleaseCommand():
                 result = self._release(cmd, lease, step)
                 if isinstance(result, Released) and result.lease_ended:
-                    ending = _Tombstone(cmd.origin.client, cmd.origin.seq, result)
+                    ending = _Tombstone(cmd.origin.client, cmd.origin.seq, result, cmd.at_ms)
                     self._end_lease(cmd.lease, step, ending)
                     return result
             case UpdateLeaseCommand():
@@ -401,6 +410,7 @@ class LockStateMachine:
     def _open_new(self, cmd: OpenLeaseCommand, step: _Step) -> Result:
         if cmd.lease in self._tombstones:
             return LeaseGone(cmd.lease)
+        self._executing(cmd)
         incarnation = step.index if self._version >= 2 else 0
         lease = _Lease(
             ttl_ms=cmd.ttl_ms,
@@ -422,10 +432,10 @@ class LockStateMachine:
 
     def _expire(self, cmd: ExpireCommand, step: _Step) -> Result:
         lease = self._leases.get(cmd.lease)
-        if lease is None or (cmd.incarnation and cmd.incarnation != lease.incarnation):
+        if lease is None or not self._is_incarnation(lease, cmd.incarnation):
             return LeaseGone(cmd.lease)
         result = LeaseClosed(cmd.lease, tuple(sorted(lease.holding)))
-        self._end_lease(cmd.lease, step, _Tombstone("", 0, LeaseGone(cmd.lease)))
+        self._end_lease(cmd.lease, step, _Tombstone("", 0, LeaseGone(cmd.lease), cmd.at_ms))
         step.expired.append(cmd.lease)
         return result
 
@@ -443,7 +453,12 @@ class LockStateMachine:
             stones = self._tombstones
             stones.pop(lease_id, None)
             stones[lease_id] = ending
-            while len(stones) > TOMBSTONES:
+            horizon = ending.ended_at_ms - self.tombstone_ms
+            # Oldest first: stamps come from the log, so every replica forgets the same ones.
+            while stones and (
+                len(stones) > self.tombstone_capacity
+                or next(iter(stones.values())).ended_at_ms < horizon
+            ):
                 stones.popitem(last=False)
 
     # -- locks ----------------------------------------------------------------
@@ -527,7 +542,15 @@ class LockStateMachine:
             del self._keys[key]
             self._sorted_keys = None
 
-    # Small seams, overridden only by tests that check the checkers catch bugs.
+    # Small seams, overridden only by tests (the simulator counts executions through
+    # ``_executing``; bug-injection tests override the others).
+
+    def _executing(self, cmd: ClientCommand) -> None:
+        """``cmd`` runs now (it is neither a replay of a remembered result nor refused)."""
+
+    def _is_incarnation(self, lease: _Lease, incarnation: int) -> bool:
+        """Whether an Expire of ``incarnation`` is for ``lease`` (0: any, as in version 1)."""
+        return incarnation in (0, lease.incarnation)
 
     def _has_room(self, entry: _Key) -> bool:
         return len(entry.holders) < entry.limit
@@ -686,7 +709,7 @@ class LockStateMachine:
                 for lease_id, lease in sorted(self._leases.items())
             ]
             stones = [
-                [lease_id, t.client, t.seq, t.result.to_dict()]
+                [lease_id, t.client, t.seq, t.result.to_dict(), t.ended_at_ms]
                 for lease_id, t in self._tombstones.items()
             ]
             image = [SNAPSHOT_V2, self._applied, self._version, leases, keys, stones]
@@ -735,9 +758,9 @@ class LockStateMachine:
                     for seq, result in results:
                         record.results[_int(seq)] = result_from_dict(result)
                 machine._leases[_str(lease_id)] = lease
-            for lease_id, client, seq, result in stones:
+            for lease_id, client, seq, result, ended_at_ms in stones:
                 machine._tombstones[_str(lease_id)] = _Tombstone(
-                    _str(client), _int(seq), result_from_dict(result)
+                    _str(client), _int(seq), result_from_dict(result), _int(ended_at_ms)
                 )
         else:
             raise ValueError("lock snapshot has an unknown layout or version")

@@ -1,0 +1,179 @@
+"""What users rely on, checked in simulated real time: the lock-level invariants.
+
+The whole-node simulation (nodesim.py) reports what its clients experience
+and what the replicated log did, and ``LockChecker`` raises ``Violation`` the
+moment one of these fails:
+
+* **one holder at a time**: no two clients are inside a critical section of
+  the same exclusive key at the same real moment (at most N for a semaphore
+  of N). A section starts when the client learns its grant and ends when it
+  sends its release, or at its client-side deadline, whichever comes first; a
+  ``dlm exec`` section ends when the guard has killed the command;
+* **tokens rise**: the fencing tokens clients learn for an exclusive key
+  strictly increase in the order they learn them;
+* **grants are real**: every grant a client was told about is a grant in the
+  committed history (checked at the end);
+* **at most once**: each client request (client, seq) runs at most once in
+  the committed history (opening, closing and updating leases included);
+  a keep-alive extends a lease at most once;
+* **acknowledged means durable**: an entry is applied (and so answered) only
+  once a majority of voters store it;
+* **fencing**: the store the clients write to never accepts a lower token
+  after a higher one; writes of a client that ran past its deadline (a paused
+  process) are counted, and must be refused once a later holder wrote.
+
+Times are real microseconds; a client's deadline is converted from its own
+drifting clock by the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .checkers import Violation
+
+
+@dataclass
+class Section:
+    """One client's critical section on one key."""
+
+    client: str
+    key: str
+    token: int
+    lease: str
+    start: int
+    ends_by: Callable[[], int]
+    """The real time at which the section ends unless released first (the client's
+    deadline, or the exec guard's kill time), as it stands now."""
+    released: int | None = None
+
+    def active_at(self, t: int) -> bool:
+        if self.released is not None and self.released <= t:
+            return False
+        return t < self.ends_by()
+
+
+@dataclass
+class FencedStore:
+    """A store that refuses any token lower than the highest it has accepted (per key)."""
+
+    highest: dict[str, int] = field(default_factory=dict)
+    value: dict[str, int] = field(default_factory=dict)
+    accepted: int = 0
+    refused: int = 0
+    zombie_accepted: int = 0
+    zombie_refused: int = 0
+
+    def write(self, key: str, token: int, *, zombie: bool) -> bool:
+        """A read-modify-write under ``token``; False when the store refuses it."""
+        if token < self.highest.get(key, 0):
+            self.refused += 1
+            if zombie:
+                self.zombie_refused += 1
+            return False
+        self.highest[key] = token
+        self.value[key] = self.value.get(key, 0) + 1
+        self.accepted += 1
+        if zombie:
+            self.zombie_accepted += 1
+        return True
+
+
+class LockChecker:
+    def __init__(self, limits: dict[str, int]) -> None:
+        self.limits = limits
+        self.sections: dict[str, list[Section]] = {key: [] for key in limits}
+        self.max_token: dict[str, int] = {}
+        self.told: dict[tuple[str, int], tuple[str, str]] = {}
+        """(key, token) -> (client, lease) for every grant a client learned."""
+        self.granted: dict[tuple[int, str], str] = {}
+        """Committed history: (token, key) -> lease of each grant (one entry can grant
+        several keys: a lease that ends frees all it held)."""
+        self.executed: dict[tuple[str, int], int] = {}
+        """(client, seq) -> index of the entry that ran it."""
+        self.renewals: dict[tuple[str, int, str, str, int], int] = {}
+        self.store = FencedStore()
+        self.sections_checked = 0
+        self.overlaps_checked = 0
+
+    # -- critical sections --------------------------------------------------
+
+    def enter(self, section: Section, now: int) -> None:
+        key = section.key
+        again = self.told.get((key, section.token))
+        if again is not None and again[1] == section.lease:
+            # A re-entrant acquire under the same lease: the same hold, learned again.
+            pass
+        elif self.limits[key] == 1 and section.token <= self.max_token.get(key, 0):
+            # (Semaphore slots are taken concurrently, so their grants may be learned in
+            # any order; a fenced store is for exclusive locks.)
+            raise Violation(
+                "token-order",
+                f"{section.client} learned token {section.token} for {key} after token "
+                f"{self.max_token[key]} was handed out",
+            )
+        self.max_token[key] = max(self.max_token.get(key, 0), section.token)
+        self.told[(key, section.token)] = (section.client, section.lease)
+        limit = self.limits[key]
+        active = [s for s in self.sections[key] if s.active_at(now)]
+        others = [s for s in active if (s.lease, s.token) != (section.lease, section.token)]
+        self.overlaps_checked += len(others)
+        if len(others) >= limit:
+            holders = ", ".join(
+                f"{s.client} (token {s.token}, until {s.ends_by() / 1e6:.3f}s)" for s in others
+            )
+            raise Violation(
+                "two-holders",
+                f"{section.client} entered {key} with token {section.token} at "
+                f"{now / 1e6:.3f}s while {holders} still held it (limit {limit})",
+            )
+        # Sections that ended long ago are of no further use.
+        self.sections[key] = [*active, section]
+        self.sections_checked += 1
+
+    def leave(self, section: Section, now: int) -> None:
+        if section.released is None:
+            section.released = now
+
+    # -- the replicated history -----------------------------------------------
+
+    def grant_committed(self, index: int, key: str, lease: str) -> None:
+        known = self.granted.setdefault((index, key), lease)
+        if known != lease:
+            raise Violation(
+                "history",
+                f"index {index} granted {key} to {known} on one member and to {lease} on another",
+            )
+
+    def executed_request(self, client: str, seq: int, index: int) -> None:
+        if not client:
+            return  # a version-1 request has no identity to hold to this
+        first = self.executed.setdefault((client, seq), index)
+        if first != index:
+            raise Violation(
+                "at-most-once",
+                f"request {client}/{seq} ran at index {first} and again at index {index}",
+            )
+
+    def renewed(self, leader: str, term: int, lease: str, client: str, seq: int) -> None:
+        if not client:
+            return
+        key = (leader, term, lease, client, seq)
+        count = self.renewals[key] = self.renewals.get(key, 0) + 1
+        if count > 1:
+            raise Violation(
+                "at-most-once",
+                f"keep-alive {client}/{seq} extended lease {lease} {count} times on {leader}",
+            )
+
+    def check_history(self) -> None:
+        """Every grant a client learned is a committed grant of that key to that lease."""
+        for (key, token), (client, lease) in self.told.items():
+            committed = self.granted.get((token, key))
+            if committed != lease:
+                raise Violation(
+                    "lost-grant",
+                    f"{client} was told it holds {key} with token {token} (lease {lease}), but "
+                    f"the committed entry {token} is {committed}",
+                )

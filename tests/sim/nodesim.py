@@ -1,0 +1,1547 @@
+"""The whole-node simulator: real NodeMachines, real client flows, a hostile world, one seed.
+
+Theory of operation
+-------------------
+Everything a cluster and its clients do happens here in one process, as
+events in simulated real time (world.py), driven by one seed:
+
+* **members** are ``dlm.node.machine.NodeMachine`` objects, the code a real
+  member runs, each with its own drifting clock, a store (MemoryStorage, or
+  DiskStorage on a crashable in-memory filesystem on odd seeds), and a disk
+  that completes ``Persist`` jobs in order after a latency drawn from the
+  seed (the ``fsync_stall`` fault makes it slower than an election timeout).
+  Peer messages cross a network that delays, drops, duplicates, reorders and
+  partitions.
+* **clients** are processes running the client library's own flows
+  (``dlm.client.core``: redirects, retries, backoff, request identity, the
+  client-side lease clock), each over one connection at a time to a member,
+  with latency on the link. A library client opens a lease, keeps it alive
+  from a second connection (as ``KeepAlive`` does), takes keys, writes to a
+  fenced store while it holds them, and releases by token; an exec client
+  does the same with ``dlm exec``'s rule: its guard kills the command before
+  the client-side deadline. Clients get cut off, paused (a GC pause, longer
+  than their TTL at times) and resumed.
+* **checks** run after every event: Raft's invariants (checkers.py) and the
+  lock-level promises users rely on (lockcheck.py), in real time.
+
+After ``heal_at`` every fault ends and the workload winds down; then every
+key must become available to a new client within the longest TTL, an
+election timeout and some slack.
+
+A failing seed prints the command that replays it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import Counter, deque
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlm.client import core
+from dlm.client.errors import ClusterUnavailable, DlmError, LeaseLost, LockHeld, NotHolder
+from dlm.node import locks
+from dlm.node.leases import LeaseTracker
+from dlm.node.machine import (
+    CloseConnection,
+    LogEvent,
+    MachineConfig,
+    NodeMachine,
+    PeersChanged,
+    Persist,
+    SaveSnapshot,
+    SendFrame,
+    SendMessages,
+    Stop,
+    Timing,
+)
+from dlm.node.raft.quorum import majority
+from dlm.node.raft.types import (
+    Entry,
+    HardState,
+    Message,
+    NodeId,
+    Role,
+    Storage,
+    VoteRequest,
+    VoteResponse,
+)
+from dlm.store.fs import SimulatedCrash
+
+from .checkers import SafetyChecker, Violation
+from .harness import MemoryBackend, StorageBackend
+from .lockcheck import LockChecker, Section
+from .world import US, Clock, World
+
+NODE_NAMES = ("n1", "n2", "n3", "n4", "n5")
+LIMITS = {"k0": 1, "k1": 1, "k2": 1, "sem": 2}
+MS = 1000
+TIMING = Timing(
+    tick_s=0.01, election_ticks=10, heartbeat_ticks=2, request_timeout_s=1.0, expire_retry_s=0.3
+)
+ELECTION_US = int(TIMING.tick_s * TIMING.election_ticks * 2 * US)
+"""The longest election timeout (the core draws between one and two base timeouts)."""
+EXEC_GRACE_MS = 150
+"""How long before its deadline the exec model's guard starts stopping the command."""
+
+FAULT_KINDS = (
+    "partition",
+    "isolate_leader",
+    "crash",
+    "crash_leader",
+    "pause",
+    "fsync_stall",
+    "lossy",
+    "reorder",
+    "client_cut",
+    "client_cut_leader",
+    "client_pause",
+    "client_slow",
+)
+DEFAULT_WEIGHTS: dict[str, int] = {
+    "partition": 3,
+    "isolate_leader": 3,
+    "crash": 2,
+    "crash_leader": 3,
+    "pause": 2,
+    "fsync_stall": 2,
+    "lossy": 1,
+    "reorder": 1,
+    "client_cut": 3,
+    "client_cut_leader": 2,
+    "client_pause": 3,
+    "client_slow": 3,
+}
+CLIENT_FAULTS = frozenset({"client_cut", "client_cut_leader", "client_pause", "client_slow"})
+
+
+@dataclass
+class NodeSimOptions:
+    nodes: int | None = None  # None: 3 or 5, drawn from the seed
+    duration_us: int = 20 * US
+    """2,000 ticks of the members' 10 ms tick."""
+    quiet_us: int = 6 * US
+    clients: tuple[int, int] = (5, 8)
+    fault_count: tuple[int, int] = (12, 16)
+    fault_weights: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
+    snapshot_every: int = 40
+    snapshot_keep: int = 8
+    tombstone_ms: int = 3_500
+    """Short (but longer than a client re-sends an open: 3 s here), so lease ids come back
+    and incarnations matter."""
+    backend: Callable[[tuple[NodeId, ...], random.Random], StorageBackend] = MemoryBackend
+    machine_class: type[NodeMachine] | None = None
+    lock_machine_class: type[locks.LockStateMachine] | None = None
+    tracker_class: type[LeaseTracker] | None = None
+    peer_version: int = 2
+    """The protocol version the members tell each other (1: a cluster mid-upgrade)."""
+    lease_clock_from_reply: bool = False
+    """Mutant: the client counts its lease from the reply instead of the send."""
+    exec_kill_late_us: int = 0
+    """Mutant: the exec guard kills this long after the deadline instead of before it."""
+
+
+class SimFailure(AssertionError):
+    def __init__(self, seed: int, t_us: int, violation: Violation, test: str) -> None:
+        self.seed = seed
+        self.violation = violation
+        super().__init__(
+            f"seed {seed}, t={t_us / US:.3f}s: {violation}\n"
+            f"replay: .venv/bin/python -m pytest {test} --sim-seeds={seed}:1"
+        )
+
+
+@dataclass
+class NodeSimResult:
+    seed: int
+    nodes: int
+    ticks: int
+    trace_hash: str
+    faults: Counter[str]
+    stats: Counter[str]
+
+
+# ---------------------------------------------------------------------------
+# Members
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _DiskJob:
+    action: Persist | SaveSnapshot
+    generation: int
+
+
+class SimMember:
+    def __init__(self, sim: NodeSimulation, node_id: NodeId, storage: Storage) -> None:
+        self.sim = sim
+        self.id = node_id
+        self.clock = Clock(sim.rng_for(f"clock-{node_id}"))
+        self.storage = storage
+        self.machine: NodeMachine | None = None
+        self.generation = 0
+        self.paused = False
+        self.held: list[Callable[[], None]] = []
+        self.disk: deque[_DiskJob] = deque()
+        self.disk_busy_until = 0
+        self.stall_until = 0
+        self.timer_token = 0
+        self.conns: dict[int, SimConn] = {}
+        self.next_conn = 1
+        self.acked_hard_state = HardState()
+        self.promised_term = 0
+
+    @property
+    def up(self) -> bool:
+        return self.machine is not None
+
+
+# ---------------------------------------------------------------------------
+# Clients
+# ---------------------------------------------------------------------------
+
+
+class SimConn:
+    """A client's TCP connection to one member (in order, until it breaks)."""
+
+    def __init__(self, client: SimClient, member: SimMember) -> None:
+        self.client = client
+        self.member = member
+        self.number = 0  # the member's connection number, once connected
+        self.generation = member.generation
+        self.connected = False
+        self.broken = False
+        self.outbox: list[dict[str, Any]] = []
+        self.to_member_at = 0
+        self.to_client_at = 0
+
+
+class SimClient:
+    """One client library object (``Client``): a context, a connection, one flow at a time."""
+
+    def __init__(self, proc: ClientProc, name: str) -> None:
+        self.proc = proc
+        self.name = name
+        sim = proc.sim
+        sim.client_count += 1
+        rng = sim.rng_for(f"client-{name}-{sim.client_count}")
+        addresses = [f"{n}:7700" for n in sim.ids]
+        clock = proc.clock
+        self.ctx = core.Context(
+            members=addresses,
+            router=core.Router(addresses, rng.randrange(len(addresses))),
+            backoff=core.Backoff(rng),
+            clock=lambda: clock.mono(sim.world.now),
+            timeout=3.0,
+            attempt_timeout=0.5,
+            client=f"{name}x{rng.randrange(10**6)}",
+            seqs=core.Sequencer(rng.randrange(2**40)),
+        )
+        self.conn: SimConn | None = None
+        self.next_id = 0
+        self.waiting: tuple[int, Callable[[Any], None]] | None = None
+        """(request id, resume) of the request in flight."""
+        self.grant_wait: tuple[str, str, Callable[[Any], None]] | None = None
+        self.pushes: list[dict[str, Any]] = []
+        self.wait_token = 0
+
+    def drop(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None and not conn.broken:
+            self.proc.sim.client_hang_up(conn)
+
+
+class _Cancelled(Exception):
+    """The lease was lost: the process cancels what it was doing (as exec closes its client)."""
+
+
+@dataclass
+class RunFlow:
+    client: SimClient
+    flow: Generator[Any, Any, Any]
+
+
+@dataclass
+class Sleep:
+    seconds: float
+
+
+Script = Generator[RunFlow | Sleep, Any, None]
+
+
+class Task:
+    """A script of a client process, resumed by events; ``cancel`` throws into it."""
+
+    def __init__(self, proc: ClientProc, script: Script, name: str) -> None:
+        self.proc = proc
+        self.script = script
+        self.name = name
+        self.done = False
+        self.epoch = 0  # bumps on every resume: stale wake-ups are ignored
+
+    def start(self) -> None:
+        self._advance(None, None)
+
+    def _advance(self, value: Any, exc: BaseException | None) -> None:
+        if self.done:
+            return
+        self.epoch += 1
+        try:
+            step = self.script.throw(exc) if exc is not None else self.script.send(value)
+        except StopIteration:
+            self.done = True
+            return
+        self._wait(step)
+
+    def _wait(self, step: RunFlow | Sleep) -> None:
+        proc = self.proc
+        epoch = self.epoch
+        if isinstance(step, Sleep):
+            proc.after(step.seconds, lambda: self._resume_if(epoch, None, None))
+            return
+        FlowRunner(step.client, step.flow, lambda v, e: self._resume_if(epoch, v, e)).step(None)
+
+    def _resume_if(self, epoch: int, value: Any, exc: BaseException | None) -> None:
+        if epoch == self.epoch:
+            self._advance(value, exc)
+
+    def cancel(self, exc: BaseException) -> None:
+        """Abandons whatever the task waits for and throws ``exc`` into it."""
+        self._advance(None, exc)
+
+
+class FlowRunner:
+    """Drives one core flow over a SimClient: the simulator's twin of sync.Client._run."""
+
+    def __init__(
+        self,
+        client: SimClient,
+        flow: Generator[Any, Any, Any],
+        done: Callable[[Any, BaseException | None], None],
+    ) -> None:
+        self.client = client
+        self.flow = flow
+        self.done = done
+        self.finished = False
+
+    def step(self, outcome: Any) -> None:
+        if self.finished:
+            return
+        try:
+            action = self.flow.send(outcome)
+        except StopIteration as stop:
+            self.finished = True
+            self.done(stop.value, None)
+            return
+        except DlmError as exc:
+            self.finished = True
+            self.done(None, exc)
+            return
+        self.client.proc.sim.perform(self, action)
+
+
+class ClientProc:
+    """A client process: a drifting clock, tasks, and pauses that defer everything."""
+
+    def __init__(self, sim: NodeSimulation, name: str, kind: str) -> None:
+        self.sim = sim
+        self.name = name
+        self.kind = kind  # "library" or "exec"
+        self.rng = sim.rng_for(f"proc-{name}")
+        self.clock = Clock(self.rng)
+        self.paused = False
+        self.deferred: list[Callable[[], None]] = []
+        self.tasks: list[Task] = []
+        self.stopping = False
+        self.reopen: tuple[str, int] | None = None
+        """A lease id to open again (incarnations), and the real time from which to."""
+
+    def run(self, fn: Callable[[], None]) -> None:
+        """Runs ``fn`` now, or when the process is resumed."""
+        if self.paused:
+            self.deferred.append(fn)
+        else:
+            fn()
+
+    def after(self, seconds: float, fn: Callable[[], None]) -> None:
+        sim = self.sim
+        target = self.clock.real_us(self.clock.mono(sim.world.now) + max(0.0, seconds))
+        sim.world.at(target, lambda: self.run(fn))
+
+    def spawn(self, script: Script, name: str) -> Task:
+        task = Task(self, script, name)
+        self.tasks.append(task)
+        self.run(task.start)
+        return task
+
+    def mono(self) -> float:
+        return self.clock.mono(self.sim.world.now)
+
+
+# ---------------------------------------------------------------------------
+# The simulation
+# ---------------------------------------------------------------------------
+
+
+class NodeSimulation:
+    REPLAY_TEST = "tests/sim/test_node_sim.py::test_node_sim"
+
+    def __init__(self, seed: int, options: NodeSimOptions | None = None) -> None:
+        self.seed = seed
+        self.options = opts = options or NodeSimOptions()
+        self._root = random.Random(seed)
+        self.rng = random.Random(self._root.getrandbits(64))
+        self.net_rng = random.Random(self._root.getrandbits(64))
+        self.fault_rng = random.Random(self._root.getrandbits(64))
+        count = opts.nodes if opts.nodes is not None else self.rng.choice((3, 3, 5))
+        self.ids: tuple[NodeId, ...] = NODE_NAMES[:count]
+        self.world = World()
+        self.raft_checker = SafetyChecker()
+        self.checker = LockChecker(dict(LIMITS))
+        self.stats: Counter[str] = Counter()
+        self.faults: Counter[str] = Counter()
+        self.heal_at = opts.duration_us - opts.quiet_us
+        self._trace = hashlib.blake2b(digest_size=16)
+        self.cuts: Counter[tuple[str, str]] = Counter()
+        self.drop = self.rng.choice((0.0, 0.01, 0.02))
+        self.extra_drop = 0.0
+        self.extra_delay_us = 0
+        self.healed = False
+        self.incarnations: dict[str, list[int]] = {}
+        """Every incarnation each lease id has had, oldest first."""
+        self.slow: dict[str, int] = {}
+        """Extra latency (µs, drawn up to) on one client's links: a congested network."""
+        self.backend = opts.backend(self.ids, random.Random(self._root.getrandbits(64)))
+        self.members: dict[NodeId, SimMember] = {}
+        for node_id in self.ids:
+            member = SimMember(self, node_id, self.backend.fresh(node_id))
+            self.members[node_id] = member
+        for member in self.members.values():
+            self._boot(member)
+        self.procs: list[ClientProc] = []
+        self.client_count = 0
+        n_clients = self.rng.randint(*opts.clients)
+        for i in range(n_clients):
+            kind = "exec" if i % 2 else "library"
+            proc = ClientProc(self, f"c{i}", kind)
+            self.procs.append(proc)
+        self.leases_ttl_max_ms = 0
+
+    # -- plumbing ----------------------------------------------------------------
+
+    def rng_for(self, name: str) -> random.Random:
+        digest = hashlib.blake2b(f"{self.seed}/{name}".encode(), digest_size=8).digest()
+        return random.Random(int.from_bytes(digest, "big"))
+
+    def trace(self, record: str) -> None:
+        self._trace.update(record.encode())
+
+    def _machine_class_for(self, member: SimMember) -> type[NodeMachine]:
+        """The node machine with the simulator's instruments (and any injected bug)."""
+        sim = self
+        opts = self.options
+        base = opts.machine_class or NodeMachine
+        lock_base = opts.lock_machine_class or locks.LockStateMachine
+        tracker_base = opts.tracker_class or LeaseTracker
+
+        class CountingLocks(lock_base):  # type: ignore[valid-type,misc]
+            tombstone_ms = opts.tombstone_ms
+
+            def apply(self, index: int, data: bytes) -> locks.ApplyOutcome:
+                sim._applying(member, index, data)
+                outcome: locks.ApplyOutcome = super().apply(index, data)
+                sim._applied(outcome)
+                return outcome
+
+            def apply_command(self, index: int, cmd: locks.Command) -> locks.ApplyOutcome:
+                sim._applying(member, index, locks.encode_command(cmd))
+                outcome: locks.ApplyOutcome = super().apply_command(index, cmd)
+                sim._applied(outcome)
+                return outcome
+
+            def skip(self, index: int) -> None:
+                sim._applying(member, index, None)
+                super().skip(index)
+
+            def _executing(self, cmd: locks.ClientCommand) -> None:
+                sim.checker.executed_request(cmd.origin.client, cmd.origin.seq, self.applied_index)
+
+        class CountingTracker(tracker_base):  # type: ignore[valid-type,misc]
+            def renew(self, lease: str, received_at: float, client: str = "", seq: int = 0) -> bool:
+                before = self.remaining_ms(lease, received_at)
+                renewed: bool = super().renew(lease, received_at, client, seq)
+                after = self.remaining_ms(lease, received_at)
+                if renewed and before is not None and after is not None and after > before:
+                    term = member.machine.raft.term if member.machine is not None else 0
+                    sim.checker.renewed(member.id, term, lease, client, seq)
+                return renewed
+
+        class SimNodeMachine(base):  # type: ignore[valid-type,misc]
+            lock_machine_class = CountingLocks
+            tracker_class = CountingTracker
+
+        return SimNodeMachine
+
+    def _applying(self, member: SimMember, index: int, data: bytes | None) -> None:
+        """``member`` applies ``index``: everyone applies the same, and only what a quorum
+        of voters stores durably (an applied entry is answered to its client)."""
+        machine = member.machine
+        if machine is None:  # restoring at boot: the image is checked on its own
+            return
+        log = machine.raft._log
+        term = log.term(index)
+        if data is not None:
+            self.raft_checker.observe_apply(member.id, Entry(index, term, data))
+        voters = machine.raft.voters
+        durable = 0
+        for voter in voters:
+            other = self.members.get(voter)
+            if other is None:
+                continue
+            storage = other.storage
+            snap = storage.snapshot()
+            if snap is not None and snap.meta.index >= index:
+                durable += 1
+                continue
+            try:
+                if storage.term(index) == term:
+                    durable += 1
+            except Exception:
+                pass
+        if durable < majority(voters):
+            raise Violation(
+                "applied-before-durable",
+                f"{member.id} applied index {index} (term {term}) while only {durable} of "
+                f"{len(voters)} voters stored it",
+            )
+
+    def _applied(self, outcome: locks.ApplyOutcome) -> None:
+        for lease, _, incarnation in outcome.armed:
+            seen = self.incarnations.setdefault(lease, [])
+            if incarnation not in seen:
+                seen.append(incarnation)
+        result = outcome.result
+        if isinstance(result, locks.Granted) and result.token == outcome.index:
+            self.checker.grant_committed(outcome.index, result.key, result.lease)
+        for promotion in outcome.promotions:
+            self.checker.grant_committed(promotion.token, promotion.key, promotion.lease)
+
+    # -- members -------------------------------------------------------------------
+
+    def _boot(self, member: SimMember) -> None:
+        member.generation += 1
+        member.acked_hard_state = member.storage.initial_state()[0]
+        config = MachineConfig(
+            node_id=member.id,
+            cluster="sim",
+            peers={n: f"{n}:7700" for n in self.ids},
+            timing=TIMING,
+            snapshot_every=self.options.snapshot_every,
+            snapshot_keep=self.options.snapshot_keep,
+        )
+        rng = self.rng_for(f"node-{member.id}-{member.generation}")
+        machine_class = self._machine_class_for(member)
+        member.machine = machine = machine_class(
+            config, member.storage, rng, member.clock.instant(self.world.now)
+        )
+        for peer in self.ids:
+            if peer != member.id:
+                machine.peer_version(peer, self.options.peer_version)
+        self._after_member_event(member)
+        self._arm_timer(member)
+
+    def _arm_timer(self, member: SimMember) -> None:
+        machine = member.machine
+        if machine is None:
+            return
+        member.timer_token += 1
+        token = member.timer_token
+        at = member.clock.real_us(machine.next_timer())
+        self.world.at(at, lambda: self._fire_timer(member, token))
+
+    def _fire_timer(self, member: SimMember, token: int) -> None:
+        if token != member.timer_token or member.machine is None:
+            return
+        if member.paused:
+            member.held.append(lambda: self._fire_timer(member, member.timer_token))
+            return
+        member.machine.timer(member.clock.instant(self.world.now))
+        self._after_member_event(member)
+        self._arm_timer(member)
+
+    def on_member(self, member: SimMember, fn: Callable[[NodeMachine], None]) -> None:
+        """Runs ``fn`` on the member's machine now (held while it is paused)."""
+        generation = member.generation
+
+        def go() -> None:
+            if member.machine is None or member.generation != generation:
+                return
+            if member.paused:
+                member.held.append(go)
+                return
+            fn(member.machine)
+            self._after_member_event(member)
+
+        go()
+
+    def _after_member_event(self, member: SimMember) -> None:
+        machine = member.machine
+        if machine is None:
+            return
+        for action in machine.take_actions():
+            if isinstance(action, SendMessages):
+                for msg in action.messages:
+                    self._send_peer(member, msg)
+            elif isinstance(action, SendFrame):
+                conn = member.conns.get(action.conn)
+                if conn is not None:
+                    self._to_client(conn, action.frame)
+            elif isinstance(action, Persist | SaveSnapshot):
+                self._disk_submit(member, action)
+            elif isinstance(action, CloseConnection):
+                conn = member.conns.pop(action.conn, None)
+                if conn is not None:
+                    self._break(conn)
+            elif isinstance(action, Stop):
+                raise Violation("stop", f"{member.id} asked to stop: {action.reason}")
+            elif isinstance(action, LogEvent | PeersChanged):
+                pass
+        self._check_member(member)
+
+    def _check_member(self, member: SimMember) -> None:
+        machine = member.machine
+        assert machine is not None
+        raft = machine.raft
+        checker = self.raft_checker
+        if checker.observe_role(member.id, raft.term, raft.role is Role.LEADER):
+            self.stats["elections"] += 1
+            self.trace(f"L{self.world.now}{member.id}{raft.term}")
+            checker.check_leader_completeness(member.id, raft.term, _LogView(member))
+        checker.observe_commit(member.id, raft.term, raft.commit_index, _LogView(member))
+
+    # -- the disk ------------------------------------------------------------------
+
+    def _disk_submit(self, member: SimMember, action: Persist | SaveSnapshot) -> None:
+        member.disk.append(_DiskJob(action, member.generation))
+        if len(member.disk) == 1:
+            self._disk_next(member)
+
+    def _disk_next(self, member: SimMember) -> None:
+        if not member.disk:
+            return
+        latency = self.net_rng.randint(150, 1200)
+        if self.world.now < member.stall_until:
+            latency += ELECTION_US + self.net_rng.randint(0, ELECTION_US)
+        generation = member.generation
+        self.world.after(latency, lambda: self._disk_done(member, generation))
+
+    def _disk_done(self, member: SimMember, generation: int) -> None:
+        if member.generation != generation or not member.disk:
+            return
+        job = member.disk.popleft()
+        action = job.action
+        storage = member.storage
+        try:
+            if isinstance(action, Persist):
+                if action.snapshot is not None:
+                    storage.apply_snapshot(action.snapshot)
+                    self.stats["snapshot_installs"] += 1
+                if action.entries:
+                    first = action.entries[0].index
+                    prev_term = storage.term(first - 1)
+                    storage.append(action.entries)
+                    self.raft_checker.observe_persisted(member.id, action.entries, prev_term)
+                if action.hard_state is not None:
+                    storage.set_hard_state(action.hard_state)
+                    member.acked_hard_state = action.hard_state
+            else:
+                self.raft_checker.observe_image(member.id, action.index, action.data)
+                existing = storage.snapshot()
+                if existing is None or existing.meta.index < action.index:
+                    storage.create_snapshot(action.index, action.conf, action.data)
+                    self.stats["snapshots_taken"] += 1
+                if action.compact_to > storage.first_index() - 1:
+                    storage.compact(min(action.compact_to, action.index))
+        except SimulatedCrash:
+            self.stats["crashes_mid_write"] += 1
+            self.crash(member)
+            return
+        if isinstance(action, Persist):
+            self.on_member(member, lambda m: m.persisted(action.job, self._now(member)))
+        self._disk_next(member)
+
+    def _now(self, member: SimMember) -> Any:
+        return member.clock.instant(self.world.now)
+
+    # -- the peer network --------------------------------------------------------
+
+    def _send_peer(self, member: SimMember, msg: Message) -> None:
+        kind = type(msg)
+        if kind is VoteRequest or kind is VoteResponse:
+            if not msg.pre_vote:  # type: ignore[union-attr]
+                member.promised_term = max(member.promised_term, msg.term)
+                if kind is VoteResponse and msg.granted:  # type: ignore[union-attr]
+                    self.raft_checker.observe_vote_granted(msg.src, msg.term, msg.dst)
+        elif msg.term > member.promised_term:
+            member.promised_term = msg.term
+        rng = self.net_rng
+        if rng.random() < self.drop + self.extra_drop:
+            self.stats["dropped"] += 1
+            return
+        copies = 2 if rng.random() < 0.01 else 1
+        for _ in range(copies):
+            delay = rng.randint(100, 1500) + rng.randint(0, self.extra_delay_us)
+            self.world.after(delay, lambda: self._deliver_peer(msg))
+
+    def _deliver_peer(self, msg: Message) -> None:
+        if self.cuts[(msg.src, msg.dst)]:
+            self.stats["cut"] += 1
+            return
+        member = self.members.get(msg.dst)
+        if member is None or member.machine is None:
+            return
+        self.stats["delivered"] += 1
+        self.on_member(member, lambda m: m.peer_messages(msg.src, (msg,), self._now(member)))
+
+    # -- client connections ----------------------------------------------------------
+
+    def _link_ok(self, proc: ClientProc, member: SimMember) -> bool:
+        return not self.cuts[(proc.name, member.id)]
+
+    def _latency(self, proc: ClientProc | None = None) -> int:
+        extra = self.slow.get(proc.name, 0) if proc is not None else 0
+        return self.net_rng.randint(100, 2000) + (self.net_rng.randint(0, extra) if extra else 0)
+
+    def connect(self, client: SimClient, member: SimMember) -> SimConn:
+        conn = SimConn(client, member)
+        client.conn = conn
+        arrive = self.world.now + self._latency()
+
+        def syn() -> None:
+            if conn.broken or client.conn is not conn:
+                return
+            if not self._link_ok(client.proc, member):
+                return  # SYN lost: the client times out
+            if member.machine is None or member.generation != conn.generation:
+                self.world.after(self._latency(), lambda: self._break(conn))
+                return
+            if member.paused:
+                member.held.append(syn)
+                return
+            number = member.next_conn
+            member.next_conn += 1
+            conn.number = number
+            member.conns[number] = conn
+            member.machine.client_connected(number, client.proc.name)
+            conn.connected = True
+            outbox, conn.outbox = conn.outbox, []
+            for frame in outbox:
+                self._deliver_to_member(conn, frame)
+
+        self.world.at(arrive, syn)
+        return conn
+
+    def client_send(self, conn: SimConn, frame: dict[str, Any]) -> None:
+        if not conn.connected:
+            conn.outbox.append(frame)
+            return
+        at = max(conn.to_member_at, self.world.now + self._latency(conn.client.proc))
+        conn.to_member_at = at
+        self.world.at(at, lambda: self._deliver_to_member(conn, frame))
+
+    def _deliver_to_member(self, conn: SimConn, frame: dict[str, Any]) -> None:
+        member = conn.member
+        if conn.broken or member.generation != conn.generation or member.machine is None:
+            return
+        if not self._link_ok(conn.client.proc, member):
+            return
+        self.on_member(member, lambda m: m.client_frame(conn.number, frame, self._now(member)))
+
+    def _to_client(self, conn: SimConn, frame: dict[str, Any]) -> None:
+        at = max(conn.to_client_at, self.world.now + self._latency(conn.client.proc))
+        conn.to_client_at = at
+
+        def arrive() -> None:
+            if conn.broken or not self._link_ok(conn.client.proc, conn.member):
+                return
+            conn.client.proc.run(lambda: self._client_receives(conn, frame))
+
+        self.world.at(at, arrive)
+
+    def _client_receives(self, conn: SimConn, frame: dict[str, Any]) -> None:
+        client = conn.client
+        if client.conn is not conn:
+            return
+        if frame.get("t") == "grant" and "id" not in frame:
+            client.pushes.append(frame)
+            self._check_grant_wait(client)
+            return
+        waiting = client.waiting
+        if waiting is not None and frame.get("id") == waiting[0]:
+            client.waiting = None
+            waiting[1](frame)
+
+    def _break(self, conn: SimConn) -> None:
+        """The connection failed (RST); the client learns it after a moment."""
+        if conn.broken:
+            return
+        conn.broken = True
+        member = conn.member
+        member.conns.pop(conn.number, None)
+        if member.machine is not None and member.generation == conn.generation and conn.connected:
+            self.on_member(member, lambda m: m.client_closed(conn.number))
+
+        def tell() -> None:
+            client = conn.client
+            if client.conn is not conn:
+                return
+            client.proc.run(lambda: self._client_broken(client, conn))
+
+        self.world.after(self._latency(), tell)
+
+    def _client_broken(self, client: SimClient, conn: SimConn) -> None:
+        if client.conn is not conn:
+            return
+        client.conn = None
+        waiting, client.waiting = client.waiting, None
+        if waiting is not None:
+            waiting[1](core.Failed("connection broken"))
+        grant_wait, client.grant_wait = client.grant_wait, None
+        if grant_wait is not None:
+            grant_wait[2](core.Failed("connection broken"))
+
+    def client_hang_up(self, conn: SimConn) -> None:
+        conn.broken = True
+        member = conn.member
+
+        def fin() -> None:
+            if member.generation != conn.generation or member.machine is None:
+                return
+            if not conn.connected or not self._link_ok(conn.client.proc, member):
+                return
+            member.conns.pop(conn.number, None)
+            self.on_member(member, lambda m: m.client_closed(conn.number))
+
+        self.world.after(self._latency(), fin)
+
+    # -- performing a flow's actions ---------------------------------------------------
+
+    def perform(self, runner: FlowRunner, action: Any) -> None:
+        client = runner.client
+        proc = client.proc
+        if isinstance(action, core.Sleep):
+            proc.after(action.seconds, lambda: runner.step(None))
+            return
+        if isinstance(action, core.AwaitGrant):
+            conn = client.conn
+            if conn is None or conn.member.id != _node_of(action.addr) or conn.broken:
+                runner.step(core.Failed("connection lost while waiting"))
+                return
+            client.wait_token += 1
+            token = client.wait_token
+
+            def resume(outcome: Any) -> None:
+                if client.wait_token == token:
+                    client.wait_token += 1
+                    runner.step(outcome)
+
+            client.grant_wait = (action.lease, action.key, resume)
+            proc.after(action.timeout, lambda: self._grant_timeout(client, token))
+            self._check_grant_wait(client)
+            return
+        assert isinstance(action, core.Send)
+        member = self.members[_node_of(action.addr)]
+        conn = client.conn
+        if conn is None or conn.member is not member or conn.broken:
+            client.drop()
+            conn = self.connect(client, member)
+        if action.drop_pushes_for is not None:
+            lease, key = action.drop_pushes_for
+            client.pushes = [
+                p for p in client.pushes if (p.get("lease"), p.get("key")) != (lease, key)
+            ]
+        client.next_id += 1
+        rid = client.next_id
+        client.wait_token += 1
+        token = client.wait_token
+
+        def resume_reply(outcome: Any) -> None:
+            if client.wait_token == token:
+                client.wait_token += 1
+                if (
+                    isinstance(outcome, dict)
+                    and outcome.get("t") == "error"
+                    and "id" not in outcome
+                ):
+                    client.drop()
+                runner.step(outcome)
+
+        client.waiting = (rid, resume_reply)
+        self.client_send(conn, {**action.request, "id": rid})
+
+        def timeout() -> None:
+            if client.wait_token != token:
+                return
+            client.waiting = None
+            client.drop()  # a late reply would confuse a reused connection
+            resume_reply(core.Failed("no reply in time"))
+
+        proc.after(action.timeout, timeout)
+
+    def _grant_timeout(self, client: SimClient, token: int) -> None:
+        if client.wait_token != token or client.grant_wait is None:
+            return
+        _, _, resume = client.grant_wait
+        client.grant_wait = None
+        resume(None)
+
+    def _check_grant_wait(self, client: SimClient) -> None:
+        wait = client.grant_wait
+        if wait is None:
+            return
+        lease, key, resume = wait
+        for i, push in enumerate(client.pushes):
+            if push.get("lease") == lease and push.get("key") == key:
+                del client.pushes[i]
+                client.grant_wait = None
+                resume(push)
+                return
+
+    # -- crash, restart, pause ------------------------------------------------------
+
+    def crash(self, member: SimMember) -> None:
+        if member.machine is None:
+            return
+        acked = member.acked_hard_state
+        self.raft_checker.observe_hard_state(member.id, acked.term, acked.vote)
+        # A term adopted but not yet durable is legitimately forgotten by a crash (nothing
+        # was promised in it: messages that promise wait for the disk).
+        self.raft_checker.max_term[member.id] = acked.term
+        member.machine = None
+        member.generation += 1
+        member.paused = False
+        member.held.clear()
+        member.disk.clear()
+        for conn in list(member.conns.values()):
+            self._break(conn)
+        member.conns.clear()
+        member.storage = self.backend.after_crash(member.id, member.storage)
+        self.stats["crashes"] += 1
+        self.trace(f"C{self.world.now}{member.id}")
+
+    def restart(self, member: SimMember) -> None:
+        if member.machine is not None:
+            return
+        self._boot(member)
+        recovered = member.storage.initial_state()[0]
+        self.raft_checker.observe_hard_state(member.id, recovered.term, recovered.vote)
+        assert member.machine is not None
+        status = member.machine.raft.status()
+        self.raft_checker.check_promises(member.id, status.term, status.vote, member.promised_term)
+        self.stats["restarts"] += 1
+        self.trace(f"R{self.world.now}{member.id}")
+
+    def pause(self, member: SimMember) -> None:
+        member.paused = True
+        self.trace(f"P{self.world.now}{member.id}")
+
+    def resume(self, member: SimMember) -> None:
+        if not member.paused:
+            return
+        member.paused = False
+        held, member.held = member.held, []
+        for fn in held:
+            fn()
+        self._arm_timer(member)
+
+    def pause_client(self, proc: ClientProc) -> None:
+        proc.paused = True
+
+    def resume_client(self, proc: ClientProc) -> None:
+        if not proc.paused:
+            return
+        proc.paused = False
+        deferred, proc.deferred = proc.deferred, []
+        for fn in deferred:
+            proc.run(fn)
+
+    def leader(self) -> SimMember | None:
+        best: SimMember | None = None
+        for member in self.members.values():
+            machine = member.machine
+            if machine is None or member.paused or machine.raft.role is not Role.LEADER:
+                continue
+            if best is None or machine.raft.term > best.machine.raft.term:  # type: ignore[union-attr]
+                best = member
+        return best
+
+    # -- faults ------------------------------------------------------------------------
+
+    def _stale_expires(self) -> None:
+        """Now and then, the leader's log gets an Expire of a lease id's *older* incarnation:
+        legal input the state machine must ignore (an Expire names what it expires)."""
+        if self.world.now >= self.heal_at:
+            return
+        self.world.after(self.fault_rng.randint(100 * MS, 600 * MS), self._stale_expires)
+        leader = self.leader()
+        if leader is None or leader.machine is None:
+            return
+        machine = leader.machine
+        reused = [
+            (lease, seen)
+            for lease, seen in self.incarnations.items()
+            if len(seen) > 1 and machine.locks.lease(lease) is not None
+        ]
+        if not reused:
+            return
+        lease, seen = self.fault_rng.choice(reused)
+        current = machine.locks.lease(lease)
+        assert current is not None
+        older = [i for i in seen if i not in (current.incarnation, 0)]
+        if not older:
+            return
+        cmd = locks.ExpireCommand(lease, self.fault_rng.choice(older), 0)
+        machine.raft.propose(locks.encode_command(cmd))
+        self.faults["stale_expire"] += 1
+        self.trace(f"X{self.world.now}{lease}")
+        self.on_member(leader, lambda m: m.timer(self._now(leader)))
+
+    def _schedule_faults(self) -> None:
+        opts = self.options
+        rng = self.fault_rng
+        kinds = [k for k in FAULT_KINDS if opts.fault_weights.get(k, 0) > 0]
+        weights = [opts.fault_weights[k] for k in kinds]
+        total = rng.randint(*opts.fault_count)
+        first = 2 * ELECTION_US
+        for _ in range(total):
+            kind = rng.choices(kinds, weights)[0]
+            start = rng.randint(first, self.heal_at - 1)
+            length = rng.randint(200 * MS, 3000 * MS)
+            end = min(self.heal_at, start + length)
+            self.world.at(start, lambda k=kind, e=end: self.start_fault(k, e))
+
+    def start_fault(self, kind: str, end: int) -> None:
+        if self.world.now >= self.heal_at:
+            return
+        rng = self.fault_rng
+        self.faults[kind] += 1
+        self.trace(f"F{self.world.now}{kind}")
+        ids = list(self.ids)
+        undo: Callable[[], None]
+        if kind == "partition":
+            rng.shuffle(ids)
+            k = rng.randint(1, len(ids) // 2)
+            links = [(a, b) for a in ids[:k] for b in ids[k:]]
+            links += [(b, a) for a, b in links]
+            undo = self._cut(links)
+        elif kind == "isolate_leader":
+            leader = self.leader()
+            victim = leader.id if leader is not None else rng.choice(ids)
+            links = [(victim, o) for o in ids if o != victim]
+            links += [(o, victim) for o in ids if o != victim]
+            links += [(p.name, victim) for p in self.procs]
+            undo = self._cut(links)
+        elif kind in ("crash", "crash_leader"):
+            target = self.leader() if kind == "crash_leader" else None
+            running = [m for m in self.members.values() if m.machine is not None]
+            if target is None and running:
+                target = rng.choice(running)
+            if target is None:
+                return
+            down = target
+            if rng.random() < 0.5 and self.backend.arm_crash(down.id, rng):
+                self.faults["crash_mid_write"] += 1
+
+                def disarm_restart() -> None:
+                    self.backend.disarm(down.id)
+                    self.restart(down)
+
+                self.world.at(end, disarm_restart)
+                return
+            self.crash(down)
+            self.world.at(end, lambda: self.restart(down))
+            return
+        elif kind == "pause":
+            running = [m for m in self.members.values() if m.machine is not None]
+            if not running:
+                return
+            paused = rng.choice(running)
+            self.pause(paused)
+            undo = lambda: self.resume(paused)  # noqa: E731
+        elif kind == "fsync_stall":
+            leader = self.leader()
+            target = leader if leader is not None and rng.random() < 0.5 else None
+            stalled = target or self.members[rng.choice(ids)]
+            stalled.stall_until = end
+            return
+        elif kind == "lossy":
+            extra = rng.choice((0.1, 0.3))
+            self.extra_drop += extra
+
+            def undo_drop() -> None:
+                if not self.healed:
+                    self.extra_drop -= extra
+
+            undo = undo_drop
+        elif kind == "reorder":
+            spread = rng.choice((5 * MS, 20 * MS))
+            self.extra_delay_us += spread
+
+            def undo_delay() -> None:
+                if not self.healed:
+                    self.extra_delay_us -= spread
+
+            undo = undo_delay
+        elif kind in ("client_cut", "client_cut_leader"):
+            proc = rng.choice(self.procs)
+            if kind == "client_cut_leader":
+                leader = self.leader()
+                targets = [leader.id] if leader is not None else [rng.choice(ids)]
+            else:
+                targets = ids
+            undo = self._cut([(proc.name, t) for t in targets])
+        elif kind == "client_slow":
+            proc = rng.choice(self.procs)
+            self.slow[proc.name] = rng.choice((150 * MS, 400 * MS, 800 * MS))
+
+            def undo_slow() -> None:
+                self.slow.pop(proc.name, None)
+
+            undo = undo_slow
+        elif kind == "client_pause":
+            proc = rng.choice(self.procs)
+            self.pause_client(proc)
+            # Sometimes longer than the lease: the GC-pause zombie of fencing fame.
+            end = min(self.heal_at, self.world.now + rng.randint(200 * MS, 4000 * MS))
+            undo = lambda: self.resume_client(proc)  # noqa: E731
+        else:
+            raise ValueError(kind)
+        self.world.at(end, undo)
+
+    def _cut(self, links: list[tuple[str, str]]) -> Callable[[], None]:
+        for link in links:
+            self.cuts[link] += 1
+
+        def mend() -> None:
+            for link in links:
+                self.cuts[link] -= 1
+                if self.cuts[link] <= 0:
+                    del self.cuts[link]
+
+        return mend
+
+    def heal(self) -> None:
+        self.healed = True
+        self.cuts.clear()
+        self.slow.clear()
+        self.extra_drop = 0.0
+        self.extra_delay_us = 0
+        for member in self.members.values():
+            member.stall_until = 0
+            self.backend.disarm(member.id)
+            self.resume(member)
+            self.restart(member)
+        for proc in self.procs:
+            self.resume_client(proc)
+            proc.stopping = True
+        self.trace(f"H{self.world.now}")
+
+    # -- the workload --------------------------------------------------------------------
+
+    def _enter(self, proc: ClientProc, grant: core.Grant, clock: core.LeaseClock) -> Section:
+        now = self.world.now
+        if proc.kind == "exec":
+            late = self.options.exec_kill_late_us
+
+            def ends_by() -> int:
+                kill = proc.clock.real_us(clock.deadline) - EXEC_GRACE_MS * MS // 3
+                return kill + late
+
+        else:
+
+            def ends_by() -> int:
+                return proc.clock.real_us(clock.deadline)
+
+        section = Section(proc.name, grant.key, grant.token, grant.lease, now, ends_by)
+        self.checker.enter(section, now)
+        self.stats["sections"] += 1
+        return section
+
+    def _script(self, proc: ClientProc) -> Script:
+        rng = proc.rng
+        main = SimClient(proc, proc.name)
+        while not proc.stopping:
+            if proc.reopen is not None:
+                wait_us = proc.reopen[1] - self.world.now
+                yield Sleep(max(0, wait_us) * proc.clock.rate / US)
+            else:
+                yield Sleep(rng.uniform(0.02, 0.3))
+            if proc.stopping:
+                break
+            if proc.reopen is None and rng.random() < 0.2:
+                yield from self._linearizable_read(main)
+                continue
+            ttl_ms = rng.choice((800, 1000, 1500, 2000))
+            self.leases_ttl_max_ms = max(self.leases_ttl_max_ms, ttl_ms)
+            lease_id = _lease_id(rng)
+            if proc.reopen is not None:
+                lease_id = proc.reopen[0]
+                proc.reopen = None
+            try:
+                lease: core.Lease = yield RunFlow(
+                    main, core.open_lease_flow(main.ctx, ttl_ms, lease_id)
+                )
+            except DlmError:
+                self.stats["open_failed"] += 1
+                continue
+            clock = core.LeaseClock(lease.ttl_ms, lease.confirmed_at)
+            lost = [False]
+            keeper_client = SimClient(proc, proc.name + "k")
+            holder = proc.spawn(
+                self._keeper(proc, keeper_client, lease, clock, lost), f"{proc.name}-keeper"
+            )
+            zombie = rng.random() < 0.1
+            handover = not zombie and rng.random() < 0.1
+            for _ in range(rng.randint(1, 4)):
+                if lost[0] or proc.stopping:
+                    break
+                key = rng.choice(sorted(LIMITS))
+                wait = rng.choice((None, 0.5, 2.0))
+                try:
+                    grant = yield RunFlow(
+                        main,
+                        core.acquire_flow(
+                            main.ctx,
+                            lease.id,
+                            key,
+                            wait=wait,
+                            limit=LIMITS[key],
+                            meta={"c": proc.name},
+                            known_ttl_ms=lease.ttl_ms,
+                        ),
+                    )
+                except LockHeld:
+                    self.stats["conflicts"] += 1
+                    continue
+                except (LeaseLost, _Cancelled):
+                    break
+                except DlmError:
+                    self.stats["acquire_failed"] += 1
+                    continue
+                if lost[0] or self.world.now >= proc.clock.real_us(clock.deadline):
+                    # The grant arrived after our deadline: it is not ours to use.
+                    self.stats["late_grants"] += 1
+                    break
+                self.stats["grants"] += 1
+                section = self._enter(proc, grant, clock)
+                for _ in range(rng.randint(1, 3)):
+                    yield Sleep(rng.uniform(0.01, 0.25))
+                    self._write(proc, section, clock)
+                if zombie:
+                    break  # stops renewing below and vanishes without releasing
+                if handover:
+                    # A CI job's next step takes over the lease (and so the lock) by
+                    # joining it, as late as the moment the cluster expires it.
+                    self.checker.leave(section, self.world.now)
+                    holder.cancel(_Cancelled())
+                    self._spawn_successor(proc, lease, clock, grant)
+                    lost[0] = True
+                    break
+                self.checker.leave(section, self.world.now)
+                if lost[0]:
+                    break
+                try:
+                    yield RunFlow(
+                        main,
+                        core.release_flow(main.ctx, lease.id, key, token=grant.token),
+                    )
+                except (NotHolder, LeaseLost, _Cancelled):
+                    pass
+                except DlmError:
+                    self.stats["release_failed"] += 1
+            if zombie:
+                holder.cancel(_Cancelled())
+                opts_tombstone_us = self.options.tombstone_ms * MS
+                if rng.random() < 0.5:
+                    # Come back to the abandoned lease id: right about when the cluster
+                    # expires it (a join of a doomed lease must be refused), or once it
+                    # surely has (a new incarnation: tombstones are few here).
+                    deadline = proc.clock.real_us(clock.deadline)
+                    if rng.random() < 0.5:
+                        back = deadline + rng.randint(0, 60 * MS)
+                    else:
+                        back = deadline + 2 * lease.ttl_ms * MS + opts_tombstone_us
+                    proc.reopen = (lease.id, back)
+                continue
+            holder.cancel(_Cancelled())
+            if not lost[0]:
+                try:
+                    yield RunFlow(main, core.close_lease_flow(main.ctx, lease.id))
+                except DlmError:
+                    self.stats["close_failed"] += 1
+            if not handover and rng.random() < 0.1:
+                proc.reopen = (lease.id, self.world.now)  # a tombstone answers, or a new lease
+        main.drop()
+
+    def _spawn_successor(
+        self, proc: ClientProc, lease: core.Lease, clock: core.LeaseClock, grant: core.Grant
+    ) -> None:
+        heir = ClientProc(self, f"{proc.name}h{self.client_count}", "library")
+        self.procs.append(heir)
+        slack = 0.02 * lease.ttl_ms / 1000 + 0.015
+        join_at = proc.clock.real_us(clock.deadline) + int(heir.rng.uniform(-slack, slack) * US)
+        heir.spawn(self._successor(heir, lease, grant, join_at), heir.name)
+
+    def _successor(
+        self, proc: ClientProc, lease: core.Lease, grant: core.Grant, join_at: int
+    ) -> Script:
+        client = SimClient(proc, proc.name)
+        yield Sleep(max(0, join_at - self.world.now) * proc.clock.rate / US)
+        try:
+            joined: core.Lease = yield RunFlow(
+                client, core.open_lease_flow(client.ctx, lease.ttl_ms, lease.id)
+            )
+        except DlmError:
+            self.stats["handover_refused"] += 1
+            return
+        clock = core.LeaseClock(joined.ttl_ms, joined.confirmed_at)
+        if lease.incarnation and joined.incarnation == lease.incarnation:
+            # The very lease the previous step held the lock under: the lock is ours, with
+            # the token it handed over (as a CI step that got DLM_FENCING_TOKEN would).
+            self.stats["handovers"] += 1
+            section = self._enter(proc, grant, clock)
+            yield Sleep(proc.rng.uniform(0.05, 0.4))
+            self._write(proc, section, clock)
+            self.checker.leave(section, self.world.now)
+            try:
+                yield RunFlow(client, core.close_lease_flow(client.ctx, lease.id))
+            except DlmError:
+                pass
+            client.drop()
+            return
+        try:
+            # A lease of another incarnation (or a version-1 one, which cannot tell): ask, as
+            # `dlm acquire --lease` does, which gives the same grant if the lease holds it.
+            mine = yield RunFlow(
+                client,
+                core.acquire_flow(
+                    client.ctx,
+                    lease.id,
+                    grant.key,
+                    wait=None,
+                    limit=LIMITS[grant.key],
+                    meta={"c": proc.name},
+                    known_ttl_ms=joined.ttl_ms,
+                ),
+            )
+        except DlmError:
+            self.stats["handover_lost"] += 1
+            yield RunFlow(client, core.close_lease_flow(client.ctx, lease.id))
+            return
+        if clock.expired(proc.mono()):
+            return
+        self.stats["handovers"] += 1
+        section = self._enter(proc, mine, clock)
+        yield Sleep(proc.rng.uniform(0.05, 0.4))
+        self._write(proc, section, clock)
+        self.checker.leave(section, self.world.now)
+        try:
+            yield RunFlow(client, core.close_lease_flow(client.ctx, lease.id))
+        except DlmError:
+            pass
+        client.drop()
+
+    def _linearizable_read(self, client: SimClient) -> Script:
+        """A read must reflect everything committed before it was sent, whichever member
+        answers it."""
+        floor = self.raft_checker.commit_high_water
+        client.ctx.router.redirect(f"{client.proc.rng.choice(self.ids)}:7700")
+        try:
+            view = yield RunFlow(client, core.status_flow(client.ctx))
+        except DlmError:
+            return
+        applied = view.get("applied", -1)
+        self.stats["reads"] += 1
+        if applied < floor:
+            raise Violation(
+                "stale-read",
+                f"{client.name} read at applied index {applied}, but index {floor} was "
+                "committed before it asked",
+            )
+
+    def _write(self, proc: ClientProc, section: Section, clock: core.LeaseClock) -> None:
+        """A read-modify-write on the fenced store, if the client still believes it holds."""
+        if section.released is not None:
+            return
+        if self.world.now >= proc.clock.real_us(clock.deadline):
+            return
+
+        # The write reaches the store a moment later; a pause in between makes a zombie.
+        def land() -> None:
+            zombie = self.world.now >= section.ends_by()
+            self.checker.store.write(section.key, section.token, zombie=zombie)
+
+        proc.after(0.002, land)
+
+    def _keeper(
+        self,
+        proc: ClientProc,
+        client: SimClient,
+        lease: core.Lease,
+        clock: core.LeaseClock,
+        lost: list[bool],
+    ) -> Script:
+        """KeepAlive's logic: renew every TTL/3 from its own connection until the deadline."""
+        retry_at: float | None = None
+        while True:
+            wait = (retry_at if retry_at is not None else clock.next_renewal()) - proc.mono()
+            if wait > 0:
+                try:
+                    yield Sleep(wait)
+                except _Cancelled:
+                    client.drop()
+                    return
+            sent = proc.mono()
+            if sent >= clock.deadline:
+                lost[0] = True
+                client.drop()
+                return
+            try:
+                ttl = yield RunFlow(
+                    client,
+                    core.keepalive_flow(
+                        client.ctx,
+                        lease.id,
+                        incarnation=lease.incarnation,
+                        timeout=clock.deadline - sent,
+                    ),
+                )
+            except _Cancelled:
+                client.drop()
+                return
+            except LeaseLost:
+                lost[0] = True
+                client.drop()
+                return
+            except (ClusterUnavailable, DlmError):
+                self.stats["renew_failed"] += 1
+                retry_at = proc.mono() + min(clock.interval() / 4, 0.25)
+                continue
+            retry_at = None
+            now = proc.mono()
+            confirmed_at = now if self.options.lease_clock_from_reply else sent
+            if not clock.confirmed(confirmed_at, ttl, now):
+                lost[0] = True
+                self.stats["late_confirmations"] += 1
+                client.drop()
+                return
+            self.stats["renewals"] += 1
+
+    # -- the end -----------------------------------------------------------------------
+
+    def _liveness_probe(self) -> Script:
+        """After the heal: every key is obtainable within TTL + an election timeout + slack."""
+        proc = ClientProc(self, "probe", "library")
+        client = SimClient(proc, "probe")
+        deadline_s = (self.leases_ttl_max_ms / 1000) + 2 * ELECTION_US / US + 3.0
+        started = self.world.now
+        lease: core.Lease = yield RunFlow(client, core.open_lease_flow(client.ctx, 60_000))
+        for key in sorted(LIMITS):
+            try:
+                yield RunFlow(
+                    client,
+                    core.acquire_flow(
+                        client.ctx,
+                        lease.id,
+                        key,
+                        wait=deadline_s,
+                        limit=LIMITS[key],
+                        meta={},
+                        known_ttl_ms=lease.ttl_ms,
+                    ),
+                )
+            except DlmError as exc:
+                raise Violation(
+                    "liveness",
+                    f"after the heal, {key} was not obtainable within {deadline_s:.1f}s: {exc}",
+                ) from None
+        self.stats["probe_ms"] = (self.world.now - started) // MS
+        self._probe_done = True
+
+    def run(self) -> NodeSimResult:
+        opts = self.options
+        try:
+            self._schedule_faults()
+            self.world.after(ELECTION_US, self._stale_expires)
+            for proc in self.procs:
+                proc.spawn(self._script(proc), proc.name)
+            self.world.at(self.heal_at, self.heal)
+            self._probe_done = False
+            probe_at = self.heal_at + 2 * US
+            self.world.at(probe_at, self._start_probe)
+            self.world.run_until(opts.duration_us)
+            if not self._probe_done:
+                raise Violation("liveness", "the probe client did not finish by the end of the run")
+            self.checker.check_history()
+        except Violation as violation:
+            raise SimFailure(self.seed, self.world.now, violation, self.REPLAY_TEST) from violation
+        except Exception as error:
+            raise SimFailure(
+                self.seed,
+                self.world.now,
+                Violation("exception", f"{type(error).__name__}: {error}"),
+                self.REPLAY_TEST,
+            ) from error
+        finally:
+            self.backend.close()
+        store = self.checker.store
+        self.stats["store_accepted"] += store.accepted
+        self.stats["zombie_writes_refused"] += store.zombie_refused
+        self.stats["zombie_writes_accepted"] += store.zombie_accepted
+        self.stats["events"] += self.world.events
+        return NodeSimResult(
+            seed=self.seed,
+            nodes=len(self.ids),
+            ticks=opts.duration_us // int(TIMING.tick_s * US),
+            trace_hash=self._trace.hexdigest(),
+            faults=self.faults,
+            stats=self.stats,
+        )
+
+    def _start_probe(self) -> None:
+        proc = ClientProc(self, "probe", "library")
+        self.procs.append(proc)
+        proc.spawn(self._liveness_probe(), "probe")
+
+
+class _LogView:
+    """A member's log as the Raft checker reads it: stored entries and the unstable tail."""
+
+    def __init__(self, member: SimMember) -> None:
+        machine = member.machine
+        assert machine is not None
+        self._log = machine.raft._log
+
+    def term(self, index: int) -> int:
+        return self._log.term(index)
+
+    def first_index(self) -> int:
+        return self._log.first_index()
+
+    def last_index(self) -> int:
+        return self._log.last_index()
+
+
+def _lease_id(rng: random.Random) -> str:
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+    return "".join(rng.choice(alphabet) for _ in range(12))
+
+
+def _node_of(addr: str) -> str:
+    return addr.partition(":")[0]
+
+
+def run_node_seed(seed: int, options: NodeSimOptions | None = None) -> NodeSimResult:
+    return NodeSimulation(seed, options).run()
