@@ -386,13 +386,15 @@ class _Session:
         give_up_at: float | None = None
         while code is None:
             timeout = None if give_up_at is None else max(0.0, give_up_at - time.monotonic())
+            if guard.pending:
+                timeout = 0.0
             ready, _, _ = select.select([guard.reports, wake_fd], [], [], timeout)
             if wake_fd in ready:
                 os.read(wake_fd, 64)
             if lost is None and keeper.lost.is_set():
                 lost = keeper.reason or "lease lost"
                 guard.stop_now()
-            for kind, arg in guard.read() if guard.reports in ready else ():
+            for kind, arg in guard.read():
                 if kind == lifeline.DEADLINE and lost is None:
                     lost = (
                         f"lease {grant.lease} was not renewed in time "

@@ -216,11 +216,14 @@ class Guard:
         except OSError:
             pass
         os.set_blocking(control_w, False)
+        os.set_blocking(reports_r, False)
         guard = cls(pid, control_w, reports_r)
         guard._unfreeze = unfreeze
         return guard
 
     def _send(self, line: str) -> bool:
+        if self.control < 0:
+            return False
         try:
             os.write(self.control, line.encode("ascii"))
         except (BlockingIOError, BrokenPipeError, OSError):
@@ -246,8 +249,13 @@ class Guard:
         """The lease is gone: stop CMD at once (SIGTERM, SIGKILL after the grace)."""
         self._send("x\n")
 
+    @property
+    def pending(self) -> bool:
+        """Reports already read from the pipe and not yet taken."""
+        return bool(self._pending)
+
     def read(self) -> list[tuple[str, str]]:
-        """Every report that has arrived (call when ``reports`` is readable); sets ``eof``."""
+        """Every report that has arrived (never blocks); sets ``eof`` at the guard's end."""
         self._fill()
         out, self._pending = self._pending, []
         return out
@@ -260,8 +268,12 @@ class Guard:
         return self._pending.pop(0) if self._pending else None
 
     def _fill(self) -> None:
+        if self.eof:
+            return
         try:
             data = os.read(self.reports, 4096)
+        except BlockingIOError:
+            return
         except OSError:
             data = b""
         if not data:
@@ -277,7 +289,8 @@ class Guard:
     def close(self, *, wait: bool) -> None:
         """Hangs up (a guard with CMD still running stops it at once) and reaps the guard
         if it is done (``wait``: it is about to be)."""
-        for fd in (self.control, self.reports):
+        control, reports, self.control, self.reports = self.control, self.reports, -1, -1
+        for fd in (control, reports):
             try:
                 os.close(fd)
             except OSError:
@@ -353,11 +366,73 @@ def _no_inheritable_fds() -> None:
 
 
 def descendants(root: int) -> list[tuple[int, int]]:
-    """(pid, process group) of every process below ``root``, from one pass over /proc.
+    """(pid, process group) of every process below ``root``.
 
-    A process that forks meanwhile may be missed; the guard's SIGKILL pass repeats
-    until it has no child left, so a late one is found on the next pass.
+    Walks the tree through /proc/PID/task/TID/children where the kernel has
+    them, else reads every process's parent from one pass over /proc. A
+    process that forks meanwhile may be missed; the guard's SIGKILL pass
+    repeats until it has no child left, so a late one is found on the next.
     """
+    if not os.path.exists(f"/proc/{root}/task/{root}/children"):
+        return _descendants_by_scan(root)
+    found: list[tuple[int, int]] = []
+    seen = {root}
+    todo = [root]
+    while todo:
+        for child in _children(todo.pop()):
+            group = None if child in seen else _group_of(child)
+            if group is None:  # seen already, or gone
+                continue
+            seen.add(child)
+            found.append((child, group))
+            todo.append(child)
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    out: list[int] = []
+    for tid in threads:
+        data = _read(f"/proc/{pid}/task/{tid}/children")
+        if data is not None:
+            out.extend(int(child) for child in data.split())
+    return out
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _parent_and_group(stat: bytes) -> tuple[int, int]:
+    # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return int(fields[1]), int(fields[2])
+
+
+def _group_of(pid: int) -> int | None:
+    stat = _read(f"/proc/{pid}/stat")
+    try:
+        return None if stat is None else _parent_and_group(stat)[1]
+    except (ValueError, IndexError):
+        return None
+
+
+def _descendants_by_scan(root: int) -> list[tuple[int, int]]:
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -366,16 +441,10 @@ def descendants(root: int) -> list[tuple[int, int]]:
     for name in names:
         if not name.isdigit():
             continue
+        stat = _read(f"/proc/{name}/stat")
         try:
-            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY)
-            try:
-                stat = os.read(fd, 1024)
-            finally:
-                os.close(fd)
-            # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
-            fields = stat[stat.rindex(b")") + 2 :].split()
-            parent, group = int(fields[1]), int(fields[2])
-        except (OSError, ValueError, IndexError):
+            parent, group = _parent_and_group(stat) if stat is not None else (-1, -1)
+        except (ValueError, IndexError):
             continue
         children.setdefault(parent, []).append((int(name), group))
     found: list[tuple[int, int]] = []

@@ -563,7 +563,7 @@ class KeepAlive:
         """Records a renewal the caller made itself (sent at ``sent``, answered with
         ``ttl_ms``); False if it came too late to count."""
         with self._cond:
-            if self._lost_marked or time.monotonic() >= self._deadline:
+            if self._lost_marked or self._stopping.is_set() or time.monotonic() >= self._deadline:
                 return False
             self.ttl_ms = ttl_ms
             self._confirmed_at = max(self._confirmed_at, sent)

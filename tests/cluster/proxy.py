@@ -101,6 +101,7 @@ class Proxy:
 
         def serve() -> None:
             loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
             self._loop = loop
             try:
                 self._server = loop.run_until_complete(
@@ -115,6 +116,13 @@ class Proxy:
             try:
                 loop.run_forever()
             finally:
+                # As asyncio.run does: whatever is left (a connection accepted while
+                # stopping) is cancelled and run to its end before the loop closes.
+                left = asyncio.all_tasks(loop)
+                for task in left:
+                    task.cancel()
+                if left:
+                    loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
                 loop.run_until_complete(loop.shutdown_asyncgens())
                 loop.close()
 
@@ -220,6 +228,10 @@ class Proxy:
             )
         except (OSError, TimeoutError):
             writer.close()
+            return
+        if self._server is None or not self._server.is_serving():  # stopping
+            writer.close()
+            upstream[1].close()
             return
         link = _Link((reader, writer), upstream)
         self._links.add(link)

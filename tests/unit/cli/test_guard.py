@@ -353,7 +353,14 @@ def test_descendants_lists_the_whole_tree_below_a_process(tmp_path: Path, runs: 
         lambda: set(pids) <= {pid for pid, _ in g.descendants(r.guard.pid)},
         "both processes below the guard",
     )
-    assert g.descendants(os.getpid()) != []  # the guard itself is ours
+    # The walk through the children files and the full scan of /proc agree.
+    assert sorted(g.descendants(r.guard.pid)) == sorted(g._descendants_by_scan(r.guard.pid))
+    groups = dict(g.descendants(r.guard.pid))
+    cmd = r.started[1]
+    (daemon,) = set(pids) - {cmd}
+    assert groups[cmd] == cmd
+    assert groups[daemon] not in (cmd, daemon)  # its group is the one its setsid parent made
+    assert r.guard.pid in {pid for pid, _ in g.descendants(os.getpid())}
 
 
 def test_the_heap_frozen_for_the_fork_is_given_back() -> None:
