@@ -237,23 +237,33 @@ def exec_(
     ] = EXEC_TTL,
     wait: WaitOpt = None,
     kill_grace: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--kill-grace",
             metavar="DURATION",
-            help="After losing the lock: SIGTERM, then SIGKILL this much later.",
+            help="CMD gets SIGTERM this long before the lease deadline, SIGKILL just before "
+            "it. Less than TTL/2. [default: min(5s, TTL/4)]",
+            show_default=False,
         ),
     ] = EXEC_KILL_GRACE,
     conflict_exit_code: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--conflict-exit-code",
             metavar="N",
             min=0,
             max=255,
-            help="Exit code when the lock is not obtained.",
+            help="Exit code when the lock is not obtained; implies --quiet. "
+            f"[default: {EXEC_CONFLICT_EXIT_CODE}]",
+            show_default=False,
         ),
-    ] = EXEC_CONFLICT_EXIT_CODE,
+    ] = None,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet", "-q", help="Say nothing on stderr when the lock is held (--json still does)."
+        ),
+    ] = False,
     limit: LimitOpt = 1,
     cluster: ClusterOpt = None,
     timeout: TimeoutOpt = None,
@@ -263,9 +273,12 @@ def exec_(
 
     CMD gets DLM_LOCK_KEY, DLM_FENCING_TOKEN, DLM_LEASE_ID and DLM_LEASE_TTL_MS,
     runs in its own process group, and receives SIGINT, SIGTERM, SIGHUP and
-    SIGQUIT sent to dlm. If the lease cannot be renewed in time, CMD gets
-    SIGTERM, then SIGKILL after --kill-grace, and dlm exits 77. If the lock is
-    not obtained, CMD does not run and dlm exits 75 (or --conflict-exit-code).
+    SIGQUIT sent to dlm. The lease is renewed every TTL/3. If it is not renewed
+    in time, CMD and everything it started get SIGTERM --kill-grace before the
+    lease deadline and SIGKILL just before it, so none of it runs once the lock
+    can go to someone else, even if dlm itself was killed or stopped; dlm exits
+    77. If the lock is not obtained, CMD does not run and dlm exits 75 (or
+    --conflict-exit-code, silently).
 
     \b
     */5 * * * * dlm exec --lock report --wait 1m -- /usr/local/bin/report.sh
@@ -282,6 +295,7 @@ def exec_(
         kill_grace=kill_grace,
         conflict_exit_code=conflict_exit_code,
         limit=limit,
+        quiet=quiet,
     )
     raise typer.Exit(code)
 

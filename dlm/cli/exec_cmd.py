@@ -1,28 +1,37 @@
-"""`dlm exec`: run a command only while a lock is held, and never after it is lost.
+"""`dlm exec`: run a command only while a lock is held, and stop it before the lock can be lost.
 
 Theory of operation
 -------------------
-1. Open a fresh lease (``--ttl``) and start renewing it at once (KeepAlive,
-   every TTL/3 from its own connection), so a long ``--wait`` in the queue
-   cannot outlive it.
-2. Acquire the lock (``--wait`` queues FIFO). Not obtained: close the lease,
-   exit 75 or ``--conflict-exit-code``; CMD never starts.
-3. Start CMD with no shell, in a new session (so its own process group, and
-   no terminal job control can stop it), with only fds 0-2 and the DLM_*
-   variables set over the inherited environment.
-4. Wait for whichever comes first:
-   - CMD ends: stop whatever it left running in its group (SIGTERM, then
-     SIGKILL after ``--kill-grace``), close the lease (which releases the
-     lock) and exit with CMD's code, or 128+N if signal N killed it;
-   - a signal to dlm (INT, TERM, HUP, QUIT): forward it to CMD's group and
-     keep waiting, so CMD decides how to end and the lock is released after;
-   - the lease cannot be confirmed before its client-side deadline (counted
-     from when the last confirmed renewal was *sent*, so it passes before the
-     server's): SIGTERM the group, SIGKILL it after ``--kill-grace``, exit 77.
-     A lease lost while still queued (``--wait``) ends the wait at once: 77.
+Three processes: dlm itself (the *supervisor*), its *guard* (dlm.cli.guard),
+and CMD, which the guard starts and stops.
 
-Waiting uses a pidfd (Linux >= 5.3) and a self-pipe the KeepAlive writes to
-on loss, in one ``select``; where pidfds are missing it polls every 20 ms.
+1. Before anything else (and before any thread exists), fork the guard.
+2. Open a fresh lease (``--ttl``) and renew it at once and every TTL/3
+   (KeepAlive, from its own connection), so a long ``--wait`` in the queue
+   cannot outlive it. Each confirmed renewal sets the deadline D: the send
+   time of that renewal + TTL, less a margin for clock-rate drift
+   (guard.lease_deadline). The supervisor passes every new D to the guard.
+3. Acquire the lock (``--wait`` queues FIFO). Not obtained: close the lease,
+   exit 75 or ``--conflict-exit-code`` (silently with that or ``-q``, except
+   for ``--json``); CMD never starts.
+4. If less than a renewal interval is left before CMD would have to be
+   stopped (a long wait, a slow acquire), renew once more first; if that is
+   not confirmed, CMD does not start.
+5. The guard starts CMD (no shell, a new session, fds 0-2, the DLM_*
+   variables). From then on the guard alone enforces the deadline: SIGTERM to
+   CMD's group and descendants at D - grace, SIGKILL before D, whether or not
+   the supervisor is alive, scheduled or renewing.
+6. The supervisor waits for the guard's reports, the KeepAlive's verdict and
+   signals:
+   - CMD ended and nothing of it is left (the guard stops leftovers first:
+     SIGTERM, SIGKILL after the grace): close the lease, which releases the
+     lock, and exit with CMD's code (128+N after signal N);
+   - a signal to dlm (INT, TERM, HUP, QUIT): forward it to CMD's group, keep
+     waiting, so CMD decides how to end and the lock is released after;
+   - the lease is lost (SESSION_EXPIRED, or the stop time passed without a
+     confirmed renewal): the guard stops CMD; once nothing of it is left
+     (bounded wait), exit 77 without touching the lease. A lease lost while
+     still queued (``--wait``) ends the wait at once: 77.
 """
 
 from __future__ import annotations
@@ -36,9 +45,9 @@ from collections.abc import Sequence
 
 from dlm.cli import exits
 from dlm.cli.exits import CliError, Interrupted, usage_error
-from dlm.cli.ops import duration_option, owner_meta, ttl_option, wait_option
+from dlm.cli.ops import conflict_error, duration_option, owner_meta, ttl_option, wait_option
 from dlm.cli.output import complain, emit_json
-from dlm.cli.settings import Settings
+from dlm.cli.settings import EXEC_CONFLICT_EXIT_CODE, Settings
 
 # typing stays off the CLI's import path (milliseconds per run); mypy reads TYPE_CHECKING as true.
 TYPE_CHECKING = False
@@ -46,12 +55,13 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import Any
 
+    from dlm.cli.guard import Guard
     from dlm.client.core import Grant, Lease
     from dlm.client.sync import Client, KeepAlive
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-POLL_SECONDS = 0.02
-KILL_SETTLE_SECONDS = 1.0
+SETTLE_SECONDS = 1.0
+"""After D, how long to wait for the guard to see the last of CMD's processes gone."""
 LOST_VERDICT_SECONDS = 2.0
 """How long to wait for the KeepAlive's verdict after it closed the client under us."""
 
@@ -61,15 +71,16 @@ class _Signals:
 
     Before CMD starts, a signal abandons the attempt (Interrupted; the cleanup
     gives back whatever was obtained). While CMD is being started it is held
-    back, then forwarded; while CMD runs it is forwarded to CMD's group; once
-    CMD has ended it is ignored, so the lock is still released.
+    back, then forwarded; while CMD runs it is forwarded to CMD's group (by the
+    guard, which knows whether that group id is still CMD's); once CMD has
+    ended it is ignored, so the lock is still released.
     """
 
     BEFORE, STARTING, RUNNING, DONE = range(4)
 
     def __init__(self) -> None:
         self.phase = self.BEFORE
-        self.child: _Child | None = None
+        self.guard: Guard | None = None
         self.pending: list[int] = []
         self._previous: dict[int, Any] = {}
 
@@ -90,14 +101,14 @@ class _Signals:
             raise Interrupted(signum)
         if self.phase == self.STARTING:
             self.pending.append(signum)
-        elif self.phase == self.RUNNING and self.child is not None:
-            self.child.signal_group(signum)
+        elif self.phase == self.RUNNING and self.guard is not None:
+            self.guard.forward(signum)
 
-    def started(self, child: _Child) -> None:
-        self.child = child
+    def started(self, guard: Guard) -> None:
+        self.guard = guard
         self.phase = self.RUNNING
         while self.pending:
-            child.signal_group(self.pending.pop(0))
+            guard.forward(self.pending.pop(0))
 
 
 def run(
@@ -107,83 +118,55 @@ def run(
     command: Sequence[str],
     ttl: str,
     wait: str | None,
-    kill_grace: str,
-    conflict_exit_code: int,
+    kill_grace: str | None,
+    conflict_exit_code: int | None,
     limit: int,
+    quiet: bool = False,
 ) -> int:
     if not command:
         raise usage_error("no command given: dlm exec --lock KEY -- CMD [ARGS...]")
     ttl_ms = ttl_option(ttl)
     wait_s = wait_option(wait)
-    grace_s = duration_option("--kill-grace", kill_grace)
+    grace_s = kill_grace_option(kill_grace, ttl_ms)
     program = resolve_program(command[0])
 
-    from dlm.client.errors import ClusterUnavailable, LeaseLost, LockHeld
-    from dlm.client.sync import KeepAlive
+    from dlm.cli.guard import Guard
 
-    signals = _Signals()
-    signals.install()
-    client = settings.connect()
-    lease: Lease | None = None
-    keeper: KeepAlive | None = None
-    wake_r, wake_w = os.pipe()
+    # First, while dlm has a single thread: only the forking thread lives on in a child.
+    guard = Guard.start(program, command, grace_s)
+    session = _Session(settings, key=key, command=command, guard=guard, grace=grace_s)
     try:
-        lease = client.open_lease(ttl_ms)
-        keeper = KeepAlive(client, lease, on_lost=lambda _reason: _on_lost(client, wake_w))
-        keeper.start()
-        meta = owner_meta(pid=os.getpid(), command=command)
-        try:
-            grant = client.acquire(lease, key, wait=wait_s, limit=limit, meta=meta)
-        except LockHeld as exc:
-            error = exits.from_client_error(exc)
-            error.exit_code = conflict_exit_code
-            raise error from None
-        except ClusterUnavailable as exc:
-            # A lease lost while queued closes the client under the waiting acquire.
-            if exc.code == "CLOSED" and keeper.lost.wait(LOST_VERDICT_SECONDS):
-                raise _lost_error(keeper, key, ran=False) from None
-            raise
-        if keeper.lost.is_set():
-            raise _lost_error(keeper, key, ran=False)
-        code = _supervise(
-            program=program,
-            command=command,
-            grant=grant,
-            keeper=keeper,
-            signals=signals,
-            wake_fd=wake_r,
-            grace_s=grace_s,
+        return session.run(
+            ttl_ms=ttl_ms,
+            wait_s=wait_s,
+            limit=limit,
+            conflict_code=(
+                EXEC_CONFLICT_EXIT_CODE if conflict_exit_code is None else conflict_exit_code
+            ),
+            quiet_conflict=quiet or conflict_exit_code is not None,
         )
-        if settings.json:
-            emit_json(
-                {
-                    "key": grant.key,
-                    "token": grant.token,
-                    "lease": grant.lease,
-                    "ttl_ms": lease.ttl_ms,
-                    "exit_code": code,
-                }
-            )
-        return code
-    except (ClusterUnavailable, LeaseLost):
-        # Unreachable: closing would only wait out --timeout again, and the lease expires
-        # by itself. Lost: there is nothing left to close.
-        lease = None
-        raise
-    except CliError as exc:
-        if exc.exit_code == exits.LOST and exc.code == "LOCK_LOST":
-            lease = None  # nothing left to give back, and the cluster may be unreachable
-        raise
     finally:
-        signals.phase = signals.DONE
-        if keeper is not None:
-            keeper.stop()
-        if lease is not None:
-            _give_back(client, lease)
-        client.close()
-        signals.restore()
-        os.close(wake_r)
-        os.close(wake_w)
+        # With CMD still running (an error in dlm), hanging up makes the guard stop it;
+        # otherwise the guard is about to exit, and is reaped.
+        guard.close(wait=session.cmd_gone or not session.cmd_started)
+
+
+def kill_grace_option(text: str | None, ttl_ms: int) -> float:
+    """Seconds between SIGTERM and the deadline: min(5 s, TTL/4) unless given; given, it
+    must stay under TTL/2, or the lease would be spent before a renewal could save it."""
+    from dlm.cli.durations import format_ms
+    from dlm.cli.guard import default_grace, grace_problem
+
+    if text is None:
+        return default_grace(ttl_ms)
+    grace = duration_option("--kill-grace", text)
+    problem = grace_problem(grace, ttl_ms)
+    if problem is not None:
+        raise usage_error(
+            f"--kill-grace {text} is too long for a {format_ms(ttl_ms)} --ttl: {problem} "
+            f"({format_ms(ttl_ms / 2)}); leave it out for min(5s, TTL/4), or raise --ttl"
+        )
+    return grace
 
 
 def resolve_program(name: str) -> str:
@@ -210,33 +193,23 @@ def _which(name: str) -> str | None:
 
 
 def child_env(grant: Grant, ttl_ms: int) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        DLM_LOCK_KEY=grant.key,
-        DLM_FENCING_TOKEN=str(grant.token),
-        DLM_LEASE_ID=grant.lease,
-        DLM_LEASE_TTL_MS=str(ttl_ms),
-    )
-    return env
-
-
-def exit_code_of(returncode: int) -> int:
-    """A shell's view of how the child ended: its code, or 128+N after signal N."""
-    return 128 - returncode if returncode < 0 else returncode
+    """The variables CMD gets over the environment dlm was started with."""
+    return {
+        "DLM_LOCK_KEY": grant.key,
+        "DLM_FENCING_TOKEN": str(grant.token),
+        "DLM_LEASE_ID": grant.lease,
+        "DLM_LEASE_TTL_MS": str(ttl_ms),
+    }
 
 
 def _on_lost(client: Client, wake_fd: int) -> None:
     """The lease is gone: wake the supervisor, and fail an acquire still waiting in the queue
     (the cluster drops a lost lease's queue place without telling the waiter)."""
-    _poke(wake_fd)
-    client.close()
-
-
-def _poke(fd: int) -> None:
     try:
-        os.write(fd, b"!")
+        os.write(wake_fd, b"!")
     except OSError:
         pass
+    client.close()
 
 
 def _give_back(client: Client, lease: Lease) -> None:
@@ -250,192 +223,218 @@ def _give_back(client: Client, lease: Lease) -> None:
         )
 
 
-def _lost_error(keeper: KeepAlive, key: str, *, ran: bool) -> CliError:
+def _lost_error(reason: str | None, key: str, *, ran: bool) -> CliError:
     what = "stopped the command" if ran else "the command was not started"
     return CliError(
         "LOCK_LOST",
-        f"lost the lock on {key!r}: {keeper.reason or 'lease lost'}; {what}. "
+        f"lost the lock on {key!r}: {reason or 'lease lost'}; {what}. "
         "Check the cluster with `dlm status`",
         exits.LOST,
     )
 
 
-def spawn(program: str, argv: Sequence[str], env: dict[str, str]) -> int:
-    """Starts CMD as subprocess.Popen(start_new_session=True, close_fds=True) would, and
-    returns its pid; OSError if it cannot be executed.
+class _Session:
+    """One `dlm exec` run, from opening the lease to CMD's exit code."""
 
-    Why not subprocess: importing it (with locale and re) costs ~4 ms of every
-    `dlm exec`. posix_spawn does the same here: a new session, SIGPIPE and
-    SIGXFSZ back to their defaults (Python ignores them), and no descriptor
-    inherited beyond 0-2 (dlm's own are close-on-exec already; any inheritable
-    one dlm was given is made close-on-exec first).
-    """
-    _no_inheritable_fds()
-    defaults = [getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ")
-                if hasattr(signal, name)]  # fmt: skip
-    try:
-        return os.posix_spawn(program, list(argv), env, setsid=True, setsigdef=defaults)
-    except (AttributeError, NotImplementedError):  # pragma: no cover - no posix_spawn setsid
-        import subprocess
+    def __init__(
+        self, settings: Settings, *, key: str, command: Sequence[str], guard: Guard, grace: float
+    ) -> None:
+        self.settings = settings
+        self.key = key
+        self.command = command
+        self.guard = guard
+        self.grace = grace
+        self.cmd_started = False
+        self.cmd_gone = False  # the guard saw CMD and every process it left end
 
-        proc = subprocess.Popen(argv, executable=program, env=env, start_new_session=True)
-        return proc.pid
+    def run(
+        self,
+        *,
+        ttl_ms: int,
+        wait_s: float | None,
+        limit: int,
+        conflict_code: int,
+        quiet_conflict: bool,
+    ) -> int:
+        from dlm.cli.guard import lease_deadline, term_time
+        from dlm.client.errors import ClusterUnavailable, LeaseLost, LockHeld
+        from dlm.client.sync import KeepAlive
 
-
-def _no_inheritable_fds() -> None:
-    for where in ("/proc/self/fd", "/dev/fd"):
+        grace, guard = self.grace, self.guard
+        signals = _Signals()
+        signals.install()
+        client = self.settings.connect()
+        lease: Lease | None = None
+        keeper: KeepAlive | None = None
+        wake_r, wake_w = os.pipe()
         try:
-            names = os.listdir(where)
-        except OSError:
-            continue
-        for name in names:
-            fd = int(name)
-            if fd > 2:
-                try:
-                    if os.get_inheritable(fd):
-                        os.set_inheritable(fd, False)
-                except OSError:  # the listing's own descriptor, closed by now
-                    pass
-        return
-
-
-class _Child:
-    """The running CMD and the means to wait for it."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None  # as Popen's: -N when signal N ended it
-        self.pidfd: int | None = None
-        pidfd_open = getattr(os, "pidfd_open", None)
-        if pidfd_open is not None:
-            try:
-                self.pidfd = pidfd_open(pid)
-            except OSError:
-                self.pidfd = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            self._reap(os.WNOHANG)
-        return self.returncode
-
-    def wait(self) -> int:
-        while self.returncode is None:
-            self._reap(0)
-        return self.returncode
-
-    def _reap(self, flags: int) -> None:
-        try:
-            pid, status = os.waitpid(self.pid, flags)
-        except ChildProcessError:  # pragma: no cover - reaped behind our back
-            self.returncode = 255
-            return
-        if pid == self.pid:
-            self.returncode = os.waitstatus_to_exitcode(status)
-
-    def signal_group(self, signum: int) -> None:
-        try:
-            os.killpg(self.pid, signum)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            # The group leader is gone and its pgid may be reused elsewhere: try the pid
-            # only, and only while it is still ours (not yet reaped).
-            if self.poll() is None:
-                try:
-                    os.kill(self.pid, signum)
-                except ProcessLookupError:
-                    pass
-
-    def group_alive(self) -> bool:
-        """Whether any process is left in CMD's process group (its leader included)."""
-        self.poll()
-        try:
-            os.killpg(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-    def stop_group(self, grace_s: float) -> None:
-        """SIGTERM the whole group, SIGKILL whatever is left after the grace, reap the leader.
-
-        Members other than the leader are not our children, so nothing signals their
-        end: the group is polled. SIGKILL goes out even when the group looks empty, in
-        case a member was just being created.
-        """
-        self.signal_group(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while self.group_alive() and time.monotonic() < deadline:
-            self.wait_until(min(deadline, time.monotonic() + POLL_SECONDS), None)
-        self.signal_group(signal.SIGKILL)
-        self.wait()
-        # SIGKILL lands when the kernel next schedules each member: give it a moment, so
-        # that when dlm reports the lock gone, nothing of CMD is still running.
-        settle = time.monotonic() + KILL_SETTLE_SECONDS
-        while self.group_alive() and time.monotonic() < settle:
-            self.wait_until(min(settle, time.monotonic() + POLL_SECONDS), None)
-
-    def wait_until(self, deadline: float | None, wake_fd: int | None) -> bool:
-        """Waits for CMD to end, the wake fd to fire, or the deadline; True once CMD ended."""
-        while True:
-            if self.poll() is not None:
-                return True
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                return False
-            left = None if deadline is None else deadline - now
-            fds = [fd for fd in (self.pidfd, wake_fd) if fd is not None]
-            timeout = left if self.pidfd is not None else min(left or POLL_SECONDS, POLL_SECONDS)
-            try:
-                ready, _, _ = select.select(fds, [], [], timeout)
-            except InterruptedError:  # pragma: no cover - PEP 475 retries for us
-                continue
-            if wake_fd is not None and wake_fd in ready:
-                return self.poll() is not None
-
-    def close(self) -> None:
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-            self.pidfd = None
-
-
-def _supervise(
-    *,
-    program: str,
-    command: Sequence[str],
-    grant: Grant,
-    keeper: KeepAlive,
-    signals: _Signals,
-    wake_fd: int,
-    grace_s: float,
-) -> int:
-    """Runs CMD under the lock; returns dlm's exit code."""
-    signals.phase = signals.STARTING
-    try:
-        pid = spawn(program, command, child_env(grant, keeper.ttl_ms))
-    except OSError as exc:
-        signals.phase = signals.DONE
-        code = exits.NOT_FOUND if exc.errno == errno.ENOENT else exits.NOT_EXECUTABLE
-        raise CliError("EXEC_FAILED", f"{command[0]}: {exc.strerror}", code) from None
-    child = _Child(pid)
-    signals.started(child)
-    try:
-        while not child.wait_until(None, wake_fd):
-            if keeper.lost.is_set():
-                child.stop_group(grace_s)
-                signals.phase = signals.DONE
-                # Whatever the child did, the lock was lost while it ran.
-                raise _lost_error(keeper, grant.key, ran=True)
-        signals.phase = signals.DONE
-        code = exit_code_of(child.wait())
-        if child.group_alive():
-            # Left running, CMD's background processes would outlive the lock.
-            complain(
-                f"{command[0]} ended but left processes in its group; stopping them "
-                "before the lock is released"
+            lease = client.open_lease(ttl_ms)
+            keeper = KeepAlive(
+                client,
+                lease,
+                on_lost=lambda _reason: _on_lost(client, wake_w),
+                # Renew until the moment CMD would get SIGTERM; tell the guard each new D.
+                deadline_of=lambda sent, ttl: term_time(lease_deadline(sent, ttl), grace),
+                on_renewed=lambda sent, ttl: guard.extend(lease_deadline(sent, ttl)),
             )
-            child.stop_group(grace_s)
+            keeper.start()
+            meta = owner_meta(pid=os.getpid(), command=self.command)
+            try:
+                grant = client.acquire(lease, self.key, wait=wait_s, limit=limit, meta=meta)
+            except LockHeld as exc:
+                show = self.settings.json or not quiet_conflict
+                error = conflict_error(
+                    exc, self.key, waited=wait_s, client=client if show else None,
+                    next_step="; not running CMD",
+                )  # fmt: skip
+                error.exit_code = conflict_code
+                error.reported = not show  # nothing on stderr, as cron would mail it
+                raise error from None
+            except ClusterUnavailable as exc:
+                # A lease lost while queued closes the client under the waiting acquire.
+                if exc.code == "CLOSED" and keeper.lost.wait(LOST_VERDICT_SECONDS):
+                    raise _lost_error(keeper.reason, self.key, ran=False) from None
+                raise
+            if keeper.lost.is_set():
+                raise _lost_error(keeper.reason, self.key, ran=False)
+            self._confirm_before_start(client, keeper, lease)
+            code = self._supervise(grant, keeper, signals, wake_r)
+            if self.settings.json:
+                emit_json(
+                    {
+                        "key": grant.key,
+                        "token": grant.token,
+                        "lease": grant.lease,
+                        "ttl_ms": lease.ttl_ms,
+                        "exit_code": code,
+                    }
+                )
+            return code
+        except (ClusterUnavailable, LeaseLost):
+            # Unreachable: closing would only wait out --timeout again, and the lease expires
+            # by itself. Lost: there is nothing left to close.
+            lease = None
+            raise
+        except CliError as exc:
+            if exc.exit_code == exits.LOST and exc.code == "LOCK_LOST":
+                lease = None  # nothing left to give back, and the cluster may be unreachable
+            raise
+        finally:
+            signals.phase = signals.DONE
+            if keeper is not None:
+                keeper.stop()
+            # Never release while something of CMD may still run: the lease then lapses.
+            if lease is not None and (self.cmd_gone or not self.cmd_started):
+                _give_back(client, lease)
+            client.close()
+            signals.restore()
+            os.close(wake_r)
+            os.close(wake_w)
+
+    def _confirm_before_start(self, client: Client, keeper: KeepAlive, lease: Lease) -> None:
+        """Renews first if CMD would have less than a renewal interval before its SIGTERM."""
+        from dlm.cli.guard import lease_deadline, term_time
+        from dlm.client.errors import ClusterUnavailable, LeaseLost
+
+        interval = keeper.ttl_ms / 3000.0
+        stop_at = term_time(lease_deadline(keeper.confirmed_at, keeper.ttl_ms), self.grace)
+        sent = time.monotonic()
+        if stop_at - sent >= interval:
+            return
+        if stop_at <= sent:
+            raise _lost_error(keeper.reason or "its time ran out", self.key, ran=False)
+        try:
+            ttl = client.keepalive(lease, timeout=stop_at - sent)
+        except LeaseLost as exc:
+            raise _lost_error(exc.message, self.key, ran=False) from None
+        except ClusterUnavailable as exc:
+            if keeper.lost.is_set():
+                raise _lost_error(keeper.reason, self.key, ran=False) from None
+            raise ClusterUnavailable(
+                f"could not renew the lease before starting the command ({exc.message}); "
+                "the command was not started",
+                exc.code,
+            ) from None
+        if not keeper.confirmed(sent, ttl):
+            raise _lost_error(keeper.reason or "renewed too late", self.key, ran=False)
+
+    def _supervise(self, grant: Grant, keeper: KeepAlive, signals: _Signals, wake_fd: int) -> int:
+        """Has the guard run CMD under the lock; returns dlm's exit code."""
+        from dlm.cli import guard as lifeline
+
+        guard = self.guard
+        signals.phase = signals.STARTING
+        guard.spawn(
+            child_env(grant, keeper.ttl_ms),
+            lifeline.lease_deadline(keeper.confirmed_at, keeper.ttl_ms),
+        )
+        report = guard.next_report()
+        if report is None or report[0] != lifeline.STARTED:
+            signals.phase = signals.DONE
+            if report is not None and report[0] == lifeline.SPAWN_FAILED:
+                number = int(report[1])
+                exit_code = exits.NOT_FOUND if number == errno.ENOENT else exits.NOT_EXECUTABLE
+                message = f"{self.command[0]}: {os.strerror(number)}"
+                raise CliError("EXEC_FAILED", message, exit_code)
+            raise CliError("INTERNAL", "dlm's guard process ended before starting CMD", 1)
+        self.cmd_started = True
+        cmd_pid = int(report[1])
+        signals.started(guard)
+
+        lost: str | None = None
+        code: int | None = None
+        give_up_at: float | None = None
+        while code is None:
+            timeout = None if give_up_at is None else max(0.0, give_up_at - time.monotonic())
+            if guard.pending:
+                timeout = 0.0
+            ready, _, _ = select.select([guard.reports, wake_fd], [], [], timeout)
+            if wake_fd in ready:
+                os.read(wake_fd, 64)
+            if lost is None and keeper.lost.is_set():
+                lost = keeper.reason or "lease lost"
+                guard.stop_now()
+            for kind, arg in guard.read():
+                if kind == lifeline.DEADLINE and lost is None:
+                    lost = (
+                        f"lease {grant.lease} was not renewed in time "
+                        f"(last confirmed {time.monotonic() - keeper.confirmed_at:.1f}s ago)"
+                    )
+                elif kind == lifeline.LEFTOVERS:
+                    complain(
+                        f"{self.command[0]} ended but left processes running; stopping them "
+                        "before the lock is released"
+                    )
+                elif kind == lifeline.DONE:
+                    code = int(arg)
+            if code is None and guard.eof:
+                signals.phase = signals.DONE
+                self._guard_died(cmd_pid)
+            if lost is not None and give_up_at is None:
+                give_up_at = max(time.monotonic(), guard.deadline) + SETTLE_SECONDS
+            if code is None and give_up_at is not None and time.monotonic() >= give_up_at:
+                complain(
+                    f"a process of {self.command[0]} survived SIGKILL (uninterruptible "
+                    f"sleep?); dlm's guard (pid {guard.pid}) keeps killing it"
+                )
+                break
+        signals.phase = signals.DONE
+        self.cmd_gone = code is not None
+        if lost is not None:
+            raise _lost_error(lost, grant.key, ran=True)
+        assert code is not None
         return code
-    finally:
-        child.close()
+
+    def _guard_died(self, cmd_pid: int) -> None:
+        """Without its guard CMD has no lifeline: kill its group and give up the lock."""
+        try:
+            os.killpg(cmd_pid, signal.SIGKILL)
+        except OSError:
+            pass
+        raise CliError(
+            "LOCK_LOST",
+            f"dlm's guard process (pid {self.guard.pid}) died, so nothing could stop "
+            f"{self.command[0]} in time any more; killed its process group and left the lock "
+            f"on {self.key!r} to expire",
+            exits.LOST,
+        )

@@ -55,6 +55,8 @@ COMMANDS: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, str]]]] = {
             "--wait": ("wait", VALUE),
             "--kill-grace": ("kill_grace", VALUE),
             "--conflict-exit-code": ("conflict_exit_code", INT),
+            "--quiet": ("quiet", FLAG),
+            "-q": ("quiet", FLAG),
             "--limit": ("limit", INT),
         },
     ),
@@ -205,8 +207,9 @@ def run(parsed: Parsed) -> int:
             ttl=p.get("ttl", defaults.EXEC_TTL),
             wait=p.get("wait"),
             kill_grace=p.get("kill_grace", defaults.EXEC_KILL_GRACE),
-            conflict_exit_code=p.get("conflict_exit_code", defaults.EXEC_CONFLICT_EXIT_CODE),
+            conflict_exit_code=p.get("conflict_exit_code"),
             limit=p.get("limit", 1),
+            quiet=p.get("quiet", False),
         )
     from dlm.cli import ops
 

@@ -13,7 +13,7 @@ import sys
 import threading
 
 from dlm.cli.durations import DurationError, format_ms, parse_duration, parse_duration_ms
-from dlm.cli.exits import LOST, CliError, Interrupted, usage_error
+from dlm.cli.exits import LOST, CliError, Interrupted, from_client_error, usage_error
 from dlm.cli.output import emit_json, say
 from dlm.cli.settings import Settings
 
@@ -24,10 +24,13 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import Any
 
+    from dlm.client.errors import LockHeld
     from dlm.client.sync import Client
 
 FORMATS = ("text", "env", "json")
 MAX_META_VALUE = 256
+MAX_SHOWN_CMD = 60
+MAX_SHOWN_HOLDERS = 3
 
 
 # ---------------------------------------------------------------------------
@@ -115,6 +118,80 @@ class signals_interrupt:
         self._previous.clear()
 
 
+# ---------------------------------------------------------------------------
+# Who holds a lock, as a person would say it
+# ---------------------------------------------------------------------------
+
+
+def _printable(text: object, limit: int = MAX_META_VALUE) -> str:
+    """Owner metadata is whatever a client sent: no control characters reach a terminal."""
+    shown = "".join(c if c.isprintable() else "?" for c in str(text))
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
+
+
+def describe_holder(holder: dict[str, Any]) -> str:
+    """``deploy@web-3 (pid 4121, backup.sh --full) for 2m13s``, from a holder's ``meta`` and
+    ``held_ms``; ``lease ID (token N)`` when it recorded no owner."""
+    raw_meta = holder.get("meta")
+    meta = raw_meta if isinstance(raw_meta, dict) else {}
+    user, host = meta.get("user"), meta.get("host")
+    if user and host:
+        who = f"{_printable(user)}@{_printable(host)}"
+    elif user or host:
+        who = _printable(user or host)
+    else:
+        who = f"lease {_printable(holder.get('lease', '?'))} (token {holder.get('token', '?')})"
+    details = []
+    if meta.get("pid"):
+        details.append(f"pid {_printable(meta['pid'])}")
+    if meta.get("cmd"):
+        details.append(_printable(meta["cmd"], MAX_SHOWN_CMD))
+    if details and (user or host):
+        who += f" ({', '.join(details)})"
+    held = holder.get("held_ms")
+    if isinstance(held, int) and not isinstance(held, bool):
+        who += f" for {format_ms(held)}"
+    return who
+
+
+def people_holders(holders: Sequence[dict[str, Any]]) -> str:
+    """``held by A``, ``held by A, B and 2 more``, or ``held by someone else``."""
+    if not holders:
+        return "held by someone else"
+    shown = ", ".join(describe_holder(h) for h in holders[:MAX_SHOWN_HOLDERS])
+    more = len(holders) - MAX_SHOWN_HOLDERS
+    return f"held by {shown}" + (f" and {more} more" if more > 0 else "")
+
+
+def conflict_error(
+    exc: LockHeld,
+    key: str,
+    *,
+    waited: float | None,
+    client: Client | None,
+    next_step: str,
+) -> CliError:
+    """The one line (and JSON error) for a lock someone else holds.
+
+    ``waited``: the --wait that ran out, if any; that error names no holder, so
+    ``client`` (when given) asks who holds it now. ``next_step`` ends the line.
+    """
+    holders = exc.holders
+    if not holders and client is not None:
+        holders = _holders_now(client, key)
+    error = from_client_error(exc)
+    if holders:
+        error.details["holders"] = holders
+    if waited:
+        error.message = (
+            f"{key!r} is still {people_holders(holders)} after waiting "
+            f"{format_ms(waited * 1000)}{next_step}"
+        )
+    else:
+        error.message = f"{key!r} is {people_holders(holders)}{next_step}"
+    return error
+
+
 def _close_quietly(client: Client, lease: str) -> None:
     """Best effort: the lease would expire on its own anyway."""
     try:
@@ -146,44 +223,23 @@ def acquire(
     meta = owner_meta(pid=os.getppid())
     meta.update(parse_meta(meta_pairs))
 
-    from dlm.client.errors import ClusterUnavailable
-    from dlm.client.sync import KeepAlive
+    from dlm.client.errors import LockHeld
 
     client = settings.connect()
     try:
-        with signals_interrupt():
-            created = None
-            ref: Any = lease
-            if lease is None:
-                created = client.open_lease(ttl_ms)
-                ref = created
-            # Queued longer than a TTL, the lease must be renewed meanwhile.
-            # A lease lost while queued closes the client, which ends the wait at once.
-            keeper = (
-                KeepAlive(client, created, on_lost=lambda _reason: client.close())
-                if created is not None and wait_s
-                else None
+        try:
+            grant = _take(
+                client, key, ttl_ms=ttl_ms, wait_s=wait_s, lease=lease, limit=limit, meta=meta
             )
-            try:
-                if keeper is not None:
-                    keeper.start()
-                grant = client.acquire(ref, key, wait=wait_s, limit=limit, meta=meta)
-            except ClusterUnavailable as exc:
-                if exc.code == "CLOSED" and keeper is not None and keeper.lost.wait(2.0):
-                    raise CliError(
-                        "SESSION_EXPIRED",
-                        f"lease lost while waiting for {key!r}: {keeper.reason}; "
-                        "check the cluster with `dlm status`, then try again",
-                        LOST,
-                    ) from None
-                raise  # closing would wait out --timeout a second time
-            except BaseException:
-                if created is not None:
-                    _close_quietly(client, created.id)
-                raise
-            finally:
-                if keeper is not None:
-                    keeper.stop()
+        except LockHeld as exc:
+            next_step = (
+                ": try again later, or wait longer (--wait)"
+                if wait_s
+                else ": try again later, or wait for it (--wait)"
+            )
+            raise conflict_error(
+                exc, key, waited=wait_s, client=client, next_step=next_step
+            ) from None
     finally:
         client.close()
 
@@ -197,6 +253,56 @@ def acquire(
             f"acquired {grant.key}: token {grant.token}, lease {grant.lease}, "
             f"ttl {format_ms(grant.ttl_ms)}"
         )
+
+
+def _take(
+    client: Client,
+    key: str,
+    *,
+    ttl_ms: int,
+    wait_s: float | None,
+    lease: str | None,
+    limit: int,
+    meta: dict[str, str],
+) -> Any:
+    """Opens a lease unless one is named, and takes the lock under it; the Grant."""
+    from dlm.client.errors import ClusterUnavailable
+    from dlm.client.sync import KeepAlive
+
+    with signals_interrupt():
+        created = None
+        ref: Any = lease
+        if lease is None:
+            created = client.open_lease(ttl_ms)
+            ref = created
+        # Queued longer than a TTL, the lease must be renewed meanwhile.
+        # A lease lost while queued closes the client, which ends the wait at once.
+        keeper = (
+            KeepAlive(client, created, on_lost=lambda _reason: client.close())
+            if created is not None and wait_s
+            else None
+        )
+        try:
+            if keeper is not None:
+                keeper.start()
+            grant = client.acquire(ref, key, wait=wait_s, limit=limit, meta=meta)
+        except ClusterUnavailable as exc:
+            if exc.code == "CLOSED" and keeper is not None and keeper.lost.wait(2.0):
+                raise CliError(
+                    "SESSION_EXPIRED",
+                    f"lease lost while waiting for {key!r}: {keeper.reason}; "
+                    "check the cluster with `dlm status`, then try again",
+                    LOST,
+                ) from None
+            raise  # closing would wait out --timeout a second time
+        except BaseException:
+            if created is not None:
+                _close_quietly(client, created.id)
+            raise
+        finally:
+            if keeper is not None:
+                keeper.stop()
+    return grant
 
 
 def format_env(result: dict[str, Any]) -> str:

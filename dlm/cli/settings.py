@@ -26,8 +26,8 @@ CLUSTER_ENV = "DLM_CLUSTER"
 # Defaults of the subcommands, shared by the typer app and the fast path.
 ACQUIRE_TTL = "30s"
 ACQUIRE_FORMAT = "text"
-EXEC_TTL = "15s"
-EXEC_KILL_GRACE = "10s"
+EXEC_TTL = "30s"
+EXEC_KILL_GRACE: str | None = None  # min(5s, TTL/4): dlm.cli.guard.default_grace
 EXEC_CONFLICT_EXIT_CODE = 75
 
 

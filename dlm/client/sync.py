@@ -238,6 +238,10 @@ def _left(deadline: float) -> float:
     return deadline - time.monotonic()
 
 
+def _plain_deadline(sent: float, ttl_ms: int) -> float:
+    return sent + ttl_ms / 1000.0
+
+
 class Client:
     """A blocking dlm client; safe to share between threads (calls are serialised)."""
 
@@ -541,11 +545,15 @@ class KeepAlive:
 
     The client-side deadline is (monotonic time the last *confirmed* renewal was
     sent) + TTL; the first one counts from ``confirmed_at``, when the
-    open_lease or acquire was sent. A renewal is attempted about every TTL/3
-    from a daemon thread with its own connection; a second thread watches the
-    deadline with a timer, so a renewal that hangs (members SIGSTOPped) cannot
-    delay the verdict. ``lost`` is set, and ``on_lost(reason)`` called once,
-    on SESSION_EXPIRED or when the deadline passes unconfirmed.
+    open_lease or acquire was sent. ``deadline_of(sent, ttl_ms)`` may set it
+    earlier (dlm exec gives up at the moment it must stop its command). A
+    renewal is attempted about every TTL/3 from a daemon thread with its own
+    connection; a second thread watches the deadline with a timer, so a renewal
+    that hangs (members SIGSTOPped) cannot delay the verdict. ``lost`` is set,
+    and ``on_lost(reason)`` called once, on SESSION_EXPIRED or when the
+    deadline passes unconfirmed. A renewal confirmed after the deadline counts
+    for nothing. ``on_renewed(sent, ttl_ms)`` is called after each renewal
+    that counted, from the renewing thread.
     """
 
     def __init__(
@@ -557,6 +565,8 @@ class KeepAlive:
         ttl_ms: int | None = None,
         on_lost: Callable[[str], None] | None = None,
         interval: float | None = None,
+        deadline_of: Callable[[float, int], float] | None = None,
+        on_renewed: Callable[[float, int], None] | None = None,
     ) -> None:
         if isinstance(lease, Lease):
             ttl_ms = lease.ttl_ms if ttl_ms is None else ttl_ms
@@ -573,9 +583,11 @@ class KeepAlive:
         self.last_error: BaseException | None = None
         self._client = client.spawn()
         self._on_lost = on_lost
+        self._on_renewed = on_renewed
         self._fixed_interval = interval
+        self._deadline_of = deadline_of or _plain_deadline
         self._confirmed_at = confirmed_at
-        self._deadline = confirmed_at + ttl_ms / 1000.0
+        self._deadline = self._deadline_of(confirmed_at, ttl_ms)
         self._cond = threading.Condition()
         self._stopping = threading.Event()
         self._threads = [
@@ -592,6 +604,30 @@ class KeepAlive:
         """Monotonic time after which the lease must be presumed lost."""
         with self._cond:
             return self._deadline
+
+    @property
+    def confirmed_at(self) -> float:
+        """Monotonic time the last renewal that counted was sent."""
+        with self._cond:
+            return self._confirmed_at
+
+    def confirmed(self, sent: float, ttl_ms: int) -> bool:
+        """Records a renewal the caller made itself (sent at ``sent``, answered with
+        ``ttl_ms``); False if it came too late to count."""
+        with self._cond:
+            if self._lost_marked or self._stopping.is_set() or time.monotonic() >= self._deadline:
+                return False
+            self.ttl_ms = ttl_ms
+            self._confirmed_at = max(self._confirmed_at, sent)
+            self._deadline = max(self._deadline, self._deadline_of(sent, ttl_ms))
+            self.renewals += 1
+            self._cond.notify_all()
+        if self._on_renewed is not None:
+            try:
+                self._on_renewed(sent, ttl_ms)
+            except Exception as exc:  # the callback's failure must not stop the renewals
+                self.last_error = exc
+        return True
 
     def _interval(self) -> float:
         return self._fixed_interval or self.ttl_ms / 3000.0
@@ -675,11 +711,8 @@ class KeepAlive:
                 self.last_error = exc
                 next_at = time.monotonic() + min(self._interval() / 4, 0.25)
                 continue
-            with self._cond:
-                self.ttl_ms = ttl
-                self._deadline = max(self._deadline, sent + ttl / 1000.0)
-                self.renewals += 1
-                self._cond.notify_all()
+            if not self.confirmed(sent, ttl):
+                return  # confirmed too late: the watcher reports the loss
             next_at = sent + self._interval()
 
 

@@ -7,6 +7,7 @@ tests that freeze or kill members live in test_cli_exec.py with a cluster each.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -40,9 +41,13 @@ def test_acquire_then_conflict_75_then_release_0(dlm: Dlm) -> None:
     assert held.returncode == 75
     assert held.stdout == ""
     assert len(held.stderr.splitlines()) == 1
-    assert grant["lease"] in held.stderr
+    # user@host (pid N) for T: the pid is the shell's that ran `dlm acquire`, here this test.
+    assert f"'ec-deploy' is held by {os.environ.get('USER', '')}" in held.stderr
+    assert f"(pid {os.getpid()}) for " in held.stderr
     error = dlm.json("acquire", "ec-deploy", code=75)["error"]
     assert error["code"] == "LOCKED"
+    assert [h["lease"] for h in error["holders"]] == [grant["lease"]]
+    assert set(error["holders"][0]["meta"]) >= {"host", "user", "pid"}
 
     released = dlm.run("release", "ec-deploy", "--lease", str(grant["lease"]))
     assert released.returncode == 0, released.stderr

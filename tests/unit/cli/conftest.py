@@ -49,9 +49,9 @@ class FakeClient:
         ttl = lease.ttl_ms if isinstance(lease, Lease) else 30000
         return Grant(key=key, token=4242, lease=lid, ttl_ms=ttl)
 
-    def keepalive(self, lease: str) -> int:
+    def keepalive(self, lease: Any, *, timeout: float | None = None) -> int:
         self._call("keepalive", lease)
-        return 30000
+        return lease.ttl_ms if isinstance(lease, Lease) else 30000
 
     def release(self, lease: str, key: str) -> None:
         self._call("release", lease, key)
@@ -110,10 +110,16 @@ class FakeKeepAlive:
         confirmed_at: float | None = None,
         ttl_ms: int | None = None,
         on_lost: Callable[[str], None] | None = None,
+        deadline_of: Callable[[float, int], float] | None = None,
+        on_renewed: Callable[[float, int], None] | None = None,
     ) -> None:
         self.lease = lease.id if isinstance(lease, Lease) else lease
         self.ttl_ms = ttl_ms or (lease.ttl_ms if isinstance(lease, Lease) else 30000)
+        if confirmed_at is None:
+            confirmed_at = lease.confirmed_at if isinstance(lease, Lease) else time.monotonic()
+        self.confirmed_at = confirmed_at
         self.on_lost = on_lost
+        self.on_renewed = on_renewed
         self.lost = threading.Event()
         self.reason: str | None = None
         self.renewals = 0
@@ -127,6 +133,15 @@ class FakeKeepAlive:
 
     def stop(self, timeout: float = 2.0) -> None:
         self.stopped = True
+
+    def confirmed(self, sent: float, ttl_ms: int) -> bool:
+        """A renewal the caller made: counts (as the real one's does before its deadline)."""
+        self.confirmed_at = max(self.confirmed_at, sent)
+        self.ttl_ms = ttl_ms
+        self.renewals += 1
+        if self.on_renewed is not None:
+            self.on_renewed(sent, ttl_ms)
+        return not self.lost.is_set()
 
     def lose(self, reason: str = "planted loss") -> None:
         self.reason = reason

@@ -213,17 +213,41 @@ def test_client_errors_keep_their_exit_code_and_code(  # noqa: PLR0917 - fixture
         raise error
 
     monkeypatch.setattr(FakeClient, "acquire", failing_acquire)
+    message = error.message
+    if isinstance(error, LockHeld):  # worded from its holders, as a person would say it
+        message = "'k' is held by lease x (token 7): try again later, or wait for it (--wait)"
     assert run(["acquire", "k"]) == exit_code
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert error.message in one_error_line(captured.err)
+    assert message in one_error_line(captured.err)
 
     assert run(["acquire", "k", "--json"]) == exit_code
     obj = one_json(capsys.readouterr().out)
     assert obj["error"]["code"] == code
-    assert obj["error"]["message"] == error.message
+    assert obj["error"]["message"] == message
     if isinstance(error, LockHeld):
         assert obj["error"]["holders"] == [{"lease": "x", "token": 7}]
+
+
+def test_an_acquire_conflict_names_the_holder_as_a_person_would(
+    capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holder = {
+        "lease": "x",
+        "token": 7,
+        "held_ms": 133_000,
+        "meta": {"host": "web-3", "user": "deploy", "pid": "4121", "cmd": "backup.sh --full"},
+    }
+
+    def held(self: FakeClient, *args: Any, **kwargs: Any) -> None:
+        raise LockHeld("held by lease x", holders=[holder, {**holder, "meta": {"host": "b\x1b"}}])
+
+    monkeypatch.setattr(FakeClient, "acquire", held)
+    assert run(["acquire", "backup"]) == 75
+    assert one_error_line(capsys.readouterr().err) == (
+        "dlm: 'backup' is held by deploy@web-3 (pid 4121, backup.sh --full) for 2m13s, "
+        "b? for 2m13s: try again later, or wait for it (--wait)"
+    )
 
 
 def test_a_refused_acquire_gives_its_new_lease_back(
@@ -236,7 +260,8 @@ def test_a_refused_acquire_gives_its_new_lease_back(
     monkeypatch.setattr(FakeClient, "acquire", held)
     assert run(["acquire", "k"]) == 75
     (client,) = FakeClient.instances
-    assert [c[0] for c in client.calls] == ["open_lease", "acquire", "close_lease"]
+    # Then, as the error named nobody, who holds it now.
+    assert [c[0] for c in client.calls] == ["open_lease", "acquire", "close_lease", "get"]
     assert client.closed
     capsys.readouterr()
 

@@ -7,6 +7,7 @@ under test (a lease loss, a signal to dlm) while exec supervises the child.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -136,25 +137,91 @@ def test_the_child_runs_in_its_own_process_group(tmp_path: Path, fake_cluster: A
     assert int(pgid) != os.getpgid(0)
 
 
-@pytest.mark.parametrize(("extra", "code"), [([], 75), (["--conflict-exit-code", "9"], 9)])
-def test_a_held_lock_means_cmd_never_runs(  # noqa: PLR0917 - fixtures
-    extra: list[str],
-    code: int,
-    tmp_path: Path,
-    capsys: Capture,
-    fake_cluster: Any,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    def held(self: FakeClient, *args: Any, **kwargs: Any) -> None:
-        self.calls.append(("acquire", args))
-        raise LockHeld("lock 'job' is held by lease other (token 7)")
+HOLDER = {
+    "lease": "otherlease000001",
+    "token": 7,
+    "granted_at_ms": 1_700_000_000_000,
+    "held_ms": 133_000,
+    "meta": {"host": "web-3", "user": "deploy", "pid": "4121", "cmd": "backup.sh --full"},
+}
 
-    monkeypatch.setattr(FakeClient, "acquire", held)
+
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> None:
+    def acquire(self: FakeClient, *args: Any, **kwargs: Any) -> None:
+        self.calls.append(("acquire", args))
+        raise LockHeld("lock 'job' is held by lease otherlease000001", holders=[HOLDER])
+
+    monkeypatch.setattr(FakeClient, "acquire", acquire)
+
+
+def test_a_held_lock_means_cmd_never_runs_and_one_line_names_the_holder(
+    tmp_path: Path, capsys: Capture, fake_cluster: Any, held: None
+) -> None:
+    marker = tmp_path / "ran"
+    assert run(["exec", "--lock", "job", "--", "touch", str(marker)]) == 75
+    assert not marker.exists()
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "dlm: 'job' is held by deploy@web-3 (pid 4121, backup.sh --full) for 2m13s; "
+        "not running CMD\n"
+    )
+    assert calls(FakeClient.instances[0]) == ["open_lease", "acquire", "close_lease"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "code"),
+    [(["-q"], 75), (["--quiet"], 75), (["--conflict-exit-code", "9"], 9),
+     (["--conflict-exit-code", "75"], 75), (["--conflict-exit-code=0", "-q"], 0)],
+)  # fmt: skip
+def test_a_conflict_is_silent_with_quiet_or_a_conflict_exit_code(  # noqa: PLR0917
+    extra: list[str], code: int, tmp_path: Path, capsys: Capture, fake_cluster: Any, held: None
+) -> None:
     marker = tmp_path / "ran"
     assert run(["exec", "--lock", "job", *extra, "--", "touch", str(marker)]) == code
     assert not marker.exists()
-    assert "held by lease other" in capsys.readouterr().err
+    assert capsys.readouterr() == ("", "")
     assert calls(FakeClient.instances[0]) == ["open_lease", "acquire", "close_lease"]
+
+
+@pytest.mark.parametrize("extra", [[], ["-q"], ["--conflict-exit-code", "3"]])
+def test_a_conflict_with_json_still_prints_its_one_object_with_every_holder_field(
+    extra: list[str], capsys: Capture, fake_cluster: Any, held: None
+) -> None:
+    import json
+
+    code = 3 if "3" in extra else 75
+    assert run(["exec", "--lock", "job", "--json", *extra, "--", "true"]) == code
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    error = json.loads(captured.out)["error"]
+    assert error["code"] == "LOCKED"
+    assert error["holders"] == [HOLDER]
+    assert "deploy@web-3" in error["message"]
+
+
+def test_a_wait_that_runs_out_asks_who_holds_the_lock_now(
+    capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def acquire(self: FakeClient, *args: Any, **kwargs: Any) -> None:
+        self.calls.append(("acquire", args))
+        raise LockHeld("lock 'job' is still held by someone else after waiting 2s")
+
+    def get(self: FakeClient, key: str) -> dict[str, Any]:
+        self.calls.append(("get", key))
+        return {"key": key, "limit": 1, "holders": [HOLDER], "waiters": []}
+
+    monkeypatch.setattr(FakeClient, "acquire", acquire)
+    monkeypatch.setattr(FakeClient, "get", get)
+    assert run(["exec", "--lock", "job", "--wait", "2s", "--", "true"]) == 75
+    assert capsys.readouterr().err == (
+        "dlm: 'job' is still held by deploy@web-3 (pid 4121, backup.sh --full) for 2m13s "
+        "after waiting 2s; not running CMD\n"
+    )
+    assert run(["exec", "--lock", "job", "--wait", "2s", "-q", "--", "true"]) == 75
+    assert capsys.readouterr().err == ""
+    assert "get" not in calls(FakeClient.instances[-1])  # quiet: no question to ask
 
 
 def test_a_missing_command_exits_127_before_touching_the_cluster(
@@ -224,7 +291,7 @@ def test_exec_json_reports_the_grant_and_the_exit_code(capsys: Capture, fake_clu
         "key": "job",
         "token": 4242,
         "lease": "fakelease0000001",
-        "ttl_ms": 15000,
+        "ttl_ms": 30000,
         "exit_code": 5,
     }
 
@@ -260,7 +327,7 @@ def test_a_lease_lost_while_queued_exits_77_without_closing_it(
 
 
 def test_spawn_starts_a_new_session_with_default_sigpipe_and_no_inherited_fds() -> None:
-    from dlm.cli.exec_cmd import spawn
+    from dlm.cli.guard import spawn
 
     keep_r, keep_w = os.pipe()
     os.set_inheritable(keep_w, True)  # as if dlm had been given it by its parent
@@ -281,7 +348,7 @@ def test_spawn_starts_a_new_session_with_default_sigpipe_and_no_inherited_fds() 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
 def test_spawn_gives_the_child_sigpipe_at_its_default(tmp_path: Path) -> None:
-    from dlm.cli.exec_cmd import spawn
+    from dlm.cli.guard import spawn
 
     out = tmp_path / "status"
     script = 'exec grep SigIgn /proc/self/status > "$OUT"'
@@ -293,7 +360,7 @@ def test_spawn_gives_the_child_sigpipe_at_its_default(tmp_path: Path) -> None:
 
 
 def test_spawn_reports_a_missing_program_as_oserror() -> None:
-    from dlm.cli.exec_cmd import spawn
+    from dlm.cli.guard import spawn
 
     with pytest.raises(FileNotFoundError):
         spawn("/nonexistent/program", ["program"], dict(os.environ))
@@ -333,7 +400,7 @@ def test_processes_cmd_leaves_behind_are_stopped_before_the_lock_is_released(
     args = ["exec", "--lock", "job", "--kill-grace", "200ms", "--", "sh", "-c", script]
     assert run(args) == 4
     assert alive_at_release == [False]
-    assert "left processes in its group" in capsys.readouterr().err
+    assert "sh ended but left processes running" in capsys.readouterr().err
 
 
 def test_a_lost_lease_also_kills_group_members_that_outlive_the_leader(
@@ -370,3 +437,146 @@ def test_a_lease_lost_while_waiting_in_the_queue_ends_the_wait_at_once(
     monkeypatch.setattr(FakeClient, "acquire", queued)
     assert run(["exec", "--lock", "job", "--wait", "1h", "--", "true"]) == 77
     assert "the command was not started" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("ttl", "grace"), [("30s", "15s"), ("2s", "1s"), ("2s", "1500ms"), ("1m", "30s")]
+)
+def test_a_kill_grace_of_half_the_ttl_or_more_is_a_usage_error(
+    ttl: str, grace: str, capsys: Capture, fake_cluster: Any
+) -> None:
+    assert run(["exec", "--lock", "job", "--ttl", ttl, "--kill-grace", grace, "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert f"--kill-grace {grace} is too long" in err
+    assert "less than half the TTL" in err
+    assert FakeClient.instances == []
+
+
+@pytest.mark.parametrize(
+    ("ttl", "grace", "seconds"),
+    [("30s", None, 5.0), ("2s", None, 0.5), ("1m", None, 5.0), ("4s", None, 1.0),
+     ("30s", "14.9s", 14.9), ("30s", "0", 0.0)],
+)  # fmt: skip
+def test_the_kill_grace_defaults_to_the_smaller_of_5s_and_a_quarter_ttl(
+    ttl: str, grace: str | None, seconds: float
+) -> None:
+    from dlm.cli.durations import parse_duration_ms
+    from dlm.cli.exec_cmd import kill_grace_option
+
+    assert kill_grace_option(grace, parse_duration_ms(ttl)) == pytest.approx(seconds)
+
+
+def test_the_default_ttl_is_30s_renewed_every_10s(fake_cluster: Any) -> None:
+    assert run(["exec", "--lock", "job", "--", "true"]) == 0
+    (client,) = FakeClient.instances
+    assert client.calls[0] == ("open_lease", (30000,))
+
+
+def _lease_confirmed_long_ago(monkeypatch: pytest.MonkeyPatch, ago: float) -> None:
+    from dlm.client.core import Lease
+
+    def open_lease(self: FakeClient, ttl_ms: int, lease: str | None = None) -> Lease:
+        self._call("open_lease", ttl_ms)
+        return Lease("fakelease0000001", ttl_ms, confirmed_at=time.monotonic() - ago)
+
+    monkeypatch.setattr(FakeClient, "open_lease", open_lease)
+
+
+def test_a_lease_short_of_time_is_renewed_before_cmd_starts(
+    tmp_path: Path, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Confirmed 18 s ago under a 30 s TTL: SIGTERM would be due in ~6.7 s, less than the
+    # 10 s renewal interval, so dlm renews before it starts CMD.
+    _lease_confirmed_long_ago(monkeypatch, 18.0)
+    marker = tmp_path / "ran"
+    assert run(["exec", "--lock", "job", "--", "touch", str(marker)]) == 0
+    assert marker.exists()
+    assert calls(FakeClient.instances[0]) == ["open_lease", "acquire", "keepalive", "close_lease"]
+    assert FakeKeepAlive.instances[0].renewals == 1
+
+
+def test_a_lease_with_plenty_of_time_left_is_not_renewed_first(fake_cluster: Any) -> None:
+    assert run(["exec", "--lock", "job", "--", "true"]) == 0
+    assert "keepalive" not in calls(FakeClient.instances[0])
+
+
+def test_cmd_does_not_start_if_that_renewal_fails(
+    tmp_path: Path, capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlm.client.errors import ClusterUnavailable
+
+    _lease_confirmed_long_ago(monkeypatch, 18.0)
+    real_init = FakeClient.__init__
+
+    def init(self: FakeClient, members: list[str], timeout: float) -> None:
+        real_init(self, members, timeout)
+        self.fail["keepalive"] = ClusterUnavailable("no member answered")
+
+    monkeypatch.setattr(FakeClient, "__init__", init)
+    marker = tmp_path / "ran"
+    assert run(["exec", "--lock", "job", "--", "touch", str(marker)]) == 69
+    assert not marker.exists()
+    assert "the command was not started" in capsys.readouterr().err
+
+
+def test_cmd_does_not_start_once_its_stop_time_has_passed(
+    tmp_path: Path, capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _lease_confirmed_long_ago(monkeypatch, 29.0)  # past D - grace: presumed lost already
+    marker = tmp_path / "ran"
+    assert run(["exec", "--lock", "job", "--", "touch", str(marker)]) == 77
+    assert not marker.exists()
+    assert "the command was not started" in capsys.readouterr().err
+    assert "close_lease" not in calls(FakeClient.instances[0])
+
+
+def test_a_setsid_daemon_cmd_leaves_behind_is_stopped_before_the_lock_is_released(
+    tmp_path: Path, fake_cluster: Any, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pidfile = tmp_path / "daemon.pid"
+    alive_at_release: list[bool] = []
+    real_close = FakeClient.close_lease
+
+    def close_lease(self: FakeClient, lease: Any) -> None:
+        alive_at_release.append(_running(int(pidfile.read_text())))
+        real_close(self, lease)
+
+    monkeypatch.setattr(FakeClient, "close_lease", close_lease)
+    # A classic daemon: fork, setsid, fork again, the middle one exits; it ignores SIGTERM.
+    daemon = (
+        "import os, signal, sys, time\n"
+        "if os.fork(): sys.exit(0)\n"
+        "os.setsid()\n"
+        "if os.fork(): sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"open({str(pidfile)!r} + '.tmp', 'w').write(str(os.getpid()))\n"
+        f"os.rename({str(pidfile)!r} + '.tmp', {str(pidfile)!r})\n"
+        "time.sleep(60)\n"
+    )
+    script = f'"$0" -c "$1"; while [ ! -s {pidfile} ]; do sleep 0.01; done; exit 3'
+    args = ["exec", "--lock", "job", "--kill-grace", "200ms", "--", "sh", "-c", script]
+    try:
+        assert run([*args, sys.executable, daemon]) == 3
+        assert alive_at_release == [False]
+        assert "left processes running" in capsys.readouterr().err
+    finally:
+        if pidfile.exists():  # whatever happened, the daemon goes
+            with contextlib.suppress(OSError):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def test_a_signal_ignored_when_dlm_started_stays_ignored_in_cmd(
+    tmp_path: Path, fake_cluster: Any
+) -> None:
+    out = tmp_path / "ignored"
+    script = f"exec grep SigIgn /proc/self/status > {out}"
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+    try:
+        assert run(["exec", "--lock", "job", "--", "sh", "-c", script]) == 0
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    ignored = int(out.read_text().split()[1], 16)
+    assert ignored & (1 << (signal.SIGHUP - 1))
+    assert not ignored & (1 << (signal.SIGTERM - 1))  # the guard ignores it; CMD must not
+    assert not ignored & (1 << (signal.SIGPIPE - 1))

@@ -89,6 +89,8 @@ SAME_LINES = [
     ["exec", "--lock=k", "--ttl", "3s", "--wait", "1m", "--kill-grace", "0", "--limit", "2",
      "--conflict-exit-code", "0", "--json", "--", "cmd", "--lock", "x"],
     ["--timeout", "1s", "exec", "--lock", "k", "--cluster", "h:9", "--", "--", "odd"],
+    ["exec", "--lock", "k", "-q", "--", "true"],
+    ["exec", "--quiet", "--lock", "k", "--conflict-exit-code=3", "--kill-grace", "1s", "true"],
 ]  # fmt: skip
 
 
@@ -125,6 +127,8 @@ HANDED_OVER = [
     ["exec", "--", "true"],
     ["exec", "--lock", "k", "--conflict-exit-code", "256", "--", "true"],
     ["exec", "--lock", "k", "--help", "--", "true"],
+    ["exec", "--lock", "k", "-qq", "--", "true"],
+    ["exec", "--lock", "k", "--quiet=yes", "--", "true"],
     ["status"],
     ["locks", "--json"],
     ["node", "start"],

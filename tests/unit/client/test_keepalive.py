@@ -87,3 +87,40 @@ def test_needs_ttl_and_confirmation_time() -> None:
             KeepAlive(c, "some-lease", confirmed_at=time.monotonic())
         with pytest.raises(ValueError):
             KeepAlive(c, "some-lease", ttl_ms=1000)
+
+
+def test_deadline_of_sets_when_the_lease_is_given_up_and_on_renewed_hears_each_renewal() -> None:
+    renewed: list[tuple[float, int]] = []
+    with FakeServer() as server, Client(server.addr, timeout=2.0) as c:
+        lease = c.open_lease(3_000)
+
+        def early(sent: float, ttl_ms: int) -> float:
+            return sent + ttl_ms / 1000.0 - 1.0  # give up a second before the TTL is out
+
+        with KeepAlive(c, lease, deadline_of=early, on_renewed=lambda *r: renewed.append(r)) as ka:
+            assert ka.deadline == pytest.approx(lease.confirmed_at + 2.0)
+            server.wait_for("keepalive", count=1)
+            deadline = time.monotonic() + 5
+            while not renewed:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            sent, ttl_ms = renewed[0]
+            assert ttl_ms == 3_000
+            assert ka.confirmed_at >= sent
+            assert ka.deadline >= early(sent, ttl_ms)
+
+
+def test_a_renewal_confirmed_after_the_deadline_counts_for_nothing() -> None:
+    with FakeServer() as server, Client(server.addr, timeout=2.0) as c:
+        lease = c.open_lease(60_000)
+        heard: list[tuple[float, int]] = []
+        ka = KeepAlive(c, lease, on_renewed=lambda *r: heard.append(r))  # not started
+        assert ka.confirmed(time.monotonic(), 60_000)
+        assert heard and ka.renewals == 1
+        late = KeepAlive(
+            c, lease, confirmed_at=time.monotonic() - 61.0, on_renewed=lambda *r: heard.append(r)
+        )
+        before = late.deadline
+        assert not late.confirmed(time.monotonic(), 60_000)
+        assert late.deadline == before
+        assert len(heard) == 1
