@@ -10,7 +10,7 @@ and CMD, which the guard starts and stops.
    (KeepAlive, from its own connection), so a long ``--wait`` in the queue
    cannot outlive it. Each confirmed renewal sets the deadline D: the send
    time of that renewal + TTL, less a margin for clock-rate drift
-   (guard.lease_deadline). The supervisor passes every new D to the guard.
+   (dlm.client.core.lease_deadline). The supervisor passes every new D to the guard.
 3. Acquire the lock (``--wait`` queues FIFO). Not obtained: close the lease,
    exit 75 or ``--conflict-exit-code`` (silently with that or ``-q``, except
    for ``--json``); CMD never starts.
@@ -256,7 +256,8 @@ class _Session:
         conflict_code: int,
         quiet_conflict: bool,
     ) -> int:
-        from dlm.cli.guard import lease_deadline, term_time
+        from dlm.cli.guard import term_time
+        from dlm.client.core import lease_deadline
         from dlm.client.errors import ClusterUnavailable, LeaseLost, LockHeld
         from dlm.client.sync import KeepAlive
 
@@ -333,7 +334,8 @@ class _Session:
 
     def _confirm_before_start(self, client: Client, keeper: KeepAlive, lease: Lease) -> None:
         """Renews first if CMD would have less than a renewal interval before its SIGTERM."""
-        from dlm.cli.guard import lease_deadline, term_time
+        from dlm.cli.guard import term_time
+        from dlm.client.core import lease_deadline
         from dlm.client.errors import ClusterUnavailable, LeaseLost
 
         interval = keeper.ttl_ms / 3000.0
@@ -361,12 +363,13 @@ class _Session:
     def _supervise(self, grant: Grant, keeper: KeepAlive, signals: _Signals, wake_fd: int) -> int:
         """Has the guard run CMD under the lock; returns dlm's exit code."""
         from dlm.cli import guard as lifeline
+        from dlm.client.core import lease_deadline
 
         guard = self.guard
         signals.phase = signals.STARTING
         guard.spawn(
             child_env(grant, keeper.ttl_ms),
-            lifeline.lease_deadline(keeper.confirmed_at, keeper.ttl_ms),
+            lease_deadline(keeper.confirmed_at, keeper.ttl_ms),
         )
         report = guard.next_report()
         if report is None or report[0] != lifeline.STARTED:

@@ -33,18 +33,14 @@ the fencing token protects the data.
 Timing rules (the pure functions below; ``sent`` is when the last confirmed
 renewal was sent, ``stop`` when an immediate stop was asked for)::
 
-    D        = sent + TTL - (DRIFT * TTL + SLACK_S)          lease_deadline
+    D        = sent + TTL - (2 * 0.5% * TTL + 50 ms)         dlm.client.core.lease_deadline
     SIGTERM  at min(D - max(grace, KILL_LEAD_S), stop)        term_time
     SIGKILL  at min(D - KILL_LEAD_S, stop + grace)            kill_time
 
-Why the margin: the leader counts the TTL from when it *received* the renewal,
-which is after we sent it, so ``sent + TTL`` would be safe with perfect clocks.
-Clock rates differ: if each clock runs within +-0.5% of true time, a TTL on the
-leader's clock can be as short as TTL * 0.995 / 1.005 > TTL * (1 - DRIFT) on
-ours (NTP keeps real clocks within 0.05%, ten times tighter). SLACK_S covers
-what rates do not: timer and scheduling jitter on both sides. KILL_LEAD_S is
-the guard's own allowance to wake up on a loaded host, find every descendant
-and have the kernel deliver SIGKILL before D.
+The margin (why D is a little before ``sent + TTL``) is the client library's
+rule, ``dlm.client.core.lease_deadline``, so every holder counts alike.
+KILL_LEAD_S is the guard's own allowance to wake up on a loaded host, find
+every descendant and have the kernel deliver SIGKILL before D.
 """
 
 from __future__ import annotations
@@ -61,10 +57,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from types import FrameType
 
-DRIFT = 0.01
-"""Relative clock-rate difference allowed between this host and the leader (2 x 0.5%)."""
-SLACK_S = 0.05
-"""Fixed part of the margin: timer and scheduling jitter, on the leader and here."""
 KILL_LEAD_S = 0.2
 """SIGKILL goes out this long before D: time to wake, find every descendant, deliver."""
 MAX_DEFAULT_GRACE_S = 5.0
@@ -95,13 +87,6 @@ _EXIT_GUARD_FAILED = 70
 # ---------------------------------------------------------------------------
 # Timing rules (pure)
 # ---------------------------------------------------------------------------
-
-
-def lease_deadline(sent: float, ttl_ms: int) -> float:
-    """D: the last instant CMD may run under a lease last confirmed by a request sent at
-    ``sent`` (monotonic seconds); the cluster grants the lock to no one else before it."""
-    ttl = ttl_ms / 1000.0
-    return sent + ttl - (DRIFT * ttl + SLACK_S)
 
 
 def default_grace(ttl_ms: int) -> float:

@@ -761,18 +761,32 @@ def member_change_flow(
 
 CLOCK_RATE_BOUND = 0.005
 """How far the rate of any clock, ours or the leader's, may stray from real time (±0.5%)."""
+LEASE_SLACK_S = 0.05
+"""What rates do not cover: timer and scheduling jitter, on the leader and here."""
+
+
+def lease_deadline(sent: float, ttl_ms: int) -> float:
+    """The last instant a lease last confirmed by a request sent at ``sent`` (our monotonic
+    seconds) may be counted on: the cluster gives its locks to no one else before it.
+
+    The leader counts the TTL from when it *received* the request, after we sent it,
+    so ``sent + TTL`` would do with perfect clocks. If each clock runs within
+    ``CLOCK_RATE_BOUND`` of true time, the leader's TTL lasts at least
+    TTL x 0.995 / 1.005 > TTL x (1 - 2 x CLOCK_RATE_BOUND) of ours; the slack covers
+    jitter. (NTP keeps real clocks ten times tighter than the bound.)
+    """
+    ttl = ttl_ms / 1000.0
+    return sent + ttl - (2 * CLOCK_RATE_BOUND * ttl + LEASE_SLACK_S)
 
 
 class LeaseClock:
     """When a held lease must be presumed lost, from this client's side.
 
     The deadline is the *send* time of the last confirmed renewal plus the TTL,
-    less a margin for clock rates: the leader started (or restarted) the
-    lease's clock when the request reached it, later than we sent it, so our
-    deadline passes first (ARCHITECTURE.md, invariant 4), as long as neither
-    clock runs more than ``CLOCK_RATE_BOUND`` fast or slow; the margin covers
-    both being off in opposite directions. Counting from the reply instead
-    would let the server's deadline pass first.
+    less a margin for clock rates (``lease_deadline``): the leader started (or
+    restarted) the lease's clock when the request reached it, later than we
+    sent it, so our deadline passes first (ARCHITECTURE.md, invariant 4).
+    Counting from the reply instead would let the server's deadline pass first.
 
     Once the deadline has passed the lease is lost for good: a confirmation
     that arrives later (a slow reply, a process that was paused) extends
@@ -785,14 +799,8 @@ class LeaseClock:
     def __init__(self, ttl_ms: int, confirmed_at: float) -> None:
         self.ttl_ms = ttl_ms
         self.last_sent = confirmed_at
-        self.deadline = confirmed_at + self.span(ttl_ms)
+        self.deadline = lease_deadline(confirmed_at, ttl_ms)
         self.lost = False
-
-    @staticmethod
-    def span(ttl_ms: int) -> float:
-        """How long after a confirmed send the lease may be counted on."""
-        ttl = ttl_ms / 1000.0
-        return ttl - 2 * CLOCK_RATE_BOUND * ttl
 
     def expired(self, now: float) -> bool:
         """Whether the deadline has passed (and so the lease is lost for good)."""
@@ -807,7 +815,7 @@ class LeaseClock:
             return False
         self.ttl_ms = ttl_ms
         self.last_sent = max(self.last_sent, sent_at)
-        self.deadline = max(self.deadline, sent_at + self.span(ttl_ms))
+        self.deadline = max(self.deadline, lease_deadline(sent_at, ttl_ms))
         return True
 
     def interval(self) -> float:

@@ -238,10 +238,6 @@ def _left(deadline: float) -> float:
     return deadline - time.monotonic()
 
 
-def _plain_deadline(sent: float, ttl_ms: int) -> float:
-    return sent + ttl_ms / 1000.0
-
-
 class Client:
     """A blocking dlm client; safe to share between threads (calls are serialised)."""
 
@@ -544,7 +540,8 @@ class KeepAlive:
     """Renews a lease in the background and says when it can no longer be trusted.
 
     The client-side deadline is (monotonic time the last *confirmed* renewal was
-    sent) + TTL; the first one counts from ``confirmed_at``, when the
+    sent) + TTL, less a margin for clock rates (``core.lease_deadline``); the first one
+    counts from ``confirmed_at``, when the
     open_lease or acquire was sent. ``deadline_of(sent, ttl_ms)`` may set it
     earlier (dlm exec gives up at the moment it must stop its command). A
     renewal is attempted about every TTL/3 from a daemon thread with its own
@@ -585,7 +582,7 @@ class KeepAlive:
         self._on_lost = on_lost
         self._on_renewed = on_renewed
         self._fixed_interval = interval
-        self._deadline_of = deadline_of or _plain_deadline
+        self._deadline_of = deadline_of or core.lease_deadline
         self._confirmed_at = confirmed_at
         self._deadline = self._deadline_of(confirmed_at, ttl_ms)
         self._cond = threading.Condition()

@@ -20,6 +20,7 @@ import pytest
 
 from dlm.cli import guard as g
 from dlm.cli.guard import Guard
+from dlm.client.core import LEASE_SLACK_S, lease_deadline
 
 WAIT_S = 20.0
 
@@ -30,8 +31,8 @@ WAIT_S = 20.0
 
 
 def test_the_deadline_is_the_renewal_send_time_plus_ttl_less_the_drift_margin() -> None:
-    assert g.lease_deadline(100.0, 30_000) == pytest.approx(100.0 + 30.0 - 0.3 - 0.05)
-    assert g.lease_deadline(100.0, 2_000) == pytest.approx(100.0 + 2.0 - 0.02 - 0.05)
+    assert lease_deadline(100.0, 30_000) == pytest.approx(100.0 + 30.0 - 0.3 - 0.05)
+    assert lease_deadline(100.0, 2_000) == pytest.approx(100.0 + 2.0 - 0.02 - 0.05)
 
 
 @pytest.mark.parametrize("ttl_ms", [1_000, 2_000, 10_000, 30_000, 3_600_000])
@@ -43,7 +44,7 @@ def test_the_deadline_falls_before_the_leaders_expiry_at_the_worst_clock_rates(
     # ttl * 0.995 / 1.005. D must come first, by at least the fixed slack.
     sent = 1_000.0
     leader_expiry = sent + ttl_ms / 1000.0 * 0.995 / 1.005
-    assert g.lease_deadline(sent, ttl_ms) <= leader_expiry - g.SLACK_S
+    assert lease_deadline(sent, ttl_ms) <= leader_expiry - LEASE_SLACK_S
 
 
 @pytest.mark.parametrize(
