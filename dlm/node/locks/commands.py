@@ -392,10 +392,11 @@ def _legacy(seq: int = 0) -> Origin:
 
 
 def _read_origin(f: list[Any]) -> Origin:
-    client = _str(f[0], "client")
-    if client == LEGACY_CLIENT:
-        raise CommandError("a version-2 command needs a client id")
-    return Origin(client, _int(f[1], "seq"), _int(f[2], "acked"))
+    # Client "" is a version-1 request in a version-2 form (a release without
+    # keep_lease from a previous-release client, say): ``encode_command`` writes it,
+    # so it must read back, or the leader (applying its own command) and the
+    # followers (applying these bytes) would part ways.
+    return Origin(_str(f[0], "client"), _int(f[1], "seq"), _int(f[2], "acked"))
 
 
 # ---------------------------------------------------------------------------

@@ -73,6 +73,7 @@ COMMANDS: list[Command] = [
     ReleaseCommand("L", "ключ", None, True, Origin(LEGACY, 10), 20),
     ReleaseCommand("L", "ключ", 41, False, C, 20),
     ReleaseCommand("L", "ключ", None, True, C, 20),
+    ReleaseCommand("L", "ключ", None, False, Origin(LEGACY, 10), 20),  # no version-1 form
     UpdateLeaseCommand("L", 1, True, C, 21),
     ExpireCommand("L", 0, 22),
     ExpireCommand("L", 9, 22),
