@@ -142,7 +142,8 @@ class UpdateLeaseCommand:
 class ExpireCommand:
     """Proposed by the leader alone when a lease's deadline passed; ends that incarnation.
 
-    ``incarnation`` 0 (a version-1 expire) ends whatever lease has the id.
+    ``incarnation`` 0 (a version-1 expire) ends a lease opened at version 1, whose
+    incarnation is 0; like any other, it does nothing to another incarnation.
     """
 
     lease: str

@@ -422,7 +422,9 @@ class LockStateMachine:
 
     def _expire(self, cmd: ExpireCommand, step: _Step) -> Result:
         lease = self._leases.get(cmd.lease)
-        if lease is None or (cmd.incarnation and cmd.incarnation != lease.incarnation):
+        # Incarnation 0 too names one lease: one opened at version 1. A lease opened under
+        # the same id after the switch to version 2 (no tombstone kept the id) is not its.
+        if lease is None or cmd.incarnation != lease.incarnation:
             return LeaseGone(cmd.lease)
         result = LeaseClosed(cmd.lease, tuple(sorted(lease.holding)))
         self._end_lease(cmd.lease, step, _Tombstone("", 0, LeaseGone(cmd.lease)))

@@ -138,6 +138,21 @@ def test_an_expire_of_an_older_incarnation_spares_a_lease_reopened_after_its_tom
     assert d.sm.leases() == [("a", 10_000, second)]
 
 
+def test_an_expire_meant_for_a_version_1_lease_spares_its_successor_opened_at_version_2() -> None:
+    # The leader tracks lease a (incarnation 0) and its deadline passes: it proposes
+    # Expire(a, 0). Already in the log before that entry: a's close, the version
+    # raise and a new open of the id (no tombstone: a ended at version 1).
+    d = Driver(version=1)
+    d.open("a", client=LEGACY)
+    d.close("a", client=LEGACY)
+    d.raise_version(2)
+    successor = d.open("a").index
+    before = d.image()
+    assert d.expire("a", 0).result == LeaseGone("a")
+    assert d.image() == before
+    assert d.sm.leases() == [("a", 10_000, successor)]
+
+
 # -------------------------------------------------------- lease ends by version
 
 
