@@ -713,9 +713,12 @@ class LockStateMachine:
             _, applied, leases, keys = item
             for lease_id, ttl_ms, opened_at_ms, recent in leases:
                 lease = _Lease(ttl_ms=_int(ttl_ms), opened_at_ms=_int(opened_at_ms))
-                record = lease.clients[""] = _Client()
-                for seq, result in recent:
-                    record.results[_int(seq)] = result_from_dict(result)
+                # As in apply, the record comes with its first result: an empty one would
+                # show in this replica's version-2 snapshots and not in its peers'.
+                if recent:
+                    record = lease.clients[""] = _Client()
+                    for seq, result in recent:
+                        record.results[_int(seq)] = result_from_dict(result)
                 machine._leases[_str(lease_id)] = lease
         elif item[0] == SNAPSHOT_V2 and len(item) == 6:
             _, applied, version, leases, keys, stones = item

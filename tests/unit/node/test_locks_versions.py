@@ -436,6 +436,17 @@ def test_a_previous_release_snapshot_restores_here() -> None:
     assert again.result == Released("x", held=True)
 
 
+def test_a_replica_restored_from_a_version_1_snapshot_writes_the_same_version_2_snapshots() -> None:
+    d = Driver(version=1)
+    d.open("a", client=LEGACY)  # nothing remembered for a
+    d.open("b", client=LEGACY)
+    d.acquire("b", "k", client=LEGACY)
+    replica = LockStateMachine.restore(d.sm.snapshot())
+    for sm in (d.sm, replica):
+        sm.apply_command(d.index + 1, ClusterVersionCommand(2, 0))
+    assert replica.snapshot() == d.sm.snapshot()
+
+
 def test_at_version_2_a_snapshot_keeps_incarnations_client_memory_and_tombstones() -> None:
     d = Driver()
     incarnation = d.open("a", client="p", seq=1).index
