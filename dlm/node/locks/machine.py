@@ -351,9 +351,11 @@ class LockStateMachine:
             record = lease.clients[origin.client] = _Client(floor=origin.acked)
         elif origin.acked > record.floor:
             record.floor = origin.acked
+            # All of them, not a prefix: results are kept in log order, which retries
+            # and concurrent requests can make differ from seq order.
             results = record.results
-            while results and next(iter(results)) <= origin.acked:
-                results.popitem(last=False)
+            for seq in [seq for seq in results if seq <= origin.acked]:
+                del results[seq]
         if origin.seq <= record.floor:
             return record, StaleRequest(origin.seq)
         cached = record.results.get(origin.seq)
