@@ -142,7 +142,8 @@ class UpdateLeaseCommand:
 class ExpireCommand:
     """Proposed by the leader alone when a lease's deadline passed; ends that incarnation.
 
-    ``incarnation`` 0 (a version-1 expire) ends whatever lease has the id.
+    ``incarnation`` 0 (a version-1 expire) ends a lease opened at version 1, whose
+    incarnation is 0; like any other, it does nothing to another incarnation.
     """
 
     lease: str
@@ -392,10 +393,11 @@ def _legacy(seq: int = 0) -> Origin:
 
 
 def _read_origin(f: list[Any]) -> Origin:
-    client = _str(f[0], "client")
-    if client == LEGACY_CLIENT:
-        raise CommandError("a version-2 command needs a client id")
-    return Origin(client, _int(f[1], "seq"), _int(f[2], "acked"))
+    # Client "" is a version-1 request in a version-2 form (a release without
+    # keep_lease from a previous-release client, say): ``encode_command`` writes it,
+    # so it must read back, or the leader (applying its own command) and the
+    # followers (applying these bytes) would part ways.
+    return Origin(_str(f[0], "client"), _int(f[1], "seq"), _int(f[2], "acked"))
 
 
 # ---------------------------------------------------------------------------

@@ -360,9 +360,11 @@ class LockStateMachine:
             record = lease.clients[origin.client] = _Client(floor=origin.acked)
         elif origin.acked > record.floor:
             record.floor = origin.acked
+            # All of them, not a prefix: results are kept in log order, which retries
+            # and concurrent requests can make differ from seq order.
             results = record.results
-            while results and next(iter(results)) <= origin.acked:
-                results.popitem(last=False)
+            for seq in [seq for seq in results if seq <= origin.acked]:
+                del results[seq]
         if origin.seq <= record.floor:
             return record, StaleRequest(origin.seq)
         cached = record.results.get(origin.seq)
@@ -549,8 +551,12 @@ class LockStateMachine:
         """``cmd`` runs now (it is neither a replay of a remembered result nor refused)."""
 
     def _is_incarnation(self, lease: _Lease, incarnation: int) -> bool:
-        """Whether an Expire of ``incarnation`` is for ``lease`` (0: any, as in version 1)."""
-        return incarnation in (0, lease.incarnation)
+        """Whether an Expire of ``incarnation`` is for ``lease``.
+
+        Incarnation 0 too names one lease: one opened at version 1. A lease opened under
+        the same id after the switch to version 2 (no tombstone kept the id) is not its.
+        """
+        return incarnation == lease.incarnation
 
     def _has_room(self, entry: _Key) -> bool:
         return len(entry.holders) < entry.limit
@@ -734,9 +740,12 @@ class LockStateMachine:
             _, applied, leases, keys = item
             for lease_id, ttl_ms, opened_at_ms, recent in leases:
                 lease = _Lease(ttl_ms=_int(ttl_ms), opened_at_ms=_int(opened_at_ms))
-                record = lease.clients[""] = _Client()
-                for seq, result in recent:
-                    record.results[_int(seq)] = result_from_dict(result)
+                # As in apply, the record comes with its first result: an empty one would
+                # show in this replica's version-2 snapshots and not in its peers'.
+                if recent:
+                    record = lease.clients[""] = _Client()
+                    for seq, result in recent:
+                        record.results[_int(seq)] = result_from_dict(result)
                 machine._leases[_str(lease_id)] = lease
         elif item[0] == SNAPSHOT_V2 and len(item) == 6:
             _, applied, version, leases, keys, stones = item

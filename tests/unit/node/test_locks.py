@@ -1,92 +1,55 @@
-"""Unit tests of the lock state machine, one rule at a time (ARCHITECTURE.md 1, 2, 5, 6)."""
+"""Unit tests of the lock state machine, one rule at a time (ARCHITECTURE.md 1, 2, 5, 6).
+
+The machine runs at cluster version 2 unless a test says otherwise. At-most-once
+rules live in test_locks_dedupe.py, versions and compatibility with the previous
+release in test_locks_versions.py, random walks against a model in
+test_locks_stateful.py.
+"""
 
 from __future__ import annotations
-
-import itertools
-from collections.abc import Mapping
 
 import cbor2
 import pytest
 
 from dlm.node.locks import (
-    Acquire,
+    AcquireCommand,
     ApplyOutcome,
-    BadRequest,
-    CloseLease,
+    CloseLeaseCommand,
+    ClusterVersionCommand,
     Command,
     CommandError,
     Counts,
-    Expire,
-    Grant,
+    ExpireCommand,
     Granted,
     Holder,
+    Invalid,
     LeaseClosed,
+    LeaseGone,
     LeaseOpened,
+    LeaseUpdated,
+    LeaseView,
     Locked,
     LockStateMachine,
-    NotHolder,
-    OpenLease,
+    NotHeld,
+    OpenLeaseCommand,
+    Origin,
+    Promotion,
     Queued,
-    Release,
+    ReleaseCommand,
     Released,
-    SessionExpired,
+    Result,
+    StaleRequest,
+    UpdateLeaseCommand,
     decode_command,
     encode_command,
     result_from_dict,
     validate_command,
 )
 
+from .locks_driver import LEGACY, Driver
 
-class Driver:
-    """A machine fed through the same bytes path the server uses, one log index per command."""
-
-    def __init__(self) -> None:
-        self.sm = LockStateMachine()
-        self.index = 0
-        self.seqs = itertools.count(1)
-        self.at_ms = 1_000
-
-    def run(self, cmd: Command) -> ApplyOutcome:
-        self.index += 1
-        return self.sm.apply(self.index, encode_command(cmd))
-
-    def now(self) -> int:
-        self.at_ms += 10
-        return self.at_ms
-
-    def open(self, lease: str, ttl_ms: int = 10_000) -> ApplyOutcome:
-        return self.run(OpenLease(lease, ttl_ms, self.now()))
-
-    def acquire(
-        self,
-        lease: str,
-        key: str,
-        *,
-        wait: bool = False,
-        limit: int = 1,
-        meta: Mapping[str, str] | None = None,
-        seq: int | None = None,
-    ) -> ApplyOutcome:
-        seq = next(self.seqs) if seq is None else seq
-        return self.run(Acquire(lease, seq, key, wait, limit, dict(meta or {}), self.now()))
-
-    def release(self, lease: str, key: str, *, seq: int | None = None) -> ApplyOutcome:
-        seq = next(self.seqs) if seq is None else seq
-        return self.run(Release(lease, seq, key, self.now()))
-
-    def close(self, lease: str) -> ApplyOutcome:
-        return self.run(CloseLease(lease, next(self.seqs), self.now()))
-
-    def expire(self, lease: str) -> ApplyOutcome:
-        return self.run(Expire(lease, self.now()))
-
-    def holders(self, key: str) -> list[str]:
-        state = self.sm.get(key)
-        return [] if state is None else [h.lease for h in state.holders]
-
-    def waiters(self, key: str) -> list[str]:
-        state = self.sm.get(key)
-        return [] if state is None else [w.lease for w in state.waiters]
+C = Origin("c1", 7, 3)
+"""A version-2 origin for commands built by hand."""
 
 
 @pytest.fixture
@@ -101,23 +64,32 @@ def d() -> Driver:
 
 
 COMMANDS: list[Command] = [
-    OpenLease("lease-1", 5_000, 17),
-    CloseLease("lease_2", 3, 18),
-    Acquire("L", 9, "jobs/nightly backup", True, 3, {"host": "h1", "pid": "42"}, 19),
-    Release("L", 10, "ключ", 20),
-    Expire("L", 21),
+    OpenLeaseCommand("lease-1", 5_000, Origin(LEGACY, 0), 17),
+    OpenLeaseCommand("lease-1", 5_000, C, 17, ephemeral=True, meta={"host": "h1"}),
+    CloseLeaseCommand("lease_2", Origin(LEGACY, 3), 18),
+    CloseLeaseCommand("lease_2", C, 18),
+    AcquireCommand("L", "jobs/nightly backup", True, 3, {"host": "h1"}, Origin(LEGACY, 9), 19),
+    AcquireCommand("L", "jobs/nightly backup", True, 3, {"host": "h1"}, C, 19),
+    ReleaseCommand("L", "ключ", None, True, Origin(LEGACY, 10), 20),
+    ReleaseCommand("L", "ключ", 41, False, C, 20),
+    ReleaseCommand("L", "ключ", None, True, C, 20),
+    ReleaseCommand("L", "ключ", None, False, Origin(LEGACY, 10), 20),  # no version-1 form
+    UpdateLeaseCommand("L", 1, True, C, 21),
+    ExpireCommand("L", 0, 22),
+    ExpireCommand("L", 9, 22),
+    ClusterVersionCommand(2, 23),
 ]
 
 
-@pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: type(c).__name__)
+@pytest.mark.parametrize("cmd", COMMANDS, ids=repr)
 def test_commands_round_trip_through_bytes(cmd: Command) -> None:
     assert decode_command(encode_command(cmd)) == cmd
     assert validate_command(cmd) is None
 
 
 def test_encoding_is_canonical() -> None:
-    a = Acquire("L", 1, "k", False, 1, {"b": "2", "a": "1"}, 0)
-    b = Acquire("L", 1, "k", False, 1, {"a": "1", "b": "2"}, 0)
+    a = AcquireCommand("L", "k", False, 1, {"b": "2", "a": "1"}, C, 0)
+    b = AcquireCommand("L", "k", False, 1, {"a": "1", "b": "2"}, C, 0)
     assert encode_command(a) == encode_command(b)
 
 
@@ -138,18 +110,29 @@ def test_encoding_is_canonical() -> None:
         cbor2.dumps(["acquire", "a", 1, "k", False, 1, [], 0]),
         cbor2.dumps(["release", "a", 1, b"k", 0]),
         cbor2.dumps(["expire", "a", 1.5]),
+        cbor2.dumps(["open2", "a", 5000, False, {}, "c", 1, 0]),
+        cbor2.dumps(["close2", "a", "c", 1, 1.5, 0]),
+        cbor2.dumps(["acquire2", "a", "k", False, 1, {}, 7, 1, 0, 0]),
+        cbor2.dumps(["release2", "a", "k", True, False, "c", 1, 0, 0]),
+        cbor2.dumps(["update2", "a", 1000, 0, "c", 1, 0, 0]),
+        cbor2.dumps(["expire2", "a", "1", 0]),
+        cbor2.dumps(["version", "2", 0]),
         b"\x9f" * 10_000,
         b"x" * 70_000,
     ],
 )
-def test_malformed_payload_is_a_bad_request_not_a_crash(payload: bytes) -> None:
+def test_malformed_payload_is_invalid_and_changes_nothing(payload: bytes) -> None:
     with pytest.raises(CommandError):
         decode_command(payload)
-    sm = LockStateMachine()
-    outcome = sm.apply(1, payload)
-    assert isinstance(outcome.result, BadRequest)
-    assert sm.applied_index == 1
-    assert sm.counts() == Counts(0, 0, 0)
+    d = Driver()
+    d.open("a")
+    d.acquire("a", "k")
+    before = d.image()
+    d.index += 1
+    outcome = d.sm.apply(d.index, payload)
+    assert isinstance(outcome.result, Invalid)
+    assert d.sm.applied_index == d.index
+    assert d.image() == before
 
 
 def test_empty_payload_is_a_noop_entry() -> None:
@@ -158,10 +141,22 @@ def test_empty_payload_is_a_noop_entry() -> None:
     assert sm.applied_index == 1
 
 
+def test_an_outcome_carries_the_command_it_applied() -> None:
+    d = Driver()
+    cmd = OpenLeaseCommand("a", 5_000, C, 17)
+    assert d.run(cmd).command == cmd
+    refused = AcquireCommand("a", "", False, 1, {}, C, 18)
+    assert d.run(refused).command == refused  # well formed, out of range
+    d.index += 1
+    assert d.sm.apply(d.index, b"\xff").command is None  # not a command at all
+
+
 def test_indices_must_increase_but_may_skip() -> None:
     sm = LockStateMachine()
     sm.apply(3, b"")
+    sm.skip(5)  # a membership entry: not ours, but it takes its index
     sm.apply(7, b"")
+    assert sm.applied_index == 7
     with pytest.raises(ValueError, match="out of order"):
         sm.apply(7, b"")
 
@@ -169,69 +164,106 @@ def test_indices_must_increase_but_may_skip() -> None:
 @pytest.mark.parametrize(
     ("cmd", "words"),
     [
-        (OpenLease("", 5_000, 0), "lease id"),
-        (OpenLease("a b", 5_000, 0), "lease id"),
-        (OpenLease("x" * 65, 5_000, 0), "lease id"),
-        (OpenLease("a", 999, 0), "ttl_ms"),
-        (OpenLease("a", 86_400_001, 0), "ttl_ms"),
-        (OpenLease("a", 5_000, -1), "at_ms"),
-        (Acquire("a", 1, "", False, 1, {}, 0), "key"),
-        (Acquire("a", 1, "k" * 513, False, 1, {}, 0), "key"),
-        (Acquire("a", 1, "bad\nkey", False, 1, {}, 0), "control"),
-        (Acquire("a", 1, "k", False, 0, {}, 0), "limit"),
-        (Acquire("a", 1, "k", False, 1025, {}, 0), "limit"),
-        (Acquire("a", 1, "k", False, 1, {str(i): "" for i in range(17)}, 0), "metadata"),
-        (Acquire("a", 1, "k", False, 1, {"n" * 65: "v"}, 0), "metadata name"),
-        (Acquire("a", 1, "k", False, 1, {"n": "v" * 257}, 0), "metadata value"),
-        (Acquire("a", -1, "k", False, 1, {}, 0), "seq"),
-        (Release("a", 1, "", 0), "key"),
+        (OpenLeaseCommand("", 5_000, C, 0), "lease id"),
+        (OpenLeaseCommand("a b", 5_000, C, 0), "lease id"),
+        (OpenLeaseCommand("x" * 65, 5_000, C, 0), "lease id"),
+        (OpenLeaseCommand("a", 999, C, 0), "TTL"),
+        (OpenLeaseCommand("a", 86_400_001, C, 0), "TTL"),
+        (OpenLeaseCommand("a", 5_000, C, -1), "at_ms"),
+        (OpenLeaseCommand("a", 5_000, C, 0, meta={"n": "v" * 257}), "metadata value"),
+        (OpenLeaseCommand("a", 5_000, Origin("bad client", 1), 0), "client id"),
+        (OpenLeaseCommand("a", 5_000, Origin("c" * 65, 1), 0), "client id"),
+        (AcquireCommand("a", "", False, 1, {}, C, 0), "key"),
+        (AcquireCommand("a", "k" * 513, False, 1, {}, C, 0), "512 bytes"),
+        (AcquireCommand("a", "é" * 257, False, 1, {}, C, 0), "512 bytes"),
+        (AcquireCommand("a", "bad\nkey", False, 1, {}, C, 0), "control"),
+        (AcquireCommand("a", "k", False, 0, {}, C, 0), "limit"),
+        (AcquireCommand("a", "k", False, 1025, {}, C, 0), "limit"),
+        (AcquireCommand("a", "k", False, 1, {str(i): "" for i in range(17)}, C, 0), "metadata"),
+        (AcquireCommand("a", "k", False, 1, {"n" * 65: "v"}, C, 0), "metadata name"),
+        (AcquireCommand("a", "k", False, 1, {"n": "v" * 257}, C, 0), "metadata value"),
+        (AcquireCommand("a", "k", False, 1, {}, Origin("c1", -1), 0), "sequence"),
+        (AcquireCommand("a", "k", False, 1, {}, Origin("c1", 1, -1), 0), "sequence"),
+        (ReleaseCommand("a", "", None, False, C, 0), "key"),
+        (ReleaseCommand("a", "k", 0, False, C, 0), "fencing token"),
+        (ReleaseCommand("a", "k", -3, False, C, 0), "fencing token"),
+        (UpdateLeaseCommand("a", 0, False, C, 0), "hold"),
+        (UpdateLeaseCommand("a", 86_400_001, False, C, 0), "hold"),
+        (ExpireCommand("a", -1, 0), "incarnation"),
+        (ClusterVersionCommand(3, 0), "cluster version"),
     ],
+    ids=lambda v: v if isinstance(v, str) else type(v).__name__,
 )
-def test_out_of_range_fields_are_refused_with_a_message(cmd: Command, words: str) -> None:
+def test_out_of_range_fields_are_refused_with_a_message_and_change_nothing(
+    cmd: Command, words: str
+) -> None:
     message = validate_command(cmd)
     assert message is not None and words in message
     d = Driver()
     d.open("a")
-    before = (d.sm.leases(), d.sm.lease("a"), d.sm.list_locks())
+    before = d.image()
     outcome = d.run(cmd)
-    assert outcome.result == BadRequest(message)
-    assert (d.sm.leases(), d.sm.lease("a"), d.sm.list_locks()) == before
+    assert outcome.result == Invalid(message)
+    assert d.image() == before
 
 
 def test_limits_at_the_edges_are_accepted() -> None:
-    assert validate_command(OpenLease("a" * 64, 1_000, 0)) is None
-    assert validate_command(OpenLease("a", 86_400_000, 0)) is None
+    assert validate_command(OpenLeaseCommand("a" * 64, 1_000, C, 0)) is None
+    assert validate_command(OpenLeaseCommand("a", 86_400_000, Origin("c" * 64, 0), 0)) is None
     meta = {f"{i:02d}" + "n" * 62: "v" * 256 for i in range(16)}
-    assert validate_command(Acquire("a", 0, "k" * 512, False, 1024, meta, 0)) is None
+    assert validate_command(AcquireCommand("a", "k" * 512, False, 1024, meta, C, 0)) is None
+    assert validate_command(AcquireCommand("a", "é" * 256, False, 1, {}, C, 0)) is None
+    assert validate_command(UpdateLeaseCommand("a", 1, True, C, 0)) is None
+    assert validate_command(UpdateLeaseCommand("a", 86_400_000, False, C, 0)) is None
+    assert validate_command(ReleaseCommand("a", "k", 2**63 - 1, False, C, 0)) is None
 
 
 # -------------------------------------------------------------------- leases
 
 
-def test_open_lease_reports_ttl_and_arms_the_tracker() -> None:
+def test_open_lease_reports_ttl_and_incarnation_and_arms_the_tracker() -> None:
     d = Driver()
     outcome = d.open("a", 7_000)
-    assert outcome.result == LeaseOpened("a", 7_000)
-    assert outcome.opened == (("a", 7_000),)
-    assert d.sm.leases() == [("a", 7_000)]
+    assert outcome.result == LeaseOpened("a", 7_000, incarnation=d.index)
+    assert outcome.armed == (("a", 7_000, d.index),)
+    assert d.sm.leases() == [("a", 7_000, d.index)]
 
 
-def test_reopening_a_live_lease_is_idempotent() -> None:
+def test_opening_a_live_lease_joins_it_with_its_own_ttl() -> None:
     d = Driver()
     d.open("a", 7_000)
+    opened_at = d.index
     d.acquire("a", "k")
-    outcome = d.open("a", 9_000)
-    assert outcome.result == LeaseOpened("a", 7_000)
-    assert outcome.opened == (("a", 7_000),)
+    outcome = d.open("a", 9_000, client="other-process")
+    assert outcome.result == LeaseOpened("a", 7_000, opened_at, joined=True)
+    assert outcome.armed == (("a", 7_000, opened_at),)
     assert d.holders("k") == ["a"]
 
 
-def test_requests_from_unknown_lease_are_session_expired(d: Driver) -> None:
-    assert d.acquire("zz", "k").result == SessionExpired("zz")
-    assert d.release("zz", "k").result == SessionExpired("zz")
-    assert d.close("zz").result == SessionExpired("zz")
-    assert d.expire("zz").result == SessionExpired("zz")
-    assert d.sm.get("k") is None
+def test_an_open_records_who_opened_the_lease_and_how() -> None:
+    d = Driver()
+    d.open("a", 7_000, ephemeral=True, meta={"host": "h1", "pid": "42"})
+    assert d.sm.lease("a") == LeaseView(
+        lease="a",
+        ttl_ms=7_000,
+        opened_at_ms=d.at_ms,
+        incarnation=d.index,
+        ephemeral=True,
+        meta={"host": "h1", "pid": "42"},
+        finished_at_ms=None,
+        holding=(),
+        waiting=(),
+    )
+
+
+def test_requests_for_an_unknown_lease_are_lease_gone(d: Driver) -> None:
+    before = d.image()
+    assert d.acquire("zz", "k").result == LeaseGone("zz")
+    assert d.release("zz", "k").result == LeaseGone("zz")
+    assert d.update("zz", 5_000).result == LeaseGone("zz")
+    assert d.close("zz").result == LeaseGone("zz")
+    assert d.expire("zz").result == LeaseGone("zz")
+    assert d.image() == before
 
 
 def test_close_releases_locks_and_queue_places_and_grants_next(d: Driver) -> None:
@@ -243,34 +275,107 @@ def test_close_releases_locks_and_queue_places_and_grants_next(d: Driver) -> Non
     d.acquire("b", "k3")
     d.acquire("a", "k3", wait=True)
     outcome = d.close("a")
-    assert outcome.result == LeaseClosed("a")
-    assert outcome.closed == ("a",)
+    assert outcome.result == LeaseClosed("a", released=("k1", "k2"))
+    assert outcome.ended == ("a",)
     assert outcome.expired == ()
-    assert outcome.grants == (
-        Grant("b", "k1", d.index, d.at_ms),
-        Grant("c", "k2", d.index, d.at_ms),
+    assert outcome.promotions == (
+        Promotion("b", "k1", d.index, d.at_ms),
+        Promotion("c", "k2", d.index, d.at_ms),
     )
     assert d.holders("k1") == ["b"] and d.holders("k2") == ["c"]
     assert d.waiters("k3") == []
     assert d.sm.lease("a") is None
-    assert d.acquire("a", "k9").result == SessionExpired("a")
+    assert d.acquire("a", "k9").result == LeaseGone("a")
 
 
 def test_expire_acts_like_close_and_is_reported_as_expired(d: Driver) -> None:
     d.acquire("a", "k")
     d.acquire("b", "k", wait=True)
     outcome = d.expire("a")
-    assert outcome.result == LeaseClosed("a")
-    assert outcome.expired == ("a",) and outcome.closed == ()
-    assert outcome.grants == (Grant("b", "k", d.index, d.at_ms),)
-    assert d.sm.leases() == [("b", 10_000), ("c", 10_000), ("d", 10_000)]
+    assert outcome.result == LeaseClosed("a", released=("k",))
+    assert outcome.expired == ("a",) and outcome.ended == ("a",)
+    assert outcome.promotions == (Promotion("b", "k", d.index, d.at_ms),)
+    assert [lease for lease, _, _ in d.sm.leases()] == ["b", "c", "d"]
 
 
-def test_a_lease_can_be_reopened_after_it_expired(d: Driver) -> None:
-    d.acquire("a", "k")
-    d.expire("a")
+def test_update_sets_the_ttl_and_restarts_the_lease_clock(d: Driver) -> None:
+    incarnation = d.sm.leases()[0][2]
+    outcome = d.update("a", 2_500)
+    assert outcome.result == LeaseUpdated("a", 2_500)
+    assert outcome.armed == (("a", 2_500, incarnation),)
+    view = d.sm.lease("a")
+    assert view is not None and view.ttl_ms == 2_500 and view.finished_at_ms is None
+
+
+def test_update_may_set_a_ttl_below_the_open_minimum_to_finish_a_hold(d: Driver) -> None:
+    assert d.update("a", 1, finished=True).result == LeaseUpdated("a", 1)
+    view = d.sm.lease("a")
+    assert view is not None and view.ttl_ms == 1
+
+
+def test_update_with_finished_records_when_the_command_finished(d: Driver) -> None:
+    d.update("a", 3_000, finished=True)
+    finished_at = d.at_ms
+    d.update("a", 4_000)  # a later update without `finished` keeps the record
+    view = d.sm.lease("a")
+    assert view is not None and view.finished_at_ms == finished_at
+
+
+def test_a_release_that_leaves_an_ephemeral_lease_idle_ends_it() -> None:
+    d = Driver()
+    d.open("e", ephemeral=True)
+    token = d.acquire("e", "k").index
+    outcome = d.release("e", "k")
+    assert outcome.result == Released("k", held=True, token=token, lease_ended=True)
+    assert outcome.ended == ("e",) and outcome.expired == ()
+    assert d.sm.lease("e") is None
+
+
+def test_leaving_a_queue_that_leaves_an_ephemeral_lease_idle_ends_it() -> None:
+    d = Driver()
     d.open("a")
-    assert d.acquire("a", "k").result == Granted("k", d.index, "a")
+    d.open("e", ephemeral=True)
+    d.acquire("a", "k")
+    d.acquire("e", "k", wait=True)
+    outcome = d.release("e", "k")
+    assert outcome.result == Released("k", held=False, token=None, lease_ended=True)
+    assert d.sm.lease("e") is None and d.waiters("k") == []
+
+
+def test_keep_lease_keeps_an_idle_ephemeral_lease() -> None:
+    d = Driver()
+    d.open("e", ephemeral=True)
+    token = d.acquire("e", "k").index
+    outcome = d.release("e", "k", keep_lease=True)
+    assert outcome.result == Released("k", held=True, token=token, lease_ended=False)
+    assert outcome.ended == ()
+    assert d.sm.lease("e") is not None
+
+
+def test_an_ephemeral_lease_that_still_holds_a_key_lives_on() -> None:
+    d = Driver()
+    d.open("e", ephemeral=True)
+    d.acquire("e", "k1")
+    d.acquire("e", "k2")
+    released = d.release("e", "k1").result
+    assert isinstance(released, Released) and not released.lease_ended
+    assert d.sm.lease("e") is not None
+
+
+def test_a_release_that_leaves_an_ordinary_lease_idle_keeps_it() -> None:
+    d = Driver()
+    d.open("a")
+    d.acquire("a", "k")
+    released = d.release("a", "k").result
+    assert isinstance(released, Released) and not released.lease_ended
+    assert d.sm.lease("a") is not None
+
+
+def test_a_refused_release_does_not_end_an_idle_ephemeral_lease() -> None:
+    d = Driver()
+    d.open("e", ephemeral=True)
+    assert d.release("e", "k").result == NotHeld("k", ())
+    assert d.sm.lease("e") is not None
 
 
 # ------------------------------------------------------------------- acquire
@@ -279,11 +384,11 @@ def test_a_lease_can_be_reopened_after_it_expired(d: Driver) -> None:
 def test_free_key_is_granted_with_the_entry_index_as_token(d: Driver) -> None:
     outcome = d.acquire("a", "k", meta={"host": "h1"})
     assert outcome.result == Granted("k", d.index, "a")
-    assert outcome.grants == ()
-    state = d.sm.get("k")
-    assert state is not None
-    assert state.holders == (Holder("a", d.index, d.at_ms, {"host": "h1"}),)
-    assert state.limit == 1
+    assert outcome.promotions == ()
+    view = d.sm.get("k")
+    assert view is not None
+    assert view.holders == (Holder("a", d.index, d.at_ms, {"host": "h1"}),)
+    assert view.limit == 1
 
 
 def test_held_key_without_wait_is_locked_with_holder_and_hint(d: Driver) -> None:
@@ -310,7 +415,7 @@ def test_retry_hint_is_shortest_holder_ttl_capped() -> None:
 
 def test_acquiring_a_held_key_again_returns_the_same_grant(d: Driver) -> None:
     first = d.acquire("a", "k").result
-    again = d.acquire("a", "k", wait=True).result
+    again = d.acquire("a", "k", wait=True, client="another-process").result
     assert again == first
     assert d.holders("k") == ["a"] and d.waiters("k") == []
 
@@ -324,23 +429,21 @@ def test_a_lease_cannot_wait_twice_for_one_key(d: Driver) -> None:
     assert d.waiters("k") == ["b", "c"]
 
 
-def test_waiters_are_granted_in_arrival_order(d: Driver) -> None:
+def test_waiters_are_granted_in_arrival_order_in_the_releasing_step(d: Driver) -> None:
     d.acquire("a", "k")
     for position, lease in enumerate(["b", "c", "d"], start=1):
         assert d.acquire(lease, "k", wait=True).result == Queued("k", position)
     order = []
-    tokens = []
     holder = "a"
     for _ in range(3):
         outcome = d.release(holder, "k")
-        assert outcome.result == Released("k", held=True)
-        (grant,) = outcome.grants
-        assert grant.token == d.index
-        order.append(grant.lease)
-        tokens.append(grant.token)
-        holder = grant.lease
+        assert isinstance(outcome.result, Released) and outcome.result.held
+        (promotion,) = outcome.promotions
+        assert promotion.token == d.index
+        assert d.holders("k") == [promotion.lease]
+        order.append(promotion.lease)
+        holder = promotion.lease
     assert order == ["b", "c", "d"]
-    assert tokens == sorted(tokens) and len(set(tokens)) == 3
 
 
 def test_semaphore_admits_limit_holders_then_queues(d: Driver) -> None:
@@ -349,14 +452,14 @@ def test_semaphore_admits_limit_holders_then_queues(d: Driver) -> None:
     assert isinstance(d.acquire("c", "s", limit=2).result, Locked)
     assert d.acquire("c", "s", limit=2, wait=True).result == Queued("s", 1)
     outcome = d.release("a", "s")
-    assert [g.lease for g in outcome.grants] == ["c"]
+    assert [p.lease for p in outcome.promotions] == ["c"]
     assert d.holders("s") == ["b", "c"]
 
 
-def test_mismatched_limit_is_a_bad_request_until_the_key_is_idle(d: Driver) -> None:
+def test_mismatched_limit_is_invalid_until_the_key_is_idle(d: Driver) -> None:
     d.acquire("a", "s", limit=3)
     result = d.acquire("b", "s", limit=1).result
-    assert isinstance(result, BadRequest)
+    assert isinstance(result, Invalid)
     assert "limit=3" in result.message
     d.release("a", "s")
     assert d.sm.get("s") is None
@@ -369,20 +472,26 @@ def test_one_lease_holds_many_and_waits_on_many(d: Driver) -> None:
     d.acquire("b", "k3")
     d.acquire("b", "k1", wait=True)
     d.acquire("b", "k2", wait=True)
-    info = d.sm.lease("b")
-    assert info is not None
-    assert info.holding == ("k3",) and info.waiting == ("k1", "k2")
+    view = d.sm.lease("b")
+    assert view is not None
+    assert view.holding == ("k3",) and view.waiting == ("k1", "k2")
     assert d.sm.counts() == Counts(sessions=4, locks=3, waiters=2)
 
 
 # ------------------------------------------------------------------- release
 
 
-def test_release_by_a_non_holder_is_not_holder(d: Driver) -> None:
+def test_release_frees_the_slot_and_reports_the_token_of_the_grant(d: Driver) -> None:
+    token = d.acquire("a", "k").index
+    assert d.release("a", "k").result == Released("k", held=True, token=token)
+    assert d.sm.get("k") is None
+
+
+def test_release_by_a_non_holder_is_not_held(d: Driver) -> None:
     d.acquire("a", "k")
     result = d.release("b", "k").result
-    assert isinstance(result, NotHolder) and [h.lease for h in result.holders] == ["a"]
-    assert d.release("b", "free").result == NotHolder("free", ())
+    assert isinstance(result, NotHeld) and [h.lease for h in result.holders] == ["a"]
+    assert d.release("b", "free").result == NotHeld("free", ())
 
 
 def test_release_by_a_waiter_leaves_the_queue(d: Driver) -> None:
@@ -390,17 +499,44 @@ def test_release_by_a_waiter_leaves_the_queue(d: Driver) -> None:
     d.acquire("b", "k", wait=True)
     d.acquire("c", "k", wait=True)
     outcome = d.release("b", "k")
-    assert outcome.result == Released("k", held=False)
-    assert outcome.grants == ()
+    assert outcome.result == Released("k", held=False, token=None)
+    assert outcome.promotions == ()
     assert d.waiters("k") == ["c"]
-    assert d.release("a", "k").grants[0].lease == "c"
+    assert d.release("a", "k").promotions[0].lease == "c"
+
+
+def test_release_with_the_grant_token_frees_that_grant(d: Driver) -> None:
+    token = d.acquire("a", "k").index
+    assert d.release("a", "k", token=token).result == Released("k", held=True, token=token)
+    assert d.sm.get("k") is None
+
+
+def test_a_release_with_an_old_token_leaves_a_newer_grant_to_the_same_lease_alone(
+    d: Driver,
+) -> None:
+    old = d.acquire("a", "k").index
+    d.release("a", "k")
+    new = d.acquire("a", "k").index
+    before = d.table()
+    result = d.release("a", "k", token=old).result
+    assert result == NotHeld("k", (Holder("a", new, d.at_ms - 10, {}),))
+    assert d.table() == before
+
+
+def test_a_release_with_a_token_does_not_give_up_a_place_in_the_queue(d: Driver) -> None:
+    old = d.acquire("b", "k").index
+    d.release("b", "k")
+    d.acquire("a", "k")
+    d.acquire("b", "k", wait=True)
+    assert isinstance(d.release("b", "k", token=old).result, NotHeld)
+    assert d.waiters("k") == ["b"]
 
 
 def test_idle_key_is_forgotten(d: Driver) -> None:
-    d.acquire("a", "k")
+    d.acquire("a", "k", limit=3)
     d.release("a", "k")
     assert d.sm.get("k") is None
-    assert d.sm.list_locks() == []
+    assert d.sm.list_locks() == ([], None)
 
 
 def test_tokens_rise_per_key_across_release_and_reacquire(d: Driver) -> None:
@@ -413,92 +549,131 @@ def test_tokens_rise_per_key_across_release_and_reacquire(d: Driver) -> None:
     assert tokens == sorted(tokens) and len(set(tokens)) == 4
 
 
-# --------------------------------------------------------------- idempotency
+# --------------------------------------------------------------------- counts
 
 
-def test_resent_request_returns_original_result_without_running_again(d: Driver) -> None:
-    first = d.acquire("a", "k", seq=500).result
-    d.release("a", "k", seq=501)
-    d.acquire("b", "k", seq=502)
-    again = d.acquire("a", "k", seq=500)
-    assert again.result == first
-    assert d.holders("k") == ["b"]
-    assert d.release("a", "k", seq=501).result == Released("k", held=True)
-    assert d.holders("k") == ["b"]
+def test_counts_follow_grants_queues_promotions_and_ends(d: Driver) -> None:
+    d.acquire("a", "s", limit=2)
+    d.acquire("b", "s", limit=2)
+    d.acquire("c", "s", limit=2, wait=True)
+    d.acquire("d", "s", limit=2, wait=True)
+    d.acquire("c", "x")
+    assert d.sm.counts() == Counts(sessions=4, locks=3, waiters=2)
+    d.close("a")  # c is promoted on s
+    assert d.sm.counts() == Counts(sessions=3, locks=3, waiters=1)
+    d.release("d", "s")  # d leaves the queue
+    assert d.sm.counts() == Counts(sessions=3, locks=3, waiters=0)
+    d.expire("c")
+    assert d.sm.counts() == Counts(sessions=2, locks=1, waiters=0)
 
 
-def test_resent_locked_acquire_does_not_take_a_freed_lock(d: Driver) -> None:
-    d.acquire("a", "k")
-    locked = d.acquire("b", "k", seq=77).result
-    d.release("a", "k")
-    assert d.acquire("b", "k", seq=77).result == locked
-    assert d.holders("k") == []
-
-
-def test_resent_waiting_acquire_reports_the_present(d: Driver) -> None:
-    d.acquire("a", "k")
-    d.acquire("b", "k", wait=True)
-    assert d.acquire("c", "k", wait=True, seq=900).result == Queued("k", 2)
-    d.release("b", "k")
-    assert d.acquire("c", "k", wait=True, seq=900).result == Queued("k", 1)
-    granted_at = d.release("a", "k").grants[0].token
-    assert d.acquire("c", "k", wait=True, seq=900).result == Granted("k", granted_at, "c")
-    assert d.holders("k") == ["c"]
-
-
-def test_request_ids_need_not_increase(d: Driver) -> None:
-    assert isinstance(d.acquire("a", "k1", seq=2**62).result, Granted)
-    assert isinstance(d.acquire("a", "k2", seq=5).result, Granted)
-    assert isinstance(d.acquire("a", "k3", seq=0).result, Granted)
-    assert d.holders("k3") == ["a"]
-
-
-def test_only_the_last_32_results_are_remembered(d: Driver) -> None:
-    d.acquire("a", "k", seq=1)
-    d.release("a", "k", seq=2)
-    for seq in range(3, 35):
-        d.release("a", "nothing", seq=seq)
-    # seq 2 is the 33rd newest: forgotten, so it runs again (and finds nothing).
-    assert d.release("a", "k", seq=2).result == NotHolder("k", ())
-    assert d.release("a", "nothing", seq=34).result == NotHolder("nothing", ())
-
-
-def test_results_are_per_lease(d: Driver) -> None:
-    d.acquire("a", "k", seq=1)
-    assert isinstance(d.acquire("b", "k", seq=1).result, Locked)
-
-
-# ------------------------------------------------------------- queries, wire
+# -------------------------------------------------------------------- queries
 
 
 def test_list_locks_by_prefix_sorted(d: Driver) -> None:
-    for key in ["jobs/b", "jobs/a", "other", "jobs/c"]:
+    for key in ["jobs/b", "jobs/a", "other", "jobs/c", "jobs"]:
         d.acquire("a", key)
-    assert [s.key for s in d.sm.list_locks("jobs/")] == ["jobs/a", "jobs/b", "jobs/c"]
-    assert len(d.sm.list_locks()) == 4
+    page, cursor = d.sm.list_locks("jobs/")
+    assert [v.key for v in page] == ["jobs/a", "jobs/b", "jobs/c"] and cursor is None
+    assert len(d.sm.list_locks()[0]) == 5
+
+
+def test_list_locks_pages_after_a_cursor(d: Driver) -> None:
+    for key in ["jobs/b", "jobs/a", "other", "jobs/c", "jobs/d"]:
+        d.acquire("a", key)
+    page, cursor = d.sm.list_locks("jobs/", limit=2)
+    assert [v.key for v in page] == ["jobs/a", "jobs/b"] and cursor == "jobs/b"
+    page, cursor = d.sm.list_locks("jobs/", after=cursor, limit=2)
+    assert [v.key for v in page] == ["jobs/c", "jobs/d"] and cursor is None
+    page, cursor = d.sm.list_locks(after="jobs/d", limit=2)
+    assert [v.key for v in page] == ["other"] and cursor is None
+
+
+def test_list_leases_pages_after_a_cursor(d: Driver) -> None:
+    page, cursor = d.sm.list_leases(limit=3)
+    assert [v.lease for v in page] == ["a", "b", "c"] and cursor == "c"
+    page, cursor = d.sm.list_leases(after=cursor, limit=3)
+    assert [v.lease for v in page] == ["d"] and cursor is None
+    page, cursor = d.sm.list_leases(limit=4)
+    assert len(page) == 4 and cursor is None
+
+
+def test_paging_sees_keys_and_leases_that_came_and_went(d: Driver) -> None:
+    d.acquire("a", "k2")
+    assert [v.key for v in d.sm.list_locks()[0]] == ["k2"]
+    d.acquire("a", "k1")
+    d.release("a", "k2")
+    assert [v.key for v in d.sm.list_locks()[0]] == ["k1"]
+    d.close("b")
+    d.open("e")
+    assert [v.lease for v in d.sm.list_leases()[0]] == ["a", "c", "d", "e"]
 
 
 def test_get_shows_waiters_with_since_and_meta(d: Driver) -> None:
     d.acquire("a", "k")
     d.acquire("b", "k", wait=True, meta={"cmd": "make deploy"})
-    state = d.sm.get("k")
-    assert state is not None
-    (waiter,) = state.waiters
+    view = d.sm.get("k")
+    assert view is not None
+    (waiter,) = view.waiters
     assert (waiter.lease, waiter.since_ms, dict(waiter.meta)) == (
         "b",
         d.at_ms,
         {"cmd": "make deploy"},
     )
-    assert state.to_dict()["waiters"] == [
+    assert view.to_dict()["waiters"] == [
         {"lease": "b", "since_ms": d.at_ms, "meta": {"cmd": "make deploy"}}
     ]
 
 
-def test_results_have_plain_dicts_with_a_type_and_a_code(d: Driver) -> None:
+RESULTS: list[Result] = [
+    Granted("k", 3, "a"),
+    Queued("k", 2),
+    Locked("k", (Holder("a", 3, 1_000, {"h": "x"}),), 2_000),
+    Released("k", held=True, token=3, lease_ended=True),
+    Released("k", held=False),
+    NotHeld("k", (Holder("a", 3, 1_000, {}),)),
+    LeaseGone("a"),
+    LeaseOpened("a", 5_000, incarnation=7, joined=True),
+    LeaseClosed("a", released=("k1", "k2")),
+    LeaseUpdated("a", 1),
+    StaleRequest(41),
+    Invalid("why"),
+]
+
+
+@pytest.mark.parametrize("result", RESULTS, ids=repr)
+def test_results_are_plain_dicts_that_read_back(result: Result) -> None:
+    plain = result.to_dict()
+    assert cbor2.loads(cbor2.dumps(plain)) == plain
+    assert result_from_dict(plain) == result
+
+
+@pytest.mark.parametrize(
+    ("result", "code"),
+    [
+        (Granted("k", 3, "a"), "OK"),
+        (Queued("k", 1), "OK"),
+        (Released("k"), "OK"),
+        (LeaseOpened("a", 5_000), "OK"),
+        (LeaseClosed("a"), "OK"),
+        (LeaseUpdated("a", 5_000), "OK"),
+        (Locked("k", (), 1), "LOCKED"),
+        (NotHeld("k", ()), "NOT_HOLDER"),
+        (LeaseGone("a"), "SESSION_EXPIRED"),
+        (StaleRequest(1), "STALE_REQUEST"),
+        (Invalid("x"), "BAD_REQUEST"),
+    ],
+    ids=repr,
+)
+def test_each_result_carries_its_wire_code(result: Result, code: str) -> None:
+    assert result.code == code
+    assert result.ok == (code == "OK")
+
+
+def test_a_locked_result_lists_its_holders_on_the_wire(d: Driver) -> None:
     d.acquire("a", "k", meta={"h": "x"})
     locked = d.acquire("b", "k").result
     assert isinstance(locked, Locked)
-    assert locked.code == "LOCKED" and not locked.ok
     assert locked.to_dict() == {
         "type": "locked",
         "key": "k",
@@ -507,17 +682,6 @@ def test_results_have_plain_dicts_with_a_type_and_a_code(d: Driver) -> None:
         ],
         "retry_after_ms": 10_000,
     }
-    assert Granted("k", 3, "a").to_dict() == {
-        "type": "granted",
-        "key": "k",
-        "token": 3,
-        "lease": "a",
-    }
-    assert Granted("k", 3, "a").code == "OK"
-    assert result_from_dict(locked.to_dict()) == locked
-    assert SessionExpired("a").code == "SESSION_EXPIRED"
-    assert NotHolder("k", ()).code == "NOT_HOLDER"
-    assert BadRequest("x").code == "BAD_REQUEST"
 
 
 # ------------------------------------------------------------------ snapshot
@@ -528,40 +692,52 @@ def test_snapshot_round_trip_keeps_state_and_behaviour(d: Driver) -> None:
     d.acquire("b", "k", wait=True, seq=4242)
     d.acquire("c", "k", wait=True)
     d.acquire("a", "s", limit=3)
+    d.update("d", 3_000, finished=True)
+    d.close("c")
     data = d.sm.snapshot()
     restored = LockStateMachine.restore(data)
     assert restored.snapshot() == data
     assert restored.applied_index == d.sm.applied_index
+    assert restored.version == d.sm.version == 2
     assert restored.list_locks() == d.sm.list_locks()
-    assert restored.leases() == d.sm.leases()
-    assert restored.lease("b") == d.sm.lease("b")
+    assert restored.list_leases() == d.sm.list_leases()
     assert restored.counts() == d.sm.counts()
     # The restored replica then behaves exactly like the live one.
     later: list[Command] = [
-        Acquire("b", 4242, "k", True, 1, {}, 1),
-        CloseLease("a", 99, 2),
-        Acquire("b", 4242, "k", True, 1, {}, 3),
+        AcquireCommand("b", "k", True, 1, {}, Origin("c1", 4242), 1),  # re-sent: the present
+        CloseLeaseCommand("a", Origin("c1", 9_000), 2),
+        AcquireCommand("b", "k", True, 1, {}, Origin("c1", 4242), 3),  # now granted
+        OpenLeaseCommand("c", 5_000, Origin("c1", 9_001), 4),  # closed: refused
     ]
     for cmd in later:
         index = d.sm.applied_index + 1
-        assert restored.apply_command(index, cmd) == d.sm.apply_command(index, cmd)
+        data = encode_command(cmd)
+        assert restored.apply(index, data) == d.sm.apply(index, data)
     assert restored.snapshot() == d.sm.snapshot()
 
 
 def test_equal_states_reached_in_different_orders_give_equal_snapshots() -> None:
-    one, two = LockStateMachine(), LockStateMachine()
-    one.apply_command(1, OpenLease("a", 5_000, 0))
-    one.apply_command(2, OpenLease("b", 5_000, 0))
-    two.apply_command(1, OpenLease("b", 5_000, 0))
-    two.apply_command(2, OpenLease("a", 5_000, 0))
-    for sm in (one, two):
-        sm.apply_command(3, Acquire("b", 1, "y", False, 1, {"z": "1", "a": "2"}, 0))
-        sm.apply_command(4, Acquire("a", 1, "x", False, 1, {}, 0))
-    assert one.snapshot() == two.snapshot()
+    one, two = Driver(), Driver()
+    for d in (one, two):
+        d.open("a")
+    for d, clients in ((one, ("p", "q")), (two, ("q", "p"))):
+        for client in clients:
+            d.release("a", "free", client=client, seq=5)
+    one.acquire("a", "y", meta={"z": "1", "a": "2"})
+    two.acquire("a", "y", meta={"a": "2", "z": "1"})
+    assert one.sm.snapshot() == two.sm.snapshot()
 
 
 @pytest.mark.parametrize(
-    "data", [b"", b"\xff", cbor2.dumps([9, 0, [], []]), cbor2.dumps([1, 0, [["a"]], []])]
+    "data",
+    [
+        b"",
+        b"\xff",
+        cbor2.dumps([9, 0, [], []]),
+        cbor2.dumps([1, 0, [["a"]], []]),
+        cbor2.dumps([2, 0, 2, [], []]),
+        cbor2.dumps([2, 0, 2, [], [["k", 1, [["ghost", 1, 0, {}]], []]], []]),
+    ],
 )
 def test_restore_refuses_garbage(data: bytes) -> None:
     with pytest.raises(ValueError):
@@ -575,6 +751,6 @@ def test_restore_refuses_an_impossible_queue() -> None:
     d.acquire("a", "k")
     d.acquire("b", "k", wait=True)
     item = cbor2.loads(d.sm.snapshot())
-    item[3][0][2] = []  # waiters with no holder
+    item[4][0][2] = []  # waiters with no holder
     with pytest.raises(ValueError, match="impossible"):
         LockStateMachine.restore(cbor2.dumps(item))
