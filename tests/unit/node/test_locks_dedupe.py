@@ -20,6 +20,7 @@ from dlm.node.locks import (
     LeaseGone,
     LeaseOpened,
     Locked,
+    LockStateMachine,
     NotHeld,
     Queued,
     Released,
@@ -268,8 +269,26 @@ def test_a_delayed_duplicate_open_cannot_revive_an_expired_lease() -> None:
     assert d.sm.lease("a") is None
 
 
-def test_tombstones_keep_the_last_tombstones_ends(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("dlm.node.locks.machine.TOMBSTONES", 3)
+def test_tombstones_are_kept_for_tombstone_ms_of_log_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(LockStateMachine, "tombstone_ms", 1_000)
+    d = Driver()
+    d.open("old")
+    d.close("old")
+    d.at_ms += 500
+    d.open("young")
+    d.close("young")
+    assert d.open("old").result == LeaseGone("old")  # 500 ms old: still remembered
+    d.at_ms += 600
+    d.open("other")
+    d.close("other")  # this end is over 1,000 ms after "old"'s: it goes
+    assert d.open("old").result == LeaseOpened("old", 10_000, d.index)
+    assert d.open("young").result == LeaseGone("young")
+
+
+def test_tombstones_are_at_most_tombstone_capacity(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(LockStateMachine, "tombstone_capacity", 3)
     d = Driver()
     for lease in ("t1", "t2", "t3", "t4"):
         d.open(lease)

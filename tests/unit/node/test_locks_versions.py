@@ -123,9 +123,9 @@ def test_an_expire_of_an_older_incarnation_spares_a_lease_reopened_after_its_tom
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # What incarnations protect at version 2, where tombstones refuse a re-open: the
-    # tombstone is forgotten after TOMBSTONES ends, the id is opened again, and an
+    # tombstone is forgotten (here after one more end), the id is opened again, and an
     # Expire the leader proposed for the first lease arrives late.
-    monkeypatch.setattr("dlm.node.locks.machine.TOMBSTONES", 1)
+    monkeypatch.setattr(LockStateMachine, "tombstone_capacity", 1)
     d = Driver()
     first = d.open("a").index
     d.close("a")
