@@ -318,7 +318,15 @@ if TYPE_CHECKING:
 class Settings:
     """What every call of one client shares."""
 
-    __slots__ = ("attempt_timeout", "backoff", "clock", "members", "router", "timeout")
+    __slots__ = (
+        "attempt_timeout",
+        "backoff",
+        "clock",
+        "dial_timeout",
+        "members",
+        "router",
+        "timeout",
+    )
 
     def __init__(
         self,
@@ -329,6 +337,7 @@ class Settings:
         clock: Clock,
         timeout: float,
         attempt_timeout: float,
+        dial_timeout: float | None = None,
     ) -> None:
         self.members = members
         self.router = router
@@ -336,6 +345,9 @@ class Settings:
         self.clock = clock
         self.timeout = timeout
         self.attempt_timeout = attempt_timeout
+        # A call gives up once this long has passed with no member answering at all
+        # (None: only ``timeout`` counts).
+        self.dial_timeout = dial_timeout
 
 
 def default_attempt_timeout(timeout: float) -> float:
@@ -364,6 +376,8 @@ def call(
     """
     budget = s.timeout if timeout is None else timeout
     deadline = s.clock() + budget
+    dial_deadline = None if s.dial_timeout is None else s.clock() + s.dial_timeout
+    unanswered: dict[str, str] = {}  # address -> why it did not answer, while none has
     failures = 0  # drives the backoff exponent
     misses_in_row = 0  # unreachable members in a row; back off after a full round
     hops = 0
@@ -374,19 +388,26 @@ def call(
         if remaining <= 0:
             raise _unavailable(s.members, budget, answered, last_problem)
         addr = s.router.target()
-        outcome = yield Send(
-            addr, request, min(remaining, s.attempt_timeout), drop_pushes_for=drop_pushes_for
-        )
+        attempt = min(remaining, s.attempt_timeout)
+        if s.dial_timeout is not None and not answered:
+            # An equal share each, so one silent address cannot use up the dial budget.
+            attempt = min(attempt, s.dial_timeout / len(s.members))
+        outcome = yield Send(addr, request, attempt, drop_pushes_for=drop_pushes_for)
         delay = 0.0
         if not isinstance(outcome, dict):
             reason = outcome.reason if isinstance(outcome, Failed) else "no reply"
-            last_problem = f"{addr}: {reason}"
+            last_problem = reason if reason.startswith(addr) else f"{addr}: {reason}"
             s.router.failed(addr)
             misses_in_row += 1
             hops = 0
             if misses_in_row % len(s.members) == 0:
                 delay = s.backoff.delay(failures)
                 failures += 1
+            if dial_deadline is not None and not answered:
+                unanswered[addr] = last_problem
+                if s.clock() >= dial_deadline and set(s.members) <= set(unanswered):
+                    raise _none_answered(s.dial_timeout or 0.0, unanswered)
+                delay = min(delay, max(0.0, dial_deadline - s.clock()))
         else:
             misses_in_row = 0
             answered = True
@@ -418,6 +439,14 @@ def call(
                 failures += 1
         if delay > 0:
             yield Sleep(min(delay, max(0.0, deadline - s.clock())))
+
+
+def _none_answered(dial_timeout: float, problems: Mapping[str, str]) -> ClusterUnavailable:
+    return ClusterUnavailable(
+        f"no member answered within the dial timeout ({dial_timeout:g}s): "
+        f"{'; '.join(problems.values())}; check --cluster (or DLM_CLUSTER) "
+        "and that the members are running"
+    )
 
 
 def _unavailable(
