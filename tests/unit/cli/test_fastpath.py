@@ -49,9 +49,13 @@ def test_the_option_tables_match_the_typer_app(name: str) -> None:
 
 
 def test_the_root_options_match() -> None:
+    # --version and shell completion exist only on the typer path (the fast path hands
+    # any line it does not know to typer).
     assert click_options(typer.main.get_command(app)) == {
         **fastpath.GLOBAL_OPTIONS,
         "--version": ("version", fastpath.FLAG),
+        "--install-completion": ("install_completion", fastpath.FLAG),
+        "--show-completion": ("show_completion", fastpath.FLAG),
     }
 
 
@@ -89,6 +93,8 @@ SAME_LINES = [
     ["exec", "--lock=k", "--ttl", "3s", "--wait", "1m", "--kill-grace", "0", "--limit", "2",
      "--conflict-exit-code", "0", "--json", "--", "cmd", "--lock", "x"],
     ["--timeout", "1s", "exec", "--lock", "k", "--cluster", "h:9", "--", "--", "odd"],
+    ["--dial-timeout", "500ms", "acquire", "k", "--dial-timeout=3s"],
+    ["renew", "abc", "--dial-timeout", "1s"],
 ]  # fmt: skip
 
 
@@ -129,6 +135,8 @@ HANDED_OVER = [
     ["locks", "--json"],
     ["node", "start"],
     ["--version"],
+    ["--install-completion"],
+    ["--show-completion", "bash"],
     ["--json"],
     ["--bogus", "acquire", "k"],
 ]
