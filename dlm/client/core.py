@@ -324,6 +324,7 @@ class Settings:
         "clock",
         "dial_timeout",
         "members",
+        "reached",
         "router",
         "timeout",
     )
@@ -345,9 +346,11 @@ class Settings:
         self.clock = clock
         self.timeout = timeout
         self.attempt_timeout = attempt_timeout
-        # A call gives up once this long has passed with no member answering at all
-        # (None: only ``timeout`` counts).
+        # Until some member has answered (``reached``), a call gives up once this long
+        # has passed with no answer at all (None: only ``timeout`` counts). After that,
+        # a member that stops answering is an outage to ride out, not a wrong address.
         self.dial_timeout = dial_timeout
+        self.reached = False
 
 
 def default_attempt_timeout(timeout: float) -> float:
@@ -376,7 +379,8 @@ def call(
     """
     budget = s.timeout if timeout is None else timeout
     deadline = s.clock() + budget
-    dial_deadline = None if s.dial_timeout is None else s.clock() + s.dial_timeout
+    dial = None if s.reached else s.dial_timeout
+    dial_deadline = None if dial is None else s.clock() + dial
     unanswered: dict[str, str] = {}  # address -> why it did not answer, while none has
     failures = 0  # drives the backoff exponent
     misses_in_row = 0  # unreachable members in a row; back off after a full round
@@ -389,9 +393,9 @@ def call(
             raise _unavailable(s.members, budget, answered, last_problem)
         addr = s.router.target()
         attempt = min(remaining, s.attempt_timeout)
-        if s.dial_timeout is not None and not answered:
+        if dial is not None and not answered:
             # An equal share each, so one silent address cannot use up the dial budget.
-            attempt = min(attempt, s.dial_timeout / len(s.members))
+            attempt = min(attempt, dial / len(s.members))
         outcome = yield Send(addr, request, attempt, drop_pushes_for=drop_pushes_for)
         delay = 0.0
         if not isinstance(outcome, dict):
@@ -403,14 +407,14 @@ def call(
             if misses_in_row % len(s.members) == 0:
                 delay = s.backoff.delay(failures)
                 failures += 1
-            if dial_deadline is not None and not answered:
+            if dial is not None and dial_deadline is not None and not answered:
                 unanswered[addr] = last_problem
                 if s.clock() >= dial_deadline and set(s.members) <= set(unanswered):
-                    raise _none_answered(s.dial_timeout or 0.0, unanswered)
+                    raise _none_answered(dial, unanswered)
                 delay = min(delay, max(0.0, dial_deadline - s.clock()))
         else:
             misses_in_row = 0
-            answered = True
+            answered = s.reached = True
             kind = outcome.get("t")
             if kind == "ok":
                 s.router.answered(addr)

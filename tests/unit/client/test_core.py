@@ -344,3 +344,18 @@ def test_a_reason_that_names_its_address_is_not_prefixed_again() -> None:
         )
     assert "a:1: a:1" not in str(info.value)
     assert "a:1 is not a dlm member" in str(info.value)
+
+
+def test_after_a_first_answer_the_client_rides_out_an_outage_for_the_whole_timeout() -> None:
+    s, clock = dial_settings(["a:1"], 0.5)
+    drive(core.call(s, {"t": "status"}), lambda action: ok(1, term=1), clock)
+    start = clock.now
+    down_until = clock.now + 3.0  # the cluster restarts: refused for a while, then back
+
+    def restarting(action: core.Send) -> Any:
+        if clock.now < down_until:
+            return core.Failed("Connection refused")
+        return ok(1, term=2)
+
+    _, reply = drive(core.call(s, {"t": "status"}), restarting, clock)
+    assert reply["term"] == 2 and clock.now - start >= 3.0
