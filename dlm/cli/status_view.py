@@ -432,19 +432,19 @@ def key_status(settings: Settings, key: str, output_format: str) -> None:
 def key_summary(
     key: str, limit: int, holders: list[dict[str, Any]], waiters: list[dict[str, Any]], now_ms: int
 ) -> str:
-    what = "lock" if limit == 1 else f"semaphore of {limit}"
-    held = "held" if limit == 1 else f"held {len(holders)} times"
-    if not holders:
-        held = "free"
-    queue = f", {len(waiters)} waiting" if waiters else ", nobody waiting"
-    return f"{escape(key)}: {what}, {held}{queue} (as of {iso_local(now_ms)})"
+    if limit == 1:
+        what = "lock, held" if holders else "lock, free"
+    else:
+        what = f"semaphore of {limit}, {len(holders)} holder{'' if len(holders) == 1 else 's'}"
+    queue = f"{len(waiters)} waiting" if waiters else "nobody waiting"
+    return f"{escape(key)}: {what}, {queue} (as of {iso_local(now_ms)})"
 
 
 def holder_block(holder: dict[str, Any], now_ms: int) -> str:
     """One holder, a line per fact, each time as an absolute time beside its duration."""
     remaining = _int(holder.get("remaining_ms"))
     if remaining is None:
-        ttl = "- (only the leader knows; ask without a stale read)"
+        ttl = "- (only the leader tracks it, and another member answered)"
     else:
         ttl = f"{format_ms(remaining)}, until {_expires(now_ms, remaining)}"
     facts = [
