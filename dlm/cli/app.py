@@ -6,22 +6,28 @@ that ``dlm --help`` and ``dlm acquire`` load no more than they need.
 
 Speed notes: typer < 0.29 (0.29 routes every option through pydantic),
 ``rich_markup_mode=None`` (plain click help: no rich import for ``--help``),
-``pretty_exceptions_enable=False`` and ``add_completion=False`` (no
-completion machinery). Duration options are plain strings parsed by
-dlm.cli.durations, so a bad one gets our one-line message.
+``pretty_exceptions_enable=False``. Shell completion (``--install-completion``)
+is typer's, on the root app only: typer imports its completion code anyway,
+and the fast path, which never loads typer, is untouched by it. Duration
+options are plain strings parsed by dlm.cli.durations, so a bad one gets our
+one-line message.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Annotated
 
 import typer
 
 from dlm.cli.exits import EXIT_CODE_HELP
+from dlm.cli.node_options import ALL_OPTIONS, NodeOption
 from dlm.cli.settings import (
     ACQUIRE_FORMAT,
     ACQUIRE_TTL,
     DEFAULT_CLUSTER,
+    DEFAULT_DIAL_TIMEOUT,
+    DEFAULT_TIMEOUT,
     EXEC_CONFLICT_EXIT_CODE,
     EXEC_KILL_GRACE,
     EXEC_TTL,
@@ -40,8 +46,9 @@ Examples:
   dlm release deploy --lease "$DLM_LEASE_ID"
   dlm status
 
-Options --cluster, --timeout and --json may be given before or after the subcommand.
-The cluster defaults to $DLM_CLUSTER, else {DEFAULT_CLUSTER}.
+Options --cluster, --timeout, --dial-timeout and --json may be given before or
+after the subcommand. The cluster defaults to $DLM_CLUSTER, else {DEFAULT_CLUSTER}.
+Shell completion: dlm --install-completion (bash, zsh, fish).
 
 {EXIT_CODE_HELP}"""
 
@@ -50,7 +57,7 @@ _SETTINGS = {"help_option_names": ["-h", "--help"]}
 app = typer.Typer(
     name="dlm",
     help=_ROOT_HELP,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
     no_args_is_help=True,
@@ -90,7 +97,31 @@ TimeoutOpt = Annotated[
     typer.Option(
         "--timeout",
         metavar="DURATION",
-        help="How long to try to reach a quorum before giving up (exit 69). [default: 10s]",
+        help=(
+            "How long to try to reach a quorum before giving up (exit 69). "
+            f"[default: {DEFAULT_TIMEOUT}]"
+        ),
+        show_default=False,
+    ),
+]
+DialTimeoutOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dial-timeout",
+        metavar="DURATION",
+        help=(
+            "Give up (exit 69) when no member has answered at all within this. "
+            f"[default: {DEFAULT_DIAL_TIMEOUT}]"
+        ),
+        show_default=False,
+    ),
+]
+FormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--format",
+        metavar="table|tsv|json",
+        help="Output format. [default: table on a terminal, else tsv]",
         show_default=False,
     ),
 ]
@@ -109,8 +140,14 @@ LimitOpt = Annotated[
 ]
 
 
-def _settings(ctx: typer.Context, cluster: str | None, timeout: str | None, json: bool) -> Settings:
-    return resolve(ctx.obj, cluster, timeout, json)
+def _settings(
+    ctx: typer.Context,
+    cluster: str | None,
+    timeout: str | None,
+    json: bool,
+    dial_timeout: str | None,
+) -> Settings:
+    return resolve(ctx.obj, cluster, timeout, json, dial_timeout)
 
 
 def _version(value: bool) -> None:
@@ -124,15 +161,17 @@ def _version(value: bool) -> None:
 @app.callback()
 def root(
     ctx: typer.Context,
+    *,
     cluster: ClusterOpt = None,
     timeout: TimeoutOpt = None,
+    dial_timeout: DialTimeoutOpt = None,
     json: JsonOpt = False,
     version: Annotated[
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
     ] = False,
 ) -> None:
-    ctx.obj = GlobalOptions(cluster=cluster, timeout=timeout, json=json)
+    ctx.obj = GlobalOptions(cluster=cluster, timeout=timeout, json=json, dial_timeout=dial_timeout)
 
 
 @app.command()
@@ -158,6 +197,7 @@ def acquire(
     ] = ACQUIRE_FORMAT,
     cluster: ClusterOpt = None,
     timeout: TimeoutOpt = None,
+    dial_timeout: DialTimeoutOpt = None,
     json: JsonOpt = False,
 ) -> None:
     """Take a lock and print its key, fencing token, lease id and TTL.
@@ -171,7 +211,7 @@ def acquire(
     """
     from dlm.cli import ops
 
-    settings = _settings(ctx, cluster, timeout, json)
+    settings = _settings(ctx, cluster, timeout, json, dial_timeout)
     ops.acquire(
         settings,
         key=key,
@@ -197,12 +237,13 @@ def renew(
     ] = False,
     cluster: ClusterOpt = None,
     timeout: TimeoutOpt = None,
+    dial_timeout: DialTimeoutOpt = None,
     json: JsonOpt = False,
 ) -> None:
     """Renew a lease once, or keep it alive (--keep-alive)."""
     from dlm.cli import ops
 
-    ops.renew(_settings(ctx, cluster, timeout, json), lease, keep_alive)
+    ops.renew(_settings(ctx, cluster, timeout, json, dial_timeout), lease, keep_alive)
 
 
 @app.command()
@@ -213,12 +254,13 @@ def release(
     lease: Annotated[str, typer.Option("--lease", metavar="ID", help="The lease that holds it.")],
     cluster: ClusterOpt = None,
     timeout: TimeoutOpt = None,
+    dial_timeout: DialTimeoutOpt = None,
     json: JsonOpt = False,
 ) -> None:
     """Give a lock back. Exits 77, naming the holder, if LEASE does not hold KEY."""
     from dlm.cli import ops
 
-    ops.release(_settings(ctx, cluster, timeout, json), key, lease)
+    ops.release(_settings(ctx, cluster, timeout, json, dial_timeout), key, lease)
 
 
 @app.command(
@@ -267,6 +309,7 @@ def exec_(
     limit: LimitOpt = 1,
     cluster: ClusterOpt = None,
     timeout: TimeoutOpt = None,
+    dial_timeout: DialTimeoutOpt = None,
     json: JsonOpt = False,
 ) -> None:
     """Run CMD (no shell) only while holding the lock; exit with CMD's code.
@@ -283,9 +326,10 @@ def exec_(
     \b
     */5 * * * * dlm exec --lock report --wait 1m -- /usr/local/bin/report.sh
     """
-    from dlm.cli import exec_cmd
+    from dlm.cli import exec_cmd, ops
 
-    settings = _settings(ctx, cluster, timeout, json)
+    settings = _settings(ctx, cluster, timeout, json, dial_timeout)
+    ops.check_lock_options(lock, limit, "--lock")
     code = exec_cmd.run(
         settings,
         key=lock,
@@ -308,18 +352,50 @@ def status(
         str | None,
         typer.Argument(metavar="[KEY]", help="Show this lock's holder and waiters instead."),
     ] = None,
+    output_format: FormatOpt = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Print one line and exit 0 if healthy, 1 if degraded, 69 without quorum.",
+        ),
+    ] = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="Keep showing the cluster until Ctrl-C.")
+    ] = False,
+    interval: Annotated[
+        str | None,
+        typer.Option(
+            "--interval",
+            metavar="DURATION",
+            help="How often --watch looks. [default: 2s]",
+            show_default=False,
+        ),
+    ] = None,
     cluster: ClusterOpt = None,
     timeout: TimeoutOpt = None,
+    dial_timeout: DialTimeoutOpt = None,
     json: JsonOpt = False,
 ) -> None:
-    """Show the cluster: members, roles, term, indexes, lag; or one lock (KEY)."""
-    from dlm.cli import status_view
+    """Show the cluster: members, roles, lag, last contact, and the failures it survives;
+    or one lock (KEY): holders and waiters.
 
-    settings = _settings(ctx, cluster, timeout, json)
-    if key is None:
-        status_view.cluster_status(settings)
+    --check is for cron, monitoring and CI: one line saying why, and exit 0
+    (healthy), 1 (degraded: a voter unreachable, silent for two election
+    timeouts or more than 1,000 entries behind) or 69 (no quorum).
+    """
+    from dlm.cli import status_view
+    from dlm.cli.output import choose_format
+
+    settings = _settings(ctx, cluster, timeout, json, dial_timeout)
+    every = status_view.check_options(key, check, watch, interval)
+    fmt = choose_format(output_format, settings.json)
+    if key is not None:
+        status_view.key_status(settings, key, fmt)
+    elif every is not None:
+        raise typer.Exit(status_view.watch(settings, fmt, every))
     else:
-        status_view.key_status(settings, key)
+        raise typer.Exit(status_view.cluster_status(settings, fmt, check=check))
 
 
 @app.command()
@@ -329,45 +405,55 @@ def locks(
     prefix: Annotated[
         str, typer.Option("--prefix", metavar="P", help="Only keys starting with P.")
     ] = "",
+    output_format: FormatOpt = None,
     cluster: ClusterOpt = None,
     timeout: TimeoutOpt = None,
+    dial_timeout: DialTimeoutOpt = None,
     json: JsonOpt = False,
 ) -> None:
-    """List the held locks."""
+    """List the held locks, one line each."""
     from dlm.cli import status_view
+    from dlm.cli.output import choose_format
 
-    status_view.list_locks(_settings(ctx, cluster, timeout, json), prefix)
+    settings = _settings(ctx, cluster, timeout, json, dial_timeout)
+    status_view.list_locks(settings, prefix, choose_format(output_format, settings.json))
 
 
-@node_app.command("start")
-def node_start(
-    node_id: Annotated[
-        str | None, typer.Option("--id", metavar="ID", help="This member's id.")
-    ] = None,
-    listen: Annotated[
-        str | None,
-        typer.Option("--listen", metavar="HOST:PORT", help="Address to serve clients and peers."),
-    ] = None,
-    peers: Annotated[
-        str | None,
-        typer.Option(
-            "--peers",
-            metavar="ID=HOST:PORT,...",
-            help="Every member of the cluster, this one included.",
-        ),
-    ] = None,
-    data: Annotated[
-        str | None, typer.Option("--data", metavar="DIR", help="Data directory.")
-    ] = None,
-    cluster_id: Annotated[
-        str | None, typer.Option("--cluster-id", metavar="NAME", help="The cluster's name.")
-    ] = None,
-) -> None:
-    """Run a cluster member in the foreground (no flags: a one-node cluster in ./dlm-data)."""
-    from dlm.node.main import start_node  # anyio and the runtime: only this command pays
+def node_start(**flags: str | None) -> None:
+    """Run a cluster member in the foreground (no flags: a one-node cluster in ./dlm-data).
 
-    code = start_node(node_id=node_id, listen=listen, peers=peers, data=data, cluster=cluster_id)
-    raise typer.Exit(code)
+    Each flag may instead come from the environment variable shown beside it, or
+    from the TOML file given with --config (keys as the flags, without the
+    dashes); a flag wins over its variable, and a variable over the file.
+    """
+    from dlm.node.main import start_from_options  # anyio and the runtime: only this command pays
+
+    raise typer.Exit(start_from_options(flags))
+
+
+def _node_flag(option: NodeOption) -> inspect.Parameter:
+    return inspect.Parameter(
+        option.param,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[
+            str | None,
+            typer.Option(
+                option.flag,
+                metavar=option.metavar,
+                help=f"{option.help} [env: {option.env}]",
+                show_default=False,
+            ),
+        ],
+    )
+
+
+# Its flags come from one table (dlm.cli.node_options), which also gives each its
+# environment variable and config-file key: typer reads this signature.
+node_start.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [_node_flag(option) for option in ALL_OPTIONS]
+)
+node_app.command("start")(node_start)
 
 
 @store_app.command("inspect")

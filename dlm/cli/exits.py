@@ -1,8 +1,10 @@
 """Exit codes of the `dlm` command and the one error type its commands raise.
 
 Scripts branch on these numbers, so they are a contract (README, `dlm --help`):
-they follow sysexits.h where a code there fits, and stay clear of 1, which
-a wrapped command uses for its own failures.
+they follow sysexits.h where a code there fits. 1 means one thing only, a
+check that found something wrong (`dlm status --check`: degraded; `dlm store
+inspect`: a damaged data directory), so a bug in dlm is 70, never 1, which a
+command run by `dlm exec` uses for its own failures.
 """
 
 from __future__ import annotations
@@ -13,21 +15,26 @@ if TYPE_CHECKING:
     from typing import Any
 
 OK = 0
-INTERNAL = 1
+CHECK_FAILED = 1  # status --check: degraded; store inspect: problems found
 USAGE = 2
 UNAVAILABLE = 69  # EX_UNAVAILABLE
+INTERNAL = 70  # EX_SOFTWARE: a bug in dlm, or a reply it does not understand
 CONFLICT = 75  # EX_TEMPFAIL: try again later
 LOST = 77  # EX_NOPERM: not (or no longer) the holder
 NOT_EXECUTABLE = 126  # as shells report it
 NOT_FOUND = 127
+BROKEN_PIPE = 141  # 128 + SIGPIPE, as for any program whose reader went away
 
 EXIT_CODE_HELP = """\
 Exit codes:
 
 \b
   0   success (for exec: CMD exited 0)
+  1   status --check: the cluster is degraded (store inspect: damaged data)
   2   usage error
-  69  cluster unavailable: no member reachable, or no quorum within --timeout
+  69  cluster unavailable: no member answered within --dial-timeout, or no
+      quorum within --timeout
+  70  internal error (a bug in dlm: please report it)
   75  lock held by someone else and not obtained (immediately, or within --wait)
   77  lease lost, or not the holder (renew or release of an expired lease;
       exec's lock lost while CMD ran)
@@ -72,6 +79,10 @@ def from_client_error(exc: Exception) -> CliError:
     code = str(getattr(exc, "code", "ERROR"))
     message = str(getattr(exc, "message", "") or exc)
     exit_code = int(getattr(exc, "exit_code", INTERNAL))
+    if exit_code == CHECK_FAILED:
+        # The client's catch-all (an error code it does not know) is a software
+        # problem to us; 1 belongs to --check and to the command exec runs.
+        exit_code = INTERNAL
     details: dict[str, Any] = {}
     holders = getattr(exc, "holders", None)
     if holders is not None:

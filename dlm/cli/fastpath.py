@@ -29,6 +29,7 @@ FLAG, VALUE, MULTI, INT = "flag", "value", "multi", "int"
 GLOBAL_OPTIONS: dict[str, tuple[str, str]] = {
     "--cluster": ("cluster", VALUE),
     "--timeout": ("timeout", VALUE),
+    "--dial-timeout": ("dial_timeout", VALUE),
     "--json": ("json", FLAG),
 }
 
@@ -180,9 +181,12 @@ def run(parsed: Parsed) -> int:
         cluster=parsed.root.get("cluster"),
         timeout=parsed.root.get("timeout"),
         json=parsed.root.get("json", False),
+        dial_timeout=parsed.root.get("dial_timeout"),
     )
     p = parsed.params
-    settings = resolve(root, p.get("cluster"), p.get("timeout"), p.get("json", False))
+    settings = resolve(
+        root, p.get("cluster"), p.get("timeout"), p.get("json", False), p.get("dial_timeout")
+    )
     if parsed.command == "acquire":
         from dlm.cli import ops
 
@@ -198,8 +202,9 @@ def run(parsed: Parsed) -> int:
         )
         return 0
     if parsed.command == "exec":
-        from dlm.cli import exec_cmd
+        from dlm.cli import exec_cmd, ops
 
+        ops.check_lock_options(p["lock"], p.get("limit", 1), "--lock")
         return exec_cmd.run(
             settings,
             key=p["lock"],

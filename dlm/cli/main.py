@@ -3,7 +3,7 @@
 Nothing a user sees is left to chance here: usage errors are one line (or one
 JSON object with --json) and exit 2; errors from the cluster keep the exit
 code of the table in exits.py; anything unexpected is one line naming it and
-exit 1, never a traceback (set DLM_DEBUG=1 to see one).
+exit 70 (EX_SOFTWARE), never a traceback (set DLM_DEBUG=1 to see one).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def run(args: Sequence[str]) -> int:
         # The reader went away (`dlm locks | head`): nothing more to say to it.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return 1
+        return exits.BROKEN_PIPE
     except Exception as exc:
         client_error = _client_error(exc)
         if client_error is not None:
@@ -80,7 +80,7 @@ def run(args: Sequence[str]) -> int:
             f"internal error: {type(exc).__name__}: {exc}. This is a bug in dlm: please report "
             "it with the command you ran (DLM_DEBUG=1 shows the traceback)"
         )
-        return report(CliError("INTERNAL", " ".join(message.split()), 1), as_json)
+        return report(CliError("INTERNAL", " ".join(message.split()), exits.INTERNAL), as_json)
 
 
 def _interrupted(signum: int, as_json: bool) -> int:
@@ -100,7 +100,7 @@ def _run_typer(args: Sequence[str], as_json: bool) -> int:
         import typer  # most of a plain run's import time, hence not on the fast path
         from typer._click import exceptions as click_exc
     except ImportError as exc:  # a broken install or zipapp: say what is missing
-        raise CliError("INTERNAL", f"cannot load the CLI library: {exc}", 1) from None
+        raise CliError("INTERNAL", f"cannot load the CLI library: {exc}", exits.INTERNAL) from None
 
     from dlm.cli.app import app
 

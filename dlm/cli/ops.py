@@ -12,9 +12,10 @@ import signal
 import sys
 import threading
 
+from dlm import limits
 from dlm.cli.durations import DurationError, format_ms, parse_duration, parse_duration_ms
-from dlm.cli.exits import LOST, CliError, Interrupted, from_client_error, usage_error
-from dlm.cli.output import emit_json, say
+from dlm.cli.exits import CHECK_FAILED, LOST, CliError, Interrupted, from_client_error, usage_error
+from dlm.cli.output import emit_json, escape, say
 from dlm.cli.settings import Settings
 
 # typing stays off the CLI's import path (milliseconds per run); mypy reads TYPE_CHECKING as true.
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from dlm.client.sync import Client
 
 FORMATS = ("text", "env", "json")
-MAX_META_VALUE = 256
+MAX_META_VALUE = limits.META_VALUE_MAX_CHARS
 MAX_SHOWN_CMD = 60
 MAX_SHOWN_HOLDERS = 3
 
@@ -49,15 +50,38 @@ def duration_option(option: str, text: str, *, allow_zero: bool = True) -> float
     return seconds
 
 
+def _check(option: str, problem: str | None) -> None:
+    """A value the cluster would refuse is refused here, before connecting, naming the option."""
+    if problem is not None:
+        raise usage_error(f"bad {option}: {problem}")
+
+
 def ttl_option(text: str) -> int:
     try:
         ttl_ms = parse_duration_ms(text)
     except DurationError as exc:
         raise usage_error(f"bad --ttl: {exc}") from None
-    # The cluster enforces its own bounds (and says them); only nonsense stops here.
-    if ttl_ms <= 0:
-        raise usage_error("--ttl must be more than 0")
+    _check("--ttl", limits.check_ttl_ms(ttl_ms))
     return ttl_ms
+
+
+def check_key(key: str, option: str = "KEY") -> None:
+    _check(option, limits.check_key(key))
+
+
+def check_lease(lease: str | None, option: str = "--lease") -> None:
+    if lease is not None:
+        _check(option, limits.check_lease_id(lease))
+
+
+def check_limit(limit: int) -> None:
+    _check("--limit", limits.check_limit(limit))
+
+
+def check_lock_options(key: str, limit: int, key_option: str = "KEY") -> None:
+    """What acquire and exec ask the cluster for, checked before they connect."""
+    check_key(key, key_option)
+    check_limit(limit)
 
 
 def wait_option(text: str | None) -> float | None:
@@ -69,7 +93,7 @@ def parse_meta(pairs: Sequence[str]) -> dict[str, str]:
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep or not name.strip():
-            raise usage_error(f"bad --meta {pair!r}: write it as KEY=VALUE")
+            raise usage_error(f"bad --meta '{escape(pair)}': write it as KEY=VALUE")
         meta[name.strip()] = value
     return meta
 
@@ -217,11 +241,14 @@ def acquire(
     output_format: str,
 ) -> None:
     if output_format not in FORMATS:
-        raise usage_error(f"bad --format {output_format!r}: use text, env or json")
+        raise usage_error(f"bad --format '{escape(output_format)}': use text, env or json")
+    check_lock_options(key, limit)
+    check_lease(lease)
     ttl_ms = ttl_option(ttl)
     wait_s = wait_option(wait)
     meta = owner_meta(pid=os.getppid())
     meta.update(parse_meta(meta_pairs))
+    _check("--meta", limits.check_meta(meta))
 
     from dlm.client.errors import LockHeld
 
@@ -250,7 +277,7 @@ def acquire(
         say(format_env(result))
     else:
         say(
-            f"acquired {grant.key}: token {grant.token}, lease {grant.lease}, "
+            f"acquired {escape(grant.key)}: token {grant.token}, lease {escape(grant.lease)}, "
             f"ttl {format_ms(grant.ttl_ms)}"
         )
 
@@ -290,7 +317,7 @@ def _take(
             if exc.code == "CLOSED" and keeper is not None and keeper.lost.wait(2.0):
                 raise CliError(
                     "SESSION_EXPIRED",
-                    f"lease lost while waiting for {key!r}: {keeper.reason}; "
+                    f"lease lost while waiting for '{escape(key)}': {keeper.reason}; "
                     "check the cluster with `dlm status`, then try again",
                     LOST,
                 ) from None
@@ -324,6 +351,7 @@ def format_env(result: dict[str, Any]) -> str:
 
 
 def renew(settings: Settings, lease: str, keep_alive: bool) -> None:
+    check_lease(lease, "LEASE")
     client = settings.connect()
     try:
         if keep_alive:
@@ -397,6 +425,8 @@ def _keep_alive(client: Client, lease: str, *, announce: bool) -> tuple[int, int
 def release(settings: Settings, key: str, lease: str) -> None:
     from dlm.client.errors import LeaseLost
 
+    check_key(key)
+    check_lease(lease)
     client = settings.connect()
     try:
         try:
@@ -405,7 +435,7 @@ def release(settings: Settings, key: str, lease: str) -> None:
             holders = _holders_now(client, key)
             raise CliError(
                 "SESSION_EXPIRED",
-                f"{exc.message}; {key!r} is {describe_holders(holders)}",
+                f"{exc.message}; '{escape(key)}' is {describe_holders(holders)}",
                 LOST,
                 holders=holders,
             ) from None
@@ -414,7 +444,7 @@ def release(settings: Settings, key: str, lease: str) -> None:
     if settings.json:
         emit_json({"key": key, "lease": lease, "released": True})
     else:
-        say(f"released {key} (lease {lease})")
+        say(f"released {escape(key)} (lease {lease})")
 
 
 def _holders_now(client: Client, key: str) -> list[dict[str, Any]]:
@@ -428,7 +458,10 @@ def _holders_now(client: Client, key: str) -> list[dict[str, Any]]:
 def describe_holders(holders: Sequence[dict[str, Any]]) -> str:
     if not holders:
         return "held by nobody now"
-    names = [f"lease {h.get('lease', '?')} (token {h.get('token', '?')})" for h in holders]
+    names = [
+        f"lease {escape(h.get('lease', '?'))} (token {escape(h.get('token', '?'))})"
+        for h in holders
+    ]
     return "held by " + ", ".join(names)
 
 
@@ -438,7 +471,8 @@ def describe_holders(holders: Sequence[dict[str, Any]]) -> str:
 
 
 def store_inspect(directory: str, as_json: bool) -> None:
-    """Prints the report; exits 1 when the directory has problems (corrupt, missing, ...)."""
+    """Prints the report; exits 1 (CHECK_FAILED) when the directory has problems (corrupt,
+    missing, not a data directory)."""
     from dlm.store import StoreCorrupted, StoreError
     from dlm.store.inspect import inspect_store, inspect_store_json
 
@@ -446,18 +480,23 @@ def store_inspect(directory: str, as_json: bool) -> None:
         report = inspect_store_json(directory)
         if as_json:
             emit_json(report)
+        elif not report.get("data_dir") and report.get("problems"):
+            # Nothing to report but that: one line, as for any other error.
+            raise CliError("NOT_A_DATA_DIR", str(report["problems"][0]), CHECK_FAILED)
         else:
             sys.stdout.write(inspect_store(directory).rstrip("\n") + "\n")
     except StoreError as exc:
         code = "STORE_CORRUPTED" if isinstance(exc, StoreCorrupted) else "STORE_ERROR"
-        raise CliError(code, str(exc), 1) from None
+        raise CliError(code, str(exc), CHECK_FAILED) from None
     except OSError as exc:
-        raise CliError("STORE_UNREADABLE", f"cannot read {directory}: {exc}", 1) from None
+        raise CliError(
+            "STORE_UNREADABLE", f"cannot read {directory}: {exc}", CHECK_FAILED
+        ) from None
     if not report.get("ok", False):
         error = CliError(
             "STORE_PROBLEMS",
             f"{directory} has problems (listed above); do not start a member on it as it is",
-            1,
+            CHECK_FAILED,
         )
         error.reported = as_json  # the JSON report already says ok: false
         raise error

@@ -1,32 +1,70 @@
 """`dlm status`, `dlm status KEY` and `dlm locks`: what the cluster and its locks look like.
 
 Cluster status is put together from two sources: one linearizable ``status``
-through the leader (term, leader, counts, membership), then each member asked
-directly (a stale read of its own view, with a short timeout) for role, term,
-commit and applied index. A member that does not answer is shown as
-unreachable rather than failing the whole command, and if no quorum answers
-the members are still shown before exiting 69: that is when an operator
-needs them most.
+through the leader (term, leader, counts, membership, and each member's
+replication progress and last contact as the leader sees them), then each
+member asked directly (a stale read of its own view, with a short timeout)
+for role, term, commit and applied index. A member that does not answer is
+shown as unreachable rather than failing the whole command, and if no quorum
+answers the members are still shown before exiting 69: that is when an
+operator needs them most. dlm.cli.health turns the figures into a verdict.
+
+Three formats: rich tables for a terminal, tab-separated rows for a pipe
+(one header line, then one line per row), and JSON (exact values, as the
+cluster sent them). The two human formats show keys and metadata through
+output.escape and translate Raft's words (a pre-candidate is a candidate).
 """
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
+from dlm.cli import health
 from dlm.cli.durations import format_ms
-from dlm.cli.exits import CliError, from_client_error
-from dlm.cli.output import console, emit_json, say
+from dlm.cli.exits import CHECK_FAILED, OK, UNAVAILABLE, CliError, usage_error
+from dlm.cli.output import (
+    JSON,
+    TABLE,
+    TSV,
+    Styled,
+    console,
+    emit_json,
+    emit_tsv,
+    escape,
+    format_meta,
+    make_table,
+    print_table,
+    say,
+    stdout_is_terminal,
+)
 from dlm.cli.settings import Settings
 
 if TYPE_CHECKING:
+    from rich.console import RenderableType
+
     from dlm.client.sync import Client
 
 # Each member gets at most this long to describe itself: the table is worth
 # more with one member missing than late.
 MEMBER_TIMEOUT = 1.0
 
-MEMBER_FIELDS = ("id", "address", "role", "term", "commit", "applied", "lag", "reachable")
+MEMBER_FIELDS = (
+    "id",
+    "address",
+    "role",
+    "term",
+    "commit",
+    "applied",
+    "lag",
+    "last_contact_ms",
+    "voter",
+    "reachable",
+)
+
+# Raft's words for people: a pre-candidate is a candidate that has not yet bumped its term.
+HUMAN_ROLES = {"pre_candidate": "candidate", "precandidate": "candidate"}
 
 
 def _int(value: Any) -> int | None:
@@ -35,6 +73,37 @@ def _int(value: Any) -> int | None:
 
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def human_role(role: Any) -> str:
+    if not isinstance(role, str) or not role:
+        return "-"
+    return HUMAN_ROLES.get(role, role)
+
+
+def waiter_count(waiters: Any) -> int | None:
+    """How many wait: the list of waiters (version 2) or a bare count (version 1)."""
+    if isinstance(waiters, list):
+        return len(waiters)
+    return _int(waiters)
+
+
+def iso_local(ms: int | None) -> str:
+    """Milliseconds since the epoch as local ISO-8601 time with its offset; '-' if unknown."""
+    if ms is None:
+        return "-"
+    from datetime import datetime
+
+    return datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="seconds")
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+# ---------------------------------------------------------------------------
+# Putting the cluster's picture together
+# ---------------------------------------------------------------------------
 
 
 def gather_members(
@@ -57,6 +126,8 @@ def merge_member(member: dict[str, Any], view: dict[str, Any] | None) -> dict[st
     row["id"] = _str(member.get("id")) or (_member_id(view) if view else None)
     row["address"] = _str(member.get("address"))
     row["reachable"] = view is not None
+    # A learner is one in the leader's list (version 2) or by its own account.
+    row["voter"] = member.get("role") != "learner" and (view or {}).get("role") != "learner"
     if view is not None:
         row["role"] = _str(view.get("role"))
         row["term"] = _int(view.get("term"))
@@ -65,40 +136,37 @@ def merge_member(member: dict[str, Any], view: dict[str, Any] | None) -> dict[st
     return row
 
 
-def fill_lag(rows: list[dict[str, Any]], reference: int | None) -> None:
-    """lag = how many committed entries a member has yet to apply, against ``reference``."""
+def fill_progress(
+    rows: list[dict[str, Any]],
+    reference: int | None,
+    progress: Any = None,
+    leader_last: int | None = None,
+) -> None:
+    """lag: how far each member is behind the leader, in entries: the committed entries it
+    has yet to apply (against ``reference``) or, from the leader's progress, the entries it
+    has yet to receive, whichever is more. last_contact_ms: from the leader's progress."""
+    progress = progress if isinstance(progress, dict) else {}
     for row in rows:
+        lags = []
         if reference is not None and row["applied"] is not None:
-            row["lag"] = max(0, reference - row["applied"])
+            lags.append(max(0, reference - row["applied"]))
+        seen = progress.get(row["id"])
+        if isinstance(seen, dict):
+            match = _int(seen.get("match"))
+            if match is not None and leader_last is not None:
+                lags.append(max(0, leader_last - match))
+            row["last_contact_ms"] = _int(seen.get("last_contact_ms"))
+        row["lag"] = max(lags) if lags else None
 
 
 def _member_id(view: dict[str, Any]) -> str | None:
     # A status reply names its member in "node" ("id" is the request id, and
-    # the client strips it); "id" is still read for older members.
+    # the client strips it).
     return _str(view.get("node"))
 
 
-def cluster_status(settings: Settings) -> None:
-    from dlm.client.errors import ClusterUnavailable
-
-    client = settings.connect()
-    try:
-        try:
-            view = client.status()
-        except ClusterUnavailable as exc:
-            _report_unavailable(settings, client, exc)
-            return
-        result = summarize(client, view, min(MEMBER_TIMEOUT, settings.timeout))
-    finally:
-        client.close()
-    if settings.json:
-        emit_json(result)
-    else:
-        print_cluster(result)
-
-
 def summarize(client: Client, view: dict[str, Any], member_timeout: float) -> dict[str, Any]:
-    """The `dlm status --json` object, from one member's view and every member's own."""
+    """The `dlm status --json` object, from the leader's view and every member's own."""
     members = [m for m in view.get("members") or [] if isinstance(m, dict)]
     if not members:
         members = [{"id": _member_id(view), "address": view.get("address")}]
@@ -110,7 +178,13 @@ def summarize(client: Client, view: dict[str, Any], member_timeout: float) -> di
         (row["commit"] for row in rows if row["id"] == leader and row["commit"] is not None),
         _int(view.get("commit")),
     )
-    fill_lag(rows, leader_commit)
+    from_leader = view.get("role") == "leader"
+    fill_progress(
+        rows,
+        leader_commit,
+        view.get("progress") if from_leader else None,
+        _int(view.get("last_index")) if from_leader else None,
+    )
     return {
         "cluster": _str(view.get("cluster")),
         "leader": leader,
@@ -120,71 +194,322 @@ def summarize(client: Client, view: dict[str, Any], member_timeout: float) -> di
         "members": rows,
         "sessions": _int(view.get("sessions")),
         "locks": _int(view.get("locks")),
-        "waiters": _int(view.get("waiters")),
+        "waiters": waiter_count(view.get("waiters")),
+        "health": health.assess(rows, leader),
     }
 
 
-def _report_unavailable(settings: Settings, client: Client, exc: Exception) -> None:
-    """No quorum: show what each member we know of says, then fail with 69."""
-    members = [{"id": None, "address": addr} for addr in settings.members]
-    rows = gather_members(client, members, min(MEMBER_TIMEOUT, settings.timeout))
-    fill_lag(rows, max((r["commit"] for r in rows if r["commit"] is not None), default=None))
-    error = from_client_error(exc)
-    if settings.json:
-        emit_json({**error.to_json(), "members": rows})
-        raise _Reported(error.exit_code)
-    print_members(rows)
-    raise error
+def collect(settings: Settings, client: Client) -> dict[str, Any]:
+    """One look at the cluster: the summary, or (no quorum) the error and every member's view."""
+    from dlm.cli.exits import from_client_error
+    from dlm.client.errors import ClusterUnavailable
+
+    member_timeout = min(MEMBER_TIMEOUT, settings.timeout)
+    try:
+        view = client.status()
+    except ClusterUnavailable as exc:
+        members = [{"id": None, "address": addr} for addr in settings.members]
+        rows = gather_members(client, members, member_timeout)
+        reference = max((r["commit"] for r in rows if r["commit"] is not None), default=None)
+        fill_progress(rows, reference)
+        error = from_client_error(exc)
+        return {
+            **error.to_json(),
+            "members": rows,
+            "health": health.no_quorum(rows, error.message),
+        }
+    return summarize(client, view, member_timeout)
 
 
-class _Reported(CliError):
-    """The error is already printed (as part of a JSON object); only the exit code is left."""
-
-    def __init__(self, exit_code: int) -> None:
-        super().__init__("REPORTED", "", exit_code)
-        self.reported = True
+# ---------------------------------------------------------------------------
+# dlm status
+# ---------------------------------------------------------------------------
 
 
-def key_status(settings: Settings, key: str) -> None:
+def cluster_status(settings: Settings, output_format: str, *, check: bool = False) -> int:
+    """Prints the cluster's status (or, with ``check``, its verdict); returns the exit code."""
+    client = settings.connect()
+    try:
+        result = collect(settings, client)
+    finally:
+        client.close()
+    verdict = result["health"]
+    code = {health.HEALTHY: OK, health.DEGRADED: CHECK_FAILED}.get(verdict["state"], UNAVAILABLE)
+    if check:
+        if output_format == JSON:
+            emit_json({**verdict, "members": result["members"]})
+        else:
+            say(health.check_line(verdict))
+        return code
+    if output_format == JSON:
+        emit_json(result)
+    elif output_format == TSV:
+        emit_tsv(*members_tsv(result))
+    else:
+        console().print(cluster_renderable(result, console().width))
+    if "error" in result:
+        if output_format == JSON:
+            return UNAVAILABLE  # the object above carries the error
+        error = result["error"]
+        raise CliError(str(error["code"]), str(error["message"]), UNAVAILABLE)
+    return OK
+
+
+def watch(settings: Settings, output_format: str, interval: float) -> int:
+    """Shows the cluster every ``interval`` seconds until Ctrl-C (exit 0): refreshed in place
+    on a terminal, one snapshot after another otherwise."""
+    # A look must not take much longer than the interval, even without a quorum.
+    budget = max(interval, 1.0)
+    quick = Settings(
+        settings.members,
+        min(settings.timeout, budget),
+        settings.json,
+        min(settings.dial_timeout, budget),
+    )
+    client = quick.connect()
+    try:
+        if output_format == TABLE and stdout_is_terminal():
+            _watch_live(quick, client, interval)
+        else:
+            while True:
+                started = time.monotonic()
+                result = collect(quick, client)
+                if output_format == JSON:
+                    emit_json(result)
+                elif output_format == TSV:
+                    emit_tsv(*members_tsv(result))
+                else:
+                    console().print(cluster_renderable(result, console().width, stamp=True))
+                    say("")
+                time.sleep(max(0.0, interval - (time.monotonic() - started)))
+    except KeyboardInterrupt:
+        return OK
+    finally:
+        client.close()
+
+
+def _watch_live(settings: Settings, client: Client, interval: float) -> NoReturn:
+    from rich.live import Live
+
+    out = console()
+    with Live(console=out, auto_refresh=False, transient=False) as live:
+        while True:
+            started = time.monotonic()
+            result = collect(settings, client)
+            live.update(cluster_renderable(result, out.width, stamp=True), refresh=True)
+            time.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+
+def members_tsv(result: dict[str, Any]) -> tuple[list[str], list[list[object]]]:
+    header = list(MEMBER_FIELDS)
+    rows: list[list[object]] = []
+    for r in result["members"]:
+        rows.append(
+            [
+                _dash(r["id"]),
+                _dash(r["address"]),
+                human_role(r["role"]),
+                *(_dash(r[f]) for f in ("term", "commit", "applied", "lag", "last_contact_ms")),
+                "yes" if r["voter"] else "no",
+                "yes" if r["reachable"] else "no",
+            ]
+        )
+    return header, rows
+
+
+HEALTH_STYLES = {health.HEALTHY: "green", health.DEGRADED: "yellow", health.NO_QUORUM: "bold red"}
+
+
+def cluster_renderable(result: dict[str, Any], width: int, *, stamp: bool = False) -> Any:
+    """The human view: a summary line, the verdict, and the members table."""
+    from rich.console import Group
+    from rich.text import Text
+
+    verdict = result["health"]
+    lines: list[RenderableType] = []
+    if stamp:
+        lines.append(Text(f"as of {iso_local(int(time.time() * 1000))} (Ctrl-C stops)"))
+    if "error" in result:
+        lines.append(Text(f"no quorum: {escape(result['error']['message'])}", style="bold red"))
+    else:
+        lines.append(
+            Text(
+                f"cluster {escape(result.get('cluster') or '-')}: "
+                f"leader {escape(result.get('leader') or 'none')}, "
+                f"term {_dash(result.get('term'))}, commit {_dash(result.get('commit'))}; "
+                f"{_dash(result.get('sessions'))} sessions, {_dash(result.get('locks'))} locks, "
+                f"{_dash(result.get('waiters'))} waiters"
+            )
+        )
+        style = HEALTH_STYLES.get(verdict["state"], "")
+        if verdict["state"] == health.DEGRADED:
+            lines.append(Text(f"degraded: {verdict['reason']}", style=style))
+            lines.append(Text(health.tolerance_line(verdict)))
+        else:
+            lines.append(Text(f"healthy: {health.tolerance_line(verdict)}", style=style))
+    lines.append(members_table(result["members"], result.get("leader"), width))
+    return Group(*lines)
+
+
+def members_table(rows: list[dict[str, Any]], leader: str | None, width: int) -> Any:
+    headings = ("ID", "ADDRESS", "ROLE", "TERM", "COMMIT", "APPLIED", "LAG", "LAST CONTACT")
+    cells: list[list[str | Styled]] = []
+    for r in rows:
+        is_leader = r["id"] is not None and r["id"] == leader
+        ident: str | Styled = _dash(r["id"]) + (" *" if is_leader else "")
+        role: str | Styled = human_role(r["role"])
+        if not r["voter"] and role != "learner":
+            role = f"{role} (learner)"
+        if not r["reachable"]:
+            role = Styled("(unreachable)", "bold red")
+        elif is_leader:
+            ident, role = Styled(str(ident), "bold green"), Styled(str(role), "bold green")
+        contact = r["last_contact_ms"]
+        cells.append(
+            [
+                ident,
+                _dash(r["address"]),
+                role,
+                *(_dash(r[f]) for f in ("term", "commit", "applied", "lag")),
+                "-" if contact is None else f"{format_ms(contact)} ago",
+            ]
+        )
+    return make_table(
+        headings, cells, width=width, right=("TERM", "COMMIT", "APPLIED", "LAG", "LAST CONTACT")
+    )
+
+
+# ---------------------------------------------------------------------------
+# dlm status KEY
+# ---------------------------------------------------------------------------
+
+
+def key_status(settings: Settings, key: str, output_format: str) -> None:
+    from dlm.cli.ops import check_key
+
+    check_key(key)
     client = settings.connect()
     try:
         state = client.get(key)
     finally:
         client.close()
-    if settings.json:
+    if output_format == JSON:
         emit_json(state)
         return
     holders = [h for h in state.get("holders") or [] if isinstance(h, dict)]
     waiters = [w for w in state.get("waiters") or [] if isinstance(w, dict)]
+    now_ms = server_now_ms(holders)
+    if output_format == TSV:
+        emit_tsv(*key_tsv(key, holders, waiters, now_ms))
+        return
     limit = _int(state.get("limit")) or 1
     if not holders and not waiters:
-        say(f"{key} is free")
+        say(f"{escape(key)} is free")
         return
-    out = console()
-    what = "lock" if limit == 1 else f"semaphore (limit {limit})"
-    out.print(f"{key}: {what}, {len(holders)} holder(s), {len(waiters)} waiter(s)")
-    table = _table("LEASE", "TOKEN", "HELD FOR", "TTL LEFT", "OWNER")
+    say(key_summary(key, limit, holders, waiters, now_ms))
     for h in holders:
-        table.add_row(
-            str(h.get("lease", "?")),
-            str(h.get("token", "?")),
-            format_ms(_int(h.get("held_ms"))),
-            format_ms(_int(h.get("remaining_ms"))),
-            _meta(h.get("meta")),
-        )
-    out.print(table)
+        say("")
+        say(holder_block(h, now_ms))
     if waiters:
-        now_ms = server_now_ms(holders)
-        queue = _table("#", "LEASE", "WAITING FOR", "OWNER")
-        for i, w in enumerate(waiters, 1):
-            since = _int(w.get("since_ms"))
-            queue.add_row(
-                str(_int(w.get("position")) or i),
-                str(w.get("lease", "?")),
-                format_ms(None if since is None else now_ms - since),
-                _meta(w.get("meta")),
-            )
-        out.print(queue)
+        say("")
+        print_table(
+            ("#", "WAITING LEASE", "WAITING SINCE", "FOR", "OWNER"),
+            (
+                [
+                    str(_int(w.get("position")) or i),
+                    str(w.get("lease", "?")),
+                    iso_local(_int(w.get("since_ms"))),
+                    format_ms(_waited(now_ms, _int(w.get("since_ms")))),
+                    format_meta(w.get("meta")),
+                ]
+                for i, w in enumerate(waiters, 1)
+            ),
+            squeeze="OWNER",
+            right=("#", "FOR"),
+        )
+
+
+def key_summary(
+    key: str, limit: int, holders: list[dict[str, Any]], waiters: list[dict[str, Any]], now_ms: int
+) -> str:
+    if limit == 1:
+        what = "lock, held" if holders else "lock, free"
+    else:
+        what = f"semaphore of {limit}, {len(holders)} holder{'' if len(holders) == 1 else 's'}"
+    queue = f"{len(waiters)} waiting" if waiters else "nobody waiting"
+    return f"{escape(key)}: {what}, {queue} (as of {iso_local(now_ms)})"
+
+
+def holder_block(holder: dict[str, Any], now_ms: int) -> str:
+    """One holder, a line per fact, each time as an absolute time beside its duration."""
+    remaining = _int(holder.get("remaining_ms"))
+    if remaining is None:
+        ttl = "- (only the leader tracks it, and another member answered)"
+    else:
+        ttl = f"{format_ms(remaining)}, until {_expires(now_ms, remaining)}"
+    facts = [
+        ("lease", escape(holder.get("lease", "?"))),
+        ("token", escape(holder.get("token", "?"))),
+        (
+            "held since",
+            f"{iso_local(_int(holder.get('granted_at_ms')))}, "
+            f"for {format_ms(_int(holder.get('held_ms')))}",
+        ),
+        ("TTL left", ttl),
+        ("owner", escape(format_meta(holder.get("meta"))) or "-"),
+    ]
+    return "\n".join(f"  {name:<11} {value}" for name, value in facts)
+
+
+def key_tsv(
+    key: str, holders: list[dict[str, Any]], waiters: list[dict[str, Any]], now_ms: int
+) -> tuple[list[str], list[list[object]]]:
+    header = [
+        "key", "state", "lease", "token", "position", "since", "for_ms", "ttl_left_ms",
+        "expires", "owner",
+    ]  # fmt: skip
+    rows: list[list[object]] = []
+    for h in holders:
+        remaining = _int(h.get("remaining_ms"))
+        rows.append(
+            [
+                key,
+                "holder",
+                _dash(h.get("lease")),
+                _dash(h.get("token")),
+                "-",
+                iso_local(_int(h.get("granted_at_ms"))),
+                _dash(_int(h.get("held_ms"))),
+                _dash(remaining),
+                _expires(now_ms, remaining),
+                format_meta(h.get("meta")),
+            ]
+        )
+    for i, w in enumerate(waiters, 1):
+        since = _int(w.get("since_ms"))
+        rows.append(
+            [
+                key,
+                "waiter",
+                _dash(w.get("lease")),
+                "-",
+                _int(w.get("position")) or i,
+                iso_local(since),
+                _dash(_waited(now_ms, since)),
+                "-",
+                "-",
+                format_meta(w.get("meta")),
+            ]
+        )
+    return header, rows
+
+
+def _expires(now_ms: int, remaining_ms: int | None) -> str:
+    return "-" if remaining_ms is None else iso_local(now_ms + remaining_ms)
+
+
+def _waited(now_ms: int, since_ms: int | None) -> int | None:
+    return None if since_ms is None else max(0, now_ms - since_ms)
 
 
 def server_now_ms(holders: list[dict[str, Any]]) -> int:
@@ -194,71 +519,72 @@ def server_now_ms(holders: list[dict[str, Any]]) -> int:
         granted, held = _int(h.get("granted_at_ms")), _int(h.get("held_ms"))
         if granted is not None and held is not None:
             return granted + held
-    import time
-
     return int(time.time() * 1000)
 
 
-def list_locks(settings: Settings, prefix: str) -> None:
+# ---------------------------------------------------------------------------
+# dlm locks
+# ---------------------------------------------------------------------------
+
+
+def list_locks(settings: Settings, prefix: str, output_format: str) -> None:
     client = settings.connect()
     try:
         locks = client.list_locks(prefix)
     finally:
         client.close()
-    if settings.json:
+    if output_format == JSON:
+        # As the cluster sent them: version 1 counts a lock's waiters, version 2 lists them.
         emit_json({"prefix": prefix, "locks": locks})
         return
-    if not locks:
-        say(f"no locks held{f' under {prefix!r}' if prefix else ''}")
+    rows = list(lock_rows(locks))
+    if output_format == TSV:
+        header = ["key", "lease", "token", "held_ms", "ttl_left_ms", "waiters", "owner"]
+        emit_tsv(header, ([_dash(cell) for cell in row] for row in rows))
         return
-    table = _table("KEY", "LEASE", "TOKEN", "HELD FOR", "TTL LEFT", "WAITERS", "OWNER")
+    if not rows:
+        under = f" under '{escape(prefix)}'" if prefix else ""
+        say(f"no locks held{under}")
+        return
+    print_table(
+        ("KEY", "LEASE", "TOKEN", "HELD FOR", "TTL LEFT", "WAITERS", "OWNER"),
+        ([r[0], r[1], r[2], format_ms(r[3]), format_ms(r[4]), _dash(r[5]), r[6]] for r in rows),
+        squeeze="OWNER",
+        right=("TOKEN", "HELD FOR", "TTL LEFT", "WAITERS"),
+    )
+
+
+def lock_rows(locks: list[dict[str, Any]]) -> Any:
+    """(key, lease, token, held_ms, remaining_ms, waiters, owner) per holder; a row of its own
+    for a key with waiters but no holder."""
     for lock in locks:
         holders = [h for h in lock.get("holders") or [] if isinstance(h, dict)] or [{}]
+        waiting = waiter_count(lock.get("waiters"))
         for h in holders:
-            table.add_row(
+            yield (
                 str(lock.get("key", "?")),
-                str(h.get("lease", "-")),
-                str(h.get("token", "-")),
-                format_ms(_int(h.get("held_ms"))),
-                format_ms(_int(h.get("remaining_ms"))),
-                str(lock.get("waiters", 0)),
-                _meta(h.get("meta")),
+                _dash(h.get("lease")),
+                _dash(h.get("token")),
+                _int(h.get("held_ms")),
+                _int(h.get("remaining_ms")),
+                waiting,
+                format_meta(h.get("meta")),
             )
-    console().print(table)
 
 
-def _meta(meta: Any) -> str:
-    if not isinstance(meta, dict):
-        return ""
-    return " ".join(f"{k}={v}" for k, v in meta.items())
+def check_options(
+    key: str | None, check: bool, watch_on: bool, interval: str | None
+) -> float | None:
+    """The watch interval in seconds (None: no --watch); usage errors for combinations
+    that make no sense."""
+    from dlm.cli.ops import duration_option
 
-
-def _table(*columns: str) -> Any:
-    from rich import box
-    from rich.table import Table
-
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for column in columns:
-        # Ids and numbers stay whole (people copy them); the owner column takes the squeeze.
-        table.add_column(column, no_wrap=column != "OWNER", overflow="fold")
-    return table
-
-
-def print_cluster(result: dict[str, Any]) -> None:
-    leader = result.get("leader") or "none"
-    say(
-        f"cluster {result.get('cluster') or '-'}: leader {leader}, term {result.get('term')}, "
-        f"commit {result.get('commit')}; {result.get('sessions')} sessions, "
-        f"{result.get('locks')} locks, {result.get('waiters')} waiters"
-    )
-    print_members(result["members"])
-
-
-def print_members(rows: list[dict[str, Any]]) -> None:
-    table = _table("ID", "ADDRESS", "ROLE", "TERM", "COMMIT", "APPLIED", "LAG", "REACHABLE")
-    for r in rows:
-        table.add_row(
-            *("-" if r[f] is None else str(r[f]) for f in MEMBER_FIELDS[:-1]),
-            "yes" if r["reachable"] else "NO",
-        )
-    console().print(table)
+    if key is not None and (check or watch_on):
+        raise usage_error("--check and --watch are about the cluster: drop KEY")
+    if check and watch_on:
+        raise usage_error("--check gives one verdict and --watch keeps looking: pick one")
+    if interval is not None and not watch_on:
+        raise usage_error("--interval goes with --watch")
+    if not watch_on:
+        return None
+    return duration_option("--interval", interval or "2s", allow_zero=False)

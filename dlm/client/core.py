@@ -387,6 +387,7 @@ class Context:
         "clock",
         "dial_timeout",
         "members",
+        "reached",
         "router",
         "seqs",
         "timeout",
@@ -413,7 +414,11 @@ class Context:
         self.attempt_timeout = attempt_timeout
         self.client = client or new_lease_id()
         self.seqs = seqs or Sequencer()
+        # Until some member has answered (``reached``), a call gives up once this long
+        # has passed with no answer at all (None: only ``timeout`` counts). After that,
+        # a member that stops answering is an outage to ride out, not a wrong address.
         self.dial_timeout = dial_timeout
+        self.reached = False
 
 
 def default_attempt_timeout(timeout: float) -> float:
@@ -442,6 +447,9 @@ def call(
     """
     budget = s.timeout if timeout is None else timeout
     deadline = s.clock() + budget
+    dial = None if s.reached else s.dial_timeout
+    dial_deadline = None if dial is None else s.clock() + dial
+    unanswered: dict[str, str] = {}  # address -> why it did not answer, while none has
     failures = 0  # drives the backoff exponent
     misses_in_row = 0  # unreachable members in a row; back off after a full round
     hops = 0
@@ -452,22 +460,29 @@ def call(
         if remaining <= 0:
             raise _unavailable(s.members, budget, answered, last_problem)
         addr = s.router.target()
-        outcome = yield Send(
-            addr, request, min(remaining, s.attempt_timeout), drop_pushes_for=drop_pushes_for
-        )
+        attempt = min(remaining, s.attempt_timeout)
+        if dial is not None and not answered:
+            # An equal share each, so one silent address cannot use up the dial budget.
+            attempt = min(attempt, dial / len(s.members))
+        outcome = yield Send(addr, request, attempt, drop_pushes_for=drop_pushes_for)
         delay = 0.0
         if not isinstance(outcome, dict):
             reason = outcome.reason if isinstance(outcome, Failed) else "no reply"
-            last_problem = f"{addr}: {reason}"
+            last_problem = reason if reason.startswith(addr) else f"{addr}: {reason}"
             s.router.failed(addr)
             misses_in_row += 1
             hops = 0
             if misses_in_row % len(s.members) == 0:
                 delay = s.backoff.delay(failures)
                 failures += 1
+            if dial is not None and dial_deadline is not None and not answered:
+                unanswered[addr] = last_problem
+                if s.clock() >= dial_deadline and set(s.members) <= set(unanswered):
+                    raise _none_answered(dial, unanswered)
+                delay = min(delay, max(0.0, dial_deadline - s.clock()))
         else:
             misses_in_row = 0
-            answered = True
+            answered = s.reached = True
             kind = outcome.get("t")
             if kind == "ok":
                 s.router.answered(addr)
@@ -496,6 +511,14 @@ def call(
                 failures += 1
         if delay > 0:
             yield Sleep(min(delay, max(0.0, deadline - s.clock())))
+
+
+def _none_answered(dial_timeout: float, problems: Mapping[str, str]) -> ClusterUnavailable:
+    return ClusterUnavailable(
+        f"no member answered within the dial timeout ({dial_timeout:g}s): "
+        f"{'; '.join(problems.values())}; check --cluster (or DLM_CLUSTER) "
+        "and that the members are running"
+    )
 
 
 def _unavailable(

@@ -77,6 +77,7 @@ class _Connection:
         self.addr = addr
         self.sock = sock
         self.node = ""
+        self._framed = False  # a whole frame has come in: it is a dlm member at least
         self._decoder = FrameDecoder(REPLY_FRAME_LIMIT)
         self._frames: deque[Any] = deque()
         self._pushes: list[dict[Any, Any]] = []
@@ -160,7 +161,15 @@ class _Connection:
             try:
                 self._frames.extend(self._decoder.frames())
             except ProtocolError as exc:
+                if not self._framed:
+                    # The first bytes are not a frame: some other server listens there
+                    # (an HTTP server's "HTTP" reads as a length of 1213486160).
+                    raise _Broken(
+                        f"{self.addr} is not a dlm member (it answered something else); "
+                        "check --cluster"
+                    ) from None
                 raise _Broken(f"bad frame: {exc}") from None
+            self._framed = self._framed or bool(self._frames)
         frame = self._frames.popleft()
         if not isinstance(frame, dict):
             raise _Broken("frame is not a map")
@@ -250,6 +259,8 @@ class Client:
         attempt_timeout: float | None = None,
         dial_timeout: float | None = None,
     ) -> None:
+        """``dial_timeout``: give a call up once this long has passed without any member
+        answering at all (None: keep trying for the whole ``timeout``)."""
         self.members = core.parse_members(members)
         self.timeout = timeout
         self._rng = rng

@@ -3,10 +3,12 @@
 Starts members n1..n3 on 127.0.0.1:7701-7703 (cluster id ``devcluster``)
 with their data in ./dlm-data/devcluster/n1..n3, so locks survive a restart
 of the dev cluster. It waits until they have elected a leader, prints the
-line to paste into another terminal, and then watches: Ctrl-C (or SIGTERM)
-stops all three by PID - SIGTERM first, SIGKILL for any member still running
-after a grace period. If a member dies on its own, the others are stopped
-too and the exit code says so.
+line to paste into another terminal (last, with absolute paths, so it works
+from any directory), and then watches. A member that dies (kill it to watch
+a failover) is reported on stdout and the others keep running. Ctrl-C (or
+SIGTERM) stops every member still running, by PID - SIGTERM first, SIGKILL
+after a grace period - and exits 0; if every member died on its own,
+devcluster says so and exits 1.
 
 ``--base-port`` and ``--data`` move it elsewhere (two dev clusters side by side).
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
+import shlex
 import signal
 import socket
 import subprocess
@@ -74,6 +76,9 @@ class DevCluster:
     def dead(self) -> list[tuple[str, int]]:
         return [(n, p.returncode) for n, p in self.procs.items() if p.poll() is not None]
 
+    def alive(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.poll() is None]
+
     def wait_for_leader(self, timeout: float) -> str | None:
         from dlm.client.sync import Client
 
@@ -124,17 +129,42 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 
 def _dlm_command() -> str:
-    """How the user's shell reaches the `dlm` that sits beside this interpreter."""
-    beside = Path(sys.executable).parent / "dlm"
-    found = shutil.which("dlm")
-    if found and Path(found).resolve() == beside.resolve():
-        return "dlm"
+    """The `dlm` beside this interpreter, by absolute path: the paste line must work from
+    any directory, whatever PATH holds. Not resolved: a venv's python is a symlink."""
+    beside = Path(os.path.abspath(sys.executable)).parent / "dlm"
     if beside.exists():
+        return shlex.quote(str(beside))
+    return f"{shlex.quote(os.path.abspath(sys.executable))} -m dlm"
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
         try:
-            return str(beside.relative_to(Path.cwd()))
+            return f"was killed by {signal.Signals(-code).name}"
         except ValueError:
-            return str(beside)
-    return f"{sys.executable} -m dlm"
+            return f"was killed by signal {-code}"
+    return f"exited with {code}"
+
+
+def watch(cluster: DevCluster, poll: float = 0.2) -> int:
+    """Reports members that stop on their own, until Ctrl-C (0) or until none is left (1)."""
+    reported: set[str] = set()
+    while True:
+        for node, code in cluster.dead():
+            if node in reported:
+                continue
+            reported.add(node)
+            pid = cluster.procs[node].pid
+            left = cluster.alive()
+            rest = (
+                f"{', '.join(left)} keep running (Ctrl-C stops them)"
+                if left
+                else "no member is left"
+            )
+            print(f"devcluster: {node} (pid {pid}) {describe_exit(code)}; {rest}", flush=True)
+        if not cluster.alive():
+            return 1
+        time.sleep(poll)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -146,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data", default=os.path.join("dlm-data", "devcluster"))
     args = parser.parse_args(argv)
 
-    cluster = DevCluster(args.base_port, Path(args.data))
+    cluster = DevCluster(args.base_port, Path(os.path.abspath(args.data)))
     busy = [port for port in cluster.ports if _busy(port)]
     if busy:
         taken = ", ".join(f"127.0.0.1:{p}" for p in busy)
@@ -170,23 +200,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"devcluster: error: the cluster did not come up ({why})", file=sys.stderr)
             return 1
         print(
-            f"\ndlm dev cluster is up: {cluster.members} (leader {leader}, data in {args.data})\n"
+            f"\ndlm dev cluster is up: {cluster.members} (leader {leader})\n"
+            f"data: {cluster.data}\n"
+            "Ctrl-C stops all three members; kill one to watch a failover.\n"
             "Take a lock from another terminal:\n\n"
             f"    DLM_CLUSTER={cluster.members} {_dlm_command()} exec --lock demo -- "
-            "sh -c 'echo \"hello, token $DLM_FENCING_TOKEN\"'\n\n"
-            "Ctrl-C stops all three members.\n",
+            "sh -c 'echo \"hello, token $DLM_FENCING_TOKEN\"'\n",
             flush=True,
         )
-        while True:
-            dead = cluster.dead()
-            if dead:
-                died = ", ".join(f"{n} exited with {rc}" for n, rc in dead)
-                print(f"devcluster: {died}; stopping the others", file=sys.stderr)
-                code = 1
-                break
-            time.sleep(0.5)
+        code = watch(cluster)
     except (KeyboardInterrupt, _Stop):
-        print("\ndevcluster: stopping n1..n3", flush=True)
+        running = ", ".join(cluster.alive()) or "nothing: no member is running"
+        print(f"\ndevcluster: stopping {running}", flush=True)
     finally:
         # A second Ctrl-C during the stop must not leave members behind.
         signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -1,11 +1,17 @@
-"""Structured logs for a node: one JSON object per line on stderr.
+"""Structured logs for a node: one line per event on stderr, as JSON or as readable text.
 
-Each line carries ``ts`` (Unix seconds, millisecond precision), ``level``,
+A JSON line carries ``ts`` (Unix seconds, millisecond precision), ``level``,
 ``node``, ``event`` (a short snake_case name an operator can grep for) and
-the event's own fields. The level check happens before anything is
-formatted, so a disabled ``debug`` call on the hot path costs one compare.
-The level comes from ``DLM_LOG_LEVEL`` (debug, info, warning, error;
-default info).
+the event's own fields. A text line carries the same in the order people
+read them: local time with its offset, level, node, event, then
+``key=value`` fields, a value quoted (JSON string syntax) when it holds a
+space, a quote, an ``=`` or a character that is not printable, so one event
+is always one line (a traceback's newlines become ``\n``).
+
+The level check happens before anything is formatted, so a disabled
+``debug`` call on the hot path costs one compare. The level is the one the
+caller gives (`dlm node start --log-level`), else ``DLM_LOG_LEVEL`` (debug,
+info, warning, error; default info).
 """
 
 from __future__ import annotations
@@ -14,12 +20,15 @@ import json
 import os
 import sys
 import time
+from datetime import datetime
 from typing import Any, TextIO
 
 DEBUG = 10
 INFO = 20
 WARNING = 30
 ERROR = 40
+
+JSON_FORMAT, TEXT_FORMAT = "json", "text"
 
 _LEVELS = {"debug": DEBUG, "info": INFO, "warning": WARNING, "warn": WARNING, "error": ERROR}
 _NAMES = {DEBUG: "debug", INFO: "info", WARNING: "warning", ERROR: "error"}
@@ -29,15 +38,44 @@ def level_from_env(default: int = INFO) -> int:
     return _LEVELS.get(os.environ.get("DLM_LOG_LEVEL", "").strip().lower(), default)
 
 
+def level_named(name: str | None) -> int:
+    """The level called ``name`` (debug, info, warning, error); DLM_LOG_LEVEL's if None."""
+    if name is None:
+        return level_from_env()
+    try:
+        return _LEVELS[name.strip().lower()]
+    except KeyError:
+        raise ValueError(f"unknown log level {name!r}: use debug, info, warning or error") from None
+
+
+def default_format(stream: TextIO | None = None) -> str:
+    """Text for a person at a terminal, JSON for a log collector."""
+    stream = stream if stream is not None else sys.stderr
+    try:
+        return TEXT_FORMAT if stream.isatty() else JSON_FORMAT
+    except (AttributeError, ValueError):
+        return JSON_FORMAT
+
+
 class Logger:
-    """Writes JSON lines for one node; ``stream`` defaults to stderr at write time."""
+    """Writes one line per event for one node; ``stream`` defaults to stderr at write time."""
 
-    __slots__ = ("level", "node", "stream")
+    __slots__ = ("format", "level", "node", "stream")
 
-    def __init__(self, node: str, *, level: int | None = None, stream: TextIO | None = None):
+    def __init__(
+        self,
+        node: str,
+        *,
+        level: int | None = None,
+        stream: TextIO | None = None,
+        format: str = JSON_FORMAT,
+    ):
+        if format not in (JSON_FORMAT, TEXT_FORMAT):
+            raise ValueError(f"unknown log format {format!r}: use json or text")
         self.node = node
         self.level = level_from_env() if level is None else level
         self.stream = stream
+        self.format = format
 
     def enabled(self, level: int) -> bool:
         return level >= self.level
@@ -45,14 +83,18 @@ class Logger:
     def log(self, level: int, event: str, **fields: Any) -> None:
         if level < self.level:
             return
-        record: dict[str, Any] = {
-            "ts": round(time.time(), 3),
-            "level": _NAMES.get(level, str(level)),
-            "node": self.node,
-            "event": event,
-        }
-        record.update(fields)
-        line = json.dumps(record, default=str, separators=(",", ":"))
+        now = time.time()
+        if self.format == TEXT_FORMAT:
+            line = text_line(now, _NAMES.get(level, str(level)), self.node, event, fields)
+        else:
+            record: dict[str, Any] = {
+                "ts": round(now, 3),
+                "level": _NAMES.get(level, str(level)),
+                "node": self.node,
+                "event": event,
+            }
+            record.update(fields)
+            line = json.dumps(record, default=str, separators=(",", ":"))
         stream = self.stream if self.stream is not None else sys.stderr
         try:
             stream.write(line + "\n")
@@ -74,3 +116,25 @@ class Logger:
 
     def error(self, event: str, **fields: Any) -> None:
         self.log(ERROR, event, **fields)
+
+
+def text_line(ts: float, level: str, node: str, event: str, fields: dict[str, Any]) -> str:
+    """``2024-05-01T12:00:00.123+02:00 INFO  n1 role_changed role=leader term=3``."""
+    stamp = datetime.fromtimestamp(ts).astimezone().isoformat(timespec="milliseconds")
+    parts = [stamp, f"{level.upper():<5}", _text_value(node), _text_value(event)]
+    parts.extend(f"{_text_value(str(key))}={_text_value(value)}" for key, value in fields.items())
+    return " ".join(parts)
+
+
+def _text_value(value: Any) -> str:
+    if isinstance(value, str):
+        text = value
+    elif value is None or isinstance(value, bool | int | float):
+        return json.dumps(value)
+    elif isinstance(value, list | tuple | dict):
+        return json.dumps(value, default=str, separators=(",", ":"))
+    else:
+        text = str(value)
+    if text and text.isprintable() and not any(ch in text for ch in ' "=\\'):
+        return text
+    return json.dumps(text)  # ASCII-only: escapes every character that could mislead a terminal

@@ -1,13 +1,14 @@
-"""`dlm node start`: turn flags into a running member, or into one clear line on stderr.
+"""`dlm node start`: turn settings into a running member, or into one clear line on stderr.
 
-``start_node`` is what the CLI calls. It returns the process exit code and
-never lets a traceback reach the user: 0 after a clean shutdown (SIGTERM or
-Ctrl-C), 2 for flags that make no sense, 1 for everything the environment
-refused (busy port, unusable or corrupt data dir, a data dir that belongs to
-another member).
+``start_from_options`` is what the CLI calls with the flags it was given: it
+merges them with the ``DLM_NODE_*`` environment and the ``--config`` file
+(dlm.cli.node_options) and hands them to ``start_node``, which returns the
+process exit code and never lets a traceback reach the user: 0 after a clean
+shutdown (SIGTERM or Ctrl-C), 2 for settings that make no sense, 1 for
+everything the environment refused (busy port, unusable or corrupt data dir,
+a data dir that belongs to another member).
 
-``python -m dlm.node.main --id n1 ...`` runs the same thing without the CLI;
-the dev cluster and the cluster tests use it.
+``python -m dlm.node.main --id n1 ...`` runs the same thing without the CLI.
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ import errno
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import anyio
 import anyio.abc
 
+from dlm.cli.node_options import ALL_OPTIONS, OptionError, Resolved, resolve
 from dlm.node.config import ConfigError, NodeConfig, check_data_dir, write_meta
-from dlm.node.log import Logger
+from dlm.node.log import Logger, default_format, level_named
 from dlm.node.raft.types import ConfState
 from dlm.node.server import run
 from dlm.store import StoreCorrupted, StoreError
@@ -47,6 +49,28 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+def start_from_options(
+    flags: Mapping[str, str | None], environ: Mapping[str, str] | None = None
+) -> int:
+    """Runs a member from its flags (None: not given), the DLM_NODE_* variables and the
+    --config file, in that order of precedence; returns the exit code."""
+    try:
+        resolved = resolve(flags, os.environ if environ is None else environ)
+    except OptionError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    values = resolved.values
+    return start_node(
+        node_id=values["node_id"],
+        listen=values["listen"],
+        peers=values["peers"],
+        data=values["data"],
+        cluster=values["cluster"],
+        log_level=values["log_level"],
+        log_format=values["log_format"],
+        resolved=resolved,
+    )
+
+
 def start_node(
     *,
     node_id: str | None,
@@ -54,14 +78,26 @@ def start_node(
     peers: str | None,
     data: str | None,
     cluster: str | None,
+    log_level: str | None = None,
+    log_format: str | None = None,
     on_started: Callable[[Any], None] | None = None,
+    resolved: Resolved | None = None,
 ) -> int:
-    """Runs a member in the foreground until SIGTERM/SIGINT; returns the exit code."""
+    """Runs a member in the foreground until SIGTERM/SIGINT; returns the exit code.
+
+    ``resolved`` says where each setting came from, so an error about one names
+    the variable or file that set it."""
     try:
         config = NodeConfig.from_flags(
             node_id=node_id, listen=listen, peers=peers, data=data, cluster=cluster
         )
     except ConfigError as exc:
+        return _fail(resolved.explain(str(exc)) if resolved else str(exc), EXIT_USAGE)
+    try:
+        log = Logger(
+            config.node_id, level=level_named(log_level), format=log_format or default_format()
+        )
+    except ValueError as exc:
         return _fail(str(exc), EXIT_USAGE)
     if os.environ.get("DLM_NO_FSYNC", "") == "1":
         config = replace(config, fsync=False)
@@ -73,7 +109,7 @@ def start_node(
     if keep.isdigit():
         config = replace(config, snapshot_keep=int(keep))
     try:
-        return anyio.run(_main, config, on_started, backend="asyncio")
+        return anyio.run(_main, config, log, on_started, backend="asyncio")
     except StartupError as exc:
         return _fail(str(exc), EXIT_FAILURE)
     except ConfigError as exc:
@@ -97,8 +133,7 @@ def _describe(exc: BaseException) -> str:
     return f"stopped after an unexpected error: {exc!r}"
 
 
-async def _main(config: NodeConfig, on_started: Callable[[Any], None] | None) -> int:
-    log = Logger(config.node_id)
+async def _main(config: NodeConfig, log: Logger, on_started: Callable[[Any], None] | None) -> int:
     fresh = check_data_dir(config)
     listener = await _listen(config)
     try:
@@ -155,19 +190,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m dlm.node.main", description="Run one dlm cluster member."
     )
-    parser.add_argument("--id", dest="node_id")
-    parser.add_argument("--listen")
-    parser.add_argument("--peers")
-    parser.add_argument("--data")
-    parser.add_argument("--cluster-id", dest="cluster")
+    for option in ALL_OPTIONS:
+        parser.add_argument(
+            option.flag,
+            dest=option.param,
+            metavar=option.metavar,
+            help=f"{option.help} [env: {option.env}]",
+        )
     args = parser.parse_args(argv)
-    return start_node(
-        node_id=args.node_id,
-        listen=args.listen,
-        peers=args.peers,
-        data=args.data,
-        cluster=args.cluster,
-    )
+    return start_from_options(vars(args))
 
 
 if __name__ == "__main__":

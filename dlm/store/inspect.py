@@ -2,11 +2,16 @@
 
 It never repairs, removes or locks anything, so it is safe on the directory of
 a running node (the report may then be a moment stale) and on a copy taken
-from a broken one. It says where every problem is: file and byte offset.
+from a broken one. It says where every problem is: file and byte offset. It
+names the member and cluster the directory belongs to, and the human report
+says what its figures mean. Pointed at a directory that only holds data
+directories (``/var/lib/dlm`` when the data is in ``/var/lib/dlm/n1``), it
+says so and names them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -14,8 +19,43 @@ from dlm.store import StoreCorrupted
 from dlm.store.disk import SNAP_DIR, WAL_DIR
 from dlm.store.fs import FileSystem, RealFS
 from dlm.store.snapshot import decode_snapshot, list_snapshots
-from dlm.store.state import load_state
+from dlm.store.state import STATE_NAME, load_state
 from dlm.store.wal import replay, scan_dir
+
+OWNER_FILE = "node.json"
+"""Written by dlm.node.config.write_meta when a member first starts on the directory."""
+
+_MARKERS = (OWNER_FILE, STATE_NAME, WAL_DIR, SNAP_DIR)
+
+
+def is_data_dir(fs: FileSystem, path: str) -> bool:
+    """Whether ``path`` holds anything a member writes into its data directory."""
+    return fs.isdir(path) and any(fs.exists(os.path.join(path, name)) for name in _MARKERS)
+
+
+def data_dirs_inside(fs: FileSystem, path: str) -> list[str]:
+    """The data directories directly inside ``path``, sorted."""
+    found = []
+    for name in sorted(fs.listdir(path)):
+        child = os.path.join(path, name)
+        if is_data_dir(fs, child):
+            found.append(child)
+    return found
+
+
+def read_owner(fs: FileSystem, root: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(``{"id", "cluster"}`` from DIR/node.json or None, a problem with it or None)."""
+    path = os.path.join(root, OWNER_FILE)
+    if not fs.exists(path):
+        return None, None
+    try:
+        meta = json.loads(fs.read(path).decode("utf-8"))
+        node, cluster = meta["node"], meta["cluster"]
+        if not isinstance(node, str) or not isinstance(cluster, str):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, f"{path} is damaged: it should name the member and cluster of this directory"
+    return {"id": node, "cluster": cluster}, None
 
 
 def inspect_store_json(
@@ -23,9 +63,12 @@ def inspect_store_json(
 ) -> dict[str, Any]:
     """Everything known about the store at ``path`` as plain JSON-able data.
 
-    Keys: ``path``, ``ok`` (no corruption found), ``problems`` (messages),
-    ``hard_state``, ``snapshots``, ``segments``, ``index_range`` and
-    ``torn_tail`` (what recovery would cut off, or None).
+    Keys: ``path``, ``ok`` (a data directory, and no corruption found),
+    ``problems`` (messages), ``data_dir`` (whether ``path`` is one), ``member``
+    (``{"id", "cluster"}`` from node.json, or None), ``data_dirs_inside`` (when
+    ``path`` is not a data directory but holds some), ``hard_state``,
+    ``snapshots``, ``segments``, ``index_range`` and ``torn_tail`` (what
+    recovery would cut off, or None).
     """
     fs = fs or RealFS()
     root = os.fspath(path)
@@ -33,6 +76,9 @@ def inspect_store_json(
         "path": root,
         "ok": True,
         "problems": [],
+        "data_dir": False,
+        "member": None,
+        "data_dirs_inside": [],
         "hard_state": None,
         "snapshots": [],
         "segments": [],
@@ -44,6 +90,27 @@ def inspect_store_json(
         problems.append(f"{root} is not a directory")
         report["ok"] = False
         return report
+    if not is_data_dir(fs, root):
+        inside = data_dirs_inside(fs, root)
+        report["data_dirs_inside"] = inside
+        if inside:
+            problems.append(
+                f"{root} is not a data directory, but it holds "
+                f"{'one' if len(inside) == 1 else len(inside)}: {', '.join(inside)}; "
+                f"inspect {'it' if len(inside) == 1 else 'each'} with dlm store inspect"
+            )
+        else:
+            problems.append(
+                f"{root} is not a data directory (no {', '.join(_MARKERS)} in it, "
+                "nor in any directory inside it)"
+            )
+        report["ok"] = False
+        return report
+
+    report["data_dir"] = True
+    report["member"], owner_problem = read_owner(fs, root)
+    if owner_problem is not None:
+        problems.append(owner_problem)
 
     try:
         stored = load_state(fs, root)
@@ -125,18 +192,42 @@ def inspect_store_json(
 
 
 def inspect_store(path: str | os.PathLike[str], fs: FileSystem | None = None) -> str:
-    """The same report as human-readable text."""
+    """The same report as human-readable text, with what its figures mean."""
     r = inspect_store_json(path, fs)
     if r["problems"] == [f"{r['path']} is not a directory"]:
         return f"store {r['path']}: not a directory (no data dir there)"
+    if not r["data_dir"]:
+        return f"store {r['path']}: {r['problems'][0]}"
     lines = [f"store {r['path']}: {'OK' if r['ok'] else 'CORRUPT'}"]
+    member = r["member"]
+    if member is None:
+        lines.append("member: unknown (no node.json: written when a member first starts here)")
+    else:
+        lines.append(f"member: {member['id']} of cluster {member['cluster']}")
     hs = r["hard_state"]
     if hs is None:
         lines.append("hard state: none written")
     else:
         lines.append(f"hard state: term {hs['term']}, vote {hs['vote']}, commit {hs['commit']}")
+        lines.append(
+            _note(
+                "term: the newest election term this member has seen; vote: whom it voted "
+                "for in that term"
+            )
+        )
+        lines.append(
+            _note(
+                "commit: the highest entry known to be committed when the hard state was last "
+                "written. It is saved lazily (with a new term or vote, and at a clean stop), so it "
+                "may trail the log; 0 after a crash is normal: the member relearns it "
+                "from the leader"
+            )
+        )
         if hs["bootstrap_conf"] is not None:
-            lines.append(f"  bootstrap voters: {', '.join(hs['bootstrap_conf']['voters'])}")
+            lines.append(
+                f"  bootstrap voters: {', '.join(hs['bootstrap_conf']['voters'])} "
+                "(the member list given at first start; later changes are in the log)"
+            )
     lines.append(f"snapshots: {len(r['snapshots'])}")
     for s in r["snapshots"]:
         status = "ok" if s["ok"] else f"CORRUPT at byte {s['problem']['offset']}"
@@ -166,6 +257,13 @@ def inspect_store(path: str | os.PathLike[str], fs: FileSystem | None = None) ->
             f"log: indexes {rng['first']}..{rng['last']} ({rng['entries']} entries), "
             f"snapshot at {rng['snapshot_index']}"
         )
+        lines.append(
+            _note(
+                "the entries this member has persisted, committed or not; those up to the "
+                "snapshot index were compacted into the snapshot (a fencing token is the "
+                "index of the entry that granted the lock)"
+            )
+        )
     if r["torn_tail"] is not None:
         t = r["torn_tail"]
         lines.append(
@@ -175,3 +273,10 @@ def inspect_store(path: str | os.PathLike[str], fs: FileSystem | None = None) ->
     for problem in r["problems"]:
         lines.append(f"PROBLEM: {problem}")
     return "\n".join(lines)
+
+
+def _note(text: str) -> str:
+    """An explanation under a figure, indented and wrapped for an 80-column terminal."""
+    import textwrap
+
+    return textwrap.fill(text, width=80, initial_indent="  ", subsequent_indent="  ")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -186,13 +187,58 @@ def test_json_of_every_subcommand_parses(dlm: Dlm, shared: Cluster) -> None:
 
 def test_human_output_has_tables(dlm: Dlm) -> None:
     dlm.json("acquire", "hu-key")
-    status = dlm.run("status")
+    status = dlm.run("status", "--format", "table")
     assert status.returncode == 0
-    assert "REACHABLE" in status.stdout and "leader" in status.stdout
-    locks = dlm.run("locks", "--prefix", "hu-")
+    assert "LAST CONTACT" in status.stdout and "leader" in status.stdout
+    assert "healthy: survives 1 more member failure" in status.stdout
+    locks = dlm.run("locks", "--prefix", "hu-", "--format", "table")
     assert locks.returncode == 0 and "hu-key" in locks.stdout
-    key = dlm.run("status", "hu-key")
-    assert key.returncode == 0 and "TOKEN" in key.stdout
+    key = dlm.run("status", "hu-key", "--format", "table")
+    assert key.returncode == 0 and "token" in key.stdout and "held since" in key.stdout
+
+
+def test_piped_locks_give_one_row_per_line_whatever_the_metadata(dlm: Dlm) -> None:
+    hostile = "evil\x1b[2J\x1b]0;pwned\x07\tcol\nrow\rback"
+    keys = ["pl-a", "pl-b\u202ebidi", "pl-c"]
+    for key in keys:
+        dlm.json("acquire", key, "--meta", f"note={hostile}")
+    proc = dlm.run("locks", "--prefix", "pl-")  # stdout is a pipe: tsv
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.split("\n")
+    assert lines[-1] == "" and len(lines) == 1 + len(keys) + 1
+    assert lines[0] == "key\tlease\ttoken\theld_ms\tttl_left_ms\twaiters\towner"
+    for line, key in zip(lines[1:-1], keys, strict=True):
+        fields = line.split("\t")
+        assert len(fields) == 7, line
+        assert fields[0] == key.replace("\u202e", "\\u202e")
+        assert "note=evil\\x1b[2J\\x1b]0;pwned\\x07\\tcol\\nrow\\rback" in fields[6]
+    assert "\x1b" not in proc.stdout and "\r" not in proc.stdout and "\x07" not in proc.stdout
+    exact = dlm.json("locks", "--prefix", "pl-")["locks"]
+    assert [lock["holders"][0]["meta"]["note"] for lock in exact] == [hostile] * 3
+
+
+# --- fail fast ---------------------------------------------------------------------------
+
+
+def test_a_url_in_cluster_fails_at_once(dlm: Dlm) -> None:
+    started = time.monotonic()
+    proc = dlm.run("--cluster", "http://x", "acquire", "k")
+    assert proc.returncode == 2
+    assert time.monotonic() - started < 5.0  # a process start, no connection attempt
+    line = proc.stderr.strip()
+    assert line == ("dlm: --cluster takes HOST:PORT[,HOST:PORT...], not a URL (got 'http://x')")
+
+
+def test_a_closed_port_gives_up_after_about_the_dial_timeout(dlm: Dlm) -> None:
+    closed = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    for args in (["acquire", "dt-k"], ["status"]):
+        started = time.monotonic()
+        proc = dlm.run("--cluster", ",".join(closed), "--dial-timeout", "1s", *args)
+        took = time.monotonic() - started
+        assert proc.returncode == 69, proc.stderr
+        assert 1.0 <= took < 5.0, took  # --timeout is 10s: the dial timeout ended it
+        assert "no member answered within the dial timeout (1s)" in proc.stderr
+        assert all(addr in proc.stderr for addr in closed)
 
 
 # --- waiting ----------------------------------------------------------------------------
@@ -245,3 +291,31 @@ def test_exec_waits_for_the_lock(dlm: Dlm, tmp_path: Path) -> None:
     assert code == 0, err
     assert int(out.read_text()) > int(first["token"])
     assert holders(dlm, "qe-key") == []
+
+
+# --- status --check against a cluster that loses members -----------------------------------
+
+
+def test_status_check_exits_0_then_1_then_69_as_members_stop(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    dlm = Dlm(cluster.members_env, tmp_path)
+    healthy = dlm.run("status", "--check")
+    assert healthy.returncode == 0, healthy.stdout
+    assert healthy.stdout.startswith("healthy: all 3 voters answer")
+    assert len(healthy.stdout.splitlines()) == 1
+
+    cluster.nodes["n3"].terminate()
+    degraded = dlm.run("status", "--check", "--timeout", "10s")
+    assert degraded.returncode == 1, (degraded.stdout, degraded.stderr)
+    assert degraded.stdout.startswith("degraded: n3 (")
+    assert "survives no further member failure (2 of 3 voters up, quorum 2)" in degraded.stdout
+    assert len(degraded.stdout.splitlines()) == 1
+    verdict = dlm.json("status", "--check", code=1)
+    assert (verdict["healthy"], verdict["state"], verdict["tolerates"]) == (False, "degraded", 0)
+
+    cluster.nodes["n2"].terminate()
+    lost = dlm.run("status", "--check", "--timeout", "2s")
+    assert lost.returncode == 69, (lost.stdout, lost.stderr)
+    assert lost.stdout.startswith("no quorum: ")
+    assert len(lost.stdout.splitlines()) == 1

@@ -1,4 +1,5 @@
-"""`make run`: the dev cluster comes up, its paste line takes a lock, and Ctrl-C stops it all."""
+"""`make run`: the dev cluster comes up, its paste line takes a lock, it outlives a killed member,
+and Ctrl-C stops it all."""
 
 from __future__ import annotations
 
@@ -81,7 +82,10 @@ def _refused(port: int) -> bool:
     return False
 
 
-def test_the_dev_cluster_serves_its_paste_line_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+PASTE_MARKER = "exec --lock demo"
+
+
+def _start(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int, dict[str, str]]:
     base = _three_free_ports_after()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
@@ -89,30 +93,79 @@ def test_the_dev_cluster_serves_its_paste_line_and_stops_on_ctrl_c(tmp_path: Pat
          "--data", str(tmp_path / "data")],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=tmp_path,
     )  # fmt: skip
+    return proc, base, env
+
+
+def _paste_line(proc: subprocess.Popen[bytes]) -> str:
+    """The paste line, which must be the last line of the start-up message."""
+    shown = _read_until(proc, PASTE_MARKER, UP_TIMEOUT)
+    while not shown.endswith("\n\n"):
+        shown += _read_until(proc, "\n", UP_TIMEOUT)
+    lines = shown.rstrip("\n").splitlines()
+    assert PASTE_MARKER in lines[-1], shown
+    return lines[-1].strip()
+
+
+def _take_the_demo_lock(line: str, env: dict[str, str], cwd: Path) -> None:
+    out = subprocess.run(
+        ["sh", "-c", line], check=False, capture_output=True, text=True, timeout=60,
+        env=env, cwd=cwd,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert re.fullmatch(r"hello, token \d+\n", out.stdout)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        # The members run in their own session: a killed devcluster would orphan them.
+        members = _children(proc.pid)
+        proc.kill()
+        proc.wait(timeout=10)
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _member_pids(devcluster_pid: int) -> dict[str, int]:
+    found = {}
+    for pid in _children(devcluster_pid):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode().split("\0")
+        found[argv[argv.index("--id") + 1]] = pid
+    return found
+
+
+def test_the_dev_cluster_serves_its_paste_line_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    proc, base, env = _start(tmp_path)
     try:
-        shown = _read_until(proc, "Ctrl-C stops", UP_TIMEOUT)
-        line = next(ln.strip() for ln in shown.splitlines() if "exec --lock demo" in ln)
-        out = subprocess.run(
-            ["sh", "-c", line],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env=env,
-            cwd=tmp_path,
-        )
-        assert out.returncode == 0, out.stderr
-        assert re.fullmatch(r"hello, token \d+\n", out.stdout)
+        line = _paste_line(proc)
+        # Absolute paths: it works from any directory.
+        command = line.split()[1]
+        assert os.path.isabs(command), line
+        _take_the_demo_lock(line, env, Path("/"))
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
         for port in range(base + 1, base + 4):
             wait_for(lambda p=port: _refused(p), 10.0, f"127.0.0.1:{port} to close")
     finally:
-        if proc.poll() is None:
-            # The members run in their own session: a killed devcluster would orphan them.
-            members = _children(proc.pid)
-            proc.kill()
-            proc.wait(timeout=10)
-            for pid in members:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        _stop(proc)
+
+
+def test_the_dev_cluster_outlives_a_killed_member(tmp_path: Path) -> None:
+    proc, base, env = _start(tmp_path)
+    try:
+        line = _paste_line(proc)
+        members = _member_pids(proc.pid)
+        assert sorted(members) == ["n1", "n2", "n3"]
+        os.kill(members["n2"], signal.SIGKILL)
+        report = _read_until(proc, "keep running", UP_TIMEOUT)
+        assert f"n2 (pid {members['n2']}) was killed by SIGKILL; n1, n3 keep running" in report
+        assert proc.poll() is None
+        assert _member_pids(proc.pid).keys() == {"n1", "n3"}
+        _take_the_demo_lock(line, env, tmp_path)  # two of three still make a quorum
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        for port in range(base + 1, base + 4):
+            wait_for(lambda p=port: _refused(p), 10.0, f"127.0.0.1:{port} to close")
+    finally:
+        _stop(proc)

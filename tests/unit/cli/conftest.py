@@ -23,9 +23,10 @@ class FakeClient:
 
     instances: list[FakeClient] = []
 
-    def __init__(self, members: list[str], timeout: float) -> None:
+    def __init__(self, members: list[str], timeout: float, dial_timeout: float = 2.0) -> None:
         self.members = members
         self.timeout = timeout
+        self.dial_timeout = dial_timeout
         self.calls: list[tuple[str, Any]] = []
         self.fail: dict[str, Exception] = {}
         self.closed = False
@@ -156,7 +157,7 @@ def fake_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeClient]]:
     FakeKeepAlive.instances.clear()
 
     def connect(self: Settings) -> FakeClient:
-        return FakeClient(list(self.members), self.timeout)
+        return FakeClient(list(self.members), self.timeout, self.dial_timeout)
 
     monkeypatch.setattr(Settings, "connect", connect)
     monkeypatch.setattr("dlm.client.sync.KeepAlive", FakeKeepAlive)

@@ -78,6 +78,25 @@ def test_help_lists_the_exit_codes_and_every_subcommand(capsys: Capture) -> None
         ["status", "--timeout", "never"],
         ["--cluster", "host:notaport", "status"],
         ["frobnicate"],
+        # Checked against dlm.limits before connecting, naming the option:
+        ["acquire", ""],
+        ["acquire", "k", "--ttl", "500ms"],
+        ["acquire", "k", "--ttl", "25h"],
+        ["acquire", "k", "--limit", "5000"],
+        ["acquire", "k", "--lease", "not a lease"],
+        ["acquire", "k", "--meta", "bad\x01name=v"],
+        ["acquire", "k", "--meta", f"big={'v' * 257}"],
+        ["release", "", "--lease", "abc"],
+        ["release", "k", "--lease", "a/b"],
+        ["renew", "a/b"],
+        ["exec", "--lock", "", "--", "true"],
+        ["exec", "--lock", "k", "--ttl", "25h", "--", "true"],
+        ["exec", "--lock", "k", "--limit", "2000", "--", "true"],
+        ["status", "x" * 513],
+        ["--cluster", "http://10.0.0.1:7700", "status"],
+        ["acquire", "k", "--cluster", "10.0.0.1:7700,https://10.0.0.2"],
+        ["--dial-timeout", "0s", "status"],
+        ["acquire", "k", "--dial-timeout", "soon"],
     ],
 )
 def test_usage_errors_exit_2_with_one_line_or_one_json_object(
@@ -94,6 +113,44 @@ def test_usage_errors_exit_2_with_one_line_or_one_json_object(
     assert error["code"] == "USAGE"
     assert error["message"]
     assert not any(c for c in FakeClient.instances if c.calls), "no request on a usage error"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["acquire", ""], "bad KEY: a lock key must not be empty"),
+        (["acquire", "k", "--ttl", "48h"], "bad --ttl: a lease TTL must be between 1s and 24h"),
+        (["exec", "--lock", "", "--", "true"], "bad --lock: a lock key must not be empty"),
+        (["acquire", "k", "--limit", "5000"], "bad --limit: a limit must be between 1"),
+        (["renew", "a/b"], "bad LEASE: a lease id is 1 to 64 characters"),
+        (
+            ["--cluster", "http://10.0.0.1:7700", "locks"],
+            "--cluster takes HOST:PORT[,HOST:PORT...], not a URL",
+        ),
+        (["--dial-timeout", "0s", "locks"], "--dial-timeout must be more than 0"),
+    ],
+)
+def test_bad_values_name_their_option(
+    args: list[str], message: str, capsys: Capture, fake_cluster: type[FakeClient]
+) -> None:
+    assert run(args) == 2
+    assert message in one_error_line(capsys.readouterr().err)
+
+
+def test_a_url_in_dlm_cluster_names_the_variable(
+    capsys: Capture, fake_cluster: type[FakeClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DLM_CLUSTER", "http://10.0.0.1:7700")
+    assert run(["locks"]) == 2
+    assert "DLM_CLUSTER takes HOST:PORT" in one_error_line(capsys.readouterr().err)
+
+
+def test_dial_timeout_reaches_the_client(capsys: Capture, fake_cluster: type[FakeClient]) -> None:
+    assert run(["locks", "--json"]) == 0
+    assert FakeClient.instances[-1].dial_timeout == 2.0
+    assert run(["--dial-timeout", "300ms", "locks", "--json"]) == 0
+    assert FakeClient.instances[-1].dial_timeout == 0.3
+    capsys.readouterr()
 
 
 def test_no_arguments_prints_help_and_exits_2(capsys: Capture) -> None:
@@ -198,7 +255,7 @@ def test_acquire_with_an_existing_lease_and_wait(capsys: Capture, fake_cluster: 
         (LeaseLost("lease gone"), "SESSION_EXPIRED", 77),
         (NotHolder("not yours", holders=[]), "NOT_HOLDER", 77),
         (BadRequest("key too long"), "BAD_REQUEST", 2),
-        (ServerError("WEIRD", "the cluster answered WEIRD"), "WEIRD", 1),
+        (ServerError("WEIRD", "the cluster answered WEIRD"), "WEIRD", 70),
     ],
 )
 def test_client_errors_keep_their_exit_code_and_code(  # noqa: PLR0917 - fixtures
@@ -266,7 +323,7 @@ def test_a_refused_acquire_gives_its_new_lease_back(
     capsys.readouterr()
 
 
-def test_unexpected_exceptions_are_one_line_exit_1(
+def test_unexpected_exceptions_are_one_line_exit_70(
     capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broken(self: FakeClient, *args: Any, **kwargs: Any) -> None:
@@ -274,11 +331,11 @@ def test_unexpected_exceptions_are_one_line_exit_1(
 
     monkeypatch.setattr(FakeClient, "acquire", broken)
     monkeypatch.delenv("DLM_DEBUG", raising=False)
-    assert run(["acquire", "k"]) == 1
+    assert run(["acquire", "k"]) == 70
     line = one_error_line(capsys.readouterr().err)
     assert "ZeroDivisionError" in line
     assert "report" in line
-    assert run(["acquire", "k", "--json"]) == 1
+    assert run(["acquire", "k", "--json"]) == 70
     assert one_json(capsys.readouterr().out)["error"]["code"] == "INTERNAL"
 
 
@@ -344,18 +401,22 @@ def test_status_json_merges_every_members_own_view(capsys: Capture, fake_cluster
         "commit": 10,
         "applied": 9,
         "lag": 1,
+        "last_contact_ms": None,
+        "voter": True,
         "reachable": True,
     }
     assert n2["reachable"] is False
     assert n2["role"] is None
+    assert obj["health"]["state"] == "degraded"
 
 
 def test_status_human_output_is_a_table(capsys: Capture, fake_cluster: Any) -> None:
-    assert run(["status"]) == 0
+    assert run(["status", "--format", "table"]) == 0
     out = capsys.readouterr().out
     assert "leader n1" in out
-    assert "REACHABLE" in out
+    assert "(unreachable)" in out
     assert "127.0.0.1:7701" in out
+    assert "survives no further member failure" in out
 
 
 def test_status_without_quorum_still_shows_the_members_and_exits_69(
@@ -379,9 +440,9 @@ def test_key_status_and_locks(capsys: Capture, fake_cluster: Any) -> None:
         "holders": [],
         "waiters": [],
     }
-    assert run(["status", "k"]) == 0
+    assert run(["status", "k", "--format", "table"]) == 0
     assert capsys.readouterr().out == "k is free\n"
-    assert run(["locks", "--prefix", "job/"]) == 0
+    assert run(["locks", "--prefix", "job/", "--format", "table"]) == 0
     assert "no locks held" in capsys.readouterr().out
     assert FakeClient.instances[-1].calls == [("list_locks", ("job/",))]
 
@@ -393,4 +454,4 @@ def test_store_inspect_exits_1_on_a_bad_directory(capsys: Capture, tmp_path: Any
     assert report["ok"] is False
     assert run(["store", "inspect", missing]) == 1
     captured = capsys.readouterr()
-    assert "problems" in one_error_line(captured.err)
+    assert "is not a directory" in one_error_line(captured.err)

@@ -49,9 +49,13 @@ def test_the_option_tables_match_the_typer_app(name: str) -> None:
 
 
 def test_the_root_options_match() -> None:
+    # --version and shell completion exist only on the typer path (the fast path hands
+    # any line it does not know to typer).
     assert click_options(typer.main.get_command(app)) == {
         **fastpath.GLOBAL_OPTIONS,
         "--version": ("version", fastpath.FLAG),
+        "--install-completion": ("install_completion", fastpath.FLAG),
+        "--show-completion": ("show_completion", fastpath.FLAG),
     }
 
 
@@ -91,6 +95,8 @@ SAME_LINES = [
     ["--timeout", "1s", "exec", "--lock", "k", "--cluster", "h:9", "--", "--", "odd"],
     ["exec", "--lock", "k", "-q", "--", "true"],
     ["exec", "--quiet", "--lock", "k", "--conflict-exit-code=3", "--kill-grace", "1s", "true"],
+    ["--dial-timeout", "500ms", "acquire", "k", "--dial-timeout=3s"],
+    ["renew", "abc", "--dial-timeout", "1s"],
 ]  # fmt: skip
 
 
@@ -133,6 +139,8 @@ HANDED_OVER = [
     ["locks", "--json"],
     ["node", "start"],
     ["--version"],
+    ["--install-completion"],
+    ["--show-completion", "bash"],
     ["--json"],
     ["--bogus", "acquire", "k"],
 ]

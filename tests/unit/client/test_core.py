@@ -273,3 +273,89 @@ def test_lease_and_grant_are_values_and_lease_equality_ignores_confirmed_at() ->
     assert repr(grant) == "Grant(key='k', token=9, lease='l', ttl_ms=1000)"
     with pytest.raises(AttributeError):
         grant.token = 10
+
+
+# --- the dial timeout (dlm --dial-timeout) ----------------------------------------------
+
+
+def dial_settings(members: list[str], dial: float) -> tuple[core.Settings, FakeClock]:
+    s, clock = settings(members, timeout=10.0)
+    s.dial_timeout = dial
+    return s, clock
+
+
+def test_gives_up_after_the_dial_timeout_when_no_member_answers_at_all() -> None:
+    s, clock = dial_settings(["a:1", "b:2"], 2.0)
+    start = clock.now
+    tried: set[str] = set()
+
+    def refused(action: core.Send) -> Any:
+        tried.add(action.addr)
+        return core.Failed("Connection refused")
+
+    with pytest.raises(ClusterUnavailable) as info:
+        drive(core.call(s, {"t": "status"}), refused, clock)
+    assert 2.0 <= clock.now - start < 2.1  # not the 10 s --timeout
+    assert tried == {"a:1", "b:2"}
+    message = str(info.value)
+    assert "no member answered within the dial timeout (2s)" in message
+    assert "a:1: Connection refused" in message and "b:2: Connection refused" in message
+
+
+def test_silent_members_share_the_dial_budget() -> None:
+    s, clock = dial_settings(["a:1", "b:2", "c:3"], 1.5)
+    start = clock.now
+    timeouts: list[float] = []
+
+    def silent(action: core.Send) -> Any:
+        timeouts.append(action.timeout)
+        clock.now += action.timeout  # it waited that long for nothing
+        return core.Failed(f"no reply within {action.timeout:g}s")
+
+    with pytest.raises(ClusterUnavailable, match="dial timeout"):
+        drive(core.call(s, {"t": "status"}), silent, clock)
+    assert timeouts[:3] == [0.5, 0.5, 0.5]  # every member was tried within the budget
+    assert clock.now - start < 1.6
+
+
+def test_once_a_member_answers_only_the_timeout_counts() -> None:
+    s, clock = dial_settings(["a:1"], 0.5)
+    replies = 0
+
+    def no_quorum_for_a_while(action: core.Send) -> Any:
+        nonlocal replies
+        replies += 1
+        clock.now += 0.2
+        if clock.now - 100.0 < 3.0:  # well past the dial timeout
+            return error(1, ErrorCode.NO_QUORUM, "electing", retry_after_ms=50)
+        return ok(1, term=2)
+
+    _, reply = drive(core.call(s, {"t": "status"}), no_quorum_for_a_while, clock)
+    assert reply["term"] == 2 and replies > 3
+
+
+def test_a_reason_that_names_its_address_is_not_prefixed_again() -> None:
+    s, clock = dial_settings(["a:1"], 0.1)
+    with pytest.raises(ClusterUnavailable) as info:
+        drive(
+            core.call(s, {"t": "status"}),
+            lambda action: core.Failed("a:1 is not a dlm member (it answered something else)"),
+            clock,
+        )
+    assert "a:1: a:1" not in str(info.value)
+    assert "a:1 is not a dlm member" in str(info.value)
+
+
+def test_after_a_first_answer_the_client_rides_out_an_outage_for_the_whole_timeout() -> None:
+    s, clock = dial_settings(["a:1"], 0.5)
+    drive(core.call(s, {"t": "status"}), lambda action: ok(1, term=1), clock)
+    start = clock.now
+    down_until = clock.now + 3.0  # the cluster restarts: refused for a while, then back
+
+    def restarting(action: core.Send) -> Any:
+        if clock.now < down_until:
+            return core.Failed("Connection refused")
+        return ok(1, term=2)
+
+    _, reply = drive(core.call(s, {"t": "status"}), restarting, clock)
+    assert reply["term"] == 2 and clock.now - start >= 3.0

@@ -320,3 +320,65 @@ def test_ok_reply_is_matched_by_id_not_order() -> None:
 
     with FakeServer(stale_first) as server, client(server) as c:
         assert c.status()["role"] == "right"
+
+
+# --- what is not a dlm member, and the dial timeout over real sockets -------------------
+
+
+class NotDlm:
+    """A TCP server that answers anything with an HTTP error, as a web server would."""
+
+    def __init__(self) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.addr = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        for _ in range(100):  # bounded: a test makes a handful of connections
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2.0)
+                try:
+                    conn.recv(1024)
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        self.thread.join(5.0)
+
+
+def test_a_server_that_is_not_a_member_is_named_as_such() -> None:
+    other = NotDlm()
+    try:
+        with (
+            Client(other.addr, timeout=5.0, dial_timeout=0.5) as c,
+            pytest.raises(ClusterUnavailable) as info,
+        ):
+            c.status()
+        expected = f"{other.addr} is not a dlm member (it answered something else); check --cluster"
+        assert expected in str(info.value)
+        assert "1213486160" not in str(info.value)
+    finally:
+        other.close()
+
+
+def test_a_closed_port_gives_up_after_the_dial_timeout_not_the_timeout() -> None:
+    import time
+
+    addr = free_port_addr()
+    started = time.monotonic()
+    with (
+        Client(addr, timeout=10.0, dial_timeout=0.4, rng=random.Random(5)) as c,
+        pytest.raises(ClusterUnavailable, match="no member answered within the dial timeout"),
+    ):
+        c.status()
+    assert time.monotonic() - started < 2.0

@@ -1,0 +1,361 @@
+"""`dlm status`, `dlm status KEY` and `dlm locks` on canned cluster replies: formats, escaping,
+the --check verdict and its exit code, --watch."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dlm.cli import status_view
+from dlm.cli.main import run
+from dlm.client.errors import ClusterUnavailable
+from tests.unit.cli.conftest import FakeClient
+
+Capture = pytest.CaptureFixture[str]
+
+ADDRS = {"n1": "127.0.0.1:7701", "n2": "127.0.0.1:7702", "n3": "127.0.0.1:7703"}
+HOSTILE_KEY = "deploy/\u202eprod"
+HOSTILE_META = {"note": "evil\x1b[31m\ttab\nnewline\r", "host": "h\x07"}
+
+
+def leader_view(
+    progress: dict[str, dict[str, Any]] | None = None,
+    members: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    return {
+        "node": "n1",
+        "address": ADDRS["n1"],
+        "cluster": "prod",
+        "role": "leader",
+        "term": 4,
+        "leader": "n1",
+        "leader_address": ADDRS["n1"],
+        "commit": 500,
+        "applied": 500,
+        "first_index": 1,
+        "last_index": 500,
+        "members": members or [{"id": n, "address": a} for n, a in ADDRS.items()],
+        "sessions": 1,
+        "locks": 1,
+        "waiters": 0,
+        **({"progress": progress} if progress is not None else {}),
+    }
+
+
+def own_view(node: str, role: str = "follower", applied: int = 500) -> dict[str, Any]:
+    return {"node": node, "role": role, "term": 4, "commit": 500, "applied": applied}
+
+
+class Canned:
+    """What the fake cluster answers: the leader's status, and each member's own view."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.status: dict[str, Any] | Exception = leader_view()
+        self.views: dict[str, dict[str, Any] | None] = {
+            ADDRS["n1"]: own_view("n1", "leader"),
+            ADDRS["n2"]: own_view("n2"),
+            ADDRS["n3"]: own_view("n3"),
+        }
+        canned = self
+
+        def status(self: FakeClient) -> dict[str, Any]:
+            self.calls.append(("status", ()))
+            if isinstance(canned.status, Exception):
+                raise canned.status
+            return canned.status
+
+        def member_status(self: FakeClient, addr: str, timeout: float = 2.0) -> Any:
+            return canned.views.get(addr)
+
+        monkeypatch.setattr(FakeClient, "status", status)
+        monkeypatch.setattr(FakeClient, "member_status", member_status)
+
+
+@pytest.fixture
+def canned(fake_cluster: type[FakeClient], monkeypatch: pytest.MonkeyPatch) -> Canned:
+    monkeypatch.setenv("DLM_CLUSTER", ",".join(ADDRS.values()))
+    return Canned(monkeypatch)
+
+
+@pytest.fixture
+def india_time(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Local time at +05:30, so an offset that is not a whole hour must show."""
+    monkeypatch.setenv("TZ", "XST-05:30")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def one_line(out: str) -> str:
+    lines = out.splitlines()
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+# --- --check ---------------------------------------------------------------------
+
+
+def test_check_healthy_exits_0_with_one_line(canned: Canned, capsys: Capture) -> None:
+    assert run(["status", "--check"]) == 0
+    line = one_line(capsys.readouterr().out)
+    assert line.startswith("healthy: all 3 voters answer, leader n1")
+    assert "survives 1 more member failure" in line
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda c: c.views.update({ADDRS["n3"]: None}), "n3 (127.0.0.1:7703) does not answer"),
+        (
+            lambda c: c.views.update({ADDRS["n3"]: own_view("n3", applied=400)}),
+            "n3 (127.0.0.1:7703) is 100",
+        ),
+        (
+            lambda c: setattr(
+                c, "status", leader_view({"n1": {"match": 500}, "n2": {"match": 500},
+                                          "n3": {"match": 10, "last_contact_ms": 30}})
+            ),
+            "n3 (127.0.0.1:7703) is 490 entries behind",
+        ),
+        (
+            lambda c: setattr(
+                c, "status", leader_view({"n2": {"match": 500, "last_contact_ms": 1500}})
+            ),
+            "has not heard from n2 (127.0.0.1:7702) for 1.5s",
+        ),
+    ],
+)  # fmt: skip
+def test_check_degraded_exits_1_and_says_why(
+    canned: Canned, capsys: Capture, change: Any, needle: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 100 entries behind is too few to degrade at the real threshold; lower it for that case.
+    monkeypatch.setattr(status_view.health, "MAX_BEHIND_ENTRIES", 50)
+    change(canned)
+    assert run(["status", "--check"]) == 1
+    line = one_line(capsys.readouterr().out)
+    assert line.startswith("degraded: ")
+    assert needle in line
+
+
+def test_check_without_quorum_exits_69_with_one_line(canned: Canned, capsys: Capture) -> None:
+    canned.status = ClusterUnavailable("no leader with a quorum within 10s", code="NO_QUORUM")
+    canned.views[ADDRS["n2"]] = canned.views[ADDRS["n3"]] = None
+    assert run(["status", "--check"]) == 69
+    captured = capsys.readouterr()
+    assert one_line(captured.out) == "no quorum: no leader with a quorum within 10s"
+    assert captured.err == ""
+
+
+def test_check_ignores_learners(canned: Canned, capsys: Capture) -> None:
+    members = [{"id": n, "address": a} for n, a in ADDRS.items()]
+    members.append({"id": "n4", "address": "127.0.0.1:7704", "role": "learner"})
+    canned.status = leader_view({"n4": {"match": 1, "last_contact_ms": 60_000}}, members)
+    assert run(["status", "--check"]) == 0
+    assert "all 3 voters answer" in capsys.readouterr().out
+
+
+def test_check_json(canned: Canned, capsys: Capture) -> None:
+    canned.views[ADDRS["n2"]] = None
+    assert run(["status", "--check", "--json"]) == 1
+    obj = json.loads(one_line(capsys.readouterr().out))
+    assert obj["healthy"] is False
+    assert obj["state"] == "degraded"
+    assert "n2" in obj["reason"]
+    assert (obj["voters"], obj["voters_up"], obj["quorum"], obj["tolerates"]) == (3, 2, 2, 0)
+    canned.status = ClusterUnavailable("no quorum", code="NO_QUORUM")
+    assert run(["status", "--check", "--json"]) == 69
+    obj = json.loads(one_line(capsys.readouterr().out))
+    assert (obj["healthy"], obj["state"]) == (False, "no_quorum")
+
+
+# --- the members view ----------------------------------------------------------------
+
+
+def test_human_views_say_candidate_and_mark_the_leader_and_the_unreachable(
+    canned: Canned, capsys: Capture
+) -> None:
+    canned.views[ADDRS["n2"]] = own_view("n2", "pre_candidate")
+    canned.views[ADDRS["n3"]] = None
+    canned.status = leader_view({"n2": {"match": 500, "last_contact_ms": 120}})
+    assert run(["status", "--format", "table"]) == 0
+    table = capsys.readouterr().out
+    assert "pre_candidate" not in table
+    assert re.search(r"n1 \*\s+127\.0\.0\.1:7701\s+leader", table)
+    assert re.search(r"n2\s+127\.0\.0\.1:7702\s+candidate", table)
+    assert re.search(r"n3\s+127\.0\.0\.1:7703\s+\(unreachable\)", table)
+    assert "120ms ago" in table
+    assert "degraded: n3 (127.0.0.1:7703) does not answer" in table
+    assert "survives no further member failure (2 of 3 voters up, quorum 2)" in table
+
+    assert run(["status"]) == 0  # not a terminal: tsv
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split("\t") == list(status_view.MEMBER_FIELDS)
+    rows = {line.split("\t")[0]: line.split("\t") for line in lines[1:]}
+    assert rows["n2"][2] == "candidate" and rows["n2"][7] == "120"
+    assert rows["n3"][-1] == "no" and rows["n1"][2] == "leader"
+
+    assert run(["status", "--json"]) == 0  # exact: Raft's own word
+    members = json.loads(capsys.readouterr().out)["members"]
+    assert [m["role"] for m in members] == ["leader", "pre_candidate", None]
+    assert members[1]["last_contact_ms"] == 120
+
+
+def test_status_without_quorum_shows_members_then_exits_69(canned: Canned, capsys: Capture) -> None:
+    canned.status = ClusterUnavailable("no leader with a quorum", code="NO_QUORUM")
+    assert run(["status"]) == 69
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 4  # header and three members
+    assert one_line(captured.err).startswith("dlm: no leader with a quorum")
+
+
+def test_watch_prints_a_snapshot_per_interval_until_ctrl_c(
+    canned: Canned, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    naps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) % 3 == 0:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(status_view.time, "sleep", sleep)
+    assert run(["status", "--watch", "--interval", "250ms"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 * 4  # three tsv snapshots of a header and three members
+    assert all(0 <= nap <= 0.25 for nap in naps)
+    assert run(["status", "--watch", "--json"]) == 0
+    snapshots = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(snapshots) == 3 and snapshots[0]["leader"] == "n1"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["status", "k", "--check"],
+        ["status", "k", "--watch"],
+        ["status", "--check", "--watch"],
+        ["status", "--interval", "1s"],
+        ["status", "--watch", "--interval", "0s"],
+        ["status", "--format", "yaml"],
+        ["locks", "--format", "csv"],
+    ],
+)
+def test_status_usage_errors(args: list[str], canned: Canned, capsys: Capture) -> None:
+    assert run(args) == 2
+    assert capsys.readouterr().err.startswith("dlm: ")
+    assert not any(c.calls for c in FakeClient.instances)
+
+
+# --- dlm locks -------------------------------------------------------------------------
+
+
+def hostile_locks(waiters: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "key": HOSTILE_KEY,
+            "limit": 1,
+            "holders": [
+                {"lease": "lease1", "token": 11, "held_ms": 1500, "remaining_ms": 28_500,
+                 "granted_at_ms": 1_700_000_000_000, "meta": HOSTILE_META}
+            ],
+            "waiters": waiters,
+        },
+        {
+            "key": "jobs\tq\nx",
+            "limit": 2,
+            "holders": [
+                {"lease": "lease2", "token": 12, "held_ms": 10, "meta": {"a": "1"}},
+                {"lease": "lease3", "token": 13, "held_ms": 20, "meta": {"b": "2\n3"}},
+            ],
+            "waiters": 0,
+        },
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("waiters", [2, [{"lease": "w1", "since_ms": 1, "position": 1,
+                                          "meta": {}}, {"lease": "w2", "since_ms": 2,
+                                                       "position": 2, "meta": {}}]])  # fmt: skip
+def test_locks_piped_is_one_row_per_line_whatever_the_keys_and_metadata(
+    fake_cluster: Any, capsys: Capture, monkeypatch: pytest.MonkeyPatch, waiters: Any
+) -> None:
+    monkeypatch.setattr(FakeClient, "list_locks", lambda self, prefix="": hostile_locks(waiters))
+    assert run(["locks"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert len(lines) == 1 + 3  # header, one row per holder
+    assert out.count("\n") == 4 and "\r" not in out and "\x1b" not in out and "\x07" not in out
+    header = lines[0].split("\t")
+    assert header == ["key", "lease", "token", "held_ms", "ttl_left_ms", "waiters", "owner"]
+    first = dict(zip(header, lines[1].split("\t"), strict=True))
+    assert first["key"] == "deploy/\\u202eprod"
+    assert first["waiters"] == "2"
+    assert first["ttl_left_ms"] == "28500"
+    assert first["owner"] == "note=evil\\x1b[31m\\ttab\\nnewline\\r host=h\\x07"
+    assert lines[2].split("\t")[0] == "jobs\\tq\\nx"
+
+    assert run(["locks", "--format", "table"]) == 0
+    table = capsys.readouterr().out
+    assert len(table.splitlines()) == 2 + 3 and "\x1b" not in table
+
+    assert run(["locks", "--json"]) == 0  # exact, waiters as the cluster sent them
+    out = capsys.readouterr().out
+    assert json.loads(out)["locks"] == hostile_locks(waiters)
+    assert "\\u001b" in out
+
+
+# --- dlm status KEY --------------------------------------------------------------------
+
+
+def key_state() -> dict[str, Any]:
+    return {
+        "key": HOSTILE_KEY,
+        "limit": 1,
+        "holders": [
+            {"lease": "lease1", "token": 11, "granted_at_ms": 1_700_000_000_000,
+             "held_ms": 90_000, "ttl_ms": 30_000, "remaining_ms": 20_000, "meta": HOSTILE_META}
+        ],
+        "waiters": [
+            {"lease": "w1", "since_ms": 1_700_000_060_000, "position": 1, "meta": HOSTILE_META},
+            {"lease": "w2", "since_ms": 1_700_000_080_000, "position": 2, "meta": {}},
+        ],
+    }  # fmt: skip
+
+
+def test_key_status_shows_absolute_times_beside_durations(
+    fake_cluster: Any, capsys: Capture, monkeypatch: pytest.MonkeyPatch, india_time: None
+) -> None:
+    monkeypatch.setattr(FakeClient, "get", lambda self, key: key_state())
+    assert run(["status", HOSTILE_KEY, "--format", "table"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out
+    assert out.splitlines()[0] == (
+        "deploy/\\u202eprod: lock, held, 2 waiting (as of 2023-11-15T03:44:50+05:30)"
+    )
+    assert "held since  2023-11-15T03:43:20+05:30, for 1m30s" in out  # granted 1.7e12 ms
+    assert "TTL left    20s, until 2023-11-15T03:45:10+05:30" in out
+    assert "owner       note=evil\\x1b[31m\\ttab\\nnewline\\r host=h\\x07" in out
+    assert re.search(r"1\s+w1\s+2023-11-15T03:44:20\+05:30\s+30s", out)
+    assert re.search(r"2\s+w2\s+2023-11-15T03:44:40\+05:30\s+10s", out)
+
+    assert run(["status", HOSTILE_KEY]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 + 1 + 2
+    holder = lines[1].split("\t")
+    assert holder[:4] == ["deploy/\\u202eprod", "holder", "lease1", "11"]
+    assert holder[5] == "2023-11-15T03:43:20+05:30" and holder[8] == "2023-11-15T03:45:10+05:30"
+    assert lines[2].split("\t")[1:5] == ["waiter", "w1", "-", "1"]
+
+    assert run(["status", HOSTILE_KEY, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == key_state()
+
+
+def test_key_validation_happens_before_connecting(fake_cluster: Any, capsys: Capture) -> None:
+    assert run(["status", ""]) == 2
+    assert "KEY" in capsys.readouterr().err
+    assert not any(c.calls for c in FakeClient.instances)
