@@ -25,9 +25,11 @@ PURE_FILES = (
     ROOT / "limits.py",
 )
 PURE_MODULES = sorted(
-    [*ROOT.joinpath("node", "raft").glob("*.py")]
-    + sorted(ROOT.joinpath("node", "locks").glob("*.py"))
-    + list(PURE_FILES)
+    [
+        *ROOT.joinpath("node", "raft").glob("*.py"),
+        *ROOT.joinpath("node", "locks").glob("*.py"),
+        *PURE_FILES,
+    ]
 )
 PURE_PACKAGES = (
     "dlm.node.raft",
