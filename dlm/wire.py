@@ -253,9 +253,10 @@ class HelloRole(enum.StrEnum):
 class Hello(Record):
     """The first frame of a connection.
 
-    ``version`` stays 1 so that a member of the previous release (which checks
-    only that field) accepts us; ``max_version`` is the highest version the
-    sender speaks, and the connection speaks the lower of the two sides' maxima.
+    ``version`` is the lowest protocol version the sender speaks and
+    ``max_version`` the highest; the connection speaks the lower of the two
+    sides' maxima. A member of the previous release checks only that
+    ``version`` is 1, so our clients and members send 1 there.
     """
 
     __slots__ = ("cluster", "max_version", "node", "role", "version")

@@ -44,6 +44,7 @@ import anyio.abc
 
 from dlm.node.config import NodeConfig
 from dlm.node.log import Logger
+from dlm.node.notify import notify
 from dlm.node.machine import (
     Action,
     CloseConnection,
@@ -245,6 +246,7 @@ class NodeServer:
                     last_index=self.machine.raft.last_index,
                 )
                 self._run_actions()
+                notify("READY=1")  # systemd's Type=notify: serving from now on
                 try:
                     await self.stopped.wait()
                 finally:
@@ -260,6 +262,7 @@ class NodeServer:
         if self._stopping:
             return
         self._stopping = True
+        notify("STOPPING=1")
         # Connections waiting in the backlog are refused now, so their clients
         # move on to another member instead of waiting for us to exit.
         self._stop_serving()
@@ -577,6 +580,14 @@ class _Connection(asyncio.Protocol):
         if self._hello_timer is not None:
             self._hello_timer.cancel()
             self._hello_timer = None
+        if hello.version > PROTOCOL_VERSION:
+            message = (
+                f"protocol version {hello.version} is not supported "
+                f"(this member speaks 1 to {PROTOCOL_VERSION}): upgrade this member"
+            )
+            server.log.warning("bad_hello", remote=where, error=message)
+            _send_and_close(transport, error(None, ErrorCode.BAD_REQUEST, message))
+            return
         version = min(hello.speaks, PROTOCOL_VERSION)
         config = server.config
         rest = first[1]
