@@ -44,7 +44,6 @@ import anyio.abc
 
 from dlm.node.config import NodeConfig
 from dlm.node.log import Logger
-from dlm.node.notify import notify
 from dlm.node.machine import (
     Action,
     CloseConnection,
@@ -59,6 +58,7 @@ from dlm.node.machine import (
     SendMessages,
     Stop,
 )
+from dlm.node.notify import notify
 from dlm.node.peer_codec import decode_raft_frame
 from dlm.node.peers import PeerLink, split_first_frame
 from dlm.node.raft.types import Storage
