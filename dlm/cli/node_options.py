@@ -88,6 +88,30 @@ NODE_OPTIONS = (
         "JSON lines, or one readable line per event. [default: text on a terminal, else json]",
         LOG_FORMATS,
     ),
+    NodeOption(
+        "metrics_listen",
+        "--metrics-listen",
+        "HOST:PORT",
+        "Serve Prometheus metrics at http://HOST:PORT/metrics. [default: off]",
+    ),
+    NodeOption(
+        "max_leases",
+        "--max-leases",
+        "N",
+        "Most live leases the cluster accepts (QUOTA_EXCEEDED beyond). [default: 200000]",
+    ),
+    NodeOption(
+        "max_locks",
+        "--max-locks",
+        "N",
+        "Most held locks and queued waiters, together. [default: 2000000]",
+    ),
+    NodeOption(
+        "max_meta_bytes",
+        "--max-meta-bytes",
+        "N",
+        "Most bytes of owner metadata per lock or lease. [default: 4096]",
+    ),
 )
 """Settings that may come from a flag, the environment or the config file."""
 

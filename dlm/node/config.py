@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dlm.node.machine import Quotas, Timing
@@ -54,6 +55,8 @@ class NodeConfig:
     snapshot_keep: int = 1_000
     """Entries kept in the log behind a snapshot, so a briefly lagging peer needs no snapshot."""
     fsync: bool = True
+    metrics_listen: tuple[str, int] | None = None
+    """Where to serve Prometheus metrics (None: nowhere)."""
 
     @property
     def address(self) -> str:
@@ -69,6 +72,31 @@ class NodeConfig:
             return None
         host, port = self.peers[node_id]
         return format_addr(host, port)
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, str | None]) -> NodeConfig:
+        """The config for `dlm node start`'s settings (dlm.cli.node_options), by parameter."""
+        config = cls.from_flags(
+            node_id=settings.get("node_id"),
+            listen=settings.get("listen"),
+            peers=settings.get("peers"),
+            data=settings.get("data"),
+            cluster=settings.get("cluster"),
+        )
+        metrics = settings.get("metrics_listen")
+        default = Quotas()
+        quotas = Quotas(
+            max_leases=_count(settings.get("max_leases"), "--max-leases", default.max_leases),
+            max_locks=_count(settings.get("max_locks"), "--max-locks", default.max_locks),
+            max_meta_bytes=_count(
+                settings.get("max_meta_bytes"), "--max-meta-bytes", default.max_meta_bytes
+            ),
+        )
+        return replace(
+            config,
+            metrics_listen=_parse(metrics, "--metrics-listen") if metrics else None,
+            quotas=quotas,
+        )
 
     @classmethod
     def from_flags(
@@ -106,6 +134,15 @@ class NodeConfig:
             data_dir=data_dir,
             cluster=cluster_id,
         )
+
+
+def _count(text: str | None, flag: str, default: int) -> int:
+    if text is None or not text.strip():
+        return default
+    text = text.strip().replace("_", "")
+    if not text.isdigit() or not 0 < int(text) < 2**62:
+        raise ConfigError(f"{flag} must be a positive whole number; got {text!r}")
+    return int(text)
 
 
 def check_id(value: str, flag: str) -> None:

@@ -1,6 +1,7 @@
 """Structured logs for a node: one line per event on stderr, as JSON or as readable text.
 
-A JSON line carries ``ts`` (Unix seconds, millisecond precision), ``level``,
+A JSON line carries ``time`` (ISO-8601, UTC, milliseconds), ``ts`` (the same as
+Unix seconds, for tools that prefer numbers), ``level``,
 ``node``, ``event`` (a short snake_case name an operator can grep for) and
 the event's own fields. A text line carries the same in the order people
 read them: local time with its offset, level, node, event, then
@@ -20,7 +21,7 @@ import json
 import os
 import sys
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 DEBUG = 10
@@ -88,6 +89,7 @@ class Logger:
             line = text_line(now, _NAMES.get(level, str(level)), self.node, event, fields)
         else:
             record: dict[str, Any] = {
+                "time": datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds"),
                 "ts": round(now, 3),
                 "level": _NAMES.get(level, str(level)),
                 "node": self.node,

@@ -57,6 +57,8 @@ from dlm.node import locks
 from dlm.node.leases import LeaseTracker
 from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.types import (
+    AppendEntries,
+    AppendEntriesResponse,
     ConfState,
     Entry,
     EntryKind,
@@ -69,6 +71,7 @@ from dlm.node.raft.types import (
     Role,
     Snapshot,
 )
+from dlm.node.stats import Stats
 from dlm.wire import (
     PAGE_MAX,
     Acquire,
@@ -299,31 +302,6 @@ class _Job:
     done: bool = False
 
 
-@dataclass(slots=True)
-class Stats:
-    """Counters a metrics exporter reads (plain numbers: this module has no metrics library)."""
-
-    requests: dict[tuple[str, str], int] = field(default_factory=dict)
-    """(request type, outcome code) -> count."""
-    grants: int = 0
-    releases: int = 0
-    expiries: int = 0
-    leader_changes: int = 0
-    proposals: int = 0
-    persist_jobs: int = 0
-    entries_persisted: int = 0
-    snapshots_taken: int = 0
-    rejected_frames: int = 0
-    acquire_waits_ms: list[int] = field(default_factory=list)
-    """Recent queued-acquire waits (ms, queued to granted); the exporter drains it."""
-    hold_times_ms: list[int] = field(default_factory=list)
-    """Recent hold times (ms, granted to released or expired); the exporter drains it."""
-
-    def count(self, kind: str, outcome: str) -> None:
-        key = (kind, outcome)
-        self.requests[key] = self.requests.get(key, 0) + 1
-
-
 # ---------------------------------------------------------------------------
 # The machine
 # ---------------------------------------------------------------------------
@@ -388,6 +366,9 @@ class NodeMachine:
         self._next_job = 1
         self._peer_versions: dict[NodeId, int] = {}
         self._peer_heard: dict[NodeId, float] = {}
+        self._peers_silent: set[NodeId] = set()
+        self._leading_since = now.mono
+        self._append_sent: dict[NodeId, dict[int, float]] = {}
         self._version_proposed_at = -1.0e9
         self._stopping = False
         self._reject_log_at = -1.0e9
@@ -455,6 +436,7 @@ class NodeMachine:
             if self.tracker.leading:
                 self._expire_due(now)
                 self._maybe_raise_version(now)
+            self._watch_peers(now)
             self._time_out_requests(now)
         self._pump(now)
 
@@ -524,12 +506,50 @@ class NodeMachine:
         me = self.config.node_id
         members = self._addresses
         self._peer_heard[src] = now.mono
+        if src in self._peers_silent:
+            self._peers_silent.discard(src)
+            self._log("info", "peer_regained", peer=src)
         for msg in messages:
             if msg.src != src or msg.dst != me or src not in members:
                 self._reject(now, "peer_message_refused", peer=src, message=type(msg).__name__)
                 continue
+            if type(msg) is AppendEntriesResponse and not msg.reject:
+                self._acknowledged(src, msg.index, now)
             raft.step(msg)
         self._pump(now)
+
+    def _acknowledged(self, peer: NodeId, index: int, now: Instant) -> None:
+        sent = self._append_sent.get(peer)
+        if not sent:
+            return
+        done = [i for i in sent if i <= index]
+        if done:
+            rtt = self.stats.rtt(peer)
+            for i in done:
+                rtt.observe(now.mono - sent.pop(i))
+
+    def _watch_peers(self, now: Instant) -> None:
+        """The leader says when a member has not answered for an election timeout."""
+        if self._role is not Role.LEADER:
+            if self._peers_silent:
+                self._peers_silent.clear()
+            return
+        limit = self._timing.election_timeout_s
+        for member in (*self.raft.voters, *self.raft.learners):
+            if member == self.config.node_id or member in self._peers_silent:
+                continue
+            heard = self._peer_heard.get(member, self._leading_since)
+            silent_for = now.mono - max(heard, self._leading_since)
+            if silent_for > limit:
+                self._peers_silent.add(member)
+                self._append_sent.pop(member, None)
+                self._log(
+                    "warning",
+                    "peer_silent",
+                    peer=member,
+                    address=self.address_of(member),
+                    silent_ms=int(silent_for * 1000),
+                )
 
     # ------------------------------------------------------------------ inputs: persistence
 
@@ -539,15 +559,15 @@ class NodeMachine:
             if number == job:
                 entry.done = True
                 break
-        self._finish_jobs()
+        self._finish_jobs(now)
         self._pump(now)
 
-    def _finish_jobs(self) -> None:
+    def _finish_jobs(self, now: Instant) -> None:
         jobs = self._jobs
         while jobs and jobs[0][1].done:
             _, job = jobs.popleft()
             if job.ready.messages:
-                self._send_messages(job.ready.messages)
+                self._send_messages(job.ready.messages, now)
             self.raft.advance(job.ready)
 
     # ------------------------------------------------------------------ the Ready loop
@@ -567,7 +587,7 @@ class NodeMachine:
         if rd.soft_state is not None:
             self._on_soft_state(rd.soft_state.role, rd.soft_state.leader, rd.soft_state.term, now)
         if rd.messages_now:
-            self._send_messages(rd.messages_now)
+            self._send_messages(rd.messages_now, now)
         persisting = bool(rd.entries) or rd.snapshot is not None or rd.hard_state is not None
         job = _Job(rd, persisting, done=not persisting)
         number = self._next_job
@@ -587,12 +607,17 @@ class NodeMachine:
             read_round = self._rounds.get(rs.ctx)
             if read_round is not None:
                 read_round.index = rs.index
-        self._finish_jobs()
+        self._finish_jobs(now)
 
-    def _send_messages(self, messages: Iterable[Message]) -> None:
+    def _send_messages(self, messages: Iterable[Message], now: Instant) -> None:
         by_peer: dict[NodeId, list[Message]] = {}
         for msg in messages:
             by_peer.setdefault(msg.dst, []).append(msg)
+            if type(msg) is AppendEntries and msg.entries:
+                # For the append round-trip figure: when each batch left.
+                sent = self._append_sent.setdefault(msg.dst, {})
+                if len(sent) < 256:
+                    sent.setdefault(msg.entries[-1].index, now.mono)
         for peer, batch in by_peer.items():
             self._emit(SendMessages(peer, tuple(batch)))
 
@@ -606,6 +631,7 @@ class NodeMachine:
         elif (role is Role.LEADER) != was_leader:
             self._log("info", "role_changed", role=_role_name(role), leader=leader, term=term)
         if role is Role.LEADER and not was_leader:
+            self._leading_since = now.mono
             self.tracker.take_office(now.mono, self.locks.leases())
             self._version_proposed_at = -1.0e9
         elif was_leader and role is not Role.LEADER:
@@ -716,6 +742,7 @@ class NodeMachine:
         result = outcome.result
         if isinstance(cmd, locks.ExpireCommand) and isinstance(result, locks.LeaseClosed):
             self.stats.expiries += 1
+            self.stats.locks_lost += len(result.released)
             self._log(
                 "info",
                 "lease_expired",
@@ -747,7 +774,7 @@ class NodeMachine:
         self._granted_mono[(lease, key)] = now.mono
         queued_at = self._queued_mono.pop((lease, key), None)
         if queued_at is not None:
-            self.stats.acquire_waits_ms.append(int((now.mono - queued_at) * 1000))
+            self.stats.acquire_wait.observe(now.mono - queued_at)
         self._log("info", "lock_granted", key=key, token=token, lease=lease, owner=meta)
 
     def _audit_released(self, keys: Iterable[str], lease: str, how: str, now: Instant) -> None:
@@ -755,7 +782,7 @@ class NodeMachine:
             self.stats.releases += 1
             granted = self._granted_mono.pop((lease, key), None)
             if granted is not None:
-                self.stats.hold_times_ms.append(int((now.mono - granted) * 1000))
+                self.stats.hold_time.observe(now.mono - granted)
             self._log("info", "lock_released", key=key, lease=lease, how=how)
 
     def _take_snapshot(self) -> None:

@@ -58,41 +58,25 @@ def start_from_options(
         resolved = resolve(flags, os.environ if environ is None else environ)
     except OptionError as exc:
         return _fail(str(exc), EXIT_USAGE)
-    values = resolved.values
-    return start_node(
-        node_id=values["node_id"],
-        listen=values["listen"],
-        peers=values["peers"],
-        data=values["data"],
-        cluster=values["cluster"],
-        log_level=values["log_level"],
-        log_format=values["log_format"],
-        resolved=resolved,
-    )
+    return start_node(resolved.values, resolved=resolved)
 
 
 def start_node(
+    settings: Mapping[str, str | None],
     *,
-    node_id: str | None,
-    listen: str | None,
-    peers: str | None,
-    data: str | None,
-    cluster: str | None,
-    log_level: str | None = None,
-    log_format: str | None = None,
     on_started: Callable[[Any], None] | None = None,
     resolved: Resolved | None = None,
 ) -> int:
     """Runs a member in the foreground until SIGTERM/SIGINT; returns the exit code.
 
-    ``resolved`` says where each setting came from, so an error about one names
-    the variable or file that set it."""
+    ``settings`` are the values of dlm.cli.node_options.NODE_OPTIONS by parameter
+    name (missing or None: not set). ``resolved`` says where each came from, so an
+    error about one names the variable or file that set it."""
     try:
-        config = NodeConfig.from_flags(
-            node_id=node_id, listen=listen, peers=peers, data=data, cluster=cluster
-        )
+        config = NodeConfig.from_settings(settings)
     except ConfigError as exc:
         return _fail(resolved.explain(str(exc)) if resolved else str(exc), EXIT_USAGE)
+    log_level, log_format = settings.get("log_level"), settings.get("log_format")
     try:
         log = Logger(
             config.node_id, level=level_named(log_level), format=log_format or default_format()

@@ -62,6 +62,7 @@ from dlm.node.notify import notify
 from dlm.node.peer_codec import decode_raft_frame
 from dlm.node.peers import PeerLink, split_first_frame
 from dlm.node.raft.types import Storage
+from dlm.node.stats import DiskStats
 from dlm.wire import (
     CLIENT_FRAME_LIMIT,
     PEER_FRAME_LIMIT,
@@ -114,6 +115,7 @@ class _Persister:
         self._thread = threading.Thread(target=self._run, name="dlm-persist", daemon=True)
         self._thread.start()
         self.failure: BaseException | None = None
+        self.stats = DiskStats()
 
     def submit(self, job: Persist | SaveSnapshot, done: Callable[..., None]) -> None:
         self._queue.put((job, done))
@@ -129,6 +131,7 @@ class _Persister:
             if item is None:
                 return
             job, done = item
+            started = time.perf_counter()
             try:
                 if isinstance(job, Persist):
                     if job.snapshot is not None:
@@ -138,6 +141,9 @@ class _Persister:
                     if job.hard_state is not None:
                         # A commit-only change costs no disk write (commit is advisory).
                         storage.set_hard_state(job.hard_state)
+                    if job.entries:
+                        self.stats.fsync.observe(time.perf_counter() - started)
+                        self.stats.batch.observe(len(job.entries))
                 else:
                     existing = storage.snapshot()
                     if existing is None or existing.meta.index < job.index:
@@ -219,6 +225,8 @@ class NodeServer:
         self._pending_peers: dict[str, str] | None = None
         self.failure: BaseException | None = None
         """Why the disk worker stopped the member, if it did."""
+        self.metrics: Any = None
+        """The /metrics listener, when --metrics-listen is given."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -229,6 +237,8 @@ class NodeServer:
         self._persister = _Persister(self.storage, loop)
         for sock in _raw_sockets(listener):
             self._servers.append(await loop.create_server(lambda: _Connection(self), sock=sock))
+        if self.config.metrics_listen is not None:
+            await self._start_metrics(*self.config.metrics_listen)
         try:
             async with anyio.create_task_group() as tg:
                 self._task_group = tg
@@ -252,10 +262,26 @@ class NodeServer:
                 finally:
                     tg.cancel_scope.cancel()
                     self._stop_serving()
+                    if self.metrics is not None:
+                        self.metrics.close()
                     for transport in list(self._transports):
                         transport.abort()
         finally:
             self._persister.stop()
+
+    async def _start_metrics(self, host: str, port: int) -> None:
+        # prometheus-client is imported only by members that serve metrics.
+        from dlm.node.metrics import MetricsListener, registry_for
+
+        listener = MetricsListener(registry_for(self))
+        try:
+            await listener.start(host, port)
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"cannot serve metrics on {_addr_text((host, port))}: {exc.strerror}"
+            ) from None
+        self.metrics = listener
+        self.log.info("metrics_serving", address=_addr_text((host, listener.port)))
 
     async def shutdown(self) -> None:
         """Stops taking requests, lets in-flight ones finish (bounded), then stops."""
@@ -496,6 +522,18 @@ class NodeServer:
 
     def status_view(self) -> dict[str, Any]:
         return self.machine.status_view(now())
+
+    @staticmethod
+    def now() -> Instant:
+        return now()
+
+    @property
+    def client_count(self) -> int:
+        return len(self._clients)
+
+    @property
+    def disk_stats(self) -> DiskStats:
+        return self._persister.stats if self._persister is not None else DiskStats()
 
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}

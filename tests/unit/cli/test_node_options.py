@@ -109,8 +109,8 @@ def test_start_from_options_hands_the_merged_settings_to_start_node(
 ) -> None:
     seen: dict[str, object] = {}
 
-    def start_node(**kwargs: object) -> int:
-        seen.update(kwargs)
+    def start_node(settings: dict[str, object], **kwargs: object) -> int:
+        seen.update(settings)
         return 0
 
     monkeypatch.setattr(node_main, "start_node", start_node)

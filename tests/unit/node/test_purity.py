@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[3] / "dlm"
 PURE_FILES = (
     ROOT / "node" / "machine.py",
     ROOT / "node" / "leases.py",
+    ROOT / "node" / "stats.py",
     ROOT / "wire.py",
     ROOT / "limits.py",
 )
@@ -36,6 +37,7 @@ PURE_PACKAGES = (
     "dlm.node.locks",
     "dlm.node.machine",
     "dlm.node.leases",
+    "dlm.node.stats",
     "dlm.wire",
     "dlm.limits",
 )

@@ -1,0 +1,229 @@
+"""Prometheus metrics at ``/metrics``, served from the member's own event loop.
+
+``dlm node start --metrics-listen HOST:PORT`` turns it on. The registry and
+the text exposition are prometheus-client's; the HTTP side is a few lines of
+asyncio here rather than prometheus-client's server, which starts a thread
+per connection with no timeout: a scraper that connects and says nothing would
+hold a thread forever. Ours answers ``GET /metrics`` and nothing else, reads
+at most ``REQUEST_LIMIT`` bytes within ``REQUEST_TIMEOUT`` seconds, and serves
+at most ``MAX_CONNECTIONS`` scrapers at once.
+
+Every metric is computed when scraped from what the node machine
+(dlm/node/stats.py) and the adapter count, so nothing is updated on the hot
+path but plain integers. Names follow Prometheus conventions: ``dlm_`` prefix,
+``_total`` for counters, ``_seconds`` for durations. README.md lists them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from dlm.node.stats import Histogram
+
+if TYPE_CHECKING:
+    from dlm.node.server import NodeServer
+
+REQUEST_LIMIT = 8192
+REQUEST_TIMEOUT = 5.0
+MAX_CONNECTIONS = 64
+ROLES = ("follower", "pre_candidate", "candidate", "leader", "learner")
+
+METRIC_HELP: dict[str, str] = {
+    "dlm_requests_total": "Client requests answered, by type and result (OK or an error code).",
+    "dlm_grants_total": "Locks granted (immediately or to a waiter).",
+    "dlm_releases_total": "Locks given up (released, closed with their lease, or expired).",
+    "dlm_lease_expiries_total": "Leases ended by the leader because their TTL passed.",
+    "dlm_locks_lost_total": "Locks freed because their holder's lease expired.",
+    "dlm_acquire_wait_seconds": "Time from queued to granted, for acquires that waited.",
+    "dlm_hold_seconds": "Time from granted to released or expired.",
+    "dlm_sessions": "Live leases (sessions).",
+    "dlm_locks_held": "Held lock slots (a semaphore with three holders counts three).",
+    "dlm_waiters": "Leases queued for a lock.",
+    "dlm_raft_term": "This member's Raft term.",
+    "dlm_raft_role": "1 for this member's current Raft role, 0 for the others.",
+    "dlm_raft_commit_index": "Highest log index known committed.",
+    "dlm_raft_applied_index": "Highest log index applied to the lock table.",
+    "dlm_raft_leader_changes_total": "Times this member saw the leader or term change.",
+    "dlm_raft_proposals_total": "Client commands this member proposed as leader.",
+    "dlm_fsync_seconds": "Time to write and fsync one batch of log entries.",
+    "dlm_fsync_batch_entries": "Log entries per fsync.",
+    "dlm_peer_append_rtt_seconds": "Leader: time from sending entries to a peer to its ack.",
+    "dlm_peer_reachable": "Leader: 1 if the peer answered within two election timeouts.",
+    "dlm_peer_last_contact_seconds": "Time since this member last heard from the peer.",
+    "dlm_client_connections": "Open client connections.",
+    "dlm_connections_refused_total": "Client connections refused (too many).",
+    "dlm_rejected_input_total": "Frames and messages refused as malformed or not allowed.",
+    "dlm_snapshots_total": "State-machine snapshots this member took.",
+    "dlm_cluster_version": "The protocol version the replicated log runs.",
+}
+
+
+def _help(name: str) -> str:
+    return METRIC_HELP[name]
+
+
+def _histogram(name: str, histogram: Histogram, labels: dict[str, str] | None = None) -> Metric:
+    family = HistogramMetricFamily(name, _help(name), labels=list(labels or {}))
+    family.add_metric(
+        list((labels or {}).values()), histogram.cumulative(), sum_value=histogram.sum
+    )
+    return family
+
+
+class NodeCollector(Collector):
+    """Reads the member's counters when Prometheus scrapes."""
+
+    def __init__(self, server: NodeServer) -> None:
+        self._server = server
+
+    def collect(self) -> Iterator[Metric]:
+        server = self._server
+        machine = server.machine
+        stats = machine.stats
+        requests = CounterMetricFamily(
+            "dlm_requests", _help("dlm_requests_total"), labels=["type", "result"]
+        )
+        for (kind, outcome), count in sorted(stats.requests.items()):
+            requests.add_metric([kind, outcome], count)
+        yield requests
+        for name, value in (
+            ("dlm_grants", stats.grants),
+            ("dlm_releases", stats.releases),
+            ("dlm_lease_expiries", stats.expiries),
+            ("dlm_locks_lost", stats.locks_lost),
+            ("dlm_raft_leader_changes", stats.leader_changes),
+            ("dlm_raft_proposals", stats.proposals),
+            ("dlm_connections_refused", server.counters.connections_refused),
+            ("dlm_rejected_input", stats.rejected_frames),
+            ("dlm_snapshots", stats.snapshots_taken),
+        ):
+            yield CounterMetricFamily(name, _help(name + "_total"), value=value)
+        yield _histogram("dlm_acquire_wait_seconds", stats.acquire_wait)
+        yield _histogram("dlm_hold_seconds", stats.hold_time)
+        counts = machine.locks.counts()
+        raft = machine.raft
+        for name, gauge_value in (
+            ("dlm_sessions", counts.sessions),
+            ("dlm_locks_held", counts.locks),
+            ("dlm_waiters", counts.waiters),
+            ("dlm_raft_term", raft.term),
+            ("dlm_raft_commit_index", raft.commit_index),
+            ("dlm_raft_applied_index", machine.locks.applied_index),
+            ("dlm_client_connections", server.client_count),
+            ("dlm_cluster_version", machine.locks.version),
+        ):
+            yield GaugeMetricFamily(name, _help(name), value=gauge_value)
+        role = GaugeMetricFamily("dlm_raft_role", _help("dlm_raft_role"), labels=["role"])
+        for name in ROLES:
+            role.add_metric([name], 1.0 if raft.role.value == name else 0.0)
+        yield role
+        yield _histogram("dlm_fsync_seconds", server.disk_stats.fsync)
+        yield _histogram("dlm_fsync_batch_entries", server.disk_stats.batch)
+        rtt = HistogramMetricFamily(
+            "dlm_peer_append_rtt_seconds", _help("dlm_peer_append_rtt_seconds"), labels=["peer"]
+        )
+        for peer, histogram in sorted(stats.append_rtt.items()):
+            rtt.add_metric([peer], histogram.cumulative(), sum_value=histogram.sum)
+        yield rtt
+        reachable = GaugeMetricFamily(
+            "dlm_peer_reachable", _help("dlm_peer_reachable"), labels=["peer"]
+        )
+        contact = GaugeMetricFamily(
+            "dlm_peer_last_contact_seconds",
+            _help("dlm_peer_last_contact_seconds"),
+            labels=["peer"],
+        )
+        for member in machine.members_view(server.now())["members"]:
+            if member["id"] == server.config.node_id:
+                continue
+            reachable.add_metric([member["id"]], 1.0 if member["reachable"] else 0.0)
+            last = member["last_contact_ms"]
+            if last is not None:
+                contact.add_metric([member["id"]], last / 1000.0)
+        yield reachable
+        yield contact
+
+
+def registry_for(server: NodeServer) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(server))
+    ProcessCollector(registry=registry)
+    return registry
+
+
+class MetricsListener:
+    """The /metrics endpoint: one asyncio server on the member's loop."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+        self._server: asyncio.Server | None = None
+        self._open = 0
+        self.refused = 0
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(self._serve, host, port)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._open >= MAX_CONNECTIONS:
+            self.refused += 1
+            writer.close()
+            return
+        self._open += 1
+        try:
+            try:
+                head = await asyncio.wait_for(
+                    reader.readuntil(b"\r\n\r\n"), timeout=REQUEST_TIMEOUT
+                )
+            except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                return
+            except ConnectionError:
+                return
+            if len(head) > REQUEST_LIMIT:
+                return
+            request_line = head.split(b"\r\n", 1)[0].split()
+            if len(request_line) < 2 or request_line[0] not in (b"GET", b"HEAD"):
+                writer.write(_response(405, b"only GET /metrics is served here\n"))
+            elif request_line[1].split(b"?", 1)[0] != b"/metrics":
+                writer.write(_response(404, b"metrics are at /metrics\n"))
+            else:
+                body = generate_latest(self._registry)
+                if request_line[0] == b"HEAD":
+                    body = b""
+                writer.write(_response(200, body, b"text/plain; version=0.0.4; charset=utf-8"))
+            try:
+                await asyncio.wait_for(writer.drain(), timeout=REQUEST_TIMEOUT)
+            except (TimeoutError, ConnectionError):
+                pass
+        finally:
+            self._open -= 1
+            writer.close()
+
+
+def _response(status: int, body: bytes, content_type: bytes = b"text/plain") -> bytes:
+    reason = {200: b"OK", 404: b"Not Found", 405: b"Method Not Allowed"}[status]
+    head = (
+        b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+        % (status, reason, content_type, len(body))
+    )
+    return head + body
