@@ -509,8 +509,8 @@ def test_cmd_does_not_start_if_that_renewal_fails(
     _lease_confirmed_long_ago(monkeypatch, 18.0)
     real_init = FakeClient.__init__
 
-    def init(self: FakeClient, members: list[str], timeout: float) -> None:
-        real_init(self, members, timeout)
+    def init(self: FakeClient, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
         self.fail["keepalive"] = ClusterUnavailable("no member answered")
 
     monkeypatch.setattr(FakeClient, "__init__", init)
