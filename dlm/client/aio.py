@@ -143,7 +143,13 @@ class _Connection:
                     if _push_matches(push, lease, key):
                         del self._pushes[i]
                         return push
-                frame = await self.read()
+                frame: dict[Any, Any] | None = None
+                with anyio.move_on_after(core.PING_EVERY_S):
+                    frame = await self.read()
+                if frame is None:
+                    # Idle connections are closed after two minutes: keep this one wanted.
+                    await self.send({"t": "ping", "id": self._ids.next()})
+                    continue
                 if frame.get("t") == "grant" and "id" not in frame:
                     self._pushes.append(frame)
                 elif frame.get("t") == "error" and "id" not in frame:
@@ -331,9 +337,14 @@ class _AsyncioConnection:
                 if _push_matches(push, lease, key):
                     del self._pushes[i]
                     return push
-            frame = await self.read(deadline)
+            slice_end = min(deadline, self._loop.time() + core.PING_EVERY_S)
+            frame = await self.read(slice_end)
             if frame is None:
-                return None
+                if slice_end >= deadline:
+                    return None
+                # Idle connections are closed after two minutes: keep this one wanted.
+                await self.send({"t": "ping", "id": self._ids.next()}, deadline)
+                continue
             if frame.get("t") == "grant" and "id" not in frame:
                 self._pushes.append(frame)
             elif frame.get("t") == "error" and "id" not in frame:

@@ -73,6 +73,9 @@ if TYPE_CHECKING:
     Clock = Callable[[], float]
     Reply = dict[Any, Any]
 
+PING_EVERY_S = 30.0
+"""An idle connection (waiting for a grant, or between long renewals) pings this often;
+members close connections silent for two minutes."""
 OPEN_RETRY_MAX_S = 60.0
 """An open_lease is re-sent for at most this long, whatever --timeout says (PROTOCOL.md)."""
 

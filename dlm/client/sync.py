@@ -201,9 +201,15 @@ class _Connection:
                 if _push_matches(push, lease, key):
                     del self._pushes[i]
                     return push
-            frame = self.read(deadline)
+            # A member closes a connection that stays silent for two minutes: ping while
+            # waiting (the answer is read, and dropped, like any reply nobody waits for).
+            slice_end = min(deadline, time.monotonic() + core.PING_EVERY_S)
+            frame = self.read(slice_end)
             if frame is None:
-                return None
+                if slice_end >= deadline:
+                    return None
+                self.send({"t": "ping", "id": self._ids.next()}, deadline)
+                continue
             if frame.get("t") == "grant" and "id" not in frame:
                 self._pushes.append(frame)
             elif frame.get("t") == "error" and "id" not in frame:
@@ -468,6 +474,20 @@ class Client:
         view: dict[str, Any] = self._run(core.member_change_flow(self._ctx, request))
         return view
 
+    def ping(self) -> bool:
+        """Tells the member this idle connection is still wanted; False if there is none
+        (nothing is connected then, and nothing is opened for it)."""
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                return False
+            try:
+                reply = conn.request({"t": "ping"}, time.monotonic() + 2.0)
+            except _Broken:
+                self._drop_connection()
+                return False
+            return reply is not None and reply.get("t") == "ok"
+
     def member_status(self, addr: str, timeout: float = 2.0) -> dict[str, Any] | None:
         """Asks one member directly for its own (stale) view; None if it does not answer."""
         deadline = time.monotonic() + timeout
@@ -704,6 +724,12 @@ class KeepAlive:
         next_at = self._confirmed_at + self._interval()
         while not self._stopping.is_set() and not self._lost_marked:
             wait = next_at - time.monotonic()
+            if wait > core.PING_EVERY_S:
+                # Long TTLs leave the connection idle for long: keep it open.
+                if self._stopping.wait(core.PING_EVERY_S):
+                    return
+                self._client.ping()
+                continue
             if wait > 0 and self._stopping.wait(wait):
                 return
             sent = time.monotonic()
