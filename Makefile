@@ -66,10 +66,11 @@ bench-startup: install zipapp
 zipapp: install
 	$(PY) tools/build_zipapp.py
 
-# Longer simulation than CI runs: SOAK_SEEDS=START:COUNT.
-SOAK_SEEDS ?= 1000:3000
+# Longer simulation than CI runs: SOAK_SEEDS=START:COUNT seeds of both simulators (the Raft
+# core alone, and whole members with clients), split over one process per core.
+SOAK_SEEDS ?= 1000:10000
 soak: install-dev
-	$(PY) -m pytest tests/sim --sim-seeds=$(SOAK_SEEDS)
+	$(PY) tools/soak.py $(SOAK_SEEDS)
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info .pytest_cache .mypy_cache .ruff_cache

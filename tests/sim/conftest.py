@@ -110,6 +110,13 @@ class SimTotals:
                 "reads_served",
                 "transfers",
                 "delivered",
+                "sections",
+                "handovers",
+                "renewals",
+                "reads",
+                "zombie_writes_refused",
+                "zombie_writes_accepted",
+                "events",
             )
             out.append("  totals: " + ", ".join(f"{k} {stats[k]}" for k in keys if stats[k]))
         out.extend(f"sim: {note}" for note in self.notes)
