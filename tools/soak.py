@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
                     f"--sim-seeds={first}:{n}",
                     "-k",
                     "test_raft_sim or test_node_sim",
-                ]  # fmt: skip
+                ]
             )
         )
     codes = [p.wait() for p in procs]
