@@ -2,7 +2,10 @@
 
 It never repairs, removes or locks anything, so it is safe on the directory of
 a running node (the report may then be a moment stale) and on a copy taken
-from a broken one. It says where every problem is: file and byte offset.
+from a broken one. It says where every problem is: file and byte offset. It
+also warns, without calling the store damaged, about terms and indexes above
+2**62: they are valid, but only a runaway term (or a forged message before the
+wire was bounded) gets there, and 2**63 is where the store stops.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from dlm.store import StoreCorrupted
+from dlm.store import NEAR_LIMIT, StoreCorrupted
 from dlm.store.disk import SNAP_DIR, WAL_DIR
 from dlm.store.fs import FileSystem, RealFS
 from dlm.store.snapshot import decode_snapshot, list_snapshots
@@ -24,8 +27,9 @@ def inspect_store_json(
     """Everything known about the store at ``path`` as plain JSON-able data.
 
     Keys: ``path``, ``ok`` (no corruption found), ``problems`` (messages),
-    ``hard_state``, ``snapshots``, ``segments``, ``index_range`` and
-    ``torn_tail`` (what recovery would cut off, or None).
+    ``warnings`` (messages that do not make it not ok), ``hard_state``,
+    ``snapshots``, ``segments``, ``index_range`` and ``torn_tail`` (what
+    recovery would cut off, or None).
     """
     fs = fs or RealFS()
     root = os.fspath(path)
@@ -33,6 +37,7 @@ def inspect_store_json(
         "path": root,
         "ok": True,
         "problems": [],
+        "warnings": [],
         "hard_state": None,
         "snapshots": [],
         "segments": [],
@@ -40,6 +45,16 @@ def inspect_store_json(
         "torn_tail": None,
     }
     problems: list[str] = report["problems"]
+    warnings: list[str] = report["warnings"]
+
+    def check_near_limit(where: str, **values: int) -> None:
+        for name, value in values.items():
+            if value > NEAR_LIMIT:
+                warnings.append(
+                    f"{where}: {name} {value} is above 2**62 (the store stops at 2**63); "
+                    "find out what drives it up"
+                )
+
     if not fs.isdir(root):
         problems.append(f"{root} is not a directory")
         report["ok"] = False
@@ -49,6 +64,7 @@ def inspect_store_json(
         stored = load_state(fs, root)
         if stored is not None:
             hs = stored.hard_state
+            check_near_limit("hard state", term=hs.term, commit=hs.commit)
             report["hard_state"] = {
                 "term": hs.term,
                 "vote": hs.vote,
@@ -75,6 +91,7 @@ def inspect_store_json(
             }
             try:
                 snap = decode_snapshot(fs.read(os.path.join(snap_dir, info.name)), info.name)
+                check_near_limit(f"snapshot {info.name}", index=info.index, term=info.term)
                 item["voters"] = list(snap.meta.conf.voters)
                 item["learners"] = list(snap.meta.conf.learners)
                 snap_index, snap_term = snap.meta.index, snap.meta.term
@@ -88,16 +105,29 @@ def inspect_store_json(
     if fs.isdir(wal_dir):
         scans = scan_dir(fs, wal_dir)
         for scan in scans:
+            if scan.entries:
+                check_near_limit(
+                    f"wal segment {scan.name}",
+                    index=max(e.index for e in scan.entries),
+                    term=max(e.term for e in scan.entries),
+                )
             seg: dict[str, Any] = {
                 "name": scan.name,
                 "size": scan.size,
-                "records": len(scan.entries) + (scan.header is not None),
+                "version": scan.header.version if scan.header else None,
+                "records": scan.records,
                 "first_index": scan.entries[0].index if scan.entries else None,
                 "last_index": scan.entries[-1].index if scan.entries else None,
                 "prev_index": scan.header.prev_index if scan.header else None,
                 "reset": scan.header.reset if scan.header else False,
                 "status": "ok",
             }
+            if scan.damaged_copy is not None:
+                seg["status"] = "damaged copy of the last head"
+                seg["problem"] = {
+                    "offset": scan.damaged_copy[0],
+                    "reason": "a crash interrupted its last write; the next start rewrites it",
+                }
             if scan.problem is not None:
                 seg["status"] = "torn tail" if scan.problem.torn else "corrupt"
                 seg["problem"] = {"offset": scan.problem.offset, "reason": scan.problem.reason}
@@ -156,6 +186,8 @@ def inspect_store(path: str | os.PathLike[str], fs: FileSystem | None = None) ->
         extra = ""
         if seg["reset"] and seg["prev_index"]:
             extra = f" (log restarts after snapshot index {seg['prev_index']})"
+        if seg["version"] == 1:
+            extra += " (format 1, from dlm 0.1: read, never appended to)"
         status = seg["status"]
         if "problem" in seg:
             status += f" at byte {seg['problem']['offset']}: {seg['problem']['reason']}"
@@ -174,4 +206,6 @@ def inspect_store(path: str | os.PathLike[str], fs: FileSystem | None = None) ->
         )
     for problem in r["problems"]:
         lines.append(f"PROBLEM: {problem}")
+    for warning in r["warnings"]:
+        lines.append(f"WARNING: {warning}")
     return "\n".join(lines)
