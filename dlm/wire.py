@@ -33,7 +33,18 @@ import cbor2
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
-    from typing import Any, ClassVar
+    from typing import Any, ClassVar, Protocol
+
+    class FrameOpenerLike(Protocol):
+        """dlm.auth.FrameOpener, named structurally: wire never imports dlm.auth."""
+
+        overhead: int
+
+        def open(self, payload: bytes) -> bytes: ...
+
+    class FrameSealerLike(Protocol):
+        def seal(self, body: bytes) -> bytes: ...
+
 
 PROTOCOL_VERSION = 1
 CLIENT_FRAME_LIMIT = 64 * 1024
@@ -62,6 +73,7 @@ class ErrorCode(enum.StrEnum):
     TOO_LARGE = "TOO_LARGE"
     UNAVAILABLE = "UNAVAILABLE"
     SHUTTING_DOWN = "SHUTTING_DOWN"
+    AUTH_FAILED = "AUTH_FAILED"
 
 
 # ---------------------------------------------------------------------------
@@ -216,8 +228,11 @@ def check_cbor(body: bytes, max_depth: int = MAX_DEPTH) -> int:
         raise ProtocolError("frame ends inside a CBOR item") from None
 
 
-def encode_frame(obj: object) -> bytes:
+def encode_frame(obj: object, sealer: FrameSealerLike | None = None) -> bytes:
+    """The frame for ``obj``; sealed (with its authentication tag) by ``sealer`` if given."""
     body = cbor2.dumps(obj)
+    if sealer is not None:
+        return sealer.seal(body)
     return _LENGTH.pack(len(body)) + body
 
 
@@ -236,30 +251,48 @@ def decode_body(body: bytes) -> Any:
 
 
 class FrameDecoder:
-    """Splits a byte stream into decoded frames; feed bytes in, take objects out."""
+    """Splits a byte stream into decoded frames; feed bytes in, take objects out.
 
-    def __init__(self, limit: int) -> None:
+    With an ``opener`` (a dlm.auth.FrameOpener, once a connection is authenticated)
+    every frame must carry its authentication tag after the body: the tag is
+    checked and stripped before the body is decoded, and a frame that fails it
+    raises ProtocolError(AUTH_FAILED) now and on every later call (the connection
+    must be closed). ``limit`` bounds the body; the tag comes on top.
+    """
+
+    def __init__(self, limit: int, opener: FrameOpenerLike | None = None) -> None:
         self._limit = limit
+        self._opener = opener
+        self._payload_limit = limit + (opener.overhead if opener is not None else 0)
         self._buf = bytearray()
+        self._failed: str | None = None
 
     def feed(self, data: bytes) -> None:
         self._buf += data
 
     def frames(self) -> Iterator[Any]:
+        if self._failed is not None:
+            raise ProtocolError(self._failed, ErrorCode.AUTH_FAILED)
         buf = self._buf
         pos = 0
         try:
             while len(buf) - pos >= 4:
                 (length,) = _LENGTH.unpack_from(buf, pos)
-                if length > self._limit:
+                if length > self._payload_limit:
                     raise ProtocolError(
-                        f"frame of {length} bytes exceeds the limit of {self._limit}",
+                        f"frame of {length} bytes exceeds the limit of {self._payload_limit}",
                         ErrorCode.TOO_LARGE,
                     )
                 if len(buf) - pos - 4 < length:
                     break
                 body = bytes(buf[pos + 4 : pos + 4 + length])
                 pos += 4 + length
+                if self._opener is not None:
+                    try:
+                        body = self._opener.open(body)
+                    except ValueError as exc:  # dlm.auth.AuthError, which wire does not import
+                        self._failed = str(exc)
+                        raise ProtocolError(self._failed, ErrorCode.AUTH_FAILED) from None
                 yield decode_body(body)
         finally:
             del buf[:pos]
