@@ -32,16 +32,17 @@ made durable with a single fsync (plus a directory fsync when the batch opened a
 new segment). A batch never spans segments, so a segment may exceed
 ``segment_bytes`` by one batch. Terms and indexes must be below 2**63.
 
-Version 1 segments (dlm 0.1) have no trailing length and one ``ENTRY`` record
+Version 1 segments (dlm 0.1) have no copy of the head and one ``ENTRY`` record
 per entry (``u8 type | u64 index | u64 term | u8 kind | data``). They are still
 read, by the rule of their release (below); nothing is appended to one: the
 first append after start-up opens a version 2 segment.
 
 Recovery
 --------
-A bad record (framing, checksum, trailing length) in a sealed segment, or with a
-checksum-valid record anywhere after it, is corruption: the store refuses to
-open and names the file and byte offset. At the end of the last segment:
+A bad record (framing, checksum, a copy of its head that differs) in a sealed
+segment, or with a checksum-valid record anywhere after it, is corruption: the
+store refuses to open and names the file and byte offset. At the end of the
+last segment:
 
 * version 2: a record whose payload fails its checksum is rot, reported as
   corruption, if it is whole: if its head and the copy after its payload agree
@@ -51,11 +52,11 @@ open and names the file and byte offset. At the end of the last segment:
   a bit flip anywhere in the last batch's head or payload stops the member. A
   copy that differs from a head that verifies its payload is rot too, except in
   the very last record, where a crash may have damaged the copy alone: that
-  record is kept (its payload verified, so nothing is lost or invented), and a
-  copy cut short makes the record torn. This relies on a torn append never reaching the
-  disk with its last bytes but without earlier ones, which holds for appends on
-  ext4 (data=ordered, the default), XFS, btrfs and ZFS; where it does not, the
-  failure is a false report of corruption, never a silent loss.
+  record is kept (its payload verified, so nothing is lost or invented) and its
+  copy written again; a copy cut short makes the record torn. This relies on a
+  crash never leaving the end of a write on disk without the bytes before it
+  (ext4's default data=ordered mode guarantees it for appends); where that can
+  happen, the failure is a false report of corruption, never a silent loss.
 * version 1: a bad record with nothing valid after it is taken for a torn write
   and cut off (that release cannot tell rot in its last record from a tear).
 
