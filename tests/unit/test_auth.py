@@ -35,7 +35,7 @@ def through_the_wire(frame: dict[str, Any], opener: auth.FrameOpener | None = No
 
 
 def peer_hello(initiator: auth.Initiator) -> dict[str, Any]:
-    hello = wire.Hello(wire.Role.PEER, cluster="c1", node="n2").to_wire()
+    hello = wire.Hello(wire.HelloRole.PEER, cluster="c1", node="n2").to_wire()
     return through_the_wire({**hello, **initiator.hello_fields()})
 
 
@@ -45,7 +45,7 @@ def handshake(
     initiator = auth.Initiator(initiator_secret, NI, role="peer", cluster="c1", node="n2")
     responder = auth.Responder(responder_secret, NR, node="n1")
     hello = peer_hello(initiator)
-    assert wire.Hello.from_wire(hello) == wire.Hello(wire.Role.PEER, cluster="c1", node="n2")
+    assert wire.Hello.from_wire(hello) == wire.Hello(wire.HelloRole.PEER, cluster="c1", node="n2")
     welcome = through_the_wire({**wire.welcome("n1", "c1"), **responder.welcome_fields(hello)})
     auth_frame = through_the_wire(initiator.check_welcome(welcome))
     return initiator, responder, hello, welcome, auth_frame
@@ -73,7 +73,7 @@ def test_the_secret_never_crosses_the_wire() -> None:
 def test_a_responder_without_the_secret_is_found_out_by_the_initiator() -> None:
     initiator = auth.Initiator(SECRET, NI, role="client", cluster="", node="")
     impostor = auth.Responder(OTHER, NR, node="n1")
-    hello = through_the_wire({**wire.Hello(wire.Role.CLIENT).to_wire(), **initiator.hello_fields()})
+    hello = through_the_wire({**wire.Hello(wire.HelloRole.CLIENT).to_wire(), **initiator.hello_fields()})
     welcome = {**wire.welcome("n1", "c1"), **impostor.welcome_fields(hello)}
     with pytest.raises(auth.AuthError, match="does not hold this secret"):
         initiator.check_welcome(welcome)
@@ -140,9 +140,9 @@ def test_one_sides_proof_is_not_the_others() -> None:
 def test_plain_hellos_and_welcomes_are_refused_with_a_clear_message() -> None:
     responder = auth.Responder(SECRET, NR, node="n1")
     with pytest.raises(auth.AuthError, match="requires authentication"):
-        responder.welcome_fields(wire.Hello(wire.Role.CLIENT).to_wire())
+        responder.welcome_fields(wire.Hello(wire.HelloRole.CLIENT).to_wire())
     with pytest.raises(auth.AuthError, match="unknown authentication method"):
-        responder.welcome_fields({**wire.Hello(wire.Role.CLIENT).to_wire(), "auth": "none"})
+        responder.welcome_fields({**wire.Hello(wire.HelloRole.CLIENT).to_wire(), "auth": "none"})
     initiator = auth.Initiator(SECRET, NI, role="client", cluster="", node="")
     with pytest.raises(auth.AuthError, match="no secret configured, or predates"):
         initiator.check_welcome(wire.welcome("n1", "c1"))
