@@ -538,6 +538,21 @@ def test_owner_metadata_beyond_the_quota_is_refused_quota_exceeded(kind: str) ->
     assert (refused["code"], refused["limit"]) == ("QUOTA_EXCEEDED", "max_meta_bytes")
 
 
+@pytest.mark.parametrize("second_seq", [50, 51], ids=["re-sent", "re-entrant"])
+def test_an_acquire_of_a_key_the_lease_holds_is_answered_granted_even_at_the_lock_quota(
+    second_seq: int,
+) -> None:
+    # A re-sent acquire (its answer was lost) and a second acquire of the same key under
+    # the same lease add nothing: both get the grant and its token (PROTOCOL.md).
+    cluster = started(quotas=Quotas(max_locks=1))
+    client = cluster.connect("n1")
+    client.call("open_lease", lease="A", ttl_ms=5_000)
+    granted = client.call("acquire", lease="A", key="k", seq=50)
+    assert granted["result"] == "granted"
+    again = client.call("acquire", lease="A", key="k", seq=second_seq)
+    assert (again.get("result"), again.get("token")) == ("granted", granted["token"])
+
+
 # ---------------------------------------------------------------------------
 # Versions
 # ---------------------------------------------------------------------------
