@@ -11,9 +11,10 @@ member does that):
   ``silent_member``, ``redirecting_member`` and ``refusing_member`` are the
   usual scripts.
 * ``CuttingProxy``: relays frames between the client and a real member and
-  cuts both connections once, right after relaying the first frame that
-  matches ``cut_after_request`` (the member acts, its answer is lost) or
-  ``cut_after_reply`` (the client got the answer, then lost the connection).
+  cuts both connections once: when the member answers the first request
+  that matches ``cut_after_request`` (the member acted, its answer is lost),
+  or right after relaying the first reply that matches ``cut_after_reply``
+  (the client got the answer, then lost the connection).
 
 Both record the frames they saw, and ``wait_for`` waits for them with a
 bounded timeout. Threads are daemons, stopped and joined on exit.
@@ -223,7 +224,9 @@ class CuttingProxy(_Recorder):
         self._target = (host, int(port))
         self._cut_request = cut_after_request
         self._cut_reply = cut_after_reply
-        self._cut_done = threading.Event()
+        self._armed = threading.Event()
+        self._lost_reply: Any = None
+        """The id of the request whose answer is dropped (the cut happens when it comes)."""
         self.cuts = 0
         self._listener = _Listener(self._serve)
         self.addr = self._listener.addr
@@ -235,9 +238,11 @@ class CuttingProxy(_Recorder):
         try:
             for frame, data in _frames(client, self._listener.stopping):
                 self._saw(frame)
+                rule = self._cut_request
+                if rule is not None and not self._armed.is_set() and rule(frame):
+                    self._lost_reply = frame.get("id")
+                    self._armed.set()
                 member.sendall(data)
-                if self._should_cut(self._cut_request, frame):
-                    break
         except OSError:
             pass
         finally:
@@ -246,22 +251,23 @@ class CuttingProxy(_Recorder):
             member.close()
 
     def _relay_replies(self, member: socket.socket, client: socket.socket) -> None:
+        # The cut waits for the member's answer, so the member surely acted on the request.
         try:
             for frame, data in _frames(member, self._listener.stopping):
+                if self._lost_reply is not None and frame.get("id") == self._lost_reply:
+                    self._lost_reply = None
+                    self.cuts += 1
+                    break
                 client.sendall(data)
-                if self._should_cut(self._cut_reply, frame):
+                rule = self._cut_reply
+                if rule is not None and not self._armed.is_set() and rule(frame):
+                    self._armed.set()
+                    self.cuts += 1
                     break
         except OSError:
             pass
         finally:
             _hang_up(client, member)
-
-    def _should_cut(self, rule: Callable[[Frame], bool] | None, frame: Frame) -> bool:
-        if rule is None or self._cut_done.is_set() or not rule(frame):
-            return False
-        self._cut_done.set()
-        self.cuts += 1
-        return True
 
 
 def _hang_up(*socks: socket.socket) -> None:

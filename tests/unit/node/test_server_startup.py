@@ -245,14 +245,17 @@ async def test_shutdown_refuses_new_work_and_lets_what_is_in_flight_reach_the_di
     storage = GatedStorage()
     async with running_member(storage=storage) as (server, port):
         c = await Wire.client(port)
+        with anyio.fail_after(WAIT):  # the disk has caught up with the log
+            while storage.last_index() < server.machine.raft.last_index:
+                await anyio.sleep(0.005)
+        index = server.machine.raft.last_index + 1
         storage.gate.clear()
         try:
             await c.send({"t": "open_lease", "id": 1, "lease": "L", "ttl_ms": 60_000,
                           "client": "c", "seq": 1})
             with anyio.fail_after(WAIT):
-                while server.machine.raft.last_index <= storage.last_index():
+                while server.machine.raft.last_index < index:
                     await anyio.sleep(0.005)
-            index = server.machine.raft.last_index
             async with anyio.create_task_group() as tg:
                 tg.start_soon(server.shutdown)
                 for _ in range(1000):  # until shutdown has begun
