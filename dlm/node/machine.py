@@ -927,8 +927,12 @@ class NodeMachine:
         if isinstance(req, CloseLease):
             return locks.CloseLeaseCommand(req.lease, origin, at_ms)
         if isinstance(req, Acquire):
+            # A re-sent or re-entrant acquire of a key the lease already holds or waits
+            # for adds nothing, and must get its grant (or place) back, not a refusal.
+            lease = self.locks.lease(req.lease)
+            adds = lease is None or (req.key not in lease.holding and req.key not in lease.waiting)
             counts = self.locks.counts()
-            if counts.locks + counts.waiters >= quotas.max_locks:
+            if adds and counts.locks + counts.waiters >= quotas.max_locks:
                 raise _quota(
                     f"this cluster holds {quotas.max_locks} locks and waiters", "max_locks"
                 )

@@ -1,17 +1,21 @@
-"""The IO-free decisions: redirects, retries with the same request, backoff, error mapping."""
+"""The IO-free decisions: redirects, retries with the same request, backoff, error mapping,
+request identity (Sequencer, change), the client's lease clock, paging, the open budget."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 from typing import Any
 
 import pytest
 
+from dlm import wire
 from dlm.client import core
 from dlm.client.errors import (
     BadRequest,
     ClusterUnavailable,
+    DlmError,
     LeaseLost,
     LockHeld,
     NotHolder,
@@ -28,20 +32,22 @@ class FakeClock:
         return self.now
 
 
-def settings(members: list[str], timeout: float = 5.0) -> tuple[core.Settings, FakeClock]:
+def settings(members: list[str], timeout: float = 5.0) -> tuple[core.Context, FakeClock]:
     clock = FakeClock()
-    s = core.Settings(
+    s = core.Context(
         members=members,
         router=core.Router(members),
         backoff=core.Backoff(random.Random(7)),
         clock=clock,
         timeout=timeout,
         attempt_timeout=1.0,
+        client="me",
+        seqs=core.Sequencer(start=100),
     )
     return s, clock
 
 
-def drive(flow: core.Flow, answer: Any, clock: FakeClock, max_steps: int = 10_000) -> Any:
+def drive(flow: Any, answer: Any, clock: FakeClock, max_steps: int = 10_000) -> Any:
     """Runs a flow; ``answer(action)`` gives each Send's outcome. Sleeps advance the clock."""
     action = next(flow)
     for _ in range(max_steps):
@@ -96,14 +102,16 @@ def test_redirect_loop_is_bounded_and_ends_in_cluster_unavailable() -> None:
 
 def test_connection_failures_retry_the_same_seq_on_the_next_member() -> None:
     s, clock = settings(["a:1", "b:2"])
-    request = core.release_request("lease1", "k")
     seen: list[tuple[str, int]] = []
 
     def answer(action: core.Send) -> Any:
         seen.append((action.addr, action.request["seq"]))
-        return core.Failed("refused") if action.addr == "a:1" else ok(1, released="lock")
+        if action.addr == "a:1":
+            return core.Failed("refused")
+        return ok(1, key="k", released="lock", token=5, lease_ended=False)
 
-    drive(core.call(s, request), answer, clock)
+    released = drive(core.release_flow(s, "lease1", "k"), answer, clock)
+    assert released == core.Released("k", held=True, token=5, lease_ended=False)
     assert [addr for addr, _ in seen] == ["a:1", "b:2"]
     assert len({seq for _, seq in seen}) == 1
 
@@ -218,6 +226,7 @@ def test_parse_members_and_ids() -> None:
     assert all(re.fullmatch(r"[a-z0-9]{16}", i) for i in ids)
     seqs = [core.new_seq() for _ in range(200)]
     assert all(0 <= q < 2**63 for q in seqs)
+    assert len(set(seqs)) == 200
     counter = core.RequestIds()
     assert [counter.next() for _ in range(3)] == [1, 2, 3]
 
@@ -278,7 +287,7 @@ def test_lease_and_grant_are_values_and_lease_equality_ignores_confirmed_at() ->
 # --- the dial timeout (dlm --dial-timeout) ----------------------------------------------
 
 
-def dial_settings(members: list[str], dial: float) -> tuple[core.Settings, FakeClock]:
+def dial_settings(members: list[str], dial: float) -> tuple[core.Context, FakeClock]:
     s, clock = settings(members, timeout=10.0)
     s.dial_timeout = dial
     return s, clock
@@ -359,3 +368,178 @@ def test_after_a_first_answer_the_client_rides_out_an_outage_for_the_whole_timeo
 
     _, reply = drive(core.call(s, {"t": "status"}), restarting, clock)
     assert reply["term"] == 2 and clock.now - start >= 3.0
+
+
+# ---------------------------------------------------------------------------
+# Request identity
+# ---------------------------------------------------------------------------
+
+
+def test_a_sequencer_counts_up_from_a_random_offset() -> None:
+    starts = [core.Sequencer().issue() for _ in range(20)]
+    assert len(set(starts)) == 20  # drawn from the OS: two clients' numbers do not meet
+    assert all(0 < seq <= 2**62 for seq in starts)
+    seqs = core.Sequencer(start=41)
+    assert [seqs.issue() for _ in range(3)] == [42, 43, 44]
+
+
+def test_acked_is_just_below_the_lowest_unanswered_request() -> None:
+    seqs = core.Sequencer(start=100)
+    assert seqs.acked == 100  # nothing asked yet
+    first, second, third = seqs.issue(), seqs.issue(), seqs.issue()
+    assert seqs.acked == 100
+    seqs.done(second)
+    assert seqs.acked == 100  # the first may still be re-sent
+    seqs.done(first)
+    assert seqs.acked == second
+    seqs.done(third)
+    assert seqs.acked == third
+    seqs.done(third)  # done twice changes nothing
+    assert seqs.acked == third
+
+
+def test_change_puts_the_client_id_seq_and_acked_on_the_wire() -> None:
+    s, clock = settings(["a:1"])
+    pending = s.seqs.issue()  # an earlier request that is still unanswered
+    sent: list[dict[str, Any]] = []
+
+    def answer(action: core.Send) -> Any:
+        sent.append(action.request)
+        return ok(1, lease="L", released=[])
+
+    drive(core.change(s, wire.CloseLease(id=0, lease="L", seq=0)), answer, clock)
+    [request] = sent
+    assert (request["t"], request["lease"], request["client"]) == ("close_lease", "L", "me")
+    assert request["seq"] == pending + 1
+    assert request["acked"] == pending - 1
+    assert "id" not in request  # the driver gives each attempt its own
+
+
+def test_change_keeps_one_seq_for_every_retry() -> None:
+    s, clock = settings(["a:1", "b:2"])
+    replies = iter(
+        [core.Failed("reset"), not_leader("b:2"), error(1, ErrorCode.TIMEOUT, "slow"), ok(1)]
+    )
+    sent: list[dict[str, Any]] = []
+
+    def answer(action: core.Send) -> Any:
+        sent.append(action.request)
+        return next(replies)
+
+    drive(core.change(s, wire.CloseLease(id=0, lease="L", seq=0)), answer, clock)
+    assert len(sent) == 4
+    assert len({(r["client"], r["seq"], r["acked"]) for r in sent}) == 1
+
+
+@pytest.mark.parametrize(
+    "final",
+    [
+        ok(1),
+        error(1, ErrorCode.SESSION_EXPIRED, "gone"),
+        error(1, ErrorCode.NO_QUORUM, "no quorum", retry_after_ms=100),
+    ],
+    ids=["answered", "refused", "given-up"],
+)
+def test_change_marks_its_seq_done_whatever_the_outcome(final: dict[str, Any]) -> None:
+    s, clock = settings(["a:1"], timeout=1.0)
+    sent: list[int] = []
+
+    def answer(action: core.Send) -> Any:
+        sent.append(action.request["seq"])
+        return final
+
+    with contextlib.suppress(DlmError):
+        drive(core.change(s, wire.CloseLease(id=0, lease="L", seq=0)), answer, clock)
+    assert sent and s.seqs.acked == sent[0]
+
+
+# ---------------------------------------------------------------------------
+# The client's lease clock
+# ---------------------------------------------------------------------------
+
+
+def test_the_lease_deadline_counts_from_the_send_less_the_margin() -> None:
+    clock = core.LeaseClock(ttl_ms=30_000, confirmed_at=10.0)
+    # 30 s less 2 x 0.5 % of it and 50 ms.
+    assert clock.deadline == pytest.approx(10.0 + 30.0 - 0.3 - 0.05)
+    assert clock.deadline == core.lease_deadline(10.0, 30_000)
+    # A renewal sent at 20 and answered at 25 counts from 20.
+    assert clock.confirmed(20.0, 30_000, now=25.0)
+    assert clock.deadline == pytest.approx(20.0 + 30.0 - 0.35)
+    assert clock.next_renewal() == pytest.approx(20.0 + 10.0)
+
+
+def test_an_older_renewal_confirmed_late_does_not_move_the_deadline_back() -> None:
+    clock = core.LeaseClock(ttl_ms=30_000, confirmed_at=10.0)
+    assert clock.confirmed(20.0, 30_000, now=21.0)
+    assert clock.confirmed(15.0, 30_000, now=22.0)
+    assert clock.deadline == core.lease_deadline(20.0, 30_000)
+
+
+def test_a_confirmation_after_the_deadline_leaves_the_lease_lost() -> None:
+    clock = core.LeaseClock(ttl_ms=1_000, confirmed_at=10.0)
+    deadline = clock.deadline
+    assert not clock.expired(deadline - 0.001)
+    # Sent in time, answered too late: the cluster may have given the locks away already.
+    assert not clock.confirmed(10.5, 1_000, now=deadline + 0.001)
+    assert clock.deadline == deadline and clock.lost
+    assert not clock.confirmed(deadline + 0.01, 1_000, now=deadline + 0.02)
+    assert clock.expired(deadline - 1.0)  # lost for good, whatever the time
+
+
+# ---------------------------------------------------------------------------
+# Paging, and the open's budget
+# ---------------------------------------------------------------------------
+
+
+def test_paged_flow_follows_next_until_null() -> None:
+    s, clock = settings(["a:1"])
+    pages = {None: (["a", "b"], "b"), "b": (["c", "d"], "d"), "d": (["e"], None)}
+    asked: list[str | None] = []
+
+    def answer(action: core.Send) -> Any:
+        after = action.request.get("after")
+        asked.append(after)
+        keys, cursor = pages[after]
+        return ok(1, locks=[{"key": k} for k in keys], next=cursor)
+
+    items = drive(core.list_locks_flow(s, "p/"), answer, clock)
+    assert [item["key"] for item in items] == ["a", "b", "c", "d", "e"]
+    assert asked == [None, "b", "d"]
+
+
+def test_paged_flow_stops_when_the_cursor_does_not_move() -> None:
+    s, clock = settings(["a:1"])
+    asked = 0
+
+    def answer(action: core.Send) -> Any:
+        nonlocal asked
+        asked += 1
+        return ok(1, leases=[{"id": "x"}], next="x")
+
+    items = drive(core.list_leases_flow(s), answer, clock)
+    assert asked == 2 and len(items) == 2
+
+
+def test_an_open_is_retried_for_at_most_open_retry_max_s_whatever_the_timeout() -> None:
+    s, clock = settings(["a:1"], timeout=10 * core.OPEN_RETRY_MAX_S)
+    start = clock.now
+    sent: list[dict[str, Any]] = []
+
+    def answer(action: core.Send) -> Any:
+        sent.append(action.request)
+        return core.Failed("connection refused")
+
+    with pytest.raises(ClusterUnavailable, match=f"within {core.OPEN_RETRY_MAX_S:g}s"):
+        drive(core.open_lease_flow(s, 5_000, "L"), answer, clock)
+    assert start + core.OPEN_RETRY_MAX_S <= clock.now <= start + core.OPEN_RETRY_MAX_S + 1.1
+    assert len({r["seq"] for r in sent}) == 1
+
+
+def test_an_opened_lease_counts_from_when_the_open_was_first_sent() -> None:
+    s, clock = settings(["a:1"])
+    start = clock.now
+    replies = iter([core.Failed("reset"), ok(1, lease="L", ttl_ms=5_000, incarnation=9)])
+    lease = drive(core.open_lease_flow(s, 5_000, "L"), lambda a: next(replies), clock)
+    assert lease == core.Lease("L", 5_000)
+    assert (lease.confirmed_at, lease.incarnation) == (start, 9)

@@ -1,51 +1,50 @@
-"""KeepAlive: renews in the background, and says promptly when the lease can't be trusted."""
+"""KeepAlive: renews in the background, and says promptly when the lease can't be trusted.
+
+Against a real member (real_member.py): a frozen member plays every member
+SIGSTOPped; a silent double plays a member that hangs on a renewal.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import pytest
 
-from dlm.client import Client, KeepAlive
+from dlm.client import Client, KeepAlive, core
 
-from .fake_server import FakeConn, FakeServer, LockModel
+from .doubles import silent_member
+from .real_member import WAIT, RunningMember
 
 
-def test_renews_and_moves_the_deadline_forward() -> None:
-    with FakeServer() as server, Client(server.addr, timeout=2.0) as c:
-        lease = c.open_lease(300)
-        first_deadline = lease.confirmed_at + 0.3
-        with KeepAlive(c, lease) as ka:
-            server.wait_for("keepalive", count=3)
+def test_renews_on_its_own_connection_and_moves_the_deadline_forward(
+    member: RunningMember,
+) -> None:
+    with Client(member.addr, timeout=2.0) as c:
+        lease = c.open_lease(1000)
+        first_deadline = core.lease_deadline(lease.confirmed_at, lease.ttl_ms)
+        with KeepAlive(c, lease, interval=0.05) as ka:
+            member.wait_for("keepalive", count=3)
+            deadline = time.monotonic() + WAIT
+            while ka.renewals < 3:  # the third answer may still be on its way
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
             assert not ka.lost.is_set()
             assert ka.deadline > first_deadline
         assert not ka.lost.is_set()
-        # Its own connection: the shared client's connection is untouched.
-        assert len({n for n, _ in server.requests}) == 2
+        # Its own connection: the shared client's connection carries no keep-alive.
+        assert set(member.conns_of("keepalive")).isdisjoint(member.conns_of("open_lease"))
 
 
-def test_sets_lost_when_keepalives_stop_being_answered() -> None:
-    model = LockModel()
-    answered = {"count": 0}
-
-    def goes_silent(conn: FakeConn, req: dict[str, Any]) -> dict[str, Any] | None:
-        if req["t"] == "keepalive":
-            answered["count"] += 1
-            if answered["count"] > 2:
-                return None  # as if every member were SIGSTOPped
-        return model(conn, req)
-
+def test_sets_lost_when_the_member_stops_answering(member: RunningMember) -> None:
     reasons: list[str] = []
-    with (
-        FakeServer(goes_silent) as server,
-        Client(server.addr, timeout=2.0, attempt_timeout=1.0) as c,
-    ):
-        lease = c.open_lease(300)
-        ka = KeepAlive(c, lease, on_lost=reasons.append).start()
+    with Client(member.addr, timeout=2.0, attempt_timeout=1.0) as c:
+        lease = c.open_lease(1000)
+        ka = KeepAlive(c, lease, interval=0.05, on_lost=reasons.append).start()
         try:
-            assert ka.lost.wait(5.0)
+            member.wait_for("keepalive", count=2)
+            with member.frozen():  # as if every member were SIGSTOPped
+                assert ka.lost.wait(WAIT)
             assert "deadline" in (ka.reason or "")
             assert reasons == [ka.reason]
             # Lost means: no confirmed renewal within the TTL before now.
@@ -54,56 +53,55 @@ def test_sets_lost_when_keepalives_stop_being_answered() -> None:
             ka.stop()
 
 
-def test_sets_lost_on_session_expired() -> None:
-    model = LockModel()
-    with FakeServer(model) as server, Client(server.addr, timeout=2.0) as c:
+def test_sets_lost_when_the_lease_is_gone(member: RunningMember) -> None:
+    with Client(member.addr, timeout=2.0) as c:
         lease = c.open_lease(10_000)
-        model.expire_keepalives = True
         fired = threading.Event()
         with KeepAlive(c, lease, interval=0.01, on_lost=lambda _: fired.set()) as ka:
-            assert ka.lost.wait(5.0)
+            member.wait_for("keepalive")
+            c.close_lease(lease)  # revoked: the member answers SESSION_EXPIRED from now on
+            assert ka.lost.wait(WAIT)
             assert fired.is_set()
             assert "expired" in (ka.reason or "")
 
 
 def test_stop_is_prompt_while_a_renewal_hangs() -> None:
-    model = LockModel()
-
-    def silent_keepalive(conn: FakeConn, req: dict[str, Any]) -> dict[str, Any] | None:
-        return None if req["t"] == "keepalive" else model(conn, req)
-
-    with FakeServer(silent_keepalive) as server, Client(server.addr, timeout=30.0) as c:
-        lease = c.open_lease(60_000)
-        ka = KeepAlive(c, lease, interval=0.01).start()
-        server.wait_for("keepalive")
-        ka.stop(timeout=5.0)
+    with silent_member() as double, Client(double.addr, timeout=30.0) as c:
+        ka = KeepAlive(
+            c, "some-lease", ttl_ms=60_000, confirmed_at=time.monotonic(), interval=0.01
+        ).start()
+        double.wait_for("keepalive")
+        ka.stop(timeout=WAIT)
         assert not any(t.is_alive() for t in ka._threads)
         assert not ka.lost.is_set()
 
 
-def test_needs_ttl_and_confirmation_time() -> None:
-    with FakeServer() as server, Client(server.addr) as c:
-        with pytest.raises(ValueError):
+def test_needs_the_ttl_and_the_confirmation_time() -> None:
+    with Client("127.0.0.1:1") as c:  # never connects
+        with pytest.raises(ValueError, match="ttl_ms"):
             KeepAlive(c, "some-lease", confirmed_at=time.monotonic())
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="confirmed_at"):
             KeepAlive(c, "some-lease", ttl_ms=1000)
 
 
-def test_deadline_of_sets_when_the_lease_is_given_up_and_on_renewed_hears_each_renewal() -> None:
+def test_deadline_of_sets_when_the_lease_is_given_up_and_on_renewed_hears_each_renewal(
+    member: RunningMember,
+) -> None:
     renewed: list[tuple[float, int]] = []
-    with FakeServer() as server, Client(server.addr, timeout=2.0) as c:
+    heard = threading.Event()
+
+    def on_renewed(sent: float, ttl_ms: int) -> None:
+        renewed.append((sent, ttl_ms))
+        heard.set()
+
+    def early(sent: float, ttl_ms: int) -> float:
+        return sent + ttl_ms / 1000.0 - 1.0  # give up a second before the TTL is out
+
+    with Client(member.addr, timeout=2.0) as c:
         lease = c.open_lease(3_000)
-
-        def early(sent: float, ttl_ms: int) -> float:
-            return sent + ttl_ms / 1000.0 - 1.0  # give up a second before the TTL is out
-
-        with KeepAlive(c, lease, deadline_of=early, on_renewed=lambda *r: renewed.append(r)) as ka:
+        with KeepAlive(c, lease, interval=0.05, deadline_of=early, on_renewed=on_renewed) as ka:
             assert ka.deadline == pytest.approx(lease.confirmed_at + 2.0)
-            server.wait_for("keepalive", count=1)
-            deadline = time.monotonic() + 5
-            while not renewed:
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
+            assert heard.wait(WAIT)
             sent, ttl_ms = renewed[0]
             assert ttl_ms == 3_000
             assert ka.confirmed_at >= sent
@@ -111,14 +109,23 @@ def test_deadline_of_sets_when_the_lease_is_given_up_and_on_renewed_hears_each_r
 
 
 def test_a_renewal_confirmed_after_the_deadline_counts_for_nothing() -> None:
-    with FakeServer() as server, Client(server.addr, timeout=2.0) as c:
-        lease = c.open_lease(60_000)
+    with Client("127.0.0.1:1") as c:  # never connects: the renewals are the test's own
         heard: list[tuple[float, int]] = []
-        ka = KeepAlive(c, lease, on_renewed=lambda *r: heard.append(r))  # not started
+        ka = KeepAlive(
+            c,
+            "L",
+            ttl_ms=60_000,
+            confirmed_at=time.monotonic(),
+            on_renewed=lambda *r: heard.append(r),
+        )
         assert ka.confirmed(time.monotonic(), 60_000)
         assert heard and ka.renewals == 1
         late = KeepAlive(
-            c, lease, confirmed_at=time.monotonic() - 61.0, on_renewed=lambda *r: heard.append(r)
+            c,
+            "L",
+            ttl_ms=60_000,
+            confirmed_at=time.monotonic() - 61.0,
+            on_renewed=lambda *r: heard.append(r),
         )
         before = late.deadline
         assert not late.confirmed(time.monotonic(), 60_000)

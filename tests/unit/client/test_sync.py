@@ -1,4 +1,4 @@
-"""The blocking client against in-process fake members."""
+"""The blocking client against a real member (real_member.py), and doubles for the rest."""
 
 from __future__ import annotations
 
@@ -22,91 +22,110 @@ from dlm.client.errors import (
 )
 from dlm.wire import ErrorCode, error, ok
 
-from .fake_server import FakeConn, FakeServer, LockModel, redirect_to
+from .doubles import (
+    cutting_proxy,
+    redirecting_member,
+    refusing_member,
+    scripted_member,
+    silent_member,
+)
+from .real_member import WAIT, RunningMember
 
 
-def client(*servers: FakeServer, timeout: float = 3.0) -> Client:
-    return Client([s.addr for s in servers], timeout=timeout, rng=random.Random(3))
+def client(*addrs: str, timeout: float = 3.0, **options: Any) -> Client:
+    return Client(list(addrs), timeout=timeout, rng=random.Random(3), **options)
 
 
 def free_port_addr() -> str:
     # Bind then close: nothing listens there afterwards, so connects are refused.
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    addr = f"127.0.0.1:{s.getsockname()[1]}"
-    s.close()
-    return addr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
 
 
-def test_basic_flow() -> None:
-    with FakeServer() as server, client(server) as c:
+def in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
+    """Runs ``fn`` in a daemon thread; its result or exception lands in the list."""
+    result: list[Any] = []
+
+    def run() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:
+            result.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, result
+
+
+def test_each_call_against_a_member(member: RunningMember) -> None:
+    with client(member.addr) as c:
         lease = c.open_lease(5000)
-        assert len(lease.id) == 16 and lease.ttl_ms == 5000
+        assert len(lease.id) == 16 and lease.ttl_ms == 5000 and lease.incarnation > 0
         grant = c.acquire(lease, "jobs/a", meta={"host": "h1"})
         assert grant == Grant(key="jobs/a", token=grant.token, lease=lease.id, ttl_ms=5000)
         assert c.keepalive(lease) == 5000
         assert c.get("jobs/a")["holders"][0]["lease"] == lease.id
         assert [lock["key"] for lock in c.list_locks("jobs/")] == ["jobs/a"]
         assert c.lease_info(lease)["keys"] == ["jobs/a"]
+        assert [item["id"] for item in c.list_leases()] == [lease.id]
         assert c.status()["role"] == "leader"
-        c.release(lease, "jobs/a")
+        assert c.update_lease(lease, 4000) == 4000
+        released = c.release(lease, "jobs/a", token=grant.token)
+        assert (released.held, released.token) == (True, grant.token)
         assert c.get("jobs/a")["holders"] == []
-        c.close_lease(lease)
-        assert server.of_type("acquire")[0]["meta"] == {"host": "h1"}
+        assert c.close_lease(lease) == []
+        [acquire] = member.of_type("acquire")
+        assert acquire["meta"] == {"host": "h1"} and acquire["client"] == c.client_id
 
 
-def test_follows_redirects_across_two_hops_and_stays_with_the_leader() -> None:
-    with (
-        FakeServer(name="leader") as leader,
-        FakeServer(redirect_to(leader.addr), name="f2") as f2,
-        FakeServer(redirect_to(f2.addr), name="f1") as f1,
-    ):
+def test_follows_redirects_across_two_hops_and_stays_with_the_leader(
+    member: RunningMember,
+) -> None:
+    with redirecting_member(member.addr) as f2, redirecting_member(f2.addr) as f1:
         with Client([f1.addr], timeout=3.0) as c:
             lease = c.open_lease(1000, lease="fixed")
             assert lease.id == "fixed"
-            assert c.connected_to == leader.addr
+            assert c.connected_to == member.addr
             c.keepalive(lease)
-        assert len(f1.of_type("open_lease")) == 1
-        assert len(f2.of_type("open_lease")) == 1
+        assert len(f1.of_type("open_lease")) == len(f2.of_type("open_lease")) == 1
         assert f1.of_type("keepalive") == [] and f2.of_type("keepalive") == []
+        [opened] = member.of_type("open_lease")
+        assert opened["seq"] == f1.of_type("open_lease")[0]["seq"]
 
 
-def test_dropped_connection_is_retried_with_the_same_seq() -> None:
-    model = LockModel()
-    dropped: list[int] = []
+def test_an_answer_lost_with_the_connection_is_asked_again_with_the_same_seq(
+    member: RunningMember,
+) -> None:
+    def first_acquire(frame: dict[str, Any]) -> bool:
+        return frame.get("t") == "acquire"
 
-    def flaky(conn: FakeConn, req: dict[str, Any]) -> dict[str, Any] | None:
-        if req["t"] == "acquire" and not dropped:
-            dropped.append(req["seq"])
-            conn.drop()
-            return None
-        return model(conn, req)
-
-    with FakeServer(flaky) as server, client(server) as c:
-        lease = c.open_lease(2000)
-        grant = c.acquire(lease, "k")
-        acquires = server.of_type("acquire")
-        assert len(acquires) == 2
-        assert acquires[0]["seq"] == acquires[1]["seq"] == dropped[0]
-        assert grant.token > 0
-        # Each state-changing request gets its own seq.
-        c.release(lease, "k")
-        assert server.of_type("release")[0]["seq"] != dropped[0]
+    with cutting_proxy(member.addr, cut_after_request=first_acquire) as proxy:
+        with client(proxy.addr) as c:
+            lease = c.open_lease(2000)
+            grant = c.acquire(lease, "k")
+            # The member granted the first copy; the second got that grant back.
+            first, second = member.of_type("acquire")
+            assert (first["client"], first["seq"]) == (second["client"], second["seq"])
+            holders = c.get("k")["holders"]
+            assert [(h["lease"], h["token"]) for h in holders] == [(lease.id, grant.token)]
+            # The next request is a new one.
+            c.release(lease, "k")
+            assert member.of_type("release")[0]["seq"] > first["seq"]
+        assert proxy.cuts == 1
 
 
-def test_silent_member_is_abandoned_for_the_next_one() -> None:
-    def silent(conn: FakeConn, req: dict[str, Any]) -> None:
-        return None
-
-    with FakeServer(silent, name="stopped") as stopped, FakeServer() as live:
-        c = Client([stopped.addr, live.addr], timeout=3.0, attempt_timeout=0.2)
+def test_a_silent_member_is_abandoned_for_the_next_one(member: RunningMember) -> None:
+    with silent_member() as stopped:
+        c = Client([stopped.addr, member.addr], timeout=3.0, attempt_timeout=0.2)
         with c:
             lease = c.open_lease(1000)
+            assert c.connected_to == member.addr
         assert lease.ttl_ms == 1000
         assert stopped.of_type("open_lease")[0]["lease"] == lease.id
 
 
-def test_unreachable_cluster_raises_cluster_unavailable() -> None:
+def test_an_unreachable_cluster_raises_cluster_unavailable() -> None:
     addr = free_port_addr()
     with (
         Client(addr, timeout=0.3, rng=random.Random(1)) as c,
@@ -117,163 +136,147 @@ def test_unreachable_cluster_raises_cluster_unavailable() -> None:
     assert info.value.exit_code == 69
 
 
-def test_no_quorum_until_timeout_raises_cluster_unavailable() -> None:
-    def no_quorum(conn: FakeConn, req: dict[str, Any]) -> dict[str, Any]:
-        return error(req["id"], ErrorCode.NO_QUORUM, "no quorum", retry_after_ms=20)
-
-    with FakeServer(no_quorum) as server, client(server, timeout=0.4) as c:
-        with pytest.raises(ClusterUnavailable, match="no leader with a quorum"):
-            c.status()
-        assert len(server.of_type("status")) >= 2
-
-
-def test_refused_hello_is_reported() -> None:
-    greeting = error(None, ErrorCode.BAD_REQUEST, "unsupported protocol version")
+def test_a_member_without_a_leader_ends_in_cluster_unavailable(
+    leaderless_member: RunningMember,
+) -> None:
     with (
-        FakeServer(greeting=greeting) as server,
-        client(server) as c,
+        client(leaderless_member.addr, timeout=0.4) as c,
+        pytest.raises(ClusterUnavailable, match="no leader with a quorum"),
+    ):
+        c.open_lease(1000)
+    opens = leaderless_member.of_type("open_lease")
+    assert len(opens) >= 2 and len({o["seq"] for o in opens}) == 1
+
+
+def test_a_refused_hello_is_reported() -> None:
+    refusal = error(None, ErrorCode.BAD_REQUEST, "unsupported protocol version")
+    with (
+        refusing_member(refusal) as double,
+        client(double.addr) as c,
         pytest.raises(BadRequest, match="unsupported protocol version"),
     ):
         c.status()
 
 
-def test_first_request_goes_out_behind_the_hello_without_waiting_for_the_welcome() -> None:
-    with FakeServer(welcome_after_request=True) as server, client(server) as c:
-        lease = c.open_lease(5000)
-        assert c.acquire(lease, "k").key == "k"
+def test_the_first_request_goes_out_behind_the_hello_without_waiting_for_the_welcome() -> None:
+    def answer(request: dict[str, Any]) -> list[dict[str, Any]]:
+        return [ok(request["id"], node="double", role="leader")]
+
+    with (
+        scripted_member(answer, welcome_after_first_request=True) as double,
+        client(double.addr) as c,
+    ):
+        assert c.status()["node"] == "double"
 
 
 @pytest.mark.parametrize(
-    ("code", "exc"),
+    ("call", "exc"),
     [
-        (ErrorCode.NOT_HOLDER, NotHolder),
-        (ErrorCode.SESSION_EXPIRED, LeaseLost),
-        (ErrorCode.BAD_REQUEST, BadRequest),
-        (ErrorCode.LOCKED, LockHeld),
+        (lambda c, lease, other: c.release(other, "k"), NotHolder),
+        (lambda c, lease, other: c.release("no-such-lease", "k"), LeaseLost),
+        (lambda c, lease, other: c.acquire(other, "k"), LockHeld),
+        (lambda c, lease, other: c.update_lease(other, 86_400_001), BadRequest),
     ],
+    ids=["NOT_HOLDER", "SESSION_EXPIRED", "LOCKED", "BAD_REQUEST"],
 )
-def test_error_replies_raise_their_exception(code: ErrorCode, exc: type[Exception]) -> None:
-    def refuse(conn: FakeConn, req: dict[str, Any]) -> dict[str, Any]:
-        return error(req["id"], code, "refused", holders=[{"lease": "x", "token": 3}])
-
-    with FakeServer(refuse) as server, client(server) as c:
+def test_error_replies_raise_their_exception_and_are_not_retried(
+    member: RunningMember, call: Any, exc: type[Exception]
+) -> None:
+    with client(member.addr) as c:
+        lease, other = c.open_lease(5000), c.open_lease(5000)
+        c.acquire(lease, "k")
+        sent = len(member.received)
         with pytest.raises(exc):
-            c.release("mylease", "k")
-        assert len(server.of_type("release")) == 1  # not retried
+            call(c, lease, other)
+        assert len(member.received) == sent + 1
 
 
-def test_unknown_error_code_is_a_server_error() -> None:
-    def odd(conn: FakeConn, req: dict[str, Any]) -> dict[str, Any]:
-        return {"t": "error", "id": req["id"], "code": "WEIRD", "message": "?"}
+def test_an_unknown_error_code_is_a_server_error() -> None:
+    def odd(request: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"t": "error", "id": request["id"], "code": "WEIRD", "message": "?"}]
 
-    with FakeServer(odd) as server, client(server) as c, pytest.raises(ServerError):
+    with scripted_member(odd) as double, client(double.addr) as c, pytest.raises(ServerError):
         c.status()
 
 
-def test_conflict_and_not_holder_name_the_holder() -> None:
-    with FakeServer() as server, client(server) as c:
+def test_conflict_and_not_holder_name_the_holder(member: RunningMember) -> None:
+    with client(member.addr) as c:
         a, b = c.open_lease(1000), c.open_lease(1000)
         grant = c.acquire(a, "k")
         with pytest.raises(LockHeld) as held:
             c.acquire(b, "k")
         assert held.value.holders[0]["lease"] == a.id
-        assert held.value.retry_after_ms == 100
+        assert held.value.retry_after_ms is not None and held.value.retry_after_ms > 0
         with pytest.raises(NotHolder) as not_holder:
             c.release(b, "k")
         assert not_holder.value.holders[0]["token"] == grant.token
         assert a.id in str(not_holder.value)
 
 
-def test_waiting_acquire_receives_the_pushed_grant() -> None:
-    with FakeServer() as server, client(server) as c, client(server) as other:
-        a, b = c.open_lease(1000), other.open_lease(1000)
+def test_a_waiting_acquire_receives_the_pushed_grant(member: RunningMember) -> None:
+    with client(member.addr) as c, client(member.addr) as other:
+        a, b = c.open_lease(1500), other.open_lease(1500)
         c.acquire(a, "k")
-        result: list[Grant | BaseException] = []
-
-        def wait() -> None:
-            try:
-                result.append(other.acquire(b, "k", wait=5.0))
-            except BaseException as exc:
-                result.append(exc)
-
-        waiter = threading.Thread(target=wait)
-        waiter.start()
-        server.wait_for("acquire", count=2)
+        waiter, result = in_thread(lambda: other.acquire(b, "k", wait=WAIT))
+        member.wait_for("acquire", count=2)
         c.release(a, "k")
-        waiter.join(10.0)
+        waiter.join(WAIT)
         assert len(result) == 1 and isinstance(result[0], Grant)
-        assert result[0].lease == b.id and result[0].ttl_ms == 1000
-        assert result[0].token > 0
+        assert (result[0].lease, result[0].ttl_ms) == (b.id, 1500)
         # The grant came by push: the waiter sent exactly one acquire.
-        assert len(server.of_type("acquire")) == 2
+        assert len(member.of_type("acquire")) == 2
 
 
-def test_push_without_known_ttl_resends_acquire_to_learn_it() -> None:
-    with FakeServer() as server, client(server) as c, client(server) as other:
+def test_a_push_without_a_known_ttl_resends_the_acquire_to_learn_it(member: RunningMember) -> None:
+    with client(member.addr) as c, client(member.addr) as other:
         a = c.open_lease(1000)
-        c.open_lease(700, lease="theirs")
+        c.open_lease(1700, lease="theirs")
         c.acquire(a, "k")
-        done = threading.Event()
-        grants: list[Grant] = []
-
-        def wait() -> None:
-            grants.append(other.acquire("theirs", "k", wait=5.0))
-            done.set()
-
-        threading.Thread(target=wait, daemon=True).start()
-        server.wait_for("acquire", count=2)
-        model = server.handler
-        assert isinstance(model, LockModel)
+        waiter, result = in_thread(lambda: other.acquire("theirs", "k", wait=WAIT))
+        member.wait_for("acquire", count=2)
         c.release(a, "k")
-        assert done.wait(10.0)
-        assert grants[0].ttl_ms == 700
-        seqs = [r["seq"] for r in server.of_type("acquire") if r["lease"] == "theirs"]
+        waiter.join(WAIT)
+        assert isinstance(result[0], Grant) and result[0].ttl_ms == 1700
+        seqs = [r["seq"] for r in member.of_type("acquire") if r["lease"] == "theirs"]
         assert len(seqs) == 2 and seqs[0] == seqs[1]
 
 
-def test_waiting_acquire_times_out_and_leaves_the_queue() -> None:
-    with FakeServer() as server, client(server) as c:
+def test_a_waiting_acquire_that_times_out_leaves_the_queue(member: RunningMember) -> None:
+    with client(member.addr) as c:
         a, b = c.open_lease(1000), c.open_lease(1000)
         c.acquire(a, "k")
         with pytest.raises(LockHeld, match="after waiting"):
             c.acquire(b, "k", wait=0.2)
-        releases = server.of_type("release")
+        releases = member.of_type("release")
         assert [(r["lease"], r["key"]) for r in releases] == [(b.id, "k")]
-        model = server.handler
-        assert isinstance(model, LockModel)
-        assert model.waiters["k"] == []
+        state = member.inspect(lambda machine: machine.locks.get("k"))
+        assert state is not None and state.waiters == ()
 
 
-def test_connection_drop_while_queued_resends_the_same_acquire() -> None:
-    model = LockModel()
-    state = {"queued": 0}
+def test_a_connection_lost_while_queued_resends_the_same_acquire(member: RunningMember) -> None:
+    def queued(frame: dict[str, Any]) -> bool:
+        return frame.get("result") == "queued"
 
-    def drop_after_queue(conn: FakeConn, req: dict[str, Any]) -> dict[str, Any] | None:
-        reply = model(conn, req)
-        if req["t"] == "acquire" and reply is not None and reply.get("result") == "queued":
-            state["queued"] += 1
-            if state["queued"] == 1:
-                conn.send(reply)
-                conn.drop()
-                return None
-            # On the re-sent acquire, the holder has gone meanwhile.
-            model.holders["k"] = []
-            model.waiters["k"] = []
-            return model(conn, req)
-        return reply
-
-    with FakeServer(drop_after_queue) as server, client(server) as c:
-        a, b = c.open_lease(1000), c.open_lease(1000)
-        c.acquire(a, "k")
-        grant = c.acquire(b, "k", wait=5.0)
-        assert grant.lease == b.id
-        mine = [r for r in server.of_type("acquire") if r["lease"] == b.id]
+    with (
+        cutting_proxy(member.addr, cut_after_reply=queued) as proxy,
+        client(member.addr) as holder,
+        client(proxy.addr) as c,
+    ):
+        a, b = holder.open_lease(1000), c.open_lease(1000)
+        holder.acquire(a, "k")
+        waiter, result = in_thread(lambda: c.acquire(b, "k", wait=WAIT))
+        member.wait_for("acquire", count=3)  # the holder's, then the waiter's twice
+        holder.release(a, "k")
+        waiter.join(WAIT)
+        assert isinstance(result[0], Grant) and result[0].lease == b.id
+        mine = [r for r in member.of_type("acquire") if r["lease"] == b.id]
         assert len(mine) == 2 and mine[0]["seq"] == mine[1]["seq"]
         assert mine[0]["wait"] is True and mine[1]["wait"] is True
+        assert proxy.cuts == 1
 
 
-def test_sockets_are_close_on_exec_and_nodelay() -> None:
-    with FakeServer() as server, client(server) as c:
+def test_sockets_are_close_on_exec_and_nodelay(member: RunningMember) -> None:
+    with client(member.addr) as c:
         c.status()
         conn = c._conn
         assert conn is not None
@@ -283,42 +286,30 @@ def test_sockets_are_close_on_exec_and_nodelay() -> None:
         assert conn.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
 
 
-def test_member_status_asks_one_member_and_none_when_unreachable() -> None:
-    with FakeServer(LockModel("n7"), name="n7") as server, client(server) as c:
-        view = c.member_status(server.addr, timeout=2.0)
-        assert view is not None and view["node"] == "n7"
-        assert server.of_type("status")[0]["stale"] is True
+def test_member_status_asks_one_member_and_none_when_unreachable(member: RunningMember) -> None:
+    with client(member.addr) as c:
+        view = c.member_status(member.addr, timeout=2.0)
+        assert view is not None and (view["node"], view["role"]) == ("n1", "leader")
+        assert member.of_type("status")[0]["stale"] is True
         assert c.member_status(free_port_addr(), timeout=0.5) is None
 
 
 def test_close_from_another_thread_interrupts_a_blocked_call() -> None:
-    def silent(conn: FakeConn, req: dict[str, Any]) -> None:
-        return None
-
-    with FakeServer(silent) as server:
-        c = Client(server.addr, timeout=30.0, attempt_timeout=30.0)
-        failed = threading.Event()
-
-        def call() -> None:
-            try:
-                c.status()
-            except ClusterUnavailable:
-                failed.set()
-
-        t = threading.Thread(target=call, daemon=True)
-        t.start()
-        server.wait_for("status")
+    with silent_member() as double:
+        c = Client(double.addr, timeout=30.0, attempt_timeout=30.0)
+        caller, result = in_thread(c.status)
+        double.wait_for("status")
         c.close()
-        assert failed.wait(5.0)
-        t.join(5.0)
+        caller.join(WAIT)
+        assert not caller.is_alive()
+        assert len(result) == 1 and isinstance(result[0], ClusterUnavailable)
 
 
-def test_ok_reply_is_matched_by_id_not_order() -> None:
-    def stale_first(conn: FakeConn, req: dict[str, Any]) -> dict[str, Any]:
-        conn.send(ok(req["id"] + 1000, role="wrong"))
-        return ok(req["id"], role="right")
+def test_a_reply_is_matched_by_id_not_by_order() -> None:
+    def stray_first(request: dict[str, Any]) -> list[dict[str, Any]]:
+        return [ok(request["id"] + 1000, role="wrong"), ok(request["id"], role="right")]
 
-    with FakeServer(stale_first) as server, client(server) as c:
+    with scripted_member(stray_first) as double, client(double.addr) as c:
         assert c.status()["role"] == "right"
 
 

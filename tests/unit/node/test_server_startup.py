@@ -1,16 +1,30 @@
-"""`dlm node start` refuses bad flags and unusable data dirs with one line and an exit code."""
+"""Starting and stopping a member: `dlm node start`'s refusals, restarts, the disk worker, draining.
+
+The first half runs `dlm node start` (main.py) against bad flags and unusable
+data dirs: one line and an exit code each. The second half runs NodeServer in
+the test's event loop (server_harness.py) on a MemoryStorage the test wraps:
+a restart restores what was stored, the disk worker writes in order off the
+event loop, a failing disk stops the member, and ``shutdown()`` drains.
+"""
 
 from __future__ import annotations
 
+import itertools
 import socket
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 
+import anyio
 import pytest
 
 from dlm.node.config import ConfigError, NodeConfig, check_data_dir, parse_peers, write_meta
 from dlm.node.main import EXIT_FAILURE, EXIT_USAGE, start_node
+from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.types import ConfState, Entry
 from dlm.store.disk import DiskStorage
+
+from .server_harness import WAIT, Wire, log_text, running_member
 
 
 def free_addr() -> str:
@@ -133,3 +147,147 @@ def test_a_corrupt_store_is_refused_naming_file_and_offset(
     assert code == EXIT_FAILURE
     assert "corrupt" in err and segment.name in err and "byte" in err
     assert err.count("\n") == 0
+
+
+# ---------------------------------------------------------------------------
+# The running member
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class GatedStorage(MemoryStorage):
+    """MemoryStorage whose appends wait for ``gate``, record who wrote what, and fail once
+    ``failure`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(ConfState(voters=("n1",)))
+        self.gate = threading.Event()
+        self.gate.set()
+        self.appended: list[tuple[str, int, int]] = []
+        """(thread name, first index, last index) of each append, in the order written."""
+        self.failure: BaseException | None = None
+
+    def append(self, entries: Sequence[Entry]) -> None:
+        if not self.gate.wait(WAIT):
+            raise AssertionError("the test never opened the disk gate")
+        if self.failure is not None:
+            raise self.failure
+        super().append(entries)
+        self.appended.append((threading.current_thread().name, entries[0].index, entries[-1].index))
+
+
+@pytest.mark.anyio
+async def test_a_restarted_member_serves_what_its_snapshot_and_log_hold() -> None:
+    storage = MemoryStorage(ConfState(voters=("n1",)))
+    async with running_member(storage=storage, snapshot_every=20, snapshot_keep=5) as (_, port):
+        c = await Wire.client(port)
+        await c.request("open_lease", lease="a", ttl_ms=60_000, client="c", seq=1)
+        for seq in range(2, 60, 2):
+            await c.request("acquire", lease="a", key="k", client="c", seq=seq)
+            await c.request("release", lease="a", key="k", client="c", seq=seq + 1)
+        kept = await c.request("acquire", lease="a", key="kept", client="c", seq=999)
+    snap = storage.snapshot()
+    assert snap is not None and snap.meta.index >= 40
+    assert storage.first_index() > 1
+    async with running_member(storage=storage) as (server, port):
+        assert server.machine.locks.applied_index >= storage.last_index() - 1
+        got = await (await Wire.client(port)).request("get", key="kept")
+        assert [(h["lease"], h["token"]) for h in got["holders"]] == [("a", kept["token"])]
+
+
+@pytest.mark.anyio
+async def test_the_disk_worker_writes_jobs_in_the_order_they_were_handed_out() -> None:
+    storage = GatedStorage()
+    async with running_member(storage=storage) as (server, port):
+        clients = [await Wire.client(port) for _ in range(3)]
+        base = server.machine.raft.last_index
+        storage.gate.clear()
+        for i, c in enumerate(clients):
+            for seq in range(1, 6):
+                lease = f"l{i}-{seq}"
+                await c.send(
+                    {
+                        "t": "open_lease",
+                        "id": seq,
+                        "lease": lease,
+                        "ttl_ms": 60_000,
+                        "client": f"c{i}",
+                        "seq": seq,
+                    }
+                )
+        with anyio.fail_after(WAIT):
+            while server.machine.raft.last_index < base + 15:
+                await anyio.sleep(0.005)
+        storage.gate.set()
+        with anyio.fail_after(WAIT):
+            while storage.last_index() < server.machine.raft.last_index:
+                await anyio.sleep(0.005)
+        ranges = [(first, last) for _, first, last in storage.appended]
+        assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(ranges))
+        assert {name for name, _, _ in storage.appended} == {"dlm-persist"}
+
+
+@pytest.mark.anyio
+async def test_a_failing_disk_stops_the_member_and_keeps_the_error() -> None:
+    storage = GatedStorage()
+    async with running_member(storage=storage) as (server, port):
+        c = await Wire.client(port)
+        storage.failure = OSError(5, "Input/output error")
+        await c.send(
+            {"t": "open_lease", "id": 1, "lease": "L", "ttl_ms": 60_000, "client": "c", "seq": 1}
+        )
+        with anyio.fail_after(WAIT):
+            await server.stopped.wait()
+        assert server.failure is storage.failure
+        assert "persist_failed" in log_text(server)
+        await c.closed()
+
+
+@pytest.mark.anyio
+async def test_shutdown_refuses_new_work_and_lets_what_is_in_flight_reach_the_disk() -> None:
+    storage = GatedStorage()
+    async with running_member(storage=storage) as (server, port):
+        c = await Wire.client(port)
+        with anyio.fail_after(WAIT):  # the disk has caught up with the log
+            while storage.last_index() < server.machine.raft.last_index:
+                await anyio.sleep(0.005)
+        index = server.machine.raft.last_index + 1
+        storage.gate.clear()
+        try:
+            await c.send(
+                {
+                    "t": "open_lease",
+                    "id": 1,
+                    "lease": "L",
+                    "ttl_ms": 60_000,
+                    "client": "c",
+                    "seq": 1,
+                }
+            )
+            with anyio.fail_after(WAIT):
+                while server.machine.raft.last_index < index:
+                    await anyio.sleep(0.005)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(server.shutdown)
+                for _ in range(1000):  # until shutdown has begun
+                    if (await c.request("ping")).get("code") == "SHUTTING_DOWN":
+                        break
+                # The listener is closed: a newcomer goes to another member.
+                with pytest.raises(OSError):
+                    await anyio.connect_tcp("127.0.0.1", port)
+                # The open's entry is still on its way to the disk: the member waits for it.
+                assert not server.stopped.is_set()
+                storage.gate.set()
+                with anyio.fail_after(WAIT):
+                    await server.stopped.wait()
+            opened = [f for f in c.frames if f.get("id") == 1] or [await c.recv()]
+            assert opened == [
+                {"t": "ok", "lease": "L", "ttl_ms": 60_000, "incarnation": index, "id": 1}
+            ]
+            assert storage.last_index() >= index
+        finally:
+            storage.gate.set()
