@@ -1,9 +1,10 @@
 """The rules on what a key, a lease id, a TTL, a limit or owner metadata may be.
 
 One place for them, because three rooms enforce them: the ``dlm`` command
-(before it connects, naming the option), the wire decoder (a member refuses a
-bad request before proposing it) and the lock state machine (a bad command in
-the log changes nothing). Each ``check_*`` returns None when the value is fine,
+(before it connects, naming the option), the member (the wire decoder refuses
+malformed keys, ids and metadata, and the leader refuses a command out of
+range before proposing it) and the lock state machine (a bad command in the
+log changes nothing). Each ``check_*`` returns None when the value is fine,
 or a sentence a user can act on, worded without option names so each caller
 can put its own in front.
 

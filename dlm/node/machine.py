@@ -505,14 +505,14 @@ class NodeMachine:
         raft = self.raft
         me = self.config.node_id
         members = self._addresses
-        self._peer_heard[src] = now.mono
-        if src in self._peers_silent:
-            self._peers_silent.discard(src)
-            self._log("info", "peer_regained", peer=src)
         for msg in messages:
             if msg.src != src or msg.dst != me or src not in members:
                 self._reject(now, "peer_message_refused", peer=src, message=type(msg).__name__)
                 continue
+            self._peer_heard[src] = now.mono
+            if src in self._peers_silent:
+                self._peers_silent.discard(src)
+                self._log("info", "peer_regained", peer=src)
             if type(msg) is AppendEntriesResponse and not msg.reject:
                 self._acknowledged(src, msg.index, now)
             raft.step(msg)
@@ -1328,7 +1328,7 @@ class NodeMachine:
             "sessions": counts.sessions,
             "locks": counts.locks,
             "waiters": counts.waiters,
-            "version": PROTOCOL_SPOKEN,
+            "version": self.config.max_version,
             "cluster_version": self.locks.version,
         }
         if st.progress:
