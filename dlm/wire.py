@@ -35,7 +35,18 @@ from dlm import limits
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
-    from typing import Any, ClassVar
+    from typing import Any, ClassVar, Protocol
+
+    class FrameOpenerLike(Protocol):
+        """dlm.auth.FrameOpener, named structurally: wire never imports dlm.auth."""
+
+        overhead: int
+
+        def open(self, payload: bytes) -> bytes: ...
+
+    class FrameSealerLike(Protocol):
+        def seal(self, body: bytes) -> bytes: ...
+
 
 PROTOCOL_VERSION = 2
 CLIENT_FRAME_LIMIT = 64 * 1024
@@ -77,60 +88,190 @@ class ErrorCode(enum.StrEnum):
 
 
 def _reject_tag(*_: object) -> object:
-    # CBOR tags can name arbitrary types (dates, regexes, shared references...). We expect none.
+    # Never reached: check_cbor refuses every tag first. Kept so that cbor2 on its own
+    # (were the check ever bypassed) still refuses the tags it does not know.
     raise ProtocolError("CBOR tags are not allowed")
 
 
-_MAX_DEPTH = 16
+MAX_DEPTH = 16
+"""Containers nested deeper than this are refused (dlm's own frames nest at most 5 deep)."""
+INT_LIMIT = 1 << 63
+"""Every integer on the wire has ``-INT_LIMIT < n < INT_LIMIT``: a signed 64-bit field holds it."""
+
+# check_cbor looks at each item's first byte through one table. A positive entry is the
+# whole size of an item that needs no more looking at (an integer of up to 4 bytes, true,
+# false, null, or a string whose length fits in the first byte); the negative codes below
+# name the items that need a second look; 0 means the byte is refused (see _REFUSAL).
+_STRING_LEN1, _STRING_LEN2, _STRING_LEN4, _STRING_LEN8 = -1, -2, -3, -4
+_ARRAY, _MAP = -5, -6
+_UINT64, _NINT64 = -7, -8
+_STEP = [0] * 256
+_REFUSAL = [""] * 256
 
 
-def _strict_decode_options() -> dict[str, Any]:
-    """Extra cbor2 options that refuse built-in semantic tags, where this cbor2 has them.
+def _build_tables() -> None:
+    for ib in range(256):
+        major, info = ib >> 5, ib & 31
+        refusal = ""
+        if major <= 1:
+            if info < 24:
+                _STEP[ib] = 1
+            elif info < 27:
+                _STEP[ib] = 1 + (1 << (info - 24))
+            elif info == 27:
+                _STEP[ib] = _UINT64 if major == 0 else _NINT64
+            else:
+                refusal = f"malformed integer (initial byte 0x{ib:02x})"
+        elif major <= 3:
+            if info < 24:
+                _STEP[ib] = 1 + info
+            elif info < 28:
+                _STEP[ib] = (_STRING_LEN1, _STRING_LEN2, _STRING_LEN4, _STRING_LEN8)[info - 24]
+            elif info == 31:
+                refusal = "indefinite-length strings are not allowed"
+            else:
+                refusal = f"malformed string (initial byte 0x{ib:02x})"
+        elif major <= 5:
+            if info < 28:
+                _STEP[ib] = _ARRAY if major == 4 else _MAP
+            elif info == 31:
+                refusal = "indefinite-length arrays and maps are not allowed"
+            else:
+                refusal = f"malformed container (initial byte 0x{ib:02x})"
+        elif major == 6:
+            refusal = "CBOR tags are not allowed"
+        elif info in (20, 21, 22):  # false, true, null
+            _STEP[ib] = 1
+        elif info in (25, 26, 27):
+            refusal = "floating-point numbers are not allowed"
+        elif info == 31:
+            refusal = "unexpected CBOR break"
+        else:
+            refusal = f"CBOR simple value {info} is not allowed"
+        _REFUSAL[ib] = refusal
 
-    cbor2 decodes some tags (dates, regexes, shared references, ...) by itself and
-    only passes unknown ones to tag_hook. Releases that accept ``semantic_decoders``
-    let us refuse those too; on older ones (including the pure-Python fallback
-    used by the zipapp) such values still fail the typed field checks below.
+
+_build_tables()
+
+
+def check_cbor(body: bytes, max_depth: int = MAX_DEPTH) -> int:
+    """Refuses (ProtocolError) any CBOR item dlm never sends; returns the number of items.
+
+    ``body`` must hold exactly one item, built only of definite-length maps with text
+    keys, definite-length arrays, integers with ``|n| < INT_LIMIT``, byte and text
+    strings, true, false and null, nested at most ``max_depth`` containers deep. Tags,
+    floats, other simple values and indefinite-length items are refused at their first
+    byte, before any decoder builds a value from them.
+
+    This is the whole defence against hostile CBOR: cbor2 5.x decodes its built-in tags
+    (bignums, decimals, shared references, ...) before any hook sees them, and has no
+    option to refuse them. The walk reads only item heads and skips string payloads by
+    their length, so its cost is per item (at most one per byte), never per byte.
     """
-    known = (0, 1, 2, 3, 4, 5, 25, 28, 29, 30, 35, 36, 37, 38, 52, 54, 100, 256, 258, 260,
-             261, 262, 263, 1004, 1040, 55799)  # fmt: skip
-    options: dict[str, Any] = {
-        "semantic_decoders": dict.fromkeys(known, _reject_tag),
-        "max_depth": _MAX_DEPTH,
-        "strict_hashable_types": True,
-    }
+    step_of = _STEP
+    n = len(body)
+    pos = 0
+    items = 1
+    left = 1  # items still to read in the innermost open container (the top level: 1)
+    in_map = False
+    stack: list[tuple[int, bool]] = []  # (left, in_map) of each enclosing container
     try:
-        cbor2.loads(b"\xa0", **options)
-    except TypeError:
-        return {}
-    return options
+        while True:
+            while not left:
+                if not stack:
+                    if pos != n:
+                        raise ProtocolError(
+                            "frame ends inside a CBOR item"
+                            if pos > n
+                            else f"{n - pos} bytes after the end of the CBOR item"
+                        )
+                    return items
+                left, in_map = stack.pop()
+            ib = body[pos]
+            # In a map, ``left`` counts keys and values down from 2 * pairs: even = a key.
+            if in_map and not left & 1 and not 0x60 <= ib <= 0x7B:
+                raise ProtocolError("map keys must be text strings")
+            left -= 1
+            step = step_of[ib]
+            if step > 0:
+                pos += step
+            elif not step:
+                raise ProtocolError(f"{_REFUSAL[ib]} (at byte {pos})")
+            elif step >= _STRING_LEN8:
+                if step == _STRING_LEN1:
+                    pos += 2 + body[pos + 1]
+                elif step == _STRING_LEN2:
+                    pos += 3 + (body[pos + 1] << 8 | body[pos + 2])
+                else:
+                    size = 4 if step == _STRING_LEN4 else 8
+                    pos += 1 + size + int.from_bytes(body[pos + 1 : pos + 1 + size], "big")
+            elif step >= _MAP:
+                info = ib & 31
+                if info < 24:
+                    count = info
+                    pos += 1
+                else:
+                    size = 1 << (info - 24)
+                    count = int.from_bytes(body[pos + 1 : pos + 1 + size], "big")
+                    pos += 1 + size
+                if len(stack) >= max_depth:
+                    raise ProtocolError(f"frame nests containers more than {max_depth} deep")
+                if count > n - pos:  # each item takes at least a byte
+                    raise ProtocolError("frame ends inside a CBOR item")
+                stack.append((left, in_map))
+                in_map = step == _MAP
+                left = 2 * count if in_map else count
+                items += left
+            elif step >= _NINT64:
+                value = int.from_bytes(body[pos + 1 : pos + 9], "big")
+                # A negative integer is encoded as -1 - value.
+                if value >= (INT_LIMIT if step == _UINT64 else INT_LIMIT - 1):
+                    raise ProtocolError(
+                        f"integer out of range: |n| must be below 2**63 (at byte {pos})"
+                    )
+                pos += 9
+    except IndexError:
+        raise ProtocolError("frame ends inside a CBOR item") from None
 
 
-_DECODE_OPTIONS = _strict_decode_options()
-
-
-def encode_frame(obj: object) -> bytes:
+def encode_frame(obj: object, sealer: FrameSealerLike | None = None) -> bytes:
+    """The frame for ``obj``; sealed (with its authentication tag) by ``sealer`` if given."""
     body = cbor2.dumps(obj)
+    if sealer is not None:
+        return sealer.seal(body)
     return _LENGTH.pack(len(body)) + body
 
 
 def decode_body(body: bytes) -> Any:
+    """One frame's body as a value; ProtocolError (never anything else) if check_cbor or
+    cbor2 refuses it. The value holds only dict, list, str, bytes, int, bool and None."""
+    check_cbor(body)
     try:
-        return cbor2.loads(body, tag_hook=_reject_tag, **_DECODE_OPTIONS)
+        return cbor2.loads(body, tag_hook=_reject_tag)
     except ProtocolError:
         raise
     except RecursionError:
         raise ProtocolError("frame is nested too deeply") from None
-    except Exception as exc:  # cbor2 raises several types; all mean the same to us
+    except Exception as exc:  # invalid UTF-8 in a text string, mostly
         raise ProtocolError(f"frame is not valid CBOR: {exc}") from None
 
 
 class FrameDecoder:
-    """Splits a byte stream into decoded frames; feed bytes in, take objects out."""
+    """Splits a byte stream into decoded frames; feed bytes in, take objects out.
 
-    def __init__(self, limit: int) -> None:
+    With an ``opener`` (a dlm.auth.FrameOpener, once a connection is authenticated)
+    every frame must carry its authentication tag after the body: the tag is
+    checked and stripped before the body is decoded, and a frame that fails it
+    raises ProtocolError(AUTH_FAILED) now and on every later call (the connection
+    must be closed). ``limit`` bounds the body; the tag comes on top.
+    """
+
+    def __init__(self, limit: int, opener: FrameOpenerLike | None = None) -> None:
         self._limit = limit
+        self._opener = opener
+        self._payload_limit = limit + (opener.overhead if opener is not None else 0)
         self._buf = bytearray()
+        self._failed: str | None = None
 
     def feed(self, data: bytes) -> None:
         self._buf += data
@@ -141,20 +282,28 @@ class FrameDecoder:
         return bool(self._buf)
 
     def frames(self) -> Iterator[Any]:
+        if self._failed is not None:
+            raise ProtocolError(self._failed, ErrorCode.AUTH_FAILED)
         buf = self._buf
         pos = 0
         try:
             while len(buf) - pos >= 4:
                 (length,) = _LENGTH.unpack_from(buf, pos)
-                if length > self._limit:
+                if length > self._payload_limit:
                     raise ProtocolError(
-                        f"frame of {length} bytes exceeds the limit of {self._limit}",
+                        f"frame of {length} bytes exceeds the limit of {self._payload_limit}",
                         ErrorCode.TOO_LARGE,
                     )
                 if len(buf) - pos - 4 < length:
                     break
                 body = bytes(buf[pos + 4 : pos + 4 + length])
                 pos += 4 + length
+                if self._opener is not None:
+                    try:
+                        body = self._opener.open(body)
+                    except ValueError as exc:  # dlm.auth.AuthError, which wire does not import
+                        self._failed = str(exc)
+                        raise ProtocolError(self._failed, ErrorCode.AUTH_FAILED) from None
                 yield decode_body(body)
         finally:
             del buf[:pos]

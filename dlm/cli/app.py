@@ -84,9 +84,17 @@ lease_app = typer.Typer(
     rich_markup_mode=None,
     no_args_is_help=True,
 )
+secret_app = typer.Typer(
+    help="Make the shared secret members and clients authenticate with.",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    no_args_is_help=True,
+)
 app.add_typer(node_app, name="node")
 app.add_typer(store_app, name="store")
 app.add_typer(lease_app, name="lease")
+app.add_typer(secret_app, name="secret")
 
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print exactly one JSON object on stdout, errors too.")
@@ -551,3 +559,25 @@ def store_inspect(
 
     top = ctx.find_root().obj
     ops.store_inspect(directory, json or (isinstance(top, GlobalOptions) and top.json))
+
+
+@secret_app.command("new")
+def secret_new(
+    out: Annotated[
+        str | None,
+        typer.Option(
+            "--out", metavar="PATH", help="Create PATH (mode 600) holding it, instead of printing."
+        ),
+    ] = None,
+) -> None:
+    """Print a new random secret (256 bits), or write it to a new file with --out."""
+    from dlm import auth
+    from dlm.cli.exits import USAGE, CliError
+
+    if out is None:
+        print(auth.new_secret())
+        return
+    try:
+        auth.write_secret_file(out)
+    except auth.SecretFileError as exc:
+        raise CliError("USAGE", str(exc), USAGE) from None

@@ -4,9 +4,10 @@
 merges them with the ``DLM_NODE_*`` environment and the ``--config`` file
 (dlm.cli.node_options) and hands them to ``start_node``, which returns the
 process exit code and never lets a traceback reach the user: 0 after a clean
-shutdown (SIGTERM or Ctrl-C), 2 for settings that make no sense, 1 for
-everything the environment refused (busy port, unusable or corrupt data dir,
-a data dir that belongs to another member).
+shutdown (SIGTERM or Ctrl-C), 2 for settings that make no sense, 74 (EX_IOERR)
+when the data dir's disk is full, 1 for everything else the environment
+refused (busy port, unusable or corrupt data dir, a data dir that belongs to
+another member).
 
 ``python -m dlm.node.main --id n1 ...`` runs the same thing without the CLI.
 """
@@ -30,13 +31,14 @@ from dlm.node.config import ConfigError, NodeConfig, check_data_dir, write_meta
 from dlm.node.log import Logger, default_format, level_named
 from dlm.node.raft.types import ConfState
 from dlm.node.server import run
-from dlm.store import StoreCorrupted, StoreError
+from dlm.store import StoreCorrupted, StoreError, StoreFull
 from dlm.store.disk import DiskStorage
 from dlm.wire import format_addr
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_IOERR = 74
 
 
 class StartupError(Exception):
@@ -101,9 +103,30 @@ def start_node(
     except KeyboardInterrupt:
         return EXIT_OK
     except BaseExceptionGroup as group:
-        return _fail(_describe(group), EXIT_FAILURE)
+        return _fail_after(group)
     except Exception as exc:
-        return _fail(_describe(exc), EXIT_FAILURE)
+        return _fail_after(exc)
+
+
+def _fail_after(exc: BaseException) -> int:
+    full = _store_full(exc)
+    if full is not None:
+        return _fail(str(full), EXIT_IOERR)
+    return _fail(_describe(exc), EXIT_FAILURE)
+
+
+def _store_full(exc: BaseException | None) -> StoreFull | None:
+    """The StoreFull that stopped the node, however the runtime wrapped it."""
+    while exc is not None:
+        if isinstance(exc, StoreFull):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                found = _store_full(inner)
+                if found is not None:
+                    return found
+        exc = exc.__cause__
+    return None
 
 
 def _describe(exc: BaseException) -> str:
@@ -127,6 +150,8 @@ async def _main(config: NodeConfig, log: Logger, on_started: Callable[[Any], Non
                 fsync=config.fsync,
                 bootstrap_conf=ConfState(voters=config.voters),
             )
+        except StoreFull:
+            raise
         except StoreCorrupted as exc:
             raise StartupError(str(exc)) from None
         except StoreError as exc:

@@ -3,8 +3,11 @@
 A peer frame is ``{"t": "raft", "m": [message, ...]}`` (framing as in
 dlm/wire.py), and each message is ``[kind, group, term, src, dst, ...fields]``.
 Decoding checks every field's type and raises ``ProtocolError`` on anything
-else, so a confused or hostile peer costs only its own connection. Kept apart
-from dlm/wire.py so the client, which never sees these, does not import them.
+else, so a confused or hostile peer costs only its own connection. Every
+integer field (terms, indexes, offsets, the group) must be in ``[0, 2**63)``:
+the store keeps them as u64 but refuses to persist anything at or above 2**63,
+so a larger one must never get past the wire. Kept apart from dlm/wire.py so
+the client, which never sees these, does not import them.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from dlm.node.raft.types import (
     VoteRequest,
     VoteResponse,
 )
-from dlm.wire import ProtocolError, as_map, encode_frame
+from dlm.wire import INT_LIMIT, ProtocolError, as_map, encode_frame
 
 # ---------------------------------------------------------------------------
 
@@ -38,17 +41,27 @@ def _entry_to_wire(e: Entry) -> list[Any]:
     return [e.index, e.term, int(e.kind), e.data]
 
 
+_ENTRY_KINDS = {int(k): k for k in EntryKind}
+
+
 def _entry_from_wire(v: Any) -> Entry:
-    if not isinstance(v, list) or len(v) != 4:
+    # The hot loop of a large AppendEntries: exact type tests (cbor2 gives exactly int,
+    # never bool, for an integer) and a dict for the kind, instead of the helpers below.
+    if type(v) is not list or len(v) != 4:
         raise ProtocolError("malformed entry")
     index, term, kind, data = v
-    _check_ints(index, term, kind)
-    if not isinstance(data, bytes):
+    if (
+        type(index) is not int
+        or type(term) is not int
+        or not 0 <= index < INT_LIMIT
+        or not 0 <= term < INT_LIMIT
+    ):
+        raise ProtocolError("entry index and term must be integers in [0, 2**63)")
+    entry_kind = _ENTRY_KINDS.get(kind) if type(kind) is int else None
+    if entry_kind is None:
+        raise ProtocolError(f"unknown entry kind {kind!r}")
+    if type(data) is not bytes:
         raise ProtocolError("entry data must be bytes")
-    try:
-        entry_kind = EntryKind(kind)
-    except ValueError:
-        raise ProtocolError(f"unknown entry kind {kind}") from None
     return Entry(index=index, term=term, data=data, kind=entry_kind)
 
 
@@ -72,9 +85,16 @@ def _meta_from_wire(v: Any) -> SnapshotMeta:
 
 
 def _check_ints(*values: Any) -> None:
+    """Terms, indexes, offsets and groups: integers in [0, 2**63), never bool."""
     for v in values:
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ProtocolError("expected a non-negative integer")
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < INT_LIMIT:
+            raise ProtocolError(f"expected an integer in [0, 2**63), got {_describe(v)}")
+
+
+def _describe(v: Any) -> str:
+    # Never echo a huge value whole into an error message (or a log line).
+    text = repr(v)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def _check_bools(*values: Any) -> None:
@@ -141,7 +161,7 @@ def raft_from_wire(v: Any) -> Message:
     if (
         not isinstance(v, list)
         or not v
-        or not isinstance(v[0], int)
+        or type(v[0]) is not int  # not bool: True would pass as kind 1
         or v[0] not in _ARITY
         or len(v) != _ARITY[v[0]]
     ):
@@ -165,7 +185,7 @@ def raft_from_wire(v: Any) -> Message:
         _check_ints(r[0], r[1], r[3])
         if not isinstance(r[2], list):
             raise ProtocolError("entries must be a list")
-        entries = tuple(_entry_from_wire(e) for e in r[2])
+        entries = tuple([_entry_from_wire(e) for e in r[2]])
         return AppendEntries(**h, prev_index=r[0], prev_term=r[1], entries=entries, commit=r[3])
     if kind == 4:
         _check_bools(r[0])

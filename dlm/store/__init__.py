@@ -14,6 +14,15 @@ directory without changing it.
 
 from __future__ import annotations
 
+VALUE_LIMIT = 1 << 63
+"""Terms and indexes are stored as u64 but must stay below 2**63, as on the wire: a value
+the store cannot write back (or add one to) is refused on the way in and is corruption
+on the way out."""
+NEAR_LIMIT = 1 << 62
+"""``dlm store inspect`` warns about terms and indexes above this."""
+MIN_FREE_BYTES = 1 << 20
+"""The least free space a StoreFull asks for, however small the write that failed."""
+
 
 class StoreError(Exception):
     """The store cannot be opened or used (bad path, permissions, misuse)."""
@@ -37,4 +46,41 @@ class StoreCorrupted(StoreError):
         )
 
 
-__all__ = ["StoreCorrupted", "StoreError"]
+class StoreFull(StoreError):
+    """A write or fsync failed for want of space (ENOSPC) or quota (EDQUOT).
+
+    ``path`` is the data directory and ``needed`` the free space to ask for: at least
+    the write that failed (and ``MIN_FREE_BYTES``). What was written before stays
+    valid; the store refuses further writes, so the member must stop and start again
+    once space is freed.
+    """
+
+    def __init__(self, path: str, needed: int) -> None:
+        self.path = path
+        self.needed = max(needed, MIN_FREE_BYTES)
+        super().__init__(
+            f"no space left on {path} (needs at least {format_bytes(self.needed)} free; "
+            "free some space and start again)"
+        )
+
+
+def format_bytes(count: int) -> str:
+    """1536 -> '1.5 KB': decimal units, as ``df -H`` prints them."""
+    if count < 1000:
+        return f"{count} B"
+    size = count / 1000
+    for unit in ("KB", "MB"):
+        if size < 1000:
+            return f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} GB"
+
+
+def out_of_range(what: str, value: int) -> str | None:
+    """Why ``value`` cannot be a stored term or index, or None if it can."""
+    if 0 <= value < VALUE_LIMIT:
+        return None
+    return f"{what} {value} is outside [0, 2**63)"
+
+
+__all__ = ["StoreCorrupted", "StoreError", "StoreFull"]

@@ -11,6 +11,10 @@ log and does not match it (a crash in the middle of ``apply_snapshot``), the
 log is voided, as the install intended. ``initial_state()`` reports a commit
 index of at least the snapshot's index and at most the last index.
 
+A full disk (ENOSPC or EDQUOT on any write or fsync) raises ``StoreFull`` naming
+this data directory; everything written before stays valid, the log refuses
+further appends, and the member must stop and start again once space is freed.
+
 Membership: ``initial_state()`` returns the newest snapshot's ConfState, or,
 before any snapshot, the ``bootstrap_conf`` given to the first ``open`` (it is
 stored with the hard state; a later ``bootstrap_conf`` for a store that
@@ -33,11 +37,11 @@ from dlm.node.raft.types import (
     Snapshot,
     SnapshotMeta,
 )
-from dlm.store import StoreError
+from dlm.store import StoreError, StoreFull
 from dlm.store.fs import DirLock, FileSystem, RealFS
 from dlm.store.snapshot import SnapshotDir
 from dlm.store.state import StateFile
-from dlm.store.wal import DEFAULT_SEGMENT_BYTES, Wal
+from dlm.store.wal import DEFAULT_SEGMENT_BYTES, FULL_ERRNOS, Wal
 
 WAL_DIR = "wal"
 SNAP_DIR = "snap"
@@ -93,6 +97,8 @@ class DiskStorage:
         root = os.fspath(path)
         try:
             return cls._open(fs, root, fsync, segment_bytes, bootstrap_conf)
+        except StoreFull as exc:
+            raise StoreFull(root, exc.needed) from exc
         except StoreError:
             raise
         except BlockingIOError:
@@ -100,6 +106,8 @@ class DiskStorage:
                 f"store {root} is in use by another process (lock on {LOCK_NAME} is held)"
             ) from None
         except OSError as exc:
+            if exc.errno in FULL_ERRNOS:
+                raise StoreFull(root, 0) from exc
             raise StoreError(f"cannot open store {root}: {exc.strerror or exc}") from exc
 
     @classmethod
@@ -165,7 +173,10 @@ class DiskStorage:
         if self._lock is None:
             return
         try:
-            self._state.flush()
+            try:
+                self._state.flush()
+            except StoreFull as exc:
+                raise self._full(exc) from exc
         finally:
             self._wal.close()
             self._lock.release()
@@ -240,12 +251,22 @@ class DiskStorage:
         for prev, nxt in itertools.pairwise(entries):
             if nxt.index != prev.index + 1:
                 raise ValueError(f"batch is not contiguous at index {nxt.index}")
-        self._wal.append(entries)
+        try:
+            self._wal.append(entries)
+        except StoreFull as exc:
+            raise self._full(exc) from exc
         del self._entries[first - self._base_index - 1 :]
         self._entries.extend(entries)
 
     def set_hard_state(self, hard_state: HardState) -> None:
-        self._state.set(hard_state)
+        try:
+            self._state.set(hard_state)
+        except StoreFull as exc:
+            raise self._full(exc) from exc
+
+    def _full(self, exc: StoreFull) -> StoreFull:
+        """The same failure, naming the data directory rather than a part of it."""
+        return StoreFull(self.path, exc.needed)
 
     def apply_snapshot(self, snapshot: Snapshot) -> None:
         current = self._snaps.latest
@@ -254,8 +275,11 @@ class DiskStorage:
             raise ValueError(
                 f"snapshot at {meta.index} is older than the stored one at {current.meta.index}"
             )
-        self._snaps.save(snapshot)
-        self._wal.reset(meta.index, meta.term)
+        try:
+            self._snaps.save(snapshot)
+            self._wal.reset(meta.index, meta.term)
+        except StoreFull as exc:
+            raise self._full(exc) from exc
         self._base_index, self._base_term = meta.index, meta.term
         self._entries = []
 
@@ -268,7 +292,10 @@ class DiskStorage:
         if index > self.last_index():
             raise LogUnavailable(index)
         snapshot = Snapshot(SnapshotMeta(index, self.term(index), conf), data)
-        self._snaps.save(snapshot)
+        try:
+            self._snaps.save(snapshot)
+        except StoreFull as exc:
+            raise self._full(exc) from exc
         return snapshot
 
     def compact(self, index: int) -> None:

@@ -248,11 +248,23 @@ class _MemFile:
     def write(self, data: bytes) -> None:
         self._check()
         inode = self._inode
+        room = self._fs._room()
+        if room < len(data):
+            # As a real short write: what fits lands, then the call fails.
+            part = data[:room]
+            self._fs._mutate(lambda: inode.data.extend(part), part, inode)
+            raise self._fs._full_error(self.path)
         self._fs._mutate(lambda: inode.data.extend(data), data, inode)
 
     def fsync(self) -> None:
         self._check()
         inode = self._inode
+        failure = self._fs.fsync_errno
+        if failure is not None:
+            # Nothing becomes durable (as after a real failed fsync, which may also
+            # have dropped the dirty pages: callers must not retry).
+            self._fs._mutate(lambda: None)
+            raise OSError(failure, os.strerror(failure), self.path)
 
         def apply() -> None:
             inode.synced_len = len(inode.data)
@@ -322,6 +334,13 @@ class CrashableFS:
     it with ``crash(...)`` to restart. ``flip_bit(path, bit)`` and
     ``read``/``write_file`` let tests corrupt or plant files directly.
 
+    A full disk
+    -----------
+    Set ``capacity`` (bytes, over all live files) and writes beyond it land
+    what fits and then fail with ``full_errno`` (ENOSPC, or EDQUOT); set
+    ``fsync_errno`` and every fsync fails, making nothing durable. Raise
+    ``capacity`` again (or set it to None) to "free space".
+
     Typical use (the simulator)::
 
         fs = CrashableFS(random.Random(seed))
@@ -333,6 +352,12 @@ class CrashableFS:
 
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
+        self.capacity: int | None = None
+        """Bytes all live files may hold together; None: unlimited."""
+        self.full_errno = errno.ENOSPC
+        """What a write beyond ``capacity`` fails with (ENOSPC or EDQUOT)."""
+        self.fsync_errno: int | None = None
+        """When set, every fsync fails with this errno and makes nothing durable."""
         self._dirs: set[str] = {_norm("/")}
         self._live: dict[str, _Inode] = {}
         self._durable: dict[str, _Inode] = {}
@@ -405,6 +430,15 @@ class CrashableFS:
             inode = _Inode(kept, len(kept))
             self._live[path] = inode
             self._durable[path] = inode
+
+    def _room(self) -> int:
+        if self.capacity is None:
+            return 1 << 62
+        used = sum(len(inode.data) for inode in self._live.values())
+        return max(0, self.capacity - used)
+
+    def _full_error(self, path: str) -> OSError:
+        return OSError(self.full_errno, os.strerror(self.full_errno), path)
 
     # -- test helpers -----------------------------------------------------
 

@@ -7,6 +7,9 @@ names the member and cluster the directory belongs to, and the human report
 says what its figures mean. Pointed at a directory that only holds data
 directories (``/var/lib/dlm`` when the data is in ``/var/lib/dlm/n1``), it
 says so and names them.
+It also warns, without calling the store damaged, about terms and indexes above
+2**62: they are valid, but only a runaway term (or a forged message before the
+wire was bounded) gets there, and 2**63 is where the store stops.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import json
 import os
 from typing import Any
 
-from dlm.store import StoreCorrupted
+from dlm.store import NEAR_LIMIT, StoreCorrupted
 from dlm.store.disk import SNAP_DIR, WAL_DIR
 from dlm.store.fs import FileSystem, RealFS
 from dlm.store.snapshot import decode_snapshot, list_snapshots
@@ -64,7 +67,8 @@ def inspect_store_json(
     """Everything known about the store at ``path`` as plain JSON-able data.
 
     Keys: ``path``, ``ok`` (a data directory, and no corruption found),
-    ``problems`` (messages), ``data_dir`` (whether ``path`` is one), ``member``
+    ``problems`` (messages), ``warnings`` (messages that do not make it not ok),
+    ``data_dir`` (whether ``path`` is one), ``member``
     (``{"id", "cluster"}`` from node.json, or None), ``data_dirs_inside`` (when
     ``path`` is not a data directory but holds some), ``hard_state``,
     ``snapshots``, ``segments``, ``index_range`` and ``torn_tail`` (what
@@ -79,6 +83,7 @@ def inspect_store_json(
         "data_dir": False,
         "member": None,
         "data_dirs_inside": [],
+        "warnings": [],
         "hard_state": None,
         "snapshots": [],
         "segments": [],
@@ -86,6 +91,16 @@ def inspect_store_json(
         "torn_tail": None,
     }
     problems: list[str] = report["problems"]
+    warnings: list[str] = report["warnings"]
+
+    def check_near_limit(where: str, **values: int) -> None:
+        for name, value in values.items():
+            if value > NEAR_LIMIT:
+                warnings.append(
+                    f"{where}: {name} {value} is above 2**62 (the store stops at 2**63); "
+                    "find out what drives it up"
+                )
+
     if not fs.isdir(root):
         problems.append(f"{root} is not a directory")
         report["ok"] = False
@@ -116,6 +131,7 @@ def inspect_store_json(
         stored = load_state(fs, root)
         if stored is not None:
             hs = stored.hard_state
+            check_near_limit("hard state", term=hs.term, commit=hs.commit)
             report["hard_state"] = {
                 "term": hs.term,
                 "vote": hs.vote,
@@ -142,6 +158,7 @@ def inspect_store_json(
             }
             try:
                 snap = decode_snapshot(fs.read(os.path.join(snap_dir, info.name)), info.name)
+                check_near_limit(f"snapshot {info.name}", index=info.index, term=info.term)
                 item["voters"] = list(snap.meta.conf.voters)
                 item["learners"] = list(snap.meta.conf.learners)
                 snap_index, snap_term = snap.meta.index, snap.meta.term
@@ -155,16 +172,29 @@ def inspect_store_json(
     if fs.isdir(wal_dir):
         scans = scan_dir(fs, wal_dir)
         for scan in scans:
+            if scan.entries:
+                check_near_limit(
+                    f"wal segment {scan.name}",
+                    index=max(e.index for e in scan.entries),
+                    term=max(e.term for e in scan.entries),
+                )
             seg: dict[str, Any] = {
                 "name": scan.name,
                 "size": scan.size,
-                "records": len(scan.entries) + (scan.header is not None),
+                "version": scan.header.version if scan.header else None,
+                "records": scan.records,
                 "first_index": scan.entries[0].index if scan.entries else None,
                 "last_index": scan.entries[-1].index if scan.entries else None,
                 "prev_index": scan.header.prev_index if scan.header else None,
                 "reset": scan.header.reset if scan.header else False,
                 "status": "ok",
             }
+            if scan.damaged_copy is not None:
+                seg["status"] = "damaged copy of the last head"
+                seg["problem"] = {
+                    "offset": scan.damaged_copy[0],
+                    "reason": "a crash interrupted its last write; the next start rewrites it",
+                }
             if scan.problem is not None:
                 seg["status"] = "torn tail" if scan.problem.torn else "corrupt"
                 seg["problem"] = {"offset": scan.problem.offset, "reason": scan.problem.reason}
@@ -247,6 +277,8 @@ def inspect_store(path: str | os.PathLike[str], fs: FileSystem | None = None) ->
         extra = ""
         if seg["reset"] and seg["prev_index"]:
             extra = f" (log restarts after snapshot index {seg['prev_index']})"
+        if seg["version"] == 1:
+            extra += " (format 1, from dlm 0.1: read, never appended to)"
         status = seg["status"]
         if "problem" in seg:
             status += f" at byte {seg['problem']['offset']}: {seg['problem']['reason']}"
@@ -272,6 +304,8 @@ def inspect_store(path: str | os.PathLike[str], fs: FileSystem | None = None) ->
         )
     for problem in r["problems"]:
         lines.append(f"PROBLEM: {problem}")
+    for warning in r["warnings"]:
+        lines.append(f"WARNING: {warning}")
     return "\n".join(lines)
 
 

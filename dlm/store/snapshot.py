@@ -14,6 +14,9 @@ Format (little-endian)::
     b"DLMSNAP1" | u64 index | u64 term | u64 data_len | u32 data_crc
     | u16 count + (u16 len + utf-8) voters | u16 count + (u16 len + utf-8) learners
     | u32 header_crc (CRC-32 of every byte before it) | data (data_len bytes)
+
+Index and term must be below 2**63: saving more is refused (StoreError), and a
+file holding more is corrupt.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import zlib
 from dataclasses import dataclass
 
 from dlm.node.raft.types import ConfState, Snapshot, SnapshotMeta
-from dlm.store import StoreCorrupted
+from dlm.store import StoreCorrupted, StoreError, out_of_range
 from dlm.store.fs import FileSystem
 from dlm.store.state import _Reader, pack_names, write_atomically
 
@@ -50,6 +53,9 @@ def parse_snapshot_name(name: str) -> tuple[int, int] | None:
 
 def encode_snapshot(snapshot: Snapshot) -> bytes:
     meta = snapshot.meta
+    bad = out_of_range("index", meta.index) or out_of_range("term", meta.term)
+    if bad is not None:
+        raise StoreError(f"refusing to save a snapshot: {bad}")
     head = _HEAD.pack(MAGIC, meta.index, meta.term, len(snapshot.data), zlib.crc32(snapshot.data))
     head += pack_names(meta.conf.voters) + pack_names(meta.conf.learners)
     return head + _U32.pack(zlib.crc32(head)) + snapshot.data
@@ -76,6 +82,10 @@ def decode_snapshot(buf: bytes, name: str) -> Snapshot:
         raise corrupt(0, f"header checksum mismatch over bytes 0-{head_end}")
     if magic != MAGIC:
         raise corrupt(0, f"unknown magic {magic!r}")
+    for offset, what, value in ((8, "index", index), (16, "term", term)):
+        bad = out_of_range(what, value)
+        if bad is not None:
+            raise corrupt(offset, bad)
     if parse_snapshot_name(name) not in (None, (index, term)):
         raise corrupt(0, f"header says index {index} term {term}, unlike its file name")
     if len(buf) - reader.pos != data_len:

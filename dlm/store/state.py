@@ -16,18 +16,22 @@ Format (little-endian)::
     b"DLMH" | u8 version | u64 term | u64 commit | u16 len + vote (utf-8, len 0xFFFF = none)
     | u16 count + (u16 len + utf-8) voters | u16 count + (u16 len + utf-8) learners | u32 crc
 
-``crc`` is CRC-32 of everything before it.
+``crc`` is CRC-32 of everything before it. ``term`` and ``commit`` must be below
+2**63: ``set`` refuses to persist more (StoreError), and a stored value out of
+range is reported as corruption at its byte offset, never turned into a crash
+at the next election.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import zlib
 from dataclasses import dataclass
 
 from dlm.node.raft.types import ConfState, HardState, NodeId
-from dlm.store import StoreCorrupted
+from dlm.store import StoreCorrupted, StoreError, StoreFull, out_of_range
 from dlm.store.fs import FileSystem
 
 STATE_NAME = "state"
@@ -37,6 +41,8 @@ _HEAD = struct.Struct("<4sBQQ")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _NO_VOTE = 0xFFFF
+_TERM_AT = 5  # byte offsets in the file, for error messages
+_COMMIT_AT = 13
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +88,16 @@ class _Reader:
         return tuple(self.text() for _ in range(self.u16()))
 
 
+def _check_persistable(hs: HardState) -> None:
+    bad = out_of_range("term", hs.term) or out_of_range("commit index", hs.commit)
+    if bad is not None:
+        raise StoreError(f"refusing to persist the hard state: {bad}")
+
+
 def encode_state(state: StoredState) -> bytes:
+    """The file's bytes; StoreError for a term or commit index outside [0, 2**63)."""
     hs = state.hard_state
+    _check_persistable(hs)
     vote = _U16.pack(_NO_VOTE) if hs.vote is None else _pack_str(hs.vote)
     conf = (
         b"\x00"
@@ -105,6 +119,10 @@ def decode_state(buf: bytes, name: str = STATE_NAME) -> StoredState:
         raise StoreCorrupted(
             name, 0, f"unknown magic/version {magic!r}/{version}", what="hard state"
         )
+    for offset, what, value in ((_TERM_AT, "term", term), (_COMMIT_AT, "commit index", commit)):
+        bad = out_of_range(what, value)
+        if bad is not None:
+            raise StoreCorrupted(name, offset, bad, what="hard state")
     reader = _Reader(buf[:-4], _HEAD.size)
     try:
         vote_len = reader.u16()
@@ -126,18 +144,26 @@ def load_state(fs: FileSystem, directory: str) -> StoredState | None:
 
 
 def write_atomically(fs: FileSystem, directory: str, name: str, data: bytes, *, sync: bool) -> None:
-    """Replace ``directory/name`` with ``data`` so that a crash leaves old or new."""
+    """Replace ``directory/name`` with ``data`` so that a crash leaves old or new.
+
+    StoreFull if the disk or quota is full (the old file is then untouched).
+    """
     tmp = os.path.join(directory, name + ".tmp")
-    handle = fs.create(tmp)
     try:
-        handle.write(data)
+        handle = fs.create(tmp)
+        try:
+            handle.write(data)
+            if sync:
+                handle.fsync()
+        finally:
+            handle.close()
+        fs.rename(tmp, os.path.join(directory, name))
         if sync:
-            handle.fsync()
-    finally:
-        handle.close()
-    fs.rename(tmp, os.path.join(directory, name))
-    if sync:
-        fs.fsync_dir(directory)
+            fs.fsync_dir(directory)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StoreFull(directory, len(data)) from exc
+        raise
 
 
 class StateFile:
@@ -167,9 +193,11 @@ class StateFile:
         old = self._persisted.hard_state
         if hard_state.term < old.term:
             raise ValueError(f"term would go back from {old.term} to {hard_state.term}")
-        self._current = hard_state
+        # Refused before it is held in memory, so that flush() never meets it later.
+        _check_persistable(hard_state)
         if (hard_state.term, hard_state.vote) != (old.term, old.vote):
             self._write(StoredState(hard_state, self._persisted.conf))
+        self._current = hard_state
 
     def set_conf(self, conf: ConfState) -> None:
         self._write(StoredState(self._current, conf))

@@ -153,6 +153,8 @@ class NodeProc:
         self.log_path = cluster.base / f"{node_id}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.paused = False
+        self.release: Path | None = None
+        """Where another release's ``dlm`` package lives (tests/compat), to run it instead."""
 
     @property
     def address(self) -> str:
@@ -190,7 +192,8 @@ class NodeProc:
         assert not self.alive, f"{self.node_id} is already running"
         env = dict(os.environ)
         env.setdefault("DLM_LOG_LEVEL", "info")
-        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        code = self.release if self.release is not None else REPO
+        env["PYTHONPATH"] = str(code) + os.pathsep + env.get("PYTHONPATH", "")
         env.update(self.cluster.env)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(

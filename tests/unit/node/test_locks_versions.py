@@ -4,19 +4,17 @@ docs/PROTOCOL.md, "Mixed versions": until the log reaches version 2 every member
 (of either release) applies version-1 commands, so this release must write the
 same bytes, apply them the same way and read and write the same snapshots as
 the previous release (commit e62e477). The previous release's lock machine is
-loaded from git into a throw-away package for the tests that compare against
-it; they are skipped, saying so, where the history is not at hand.
+loaded from the archive in tests/compat into a throw-away package for the tests
+that compare against it.
 """
 
 from __future__ import annotations
 
 import importlib
 import random
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -49,10 +47,10 @@ from dlm.node.locks import (
     is_legacy,
     validate_command,
 )
+from tests import compat
 
 from .locks_driver import LEGACY, Driver
 
-PREVIOUS_RELEASE = "e62e477"
 V1 = Origin(LEGACY, 5)
 V2 = Origin("c1", 5, 4)
 
@@ -480,24 +478,15 @@ class Previous:
 
 @pytest.fixture(scope="module")
 def previous(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Previous]:
-    """The previous release's lock machine, loaded from git into a throw-away package."""
-    root = Path(__file__).resolve().parents[3]
+    """The previous release's lock machine (tests/compat), loaded as a throw-away package."""
     package = "dlm_previous_locks"
-    where = tmp_path_factory.mktemp("previous_release")
+    unpacked = compat.extract(tmp_path_factory.mktemp("previous_release"))
+    where = tmp_path_factory.mktemp("previous_locks")
     (where / package).mkdir()
     (where / package / "__init__.py").write_text("")
     for name in ("commands", "results", "machine"):
-        try:
-            shown = subprocess.run(
-                ["git", "-C", str(root), "show", f"{PREVIOUS_RELEASE}:dlm/node/locks/{name}.py"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=True,
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            pytest.skip(f"the previous release ({PREVIOUS_RELEASE}) is not in git here: {exc}")
-        text = shown.stdout.replace("dlm.node.locks.", f"{package}.")
+        text = (unpacked / "dlm" / "node" / "locks" / f"{name}.py").read_text()
+        text = text.replace("dlm.node.locks.", f"{package}.")
         (where / package / f"{name}.py").write_text(text)
     sys.path.insert(0, str(where))
     try:

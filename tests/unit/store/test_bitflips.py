@@ -1,7 +1,8 @@
 """Rot on disk: a flipped bit must stop the node with the file and byte named.
 
 Flips land at seeded random positions in sealed WAL segments, in snapshots,
-in the hard state, and in the middle of the active segment. Each time the
+in the hard state, and in the middle and in the last record of the active
+segment. Each time the
 store must refuse to open (never quietly cut good data away), and the
 inspector must point at the same file.
 """
@@ -124,6 +125,25 @@ def test_flip_before_valid_records_in_active_segment_refuses(
         victim = store_dir / WAL_DIR / active
         # Anywhere but the final record, which a torn write could also explain.
         bit = rng.randrange((size - 120) * 8)
+        flip(victim, bit)
+        assert_refuses(store_dir, victim, bit)
+
+
+def test_flip_in_the_last_record_of_the_active_segment_refuses(
+    pristine: Path, tmp_path: Path
+) -> None:
+    """Rot in the last acknowledged batch is not a torn write (dlm 0.1 cut it off silently).
+
+    The flips land in the last entry's bytes, short of the final 8: the copy of the
+    record's head, which a crash may damage alone (see test_wal.py).
+    """
+    rng = random.Random(16)
+    active = sorted(os.listdir(pristine / WAL_DIR))[-1]
+    size = (pristine / WAL_DIR / active).stat().st_size
+    for attempt in range(10):
+        store_dir = copy_of(pristine, tmp_path / str(attempt))
+        victim = store_dir / WAL_DIR / active
+        bit = rng.randrange((size - 48) * 8, (size - 8) * 8)
         flip(victim, bit)
         assert_refuses(store_dir, victim, bit)
 

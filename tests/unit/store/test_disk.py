@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from pathlib import Path
@@ -20,7 +21,7 @@ from dlm.node.raft.types import (
     SnapshotMeta,
     Storage,
 )
-from dlm.store import StoreError
+from dlm.store import StoreError, StoreFull
 from dlm.store.disk import SNAP_DIR, WAL_DIR, DiskStorage
 from dlm.store.fs import CrashableFS, CrashMode
 from dlm.store.inspect import inspect_store, inspect_store_json
@@ -240,3 +241,102 @@ def test_model_based_with_restarts(seed: int, restarts: list[int]) -> None:
             model.first = store.first_index()
             model.log = {i: e for i, e in model.history.items() if i >= model.first}
     store.close()
+
+
+@pytest.mark.parametrize("full_errno", [errno.ENOSPC, errno.EDQUOT])
+@pytest.mark.parametrize("mode", [CrashMode.PROCESS, CrashMode.POWER_LOSS])
+def test_a_full_disk_raises_store_full_and_loses_nothing(full_errno: int, mode: CrashMode) -> None:
+    fs = CrashableFS(random.Random(21))
+    fs.full_errno = full_errno
+    store = DiskStorage.open("/data/n1", fs=fs, segment_bytes=4096)
+    for lo in range(1, 41, 4):
+        store.append(entries(lo, lo + 4, size=20))
+    store.set_hard_state(HardState(3, "n2", 30))
+    acked = store.entries(1, 41)
+    fs.capacity = sum(fs.size(p) for p in _files(fs, "/data")) + 100
+    big = entries(41, 61, size=100)
+    with pytest.raises(StoreFull) as info:
+        store.append(big)
+    assert str(info.value) == (
+        "no space left on /data/n1 (needs at least 1.0 MB free; free some space and start again)"
+    )
+    assert info.value.path == "/data/n1"
+    assert info.value.needed >= sum(len(e.data) for e in big)
+    assert store.last_index() == 40
+    fs.capacity = None
+    with pytest.raises(StoreError, match="refuses writes after a failed one"):
+        store.append(entries(41, 42))
+    fs.crash(mode)  # the member stops; the operator frees space and starts it again
+    with DiskStorage.open("/data/n1", fs=fs, segment_bytes=4096) as again:
+        assert again.entries(1, 41) == acked
+        assert again.last_index() == 40
+        assert again.initial_state()[0].term == 3
+        again.append(big)
+    with DiskStorage.open("/data/n1", fs=fs, segment_bytes=4096) as again:
+        assert again.entries(41, 61) == big
+
+
+def test_a_failed_fsync_for_want_of_space_is_store_full() -> None:
+    fs = CrashableFS(random.Random(22))
+    store = DiskStorage.open("/n1", fs=fs)
+    store.append(entries(1, 5))
+    fs.fsync_errno = errno.ENOSPC
+    with pytest.raises(StoreFull, match="no space left on /n1"):
+        store.append(entries(5, 9))
+    fs.fsync_errno = None
+    fs.crash(CrashMode.POWER_LOSS)
+    with DiskStorage.open("/n1", fs=fs) as again:
+        assert again.entries(1, 5) == entries(1, 5)
+        assert again.last_index() == 4  # the failed batch was never made durable
+
+
+def test_a_full_disk_during_a_segment_roll_is_store_full() -> None:
+    fs = CrashableFS(random.Random(23))
+    store = DiskStorage.open("/n1", fs=fs, segment_bytes=100)
+    store.append(entries(1, 9))
+    fs.capacity = sum(fs.size(p) for p in _files(fs, "/n1")) + 30
+    with pytest.raises(StoreFull, match="no space left on /n1"):
+        store.append(entries(9, 12))  # the active segment is full: this opens a new one
+    fs.capacity = None
+    fs.crash(CrashMode.TORN)
+    with DiskStorage.open("/n1", fs=fs, segment_bytes=100) as again:
+        assert again.entries(1, 9) == entries(1, 9)
+        again.append(entries(9, 12))
+        assert again.last_index() == 11
+
+
+def test_a_full_disk_keeps_the_old_hard_state_and_snapshot() -> None:
+    fs = CrashableFS(random.Random(24))
+    store = DiskStorage.open("/n1", fs=fs, bootstrap_conf=CONF)
+    store.append(entries(1, 21))
+    store.set_hard_state(HardState(2, "a", 10))
+    fs.capacity = sum(fs.size(p) for p in _files(fs, "/n1")) + 10
+    with pytest.raises(StoreFull, match="no space left on /n1 "):
+        store.set_hard_state(HardState(3, "b", 10))
+    with pytest.raises(StoreFull, match="no space left on /n1 "):
+        store.create_snapshot(10, CONF, b"image" * 100)
+    fs.capacity = None
+    fs.crash(CrashMode.PROCESS)
+    with DiskStorage.open("/n1", fs=fs) as again:
+        hs, _ = again.initial_state()
+        assert (hs.term, hs.vote) == (2, "a")
+        assert again.snapshot() is None
+        assert again.entries(1, 21) == entries(1, 21)
+
+
+def test_opening_a_store_on_a_full_disk_is_store_full() -> None:
+    fs = CrashableFS(random.Random(25))
+    fs.capacity = 10
+    with pytest.raises(StoreFull, match=r"^no space left on /n1 \(needs at least 1.0 MB free"):
+        DiskStorage.open("/n1", fs=fs, bootstrap_conf=CONF)
+    fs.capacity = None
+    with DiskStorage.open("/n1", fs=fs, bootstrap_conf=CONF) as store:
+        assert store.initial_state()[1] == CONF
+
+
+def _files(fs: CrashableFS, root: str) -> list[str]:
+    found = []
+    for name in fs.listdir(root):
+        path = os.path.join(root, name)
+        found.extend(_files(fs, path) if fs.isdir(path) else [path])
+    return found

@@ -1,0 +1,72 @@
+"""`dlm node start` on a full disk: exit 74 and one line naming the directory and the space."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from dlm.node import main
+from dlm.store import StoreFull
+
+LINE = (
+    "dlm node: error: no space left on /var/lib/dlm "
+    "(needs at least 1.2 MB free; free some space and start again)"
+)
+
+
+def free_addr() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def start(tmp_path: Path) -> int:
+    return main.start_node(
+        node_id="n1", listen=free_addr(), peers=None, data=str(tmp_path / "d"), cluster=None
+    )
+
+
+def test_a_full_disk_at_start_up_exits_74(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    def full(*_: Any, **__: Any) -> None:
+        raise StoreFull("/var/lib/dlm", 1_200_000)
+
+    monkeypatch.setattr(main.DiskStorage, "open", full)
+    assert start(tmp_path) == main.EXIT_IOERR == 74
+    assert capsys.readouterr().err == LINE + "\n"
+
+
+def test_a_full_disk_while_running_exits_74(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The runtime's task group wraps the failure; the line is the same."""
+
+    async def run(*_: Any, **__: Any) -> None:
+        async def persist() -> None:
+            raise StoreFull("/var/lib/dlm", 1_200_000)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(persist)
+            await anyio.sleep_forever()
+
+    monkeypatch.setattr(main, "run", run)
+    assert start(tmp_path) == 74
+    # Before it, the JSON log (also on stderr) has the details.
+    assert capsys.readouterr().err.splitlines()[-1] == LINE
+
+
+def test_other_failures_still_exit_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    async def run(*_: Any, **__: Any) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(main, "run", run)
+    assert start(tmp_path) == 1
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("dlm node: error: stopped after an I/O error")
