@@ -77,6 +77,13 @@ store_app = typer.Typer(
     rich_markup_mode=None,
     no_args_is_help=True,
 )
+lease_app = typer.Typer(
+    help="Look at and end leases (an operator's tools).",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    no_args_is_help=True,
+)
 secret_app = typer.Typer(
     help="Make the shared secret members and clients authenticate with.",
     add_completion=False,
@@ -86,6 +93,7 @@ secret_app = typer.Typer(
 )
 app.add_typer(node_app, name="node")
 app.add_typer(store_app, name="store")
+app.add_typer(lease_app, name="lease")
 app.add_typer(secret_app, name="secret")
 
 JsonOpt = Annotated[
@@ -260,15 +268,43 @@ def release(
     *,
     key: Annotated[str, typer.Argument(metavar="KEY", help="The lock's name.")],
     lease: Annotated[str, typer.Option("--lease", metavar="ID", help="The lease that holds it.")],
+    token: Annotated[
+        int | None,
+        typer.Option(
+            "--token",
+            metavar="N",
+            min=1,
+            help="Release only the grant with this fencing token (exit 77 if the lease "
+            "holds KEY under another one).",
+            show_default=False,
+        ),
+    ] = None,
+    keep_lease: Annotated[
+        bool,
+        typer.Option(
+            "--keep-lease",
+            help="Keep a lease opened by `dlm acquire` even when it holds nothing more.",
+        ),
+    ] = False,
     cluster: ClusterOpt = None,
     timeout: TimeoutOpt = None,
     dial_timeout: DialTimeoutOpt = None,
     json: JsonOpt = False,
 ) -> None:
-    """Give a lock back. Exits 77, naming the holder, if LEASE does not hold KEY."""
+    """Give a lock back. Exits 77, naming the holder, if LEASE does not hold KEY.
+
+    A lease opened by `dlm acquire` ends with the release when it holds and
+    waits for nothing else (unless --keep-lease).
+    """
     from dlm.cli import ops
 
-    ops.release(_settings(ctx, cluster, timeout, json, dial_timeout), key, lease)
+    ops.release(
+        _settings(ctx, cluster, timeout, json, dial_timeout),
+        key,
+        lease,
+        token=token,
+        keep_lease=keep_lease,
+    )
 
 
 @app.command(
@@ -315,6 +351,17 @@ def exec_(
         ),
     ] = False,
     limit: LimitOpt = 1,
+    min_hold: Annotated[
+        str | None,
+        typer.Option(
+            "--min-hold",
+            metavar="DURATION",
+            help="Keep the lock taken until at least DURATION after it was granted, "
+            "whatever CMD's exit code, so a host whose cron fires later in the same tick "
+            "skips; dlm still exits when CMD ends. Under 24h.",
+            show_default=False,
+        ),
+    ] = None,
     cluster: ClusterOpt = None,
     timeout: TimeoutOpt = None,
     dial_timeout: DialTimeoutOpt = None,
@@ -333,6 +380,7 @@ def exec_(
 
     \b
     */5 * * * * dlm exec --lock report --wait 1m -- /usr/local/bin/report.sh
+    * * * * * dlm exec --lock sweep --min-hold 30s -- /usr/local/bin/sweep.sh
     """
     from dlm.cli import exec_cmd, ops
 
@@ -348,6 +396,7 @@ def exec_(
         conflict_exit_code=conflict_exit_code,
         limit=limit,
         quiet=quiet,
+        min_hold=min_hold,
     )
     raise typer.Exit(code)
 
@@ -425,6 +474,41 @@ def locks(
 
     settings = _settings(ctx, cluster, timeout, json, dial_timeout)
     status_view.list_locks(settings, prefix, choose_format(output_format, settings.json))
+
+
+@lease_app.command("revoke")
+def lease_revoke(
+    ctx: typer.Context,
+    *,
+    lease: Annotated[str, typer.Argument(metavar="ID", help="The lease to end.")],
+    cluster: ClusterOpt = None,
+    timeout: TimeoutOpt = None,
+    dial_timeout: DialTimeoutOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """End a lease now: free every lock it holds (the next waiters get them) and leave
+    every queue it is in. Exits 77 if there is no such lease (expired or ended)."""
+    from dlm.cli import ops
+
+    ops.revoke(_settings(ctx, cluster, timeout, json, dial_timeout), lease)
+
+
+@lease_app.command("list")
+def lease_list(
+    ctx: typer.Context,
+    *,
+    output_format: FormatOpt = None,
+    cluster: ClusterOpt = None,
+    timeout: TimeoutOpt = None,
+    dial_timeout: DialTimeoutOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """List the live leases: TTL, time left, the keys each holds and waits for, its owner."""
+    from dlm.cli import status_view
+    from dlm.cli.output import choose_format
+
+    settings = _settings(ctx, cluster, timeout, json, dial_timeout)
+    status_view.list_leases(settings, choose_format(output_format, settings.json))
 
 
 def node_start(**flags: str | None) -> None:

@@ -32,6 +32,18 @@ and CMD, which the guard starts and stops.
      confirmed renewal): the guard stops CMD; once nothing of it is left
      (bounded wait), exit 77 without touching the lease. A lease lost while
      still queued (``--wait``) ends the wait at once: 77.
+7. ``--min-hold``: when CMD has ended (whatever its code) before the hold is
+   over, stop renewing and give the lease the rest of the hold as its TTL
+   (``lease_update`` with ``finished``) instead of closing it, then exit at
+   once: the leader expires the lease, and frees the lock, when that time is
+   up. The hold is counted from when the grant's reply arrived, after the
+   grant, and stretched for clock rates (dlm.client.core.min_hold_ttl_ms), so
+   it never ends before DURATION after the grant; a failover only lengthens
+   it. If the cluster does not confirm the update, the lease is left to
+   expire by itself (never closed: that would end the hold at once), and dlm
+   keeps trying only while a late confirmation could still save the hold,
+   that is while the last renewal does not already cover it and the lease
+   lasts (at most --ttl).
 """
 
 from __future__ import annotations
@@ -46,8 +58,9 @@ from collections.abc import Sequence
 from dlm.cli import exits
 from dlm.cli.exits import CliError, Interrupted, usage_error
 from dlm.cli.ops import conflict_error, duration_option, owner_meta, ttl_option, wait_option
-from dlm.cli.output import complain, emit_json
+from dlm.cli.output import complain, emit_json, iso_local
 from dlm.cli.settings import EXEC_CONFLICT_EXIT_CODE, Settings
+from dlm.limits import HOLD_MAX_MS
 
 # typing stays off the CLI's import path (milliseconds per run); mypy reads TYPE_CHECKING as true.
 TYPE_CHECKING = False
@@ -122,19 +135,26 @@ def run(
     conflict_exit_code: int | None,
     limit: int,
     quiet: bool = False,
+    min_hold: str | None = None,
 ) -> int:
     if not command:
         raise usage_error("no command given: dlm exec --lock KEY -- CMD [ARGS...]")
     ttl_ms = ttl_option(ttl)
     wait_s = wait_option(wait)
     grace_s = kill_grace_option(kill_grace, ttl_ms)
+    hold_s = min_hold_option(min_hold)
+    if hold_s is not None and wait_s is not None and wait_s >= hold_s:
+        complain(
+            f"warning: --wait {wait} is not shorter than --min-hold {min_hold}: a host that "
+            "gets the lock after the hold ends runs CMD again in the same tick"
+        )
     program = resolve_program(command[0])
 
     from dlm.cli.guard import Guard
 
     # First, while dlm has a single thread: only the forking thread lives on in a child.
     guard = Guard.start(program, command, grace_s)
-    session = _Session(settings, key=key, command=command, guard=guard, grace=grace_s)
+    session = _Session(settings, key=key, command=command, guard=guard, grace=grace_s, hold=hold_s)
     try:
         return session.run(
             ttl_ms=ttl_ms,
@@ -167,6 +187,18 @@ def kill_grace_option(text: str | None, ttl_ms: int) -> float:
             f"({format_ms(ttl_ms / 2)}); leave it out for min(5s, TTL/4), or raise --ttl"
         )
     return grace
+
+
+def min_hold_option(text: str | None) -> float | None:
+    """Seconds of --min-hold (None: no hold). A hold of a day or more is refused: a
+    lease can be given at most 24h, and a schedule whose period exceeds twice the hold
+    runs less than daily, where cron's skew is no matter for a lock."""
+    if text is None:
+        return None
+    hold = duration_option("--min-hold", text)
+    if hold * 1000 >= HOLD_MAX_MS:
+        raise usage_error(f"bad --min-hold: a minimum hold must be shorter than 24h (got {text})")
+    return hold if hold > 0 else None
 
 
 def resolve_program(name: str) -> str:
@@ -223,6 +255,13 @@ def _give_back(client: Client, lease: Lease) -> None:
         )
 
 
+def _hold_until(held_ms: int | None) -> str | None:
+    """When a hold handed to the cluster ends, by this host's clock (for --json)."""
+    if not held_ms:
+        return None
+    return iso_local(int(time.time() * 1000) + held_ms, "milliseconds")
+
+
 def _lost_error(reason: str | None, key: str, *, ran: bool) -> CliError:
     what = "stopped the command" if ran else "the command was not started"
     return CliError(
@@ -237,13 +276,21 @@ class _Session:
     """One `dlm exec` run, from opening the lease to CMD's exit code."""
 
     def __init__(
-        self, settings: Settings, *, key: str, command: Sequence[str], guard: Guard, grace: float
+        self,
+        settings: Settings,
+        *,
+        key: str,
+        command: Sequence[str],
+        guard: Guard,
+        grace: float,
+        hold: float | None = None,
     ) -> None:
         self.settings = settings
         self.key = key
         self.command = command
         self.guard = guard
         self.grace = grace
+        self.hold = hold
         self.cmd_started = False
         self.cmd_gone = False  # the guard saw CMD and every process it left end
 
@@ -269,7 +316,9 @@ class _Session:
         keeper: KeepAlive | None = None
         wake_r, wake_w = os.pipe()
         try:
-            lease = client.open_lease(ttl_ms)
+            # Who holds it, for `dlm status KEY` (on the lock) and `dlm lease list` (on the lease).
+            meta = owner_meta(pid=os.getpid(), command=self.command)
+            lease = client.open_lease(ttl_ms, meta=meta)
             keeper = KeepAlive(
                 client,
                 lease,
@@ -279,9 +328,11 @@ class _Session:
                 on_renewed=lambda sent, ttl: guard.extend(lease_deadline(sent, ttl)),
             )
             keeper.start()
-            meta = owner_meta(pid=os.getpid(), command=self.command)
             try:
                 grant = client.acquire(lease, self.key, wait=wait_s, limit=limit, meta=meta)
+                # The reply is in, so the grant happened before this: a hold counted from
+                # here cannot end early.
+                granted_by = time.monotonic()
             except LockHeld as exc:
                 show = self.settings.json or not quiet_conflict
                 error = conflict_error(
@@ -300,14 +351,20 @@ class _Session:
                 raise _lost_error(keeper.reason, self.key, ran=False)
             self._confirm_before_start(client, keeper, lease)
             code = self._supervise(grant, keeper, signals, wake_r)
+            held_ms = None
+            if self.hold is not None:
+                held_ms = self._hand_over_hold(client, keeper, lease, granted_by, self.hold)
+                if held_ms is not None:
+                    lease = None  # the cluster ends it when the hold is over
             if self.settings.json:
                 emit_json(
                     {
                         "key": grant.key,
                         "token": grant.token,
                         "lease": grant.lease,
-                        "ttl_ms": lease.ttl_ms,
+                        "ttl_ms": grant.ttl_ms,
                         "exit_code": code,
+                        "hold_until": _hold_until(held_ms),
                     }
                 )
             return code
@@ -331,6 +388,56 @@ class _Session:
             signals.restore()
             os.close(wake_r)
             os.close(wake_w)
+
+    def _hand_over_hold(
+        self, client: Client, keeper: KeepAlive, lease: Lease, granted_by: float, hold: float
+    ) -> int | None:
+        """CMD has ended: has the cluster keep the lock for the rest of the minimum hold.
+
+        Returns the milliseconds handed over, 0 when the cluster did not confirm them
+        (the lease then runs out by itself: closing it would end the hold at once), or
+        None when the hold is over already and the lease is to be closed as usual.
+        """
+        from dlm.cli.durations import format_ms
+        from dlm.client.core import lease_deadline, min_hold_ttl_ms
+        from dlm.client.errors import DlmError, LeaseLost
+
+        keeper.stop()  # renewals from here on could only lengthen the hold
+        now = time.monotonic()
+        hold_ms = min_hold_ttl_ms(granted_by, hold, now)
+        if hold_ms <= 0:
+            return None
+        hold_end = now + hold_ms / 1000.0
+        # Until when the last confirmed renewal keeps the lock taken whatever happens next.
+        covered_until = lease_deadline(keeper.confirmed_at, keeper.ttl_ms)
+        budget = self.settings.timeout
+        if covered_until < hold_end:
+            # Only a confirmed update can keep the hold whole: worth trying as long as
+            # the lease lasts, but no longer.
+            budget = max(budget, covered_until - now)
+        try:
+            client.update_lease(lease, hold_ms, finished=True, timeout=budget)
+        except LeaseLost as exc:
+            complain(f"could not keep {self.key!r} taken for the rest of --min-hold: {exc.message}")
+            return 0
+        except DlmError as exc:
+            if covered_until >= hold_end:
+                outcome = (
+                    f"it stays taken until lease {lease.id} expires, at the latest "
+                    f"{format_ms(keeper.ttl_ms)} after its last renewal, which covers the hold"
+                )
+            else:
+                outcome = (
+                    f"it may be free again up to {format_ms((hold_end - covered_until) * 1000)} "
+                    "before the hold ends, when its lease expires (a --ttl of 1.6 times "
+                    "--min-hold or more would cover the hold)"
+                )
+            complain(
+                f"could not hand the rest of --min-hold on {self.key!r} to the cluster "
+                f"({exc.message}); {outcome}"
+            )
+            return 0
+        return hold_ms
 
     def _confirm_before_start(self, client: Client, keeper: KeepAlive, lease: Lease) -> None:
         """Renews first if CMD would have less than a renewal interval before its SIGTERM."""

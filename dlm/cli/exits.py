@@ -36,8 +36,9 @@ Exit codes:
       quorum within --timeout
   70  internal error (a bug in dlm: please report it)
   75  lock held by someone else and not obtained (immediately, or within --wait)
-  77  lease lost, or not the holder (renew or release of an expired lease;
-      exec's lock lost while CMD ran)
+  77  lease lost, or not the holder (renew or release of an expired lease,
+      release of a grant the lease no longer holds, revoke of a lease that is
+      gone; exec's lock lost while CMD ran)
   N   exec only: CMD's own exit code; 128+N when CMD was killed by signal N
 """
 

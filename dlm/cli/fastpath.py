@@ -46,7 +46,14 @@ COMMANDS: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, str]]]] = {
             "--format": ("output_format", VALUE),
         },
     ),
-    "release": (("key",), {"--lease": ("lease", VALUE)}),
+    "release": (
+        ("key",),
+        {
+            "--lease": ("lease", VALUE),
+            "--token": ("token", INT),
+            "--keep-lease": ("keep_lease", FLAG),
+        },
+    ),
     "renew": (("lease",), {"--keep-alive": ("keep_alive", FLAG)}),
     "exec": (
         (),
@@ -59,12 +66,13 @@ COMMANDS: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, str]]]] = {
             "--quiet": ("quiet", FLAG),
             "-q": ("quiet", FLAG),
             "--limit": ("limit", INT),
+            "--min-hold": ("min_hold", VALUE),
         },
     ),
 }
 
 # The ranges the typer app enforces (min/max of its int options).
-INT_RANGES = {"limit": (1, None), "conflict_exit_code": (0, 255)}
+INT_RANGES = {"limit": (1, None), "conflict_exit_code": (0, 255), "token": (1, None)}
 REQUIRED = {"release": ("lease",), "exec": ("lock",)}
 
 
@@ -215,11 +223,18 @@ def run(parsed: Parsed) -> int:
             conflict_exit_code=p.get("conflict_exit_code"),
             limit=p.get("limit", 1),
             quiet=p.get("quiet", False),
+            min_hold=p.get("min_hold"),
         )
     from dlm.cli import ops
 
     if parsed.command == "release":
-        ops.release(settings, p["key"], p["lease"])
+        ops.release(
+            settings,
+            p["key"],
+            p["lease"],
+            token=p.get("token"),
+            keep_lease=p.get("keep_lease", False),
+        )
     else:
         ops.renew(settings, p["lease"], p.get("keep_alive", False))
     return 0

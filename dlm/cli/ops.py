@@ -1,4 +1,4 @@
-"""The lease and lock subcommands: acquire, renew, release, and store inspect.
+"""The lease and lock subcommands: acquire, renew, release, lease revoke, and store inspect.
 
 Each is one or two calls into the blocking client (dlm.client.sync) plus the
 printing; the client already words its errors, so they pass through with
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import Any
 
-    from dlm.client.errors import LockHeld
+    from dlm.client.errors import LockHeld, NotHolder
     from dlm.client.sync import Client
 
 FORMATS = ("text", "env", "json")
@@ -300,7 +300,10 @@ def _take(
         created = None
         ref: Any = lease
         if lease is None:
-            created = client.open_lease(ttl_ms)
+            # Ephemeral: the release of its one lock ends it, so a finished job leaves no
+            # lease behind for a stray keep-alive to hold on to. Its owner shows in
+            # `dlm lease list`.
+            created = client.open_lease(ttl_ms, ephemeral=True, meta=meta)
             ref = created
         # Queued longer than a TTL, the lease must be renewed meanwhile.
         # A lease lost while queued closes the client, which ends the wait at once.
@@ -422,15 +425,27 @@ def _keep_alive(client: Client, lease: str, *, announce: bool) -> tuple[int, int
 # ---------------------------------------------------------------------------
 
 
-def release(settings: Settings, key: str, lease: str) -> None:
-    from dlm.client.errors import LeaseLost
+def release(
+    settings: Settings,
+    key: str,
+    lease: str,
+    *,
+    token: int | None = None,
+    keep_lease: bool = False,
+) -> None:
+    """Gives KEY back (only the grant ``token`` names, if given). A lease opened by
+    `dlm acquire` ends with it when it is left holding and waiting for nothing, unless
+    ``keep_lease``."""
+    from dlm.client.errors import LeaseLost, NotHolder
 
     check_key(key)
     check_lease(lease)
+    if token is not None and token > limits.INT_MAX:
+        raise usage_error(f"bad --token: a fencing token is at most {limits.INT_MAX}")
     client = settings.connect()
     try:
         try:
-            client.release(lease, key)
+            released = client.release(lease, key, token=token, keep_lease=keep_lease)
         except LeaseLost as exc:
             holders = _holders_now(client, key)
             raise CliError(
@@ -439,12 +454,67 @@ def release(settings: Settings, key: str, lease: str) -> None:
                 LOST,
                 holders=holders,
             ) from None
+        except NotHolder as exc:
+            raise _not_holder(exc, key, lease, token) from None
     finally:
         client.close()
     if settings.json:
-        emit_json({"key": key, "lease": lease, "released": True})
+        emit_json(
+            {
+                "key": key,
+                "lease": lease,
+                "released": True,
+                "token": released.token,
+                "lease_ended": released.lease_ended,
+            }
+        )
+        return
+    if released.held:
+        line = f"released {escape(key)} (lease {lease}, token {released.token})"
     else:
-        say(f"released {escape(key)} (lease {lease})")
+        line = f"left the queue for {escape(key)} (lease {lease})"
+    if released.lease_ended:
+        line += f"; lease {lease} ended with it, as it held nothing else"
+    say(line)
+
+
+def _not_holder(exc: NotHolder, key: str, lease: str, token: int | None) -> CliError:
+    """The refusal, worded for the case --token exists for: a newer grant under the lease."""
+    error = from_client_error(exc)
+    ours = [h for h in exc.holders if h.get("lease") == lease]
+    if token is not None and ours:
+        error.message = (
+            f"lease {lease} now holds '{escape(key)}' under another grant (token "
+            f"{escape(ours[0].get('token', '?'))}), not token {token}: nothing was released"
+        )
+    return error
+
+
+def revoke(settings: Settings, lease: str) -> None:
+    """Ends a lease by id: its locks go to their next waiters, its queue places are left."""
+    from dlm.client.errors import LeaseLost
+
+    check_lease(lease, "ID")
+    client = settings.connect()
+    try:
+        try:
+            keys = client.close_lease(lease, must_exist=True)
+        except LeaseLost:
+            raise CliError(
+                "SESSION_EXPIRED",
+                f"there is no lease {lease} (it expired or was released or revoked already): "
+                "nothing to revoke; `dlm lease list` shows the live ones",
+                LOST,
+                lease=lease,
+            ) from None
+    finally:
+        client.close()
+    if settings.json:
+        emit_json({"lease": lease, "revoked": True, "released": keys})
+    elif keys:
+        say(f"revoked lease {lease}; released {', '.join(escape(k) for k in keys)}")
+    else:
+        say(f"revoked lease {lease}; it held no lock")
 
 
 def _holders_now(client: Client, key: str) -> list[dict[str, Any]]:

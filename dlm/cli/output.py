@@ -68,6 +68,15 @@ def format_meta(meta: object) -> str:
     return " ".join(f"{name}={value}" for name, value in meta.items())
 
 
+def iso_local(ms: int | None, timespec: str = "seconds") -> str:
+    """Milliseconds since the epoch as local ISO-8601 time with its offset; '-' if unknown."""
+    if ms is None:
+        return "-"
+    from datetime import datetime
+
+    return datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec=timespec)
+
+
 def stdout_is_terminal() -> bool:
     try:
         return sys.stdout.isatty()

@@ -1,4 +1,4 @@
-"""`dlm status`, `dlm status KEY` and `dlm locks`: what the cluster and its locks look like.
+"""`dlm status`, `dlm status KEY`, `dlm locks`, `dlm lease list`: the cluster, its locks, leases.
 
 Cluster status is put together from two sources: one linearizable ``status``
 through the leader (term, leader, counts, membership, and each member's
@@ -34,6 +34,7 @@ from dlm.cli.output import (
     emit_tsv,
     escape,
     format_meta,
+    iso_local,
     make_table,
     print_table,
     say,
@@ -86,15 +87,6 @@ def waiter_count(waiters: Any) -> int | None:
     if isinstance(waiters, list):
         return len(waiters)
     return _int(waiters)
-
-
-def iso_local(ms: int | None) -> str:
-    """Milliseconds since the epoch as local ISO-8601 time with its offset; '-' if unknown."""
-    if ms is None:
-        return "-"
-    from datetime import datetime
-
-    return datetime.fromtimestamp(ms / 1000).astimezone().isoformat(timespec="seconds")
 
 
 def _dash(value: Any) -> str:
@@ -394,7 +386,7 @@ def key_status(settings: Settings, key: str, output_format: str) -> None:
     finally:
         client.close()
     if output_format == JSON:
-        emit_json(state)
+        emit_json(with_holds(state))
         return
     holders = [h for h in state.get("holders") or [] if isinstance(h, dict)]
     waiters = [w for w in state.get("waiters") or [] if isinstance(w, dict)]
@@ -429,11 +421,49 @@ def key_status(settings: Settings, key: str, output_format: str) -> None:
         )
 
 
+def with_holds(state: dict[str, Any]) -> dict[str, Any]:
+    """The cluster's answer plus, for each holder, ``command_finished`` (it holds on only
+    for a `dlm exec --min-hold` whose command ended) and ``hold_until`` (when that hold
+    ends, ISO-8601; null when not in a hold, or another member than the leader answered);
+    and the same two for the key: whether every holder is in such a hold, and the latest
+    end of them (null otherwise)."""
+    holders = [
+        {**h, "command_finished": _finished(h), "hold_until": _hold_until(h)}
+        if isinstance(h, dict)
+        else h
+        for h in state.get("holders") or []
+    ]
+    held = [h for h in holders if isinstance(h, dict)]
+    all_finished = bool(held) and all(h["command_finished"] for h in held)
+    ends = [end for h in held if (end := _int(h.get("hold_until_ms"))) is not None]
+    latest = max(ends) if all_finished and len(ends) == len(held) else None
+    return {
+        **state,
+        "holders": holders,
+        "command_finished": all_finished,
+        "hold_until": None if latest is None else iso_local(latest, "milliseconds"),
+    }
+
+
+def _finished(holder: dict[str, Any]) -> bool:
+    return _int(holder.get("finished_at_ms")) is not None
+
+
+def _hold_until(holder: dict[str, Any]) -> str | None:
+    until = _int(holder.get("hold_until_ms"))
+    return iso_local(until, "milliseconds") if _finished(holder) and until is not None else None
+
+
 def key_summary(
     key: str, limit: int, holders: list[dict[str, Any]], waiters: list[dict[str, Any]], now_ms: int
 ) -> str:
     if limit == 1:
         what = "lock, held" if holders else "lock, free"
+        if holders and _finished(holders[0]):
+            until = _int(holders[0].get("hold_until_ms"))
+            what += " after its command finished (--min-hold)"
+            if until is not None:
+                what += f" until {iso_local(until)}"
     else:
         what = f"semaphore of {limit}, {len(holders)} holder{'' if len(holders) == 1 else 's'}"
     queue = f"{len(waiters)} waiting" if waiters else "nobody waiting"
@@ -458,6 +488,15 @@ def holder_block(holder: dict[str, Any], now_ms: int) -> str:
         ("TTL left", ttl),
         ("owner", escape(format_meta(holder.get("meta"))) or "-"),
     ]
+    if _finished(holder):
+        until = _int(holder.get("hold_until_ms"))
+        end = "until its lease expires" if until is None else f"until {iso_local(until)}"
+        facts.append(
+            (
+                "min hold",
+                f"command finished {iso_local(_int(holder.get('finished_at_ms')))}; held {end}",
+            )
+        )
     return "\n".join(f"  {name:<11} {value}" for name, value in facts)
 
 
@@ -466,7 +505,7 @@ def key_tsv(
 ) -> tuple[list[str], list[list[object]]]:
     header = [
         "key", "state", "lease", "token", "position", "since", "for_ms", "ttl_left_ms",
-        "expires", "owner",
+        "expires", "owner", "command_finished", "hold_until",
     ]  # fmt: skip
     rows: list[list[object]] = []
     for h in holders:
@@ -483,6 +522,8 @@ def key_tsv(
                 _dash(remaining),
                 _expires(now_ms, remaining),
                 format_meta(h.get("meta")),
+                "yes" if _finished(h) else "no",
+                iso_local(_int(h.get("hold_until_ms"))) if _finished(h) else "-",
             ]
         )
     for i, w in enumerate(waiters, 1):
@@ -499,6 +540,8 @@ def key_tsv(
                 "-",
                 "-",
                 format_meta(w.get("meta")),
+                "-",
+                "-",
             ]
         )
     return header, rows
@@ -570,6 +613,53 @@ def lock_rows(locks: list[dict[str, Any]]) -> Any:
                 waiting,
                 format_meta(h.get("meta")),
             )
+
+
+# ---------------------------------------------------------------------------
+# dlm lease list
+# ---------------------------------------------------------------------------
+
+
+def list_leases(settings: Settings, output_format: str) -> None:
+    client = settings.connect()
+    try:
+        leases = client.list_leases()
+    finally:
+        client.close()
+    if output_format == JSON:
+        emit_json({"leases": leases})
+        return
+    rows = [lease_row(lease) for lease in leases]
+    if output_format == TSV:
+        header = ["id", "ttl_ms", "left_ms", "holding", "waiting", "owner"]
+        emit_tsv(header, ([_dash(cell) for cell in row] for row in rows))
+        return
+    if not rows:
+        say("no leases")
+        return
+    print_table(
+        ("LEASE", "TTL", "LEFT", "HOLDING", "WAITING FOR", "OWNER"),
+        ([r[0], format_ms(r[1]), format_ms(r[2]), r[3] or "-", r[4] or "-", r[5]] for r in rows),
+        squeeze="OWNER",
+        right=("TTL", "LEFT"),
+    )
+
+
+def lease_row(lease: dict[str, Any]) -> tuple[str, int | None, int | None, str, str, str]:
+    """(id, ttl_ms, left_ms, held keys, awaited keys, owner); the keys comma-separated and
+    not yet escaped (the table and tsv escape every cell)."""
+    return (
+        str(lease.get("id", "?")),
+        _int(lease.get("ttl_ms")),
+        _int(lease.get("left_ms")),
+        _keys(lease.get("holding")),
+        _keys(lease.get("waiting")),
+        format_meta(lease.get("meta")),
+    )
+
+
+def _keys(keys: Any) -> str:
+    return ",".join(str(k) for k in keys) if isinstance(keys, list) else ""
 
 
 def check_options(

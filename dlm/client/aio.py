@@ -483,9 +483,16 @@ class AsyncClient:
         self._ttl_ms.pop(lid, None)
         return released
 
-    async def update_lease(self, lease: LeaseRef, ttl_ms: int, *, finished: bool = False) -> int:
+    async def update_lease(
+        self,
+        lease: LeaseRef,
+        ttl_ms: int,
+        *,
+        finished: bool = False,
+        timeout: float | None = None,
+    ) -> int:
         lid = lease_id(lease)
-        flow = core.update_lease_flow(self._ctx, lid, ttl_ms, finished=finished)
+        flow = core.update_lease_flow(self._ctx, lid, ttl_ms, finished=finished, timeout=timeout)
         ttl: int = await self._run(flow)
         self._ttl_ms[lid] = ttl
         return ttl

@@ -41,6 +41,7 @@ from dlm.client.errors import (
     NotHolder,
     ServerError,
 )
+from dlm.limits import HOLD_MAX_MS
 from dlm.wire import (
     Acquire,
     CloseLease,
@@ -624,11 +625,17 @@ def close_lease_flow(
 
 
 def update_lease_flow(
-    s: Context, lease: str, ttl_ms: int, *, finished: bool = False
+    s: Context,
+    lease: str,
+    ttl_ms: int,
+    *,
+    finished: bool = False,
+    timeout: float | None = None,
 ) -> Generator[Action, Outcome, int]:
-    """Gives the lease a new TTL from now; returns it."""
+    """Gives the lease a new TTL from now; returns it. ``timeout``: how long to keep
+    re-sending it (default: the client's)."""
     request = UpdateLease(id=0, lease=lease, ttl_ms=ttl_ms, finished=finished, seq=0)
-    _, reply = yield from change(s, request)
+    _, reply = yield from change(s, request, timeout=timeout)
     return reply_int(reply, "ttl_ms")
 
 
@@ -803,6 +810,28 @@ def lease_deadline(sent: float, ttl_ms: int) -> float:
     """
     ttl = ttl_ms / 1000.0
     return sent + ttl - (2 * CLOCK_RATE_BOUND * ttl + LEASE_SLACK_S)
+
+
+def min_hold_ttl_ms(granted_by: float, hold_s: float, now: float) -> int:
+    """The TTL to give a lease at ``now`` so that the cluster keeps it until at least
+    ``hold_s`` after the grant; 0 when no time is left to hold.
+
+    ``granted_by`` is a moment (our monotonic seconds) at or after the grant: when
+    the reply that reported it arrived. Counting from there, never from when the
+    acquire was sent, is what keeps the hold from ending early. The leader counts
+    the TTL from when the request reaches it, after ``now``, so every delay in
+    between lengthens the hold. Clock rates are the remaining error: if ours runs
+    ``CLOCK_RATE_BOUND`` fast we overstate the time already held, and if the
+    leader's does, its TTL passes that much sooner; asking for (1 + bound) x
+    ``hold_s`` less the time held by our clock covers both (the mirror image of
+    ``lease_deadline``, which bounds a lease from above).
+    """
+    needed_s = (1 + CLOCK_RATE_BOUND) * hold_s - (now - granted_by)
+    if needed_s <= 0:
+        return 0
+    needed_ms = needed_s * 1000
+    whole_ms = int(needed_ms)
+    return min(HOLD_MAX_MS, whole_ms + (whole_ms < needed_ms))  # rounded up
 
 
 class LeaseClock:

@@ -383,10 +383,19 @@ class Client:
         self._ttl_ms.pop(lid, None)
         return released
 
-    def update_lease(self, lease: LeaseRef, ttl_ms: int, *, finished: bool = False) -> int:
-        """Gives the lease a new TTL, counted from now (``finished``: its command ended)."""
+    def update_lease(
+        self,
+        lease: LeaseRef,
+        ttl_ms: int,
+        *,
+        finished: bool = False,
+        timeout: float | None = None,
+    ) -> int:
+        """Gives the lease a new TTL, counted from now (``finished``: its command ended).
+        ``timeout``: how long to keep trying (default: the client's)."""
         lid = lease_id(lease)
-        ttl: int = self._run(core.update_lease_flow(self._ctx, lid, ttl_ms, finished=finished))
+        flow = core.update_lease_flow(self._ctx, lid, ttl_ms, finished=finished, timeout=timeout)
+        ttl: int = self._run(flow)
         self._ttl_ms[lid] = ttl
         return ttl
 

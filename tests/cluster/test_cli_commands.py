@@ -176,6 +176,8 @@ def test_json_of_every_subcommand_parses(dlm: Dlm, shared: Cluster) -> None:
         "key": "js-key",
         "lease": lease,
         "released": True,
+        "token": grant["token"],
+        "lease_ended": True,
     }
     ran = dlm.json("exec", "--lock", "js-exec", "--", "true")
     assert ran["exit_code"] == 0 and ran["key"] == "js-exec"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from dlm.cli.settings import Settings
-from dlm.client.core import Grant, Lease
+from dlm.client.core import Grant, Lease, Released
 
 
 class FakeClient:
@@ -28,18 +28,28 @@ class FakeClient:
         self.timeout = timeout
         self.dial_timeout = dial_timeout
         self.calls: list[tuple[str, Any]] = []
+        self.options: dict[str, dict[str, Any]] = {}  # method -> keyword arguments of its last call
         self.fail: dict[str, Exception] = {}
+        self.leases: list[dict[str, Any]] = []
         self.closed = False
         FakeClient.instances.append(self)
 
-    def _call(self, name: str, *args: Any) -> None:
+    def _call(self, name: str, *args: Any, **options: Any) -> None:
         self.calls.append((name, args))
+        self.options[name] = options
         error = self.fail.get(name)
         if error is not None:
             raise error
 
-    def open_lease(self, ttl_ms: int, lease: str | None = None) -> Lease:
-        self._call("open_lease", ttl_ms)
+    def open_lease(
+        self,
+        ttl_ms: int,
+        lease: str | None = None,
+        *,
+        ephemeral: bool = False,
+        meta: dict[str, str] | None = None,
+    ) -> Lease:
+        self._call("open_lease", ttl_ms, ephemeral=ephemeral, meta=meta)
         return Lease(id=lease or "fakelease0000001", ttl_ms=ttl_ms, confirmed_at=time.monotonic())
 
     def acquire(
@@ -54,11 +64,25 @@ class FakeClient:
         self._call("keepalive", lease)
         return lease.ttl_ms if isinstance(lease, Lease) else 30000
 
-    def release(self, lease: str, key: str) -> None:
-        self._call("release", lease, key)
+    def release(
+        self, lease: str, key: str, *, token: int | None = None, keep_lease: bool = True
+    ) -> Released:
+        self._call("release", lease, key, token=token, keep_lease=keep_lease)
+        return Released(key, True, 4242 if token is None else token, not keep_lease)
 
-    def close_lease(self, lease: Any) -> None:
-        self._call("close_lease", lease)
+    def close_lease(self, lease: Any, *, must_exist: bool = False) -> list[str]:
+        self._call("close_lease", lease, must_exist=must_exist)
+        return []
+
+    def update_lease(
+        self, lease: Any, ttl_ms: int, *, finished: bool = False, timeout: float | None = None
+    ) -> int:
+        self._call("update_lease", lease, ttl_ms, finished=finished, timeout=timeout)
+        return ttl_ms
+
+    def list_leases(self) -> list[dict[str, Any]]:
+        self._call("list_leases")
+        return self.leases
 
     def get(self, key: str) -> dict[str, Any]:
         self._call("get", key)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from dlm.cli.main import run, wants_json
+from dlm.client.core import Released
 from dlm.client.errors import (
     BadRequest,
     ClusterUnavailable,
@@ -97,6 +98,14 @@ def test_help_lists_the_exit_codes_and_every_subcommand(capsys: Capture) -> None
         ["acquire", "k", "--cluster", "10.0.0.1:7700,https://10.0.0.2"],
         ["--dial-timeout", "0s", "status"],
         ["acquire", "k", "--dial-timeout", "soon"],
+        ["release", "k", "--lease", "abc", "--token", "0"],
+        ["release", "k", "--lease", "abc", "--token", "seven"],
+        ["release", "k", "--lease", "abc", "--token", "9223372036854775808"],
+        ["release", "k", "--lease", "abc", "--keep-lease=yes"],
+        ["exec", "--lock", "k", "--min-hold", "24h", "--", "true"],
+        ["exec", "--lock", "k", "--min-hold", "soon", "--", "true"],
+        ["lease", "revoke"],
+        ["lease", "revoke", "a/b"],
     ],
 )
 def test_usage_errors_exit_2_with_one_line_or_one_json_object(
@@ -128,6 +137,11 @@ def test_usage_errors_exit_2_with_one_line_or_one_json_object(
             "--cluster takes HOST:PORT[,HOST:PORT...], not a URL",
         ),
         (["--dial-timeout", "0s", "locks"], "--dial-timeout must be more than 0"),
+        (
+            ["exec", "--lock", "k", "--min-hold", "24h", "--", "true"],
+            "bad --min-hold: a minimum hold must be shorter than 24h (got 24h)",
+        ),
+        (["lease", "revoke", "a/b"], "bad ID: a lease id is 1 to 64 characters"),
     ],
 )
 def test_bad_values_name_their_option(
@@ -212,6 +226,19 @@ def test_acquire_json_has_the_contract_fields(capsys: Capture, fake_cluster: Any
     (client,) = FakeClient.instances
     assert [c[0] for c in client.calls] == ["open_lease", "acquire"]
     assert client.calls[0][1] == (45000,)
+
+
+def test_acquire_opens_an_ephemeral_lease_that_names_its_owner(
+    capsys: Capture, fake_cluster: Any
+) -> None:
+    assert run(["acquire", "deploy", "--meta", "job=ci"]) == 0
+    (client,) = FakeClient.instances
+    opened = client.options["open_lease"]
+    assert opened["ephemeral"] is True
+    assert opened["meta"]["job"] == "ci"
+    assert {"host", "user", "pid"} <= set(opened["meta"])
+    assert opened["meta"] == client.calls[1][1][4]  # the lock's owner is the lease's
+    capsys.readouterr()
 
 
 def test_acquire_format_env_can_be_evaluated(capsys: Capture, fake_cluster: Any) -> None:
@@ -360,14 +387,79 @@ def test_renew_of_a_lost_lease_exits_77(
 
 def test_release(capsys: Capture, fake_cluster: Any) -> None:
     assert run(["release", "k", "--lease", "abc", "--json"]) == 0
-    assert one_json(capsys.readouterr().out) == {"key": "k", "lease": "abc", "released": True}
-    assert FakeClient.instances[0].calls == [("release", ("abc", "k"))]
+    assert one_json(capsys.readouterr().out) == {
+        "key": "k",
+        "lease": "abc",
+        "released": True,
+        "token": 4242,
+        "lease_ended": True,
+    }
+    (client,) = FakeClient.instances
+    assert client.calls == [("release", ("abc", "k"))]
+    # No token: the lease's current grant; the lease may end with it.
+    assert client.options["release"] == {"token": None, "keep_lease": False}
+    assert run(["release", "k", "--lease", "abc"]) == 0
+    assert capsys.readouterr().out == (
+        "released k (lease abc, token 4242); lease abc ended with it, as it held nothing else\n"
+    )
+
+
+def test_release_of_one_grant_keeping_the_lease(capsys: Capture, fake_cluster: Any) -> None:
+    args = ["release", "k", "--lease", "abc", "--token", "17", "--keep-lease", "--json"]
+    assert run(args) == 0
+    assert one_json(capsys.readouterr().out) == {
+        "key": "k",
+        "lease": "abc",
+        "released": True,
+        "token": 17,
+        "lease_ended": False,
+    }
+    assert FakeClient.instances[0].options["release"] == {"token": 17, "keep_lease": True}
+
+
+def test_a_release_of_a_queue_place_has_no_token(
+    capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def left_queue(self: FakeClient, lease: str, key: str, **options: Any) -> Released:
+        return Released(key, False, None, False)
+
+    monkeypatch.setattr(FakeClient, "release", left_queue)
+    assert run(["release", "k", "--lease", "abc", "--json"]) == 0
+    assert one_json(capsys.readouterr().out)["token"] is None
+    assert run(["release", "k", "--lease", "abc"]) == 0
+    assert capsys.readouterr().out == "left the queue for k (lease abc)\n"
+
+
+def test_a_release_of_a_grant_the_lease_holds_no_more_exits_77(
+    capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    newer = [{"lease": "abc", "token": 21}]
+
+    def refused(self: FakeClient, lease: str, key: str, **options: Any) -> None:
+        raise NotHolder("lease abc does not hold lock 'k'", holders=newer)
+
+    monkeypatch.setattr(FakeClient, "release", refused)
+    assert run(["release", "k", "--lease", "abc", "--token", "17"]) == 77
+    assert one_error_line(capsys.readouterr().err) == (
+        "dlm: lease abc now holds 'k' under another grant (token 21), not token 17: "
+        "nothing was released"
+    )
+    error = one_json_error(["release", "k", "--lease", "abc", "--token", "17", "--json"], capsys)
+    assert error["code"] == "NOT_HOLDER"
+    assert error["holders"] == newer
+
+
+def one_json_error(args: list[str], capsys: Capture, exit_code: int = 77) -> dict[str, Any]:
+    assert run(args) == exit_code
+    error = one_json(capsys.readouterr().out)["error"]
+    assert isinstance(error, dict)
+    return error
 
 
 def test_release_by_an_expired_lease_says_who_holds_it_now(
     capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def expired(self: FakeClient, lease: str, key: str) -> None:
+    def expired(self: FakeClient, lease: str, key: str, **options: Any) -> None:
         raise LeaseLost("lease abc has expired")
 
     def get(self: FakeClient, key: str) -> dict[str, Any]:
@@ -381,6 +473,44 @@ def test_release_by_an_expired_lease_says_who_holds_it_now(
     assert run(["release", "k", "--lease", "abc", "--json"]) == 77
     error = one_json(capsys.readouterr().out)["error"]
     assert error["holders"] == [{"lease": "other", "token": 99}]
+
+
+# --- lease revoke -------------------------------------------------------------------
+
+
+def test_lease_revoke(capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    def close(self: FakeClient, lease: str, *, must_exist: bool = False) -> list[str]:
+        self._call("close_lease", lease, must_exist=must_exist)
+        return ["a", "b\tc"]
+
+    monkeypatch.setattr(FakeClient, "close_lease", close)
+    assert run(["lease", "revoke", "abc", "--json"]) == 0
+    assert one_json(capsys.readouterr().out) == {
+        "lease": "abc",
+        "revoked": True,
+        "released": ["a", "b\tc"],
+    }
+    (client,) = FakeClient.instances
+    assert client.calls == [("close_lease", ("abc",))]
+    assert client.options["close_lease"] == {"must_exist": True}
+    assert run(["--json", "lease", "revoke", "abc"]) == 0
+    capsys.readouterr()
+    assert run(["lease", "revoke", "abc"]) == 0
+    assert capsys.readouterr().out == "revoked lease abc; released a, b\\tc\n"
+
+
+def test_revoking_a_lease_that_is_gone_exits_77(
+    capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def gone(self: FakeClient, lease: str, *, must_exist: bool = False) -> list[str]:
+        assert must_exist
+        raise LeaseLost("lease abc has expired or was closed")
+
+    monkeypatch.setattr(FakeClient, "close_lease", gone)
+    assert run(["lease", "revoke", "abc"]) == 77
+    assert "there is no lease abc" in one_error_line(capsys.readouterr().err)
+    error = one_json_error(["lease", "revoke", "abc", "--json"], capsys)
+    assert (error["code"], error["lease"]) == ("SESSION_EXPIRED", "abc")
 
 
 # --- status and locks --------------------------------------------------------------
@@ -439,6 +569,8 @@ def test_key_status_and_locks(capsys: Capture, fake_cluster: Any) -> None:
         "limit": 1,
         "holders": [],
         "waiters": [],
+        "command_finished": False,
+        "hold_until": None,
     }
     assert run(["status", "k", "--format", "table"]) == 0
     assert capsys.readouterr().out == "k is free\n"

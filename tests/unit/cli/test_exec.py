@@ -293,6 +293,7 @@ def test_exec_json_reports_the_grant_and_the_exit_code(capsys: Capture, fake_clu
         "lease": "fakelease0000001",
         "ttl_ms": 30000,
         "exit_code": 5,
+        "hold_until": None,
     }
 
 
@@ -476,8 +477,10 @@ def test_the_default_ttl_is_30s_renewed_every_10s(fake_cluster: Any) -> None:
 def _lease_confirmed_long_ago(monkeypatch: pytest.MonkeyPatch, ago: float) -> None:
     from dlm.client.core import Lease
 
-    def open_lease(self: FakeClient, ttl_ms: int, lease: str | None = None) -> Lease:
-        self._call("open_lease", ttl_ms)
+    def open_lease(
+        self: FakeClient, ttl_ms: int, lease: str | None = None, **options: Any
+    ) -> Lease:
+        self._call("open_lease", ttl_ms, **options)
         return Lease("fakelease0000001", ttl_ms, confirmed_at=time.monotonic() - ago)
 
     monkeypatch.setattr(FakeClient, "open_lease", open_lease)
@@ -580,3 +583,113 @@ def test_a_signal_ignored_when_dlm_started_stays_ignored_in_cmd(
     assert ignored & (1 << (signal.SIGHUP - 1))
     assert not ignored & (1 << (signal.SIGTERM - 1))  # the guard ignores it; CMD must not
     assert not ignored & (1 << (signal.SIGPIPE - 1))
+
+
+# --- --min-hold ------------------------------------------------------------------------
+
+
+def test_the_lease_names_its_owner_and_is_not_ephemeral(fake_cluster: Any) -> None:
+    assert run(["exec", "--lock", "job", "--", "true"]) == 0
+    opened = FakeClient.instances[0].options["open_lease"]
+    assert opened["ephemeral"] is False  # exec closes it itself
+    assert opened["meta"]["cmd"] == "true"
+    assert {"host", "user", "pid"} <= set(opened["meta"])
+
+
+def test_a_command_that_ends_within_the_hold_hands_the_rest_to_the_cluster(
+    capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    renewing_then: list[bool] = []
+    real_update = FakeClient.update_lease
+
+    def update_lease(self: FakeClient, *args: Any, **kwargs: Any) -> int:
+        renewing_then.append(not FakeKeepAlive.instances[0].stopped)
+        return real_update(self, *args, **kwargs)
+
+    monkeypatch.setattr(FakeClient, "update_lease", update_lease)
+    started = time.monotonic()
+    assert run(["exec", "--lock", "job", "--min-hold", "3s", "--", "sh", "-c", "exit 3"]) == 3
+    took = time.monotonic() - started
+    (client,) = FakeClient.instances
+    # Not closed: the lease runs out by itself when the hold is over.
+    assert calls(client) == ["open_lease", "acquire", "update_lease"]
+    _, (lease, hold_ms) = client.calls[-1]
+    assert lease.id == "fakelease0000001"
+    # 3 s stretched by 0.5% for clock rates, less what CMD took.
+    assert 3015 - took * 1000 <= hold_ms <= 3015
+    # The 30 s lease's last renewal covers the hold already: no reason to try for longer.
+    assert client.options["update_lease"] == {"finished": True, "timeout": 10.0}
+    assert renewing_then == [False]  # renewals stopped first
+    assert capsys.readouterr() == ("", "")
+
+
+def test_a_hold_over_by_the_time_cmd_ends_releases_as_usual(fake_cluster: Any) -> None:
+    assert run(["exec", "--lock", "job", "--min-hold", "50ms", "--", "sleep", "0.3"]) == 0
+    assert calls(FakeClient.instances[0]) == ["open_lease", "acquire", "close_lease"]
+
+
+def test_exec_json_says_until_when_the_lock_stays_taken(capsys: Capture, fake_cluster: Any) -> None:
+    import json
+    from datetime import datetime
+
+    before = time.time()
+    assert run(["exec", "--lock", "job", "--min-hold", "10s", "--json", "--", "true"]) == 0
+    until = datetime.fromisoformat(json.loads(capsys.readouterr().out)["hold_until"])
+    assert before + 9.0 < until.timestamp() <= time.time() + 10.05
+
+
+@pytest.mark.parametrize(
+    ("hold", "covered"), [("3s", True), ("1m", False)]
+)  # a 30 s lease renewed every 10 s covers 3 s of hold, not a minute
+def test_an_unconfirmed_hold_leaves_the_lease_to_expire_and_exits_with_cmds_code(
+    hold: str, covered: bool, capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlm.client.errors import ClusterUnavailable
+
+    real_init = FakeClient.__init__
+
+    def init(self: FakeClient, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        self.fail["update_lease"] = ClusterUnavailable("no quorum within 10s")
+
+    monkeypatch.setattr(FakeClient, "__init__", init)
+    assert run(["exec", "--lock", "job", "--min-hold", hold, "--", "sh", "-c", "exit 4"]) == 4
+    (client,) = FakeClient.instances
+    assert "close_lease" not in calls(client)  # closing would end the hold at once
+    line = capsys.readouterr().err
+    assert len(line.splitlines()) == 1
+    assert line.startswith("dlm: could not hand the rest of --min-hold on 'job' to the cluster")
+    timeout = client.options["update_lease"]["timeout"]
+    if covered:
+        assert "which covers the hold" in line
+        assert timeout == 10.0
+    else:
+        assert "may be free again up to" in line
+        assert 25.0 < timeout < 30.0  # as long as the lease lasts, as then it may still help
+
+
+def test_a_lease_gone_before_the_hold_is_handed_over_is_reported(
+    capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlm.client.errors import LeaseLost
+
+    def gone(self: FakeClient, *args: Any, **kwargs: Any) -> int:
+        raise LeaseLost("lease fakelease0000001 has expired or was closed")
+
+    monkeypatch.setattr(FakeClient, "update_lease", gone)
+    assert run(["exec", "--lock", "job", "--min-hold", "5s", "--", "true"]) == 0
+    assert capsys.readouterr().err == (
+        "dlm: could not keep 'job' taken for the rest of --min-hold: "
+        "lease fakelease0000001 has expired or was closed\n"
+    )
+    assert "close_lease" not in calls(FakeClient.instances[0])
+
+
+def test_a_wait_as_long_as_the_hold_is_warned_about(capsys: Capture, fake_cluster: Any) -> None:
+    assert run(["exec", "--lock", "job", "--wait", "30s", "--min-hold", "30s", "--", "true"]) == 0
+    assert capsys.readouterr().err == (
+        "dlm: warning: --wait 30s is not shorter than --min-hold 30s: a host that gets the "
+        "lock after the hold ends runs CMD again in the same tick\n"
+    )
+    assert run(["exec", "--lock", "job", "--wait", "20s", "--min-hold", "30s", "--", "true"]) == 0
+    assert capsys.readouterr().err == ""

@@ -352,10 +352,123 @@ def test_key_status_shows_absolute_times_beside_durations(
     assert lines[2].split("\t")[1:5] == ["waiter", "w1", "-", "1"]
 
     assert run(["status", HOSTILE_KEY, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == key_state()
+    state = key_state()
+    state["holders"][0].update(command_finished=False, hold_until=None)
+    assert json.loads(capsys.readouterr().out) == {
+        **state,
+        "command_finished": False,
+        "hold_until": None,
+    }
+
+
+def held_after_its_command() -> dict[str, Any]:
+    """A lock whose `dlm exec --min-hold` command finished 10 s ago; 20 s of hold are left."""
+    state = key_state()
+    state["waiters"] = []
+    state["holders"][0].update(
+        ttl_ms=25_000, finished_at_ms=1_700_000_080_000, hold_until_ms=1_700_000_110_000
+    )
+    return state
+
+
+def test_key_status_shows_a_lock_held_after_its_command_finished_and_until_when(
+    fake_cluster: Any, capsys: Capture, monkeypatch: pytest.MonkeyPatch, india_time: None
+) -> None:
+    monkeypatch.setattr(FakeClient, "get", lambda self, key: held_after_its_command())
+    assert run(["status", HOSTILE_KEY, "--json"]) == 0
+    state = json.loads(capsys.readouterr().out)
+    (holder,) = state["holders"]
+    assert holder["command_finished"] is True
+    assert holder["hold_until"] == "2023-11-15T03:45:10.000+05:30"
+    assert holder["hold_until_ms"] == 1_700_000_110_000  # the cluster's fields stay
+    assert state["command_finished"] is True
+    assert state["hold_until"] == holder["hold_until"]
+
+    assert run(["status", HOSTILE_KEY, "--format", "table"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == (
+        "deploy/\\u202eprod: lock, held after its command finished (--min-hold) until "
+        "2023-11-15T03:45:10+05:30, nobody waiting (as of 2023-11-15T03:44:50+05:30)"
+    )
+    assert (
+        "min hold    command finished 2023-11-15T03:44:40+05:30; held until "
+        "2023-11-15T03:45:10+05:30"
+    ) in out
+
+    assert run(["status", HOSTILE_KEY]) == 0
+    header, row = (line.split("\t") for line in capsys.readouterr().out.splitlines())
+    assert dict(zip(header, row, strict=True))["command_finished"] == "yes"
+    assert dict(zip(header, row, strict=True))["hold_until"] == "2023-11-15T03:45:10+05:30"
+
+
+def test_a_semaphore_is_in_a_hold_only_when_every_holder_is(
+    fake_cluster: Any, capsys: Capture, monkeypatch: pytest.MonkeyPatch, india_time: None
+) -> None:
+    state = held_after_its_command()
+    later = {**state["holders"][0], "lease": "lease2", "hold_until_ms": 1_700_000_120_000}
+    running = {k: v for k, v in later.items() if not k.endswith("_ms") or k == "held_ms"}
+    for holders, finished, until in (
+        ([state["holders"][0], later], True, "2023-11-15T03:45:20.000+05:30"),
+        ([state["holders"][0], running], False, None),
+    ):
+        answer = {**state, "limit": 2, "holders": holders}
+        monkeypatch.setattr(FakeClient, "get", lambda self, key, answer=answer: answer)
+        assert run(["status", "k", "--json"]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        assert (shown["command_finished"], shown["hold_until"]) == (finished, until)
 
 
 def test_key_validation_happens_before_connecting(fake_cluster: Any, capsys: Capture) -> None:
     assert run(["status", ""]) == 2
     assert "KEY" in capsys.readouterr().err
     assert not any(c.calls for c in FakeClient.instances)
+
+
+# --- dlm lease list -----------------------------------------------------------------------
+
+
+def hostile_leases() -> list[dict[str, Any]]:
+    return [
+        {"id": "lease1", "ttl_ms": 30_000, "left_ms": 21_000, "holding": [HOSTILE_KEY, "b"],
+         "waiting": ["jobs\tq\nx"], "meta": HOSTILE_META},
+        {"id": "lease2", "ttl_ms": 5_000, "left_ms": None, "holding": [], "waiting": [],
+         "meta": {}},
+    ]  # fmt: skip
+
+
+def test_lease_list_in_each_format(
+    fake_cluster: Any, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(FakeClient, "list_leases", lambda self: hostile_leases())
+    assert run(["lease", "list", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out) == {"leases": hostile_leases()}
+
+    assert run(["lease", "list"]) == 0  # piped: tsv, one row per line whatever the keys
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\r" not in out and "\u202e" not in out and "\x07" not in out
+    header, first, second = (line.split("\t") for line in out.splitlines())
+    assert header == ["id", "ttl_ms", "left_ms", "holding", "waiting", "owner"]
+    assert first == [
+        "lease1", "30000", "21000", "deploy/\\u202eprod,b", "jobs\\tq\\nx",
+        "note=evil\\x1b[31m\\ttab\\nnewline\\r host=h\\x07",
+    ]  # fmt: skip
+    assert second == ["lease2", "5000", "-", "", "", ""]
+
+    assert run(["lease", "list", "--format", "table"]) == 0
+    table = capsys.readouterr().out
+    assert "\x1b" not in table and "\u202e" not in table
+    lines = table.splitlines()
+    assert len(lines) == 2 + 2
+    assert lines[0].split() == ["LEASE", "TTL", "LEFT", "HOLDING", "WAITING", "FOR", "OWNER"]
+    assert lines[2].split()[:5] == ["lease1", "30s", "21s", "deploy/\\u202eprod,b", "jobs\\tq\\nx"]
+    assert lines[3].split()[:5] == ["lease2", "5s", "-", "-", "-"]
+
+
+def test_lease_list_without_leases(
+    fake_cluster: Any, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert run(["lease", "list", "--format", "table"]) == 0
+    assert capsys.readouterr().out == "no leases\n"
+    assert run(["lease", "list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"leases": []}

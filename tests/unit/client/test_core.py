@@ -543,3 +543,57 @@ def test_an_opened_lease_counts_from_when_the_open_was_first_sent() -> None:
     lease = drive(core.open_lease_flow(s, 5_000, "L"), lambda a: next(replies), clock)
     assert lease == core.Lease("L", 5_000)
     assert (lease.confirmed_at, lease.incarnation) == (start, 9)
+
+
+# --- the minimum hold -------------------------------------------------------------------
+
+
+def test_a_minimum_hold_is_counted_from_the_grant_reply_and_stretched_for_clock_rates() -> None:
+    # Granted (reply in) at 100.0, a 30 s hold, CMD ended 0.3 s later.
+    ttl_ms = core.min_hold_ttl_ms(100.0, 30.0, 100.3)
+    assert ttl_ms == 30_000 + 150 - 300  # 0.5% of the hold, less what was held already
+    assert core.min_hold_ttl_ms(100.0, 3.0, 100.0) == 3015
+    assert core.min_hold_ttl_ms(100.0, 0.0005, 100.0) == 1  # rounded up, never to 0
+
+
+@pytest.mark.parametrize("our_rate", [0.995, 1.0, 1.005])
+@pytest.mark.parametrize("leader_rate", [0.995, 1.0, 1.005])
+@pytest.mark.parametrize("held_s", [0.0, 0.3, 12.5, 29.0])
+def test_a_minimum_hold_never_ends_early_whatever_the_clock_rates(
+    our_rate: float, leader_rate: float, held_s: float
+) -> None:
+    """In true seconds: granted at 0, the reply in at 0.01, CMD over ``held_s`` later. Our
+    clock and the leader's run at their rates; the leader counts the TTL from when the update
+    reaches it (0.002 s on) by its own clock. The lock must stay taken until 30 s."""
+    hold_s, reply_at, transit = 30.0, 0.01, 0.002
+    ended_at = reply_at + held_s
+    ttl_ms = core.min_hold_ttl_ms(reply_at * our_rate, hold_s, ended_at * our_rate)
+    expires_at = ended_at + transit + ttl_ms / 1000 / leader_rate
+    assert expires_at >= hold_s
+    assert expires_at <= hold_s + 0.5  # and not much later
+
+
+def test_no_hold_is_left_once_it_has_passed() -> None:
+    assert core.min_hold_ttl_ms(100.0, 3.0, 103.1) == 0
+    assert core.min_hold_ttl_ms(100.0, 3.0, 200.0) == 0
+
+
+def test_a_minimum_hold_is_at_most_a_day() -> None:
+    assert core.min_hold_ttl_ms(0.0, 86_399.0, 0.0) == 86_400_000
+
+
+def test_update_lease_is_retried_for_the_timeout_it_is_given() -> None:
+    s, clock = settings(["a:1"], timeout=2.0)
+    sends: list[dict[str, Any]] = []
+
+    def answer(action: core.Send) -> Any:
+        sends.append(action.request)
+        return core.Failed("refused")
+
+    started = clock.now
+    with pytest.raises(ClusterUnavailable):
+        drive(core.update_lease_flow(s, "l1", 2500, finished=True, timeout=20.0), answer, clock)
+    assert clock.now - started >= 20.0  # not the client's 2 s
+    assert {(r["ttl_ms"], r["finished"], r["seq"]) for r in sends} == {
+        (2500, True, sends[0]["seq"])
+    }
