@@ -245,7 +245,10 @@ def encode_frame(obj: object, sealer: FrameSealerLike | None = None) -> bytes:
 def decode_body(body: bytes) -> Any:
     """One frame's body as a value; ProtocolError (never anything else) if check_cbor or
     cbor2 refuses it. The value holds only dict, list, str, bytes, int, bool and None."""
-    check_cbor(body)
+    try:
+        check_cbor(body)
+    except ProtocolError as exc:
+        raise ProtocolError(f"frame refused: not the CBOR dlm speaks: {exc}", exc.code) from None
     try:
         return cbor2.loads(body, tag_hook=_reject_tag)
     except ProtocolError:

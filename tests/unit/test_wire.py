@@ -145,8 +145,8 @@ def test_fuzz_hostile_values_only_raise_protocol_error(value: Any, rng: random.R
 
 def _valid_client_bodies() -> list[bytes]:
     frames: list[dict[str, Any]] = [
-        wire.Hello(wire.Role.CLIENT).to_wire(),
-        wire.Hello(wire.Role.PEER, cluster="c", node="n2").to_wire(),
+        wire.Hello(wire.HelloRole.CLIENT).to_wire(),
+        wire.Hello(wire.HelloRole.PEER, cluster="c", node="n2").to_wire(),
         wire.Acquire(
             id=1, lease="L", seq=2**62, key="k", wait=True, limit=3, meta={"a": "b"}
         ).to_wire(),

@@ -25,9 +25,7 @@ def free_addr() -> str:
 
 
 def start(tmp_path: Path) -> int:
-    return main.start_node(
-        node_id="n1", listen=free_addr(), peers=None, data=str(tmp_path / "d"), cluster=None
-    )
+    return main.start_node({"node_id": "n1", "listen": free_addr(), "data": str(tmp_path / "d")})
 
 
 def test_a_full_disk_at_start_up_exits_74(

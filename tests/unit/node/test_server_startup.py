@@ -36,7 +36,7 @@ def free_addr() -> str:
 def start(capsys: pytest.CaptureFixture[str], **flags: str | None) -> tuple[int, str]:
     args: dict[str, str | None] = dict.fromkeys(("node_id", "listen", "peers", "data", "cluster"))
     args.update(flags)
-    code = start_node(**args)  # type: ignore[arg-type]
+    code = start_node(args)
     err = capsys.readouterr().err.strip()
     return code, err
 
