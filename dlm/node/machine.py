@@ -712,6 +712,7 @@ class NodeMachine:
                     self._reply_not_leader(proposal.conn, proposal.request.id)
                 continue
             proposal = proposals.pop(index, None)
+            held_before = machine.counts().locks
             if proposal is not None and proposal.data == entry.data:
                 outcome = machine.apply_command(index, proposal.command)
             else:
@@ -719,12 +720,14 @@ class NodeMachine:
                 if proposal is not None:
                     self._reply_not_leader(proposal.conn, proposal.request.id)
                     proposal = None
-            self._after_apply(outcome, proposal, now)
+            # Holds this entry ended; 0 for a re-sent request answered from memory.
+            dropped = held_before - machine.counts().locks + len(outcome.promotions)
+            self._after_apply(outcome, proposal, dropped, now)
         if machine.applied_index - self._snapshot_index >= self.config.snapshot_every:
             self._take_snapshot()
 
     def _after_apply(
-        self, outcome: locks.ApplyOutcome, proposal: _Proposal | None, now: Instant
+        self, outcome: locks.ApplyOutcome, proposal: _Proposal | None, dropped: int, now: Instant
     ) -> None:
         tracker = self.tracker
         for lease, ttl_ms, incarnation in outcome.armed:
@@ -757,12 +760,18 @@ class NodeMachine:
         elif isinstance(result, locks.Granted) and result.token == outcome.index:
             self.stats.grants += 1
             self._audit_grant(result.lease, result.key, result.token, now, queued=False)
-        elif isinstance(result, locks.Released) and result.held:
+        # A re-sent request answered from memory repeats the result of the first one; the
+        # events below are counted and logged when they happen, not when they are recalled.
+        elif isinstance(result, locks.Released) and result.held and dropped > 0:
             self._audit_released((result.key,), cmd.lease if cmd else "", "released", now)
-        elif isinstance(result, locks.LeaseClosed) and isinstance(cmd, locks.CloseLeaseCommand):
+        elif (
+            isinstance(result, locks.LeaseClosed)
+            and isinstance(cmd, locks.CloseLeaseCommand)
+            and cmd.lease in outcome.ended
+        ):
             self._log("info", "lease_closed", lease=cmd.lease, released=list(result.released))
             self._audit_released(result.released, cmd.lease, "closed", now)
-        elif isinstance(result, locks.LeaseOpened) and not result.joined:
+        elif isinstance(result, locks.LeaseOpened) and not result.joined and outcome.armed:
             self._log("info", "lease_opened", lease=result.lease, ttl_ms=result.ttl_ms)
 
     def _audit_grant(self, lease: str, key: str, token: int, now: Instant, *, queued: bool) -> None:
