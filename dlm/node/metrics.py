@@ -30,8 +30,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from dlm import __version__
 from dlm.node.log import Logger
+from dlm.node.raft.types import Role
 from dlm.node.stats import Histogram
+from dlm.wire import PROTOCOL_VERSION
 
 if TYPE_CHECKING:
     from dlm.node.server import NodeServer
@@ -43,36 +46,46 @@ REQUEST_TIMEOUT = 5.0
 MAX_CONNECTIONS = 64
 """Connections served at once; one more evicts the oldest still sending its request."""
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
-ROLES = ("follower", "pre_candidate", "candidate", "leader", "learner")
+ROLES = tuple(role.value for role in Role)
+RELEASE_KINDS = ("released", "closed", "expired")
 
 METRIC_HELP: dict[str, str] = {
-    "dlm_requests_total": "Client requests answered, by type and result (OK or an error code).",
-    "dlm_grants_total": "Locks granted (immediately or to a waiter).",
-    "dlm_releases_total": "Locks given up (released, closed with their lease, or expired).",
+    "dlm_requests_total": "Client requests this member answered, by type and result "
+    "(OK or the error code).",
+    "dlm_grants_total": "Locks granted (at once or to a waiter), as this member applied them.",
+    "dlm_releases_total": "Held locks that ended, by how: released, closed (with their lease) "
+    "or expired.",
     "dlm_lease_expiries_total": "Leases ended by the leader because their TTL passed.",
-    "dlm_locks_lost_total": "Locks freed because their holder's lease expired.",
-    "dlm_acquire_wait_seconds": "Time from queued to granted, for acquires that waited.",
-    "dlm_hold_seconds": "Time from granted to released or expired.",
+    "dlm_locks_lost_total": "Held locks freed because their holder's lease expired.",
+    "dlm_acquire_wait_seconds": "Time from queued to granted, for acquires that waited "
+    "(measured by the leader that queued them).",
+    "dlm_hold_seconds": "Time from granted to released, closed or expired.",
     "dlm_sessions": "Live leases (sessions).",
     "dlm_locks_held": "Held lock slots (a semaphore with three holders counts three).",
     "dlm_waiters": "Leases queued for a lock.",
     "dlm_raft_term": "This member's Raft term.",
     "dlm_raft_role": "1 for this member's current Raft role, 0 for the others.",
-    "dlm_raft_commit_index": "Highest log index known committed.",
-    "dlm_raft_applied_index": "Highest log index applied to the lock table.",
-    "dlm_raft_leader_changes_total": "Times this member saw the leader or term change.",
+    "dlm_raft_commit_index": "Highest log index this member knows is committed.",
+    "dlm_raft_applied_index": "Highest log index applied to this member's lock table.",
+    "dlm_raft_leader_changes_total": "Times this member saw the leader or the term change.",
     "dlm_raft_proposals_total": "Client commands this member proposed as leader.",
     "dlm_fsync_seconds": "Time to write and fsync one batch of log entries.",
     "dlm_fsync_batch_entries": "Log entries per fsync.",
-    "dlm_peer_append_rtt_seconds": "Leader: time from sending entries to a peer to its ack.",
-    "dlm_peer_reachable": "Leader: 1 if the peer answered within two election timeouts.",
+    "dlm_peer_append_rtt_seconds": "Leader: time from sending entries to a peer to its "
+    "acknowledgement.",
+    "dlm_peer_reachable": "Leader only: 1 if the peer answered within two election timeouts, "
+    "else 0.",
     "dlm_peer_last_contact_seconds": "Time since this member last heard from the peer.",
     "dlm_client_connections": "Open client connections.",
-    "dlm_connections_refused_total": "Client connections refused (too many).",
-    "dlm_rejected_input_total": "Frames and messages refused as malformed or not allowed.",
+    "dlm_connections_refused_total": "Client connections refused because the member had too many.",
+    "dlm_rejected_input_total": "Client requests and peer messages refused as malformed or "
+    "not allowed.",
     "dlm_snapshots_total": "State-machine snapshots this member took.",
     "dlm_cluster_version": "The protocol version the replicated log runs.",
+    "dlm_build_info": "Always 1; the labels say which release this member runs.",
 }
+"""Every metric a member serves (besides prometheus-client's process_* metrics), with
+its help text. README.md documents each; docs/grafana-dashboard.json uses only these."""
 
 
 def _help(name: str) -> str:
@@ -103,9 +116,12 @@ class NodeCollector(Collector):
         for (kind, outcome), count in sorted(stats.requests.items()):
             requests.add_metric([kind, outcome], count)
         yield requests
+        releases = CounterMetricFamily("dlm_releases", _help("dlm_releases_total"), labels=["how"])
+        for how in RELEASE_KINDS:
+            releases.add_metric([how], stats.releases.get(how, 0))
+        yield releases
         for name, value in (
             ("dlm_grants", stats.grants),
-            ("dlm_releases", stats.releases),
             ("dlm_lease_expiries", stats.expiries),
             ("dlm_locks_lost", stats.locks_lost),
             ("dlm_raft_leader_changes", stats.leader_changes),
@@ -142,6 +158,16 @@ class NodeCollector(Collector):
         for peer, histogram in sorted(stats.append_rtt.items()):
             rtt.add_metric([peer], histogram.cumulative(), sum_value=histogram.sum)
         yield rtt
+        yield from self._peers()
+        build = GaugeMetricFamily(
+            "dlm_build_info", _help("dlm_build_info"), labels=["version", "protocol"]
+        )
+        build.add_metric([__version__, str(PROTOCOL_VERSION)], 1.0)
+        yield build
+
+    def _peers(self) -> Iterator[Metric]:
+        server = self._server
+        machine = server.machine
         reachable = GaugeMetricFamily(
             "dlm_peer_reachable", _help("dlm_peer_reachable"), labels=["peer"]
         )
@@ -150,11 +176,18 @@ class NodeCollector(Collector):
             _help("dlm_peer_last_contact_seconds"),
             labels=["peer"],
         )
+        # Only the leader hears from every member; a follower would call them all silent.
+        # Two of the longest election timeouts (a member draws one up to twice the base),
+        # as `dlm status --check` counts: a tick without an answer is not an outage.
+        leading = machine.role is Role.LEADER
+        silent_after_ms = 4 * machine.config.timing.election_timeout_s * 1000
         for member in machine.members_view(server.now())["members"]:
             if member["id"] == server.config.node_id:
                 continue
-            reachable.add_metric([member["id"]], 1.0 if member["reachable"] else 0.0)
             last = member["last_contact_ms"]
+            if leading:
+                heard = last is not None and last <= silent_after_ms
+                reachable.add_metric([member["id"]], 1.0 if heard else 0.0)
             if last is not None:
                 contact.add_metric([member["id"]], last / 1000.0)
         yield reachable

@@ -148,7 +148,7 @@ def test_a_resent_release_is_neither_counted_nor_audited_twice(member: OneMember
     first = member.send(release)
     again = member.resend(release)
     assert first["released"] == again["released"] == "lock"  # answered from memory
-    assert member.machine.stats.releases == 1
+    assert member.machine.stats.releases == {"released": 1}
     assert len(member.named("lock_released")) == 1
     assert member.machine.stats.hold_time.count == 1
 
@@ -160,7 +160,7 @@ def test_a_resent_close_is_neither_counted_nor_audited_twice(member: OneMember) 
     close = member.change("close_lease", lease="L")
     assert member.send(close)["released"] == ["a", "b"]
     assert member.resend(close)["released"] == ["a", "b"]
-    assert member.machine.stats.releases == 2
+    assert member.machine.stats.releases == {"closed": 2}
     assert len(member.named("lease_closed")) == 1
     assert len(member.named("lock_released")) == 2
 
@@ -170,3 +170,84 @@ def test_a_resent_open_is_audited_once(member: OneMember) -> None:
     member.send(opened)
     member.resend(opened)
     assert len(member.named("lease_opened")) == 1
+
+
+def test_a_conflict_a_wait_and_a_hand_over_are_counted(member: OneMember) -> None:
+    stats = member.machine.stats
+    member.send(member.change("open_lease", lease="A", ttl_ms=30_000))
+    member.send(member.change("open_lease", lease="B", ttl_ms=30_000))
+    meta = {"host": "web-1", "user": "deploy", "pid": "42", "cmd": "backup.sh"}
+    member.send(member.change("acquire", lease="A", key="k", meta=meta))
+    held = member.send(member.change("acquire", lease="B", key="k"))
+    assert held["code"] == "LOCKED"
+    assert member.send(member.change("acquire", lease="B", key="k", wait=True))["result"] == (
+        "queued"
+    )
+    member.advance(2.0)
+    member.send(member.change("release", lease="A", key="k", keep_lease=True))
+    assert stats.requests[("acquire", "OK")] == 2
+    assert stats.requests[("acquire", "LOCKED")] == 1
+    assert stats.requests[("release", "OK")] == 1
+    assert stats.grants == 2 and stats.releases == {"released": 1}
+    assert stats.acquire_wait.count == 1
+    assert stats.acquire_wait.sum == pytest.approx(2.0, abs=0.01)
+    assert stats.hold_time.count == 1
+    assert stats.hold_time.sum == pytest.approx(2.0, abs=0.01)
+    first, second = member.named("lock_granted")
+    assert first == {"key": "k", "token": first["token"], "lease": "A", "owner": meta}
+    assert (second["lease"], second["key"]) == ("B", "k") and second["token"] > first["token"]
+    (released,) = member.named("lock_released")
+    assert released == {"key": "k", "lease": "A", "how": "released", "index": second["token"]}
+
+
+def test_an_expiry_counts_the_lease_and_every_lock_it_held(member: OneMember) -> None:
+    stats = member.machine.stats
+    member.send(member.change("open_lease", lease="A", ttl_ms=1_000))
+    member.send(member.change("open_lease", lease="B", ttl_ms=60_000))
+    member.send(member.change("acquire", lease="A", key="x"))
+    member.send(member.change("acquire", lease="A", key="y"))
+    member.send(member.change("acquire", lease="B", key="z"))
+    member.send(member.change("acquire", lease="A", key="z", wait=True))
+    member.advance(1.5)
+    assert stats.expiries == 1 and stats.locks_lost == 2
+    assert stats.releases == {"expired": 2}
+    assert stats.hold_time.count == 2
+    (expired,) = member.named("lease_expired")
+    assert (expired["lease"], expired["released"]) == ("A", ["x", "y"])
+    (deadline,) = member.named("lease_deadline_passed")
+    assert deadline == {"lease": "A", "index": expired["index"]}
+    assert [(e["key"], e["how"], e["index"]) for e in member.named("lock_released")] == [
+        ("x", "expired", expired["index"]),
+        ("y", "expired", expired["index"]),
+    ]
+    assert member.machine.locks.counts().waiters == 0
+
+
+def test_every_answer_to_a_request_is_counted_once(member: OneMember) -> None:
+    """Reads, pings, refusals, malformed frames and answers while stopping included: the
+    counts add up to the replies sent."""
+    member.send(member.change("open_lease", lease="A", ttl_ms=30_000))
+    member.send(member.change("acquire", lease="A", key="k"))
+    member.send({"t": "ping", "id": 900})
+    member.send({"t": "status", "id": 901})
+    member.send({"t": "get", "id": 902, "key": "k"})
+    member.send({"t": "list", "id": 903, "prefix": ""})
+    member.send({"t": "keepalive", "id": 904, "lease": "A"})
+    member.send({"t": "keepalive", "id": 905, "lease": "nope"})
+    member.send(member.change("release", lease="B", key="k"))  # no such lease
+    member.send({"t": "acquire", "id": 906})  # malformed: no lease, key or seq
+    member.machine.client_frame(CONN, ["not", "a", "request"], member.now())
+    member.machine.begin_shutdown(member.now())
+    member.run()
+    member.send({"t": "ping", "id": 907})
+    answers = [f for f in member.frames if f.get("t") in ("ok", "error")]
+    requests = member.machine.stats.requests
+    assert sum(requests.values()) == len(answers)
+    assert requests[("ping", "OK")] == 1 and requests[("ping", "SHUTTING_DOWN")] == 1
+    assert requests[("status", "OK")] == requests[("get", "OK")] == 1
+    assert requests[("list", "OK")] == 1
+    assert requests[("keepalive", "OK")] == requests[("keepalive", "SESSION_EXPIRED")] == 1
+    assert requests[("release", "SESSION_EXPIRED")] == 1
+    # A frame that is not a request has no type to count it under (and a made-up type
+    # must not become a label).
+    assert requests[("invalid", "BAD_REQUEST")] == 2
