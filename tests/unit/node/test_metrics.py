@@ -4,10 +4,12 @@ spoken to over raw TCP, with its limits lowered where waiting them out would be 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import io
 import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter
@@ -16,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from dlm.node.log import Logger
+from dlm.node.main import EXIT_FAILURE, start_node
 from dlm.node.metrics import REQUEST_LIMIT, MetricsListener
 
 pytestmark = pytest.mark.anyio
@@ -183,3 +186,20 @@ async def test_a_failing_collector_is_a_500_and_a_log_line_not_a_dead_endpoint()
         listener.close()
     record = json.loads(out.getvalue().splitlines()[0])
     assert record["event"] == "metrics_failed" and "collector bug" in record["error"]
+
+
+def test_without_prometheus_client_the_member_says_so_before_it_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, *args: object) -> object:
+        return None if name == "prometheus_client" else real_find_spec(name)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    settings = {"metrics_listen": "127.0.0.1:9", "data": str(tmp_path / "data")}
+    assert start_node(settings) == EXIT_FAILURE
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert "--metrics-listen needs the prometheus-client package" in err
+    assert not (tmp_path / "data").exists()  # refused before touching anything
