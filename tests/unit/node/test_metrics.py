@@ -1,5 +1,7 @@
 """The /metrics endpoint alone: a MetricsListener on 127.0.0.1 with a registry of our own,
-spoken to over raw TCP, with its limits lowered where waiting them out would be slow."""
+spoken to over raw TCP, with its limits lowered where waiting them out would be slow; the
+member's collector on an in-process NodeServer; and a member told to serve metrics without
+prometheus-client."""
 
 from __future__ import annotations
 
@@ -12,14 +14,18 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from dlm.node.config import NodeConfig
 from dlm.node.log import Logger
 from dlm.node.main import EXIT_FAILURE, start_node
-from dlm.node.metrics import REQUEST_LIMIT, MetricsListener
+from dlm.node.metrics import METRIC_HELP, REQUEST_LIMIT, MetricsListener, registry_for
+from dlm.node.raft.memory import MemoryStorage
+from dlm.node.raft.types import ConfState
+from dlm.node.server import NodeServer
 
 pytestmark = pytest.mark.anyio
 
@@ -203,3 +209,29 @@ def test_without_prometheus_client_the_member_says_so_before_it_starts(
     assert err.count("\n") == 0 and "Traceback" not in err
     assert "--metrics-listen needs the prometheus-client package" in err
     assert not (tmp_path / "data").exists()  # refused before touching anything
+
+
+async def test_the_collector_serves_every_metric_it_names(tmp_path: Path) -> None:
+    """A member that has not served yet (a follower of a 3-member cluster, on
+    MemoryStorage): every family of METRIC_HELP is there, with its help text."""
+    config = NodeConfig.from_flags(
+        node_id="n1",
+        listen="127.0.0.1:7701",
+        peers="n1=127.0.0.1:7701,n2=127.0.0.1:7702,n3=127.0.0.1:7703",
+        data=str(tmp_path),
+        cluster="test",
+    )
+    server = NodeServer(config, MemoryStorage(ConfState(voters=config.voters)))
+    text = generate_latest(registry_for(server)).decode()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    for name, help_text in METRIC_HELP.items():
+        family = families.get(name.removesuffix("_total"))
+        assert family is not None, f"{name} is not served"
+        assert family.documentation == help_text
+        assert (family.type == "counter") == name.endswith("_total"), name
+    assert families["process_cpu_seconds"].type == "counter"
+    role = {s.labels["role"]: s.value for s in families["dlm_raft_role"].samples}
+    assert role["follower"] == 1 and sum(role.values()) == 1
+    assert not families["dlm_peer_reachable"].samples  # a follower does not judge its peers
+    (build,) = families["dlm_build_info"].samples
+    assert build.labels["version"] and build.value == 1
