@@ -88,9 +88,13 @@ class Logger:
         if self.format == TEXT_FORMAT:
             line = text_line(now, _NAMES.get(level, str(level)), self.node, event, fields)
         else:
+            # One millisecond for both stamps (rounding one and truncating the other
+            # could put them a millisecond apart).
+            ms = int(now * 1000)
+            stamp = datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=ms % 1000 * 1000)
             record: dict[str, Any] = {
-                "time": datetime.fromtimestamp(now, UTC).isoformat(timespec="milliseconds"),
-                "ts": round(now, 3),
+                "time": stamp.isoformat(timespec="milliseconds"),
+                "ts": ms / 1000,
                 "level": _NAMES.get(level, str(level)),
                 "node": self.node,
                 "event": event,

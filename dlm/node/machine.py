@@ -419,6 +419,12 @@ class NodeMachine:
         if conn in self._conns:
             self._actions.append(SendFrame(conn, frame))
 
+    def _answer_request(self, conn: int, kind: str, frame: dict[str, Any]) -> None:
+        """Replies to a request of type ``kind``, counting the answer: every answer to a
+        request leaves through here, so the counts by type and result are complete."""
+        self.stats.count(kind, frame["code"] if frame["t"] == "error" else "OK")
+        self._reply(conn, frame)
+
     def _peer_map(self) -> dict[NodeId, str]:
         members = (*self.raft.voters, *self.raft.learners)
         me = self.config.node_id
@@ -468,8 +474,10 @@ class NodeMachine:
         if self._proposals:
             for index in [i for i, p in self._proposals.items() if p.started < limit]:
                 p = self._proposals.pop(index)
-                self._reply(
-                    p.conn, error(p.request.id, ErrorCode.TIMEOUT, "not committed in time; re-send")
+                self._answer_request(
+                    p.conn,
+                    p.request.TYPE,
+                    error(p.request.id, ErrorCode.TIMEOUT, "not committed in time; re-send"),
                 )
         if self._rounds:
             for ctx in [c for c, r in self._rounds.items() if r.started < limit]:
@@ -509,10 +517,12 @@ class NodeMachine:
             if msg.src != src or msg.dst != me or src not in members:
                 self._reject(now, "peer_message_refused", peer=src, message=type(msg).__name__)
                 continue
+            heard_before = self._peer_heard.get(src, self._leading_since)
             self._peer_heard[src] = now.mono
             if src in self._peers_silent:
                 self._peers_silent.discard(src)
-                self._log("info", "peer_regained", peer=src)
+                silent_for = now.mono - max(heard_before, self._leading_since)
+                self._log("info", "peer_regained", peer=src, silent_ms=int(silent_for * 1000))
             if type(msg) is AppendEntriesResponse and not msg.reject:
                 self._acknowledged(src, msg.index, now)
             raft.step(msg)
@@ -659,6 +669,20 @@ class NodeMachine:
                     self._drop_waiter(lease, key, conns)
         if self.tracker.leading:
             self.tracker.take_office(now.mono, self.locks.leases())
+        # Holds and waits that ended inside the snapshot never pass through apply: forget
+        # when they began, or these maps would keep them for good.
+        for pair in [p for p in self._granted_mono if not self._holds(*p)]:
+            del self._granted_mono[pair]
+        for pair in [p for p in self._queued_mono if not self._waits(*p)]:
+            del self._queued_mono[pair]
+
+    def _holds(self, lease: str, key: str) -> bool:
+        info = self.locks.lease(lease)
+        return info is not None and key in info.holding
+
+    def _waits(self, lease: str, key: str) -> bool:
+        info = self.locks.lease(lease)
+        return info is not None and key in info.waiting
 
     def _restore_image(self, data: bytes) -> None:
         """Rebuild the applied state from a snapshot image of either layout."""
@@ -709,22 +733,25 @@ class NodeMachine:
                 machine.skip(index)
                 proposal = proposals.pop(index, None)
                 if proposal is not None:
-                    self._reply_not_leader(proposal.conn, proposal.request.id)
+                    self._reply_not_leader(proposal.conn, proposal.request)
                 continue
             proposal = proposals.pop(index, None)
+            held_before = machine.counts().locks
             if proposal is not None and proposal.data == entry.data:
                 outcome = machine.apply_command(index, proposal.command)
             else:
                 outcome = machine.apply(index, entry.data)
                 if proposal is not None:
-                    self._reply_not_leader(proposal.conn, proposal.request.id)
+                    self._reply_not_leader(proposal.conn, proposal.request)
                     proposal = None
-            self._after_apply(outcome, proposal, now)
+            # Holds this entry ended; 0 for a re-sent request answered from memory.
+            dropped = held_before - machine.counts().locks + len(outcome.promotions)
+            self._after_apply(outcome, proposal, dropped, now)
         if machine.applied_index - self._snapshot_index >= self.config.snapshot_every:
             self._take_snapshot()
 
     def _after_apply(
-        self, outcome: locks.ApplyOutcome, proposal: _Proposal | None, now: Instant
+        self, outcome: locks.ApplyOutcome, proposal: _Proposal | None, dropped: int, now: Instant
     ) -> None:
         tracker = self.tracker
         for lease, ttl_ms, incarnation in outcome.armed:
@@ -750,20 +777,39 @@ class NodeMachine:
                 index=outcome.index,
                 released=list(result.released),
             )
-            self._audit_released(result.released, cmd.lease, "expired", now)
+            self._audit_released(result.released, cmd.lease, "expired", outcome.index, now)
         elif isinstance(cmd, locks.ClusterVersionCommand):
             self._log("info", "cluster_version", version=self.locks.version, index=outcome.index)
             self._emit(PeersChanged(self._peer_map()))
         elif isinstance(result, locks.Granted) and result.token == outcome.index:
             self.stats.grants += 1
             self._audit_grant(result.lease, result.key, result.token, now, queued=False)
-        elif isinstance(result, locks.Released) and result.held:
-            self._audit_released((result.key,), cmd.lease if cmd else "", "released", now)
-        elif isinstance(result, locks.LeaseClosed) and isinstance(cmd, locks.CloseLeaseCommand):
-            self._log("info", "lease_closed", lease=cmd.lease, released=list(result.released))
-            self._audit_released(result.released, cmd.lease, "closed", now)
-        elif isinstance(result, locks.LeaseOpened) and not result.joined:
-            self._log("info", "lease_opened", lease=result.lease, ttl_ms=result.ttl_ms)
+        # A re-sent request answered from memory repeats the result of the first one; the
+        # events below are counted and logged when they happen, not when they are recalled.
+        elif isinstance(result, locks.Released) and result.held and dropped > 0:
+            lease = cmd.lease if cmd else ""
+            self._audit_released((result.key,), lease, "released", outcome.index, now)
+        elif (
+            isinstance(result, locks.LeaseClosed)
+            and isinstance(cmd, locks.CloseLeaseCommand)
+            and cmd.lease in outcome.ended
+        ):
+            self._log(
+                "info",
+                "lease_closed",
+                lease=cmd.lease,
+                index=outcome.index,
+                released=list(result.released),
+            )
+            self._audit_released(result.released, cmd.lease, "closed", outcome.index, now)
+        elif isinstance(result, locks.LeaseOpened) and not result.joined and outcome.armed:
+            self._log(
+                "info",
+                "lease_opened",
+                lease=result.lease,
+                ttl_ms=result.ttl_ms,
+                index=outcome.index,
+            )
 
     def _audit_grant(self, lease: str, key: str, token: int, now: Instant, *, queued: bool) -> None:
         state = self.locks.get(key)
@@ -777,13 +823,15 @@ class NodeMachine:
             self.stats.acquire_wait.observe(now.mono - queued_at)
         self._log("info", "lock_granted", key=key, token=token, lease=lease, owner=meta)
 
-    def _audit_released(self, keys: Iterable[str], lease: str, how: str, now: Instant) -> None:
+    def _audit_released(
+        self, keys: Iterable[str], lease: str, how: str, index: int, now: Instant
+    ) -> None:
         for key in keys:
-            self.stats.releases += 1
+            self.stats.released(how)
             granted = self._granted_mono.pop((lease, key), None)
             if granted is not None:
                 self.stats.hold_time.observe(now.mono - granted)
-            self._log("info", "lock_released", key=key, lease=lease, how=how)
+            self._log("info", "lock_released", key=key, lease=lease, how=how, index=index)
 
     def _take_snapshot(self) -> None:
         index = self.locks.applied_index
@@ -822,18 +870,24 @@ class NodeMachine:
             rid = obj.get("id") if isinstance(obj, dict) else None
             if not isinstance(rid, int) or isinstance(rid, bool) or not 0 <= rid < 2**63:
                 rid = None
-            self._bad_request(state, rid, exc.code, str(exc), now)
-            self.stats.count("invalid", exc.code.value)
+            self._bad_request(state, "invalid", rid, exc.code, str(exc), now=now)
             return
         self._handle_request(state, req, now)
         self._pump(now)
 
     def _bad_request(
-        self, state: _Conn, rid: int | None, code: ErrorCode, message: str, now: Instant
+        self,
+        state: _Conn,
+        kind: str,
+        rid: int | None,
+        code: ErrorCode,
+        message: str,
+        *,
+        now: Instant,
     ) -> None:
         state.bad_requests += 1
         self._reject(now, "client_bad_request", remote=state.remote, error=message)
-        self._reply(state.conn, error(rid, code, message))
+        self._answer_request(state.conn, kind, error(rid, code, message))
         if state.bad_requests > MAX_BAD_REQUESTS:
             self._emit(CloseConnection(state.conn, "too many bad requests"))
 
@@ -852,10 +906,12 @@ class NodeMachine:
     def _handle_request(self, state: _Conn, req: ClientRequest, now: Instant) -> None:
         conn = state.conn
         if self._stopping:
-            self._reply(conn, error(req.id, ErrorCode.SHUTTING_DOWN, "member is shutting down"))
+            self._answer_request(
+                conn, req.TYPE, error(req.id, ErrorCode.SHUTTING_DOWN, "member is shutting down")
+            )
             return
         if isinstance(req, Ping):
-            self._reply(conn, ok(req.id))
+            self._answer_request(conn, req.TYPE, ok(req.id))
         elif isinstance(req, OpenLease | CloseLease | UpdateLease | Acquire | Release):
             self._propose_change(state, req, now)
         elif isinstance(req, MemberChange):
@@ -867,7 +923,7 @@ class NodeMachine:
             # itself, and only it knows how much of each lease's TTL is left. A member's
             # own status is linearizable from any member: the read point comes from the
             # leader (ReadIndex), and the member answers once it has applied up to it.
-            self._reply_not_leader(conn, req.id)
+            self._reply_not_leader(conn, req)
         else:
             self._reads_queued.append(_Read(conn, req, now.mono))
 
@@ -876,23 +932,22 @@ class NodeMachine:
     def _propose_change(self, state: _Conn, req: LockChange, now: Instant) -> None:
         conn = state.conn
         if self._role is not Role.LEADER:
-            self._reply_not_leader(conn, req.id)
+            self._reply_not_leader(conn, req)
             return
         try:
             cmd = self._command_for(req, now)
         except _Refusal as refusal:
-            self._reply(conn, error(req.id, refusal.code, refusal.message, **refusal.extra))
-            self.stats.count(req.TYPE, refusal.code.value)
+            frame = error(req.id, refusal.code, refusal.message, **refusal.extra)
+            self._answer_request(conn, req.TYPE, frame)
             return
         problem = locks.validate_command(cmd)
         if problem is not None:
-            self._bad_request(state, req.id, ErrorCode.BAD_REQUEST, problem, now)
-            self.stats.count(req.TYPE, ErrorCode.BAD_REQUEST.value)
+            self._bad_request(state, req.TYPE, req.id, ErrorCode.BAD_REQUEST, problem, now=now)
             return
         data = locks.encode_command(cmd)
         result = self.raft.propose(data)
         if isinstance(result, NotLeader):
-            self._reply_not_leader(conn, req.id, result.leader)
+            self._reply_not_leader(conn, req, result.leader)
             return
         self.stats.proposals += 1
         self._proposals[result] = _Proposal(conn, req, data, cmd, now.mono, now.wall_ms)
@@ -951,8 +1006,9 @@ class NodeMachine:
         return locks.UpdateLeaseCommand(req.lease, req.ttl_ms, req.finished, origin, at_ms)
 
     def _member_change(self, state: _Conn, req: MemberChange, now: Instant) -> None:
-        self._reply(
+        self._answer_request(
             state.conn,
+            req.TYPE,
             error(
                 req.id,
                 ErrorCode.BAD_REQUEST,
@@ -964,12 +1020,12 @@ class NodeMachine:
 
     def _answer(self, proposal: _Proposal, result: locks.Result, now: Instant) -> None:
         conn, req = proposal.conn, proposal.request
-        rid = req.id
-        self.stats.count(req.TYPE, result.code)
+        rid, kind = req.id, req.TYPE
         if isinstance(result, locks.Granted):
             info = self.locks.lease(result.lease)
-            self._reply(
+            self._answer_request(
                 conn,
+                kind,
                 ok(
                     rid,
                     result="granted",
@@ -983,13 +1039,15 @@ class NodeMachine:
             assert isinstance(req, Acquire)
             self._register_waiter(conn, req.lease, result.key)
             self._queued_mono.setdefault((req.lease, result.key), now.mono)
-            self._reply(
+            self._answer_request(
                 conn,
+                kind,
                 ok(rid, result="queued", key=result.key, lease=req.lease, position=result.position),
             )
         elif isinstance(result, locks.Released):
-            self._reply(
+            self._answer_request(
                 conn,
+                kind,
                 ok(
                     rid,
                     key=result.key,
@@ -1002,8 +1060,9 @@ class NodeMachine:
             if result.joined and self._doomed(result.lease):
                 # The lease is doomed by an Expire already in the log: a client that counted
                 # a fresh TTL from its request would outlive it.
-                self._reply(
+                self._answer_request(
                     conn,
+                    kind,
                     error(
                         rid,
                         ErrorCode.SESSION_EXPIRED,
@@ -1011,17 +1070,21 @@ class NodeMachine:
                     ),
                 )
                 return
-            self._reply(
+            self._answer_request(
                 conn,
+                kind,
                 ok(rid, lease=result.lease, ttl_ms=result.ttl_ms, incarnation=result.incarnation),
             )
         elif isinstance(result, locks.LeaseClosed):
-            self._reply(conn, ok(rid, lease=result.lease, released=list(result.released)))
+            self._answer_request(
+                conn, kind, ok(rid, lease=result.lease, released=list(result.released))
+            )
         elif isinstance(result, locks.LeaseUpdated):
-            self._reply(conn, ok(rid, lease=result.lease, ttl_ms=result.ttl_ms))
+            self._answer_request(conn, kind, ok(rid, lease=result.lease, ttl_ms=result.ttl_ms))
         elif isinstance(result, locks.Locked):
-            self._reply(
+            self._answer_request(
                 conn,
+                kind,
                 error(
                     rid,
                     ErrorCode.LOCKED,
@@ -1032,8 +1095,9 @@ class NodeMachine:
                 ),
             )
         elif isinstance(result, locks.NotHeld):
-            self._reply(
+            self._answer_request(
                 conn,
+                kind,
                 error(
                     rid,
                     ErrorCode.NOT_HOLDER,
@@ -1043,8 +1107,9 @@ class NodeMachine:
                 ),
             )
         elif isinstance(result, locks.LeaseGone):
-            self._reply(
+            self._answer_request(
                 conn,
+                kind,
                 error(
                     rid,
                     ErrorCode.SESSION_EXPIRED,
@@ -1052,8 +1117,9 @@ class NodeMachine:
                 ),
             )
         elif isinstance(result, locks.StaleRequest):
-            self._reply(
+            self._answer_request(
                 conn,
+                kind,
                 error(
                     rid,
                     ErrorCode.STALE_REQUEST,
@@ -1061,7 +1127,7 @@ class NodeMachine:
                 ),
             )
         elif isinstance(result, locks.Invalid):
-            self._reply(conn, error(rid, ErrorCode.BAD_REQUEST, result.message))
+            self._answer_request(conn, kind, error(rid, ErrorCode.BAD_REQUEST, result.message))
 
     def _holders(self, holders: Iterable[locks.Holder], now: Instant) -> list[dict[str, Any]]:
         leading = self.tracker.leading
@@ -1087,13 +1153,16 @@ class NodeMachine:
             out.append(item)
         return out
 
-    def _reply_not_leader(self, conn: int, rid: int, leader: NodeId | None = None) -> None:
+    def _reply_not_leader(
+        self, conn: int, req: ClientRequest, leader: NodeId | None = None
+    ) -> None:
         if leader is None and self._leader != self.config.node_id:
             leader = self._leader
-        self._reply(
+        self._answer_request(
             conn,
+            req.TYPE,
             error(
-                rid,
+                req.id,
                 ErrorCode.NOT_LEADER,
                 "not the leader" if leader is None else f"not the leader; try {leader}",
                 leader=leader,
@@ -1104,15 +1173,17 @@ class NodeMachine:
     def _fail_proposals(self) -> None:
         proposals, self._proposals = self._proposals, {}
         for proposal in proposals.values():
-            self._reply_not_leader(proposal.conn, proposal.request.id)
+            self._reply_not_leader(proposal.conn, proposal.request)
 
     def _fail_reads(self, reads: Iterable[_Read], code: ErrorCode) -> None:
         for read in reads:
+            kind = read.request.TYPE
             if code is ErrorCode.NOT_LEADER:
-                self._reply_not_leader(read.conn, read.request.id)
+                self._reply_not_leader(read.conn, read.request)
             elif code is ErrorCode.NO_QUORUM:
-                self._reply(
+                self._answer_request(
                     read.conn,
+                    kind,
                     error(
                         read.request.id,
                         code,
@@ -1121,8 +1192,8 @@ class NodeMachine:
                     ),
                 )
             else:
-                self._reply(
-                    read.conn, error(read.request.id, code, "read was not confirmed in time")
+                self._answer_request(
+                    read.conn, kind, error(read.request.id, code, "read was not confirmed in time")
                 )
 
     # -- waiters and pushes -------------------------------------------------
@@ -1171,7 +1242,7 @@ class NodeMachine:
         result = self.raft.read_index(ctx)
         if isinstance(result, NotLeader):
             for read in reads:
-                self._reply_not_leader(read.conn, read.request.id, result.leader)
+                self._reply_not_leader(read.conn, read.request, result.leader)
             return
         self._rounds[ctx] = _ReadRound(reads, now.mono, as_leader=self._role is Role.LEADER)
 
@@ -1187,17 +1258,17 @@ class NodeMachine:
         if isinstance(req, Renew):
             self._serve_keepalive(read, req)
         elif isinstance(req, Get):
-            self._reply(conn, self._get_reply(req, now))
+            self._answer_request(conn, req.TYPE, self._get_reply(req, now))
         elif isinstance(req, ListLocks):
-            self._reply(conn, self._list_reply(req, now))
+            self._answer_request(conn, req.TYPE, self._list_reply(req, now))
         elif isinstance(req, LeaseInfo):
-            self._reply(conn, self._lease_info_reply(req, now))
+            self._answer_request(conn, req.TYPE, self._lease_info_reply(req, now))
         elif isinstance(req, ListLeases):
-            self._reply(conn, self._list_leases_reply(req, now))
+            self._answer_request(conn, req.TYPE, self._list_leases_reply(req, now))
         elif isinstance(req, Status):
-            self._reply(conn, ok(req.id, **self.status_view(now)))
+            self._answer_request(conn, req.TYPE, ok(req.id, **self.status_view(now)))
         elif isinstance(req, Members):
-            self._reply(conn, ok(req.id, **self.members_view(now)))
+            self._answer_request(conn, req.TYPE, ok(req.id, **self.members_view(now)))
 
     def _doomed(self, lease: str) -> bool:
         """The leader proposed an Expire for ``lease``: no client may count on it any more.
@@ -1208,14 +1279,14 @@ class NodeMachine:
 
     def _serve_keepalive(self, read: _Read, req: Renew) -> None:
         if self._role is not Role.LEADER:
-            self._reply_not_leader(read.conn, req.id)
+            self._reply_not_leader(read.conn, req)
             return
         info = self.locks.lease(req.lease)
         stale = info is not None and req.incarnation not in (0, info.incarnation)
         if info is None or stale or self._doomed(req.lease):
-            self.stats.count(req.TYPE, ErrorCode.SESSION_EXPIRED.value)
-            self._reply(
+            self._answer_request(
                 read.conn,
+                req.TYPE,
                 error(
                     req.id,
                     ErrorCode.SESSION_EXPIRED,
@@ -1227,8 +1298,7 @@ class NodeMachine:
             # Not tracked (a lease applied before we took office is always tracked, so this
             # is a race with its opening): start its clock now.
             self.tracker.arm(req.lease, info.ttl_ms, info.incarnation, read.received)
-        self.stats.count(req.TYPE, "OK")
-        self._reply(read.conn, ok(req.id, lease=req.lease, ttl_ms=info.ttl_ms))
+        self._answer_request(read.conn, req.TYPE, ok(req.id, lease=req.lease, ttl_ms=info.ttl_ms))
 
     def _waiters_view(self, waiters: Iterable[locks.Waiter]) -> list[dict[str, Any]]:
         return [
@@ -1406,14 +1476,16 @@ class NodeMachine:
         """Answer whatever is still pending: the member stops now."""
         proposals, self._proposals = self._proposals, {}
         for proposal in proposals.values():
-            self._reply(
+            self._answer_request(
                 proposal.conn,
+                proposal.request.TYPE,
                 error(proposal.request.id, ErrorCode.SHUTTING_DOWN, "member is shutting down"),
             )
         for read_round in self._rounds.values():
             for read in read_round.reads:
-                self._reply(
+                self._answer_request(
                     read.conn,
+                    read.request.TYPE,
                     error(read.request.id, ErrorCode.SHUTTING_DOWN, "member is shutting down"),
                 )
         self._rounds.clear()

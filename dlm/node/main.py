@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib.util
 import os
 import sys
 import traceback
@@ -85,6 +86,14 @@ def start_node(
         )
     except ValueError as exc:
         return _fail(str(exc), EXIT_USAGE)
+    if config.metrics_listen is not None and importlib.util.find_spec("prometheus_client") is None:
+        # An optional dependency (pyproject's "metrics" extra): `make run` and the zipapp
+        # leave it out. Better this line now than a failure once the member serves.
+        return _fail(
+            "--metrics-listen needs the prometheus-client package, which is not installed: "
+            "pip install prometheus-client (or install dlm with its [metrics] extra)",
+            EXIT_FAILURE,
+        )
     if os.environ.get("DLM_NO_FSYNC", "") == "1":
         config = replace(config, fsync=False)
     # Tuning knobs for tests and experiments, not flags a user should need.

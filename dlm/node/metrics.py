@@ -4,9 +4,10 @@
 the text exposition are prometheus-client's; the HTTP side is a few lines of
 asyncio here rather than prometheus-client's server, which starts a thread
 per connection with no timeout: a scraper that connects and says nothing would
-hold a thread forever. Ours answers ``GET /metrics`` and nothing else, reads
-at most ``REQUEST_LIMIT`` bytes within ``REQUEST_TIMEOUT`` seconds, and serves
-at most ``MAX_CONNECTIONS`` scrapers at once.
+hold a thread forever. Ours answers ``GET /metrics`` (and HEAD) and nothing
+else, reads at most ``REQUEST_LIMIT`` bytes within ``REQUEST_TIMEOUT`` seconds,
+and keeps at most ``MAX_CONNECTIONS`` open, evicting the oldest idle one for a
+newcomer, so neither a silent connection nor a flood of them stops a scrape.
 
 Every metric is computed when scraped from what the node machine
 (dlm/node/stats.py) and the adapter count, so nothing is updated on the hot
@@ -29,44 +30,62 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from dlm import __version__
+from dlm.node.log import Logger
+from dlm.node.raft.types import Role
 from dlm.node.stats import Histogram
+from dlm.wire import PROTOCOL_VERSION
 
 if TYPE_CHECKING:
     from dlm.node.server import NodeServer
 
 REQUEST_LIMIT = 8192
+"""Bytes of request line and headers; a longer request gets 431."""
 REQUEST_TIMEOUT = 5.0
+"""Seconds to send the request (and to take the answer); then the connection is closed."""
 MAX_CONNECTIONS = 64
-ROLES = ("follower", "pre_candidate", "candidate", "leader", "learner")
+"""Connections served at once; one more evicts the oldest still sending its request."""
+CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+ROLES = tuple(role.value for role in Role)
+RELEASE_KINDS = ("released", "closed", "expired")
 
 METRIC_HELP: dict[str, str] = {
-    "dlm_requests_total": "Client requests answered, by type and result (OK or an error code).",
-    "dlm_grants_total": "Locks granted (immediately or to a waiter).",
-    "dlm_releases_total": "Locks given up (released, closed with their lease, or expired).",
+    "dlm_requests_total": "Client requests this member answered, by type and result "
+    "(OK or the error code).",
+    "dlm_grants_total": "Locks granted (at once or to a waiter), as this member applied them.",
+    "dlm_releases_total": "Held locks that ended, by how: released, closed (with their lease) "
+    "or expired.",
     "dlm_lease_expiries_total": "Leases ended by the leader because their TTL passed.",
-    "dlm_locks_lost_total": "Locks freed because their holder's lease expired.",
-    "dlm_acquire_wait_seconds": "Time from queued to granted, for acquires that waited.",
-    "dlm_hold_seconds": "Time from granted to released or expired.",
+    "dlm_locks_lost_total": "Held locks freed because their holder's lease expired.",
+    "dlm_acquire_wait_seconds": "Time from queued to granted, for acquires that waited "
+    "(measured by the leader that queued them).",
+    "dlm_hold_seconds": "Time from granted to released, closed or expired.",
     "dlm_sessions": "Live leases (sessions).",
     "dlm_locks_held": "Held lock slots (a semaphore with three holders counts three).",
     "dlm_waiters": "Leases queued for a lock.",
     "dlm_raft_term": "This member's Raft term.",
     "dlm_raft_role": "1 for this member's current Raft role, 0 for the others.",
-    "dlm_raft_commit_index": "Highest log index known committed.",
-    "dlm_raft_applied_index": "Highest log index applied to the lock table.",
-    "dlm_raft_leader_changes_total": "Times this member saw the leader or term change.",
+    "dlm_raft_commit_index": "Highest log index this member knows is committed.",
+    "dlm_raft_applied_index": "Highest log index applied to this member's lock table.",
+    "dlm_raft_leader_changes_total": "Times this member saw the leader or the term change.",
     "dlm_raft_proposals_total": "Client commands this member proposed as leader.",
     "dlm_fsync_seconds": "Time to write and fsync one batch of log entries.",
     "dlm_fsync_batch_entries": "Log entries per fsync.",
-    "dlm_peer_append_rtt_seconds": "Leader: time from sending entries to a peer to its ack.",
-    "dlm_peer_reachable": "Leader: 1 if the peer answered within two election timeouts.",
+    "dlm_peer_append_rtt_seconds": "Leader: time from sending entries to a peer to its "
+    "acknowledgement.",
+    "dlm_peer_reachable": "Leader only: 1 if the peer answered within two election timeouts, "
+    "else 0.",
     "dlm_peer_last_contact_seconds": "Time since this member last heard from the peer.",
     "dlm_client_connections": "Open client connections.",
-    "dlm_connections_refused_total": "Client connections refused (too many).",
-    "dlm_rejected_input_total": "Frames and messages refused as malformed or not allowed.",
+    "dlm_connections_refused_total": "Client connections refused because the member had too many.",
+    "dlm_rejected_input_total": "Client requests and peer messages refused as malformed or "
+    "not allowed.",
     "dlm_snapshots_total": "State-machine snapshots this member took.",
     "dlm_cluster_version": "The protocol version the replicated log runs.",
+    "dlm_build_info": "Always 1; the labels say which release this member runs.",
 }
+"""Every metric a member serves (besides prometheus-client's process_* metrics), with
+its help text. README.md documents each; docs/grafana-dashboard.json uses only these."""
 
 
 def _help(name: str) -> str:
@@ -97,9 +116,12 @@ class NodeCollector(Collector):
         for (kind, outcome), count in sorted(stats.requests.items()):
             requests.add_metric([kind, outcome], count)
         yield requests
+        releases = CounterMetricFamily("dlm_releases", _help("dlm_releases_total"), labels=["how"])
+        for how in RELEASE_KINDS:
+            releases.add_metric([how], stats.releases.get(how, 0))
+        yield releases
         for name, value in (
             ("dlm_grants", stats.grants),
-            ("dlm_releases", stats.releases),
             ("dlm_lease_expiries", stats.expiries),
             ("dlm_locks_lost", stats.locks_lost),
             ("dlm_raft_leader_changes", stats.leader_changes),
@@ -136,6 +158,16 @@ class NodeCollector(Collector):
         for peer, histogram in sorted(stats.append_rtt.items()):
             rtt.add_metric([peer], histogram.cumulative(), sum_value=histogram.sum)
         yield rtt
+        yield from self._peers()
+        build = GaugeMetricFamily(
+            "dlm_build_info", _help("dlm_build_info"), labels=["version", "protocol"]
+        )
+        build.add_metric([__version__, str(PROTOCOL_VERSION)], 1.0)
+        yield build
+
+    def _peers(self) -> Iterator[Metric]:
+        server = self._server
+        machine = server.machine
         reachable = GaugeMetricFamily(
             "dlm_peer_reachable", _help("dlm_peer_reachable"), labels=["peer"]
         )
@@ -144,11 +176,18 @@ class NodeCollector(Collector):
             _help("dlm_peer_last_contact_seconds"),
             labels=["peer"],
         )
+        # Only the leader hears from every member; a follower would call them all silent.
+        # Two of the longest election timeouts (a member draws one up to twice the base),
+        # as `dlm status --check` counts: a tick without an answer is not an outage.
+        leading = machine.role is Role.LEADER
+        silent_after_ms = 4 * machine.config.timing.election_timeout_s * 1000
         for member in machine.members_view(server.now())["members"]:
             if member["id"] == server.config.node_id:
                 continue
-            reachable.add_metric([member["id"]], 1.0 if member["reachable"] else 0.0)
             last = member["last_contact_ms"]
+            if leading:
+                heard = last is not None and last <= silent_after_ms
+                reachable.add_metric([member["id"]], 1.0 if heard else 0.0)
             if last is not None:
                 contact.add_metric([member["id"]], last / 1000.0)
         yield reachable
@@ -163,16 +202,39 @@ def registry_for(server: NodeServer) -> CollectorRegistry:
 
 
 class MetricsListener:
-    """The /metrics endpoint: one asyncio server on the member's loop."""
+    """The /metrics endpoint: one asyncio server on the member's loop.
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    A connection gets ``request_timeout`` seconds to send a request of at most
+    ``request_limit`` bytes. At most ``max_connections`` are open at once; one
+    more evicts the oldest that is still sending its request, so a flood of idle
+    connections cannot lock the scraper out (its request comes at once, theirs
+    never does).
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        log: Logger | None = None,
+        request_timeout: float = REQUEST_TIMEOUT,
+        request_limit: int = REQUEST_LIMIT,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self._registry = registry
+        self._log = log
+        self._request_timeout = request_timeout
+        self._request_limit = request_limit
+        self._max_connections = max_connections
         self._server: asyncio.Server | None = None
-        self._open = 0
+        self._open: dict[asyncio.StreamWriter, bool] = {}
+        """Open connections, oldest first: True while still reading the request."""
         self.refused = 0
+        self.evicted = 0
 
     async def start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._serve, host, port)
+        self._server = await asyncio.start_server(
+            self._serve, host, port, limit=self._request_limit
+        )
 
     @property
     def port(self) -> int:
@@ -183,47 +245,86 @@ class MetricsListener:
     def close(self) -> None:
         if self._server is not None:
             self._server.close()
+        for writer in list(self._open):
+            writer.transport.abort()
+
+    def _admit(self, writer: asyncio.StreamWriter) -> bool:
+        if len(self._open) >= self._max_connections:
+            oldest = next((w for w, reading in self._open.items() if reading), None)
+            if oldest is None:
+                self.refused += 1
+                return False
+            del self._open[oldest]
+            oldest.transport.abort()
+            self.evicted += 1
+        self._open[writer] = True
+        return True
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._open >= MAX_CONNECTIONS:
-            self.refused += 1
-            writer.close()
+        if not self._admit(writer):
+            writer.transport.abort()
             return
-        self._open += 1
         try:
             try:
                 head = await asyncio.wait_for(
-                    reader.readuntil(b"\r\n\r\n"), timeout=REQUEST_TIMEOUT
+                    reader.readuntil(b"\r\n\r\n"), timeout=self._request_timeout
                 )
-            except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            except asyncio.LimitOverrunError:
+                head = None
+            except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
                 return
-            except ConnectionError:
-                return
-            if len(head) > REQUEST_LIMIT:
-                return
-            request_line = head.split(b"\r\n", 1)[0].split()
-            if len(request_line) < 2 or request_line[0] not in (b"GET", b"HEAD"):
-                writer.write(_response(405, b"only GET /metrics is served here\n"))
-            elif request_line[1].split(b"?", 1)[0] != b"/metrics":
-                writer.write(_response(404, b"metrics are at /metrics\n"))
-            else:
-                body = generate_latest(self._registry)
-                if request_line[0] == b"HEAD":
-                    body = b""
-                writer.write(_response(200, body, b"text/plain; version=0.0.4; charset=utf-8"))
+            if writer not in self._open:
+                return  # evicted meanwhile
+            self._open[writer] = False
+            writer.write(self._answer(head))
             try:
-                await asyncio.wait_for(writer.drain(), timeout=REQUEST_TIMEOUT)
+                await asyncio.wait_for(writer.drain(), timeout=self._request_timeout)
             except (TimeoutError, ConnectionError):
                 pass
         finally:
-            self._open -= 1
+            self._open.pop(writer, None)
             writer.close()
+
+    def _answer(self, head: bytes | None) -> bytes:
+        if head is None:
+            return _response(431, b"request too large\n")
+        request_line = head.split(b"\r\n", 1)[0].split()
+        if len(request_line) != 3 or not request_line[2].startswith(b"HTTP/"):
+            return _response(400, b"not an HTTP request\n")
+        method, target = request_line[0], request_line[1]
+        if method not in (b"GET", b"HEAD"):
+            return _response(405, b"only GET /metrics is served here\n")
+        if target.split(b"?", 1)[0] != b"/metrics":
+            return _response(404, b"metrics are at /metrics\n")
+        try:
+            body = generate_latest(self._registry)
+        except Exception as exc:  # a bug in a collector: say so, keep serving
+            if self._log is not None:
+                self._log.error("metrics_failed", error=repr(exc))
+            return _response(500, f"collecting metrics failed: {exc!r}\n".encode())
+        response = _response(200, body, CONTENT_TYPE)
+        if method == b"HEAD":
+            return response[: len(response) - len(body)]
+        return response
 
 
 def _response(status: int, body: bytes, content_type: bytes = b"text/plain") -> bytes:
-    reason = {200: b"OK", 404: b"Not Found", 405: b"Method Not Allowed"}[status]
-    head = (
-        b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
-        % (status, reason, content_type, len(body))
-    )
-    return head + body
+    lines = [
+        b"HTTP/1.1 %d %s" % (status, _REASONS[status]),
+        b"Content-Type: " + content_type,
+        b"Content-Length: %d" % len(body),
+        b"Connection: close",
+    ]
+    if status == 405:
+        lines.append(b"Allow: GET, HEAD")
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+_REASONS = {
+    200: b"OK",
+    400: b"Bad Request",
+    404: b"Not Found",
+    405: b"Method Not Allowed",
+    431: b"Request Header Fields Too Large",
+    500: b"Internal Server Error",
+}

@@ -273,7 +273,7 @@ class NodeServer:
         # prometheus-client is imported only by members that serve metrics.
         from dlm.node.metrics import MetricsListener, registry_for
 
-        listener = MetricsListener(registry_for(self))
+        listener = MetricsListener(registry_for(self), log=self.log)
         try:
             await listener.start(host, port)
         except OSError as exc:

@@ -65,14 +65,16 @@ class Stats:
     """The node machine's counters."""
 
     requests: dict[tuple[str, str], int] = field(default_factory=dict)
-    """(request type, outcome code) -> count."""
+    """(request type, "OK" or the error code) -> answers; every answer to a request counts."""
     grants: int = 0
-    releases: int = 0
+    releases: dict[str, int] = field(default_factory=dict)
+    """How a held lock ended ("released", "closed" with its lease, "expired") -> count."""
     expiries: int = 0
     locks_lost: int = 0
     """Locks whose lease expired while holding them (the holder lost them)."""
     leader_changes: int = 0
     proposals: int = 0
+    """Client commands proposed as leader (not the leader's own Expire entries)."""
     persist_jobs: int = 0
     entries_persisted: int = 0
     snapshots_taken: int = 0
@@ -87,6 +89,9 @@ class Stats:
     def count(self, kind: str, outcome: str) -> None:
         key = (kind, outcome)
         self.requests[key] = self.requests.get(key, 0) + 1
+
+    def released(self, how: str) -> None:
+        self.releases[how] = self.releases.get(how, 0) + 1
 
     def rtt(self, peer: str) -> Histogram:
         histogram = self.append_rtt.get(peer)

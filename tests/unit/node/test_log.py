@@ -7,6 +7,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from datetime import datetime
 
 import pytest
 
@@ -74,3 +75,15 @@ def test_levels_and_formats() -> None:
     with pytest.raises(ValueError, match="unknown log format"):
         Logger("n1", format="xml")
     assert default_format(io.StringIO()) == "json"  # not a terminal
+
+
+@pytest.mark.parametrize("now", [1_700_000_000.0, 1_700_000_000.9996, 1_795_668_934.9655, 0.0015])
+def test_json_time_and_ts_are_the_same_millisecond(
+    monkeypatch: pytest.MonkeyPatch, now: float
+) -> None:
+    monkeypatch.setattr(time, "time", lambda: now)
+    out = io.StringIO()
+    Logger("n1", level=INFO, stream=out).info("lock_granted", key="k")
+    record = json.loads(out.getvalue())
+    stamp = datetime.fromisoformat(record["time"])
+    assert round(stamp.timestamp() * 1000) == round(record["ts"] * 1000)
