@@ -1,8 +1,9 @@
 """A tiny in-test network for driving RaftNodes by hand.
 
 Every node gets a MemoryStorage. ``persist`` plays the runtime: it takes each
-Ready, writes snapshot, entries and hard state to storage, queues the messages,
-records committed entries as "applied", then calls advance. Messages are only
+Ready, queues ``messages_now``, writes snapshot, entries and hard state to
+storage, queues ``messages``, records committed entries as "applied", then
+calls advance. Messages are only
 delivered when a test says so (``deliver``/``stabilize``), and a ``drop``
 predicate or a cut link discards them, so every interleaving is explicit.
 """
@@ -99,6 +100,8 @@ class Net:
             if not node.has_ready():
                 break
             rd = node.ready()
+            self.queue.extend(rd.messages_now)
+            self.sent.extend(rd.messages_now)
             if rd.snapshot is not None:
                 storage.apply_snapshot(rd.snapshot)
                 self.snapshots[n].append(rd.snapshot)

@@ -224,8 +224,8 @@ def test_read_only_confirms_in_order() -> None:
     assert ro.last_ctx() == b""
     assert ro.add(b"1", 5, "a") and ro.add(b"2", 6, "b")
     assert not ro.add(b"1", 7, "a")
-    assert ro.ack(b"nope", "b") == 0
-    assert ro.ack(b"2", "b") == 1
+    assert ro.ack(b"nope", "b") == set()
+    assert ro.ack(b"2", "b") == {"b"}
     assert ro.confirm(b"nope") == []
     assert [r.ctx for r in ro.confirm(b"2")] == [b"1", b"2"]
     assert len(ro) == 0
