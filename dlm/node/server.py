@@ -393,9 +393,12 @@ class NodeServer:
         # wait until the clients are answered: a loopback write can hand the
         # CPU to the receiving process, and the answers are what someone is
         # waiting for. Everything in this Ready is already durable either way.
+        # This runtime persists before it sends anything, so messages_now (which
+        # could have left earlier) simply go out with the rest.
+        outgoing = rd.messages_now + rd.messages
         send_first = bool(rd.entries) or rd.snapshot is not None
-        if send_first and rd.messages:
-            self._send(rd.messages)
+        if send_first and outgoing:
+            self._send(outgoing)
         if rd.soft_state is not None:
             self._on_soft_state(rd.soft_state.role, rd.soft_state.leader, rd.soft_state.term)
         if rd.snapshot is not None:
@@ -409,8 +412,8 @@ class NodeServer:
                     read_round.index = rs.index
         if self._rounds:
             self._serve_ready_rounds()
-        if not send_first and rd.messages:
-            self._send(rd.messages)
+        if not send_first and outgoing:
+            self._send(outgoing)
 
     def _send(self, messages: Iterable[Message]) -> None:
         links = self._links
