@@ -44,6 +44,7 @@ from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.types import (
     ConfChange,
     ConfChangeKind,
+    ConfChangeRefused,
     ConfState,
     Entry,
     EntryKind,
@@ -181,6 +182,7 @@ class SimOptions:
     min_voters: int = 3
     max_members: int = 5  # voters and learners together
     max_added: int = 6  # new members over the whole run
+    stop_removed: bool = True  # stop a member (a little) after its removal commits
     node_class: type[RaftNode] = RaftNode
     backend: BackendFactory = MemoryBackend
     machine: Callable[[], Machine] = DigestMachine
@@ -228,6 +230,7 @@ class SimNode:
         self.snapshot_due: tuple[int, bytes] | None = None
         self.acked_hard_state = HardState()  # the last set_hard_state that returned
         self.promised_term = 0  # the highest term this node ever put on a message
+        self.checked_role: tuple[int, bool] | None = None  # (term, leader) the checker last saw
         self.image_index = 0  # the index of the last snapshot the machine was rebuilt from
 
     @property
@@ -326,6 +329,7 @@ class Simulation:
         self.after_restore(node)
         rng = random.Random(self.node_rng.getrandbits(64))
         node.raft = raft = self.options.node_class(self.config(node.id), node.storage, rng)
+        node.checked_role = None
         return raft
 
     def trace(self, record: str) -> None:
@@ -372,25 +376,30 @@ class Simulation:
         raft = node.raft
         assert raft is not None
         disk = node.disk
+        now = self.now
         for _ in range(256):
             if raft.has_ready():
                 ready = raft.ready()
                 for message in ready.messages_now:
                     self._send(node, message)
-                due = self.now + self._write_delay(ready)
+                delay = self._write_delay(ready)
+                if not disk and not delay and not node.disk_stalled:
+                    self._complete(node, ready)  # the common case: a write that is done at once
+                    continue
+                due = now + delay
                 if disk:
                     due = max(due, disk[-1][0])  # the disk writes in order
                 disk.append((due, ready))
-            elif not (disk and disk[0][0] <= self.now and not node.disk_stalled):
+            elif not (disk and disk[0][0] <= now and not node.disk_stalled):
                 return
-            while disk and disk[0][0] <= self.now and not node.disk_stalled:
+            while disk and disk[0][0] <= now and not node.disk_stalled:
                 self._complete(node, disk.popleft()[1])
         raise Violation("ready-loop", f"{node.id} produced 256 Ready batches in one event")
 
     def _write_delay(self, ready: Ready) -> int:
-        if not ready.must_persist():
+        if not self.disk_delay_rate or not ready.must_persist():
             return 0
-        if self.disk_delay_rate and self.disk_rng.random() < self.disk_delay_rate:
+        if self.disk_rng.random() < self.disk_delay_rate:
             self.stats["slow_writes"] += 1
             return self.disk_rng.randint(1, self.options.disk_max_delay)
         return 0
@@ -499,16 +508,21 @@ class Simulation:
             return  # it stopped (a removal took effect) while draining
         term = raft.term
         checker = self.checker
-        if checker.observe_role(node.id, term, raft.role is Role.LEADER):
+        role = (term, raft.role is Role.LEADER)
+        if role != node.checked_role and checker.observe_role(node.id, term, role[1]):
             self.stats["elections"] += 1
             self.trace(f"L{self.now}{node.id}{term}")
             checker.check_leader_completeness(node.id, term, memory_log(raft))
             self.leader_elected(node)
-        if checker.observe_commit(node.id, term, raft.commit_index, memory_log(raft)):
+        commit = raft.commit_index
+        if commit > checker.commit_high_water and checker.observe_commit(
+            node.id, term, commit, memory_log(raft)
+        ):
             for other in self.nodes.values():
                 o = other.raft
                 if o is not None and o.role is Role.LEADER and o.term > term:
                     checker.check_leader_completeness(other.id, o.term, memory_log(o))
+        node.checked_role = role
 
     # -- hooks for richer workloads (the lock simulation overrides these) ----------
 
@@ -623,12 +637,16 @@ class Simulation:
             self._later(spec.end, lambda: net.mend(links))
             self.trace(f"F{self.now}{kind}{victim}")
             return
-        if kind == "fsync_stall":
+        if kind.startswith("fsync_stall"):
             # The leader's disk (it must keep its office on its followers' copies) or a
-            # follower's (it must not campaign while its acknowledgements wait).
+            # follower's (it must not campaign while its acknowledgements wait). A scripted
+            # schedule may name which: fsync_stall_leader, fsync_stall_follower.
             leader = self.leader()
             running = [n for n in self.members() if n.raft is not None]
-            if leader is not None and rng.random() < 0.5:
+            on_leader = rng.random() < 0.5
+            if kind != "fsync_stall":
+                on_leader = kind == "fsync_stall_leader"
+            if leader is not None and on_leader:
                 target = leader
             else:
                 target = self._pick([n for n in running if n is not leader])
@@ -814,15 +832,22 @@ class Simulation:
         if not choices:
             return
         change = rng.choice(choices)
-        result = raft.propose_conf_change(change)
+        result = self.propose_conf_change(leader, change)
         if isinstance(result, int):
             self.stats[f"conf_{change.kind.name.lower()}"] += 1
             if change.kind is ConfChangeKind.ADD_LEARNER:
                 self._added += 1  # its name is taken, whether or not the change commits
         else:
             self.stats["conf_refused"] += 1
-        self.trace(f"M{self.now}{leader.id}{change.kind.name}{change.node}{result}")
-        self.drain(leader)
+
+    def propose_conf_change(
+        self, node: SimNode, change: ConfChange
+    ) -> int | NotLeader | ConfChangeRefused:
+        assert node.raft is not None
+        result = node.raft.propose_conf_change(change)
+        self.trace(f"M{self.now}{node.id}{change.kind.name}{change.node}{result}")
+        self.drain(node)
+        return result
 
     def _conf_change_committed(self, entry: Entry) -> None:
         """A node applied a CONF_CHANGE entry: the change is committed; act on it once."""
@@ -832,7 +857,7 @@ class Simulation:
         change = decode_conf_change(entry.data)
         if change.kind is ConfChangeKind.ADD_LEARNER:
             self._member_action(self.now + 1, "start", change.node)
-        elif change.kind is ConfChangeKind.REMOVE:
+        elif change.kind is ConfChangeKind.REMOVE and self.options.stop_removed:
             # Let it run a little: a removed member must stay quiet on its own.
             delay = self.member_rng.randint(1, 2 * self.options.election_ticks)
             self._member_action(self.now + delay, "stop", change.node)
@@ -891,9 +916,10 @@ class Simulation:
         self.workload()
         if now >= self.heal_tick and self.options.check_liveness:
             self._liveness()
-        for node in list(self.nodes.values()):
-            self.complete_writes(node)
-        for node in list(self.nodes.values()):
+        for node in self.nodes.values():
+            if node.disk:
+                self.complete_writes(node)
+        for node in self.nodes.values():
             if node.raft is not None and not node.paused:
                 node.raft.tick()
                 self.drain(node)

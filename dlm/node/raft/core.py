@@ -636,7 +636,7 @@ class RaftNode:
         Readys that carry anything to persist must be advanced in the order
         ``ready()`` returned them; anything else raises ValueError.
         """
-        if ready.must_persist():
+        if ready.hard_state is not None or ready.entries or ready.snapshot is not None:
             unadvanced = self._unadvanced
             if not unadvanced or unadvanced[0] is not ready:
                 raise ValueError("advance() must acknowledge Readys in the order ready() gave them")

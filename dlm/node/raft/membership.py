@@ -95,11 +95,13 @@ class ConfHistory:
     starts from (or of the bootstrap, at index 0).
     """
 
-    __slots__ = ("_confs", "_indexes")
+    __slots__ = ("_confs", "_indexes", "latest_index")
 
     def __init__(self, index: int, conf: ConfState) -> None:
         self._indexes: list[int] = [index]
         self._confs: list[ConfState] = [conf]
+        self.latest_index = index
+        """The index the configuration in force took effect at (read on every step)."""
 
     def __repr__(self) -> str:
         return f"ConfHistory({list(zip(self._indexes, self._confs, strict=True))})"
@@ -109,10 +111,6 @@ class ConfHistory:
         return self._confs[-1]
 
     @property
-    def latest_index(self) -> int:
-        return self._indexes[-1]
-
-    @property
     def base_index(self) -> int:
         return self._indexes[0]
 
@@ -120,6 +118,7 @@ class ConfHistory:
         """``conf`` took effect at ``index`` (above every index already held)."""
         self._indexes.append(index)
         self._confs.append(conf)
+        self.latest_index = index
 
     def truncate(self, index: int) -> bool:
         """The log lost its entries from ``index`` on; True if the latest configuration changed."""
@@ -129,12 +128,14 @@ class ConfHistory:
             return False
         del indexes[keep:]
         del self._confs[keep:]
+        self.latest_index = indexes[-1]
         return True
 
     def reset(self, index: int, conf: ConfState) -> None:
         """The log now starts from a snapshot at ``index`` taken under ``conf``."""
         self._indexes = [index]
         self._confs = [conf]
+        self.latest_index = index
 
     def at(self, index: int) -> ConfState:
         """The configuration in force once the entry at ``index`` is in the log."""
