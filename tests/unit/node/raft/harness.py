@@ -78,6 +78,16 @@ class Net:
         self.readies.setdefault(n, [])
         return node
 
+    def add(self, n: NodeId) -> RaftNode:
+        """Start a new, empty member; like every member it boots with the bootstrap config."""
+        self.storages[n] = MemoryStorage(ConfState(self.voters, self.learners))
+        return self.start(n)
+
+    def stop(self, n: NodeId) -> None:
+        """Stop ``n`` for good (a removed member): it neither sends nor receives again."""
+        del self.nodes[n]
+        self.queue = deque(m for m in self.queue if n not in (m.dst, m.src))
+
     def restart(self, n: NodeId) -> RaftNode:
         """Lose everything not persisted; the state machine restarts from the snapshot."""
         self.queue = deque(m for m in self.queue if n not in (m.dst, m.src))
