@@ -808,8 +808,32 @@ class RaftNode:
             return
         members = self._voter_set.union(self._learners)
         for peer in [p for p in self._progress if p != me and p not in members]:
-            # Its removal is committed: tell it so once more, then forget it.
-            self._send_appends(peer, self._progress.pop(peer), send_empty=True)
+            self._send_farewell(peer, self._progress.pop(peer))
+
+    def _send_farewell(self, peer: NodeId, pr: Progress) -> None:
+        """A member's removal committed: send it the log from its match on, with the commit.
+
+        Best effort (it may be lost, or the entries compacted): it lets the member
+        see its own removal committed, and so stop campaigning and report ``removed``.
+        """
+        log = self._log
+        try:
+            prev_term = log.term(pr.match)
+            entries = log.entries(pr.match + 1, log.last_index() + 1, self._cfg.max_entries_bytes)
+        except (LogCompacted, LogUnavailable):
+            return
+        self._send(
+            AppendEntries(
+                group=self._group,
+                term=self._term,
+                src=self._id,
+                dst=peer,
+                prev_index=pr.match,
+                prev_term=prev_term,
+                entries=tuple(entries),
+                commit=log.committed,
+            )
+        )
 
     def _step_down_removed(self) -> None:
         """Our own removal committed: hand over to the most caught-up voter and step down."""
