@@ -760,13 +760,12 @@ class RaftNode:
         self._voter_set = voter_set
         self._learners = tuple(n for n in conf.learners if n not in voter_set)
         self._quorum = majority(self._voters)
-        role = self._role
-        if role is Role.LEADER:
+        # A (pre-)candidate's configuration changes only through a leader's message, which
+        # makes it a follower first; a leader's only through its own proposals.
+        if self._role is Role.LEADER:
             self._sync_progress()
-        elif role is Role.FOLLOWER or role is Role.LEARNER:
+        else:
             self._role = Role.FOLLOWER if self._id in voter_set else Role.LEARNER
-        elif self._id not in voter_set:
-            self._become_follower(self._term, self._leader)  # no longer a voter: stop campaigning
 
     def _sync_progress(self) -> None:
         """A leader's configuration changed: track new members, count with the new quorum.
@@ -784,8 +783,7 @@ class RaftNode:
         voters = self._voter_set
         for peer, pr in progress.items():
             pr.is_learner = peer not in voters
-        if self._lead_transferee is not None and self._lead_transferee not in voters:
-            self._lead_transferee = None
+        # (No transfer can be under way: proposals, this one too, wait until it is over.)
         if self._maybe_commit():  # fewer voters may already hold a quorum
             self._on_commit_advanced()
 

@@ -398,3 +398,68 @@ def test_a_new_member_is_not_removed_before_it_is_added() -> None:
     change(net, "n1", ADD, "n4")
     net.tick_all(2)
     assert not newcomer.removed and newcomer.learners == ("n4",)
+
+
+def test_a_lone_voter_commits_its_change_when_its_disk_confirms_it() -> None:
+    net = Net(1)
+    leader = net.elect("n1")
+    net.deliver()
+    index = change(net, "n1", ADD, "n2")
+    rd = leader.ready()
+    assert leader.commit_index < index
+    net.storages["n1"].append(rd.entries)
+    leader.advance(rd)
+    assert leader.commit_index == index
+    assert isinstance(leader.propose_conf_change(ConfChange(PROMOTE, "n2")), int)
+
+
+def test_removing_a_lagging_voter_can_commit_what_the_others_hold() -> None:
+    net, leader = settled(4)
+    net.isolate("n3")
+    net.isolate("n4")
+    index = leader.propose(b"x")
+    net.deliver()
+    assert leader.commit_index < index  # n1 and n2 are not three of four
+    change(net, "n1", REMOVE, "n4")
+    assert leader.commit_index == index  # but they are two of {n1, n2, n3}
+
+
+def test_a_removed_member_far_behind_gets_no_farewell_from_a_compacted_log() -> None:
+    net, leader = settled()
+    net.isolate("n3")
+    for i in range(6):
+        leader.propose(b"%d" % i)
+    net.deliver()
+    storage = net.storages["n1"]
+    storage.create_snapshot(leader.commit_index, leader.conf_state, b"img")
+    storage.compact(leader.commit_index)
+    index = change(net, "n1", REMOVE, "n3")
+    net.deliver()
+    assert leader.commit_index >= index and "n3" not in leader.status().progress
+    farewells = [m for m in of_type(net.sent, AppendEntries) if m.dst == "n3" and m.commit >= index]
+    assert farewells == []  # n3 needs entries the leader compacted: nothing to send
+
+
+def test_a_removed_leader_sends_no_timeout_now_when_no_voter_is_caught_up() -> None:
+    net, leader = settled()
+    change(net, "n1", REMOVE, "n1")
+    removal = net.take("n1")
+    for m in removal:
+        net[m.dst].step(m)
+    acks = [m for n in ("n2", "n3") for rd in net.persist(n) for m in rd.messages]
+    leader.propose(b"after the removal")  # not yet on the new voters when the removal commits
+    net.persist("n1")
+    net.queue.clear()
+    net.sent.clear()
+    for ack in acks:
+        leader.step(ack)
+    assert leader.removed and leader.role is not Role.LEADER
+    net.persist("n1")
+    assert not of_type(net.sent, TimeoutNow)
+
+
+def test_restart_skips_conf_entries_that_change_nothing() -> None:
+    storage = MemoryStorage(THREE)
+    storage.append([Entry(1, 1, b"\x09junk", EntryKind.CONF_CHANGE), conf_entry(2, 1, ADD, "n4")])
+    node = RaftNode(Config("n1", THREE.voters), storage, random.Random(1))
+    assert node.conf_state == ConfState(THREE.voters, ("n4",))

@@ -229,3 +229,15 @@ def test_read_only_confirms_in_order() -> None:
     assert ro.confirm(b"nope") == []
     assert [r.ctx for r in ro.confirm(b"2")] == [b"1", b"2"]
     assert len(ro) == 0
+
+
+def test_raft_log_an_acknowledgement_covers_the_batches_taken_before_it() -> None:
+    log = RaftLog(stored([1]))
+    log.append(Entry(2, 1))
+    log.take_unstable()
+    log.append(Entry(3, 1))
+    log.take_unstable()
+    log.stable_to(3, 1)  # the disk writes in order: the first batch is on it as well
+    assert log.durable_index() == 3
+    log.stable_to(2, 1)  # already covered: ignored
+    assert log.durable_index() == 3
