@@ -26,16 +26,17 @@ Pipelining: the runtime may take Ready N+1 (and go on calling ``tick``,
 ``step`` and the client entry points) while Ready N is still being persisted,
 so a slow fsync delays neither heartbeats nor the next batch. It must persist
 Readys strictly in the order ``ready()`` returned them and call ``advance``
-for each, in that order, once its persistence has completed. Steps 3 to 5 of
+for each (the very object), in that order, once its persistence has completed. Steps 3 to 5 of
 Ready N therefore happen after Ready N, and every Ready before it, is on disk.
 Committed entries may be applied before they are durable on this member
 (a quorum holds them); a runtime that applies them early must still persist
 the entries of that Ready and of every earlier one before it calls ``advance``.
 
 Persist before you speak. ``messages`` holds everything that promises
-something about this member's disk: acknowledgements of appended entries and
-of installed snapshots, granted (and refused) votes, this member's own vote
-requests, and every message at all while this member's current term or vote
+something about this member's disk: answers to AppendEntries and to snapshot
+chunks (an acknowledgement says the entries or the snapshot are on disk),
+granted (and refused) votes, this member's own vote requests, and every
+message at all while this member's current term or vote
 is newer than the last ``hard_state`` an ``advance`` confirmed durable. A
 crash may lose what was not yet persisted, so none of these may leave before
 the Ready's persistence completes. ``messages_now`` holds only messages that
@@ -88,10 +89,12 @@ class Entry:
 class HardState:
     """What a node must remember across a crash.
 
-    ``term`` and ``vote`` must be durable before any message of the same Ready
-    is sent. ``commit`` is advisory: a store may persist it lazily, because a
-    node that restarts with a lower commit index simply relearns it from the
-    leader (it never goes backwards in a running node).
+    ``term`` and ``vote`` must be durable before ``Ready.messages`` of the same
+    Ready are sent (``messages_now`` only ever carries a term and vote that an
+    earlier, advanced Ready made durable). ``commit`` is advisory: a store may
+    persist it lazily, because a node that restarts with a lower commit index
+    simply relearns it from the leader (it never goes backwards in a running
+    node).
     """
 
     term: int = 0
