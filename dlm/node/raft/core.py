@@ -1183,10 +1183,14 @@ class RaftNode:
             # Our log already holds the snapshot's last entry: just fast-forward the commit.
             log.commit_to(meta.index)
         else:
+            committed = log.committed
             log.restore(Snapshot(meta, b"".join(receipt.chunks)))
-            conf = meta.conf if meta.conf.voters else self._conf_history.latest
-            self._conf_history.reset(meta.index, conf)
-            self._conf_checked = meta.index - 1
+            history = self._conf_history
+            conf = meta.conf if meta.conf.voters else history.latest
+            # Keep the committed part: the runtime may still be applying (and taking
+            # snapshots of) committed entries handed out before this snapshot.
+            history.truncate(committed + 1)
+            history.push(meta.index, conf)
             self._apply_conf(conf)
         self._send_snapshot_response(m.src, meta.index, end)
 

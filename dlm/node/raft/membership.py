@@ -131,12 +131,6 @@ class ConfHistory:
         self.latest_index = indexes[-1]
         return True
 
-    def reset(self, index: int, conf: ConfState) -> None:
-        """The log now starts from a snapshot at ``index`` taken under ``conf``."""
-        self._indexes = [index]
-        self._confs = [conf]
-        self.latest_index = index
-
     def at(self, index: int) -> ConfState:
         """The configuration in force once the entry at ``index`` is in the log."""
         if index < self._indexes[0]:

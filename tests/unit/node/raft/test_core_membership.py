@@ -463,3 +463,33 @@ def test_restart_skips_conf_entries_that_change_nothing() -> None:
     storage.append([Entry(1, 1, b"\x09junk", EntryKind.CONF_CHANGE), conf_entry(2, 1, ADD, "n4")])
     node = RaftNode(Config("n1", THREE.voters), storage, random.Random(1))
     assert node.conf_state == ConfState(THREE.voters, ("n4",))
+
+
+def test_a_snapshot_installed_while_committed_entries_are_applied_keeps_their_configuration() -> (
+    None
+):
+    """The runtime may still apply (and snapshot at) entries handed out before the snapshot."""
+    node, _ = follower()
+    node.step(
+        AppendEntries(
+            group=0,
+            term=1,
+            src="n2",
+            dst="n1",
+            prev_index=0,
+            prev_term=0,
+            entries=(Entry(1, 1), conf_entry(2, 1, ADD, "n4"), Entry(3, 1)),
+            commit=3,
+        )
+    )
+    applying = node.ready()
+    assert [e.index for e in applying.committed] == [1, 2, 3]
+    meta = SnapshotMeta(10, 1, ConfState(("n1", "n2", "n3", "n4")))
+    node.step(
+        InstallSnapshot(
+            group=0, term=1, src="n2", dst="n1", meta=meta, offset=0, data=b"img", done=True
+        )
+    )
+    assert node.conf_state_at(1) == THREE
+    assert node.conf_state_at(3) == ConfState(THREE.voters, ("n4",))
+    assert node.conf_state_at(10) == meta.conf == node.conf_state

@@ -99,5 +99,3 @@ def test_history_forgets_only_what_is_superseded() -> None:
     assert h.base_index == 10 and h.at(15) == ConfState(("a",), ("b",))
     h.forget_before(5)  # already gone: nothing to do
     assert h.base_index == 10
-    h.reset(40, base)
-    assert (h.base_index, h.latest_index, h.latest) == (40, 40, base)
