@@ -66,10 +66,15 @@ members must be swapped atomically, which dlm never needs. The rules:
   under its own configuration while a different, uncommitted change from an
   earlier term sits in another member's log, and the two configurations need
   not share a majority. ``ConfChangeRefused`` says which rule refused.
-* Learners get appends, heartbeats and snapshots, but never vote (they refuse
-  vote and pre-vote requests), never campaign and never count towards a
-  quorum. A member that is not a voter in its own latest configuration
-  behaves the same way, whether not yet added or already removed.
+* Learners get appends, heartbeats and snapshots, but never campaign and never
+  count towards a quorum or check-quorum, nor does a member that is not a voter
+  in its own latest configuration (not yet added, or being removed). They do
+  answer vote requests: a candidate counts only the voters of its own
+  configuration, so a learner's vote counts only for a candidate that already
+  knows it was promoted, and a learner whose promotion committed without
+  reaching it must be able to help elect the leader that will tell it (with
+  four voters, refusing can leave the cluster leaderless for good). Only a
+  member that knows its own removal committed refuses to vote.
 * A leader goes on leading while the configuration that removes it is
   uncommitted (not counting itself), and steps down once it commits, handing
   over with TimeoutNow to a caught-up voter. A member being removed keeps
@@ -1006,8 +1011,11 @@ class RaftNode:
             )
 
     def _on_vote_request(self, m: VoteRequest) -> None:
-        # A learner, or a member not (or no longer) a voter in its configuration, never votes.
-        can_vote = self._id in self._voter_set and (
+        # Whatever our own configuration says, we answer: a candidate counts only the
+        # voters of its configuration, and one that lists us may know of a promotion we
+        # have not seen yet (refusing could leave the cluster leaderless). Only a member
+        # whose removal is committed is sure never to be needed again.
+        can_vote = not self._removed and (
             self._vote == m.src
             or (self._vote is None and self._leader is None)
             or (m.pre_vote and m.term > self._term)

@@ -202,44 +202,52 @@ def test_the_last_voter_cannot_be_removed_and_followers_redirect() -> None:
     assert leader3.propose_conf_change(ConfChange(ADD, "n4")) == NotLeader("n2")
 
 
-def test_a_learner_never_votes_never_campaigns_never_counts() -> None:
+def test_a_learner_never_campaigns_and_never_counts() -> None:
     net, leader = settled()
     change(net, "n1", ADD, "n4")
     net.add("n4")
     net.tick_all(2)
     learner = net["n4"]
-    for _ in range(leader._cfg.election_ticks):
-        learner.tick()  # out of its lease on the leader: it answers vote requests again
-    net.take("n4")
-    for pre_vote in (True, False):
-        learner.step(
-            VoteRequest(
-                group=0,
-                term=learner.term + 1,
-                src="n2",
-                dst="n4",
-                last_log_index=99,
-                last_log_term=99,
-                pre_vote=pre_vote,
-            )
-        )
-        answers = of_type(net.take("n4"), VoteResponse)
-        assert len(answers) == 1 and not answers[0].granted
     net.queue.clear()
     for _ in range(100):
         learner.tick()
     assert not of_type(net.take("n4"), VoteRequest)
-    # Transfer goes to voters only.
-    leader.transfer_leadership("n4")
-    assert leader.lead_transferee is None
-    # Check-quorum counts voters only: with both voters cut off, the learner's answers
-    # do not keep the leader in office.
-    net.isolate("n2")
+    # It answers a vote request (a candidate may know of a promotion it has not seen)...
+    learner.step(
+        VoteRequest(
+            group=0,
+            term=learner.term + 1,
+            src="n2",
+            dst="n4",
+            last_log_index=99,
+            last_log_term=99,
+        )
+    )
+    assert of_type(net.take("n4"), VoteResponse)[0].granted
+    # ... but a candidate asks, and counts, only the voters of its own configuration.
+    net.isolate("n1")
     net.isolate("n3")
+    net.cut -= {("n2", "n4"), ("n4", "n2")}
+    for _ in range(60):
+        net.tick_all(1)
+    assert net["n2"].role is not Role.LEADER
+    assert not [m for m in of_type(net.sent, VoteRequest) if m.dst == "n4"]
+    net.heal()
+    net.tick_all(5)
+    new = net.leader()
+    assert new is not None and new != "n4"
+    # Transfer goes to voters only.
+    net[new].transfer_leadership("n4")
+    assert net[new].lead_transferee is None
+    # Check-quorum counts voters only: with the other voters cut off, the learner's
+    # answers do not keep the leader in office.
+    for other in ("n1", "n2", "n3"):
+        if other != new:
+            net.isolate(other)
     for _ in range(3 * leader._cfg.election_ticks):
-        leader.tick()
+        net[new].tick()
         net.deliver()
-    assert leader.role is not Role.LEADER
+    assert net[new].role is not Role.LEADER
 
 
 def test_read_index_counts_only_voters_of_the_configuration_in_force() -> None:
@@ -493,3 +501,29 @@ def test_a_snapshot_installed_while_committed_entries_are_applied_keeps_their_co
     assert node.conf_state_at(1) == THREE
     assert node.conf_state_at(3) == ConfState(THREE.voters, ("n4",))
     assert node.conf_state_at(10) == meta.conf == node.conf_state
+
+
+def test_a_learner_promoted_without_knowing_it_still_votes() -> None:
+    """The promotion commits on {n1, n2, n3}; n1 dies; the others need the unaware learner.
+
+    Four voters make a quorum of three, and n4 still believes it is a learner.
+    Refusing to vote would leave the cluster without a leader for good.
+    """
+    net, leader = settled()
+    change(net, "n1", ADD, "n4")
+    net.add("n4")
+    net.tick_all(3)
+    net.isolate("n4")
+    promote = change(net, "n1", PROMOTE, "n4")
+    net.deliver()
+    assert leader.commit_index >= promote and net["n2"].voters == ("n1", "n2", "n3", "n4")
+    assert net["n4"].role is Role.LEARNER
+    net.stop("n1")
+    net.heal()
+    for _ in range(20):
+        net.tick_all(5)
+        if net.leader() is not None:
+            break
+    assert net.leader() in ("n2", "n3")
+    net.tick_all(2)
+    assert net["n4"].role is Role.FOLLOWER and net["n4"].voters == ("n1", "n2", "n3", "n4")
