@@ -8,11 +8,12 @@ actions that came due (start a member whose addition committed, stop one
 whose removal did), lets the workload make its requests, completes the disk
 writes due by now, ticks every running node (sorted by id), and delivers
 every message due at the tick. After each of those events it drains the
-node's Ready batches exactly as a pipelining runtime must: send
-``messages_now`` at once, queue the Ready on the node's disk, and when the
-disk completes it (in order, after a delay drawn from the seed, or never if
-the node crashes first) persist snapshot, entries and hard state; then send
-``messages``; then apply and serve reads; then advance. An ``fsync_stall``
+node's Ready batches as a pipelining runtime may: send ``messages_now`` at
+once, install a snapshot's image, apply committed entries and serve reads
+(none of which needs this node's disk), and queue the Ready on the node's
+disk; when the disk completes it (in order, after a delay drawn from the
+seed, or never if the node crashes first) persist snapshot, entries and hard
+state, then send ``messages``, then advance. An ``fsync_stall``
 fault stops one node's disk for longer than an election timeout. What the
 harness sees is fed to the ``SafetyChecker``. Every random choice comes from
 generators derived from the seed, so a seed replays the same run, and the
@@ -382,6 +383,7 @@ class Simulation:
                 ready = raft.ready()
                 for message in ready.messages_now:
                     self._send(node, message)
+                self._use(node, ready)
                 delay = self._write_delay(ready)
                 if not disk and not delay and not node.disk_stalled:
                     self._complete(node, ready)  # the common case: a write that is done at once
@@ -404,6 +406,24 @@ class Simulation:
             return self.disk_rng.randint(1, self.options.disk_max_delay)
         return 0
 
+    def _use(self, node: SimNode, ready: Ready) -> None:
+        """What needs no local durability, done as the Ready is taken: a snapshot's image,
+        committed entries (a quorum holds them) and confirmed reads."""
+        if ready.snapshot is not None:
+            snap = ready.snapshot
+            node.machine.restore(snap.data)
+            node.applied = node.image_index = snap.meta.index
+            self.checker.observe_image(node.id, snap.meta.index, snap.data)
+            self.after_restore(node)
+            self.stats["snapshot_installs"] += 1
+            self.trace(f"S{self.now}{node.id}{snap.meta.index}")
+        for entry in ready.committed:
+            self._apply(node, entry)
+        for read in ready.read_states:
+            self.checker.observe_read_state(node.id, read.ctx, read.index)
+            self.stats["reads_served"] += 1
+            self.read_served(node, read.ctx, read.index)
+
     def _complete(self, node: SimNode, ready: Ready) -> None:
         """The disk finished writing ``ready``: what a runtime does after its fsync returns."""
         raft = node.raft
@@ -411,14 +431,10 @@ class Simulation:
         self._persist(node, ready)
         for message in ready.messages:
             self._send(node, message)
-        for entry in ready.committed:
-            self._apply(node, entry)
-        for read in ready.read_states:
-            self.checker.observe_read_state(node.id, read.ctx, read.index)
-            self.stats["reads_served"] += 1
-            self.read_served(node, read.ctx, read.index)
         raft.advance(ready)
-        if node.snapshot_due is not None:
+        if node.snapshot_due is not None and not node.disk:
+            # Only once every write handed out is done: a committed entry may still be
+            # on its way to the disk, over a stale entry at the same index.
             self._take_snapshot(node)
 
     def complete_writes(self, node: SimNode) -> None:
@@ -431,14 +447,7 @@ class Simulation:
     def _persist(self, node: SimNode, ready: Ready) -> None:
         storage = node.storage
         if ready.snapshot is not None:
-            snap = ready.snapshot
-            storage.apply_snapshot(snap)
-            node.machine.restore(snap.data)
-            node.applied = node.image_index = snap.meta.index
-            self.checker.observe_image(node.id, snap.meta.index, snap.data)
-            self.after_restore(node)
-            self.stats["snapshot_installs"] += 1
-            self.trace(f"S{self.now}{node.id}{snap.meta.index}")
+            storage.apply_snapshot(ready.snapshot)
         if ready.entries:
             first = ready.entries[0].index
             prev_term = storage.term(first - 1)
@@ -867,6 +876,8 @@ class Simulation:
         self._member_actions.append((tick, self._member_seq, what, node))
 
     def _run_member_actions(self) -> None:
+        if not self._member_actions:
+            return
         due = sorted(a for a in self._member_actions if a[0] <= self.now)
         if not due:
             return

@@ -554,7 +554,10 @@ class RaftNode:
             self._flush()
         if self._msgs or self._read_states or self._log.has_work():
             return True
-        return self._changed_hard_state() is not None or self._changed_soft_state() is not None
+        prev = self._prev_soft
+        if prev.role is not self._role or prev.leader != self._leader or prev.term != self._term:
+            return True
+        return self._changed_hard_state() is not None
 
     def ready(self) -> Ready:
         """Take the work accumulated since the last call; see types.Ready for what to do with it.

@@ -19,7 +19,8 @@ never answers by doing something; it collects what must be done into a
    fsync covering the whole batch;
 3. only once that persistence has completed, send ``messages``;
 4. apply ``committed`` entries to the state machine, in order, and serve
-   ``read_states`` once the state machine has applied up to their index;
+   ``read_states`` once the state machine has applied up to their index (both
+   may also happen earlier, see below);
 5. call ``advance(ready)``.
 
 Pipelining: the runtime may take Ready N+1 (and go on calling ``tick``,
@@ -28,9 +29,12 @@ so a slow fsync delays neither heartbeats nor the next batch. It must persist
 Readys strictly in the order ``ready()`` returned them and call ``advance``
 for each (the very object), in that order, once its persistence has completed. Steps 3 to 5 of
 Ready N therefore happen after Ready N, and every Ready before it, is on disk.
-Committed entries may be applied before they are durable on this member
-(a quorum holds them); a runtime that applies them early must still persist
-the entries of that Ready and of every earlier one before it calls ``advance``.
+Committed entries may be applied, and ``read_states`` served, as soon as the
+Ready is taken, before its persistence completes (a quorum holds those entries
+durably). A runtime that does so must still call ``advance`` only after the
+persistence, and must not take a state-machine snapshot at an index before
+every Ready taken so far is persisted (the committed entry may still be on its
+way to the disk, over a stale entry at the same index).
 
 Persist before you speak. ``messages`` holds everything that promises
 something about this member's disk: answers to AppendEntries and to snapshot
