@@ -383,8 +383,9 @@ class Simulation:
                 ready = raft.ready()
                 for message in ready.messages_now:
                     self._send(node, message)
-                self._use(node, ready)
-                delay = self._write_delay(ready)
+                if ready.snapshot is not None or ready.committed or ready.read_states:
+                    self._use(node, ready)
+                delay = self._write_delay(ready) if self.disk_delay_rate else 0
                 if not disk and not delay and not node.disk_stalled:
                     self._complete(node, ready)  # the common case: a write that is done at once
                     continue

@@ -581,9 +581,13 @@ class RaftNode:
             committed = log.take_committed(self._cfg.max_entries_bytes)
         msgs: tuple[Message, ...] = ()
         msgs_now: tuple[Message, ...] = ()
-        if self._msgs:
-            msgs, msgs_now = self._sort_messages(self._msgs)
+        pending = self._msgs
+        if pending:
             self._msgs = []
+            if self._term != self._durable_term or self._vote != self._durable_vote:
+                msgs = tuple(pending)  # our term or vote is not on disk yet: all must wait
+            else:
+                msgs, msgs_now = _sort_messages(pending)
         reads: tuple[ReadState, ...] = ()
         if self._read_states:
             reads = tuple(self._read_states)
@@ -601,24 +605,6 @@ class RaftNode:
         if hard is not None or entries or snapshot is not None:
             self._unadvanced.append(rd)
         return rd
-
-    def _sort_messages(
-        self, pending: list[Message]
-    ) -> tuple[tuple[Message, ...], tuple[Message, ...]]:
-        """Split into (after persisting, at once); see the types.py docstring for the rule."""
-        if self._term != self._durable_term or self._vote != self._durable_vote:
-            return tuple(pending), ()
-        later: list[Message] = []
-        now: list[Message] = []
-        for m in pending:
-            kind = type(m)
-            if kind in _SEND_NOW or (
-                (kind is VoteRequest or kind is VoteResponse) and m.pre_vote  # type: ignore[union-attr]
-            ):
-                now.append(m)
-            else:
-                later.append(m)
-        return tuple(later), tuple(now)
 
     def _changed_hard_state(self) -> HardState | None:
         prev = self._prev_hard
@@ -644,21 +630,23 @@ class RaftNode:
         Readys that carry anything to persist must be advanced in the order
         ``ready()`` returned them; anything else raises ValueError.
         """
-        if ready.hard_state is not None or ready.entries or ready.snapshot is not None:
+        hard = ready.hard_state
+        snapshot = ready.snapshot
+        entries = ready.entries
+        if hard is not None or entries or snapshot is not None:
             unadvanced = self._unadvanced
             if not unadvanced or unadvanced[0] is not ready:
                 raise ValueError("advance() must acknowledge Readys in the order ready() gave them")
             unadvanced.popleft()
         log = self._log
-        hard = ready.hard_state
         if hard is not None:
             self._durable_term = hard.term
             self._durable_vote = hard.vote
-        if ready.snapshot is not None:
-            log.stable_snap_to(ready.snapshot.meta.index)
-            log.applied_to(ready.snapshot.meta.index)
-        if ready.entries:
-            last = ready.entries[-1]
+        if snapshot is not None:
+            log.stable_snap_to(snapshot.meta.index)
+            log.applied_to(snapshot.meta.index)
+        if entries:
+            last = entries[-1]
             log.stable_to(last.index, last.term)
         if ready.committed:
             log.applied_to(ready.committed[-1].index)
@@ -666,7 +654,7 @@ class RaftNode:
             if history.latest_index > history.base_index:
                 # The runtime's next snapshot lies at or after the compaction point.
                 history.forget_before(min(log.applied, log.first_index() - 1))
-        if self._role is Role.LEADER:
+        if (entries or snapshot is not None) and self._role is Role.LEADER:
             me = self._progress[self._id]
             durable = log.durable_index()
             if durable > me.match:
@@ -1531,6 +1519,21 @@ class RaftNode:
                 done=end >= len(data),
             )
         )
+
+
+def _sort_messages(pending: list[Message]) -> tuple[tuple[Message, ...], tuple[Message, ...]]:
+    """(after persisting, at once), for a member whose term and vote are durable (types.py)."""
+    later: list[Message] = []
+    now: list[Message] = []
+    for m in pending:
+        kind = type(m)
+        if kind in _SEND_NOW or (
+            (kind is VoteRequest or kind is VoteResponse) and m.pre_vote  # type: ignore[union-attr]
+        ):
+            now.append(m)
+        else:
+            later.append(m)
+    return tuple(later), tuple(now)
 
 
 def _replay_conf_changes(storage: LogStorage, base_conf: ConfState) -> ConfHistory:

@@ -342,12 +342,18 @@ class RaftLog:
         acknowledgement that matches no batch in flight is ignored.
         """
         in_flight = self._in_flight
-        if not any(b.last_index == index and b.last_term == term for b in in_flight):
+        if not in_flight:
             return
-        while True:
-            batch = in_flight.popleft()
-            if batch.last_index == index and batch.last_term == term:
-                break
+        batch = in_flight[0]
+        if batch.last_index == index and batch.last_term == term:
+            in_flight.popleft()  # the usual case: the oldest batch
+        elif any(b.last_index == index and b.last_term == term for b in in_flight):
+            while not (batch.last_index == index and batch.last_term == term):
+                in_flight.popleft()
+                batch = in_flight[0]
+            in_flight.popleft()
+        else:
+            return
         trusted = batch.trusted_to
         offset = self._offset
         if trusted < offset:

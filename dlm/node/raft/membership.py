@@ -95,13 +95,14 @@ class ConfHistory:
     starts from (or of the bootstrap, at index 0).
     """
 
-    __slots__ = ("_confs", "_indexes", "latest_index")
+    __slots__ = ("_confs", "_indexes", "base_index", "latest_index")
 
     def __init__(self, index: int, conf: ConfState) -> None:
         self._indexes: list[int] = [index]
         self._confs: list[ConfState] = [conf]
+        # Plain attributes, not properties: the core reads them on every step.
+        self.base_index = index
         self.latest_index = index
-        """The index the configuration in force took effect at (read on every step)."""
 
     def __repr__(self) -> str:
         return f"ConfHistory({list(zip(self._indexes, self._confs, strict=True))})"
@@ -109,10 +110,6 @@ class ConfHistory:
     @property
     def latest(self) -> ConfState:
         return self._confs[-1]
-
-    @property
-    def base_index(self) -> int:
-        return self._indexes[0]
 
     def push(self, index: int, conf: ConfState) -> None:
         """``conf`` took effect at ``index`` (above every index already held)."""
@@ -151,3 +148,4 @@ class ConfHistory:
         if drop > 0:
             del self._indexes[:drop]
             del self._confs[:drop]
+            self.base_index = self._indexes[0]
