@@ -836,7 +836,7 @@ class NodeMachine:
     def _take_snapshot(self) -> None:
         index = self.locks.applied_index
         data = self._image()
-        conf = ConfState(voters=self.raft.voters, learners=self.raft.learners)
+        conf = self.raft.conf_state_at(index)
         keep_from = index - self.config.snapshot_keep
         self._emit(SaveSnapshot(index, conf, data, max(0, keep_from)))
         self._snapshot_index = index

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dlm.node.raft.core import RaftNode
-from dlm.node.raft.types import HardState, NodeId, Role
+from dlm.node.raft.membership import check_change
+from dlm.node.raft.types import ConfChange, HardState, NodeId, Role
 
 
 class CommitsPreviousTermByCounting(RaftNode):
@@ -40,3 +41,16 @@ class LeaderIgnoresHigherTerm(RaftNode):
             self._vote = None
             return
         super()._on_higher_term(term, leader)
+
+
+class ChangesMembershipBeforeCommittingInTerm(RaftNode):
+    """Takes a configuration change before an entry of its own term has committed.
+
+    Single-server changes without the 2015 erratum: it still allows one
+    uncommitted change at a time, but a new leader may start one at once.
+    """
+
+    def _refuse_conf_change(self, change: ConfChange) -> str | None:
+        if self._conf_history.latest_index > self._log.committed:
+            return "an earlier configuration change is not committed yet"
+        return check_change(self._conf_history.latest, change)

@@ -103,6 +103,15 @@ class SafetyChecker:
         self.last_vote[node] = (term, vote)
         self.max_term[node] = max(self.max_term.get(node, 0), term)
 
+    def observe_crash(self, node: NodeId, term: int, vote: NodeId | None) -> None:
+        """``node`` lost everything but its disk, which holds (``term``, ``vote``).
+
+        A term it held only in memory may be lost with it (no message carried
+        it: ``check_promises`` sees to that), so its term may restart lower.
+        """
+        self.observe_hard_state(node, term, vote)
+        self.max_term[node] = term
+
     def check_promises(
         self, node: NodeId, term: int, vote: NodeId | None, promised_term: int
     ) -> None:

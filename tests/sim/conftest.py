@@ -117,6 +117,12 @@ class SimTotals:
                 "zombie_writes_refused",
                 "zombie_writes_accepted",
                 "events",
+                "slow_writes",
+                "conf_add_learner",
+                "conf_promote",
+                "conf_remove",
+                "conf_refused",
+                "removal_noticed",
             )
             out.append("  totals: " + ", ".join(f"{k} {stats[k]}" for k in keys if stats[k]))
         out.extend(f"sim: {note}" for note in self.notes)

@@ -24,6 +24,7 @@ FAULT_KINDS: tuple[str, ...] = (
     "duplicate",  # extra duplication everywhere
     "reorder",  # longer, more spread delays everywhere
     "lag_follower",  # one follower cut off long enough to fall behind the compacted log
+    "fsync_stall",  # one member's disk (the leader's or a follower's) completes nothing for a while
 )
 
 DEFAULT_WEIGHTS: Mapping[str, int] = {
@@ -37,6 +38,7 @@ DEFAULT_WEIGHTS: Mapping[str, int] = {
     "duplicate": 1,
     "reorder": 1,
     "lag_follower": 1,
+    "fsync_stall": 2,
 }
 
 _DURATIONS: Mapping[str, tuple[int, int]] = {
@@ -50,6 +52,9 @@ _DURATIONS: Mapping[str, tuple[int, int]] = {
     "duplicate": (50, 300),
     "reorder": (50, 300),
     "lag_follower": (250, 600),
+    # Longer than an election timeout (10 to 20 ticks in the simulator): the stall must
+    # not cost the leader its office nor make a follower campaign.
+    "fsync_stall": (25, 120),
 }
 
 

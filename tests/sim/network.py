@@ -78,9 +78,11 @@ class SimNetwork:
         if rng.random() < self.base.duplicate + self.extra_duplicate:
             copies = 2
             self.stats["duplicated"] += 1
+        low = self.base.min_delay
+        spread = self.base.max_delay + self.extra_delay - low + 1
         for _ in range(copies):
-            delay = rng.randint(self.base.min_delay, self.base.max_delay + self.extra_delay)
-            self._push(now + delay, message)
+            # random() rather than randint(): this runs for every message of every seed.
+            self._push(now + low + int(rng.random() * spread), message)
 
     def resend(self, message: Message, at: int) -> None:
         """Put back a message held for a paused node, to arrive at tick ``at``."""

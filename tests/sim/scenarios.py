@@ -1,5 +1,16 @@
 """Scripted fault schedules for bugs that random schedules almost never reach.
 
+``membership_erratum`` stages the counter-example of the 2015 erratum to
+single-server membership changes (Ongaro, raft-dev), with learners: four
+voters and a learner L. Leader A of term T1 promotes L, but the change reaches
+only L. In term T2 the other three elect B, whose no-op reaches only C; if B
+may change the configuration before committing an entry of its own term, it
+removes D, and {A, B, C} lets B and C commit that change and the no-op. A, L
+and D are a majority of A's configuration (five voters, with L), so A or L
+is elected in term T3 without the entries B committed, and would overwrite
+them. A correct core refuses B's change (no entry of T2 is committed), and
+that later election is harmless.
+
 ``figure8`` stages figure 8 of the Raft paper on five nodes. An entry X of
 term T1 reaches two nodes; a leader of a later term T2 writes its own entry
 at X's index but shares it with nobody; a leader of term T3 then copies X to
@@ -18,7 +29,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dlm.node.raft.core import RaftNode
-from dlm.node.raft.types import AppendEntries, Message, NodeId, Role
+from dlm.node.raft.types import (
+    AppendEntries,
+    ConfChange,
+    ConfChangeKind,
+    Heartbeat,
+    Message,
+    NodeId,
+    Role,
+)
 
 from .checkers import Violation
 from .harness import SimNode, SimOptions, Simulation
@@ -48,14 +67,16 @@ def _run_until(sim: Simulation, done: Callable[[], bool], limit: int, what: str)
 
 
 def _isolate(sim: Simulation, node: NodeId) -> list[tuple[NodeId, NodeId]]:
-    links = [(node, o) for o in sim.ids if o != node] + [(o, node) for o in sim.ids if o != node]
+    ids = sim.member_ids()
+    links = [(node, o) for o in ids if o != node] + [(o, node) for o in ids if o != node]
     sim.net.cut(links)
     return links
 
 
-def figure8(seed: int, node_class: type[RaftNode] = RaftNode) -> Figure8Outcome:
-    options = SimOptions(
-        nodes=5,
+def _scripted_options(nodes: int, node_class: type[RaftNode]) -> SimOptions:
+    """No random faults, workload, disk delays or membership changes: the script does it all."""
+    return SimOptions(
+        nodes=nodes,
         schedule=[],
         propose_rate=0.0,
         read_rate=0.0,
@@ -63,7 +84,14 @@ def figure8(seed: int, node_class: type[RaftNode] = RaftNode) -> Figure8Outcome:
         check_liveness=False,
         snapshot_every=0,
         node_class=node_class,
+        member_rate=0.0,
+        disk_delay_rate=0.0,
+        stop_removed=False,
     )
+
+
+def figure8(seed: int, node_class: type[RaftNode] = RaftNode) -> Figure8Outcome:
+    options = _scripted_options(5, node_class)
     sim = Simulation(seed, options)
     sim.net.base = LinkConditions(drop=0.0, duplicate=0.0, min_delay=1, max_delay=1)
     nodes = sim.nodes
@@ -170,3 +198,104 @@ def figure8(seed: int, node_class: type[RaftNode] = RaftNode) -> Figure8Outcome:
     except Violation as found:
         violation = found
     return Figure8Outcome(committed, violation, reached_last_phase=True)
+
+
+@dataclass
+class ErratumOutcome:
+    change_refused: bool
+    """Whether the term-T2 leader refused to remove D before committing an entry of T2."""
+    violation: Violation | None
+    reached_last_phase: bool
+
+
+def membership_erratum(seed: int, node_class: type[RaftNode] = RaftNode) -> ErratumOutcome:
+    sim = Simulation(seed, _scripted_options(4, node_class))
+    sim.net.base = LinkConditions(drop=0.0, duplicate=0.0, min_delay=1, max_delay=1)
+    nodes = sim.nodes
+
+    def raft(node_id: NodeId) -> RaftNode:
+        node = nodes[node_id]
+        assert node.raft is not None
+        return node.raft
+
+    # Phase 0: a settled leader A, and L added as a learner that has caught up.
+    def settled() -> bool:
+        leader = sim.leader()
+        return leader is not None and all(
+            raft(n).commit_index == raft(leader.id).last_index for n in sim.member_ids()
+        )
+
+    _run_until(sim, settled, 300, "a first settled leader")
+    a_node = sim.leader()
+    assert a_node is not None
+    a = a_node.id
+    learner = "n5"
+    added = sim.propose_conf_change(a_node, ConfChange(ConfChangeKind.ADD_LEARNER, learner))
+    if not isinstance(added, int):
+        raise _ScriptError(f"seed {seed}: {a} would not add {learner}: {added}")
+    _run_until(
+        sim,
+        lambda: learner in nodes and nodes[learner].raft is not None and settled(),
+        200,
+        "the learner caught up",
+    )
+    term1 = raft(a).term
+    trio = [n for n in sim.ids if n != a]
+
+    # Phase 1: A promotes L, and only L hears of it; then both drop off the network.
+    cut_a = [(a, n) for n in trio] + [(n, a) for n in trio]
+    sim.net.cut(cut_a)
+    promoted = sim.propose_conf_change(a_node, ConfChange(ConfChangeKind.PROMOTE, learner))
+    if not isinstance(promoted, int):
+        raise _ScriptError(f"seed {seed}: {a} would not promote {learner}: {promoted}")
+    _run_until(sim, lambda: raft(learner).last_index >= promoted, 50, "the promotion reached L")
+    sim.net.mend(cut_a)
+    away = _isolate(sim, a) + _isolate(sim, learner)
+
+    # Phase 2: the trio elects B; whatever B sends to "its" D is lost, so only C acknowledges.
+    def victim(leader: NodeId) -> NodeId:
+        return next(n for n in trio if n != leader)
+
+    def starve_d(message: Message) -> Message | None:
+        if (
+            type(message) in (AppendEntries, Heartbeat)
+            and message.term > term1
+            and message.dst == victim(message.src)
+        ):
+            return None
+        return message
+
+    sim.net.filter = starve_d
+
+    def b_elected() -> bool:
+        return any(raft(n).role is Role.LEADER and raft(n).term > term1 for n in trio)
+
+    _run_until(sim, b_elected, 400, "a leader among the other three")
+    b = next(n for n in trio if raft(n).role is Role.LEADER)
+    d = victim(b)
+    c = next(n for n in trio if n not in (b, d))
+    removal = sim.propose_conf_change(nodes[b], ConfChange(ConfChangeKind.REMOVE, d))
+    refused = not isinstance(removal, int)
+    if isinstance(removal, int):
+        _run_until(sim, lambda: raft(b).commit_index >= removal, 100, "B committed the removal")
+
+    # Phase 3: B and C vanish; A, L and D meet again, and A can win term T3.
+    sim.net.filter = None
+    sim.net.mend(away)
+    _isolate(sim, b)
+    _isolate(sim, c)
+    violation: Violation | None = None
+    try:
+        _run_until(
+            sim,
+            lambda: any(
+                raft(x).role is Role.LEADER and raft(x).term > raft(b).term for x in (a, learner)
+            ),
+            600,
+            "A or L elected",
+        )
+        for _ in range(50):
+            sim.step()
+    except Violation as found:
+        violation = found
+    return ErratumOutcome(refused, violation, reached_last_phase=True)

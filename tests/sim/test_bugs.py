@@ -15,6 +15,7 @@ import pytest
 from dlm.node.raft.core import RaftNode
 
 from .bugs import (
+    ChangesMembershipBeforeCommittingInTerm,
     CommitsPreviousTermByCounting,
     ForgetsVote,
     LeaderIgnoresHigherTerm,
@@ -22,7 +23,7 @@ from .bugs import (
 )
 from .conftest import SimTotals
 from .harness import SimFailure, SimOptions, run_seed
-from .scenarios import figure8
+from .scenarios import figure8, membership_erratum
 
 MAX_SEEDS = 200
 
@@ -111,3 +112,27 @@ def test_figure8_catches_commit_of_previous_term_by_counting(sim_totals: SimTota
             )
             return
     pytest.fail("the figure 8 script never exposed commit-by-counting of an old entry")
+
+
+def test_erratum_script_is_harmless_for_the_real_core() -> None:
+    for seed in range(3):
+        outcome = membership_erratum(seed)
+        assert outcome.reached_last_phase
+        assert outcome.change_refused  # no entry of its term committed: no change yet
+        assert outcome.violation is None
+
+
+def test_erratum_script_catches_a_change_before_an_entry_of_the_term_commits(
+    sim_totals: SimTotals,
+) -> None:
+    for seed in range(10):
+        outcome = membership_erratum(seed, ChangesMembershipBeforeCommittingInTerm)
+        if outcome.violation is not None:
+            assert not outcome.change_refused
+            assert outcome.violation.kind in {"leader-completeness", "state-machine-safety"}
+            sim_totals.note(
+                f"bug ChangesMembershipBeforeCommittingInTerm (erratum script): caught after "
+                f"{seed + 1} seed(s) as {outcome.violation.kind}"
+            )
+            return
+    pytest.fail("the erratum script never exposed a membership change made too early")

@@ -3,21 +3,32 @@
 Theory of operation
 -------------------
 ``RaftNode`` never performs IO. The runtime calls ``tick()``, ``step(msg)``
-and the client entry points (``propose``, ``read_index``,
-``transfer_leadership``); each only updates memory and queues work. The
-runtime then takes that work with ``ready()``, persists, sends and applies it
-(see types.py for the order), and acknowledges it with ``advance(ready)``.
+and the client entry points (``propose``, ``propose_conf_change``,
+``read_index``, ``transfer_leadership``); each only updates memory and queues
+work. The runtime then takes that work with ``ready()``, sends, persists and
+applies it (see types.py for the order), and acknowledges it with
+``advance(ready)``.
 
 Sends to followers are coalesced: a proposal only appends to the leader's log
 and marks the followers dirty; the AppendEntries messages are built when the
 runtime next calls ``has_ready()``/``ready()``, so every proposal made between
 two ``ready()`` calls leaves in one message per follower.
 
-Roles: FOLLOWER (or LEARNER for a non-voting member) -> PRE_CANDIDATE (asks
-"would you vote for me?" without touching any term) -> CANDIDATE -> LEADER.
-Any message with a higher term sends us back to FOLLOWER, except the vote
-requests a follower ignores while it still hears from a live leader (the
-check-quorum lease) and pre-vote traffic, which carries a future term.
+Persistence runs beside the protocol (Raft dissertation, section 10.2.1). A
+leader's AppendEntries leave in ``Ready.messages_now``, while the leader is
+still writing the same entries, and the leader's own copy counts towards a
+quorum only from the ``advance`` that reports it durable (``_become_leader``
+likewise starts from what is already on disk). The core remembers the term
+and vote of the last hard state an ``advance`` confirmed; while the current
+ones are newer, every message waits for the disk (``Ready.messages``). Several
+Readys may be in flight at once; ``advance`` must acknowledge them in order.
+
+Roles: FOLLOWER (or LEARNER for a member that is not a voter) ->
+PRE_CANDIDATE (asks "would you vote for me?" without touching any term) ->
+CANDIDATE -> LEADER. Any message with a higher term sends us back to
+FOLLOWER, except the vote requests a follower ignores while it still hears
+from a live leader (the check-quorum lease) and pre-vote traffic, which
+carries a future term.
 
 Lost messages: a follower in probe mode gets its next probe when it answers
 a heartbeat; a streaming follower whose acknowledgements stop while its
@@ -32,31 +43,80 @@ at a time. The follower acknowledges each chunk with the byte it wants next
 hands the whole image to the runtime as ``Ready.snapshot``; its final answer's
 ``index`` is the index its log now matches. Heartbeats go on meanwhile.
 
-Membership changes are a later issue: voters and learners are fixed at
-construction (or by an installed snapshot). ``_set_membership`` is the one
-place that changes them, and ``quorum.py`` the one place that counts them.
+Membership
+----------
+Single-server changes (Raft dissertation, chapter 4), not joint consensus: a
+change adds a learner, promotes a learner to voter, or removes one member, so
+the majorities of the configurations before and after any one change always
+overlap, and ``quorum.py`` stays plain majority arithmetic. dlm's membership
+changes are operator steps taken one at a time (start a member, let it catch
+up as a learner, promote it; or remove one), which is exactly what single
+changes express; joint consensus earns its extra state only when several
+members must be swapped atomically, which dlm never needs. The rules:
 
-Test seams: ``_maybe_commit``, ``_log_is_up_to_date``, ``_on_higher_term`` and
-``_hard_state`` are small protected methods that the real logic calls;
-the simulator's bug-injection tests override them in subclasses.
+* A configuration takes effect on a member as soon as its CONF_CHANGE entry is
+  in that member's log, committed or not; the latest one in the log wins, and
+  it is reverted when the suffix holding it is cut off (``membership.py``
+  keeps the history). Leaders count commits, votes, check-quorum and
+  ReadIndex acknowledgements with it at once.
+* A leader accepts a change only once an entry of its own term is committed
+  (its no-op, normally within one round trip) and only while no earlier change
+  is uncommitted. The first rule is the erratum Diego Ongaro posted to the
+  raft-dev list in 2015: without it, a new leader can commit a change made
+  under its own configuration while a different, uncommitted change from an
+  earlier term sits in another member's log, and the two configurations need
+  not share a majority. ``ConfChangeRefused`` says which rule refused.
+* Learners get appends, heartbeats and snapshots, but never campaign and never
+  count towards a quorum or check-quorum, nor does a member that is not a voter
+  in its own latest configuration (not yet added, or being removed). They do
+  answer vote requests: a candidate counts only the voters of its own
+  configuration, so a learner's vote counts only for a candidate that already
+  knows it was promoted, and a learner whose promotion committed without
+  reaching it must be able to help elect the leader that will tell it (with
+  four voters, refusing can leave the cluster leaderless for good). Only a
+  member that knows its own removal committed refuses to vote.
+* A leader goes on leading while the configuration that removes it is
+  uncommitted (not counting itself), and steps down once it commits, handing
+  over with TimeoutNow to a caught-up voter. A member being removed keeps
+  receiving the log until its removal commits, so it normally learns of it:
+  ``removed`` becomes true once a committed configuration no longer includes
+  a member that an earlier committed configuration did.
+* Start-up rebuilds the configuration from the snapshot's ConfState (or the
+  bootstrap voters of ``Config``) plus every CONF_CHANGE entry after it.
+
+Test seams: ``_maybe_commit``, ``_log_is_up_to_date``, ``_on_higher_term``,
+``_hard_state`` and ``_refuse_conf_change`` are small protected methods that
+the real logic calls; the simulator's bug-injection tests override them in
+subclasses.
 """
 
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from dlm.node.raft.log import RaftLog
+from dlm.node.raft.membership import (
+    ConfHistory,
+    apply_change,
+    check_change,
+    conf_after_entry,
+    includes,
+)
 from dlm.node.raft.progress import Progress, ProgressState
 from dlm.node.raft.quorum import VoteResult, majority, quorum_index, vote_result
 from dlm.node.raft.read_only import ReadOnly
 from dlm.node.raft.types import (
     AppendEntries,
     AppendEntriesResponse,
+    ConfChange,
+    ConfChangeRefused,
     ConfState,
     Entry,
+    EntryKind,
     HardState,
     Heartbeat,
     HeartbeatResponse,
@@ -79,6 +139,7 @@ from dlm.node.raft.types import (
     TimeoutNow,
     VoteRequest,
     VoteResponse,
+    encode_conf_change,
 )
 
 STALL_ROUNDS = 3
@@ -89,7 +150,14 @@ STALL_ROUNDS = 3
 class Config:
     id: NodeId
     voters: tuple[NodeId, ...]
-    """Bootstrap membership, used only when storage.initial_state() has an empty ConfState."""
+    """Bootstrap voters: the configuration at log index 0.
+
+    Used only when storage.initial_state() has an empty ConfState. Every member
+    the cluster ever has, including one added later, must be started with the
+    same bootstrap voters, because the log's configuration changes are relative
+    to it (a member added later is not among them, and stays passive until its
+    log or a snapshot makes it a member). A member id must never be reused.
+    """
     group: int = 0
     election_ticks: int = 10
     """Followers time out after a random draw from [election_ticks, 2 * election_ticks)."""
@@ -119,6 +187,8 @@ class FollowerProgress:
     next: int
     recent_active: bool
     snapshot_pending: bool
+    is_learner: bool = False
+    """A learner, or a member whose removal is not yet committed (neither counts)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +203,10 @@ class RaftStatus:
     first_index: int
     last_index: int
     voters: tuple[NodeId, ...]
+    learners: tuple[NodeId, ...] = ()
+    removed: bool = False
     progress: dict[NodeId, FollowerProgress] = field(default_factory=dict)
-    """Per-member replication state (including the leader itself); empty unless leader."""
+    """Per-member replication state (the leader itself and learners too); empty unless leader."""
 
 
 @dataclass(slots=True)
@@ -150,6 +222,19 @@ class _SnapshotReceipt:
 
 _LEADER_MESSAGES = (AppendEntries, Heartbeat, InstallSnapshot)
 
+_SEND_NOW = frozenset(
+    {
+        AppendEntries,
+        Heartbeat,
+        InstallSnapshot,
+        TimeoutNow,
+        HeartbeatResponse,
+        ReadIndexRequest,
+        ReadIndexResponse,
+    }
+)
+"""Messages that promise nothing about the sender's disk (only its durable term and vote)."""
+
 
 class RaftNode:
     """One Raft member. Not thread-safe: one runtime task owns it."""
@@ -159,7 +244,11 @@ class RaftNode:
         "_cfg",
         "_commit_bcast",
         "_committed_in_term",
+        "_conf_checked",
+        "_conf_history",
         "_dispatch",
+        "_durable_term",
+        "_durable_vote",
         "_election_elapsed",
         "_group",
         "_heartbeat_due",
@@ -179,14 +268,17 @@ class RaftNode:
         "_read_only",
         "_read_states",
         "_reads_waiting_commit",
+        "_removed",
         "_rng",
         "_role",
         "_snap_receipt",
         "_term",
+        "_unadvanced",
         "_vote",
         "_voter_set",
         "_voters",
         "_votes",
+        "_was_member",
     )
 
     def __init__(self, config: Config, storage: LogStorage, rng: random.Random) -> None:
@@ -197,22 +289,29 @@ class RaftNode:
         self._rng = rng
         self._log = RaftLog(storage)
         hard, conf = storage.initial_state()
+        self._role = Role.FOLLOWER
         self._voters: tuple[NodeId, ...] = ()
         self._voter_set: frozenset[NodeId] = frozenset()
         self._learners: tuple[NodeId, ...] = ()
         self._quorum = 1
-        if conf.voters:
-            self._set_membership(conf)
-        else:
-            self._set_membership(ConfState(voters=config.voters, learners=conf.learners))
+        if not conf.voters:
+            conf = ConfState(voters=config.voters, learners=conf.learners)
+        self._conf_history = _replay_conf_changes(storage, conf)
+        base = self._conf_history.base_index
+        self._conf_checked = base - 1  # configurations up to here were checked for removal
+        self._was_member = False
+        self._removed = False
+        self._apply_conf(self._conf_history.latest)
 
         log = self._log
         # A lazily persisted commit may lag the snapshot; it never exceeds the log.
         log.committed = min(max(hard.commit, log.committed), log.last_index())
         self._term = hard.term
         self._vote: NodeId | None = hard.vote
+        self._durable_term = hard.term
+        self._durable_vote: NodeId | None = hard.vote
+        self._unadvanced: deque[Ready] = deque()
         self._leader: NodeId | None = None
-        self._role = Role.FOLLOWER
         self._votes: dict[NodeId, bool] = {}
         self._progress: dict[NodeId, Progress] = {}
         self._election_elapsed = 0
@@ -230,6 +329,7 @@ class RaftNode:
         self._heartbeat_due = False
         self._pending_append: set[NodeId] = set()
         self._become_follower(self._term, None)
+        self._check_committed_conf()
         self._prev_hard = hard
         self._prev_soft = self._soft_state()
         self._dispatch: dict[type[Any], Callable[[Any], None]] = {
@@ -297,8 +397,33 @@ class RaftNode:
         return self._learners
 
     @property
+    def conf_state(self) -> ConfState:
+        """The configuration in force: the latest in the log, committed or not."""
+        return self._conf_history.latest
+
+    @property
+    def removed(self) -> bool:
+        """A committed configuration no longer includes this member (after one that did).
+
+        Latched: the runtime should stop serving as a member. A member removed
+        while cut off may never learn it; nothing unsafe follows, since it is
+        no voter to the others, but the runtime cannot rely on this alone.
+        """
+        return self._removed
+
+    @property
     def lead_transferee(self) -> NodeId | None:
         return self._lead_transferee
+
+    def conf_state_at(self, index: int) -> ConfState:
+        """The configuration in force at log ``index``: what a snapshot taken there records.
+
+        Known from the log's compaction point (its first index - 1) to its end;
+        raises ValueError outside that range.
+        """
+        if index > self._log.last_index():
+            raise ValueError(f"index {index} is beyond the log's end {self._log.last_index()}")
+        return self._conf_history.at(index)
 
     # ------------------------------------------------------------------
     # Inputs
@@ -334,6 +459,9 @@ class RaftNode:
             self._on_stale_term(msg)
             return
         handler(msg)
+        checked = self._conf_checked
+        if self._log.committed > checked and self._conf_history.latest_index > checked:
+            self._check_committed_conf()
 
     def propose(self, data: bytes) -> int | NotLeader:
         """Append a command to the leader's log; returns the index it will commit at, if it does."""
@@ -341,9 +469,33 @@ class RaftNode:
             return NotLeader(self._leader)
         if self._lead_transferee is not None:
             return NotLeader(self._lead_transferee)
-        index = self._append_entry(data)
-        if self._quorum == 1 and self._maybe_commit():
-            self._on_commit_advanced()
+        # Even a lone voter commits only after advance() reports its own copy durable.
+        return self._append_entry(data)
+
+    def propose_conf_change(self, change: ConfChange) -> int | NotLeader | ConfChangeRefused:
+        """Append a single-member configuration change; it takes effect at once (see above).
+
+        Returns the index of its CONF_CHANGE entry, NotLeader, or
+        ConfChangeRefused with the reason: an earlier change is uncommitted, no
+        entry of this leader's term is committed yet, or the change does not
+        apply (the id is already a member, is unknown, is not a learner, is the
+        last voter, or cannot be encoded).
+        """
+        if self._role is not Role.LEADER:
+            return NotLeader(self._leader)
+        if self._lead_transferee is not None:
+            return NotLeader(self._lead_transferee)
+        reason = self._refuse_conf_change(change)
+        if reason is not None:
+            return ConfChangeRefused(reason)
+        try:
+            data = encode_conf_change(change)
+        except ValueError as error:
+            return ConfChangeRefused(str(error))
+        conf = apply_change(self._conf_history.latest, change)
+        index = self._append_entry(data, EntryKind.CONF_CHANGE)
+        self._conf_history.push(index, conf)
+        self._apply_conf(conf)
         return index
 
     def read_index(self, ctx: bytes) -> NotLeader | None:
@@ -402,13 +554,16 @@ class RaftNode:
             self._flush()
         if self._msgs or self._read_states or self._log.has_work():
             return True
-        return self._changed_hard_state() is not None or self._changed_soft_state() is not None
+        prev = self._prev_soft
+        if prev.role is not self._role or prev.leader != self._leader or prev.term != self._term:
+            return True
+        return self._changed_hard_state() is not None
 
     def ready(self) -> Ready:
         """Take the work accumulated since the last call; see types.Ready for what to do with it.
 
         Each piece of work is handed out once, so ``step``/``tick``/``ready`` may go on
-        while an earlier Ready is being persisted; ``advance`` it when it is done.
+        while earlier Readys are being persisted; ``advance`` each, in order, when it is.
         """
         if self._append_all or self._commit_bcast or self._heartbeat_due or self._pending_append:
             self._flush()
@@ -425,14 +580,19 @@ class RaftNode:
             entries = log.take_unstable()
             committed = log.take_committed(self._cfg.max_entries_bytes)
         msgs: tuple[Message, ...] = ()
-        if self._msgs:
-            msgs = tuple(self._msgs)
+        msgs_now: tuple[Message, ...] = ()
+        pending = self._msgs
+        if pending:
             self._msgs = []
+            if self._term != self._durable_term or self._vote != self._durable_vote:
+                msgs = tuple(pending)  # our term or vote is not on disk yet: all must wait
+            else:
+                msgs, msgs_now = _sort_messages(pending)
         reads: tuple[ReadState, ...] = ()
         if self._read_states:
             reads = tuple(self._read_states)
             self._read_states = []
-        return Ready(
+        rd = Ready(
             hard_state=hard,
             entries=entries or (),
             snapshot=snapshot,
@@ -440,7 +600,11 @@ class RaftNode:
             committed=committed or (),
             read_states=reads,
             soft_state=soft,
+            messages_now=msgs_now,
         )
+        if hard is not None or entries or snapshot is not None:
+            self._unadvanced.append(rd)
+        return rd
 
     def _changed_hard_state(self) -> HardState | None:
         prev = self._prev_hard
@@ -461,27 +625,59 @@ class RaftNode:
         return self._soft_state()
 
     def advance(self, ready: Ready) -> None:
-        """The runtime persisted, sent and applied ``ready``."""
+        """The runtime persisted, sent and applied ``ready``.
+
+        Readys that carry anything to persist must be advanced in the order
+        ``ready()`` returned them; anything else raises ValueError.
+        """
+        hard = ready.hard_state
+        snapshot = ready.snapshot
+        entries = ready.entries
+        if hard is not None or entries or snapshot is not None:
+            unadvanced = self._unadvanced
+            if not unadvanced or unadvanced[0] is not ready:
+                raise ValueError("advance() must acknowledge Readys in the order ready() gave them")
+            unadvanced.popleft()
         log = self._log
-        if ready.snapshot is not None:
-            log.stable_snap_to(ready.snapshot.meta.index)
-            log.applied_to(ready.snapshot.meta.index)
-        if ready.entries:
-            last = ready.entries[-1]
+        if hard is not None:
+            self._durable_term = hard.term
+            self._durable_vote = hard.vote
+        if snapshot is not None:
+            log.stable_snap_to(snapshot.meta.index)
+            log.applied_to(snapshot.meta.index)
+        if entries:
+            last = entries[-1]
             log.stable_to(last.index, last.term)
         if ready.committed:
             log.applied_to(ready.committed[-1].index)
+            history = self._conf_history
+            if history.latest_index > history.base_index:
+                # The runtime's next snapshot lies at or after the compaction point.
+                history.forget_before(min(log.applied, log.first_index() - 1))
+        if (entries or snapshot is not None) and self._role is Role.LEADER:
+            me = self._progress[self._id]
+            durable = log.durable_index()
+            if durable > me.match:
+                # Our own copy now counts towards a quorum (section 10.2.1).
+                me.match = durable
+                if self._maybe_commit():
+                    self._on_commit_advanced()
+                    checked = self._conf_checked
+                    if log.committed > checked and self._conf_history.latest_index > checked:
+                        self._check_committed_conf()
 
     def status(self) -> RaftStatus:
         log = self._log
         progress: dict[NodeId, FollowerProgress] = {}
         if self._role is Role.LEADER:
+            voters = self._voter_set
             progress = {
                 peer: FollowerProgress(
                     match=pr.match,
                     next=pr.next,
                     recent_active=pr.recent_active,
                     snapshot_pending=pr.state is ProgressState.SNAPSHOT,
+                    is_learner=peer not in voters,
                 )
                 for peer, pr in self._progress.items()
             }
@@ -496,6 +692,8 @@ class RaftNode:
             first_index=log.first_index(),
             last_index=log.last_index(),
             voters=self._voters,
+            learners=self._learners,
+            removed=self._removed,
             progress=progress,
         )
 
@@ -535,16 +733,114 @@ class RaftNode:
         """Test seam. What must be persisted before this node's messages go out."""
         return HardState(self._term, self._vote, self._log.committed)
 
+    def _refuse_conf_change(self, change: ConfChange) -> str | None:
+        """Test seam. Why the leader will not append ``change`` now (None: it will).
+
+        Helpers for an override: ``_committed_in_term``, ``_conf_history``,
+        ``check_change(conf, change)``.
+        """
+        if not self._committed_in_term:
+            return "no entry of this leader's term is committed yet"
+        if self._conf_history.latest_index > self._log.committed:
+            return "an earlier configuration change is not committed yet"
+        return check_change(self._conf_history.latest, change)
+
     # ------------------------------------------------------------------
     # Role changes
     # ------------------------------------------------------------------
 
-    def _set_membership(self, conf: ConfState) -> None:
-        """The one place membership changes (today: construction and snapshot install)."""
+    def _apply_conf(self, conf: ConfState) -> None:
+        """Switch to ``conf``: the one place the configuration in force changes."""
+        voter_set = frozenset(conf.voters)
         self._voters = tuple(conf.voters)
-        self._voter_set = frozenset(conf.voters)
-        self._learners = tuple(n for n in conf.learners if n not in self._voter_set)
+        self._voter_set = voter_set
+        self._learners = tuple(n for n in conf.learners if n not in voter_set)
         self._quorum = majority(self._voters)
+        # A (pre-)candidate's configuration changes only through a leader's message, which
+        # makes it a follower first; a leader's only through its own proposals.
+        if self._role is Role.LEADER:
+            self._sync_progress()
+        else:
+            self._role = Role.FOLLOWER if self._id in voter_set else Role.LEARNER
+
+    def _sync_progress(self) -> None:
+        """A leader's configuration changed: track new members, count with the new quorum.
+
+        A member that left keeps its progress (and keeps receiving the log) until
+        the change that removed it commits, so that it can learn of its removal.
+        """
+        progress = self._progress
+        next_index = self._log.last_index() + 1
+        max_inflight = self._cfg.max_inflight
+        for peer in (*self._voters, *self._learners):
+            pr = progress.get(peer)
+            if pr is None:
+                progress[peer] = Progress(next_index, max_inflight, is_learner=True)
+        voters = self._voter_set
+        for peer, pr in progress.items():
+            pr.is_learner = peer not in voters
+        # (No transfer can be under way: proposals, this one too, wait until it is over.)
+        if self._maybe_commit():  # fewer voters may already hold a quorum
+            self._on_commit_advanced()
+
+    def _check_committed_conf(self) -> None:
+        """Configurations up to the commit index are committed: note removals, prune, step down."""
+        committed = self._log.committed
+        me = self._id
+        for index, conf in self._conf_history.since(self._conf_checked):
+            if index > committed:
+                break
+            if includes(conf, me):
+                self._was_member = True
+            elif self._was_member:
+                self._removed = True
+        self._conf_checked = committed
+        if self._role is not Role.LEADER or self._conf_history.latest_index > committed:
+            return
+        if me not in self._voter_set:
+            self._step_down_removed()
+            return
+        members = self._voter_set.union(self._learners)
+        for peer in [p for p in self._progress if p != me and p not in members]:
+            self._send_farewell(peer, self._progress.pop(peer))
+
+    def _send_farewell(self, peer: NodeId, pr: Progress) -> None:
+        """A member's removal committed: send it the log from its match on, with the commit.
+
+        Best effort (it may be lost, or the entries compacted): it lets the member
+        see its own removal committed, and so stop campaigning and report ``removed``.
+        """
+        log = self._log
+        try:
+            prev_term = log.term(pr.match)
+            entries = log.entries(pr.match + 1, log.last_index() + 1, self._cfg.max_entries_bytes)
+        except (LogCompacted, LogUnavailable):
+            return
+        self._send(
+            AppendEntries(
+                group=self._group,
+                term=self._term,
+                src=self._id,
+                dst=peer,
+                prev_index=pr.match,
+                prev_term=prev_term,
+                entries=tuple(entries),
+                commit=log.committed,
+            )
+        )
+
+    def _step_down_removed(self) -> None:
+        """Our own removal committed: hand over to the most caught-up voter and step down."""
+        last = self._log.last_index()
+        best = max(
+            (p for p in self._voters if p in self._progress),
+            key=lambda p: self._progress[p].match,
+            default=None,
+        )
+        if best is not None and self._progress[best].match == last:
+            self._send_timeout_now(best)
+        self._flush()  # the commit news, so that the others learn the removal took effect
+        self._become_follower(self._term, None)
 
     def _soft_state(self) -> SoftState:
         return SoftState(self._role, self._leader, self._term)
@@ -570,6 +866,7 @@ class RaftNode:
         self._reset(term)
         self._leader = leader
         self._role = Role.FOLLOWER if self._id in self._voter_set else Role.LEARNER
+        self._progress = {}
 
     def _campaign(self, pre_vote: bool, transfer: bool = False) -> None:
         if pre_vote:
@@ -617,20 +914,17 @@ class RaftNode:
         log = self._log
         next_index = log.last_index() + 1
         max_inflight = self._cfg.max_inflight
-        learners = set(self._learners)
+        voters = self._voter_set
         self._progress = {
-            peer: Progress(next_index, max_inflight, is_learner=peer in learners)
+            peer: Progress(next_index, max_inflight, is_learner=peer not in voters)
             for peer in (*self._voters, *self._learners)
         }
-        me = self._progress.get(self._id)
-        if me is None:  # a leader outside the voter set cannot happen without membership changes
-            me = self._progress[self._id] = Progress(next_index, max_inflight)
-        me.match = next_index - 1
+        me = self._progress[self._id]  # only a voter campaigns
+        # Only what is already on our disk counts; the rest counts as advance() reports it.
+        me.match = log.durable_index()
         me.recent_active = True
         # Raft 8: a no-op of our own term lets us commit (and learn) what earlier terms left.
         self._append_entry(b"")
-        if self._maybe_commit():
-            self._on_commit_advanced()
 
     def _in_lease(self) -> bool:
         """Whether we heard from a live leader within the election timeout (check-quorum lease)."""
@@ -708,7 +1002,11 @@ class RaftNode:
             )
 
     def _on_vote_request(self, m: VoteRequest) -> None:
-        can_vote = (
+        # Whatever our own configuration says, we answer: a candidate counts only the
+        # voters of its configuration, and one that lists us may know of a promotion we
+        # have not seen yet (refusing could leave the cluster leaderless). Only a member
+        # whose removal is committed is sure never to be needed again.
+        can_vote = not self._removed and (
             self._vote == m.src
             or (self._vote is None and self._leader is None)
             or (m.pre_vote and m.term > self._term)
@@ -763,8 +1061,11 @@ class RaftNode:
             # Everything up to our commit matches the leader already (and may be compacted).
             self._send_append_response(m.src, reject=False, index=log.committed)
             return
-        last_new = log.maybe_append(m.prev_index, m.prev_term, m.commit, m.entries)
-        if last_new is not None:
+        appended = log.maybe_append(m.prev_index, m.prev_term, m.commit, m.entries)
+        if appended is not None:
+            last_new, written_from = appended
+            if written_from:
+                self._log_rewritten(written_from, m.entries)
             self._send_append_response(m.src, reject=False, index=last_new)
             return
         last = log.last_index()
@@ -775,6 +1076,21 @@ class RaftNode:
         self._send_append_response(
             m.src, reject=True, index=m.prev_index, hint_index=hint_index, hint_term=hint_term
         )
+
+    def _log_rewritten(self, first: int, entries: tuple[Entry, ...]) -> None:
+        """Our log holds ``entries`` from index ``first`` on: follow the configurations in them."""
+        history = self._conf_history
+        changed = history.latest_index >= first and history.truncate(first)
+        conf = history.latest
+        for entry in entries[first - entries[0].index :]:
+            if entry.kind is EntryKind.CONF_CHANGE:
+                new = conf_after_entry(conf, entry)
+                if new is not None:
+                    history.push(entry.index, new)
+                    conf = new
+                    changed = True
+        if changed:
+            self._apply_conf(conf)
 
     def _send_append_response(
         self, to: NodeId, reject: bool, index: int, hint_index: int = 0, hint_term: int = 0
@@ -866,9 +1182,15 @@ class RaftNode:
             # Our log already holds the snapshot's last entry: just fast-forward the commit.
             log.commit_to(meta.index)
         else:
+            committed = log.committed
             log.restore(Snapshot(meta, b"".join(receipt.chunks)))
-            if meta.conf.voters:
-                self._set_membership(meta.conf)
+            history = self._conf_history
+            conf = meta.conf if meta.conf.voters else history.latest
+            # Keep the committed part: the runtime may still be applying (and taking
+            # snapshots of) committed entries handed out before this snapshot.
+            history.truncate(committed + 1)
+            history.push(meta.index, conf)
+            self._apply_conf(conf)
         self._send_snapshot_response(m.src, meta.index, end)
 
     def _send_snapshot_response(
@@ -971,9 +1293,12 @@ class RaftNode:
             pr.stall = 0
             if m.src == self._lead_transferee:
                 self._send_timeout_now(m.src)  # the first one may have been lost
-        if m.ctx and m.src in self._voter_set:
+        voters = self._voter_set
+        if m.ctx and m.src in voters:
             acks = self._read_only.ack(m.ctx, m.src)
-            if acks + 1 >= self._quorum:  # +1: the leader itself
+            # Only voters of the configuration in force count, the leader too if it is one.
+            count = sum(1 for v in acks if v in voters) + (1 if self._id in voters else 0)
+            if count >= self._quorum:
                 for req in self._read_only.confirm(m.ctx):
                     self._deliver_read(req.ctx, req.index, req.requester)
 
@@ -1010,14 +1335,11 @@ class RaftNode:
     # Leader machinery
     # ------------------------------------------------------------------
 
-    def _append_entry(self, data: bytes) -> int:
+    def _append_entry(self, data: bytes, kind: EntryKind = EntryKind.NORMAL) -> int:
+        """Append to the leader's log; its own copy counts once advance() says it is durable."""
         log = self._log
         index = log.last_index() + 1
-        log.append(Entry(index, self._term, data))
-        me = self._progress.get(self._id)
-        if me is not None:
-            me.match = index
-            me.next = index + 1
+        log.append(Entry(index, self._term, data, kind))
         self._append_all = True
         return index
 
@@ -1040,11 +1362,12 @@ class RaftNode:
 
     def _leader_read(self, ctx: bytes, requester: NodeId) -> None:
         commit = self._log.committed
-        if self._quorum == 1 and self._id in self._voter_set:
-            self._deliver_read(ctx, commit, requester)
-        elif not self._committed_in_term:
-            # Until an entry of our term commits, our commit index may lag the cluster's.
+        if not self._committed_in_term:
+            # Until an entry of our term commits, our commit index may lag the cluster's
+            # (even a lone voter's: it commits only what its disk confirmed).
             self._reads_waiting_commit.append((ctx, requester))
+        elif self._quorum == 1 and self._id in self._voter_set:
+            self._deliver_read(ctx, commit, requester)
         elif self._read_only.add(ctx, commit, requester):
             self._heartbeat_due = True
 
@@ -1196,3 +1519,38 @@ class RaftNode:
                 done=end >= len(data),
             )
         )
+
+
+def _sort_messages(pending: list[Message]) -> tuple[tuple[Message, ...], tuple[Message, ...]]:
+    """(after persisting, at once), for a member whose term and vote are durable (types.py)."""
+    later: list[Message] = []
+    now: list[Message] = []
+    for m in pending:
+        kind = type(m)
+        if kind in _SEND_NOW or (
+            (kind is VoteRequest or kind is VoteResponse) and m.pre_vote  # type: ignore[union-attr]
+        ):
+            now.append(m)
+        else:
+            later.append(m)
+    return tuple(later), tuple(now)
+
+
+def _replay_conf_changes(storage: LogStorage, base_conf: ConfState) -> ConfHistory:
+    """The configuration history at start-up: the snapshot's, then each change logged after it."""
+    snap = storage.snapshot()
+    base = snap.meta.index if snap is not None else 0
+    history = ConfHistory(base, base_conf)
+    conf = base_conf
+    lo = max(base + 1, storage.first_index())
+    last = storage.last_index()
+    while lo <= last:
+        batch = storage.entries(lo, last + 1, 1 << 20)
+        for entry in batch:
+            if entry.kind is EntryKind.CONF_CHANGE:
+                new = conf_after_entry(conf, entry)
+                if new is not None:
+                    history.push(entry.index, new)
+                    conf = new
+        lo = batch[-1].index + 1
+    return history

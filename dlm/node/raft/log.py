@@ -10,12 +10,26 @@ same entries are read back from storage from then on.
 Invariant: when the tail is empty, ``_offset == last_index() + 1``; otherwise
 the tail holds indexes ``_offset .. _offset + len - 1`` and shadows anything the
 storage may still hold at or after ``_offset`` (a suffix the runtime will drop
-when it persists the tail).
+when it persists the tail). Everything below ``_offset`` is durable, so
+``durable_index()`` is ``_offset - 1`` (unless a snapshot is still on its way
+to the disk, which will replace the whole log).
+
+Pipelining: several batches may be on their way to the disk at once, written
+in the order they were taken. ``_in_flight`` remembers each batch's last
+entry and how far it may still be trusted: when a later rewrite (a conflicting
+suffix cut off, or a snapshot replacing the log) reaches into a batch that is
+still in flight, the batch's limit drops below the rewrite, because the disk
+will hold the rewrite, not the batch, once the later write completes. So an
+acknowledgement that arrives after its entries were overwritten, even by an
+entry of the same index and term that came back (A, then B, then A again),
+only marks stable what is still what the disk will keep.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from dlm.node.raft.types import (
     Entry,
@@ -33,8 +47,19 @@ def entry_size(entry: Entry) -> int:
     return len(entry.data) + ENTRY_OVERHEAD
 
 
+@dataclass(slots=True)
+class _Batch:
+    """Entries handed to the runtime and not yet acknowledged."""
+
+    last_index: int
+    last_term: int
+    trusted_to: int
+    """The highest index of the batch that no later rewrite has reached."""
+
+
 class RaftLog:
     __slots__ = (
+        "_in_flight",
         "_offset",
         "_persist_from",
         "_snapshot",
@@ -55,6 +80,7 @@ class RaftLog:
         self._persist_from = last + 1
         self._snapshot: Snapshot | None = None
         self._snapshot_taken = False
+        self._in_flight: deque[_Batch] = deque()
         # The runtime restores its state machine from storage's snapshot, which may
         # be newer than the compaction point (the log is kept behind a snapshot).
         snap = storage.snapshot()
@@ -82,6 +108,12 @@ class RaftLog:
             return self._offset + len(self._unstable) - 1
         if self._snapshot is not None:
             return self._snapshot.meta.index
+        return self._offset - 1
+
+    def durable_index(self) -> int:
+        """The last index that both is in this log and is known to be on disk (0 if unknown)."""
+        if self._snapshot is not None:
+            return 0  # the disk still holds the log the pending snapshot replaces
         return self._offset - 1
 
     def term(self, index: int) -> int:
@@ -194,7 +226,12 @@ class RaftLog:
         offset = self._offset
         if after == offset + len(unstable):
             unstable.extend(entries)
-        elif after <= offset:
+            return
+        # A rewrite: batches still on their way to the disk are overwritten from ``after`` on.
+        for batch in self._in_flight:
+            if batch.trusted_to >= after:
+                batch.trusted_to = after - 1
+        if after <= offset:
             self._unstable = list(entries)
             self._offset = after
             self._persist_from = after
@@ -205,12 +242,14 @@ class RaftLog:
 
     def maybe_append(
         self, prev_index: int, prev_term: int, commit: int, entries: Sequence[Entry]
-    ) -> int | None:
-        """The follower side of AppendEntries; returns the last index now matched, or None.
+    ) -> tuple[int, int] | None:
+        """The follower side of AppendEntries: (last index now matched, first index written).
 
-        Only a real conflict truncates the log: a stale or duplicated message
-        whose entries we already hold changes nothing, so a delayed packet can
-        never cut off entries we acknowledged since.
+        None when the entries do not attach at (prev_index, prev_term), or would
+        overwrite a committed entry. The first index written is 0 when every
+        entry was already there. Only a real conflict truncates the log: a stale
+        or duplicated message whose entries we already hold changes nothing, so
+        a delayed packet can never cut off entries we acknowledged since.
         """
         if not self.match_term(prev_index, prev_term):
             return None
@@ -222,7 +261,7 @@ class RaftLog:
                 return None
             self.truncate_and_append(entries[conflict - entries[0].index :])
         self.commit_to(min(commit, last_new))
-        return last_new
+        return last_new, conflict
 
     def _find_conflict(self, entries: Sequence[Entry]) -> int:
         if not entries:
@@ -245,6 +284,8 @@ class RaftLog:
     def restore(self, snapshot: Snapshot) -> None:
         """Replace the whole log by a snapshot from the leader (persisted via the next Ready)."""
         index = snapshot.meta.index
+        for batch in self._in_flight:
+            batch.trusted_to = -1  # the disk will hold the snapshot instead
         self._snapshot = snapshot
         self._snapshot_taken = False
         self._unstable = []
@@ -271,6 +312,8 @@ class RaftLog:
         if start >= end:
             return ()
         self._persist_from = end
+        last = self._unstable[-1]
+        self._in_flight.append(_Batch(last.index, last.term, last.index))
         return tuple(self._unstable[start - self._offset :])
 
     def take_snapshot(self) -> Snapshot | None:
@@ -292,15 +335,31 @@ class RaftLog:
         return tuple(ents)
 
     def stable_to(self, index: int, term: int) -> None:
-        """The runtime persisted entries up to (index, term): stop holding them here."""
-        offset = self._offset
-        unstable = self._unstable
-        if not offset <= index < offset + len(unstable):
+        """The runtime persisted the batch ending at (index, term): stop holding it here.
+
+        Batches are persisted in the order they were taken, so this one's
+        acknowledgement covers every batch taken before it as well. An
+        acknowledgement that matches no batch in flight is ignored.
+        """
+        in_flight = self._in_flight
+        if not in_flight:
             return
-        if unstable[index - offset].term != term:
+        batch = in_flight[0]
+        if batch.last_index == index and batch.last_term == term:
+            in_flight.popleft()  # the usual case: the oldest batch
+        elif any(b.last_index == index and b.last_term == term for b in in_flight):
+            while not (batch.last_index == index and batch.last_term == term):
+                in_flight.popleft()
+                batch = in_flight[0]
+            in_flight.popleft()
+        else:
+            return
+        trusted = batch.trusted_to
+        offset = self._offset
+        if trusted < offset:
             return  # rewritten since it was handed out; the newer entries are still pending
-        del unstable[: index + 1 - offset]
-        self._offset = index + 1
+        del self._unstable[: trusted + 1 - offset]
+        self._offset = trusted + 1
         self._persist_from = max(self._persist_from, self._offset)
 
     def stable_snap_to(self, index: int) -> None:

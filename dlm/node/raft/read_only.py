@@ -9,6 +9,7 @@ so the remembered index (and that of every earlier request) is safe to read at.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Set
 from dataclasses import dataclass, field
 
 from dlm.node.raft.types import NodeId
@@ -42,13 +43,17 @@ class ReadOnly:
         self._queue.append(ctx)
         return True
 
-    def ack(self, ctx: bytes, voter: NodeId) -> int:
-        """Record that ``voter`` answered the heartbeat round for ``ctx``; returns the ack count."""
+    def ack(self, ctx: bytes, voter: NodeId) -> Set[NodeId]:
+        """Record that ``voter`` answered the heartbeat round for ``ctx``; returns who has.
+
+        The caller counts the answers against the configuration in force when
+        it decides, which may have changed since the round started.
+        """
         req = self._by_ctx.get(ctx)
         if req is None:
-            return 0
+            return frozenset()
         req.acks.add(voter)
-        return len(req.acks)
+        return req.acks
 
     def confirm(self, ctx: bytes) -> list[ReadRequest]:
         """Release ``ctx`` and every request queued before it."""

@@ -9,18 +9,56 @@ Theory of operation
 -------------------
 The runtime owns a ``RaftNode`` and feeds it three kinds of input: ``tick()``
 once per tick of its own clock, ``step(message)`` for every message that
-arrives from a peer, and requests from clients (``propose``, ``read_index``,
-``transfer_leadership``). The core never answers by doing something; it
-collects what must be done into a ``Ready`` batch. The runtime takes that batch
-and, strictly in this order:
+arrives from a peer, and requests from clients (``propose``,
+``propose_conf_change``, ``read_index``, ``transfer_leadership``). The core
+never answers by doing something; it collects what must be done into a
+``Ready`` batch, which the runtime takes with ``ready()``. For each Ready:
 
-1. persists ``snapshot`` (if any), then ``entries`` and ``hard_state`` to stable
-   storage, with one fsync covering the whole batch;
-2. only then sends ``messages`` (a vote or an append acknowledgement is a
-   promise about what is on disk, so it must not leave before the disk has it);
-3. applies ``committed`` entries to the state machine, in order, and serves
-   ``read_states`` once the state machine has applied up to their index;
-4. calls ``advance(ready)``.
+1. send ``messages_now`` at once, before or while the Ready is persisted;
+2. persist ``snapshot`` (if any), then ``entries`` and ``hard_state``, with one
+   fsync covering the whole batch;
+3. only once that persistence has completed, send ``messages``;
+4. apply ``committed`` entries to the state machine, in order, and serve
+   ``read_states`` once the state machine has applied up to their index (both
+   may also happen earlier, see below);
+5. call ``advance(ready)``.
+
+Pipelining: the runtime may take Ready N+1 (and go on calling ``tick``,
+``step`` and the client entry points) while Ready N is still being persisted,
+so a slow fsync delays neither heartbeats nor the next batch. It must persist
+Readys strictly in the order ``ready()`` returned them and call ``advance``
+for each (the very object), in that order, once its persistence has completed. Steps 3 to 5 of
+Ready N therefore happen after Ready N, and every Ready before it, is on disk.
+Committed entries may be applied, and ``read_states`` served, as soon as the
+Ready is taken, before its persistence completes (a quorum holds those entries
+durably). A runtime that does so must still call ``advance`` only after the
+persistence, and must not take a state-machine snapshot at an index before
+every Ready taken so far is persisted (the committed entry may still be on its
+way to the disk, over a stale entry at the same index).
+
+Persist before you speak. ``messages`` holds everything that promises
+something about this member's disk: answers to AppendEntries and to snapshot
+chunks (an acknowledgement says the entries or the snapshot are on disk),
+granted (and refused) votes, this member's own vote requests, and every
+message at all while this member's current term or vote
+is newer than the last ``hard_state`` an ``advance`` confirmed durable. A
+crash may lose what was not yet persisted, so none of these may leave before
+the Ready's persistence completes. ``messages_now`` holds only messages that
+promise nothing about the disk, and only while this member's term and vote
+are the durable ones: a leader's AppendEntries, Heartbeat, InstallSnapshot and
+TimeoutNow, heartbeat answers, ReadIndex requests and answers, and pre-vote
+traffic. This is what lets a leader send new entries to its followers while
+it writes them itself (Raft dissertation, section 10.2.1): the leader counts
+its own copy of an entry towards a quorum only when ``advance`` tells it the
+entry is durable, so a commit always rests on a quorum of durable copies.
+
+Membership: the configuration (voters and learners) changes one member at a
+time through ``EntryKind.CONF_CHANGE`` entries whose payload is an encoded
+``ConfChange``; see core.py. The core applies each one itself as soon as it
+is in its log; committed CONF_CHANGE entries still come out in
+``Ready.committed`` so the runtime can log them and learn new members'
+addresses from ``ConfChange.context``. A snapshot's ``ConfState`` must be the
+configuration in force at its index: ``RaftNode.conf_state_at(index)``.
 """
 
 from __future__ import annotations
@@ -40,7 +78,7 @@ class EntryKind(enum.IntEnum):
     NORMAL = 0
     """An opaque command for the state machine (empty for a leader's no-op)."""
     CONF_CHANGE = 1
-    """A membership change; reserved for the membership issue."""
+    """A membership change: ``data`` is an encoded ``ConfChange``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +93,12 @@ class Entry:
 class HardState:
     """What a node must remember across a crash.
 
-    ``term`` and ``vote`` must be durable before any message of the same Ready
-    is sent. ``commit`` is advisory: a store may persist it lazily, because a
-    node that restarts with a lower commit index simply relearns it from the
-    leader (it never goes backwards in a running node).
+    ``term`` and ``vote`` must be durable before ``Ready.messages`` of the same
+    Ready are sent (``messages_now`` only ever carries a term and vote that an
+    earlier, advanced Ready made durable). ``commit`` is advisory: a store may
+    persist it lazily, because a node that restarts with a lower commit index
+    simply relearns it from the leader (it never goes backwards in a running
+    node).
     """
 
     term: int = 0
@@ -72,6 +112,93 @@ class ConfState:
 
     voters: tuple[NodeId, ...] = ()
     learners: tuple[NodeId, ...] = ()
+
+
+class ConfChangeKind(enum.IntEnum):
+    """What a single-member configuration change does."""
+
+    ADD_LEARNER = 1
+    """A new member joins as a learner: it receives the log but does not vote."""
+    PROMOTE = 2
+    """A learner becomes a voter."""
+    REMOVE = 3
+    """A voter or a learner leaves the configuration."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConfChange:
+    """One membership change, the payload of an ``EntryKind.CONF_CHANGE`` entry.
+
+    ``context`` is opaque to the core; the runtime uses it to carry what it
+    needs to reach the member (its address).
+    """
+
+    kind: ConfChangeKind
+    node: NodeId
+    context: bytes = b""
+
+
+class ConfChangeDecodeError(ValueError):
+    """The bytes are not an encoded ConfChange."""
+
+
+_CONF_CHANGE_VERSION = 1
+MAX_NODE_ID_BYTES = 255
+MAX_CONF_CONTEXT_BYTES = 1 << 16
+
+
+def encode_conf_change(change: ConfChange) -> bytes:
+    """Version, kind, id length (1 byte), UTF-8 id, context length (4 bytes), context.
+
+    Raises ValueError for a change that could not be decoded back: an empty or
+    over-long id, an over-long context, an unknown kind.
+    """
+    kind = ConfChangeKind(change.kind)
+    node = change.node.encode("utf-8")
+    if not node or len(node) > MAX_NODE_ID_BYTES:
+        raise ValueError(f"a member id must be 1 to {MAX_NODE_ID_BYTES} UTF-8 bytes")
+    context = bytes(change.context)
+    if len(context) > MAX_CONF_CONTEXT_BYTES:
+        raise ValueError(f"a change's context is at most {MAX_CONF_CONTEXT_BYTES} bytes")
+    return b"".join(
+        (
+            bytes((_CONF_CHANGE_VERSION, kind, len(node))),
+            node,
+            len(context).to_bytes(4, "big"),
+            context,
+        )
+    )
+
+
+def decode_conf_change(data: bytes) -> ConfChange:
+    """The inverse of ``encode_conf_change``; raises ConfChangeDecodeError on anything else."""
+    if len(data) < 3:
+        raise ConfChangeDecodeError(f"a configuration change of only {len(data)} bytes")
+    version, kind_code, id_len = data[0], data[1], data[2]
+    if version != _CONF_CHANGE_VERSION:
+        raise ConfChangeDecodeError(f"unknown configuration change version {version}")
+    try:
+        kind = ConfChangeKind(kind_code)
+    except ValueError:
+        raise ConfChangeDecodeError(f"unknown configuration change kind {kind_code}") from None
+    if id_len == 0:
+        raise ConfChangeDecodeError("a configuration change names no member")
+    context_at = 3 + id_len
+    if len(data) < context_at + 4:
+        raise ConfChangeDecodeError("a configuration change is cut short")
+    try:
+        node = bytes(data[3:context_at]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfChangeDecodeError("a configuration change's member id is not UTF-8") from None
+    context_len = int.from_bytes(data[context_at : context_at + 4], "big")
+    end = context_at + 4 + context_len
+    if context_len > MAX_CONF_CONTEXT_BYTES:
+        raise ConfChangeDecodeError(f"a configuration change's context claims {context_len} bytes")
+    if len(data) != end:
+        raise ConfChangeDecodeError(
+            f"a configuration change of {end} bytes arrived as {len(data)} bytes"
+        )
+    return ConfChange(kind, node, bytes(data[context_at + 4 : end]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,26 +438,34 @@ class NotLeader:
 
 
 @dataclass(frozen=True, slots=True)
+class ConfChangeRefused:
+    """The leader will not take this configuration change now; ``reason`` says why."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Ready:
     """One batch of work for the runtime. See the module docstring for the order.
 
-    Persist ``snapshot``, ``entries`` and ``hard_state`` (one fsync for the
-    batch) *before* sending any of ``messages``. ``entries`` may start at or
-    below the store's last index: the store then drops its conflicting suffix
-    first. ``committed`` entries are applied in order; ``read_states`` are
-    served once applied >= their index. Then call ``RaftNode.advance(ready)``.
+    Send ``messages_now`` at once. Persist ``snapshot``, ``entries`` and
+    ``hard_state`` (one fsync for the batch), and only then send ``messages``.
+    ``entries`` may start at or below the store's last index: the store then
+    drops its conflicting suffix first. ``committed`` entries are applied in
+    order; ``read_states`` are served once applied >= their index. Then call
+    ``RaftNode.advance(ready)``, in the order the Readys were taken.
     """
 
     hard_state: HardState | None = None
     entries: tuple[Entry, ...] = ()
     snapshot: Snapshot | None = None
     messages: tuple[Message, ...] = ()
+    """Sent only after this Ready (and every earlier one) is persisted."""
     committed: tuple[Entry, ...] = ()
     read_states: tuple[ReadState, ...] = ()
     soft_state: SoftState | None = None
     messages_now: tuple[Message, ...] = ()
-    """Messages that may leave before this Ready is persisted (none yet: see the
-    membership and §10.2.1 work on the core)."""
+    """Sent at once: none of them promises anything about this member's disk."""
 
     def is_empty(self) -> bool:
         return (
@@ -338,10 +473,15 @@ class Ready:
             and not self.entries
             and self.snapshot is None
             and not self.messages
+            and not self.messages_now
             and not self.committed
             and not self.read_states
             and self.soft_state is None
         )
+
+    def must_persist(self) -> bool:
+        """Whether this Ready carries anything for stable storage (and so must be advanced)."""
+        return self.hard_state is not None or bool(self.entries) or self.snapshot is not None
 
 
 # ---------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """A tiny in-test network for driving RaftNodes by hand.
 
 Every node gets a MemoryStorage. ``persist`` plays the runtime: it takes each
-Ready, writes snapshot, entries and hard state to storage, queues the messages,
-records committed entries as "applied", then calls advance. Messages are only
+Ready, queues ``messages_now``, writes snapshot, entries and hard state to
+storage, queues ``messages``, records committed entries as "applied", then
+calls advance. Messages are only
 delivered when a test says so (``deliver``/``stabilize``), and a ``drop``
 predicate or a cut link discards them, so every interleaving is explicit.
 """
@@ -77,6 +78,16 @@ class Net:
         self.readies.setdefault(n, [])
         return node
 
+    def add(self, n: NodeId) -> RaftNode:
+        """Start a new, empty member; like every member it boots with the bootstrap config."""
+        self.storages[n] = MemoryStorage(ConfState(self.voters, self.learners))
+        return self.start(n)
+
+    def stop(self, n: NodeId) -> None:
+        """Stop ``n`` for good (a removed member): it neither sends nor receives again."""
+        del self.nodes[n]
+        self.queue = deque(m for m in self.queue if n not in (m.dst, m.src))
+
     def restart(self, n: NodeId) -> RaftNode:
         """Lose everything not persisted; the state machine restarts from the snapshot."""
         self.queue = deque(m for m in self.queue if n not in (m.dst, m.src))
@@ -99,6 +110,8 @@ class Net:
             if not node.has_ready():
                 break
             rd = node.ready()
+            self.queue.extend(rd.messages_now)
+            self.sent.extend(rd.messages_now)
             if rd.snapshot is not None:
                 storage.apply_snapshot(rd.snapshot)
                 self.snapshots[n].append(rd.snapshot)

@@ -4,6 +4,7 @@ transfer, fast backtracking, chunked snapshots, the in-flight window and batchin
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -43,11 +44,16 @@ def test_single_node_cluster_elects_itself_and_commits() -> None:
     assert leader.term == 1
     index = leader.propose(b"only")
     rd = leader.ready()
-    # Entries, commit and the committed entries come in one Ready: persist, then apply.
+    # A lone voter commits only what its own disk has confirmed: nothing yet.
     assert [e.index for e in rd.entries] == [index]
+    assert rd.committed == ()
+    assert rd.messages == rd.messages_now == ()
+    net.storages["n1"].append(rd.entries)
+    leader.advance(rd)
+    assert leader.commit_index == index
+    rd = leader.ready()
     assert rd.committed[-1].index == index
     assert rd.hard_state is not None and rd.hard_state.commit == index
-    assert rd.messages == ()
     leader.advance(rd)
     assert not leader.has_ready()
 
@@ -101,7 +107,9 @@ def test_pre_vote_does_not_change_term_or_vote() -> None:
     rd = node.ready()
     assert rd.hard_state is None  # nothing to persist: term and vote unchanged
     assert rd.soft_state == SoftState(Role.PRE_CANDIDATE, None, 0)
-    requests = of_type(rd.messages, VoteRequest)
+    # Pre-vote promises nothing about the disk: it leaves at once.
+    assert of_type(rd.messages, VoteRequest) == []
+    requests = of_type(rd.messages_now, VoteRequest)
     assert {(r.term, r.pre_vote) for r in requests} == {(1, True)}
 
 
@@ -290,10 +298,33 @@ def test_without_check_quorum_leader_keeps_leading_alone() -> None:
 def test_read_index_single_voter_answers_at_once() -> None:
     net = Net(1)
     leader = net.elect("n1")
-    leader.propose(b"a")
+    leader.propose(b"a")  # not durable yet, so not committed: the read need not see it
     assert leader.read_index(b"r1") is None
     rd = leader.ready()
-    assert rd.read_states == (ReadState(b"r1", 2),)
+    assert rd.read_states == (ReadState(b"r1", 1),)
+
+
+def test_read_index_single_voter_waits_until_its_no_op_is_durable() -> None:
+    net = Net(1)
+    net.elect("n1")
+    net["n1"].propose(b"a")
+    net.persist("n1")
+    storage = net.storages["n1"]
+    storage.set_hard_state(replace(storage.hard_state, commit=0))  # commit is persisted lazily
+    node = net.restart("n1")
+    for _ in range(40):
+        node.tick()
+        if node.role is Role.LEADER:
+            break
+    assert node.role is Role.LEADER and node.commit_index == 0
+    node.read_index(b"r1")
+    rd = node.ready()
+    assert rd.read_states == ()  # its commit index may lag what was committed before
+    storage.append(rd.entries)
+    assert rd.hard_state is not None
+    storage.set_hard_state(rd.hard_state)
+    node.advance(rd)
+    assert node.ready().read_states == (ReadState(b"r1", 3),)
 
 
 def test_read_index_leader_confirms_with_a_quorum_heartbeat_round() -> None:
@@ -757,7 +788,8 @@ def test_batching_proposals_between_two_readies_leave_as_one_message_per_followe
     for i in range(100):
         leader.propose(b"%d" % i)
     rd = leader.ready()
-    appends = of_type(rd.messages, AppendEntries)
+    assert rd.messages == ()  # a leader's appends leave while it persists them itself
+    appends = of_type(rd.messages_now, AppendEntries)
     assert sorted(m.dst for m in appends) == ["n2", "n3"]
     assert all(len(m.entries) == 100 for m in appends)
     assert len(rd.entries) == 100
@@ -770,7 +802,7 @@ def test_batching_respects_max_entries_bytes_and_pipelines_the_rest() -> None:
     for _ in range(10):
         leader.propose(b"x" * 300)
     rd = leader.ready()
-    to_n2 = [m for m in of_type(rd.messages, AppendEntries) if m.dst == "n2"]
+    to_n2 = [m for m in of_type(rd.messages_now, AppendEntries) if m.dst == "n2"]
     assert [len(m.entries) for m in to_n2] == [3, 3, 3, 1]
     assert [m.prev_index for m in to_n2] == [1, 4, 7, 10]
 
@@ -823,11 +855,13 @@ def test_empty_storage_bootstraps_membership_from_config() -> None:
     assert nodes["a"].voters == ("a", "b", "c")
     for _ in range(40):
         nodes["a"].tick()
-        pending = list(nodes["a"].ready().messages)
+        rd = nodes["a"].ready()
+        pending = [*rd.messages_now, *rd.messages]
         while pending:
             m = pending.pop(0)
             nodes[m.dst].step(m)
-            pending += nodes[m.dst].ready().messages
+            rd = nodes[m.dst].ready()
+            pending += [*rd.messages_now, *rd.messages]
         if nodes["a"].role is Role.LEADER:
             break
     assert nodes["a"].role is Role.LEADER
@@ -878,7 +912,10 @@ def test_step_and_ready_interleave_with_unadvanced_entries() -> None:
     leader.advance(first)
     second = leader.ready()
     assert [e.data for e in second.entries] == [b"b"]
-    assert [e.data for e in second.committed] == [b"b"]
+    assert [e.data for e in second.committed] == [b"a"]
+    net.storages["n1"].append(second.entries)
+    leader.advance(second)
+    assert [e.data for e in leader.ready().committed] == [b"b"]
 
 
 def test_follower_entries_overwritten_before_advance_are_not_marked_stable() -> None:

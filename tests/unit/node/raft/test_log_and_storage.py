@@ -224,8 +224,22 @@ def test_read_only_confirms_in_order() -> None:
     assert ro.last_ctx() == b""
     assert ro.add(b"1", 5, "a") and ro.add(b"2", 6, "b")
     assert not ro.add(b"1", 7, "a")
-    assert ro.ack(b"nope", "b") == 0
-    assert ro.ack(b"2", "b") == 1
+    assert ro.ack(b"nope", "b") == set()
+    assert ro.ack(b"2", "b") == {"b"}
     assert ro.confirm(b"nope") == []
     assert [r.ctx for r in ro.confirm(b"2")] == [b"1", b"2"]
     assert len(ro) == 0
+
+
+def test_raft_log_an_acknowledgement_covers_the_batches_taken_before_it() -> None:
+    log = RaftLog(stored([1]))
+    log.append(Entry(2, 1))
+    log.take_unstable()
+    log.append(Entry(3, 1))
+    log.take_unstable()
+    log.stable_to(3, 9)  # no batch ends there: ignored
+    assert log.durable_index() == 1
+    log.stable_to(3, 1)  # the disk writes in order: the first batch is on it as well
+    assert log.durable_index() == 3
+    log.stable_to(2, 1)  # already covered: ignored
+    assert log.durable_index() == 3

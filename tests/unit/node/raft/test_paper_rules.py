@@ -48,6 +48,7 @@ def drain(node: RaftNode, storage: MemoryStorage | None = None) -> list[Message]
     msgs: list[Message] = []
     while node.has_ready():
         rd = node.ready()
+        msgs.extend(rd.messages_now)
         if storage is not None:
             if rd.snapshot is not None:
                 storage.apply_snapshot(rd.snapshot)
