@@ -6,7 +6,6 @@ a test says so, so each test can stop the world exactly where a rule applies.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from typing import Any
 
@@ -23,7 +22,6 @@ from dlm.node.machine import (
     SendFrame,
     Timing,
 )
-from dlm.node.raft.core import RaftNode
 from dlm.node.raft.types import (
     AppendEntries,
     AppendEntriesResponse,
@@ -245,23 +243,6 @@ def test_persist_jobs_complete_in_order() -> None:
     assert acked.index(first.entries[-1].index) < acked.index(second.entries[-1].index)
 
 
-class EagerAppendsRaft(RaftNode):
-    """A core that does what the §10.2.1 work on the real one will: a leader's appends and
-    heartbeats go in ``messages_now``, free to leave before its own fsync."""
-
-    def ready(self) -> Ready:
-        rd = super().ready()
-        if self.role is not Role.LEADER:
-            return rd
-        now = tuple(m for m in rd.messages if isinstance(m, AppendEntries | Heartbeat))
-        later = tuple(m for m in rd.messages if not isinstance(m, AppendEntries | Heartbeat))
-        return dataclasses.replace(rd, messages=later, messages_now=now)
-
-
-class EagerAppendsMachine(NodeMachine):
-    raft_class = EagerAppendsRaft
-
-
 def _leader_appends_before_its_persist(machine_class: type[NodeMachine]) -> tuple[bool, bool]:
     """(whether the leader's append of a new entry left while its own Persist was pending,
     whether any Ready of the leader had messages_now)."""
@@ -287,17 +268,9 @@ def _leader_appends_before_its_persist(machine_class: type[NodeMachine]) -> tupl
     return left, any(rd.messages_now for rd in readies)
 
 
-def test_messages_now_leave_before_the_persist_of_their_ready_completes() -> None:
-    left_early, had_now = _leader_appends_before_its_persist(EagerAppendsMachine)
-    assert had_now and left_early
-
-
-def test_the_real_cores_leader_appends_leave_before_its_own_persist() -> None:
+def test_the_leaders_appends_leave_before_its_own_persist_completes() -> None:
     left_early, had_now = _leader_appends_before_its_persist(NodeMachine)
-    if not had_now:
-        assert not left_early  # without messages_now, everything waits for the fsync
-        pytest.skip("the Raft core on this branch does not fill Ready.messages_now yet")
-    assert left_early
+    assert had_now and left_early
 
 
 # ---------------------------------------------------------------------------
