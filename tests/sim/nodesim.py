@@ -112,7 +112,7 @@ DEFAULT_WEIGHTS: dict[str, int] = {
     "client_cut": 3,
     "client_cut_leader": 2,
     "client_pause": 3,
-    "client_slow": 3,
+    "client_slow": 4,
 }
 CLIENT_FAULTS = frozenset({"client_cut", "client_cut_leader", "client_pause", "client_slow"})
 
@@ -712,7 +712,8 @@ class NodeSimulation:
 
     def _latency(self, proc: ClientProc | None = None) -> int:
         extra = self.slow.get(proc.name, 0) if proc is not None else 0
-        return self.net_rng.randint(100, 2000) + (self.net_rng.randint(0, extra) if extra else 0)
+        slow = self.net_rng.randint(extra // 2, extra) if extra else 0
+        return self.net_rng.randint(100, 2000) + slow
 
     def connect(self, client: SimClient, member: SimMember) -> SimConn:
         conn = SimConn(client, member)
@@ -1104,7 +1105,7 @@ class NodeSimulation:
             undo = self._cut([(proc.name, t) for t in targets])
         elif kind == "client_slow":
             proc = rng.choice(self.procs)
-            self.slow[proc.name] = rng.choice((150 * MS, 400 * MS, 800 * MS))
+            self.slow[proc.name] = rng.choice((200 * MS, 500 * MS, 1000 * MS))
 
             def undo_slow() -> None:
                 self.slow.pop(proc.name, None)
@@ -1196,13 +1197,15 @@ class NodeSimulation:
             except DlmError:
                 self.stats["open_failed"] += 1
                 continue
-            clock = core.LeaseClock(lease.ttl_ms, lease.confirmed_at)
+            # (The mutant counts from when the answer arrived, the correct client from the send.)
+            start = proc.mono() if self.options.lease_clock_from_reply else lease.confirmed_at
+            clock = core.LeaseClock(lease.ttl_ms, start)
             lost = [False]
             keeper_client = SimClient(proc, proc.name + "k")
             holder = proc.spawn(
                 self._keeper(proc, keeper_client, lease, clock, lost), f"{proc.name}-keeper"
             )
-            zombie = rng.random() < 0.1
+            zombie = rng.random() < 0.15
             handover = not zombie and rng.random() < 0.1
             for _ in range(rng.randint(1, 4)):
                 if lost[0] or proc.stopping:
@@ -1290,8 +1293,13 @@ class NodeSimulation:
     ) -> None:
         heir = ClientProc(self, f"{proc.name}h{self.client_count}", "library")
         self.procs.append(heir)
-        slack = 0.02 * lease.ttl_ms / 1000 + 0.015
-        join_at = proc.clock.real_us(clock.deadline) + int(heir.rng.uniform(-slack, slack) * US)
+        # Aim at the moment the cluster expires the lease: a little after our deadline, by the
+        # margin the deadline keeps (core.lease_deadline), give or take.
+        ttl = lease.ttl_ms / 1000
+        margin = 2 * core.CLOCK_RATE_BOUND * ttl + core.LEASE_SLACK_S
+        spread = 0.01 * ttl + 0.02
+        aim = margin + heir.rng.uniform(-spread, spread)
+        join_at = proc.clock.real_us(clock.deadline) + int(aim * US)
         heir.spawn(self._successor(heir, lease, grant, join_at), heir.name)
 
     def _successor(
