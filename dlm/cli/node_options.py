@@ -89,6 +89,25 @@ NODE_OPTIONS = (
         LOG_FORMATS,
     ),
     NodeOption(
+        "join",
+        "--join",
+        "ADDR[,ADDR...]",
+        "Join a running cluster: ask these members to add this one (first start only).",
+    ),
+    NodeOption(
+        "advertise",
+        "--advertise",
+        "HOST:PORT",
+        "The address other members and clients reach this one at. [default: --listen]",
+    ),
+    NodeOption(
+        "auto_promote",
+        "--auto-promote",
+        "on|off",
+        "The leader makes a caught-up learner a voter by itself. [default: on]",
+        ("on", "off"),
+    ),
+    NodeOption(
         "metrics_listen",
         "--metrics-listen",
         "HOST:PORT",

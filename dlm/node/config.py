@@ -29,7 +29,7 @@ DEFAULT_PORT = 7700
 DEFAULT_DATA_DIR = "dlm-data"
 DEFAULT_CLUSTER = "dlm"
 META_FILE = "node.json"
-META_FORMAT = 1
+META_FORMAT = 2
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -43,7 +43,9 @@ class NodeConfig:
     node_id: str
     listen: tuple[str, int]
     peers: dict[str, tuple[str, int]]
-    """Every voter's advertised address, this node included."""
+    """The cluster's first members (its bootstrap configuration) and their addresses: this
+    member included, unless it joined later. After the first start the configuration
+    comes from the log and snapshots; this map only says who the first voters were."""
     data_dir: Path
     cluster: str
     timing: Timing = field(default_factory=Timing)
@@ -57,11 +59,21 @@ class NodeConfig:
     fsync: bool = True
     metrics_listen: tuple[str, int] | None = None
     """Where to serve Prometheus metrics (None: nowhere)."""
+    join: tuple[str, ...] = ()
+    """Members to ask to be added, for a member that joins a running cluster."""
+    advertise: tuple[str, int] | None = None
+    """The address others reach this member at (default: its --peers entry, else --listen)."""
+    auto_promote: bool = True
+    peers_given: bool = False
+    """Whether --peers was given (it is only needed, and only used, at the first start)."""
 
     @property
     def address(self) -> str:
-        host, port = self.peers[self.node_id]
-        return format_addr(host, port)
+        if self.advertise is not None:
+            return format_addr(*self.advertise)
+        if self.node_id in self.peers:
+            return format_addr(*self.peers[self.node_id])
+        return format_addr(*self.listen)
 
     @property
     def voters(self) -> tuple[str, ...]:
@@ -92,10 +104,30 @@ class NodeConfig:
                 settings.get("max_meta_bytes"), "--max-meta-bytes", default.max_meta_bytes
             ),
         )
+        join = settings.get("join")
+        join_addrs: tuple[str, ...] = ()
+        if join:
+            join_addrs = tuple(format_addr(*_parse(a, "--join")) for a in join.split(",") if a)
+            if settings.get("peers"):
+                raise ConfigError(
+                    "--join and --peers do not go together: --peers names the members of a new "
+                    "cluster, --join asks a running one to add this member"
+                )
+        advertise = settings.get("advertise")
+        auto = (settings.get("auto_promote") or "on").strip().lower()
+        if auto not in ("on", "off"):
+            raise ConfigError(f"--auto-promote takes on or off, not {auto!r}")
+        if join_addrs:
+            # A joining member is not among the first members: it learns them when it joins.
+            config = replace(config, peers={})
         return replace(
             config,
             metrics_listen=_parse(metrics, "--metrics-listen") if metrics else None,
             quotas=quotas,
+            join=join_addrs,
+            advertise=_parse(advertise, "--advertise") if advertise else None,
+            auto_promote=auto == "on",
+            peers_given=bool(settings.get("peers")),
         )
 
     @classmethod
@@ -186,13 +218,25 @@ def parse_peers(text: str) -> dict[str, tuple[str, int]]:
     return out
 
 
-def check_data_dir(config: NodeConfig) -> bool:
-    """Refuses a data dir made for another node or cluster; True when it is new (no meta yet)."""
+@dataclass(frozen=True, slots=True)
+class DataDirMeta:
+    """What ``node.json`` says: whose directory this is, and the cluster's first members."""
+
+    node: str
+    cluster: str
+    peers: dict[str, tuple[str, int]] | None
+    """The bootstrap members (None in a directory of the previous release, which did not
+    record them)."""
+    format: int
+
+
+def check_data_dir(config: NodeConfig) -> DataDirMeta | None:
+    """Refuses a data dir made for another node or cluster; None when it is new (no meta)."""
     path = config.data_dir / META_FILE
     try:
         raw = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return True
+        return None
     except NotADirectoryError:
         raise ConfigError(f"data dir {config.data_dir} is not a directory") from None
     except OSError as exc:
@@ -202,6 +246,13 @@ def check_data_dir(config: NodeConfig) -> bool:
         node, cluster = meta["node"], meta["cluster"]
         if not isinstance(node, str) or not isinstance(cluster, str):
             raise TypeError
+        raw_peers = meta.get("peers")
+        peers = None
+        if raw_peers is not None:
+            if not isinstance(raw_peers, dict):
+                raise TypeError
+            peers = {str(k): parse_addr(str(v)) for k, v in raw_peers.items()}
+        version = int(meta.get("format", 1))
     except (ValueError, KeyError, TypeError):
         raise ConfigError(
             f"{path} is damaged: it should name the node and cluster this data dir belongs to"
@@ -212,15 +263,23 @@ def check_data_dir(config: NodeConfig) -> bool:
             f"not node {config.node_id!r} of cluster {config.cluster!r}: "
             "start with the matching --id/--cluster-id or use another --data"
         )
-    return False
+    return DataDirMeta(node, cluster, peers, version)
 
 
 def write_meta(config: NodeConfig) -> None:
-    """Records the owner of a fresh data dir (atomically: temp file, fsync, rename)."""
+    """Records the owner of a data dir and the cluster's first members (atomically: temp
+    file, fsync, rename, fsync of the directory)."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
     path = config.data_dir / META_FILE
     tmp = path.with_suffix(".tmp")
-    body = json.dumps({"format": META_FORMAT, "node": config.node_id, "cluster": config.cluster})
+    body = json.dumps(
+        {
+            "format": META_FORMAT,
+            "node": config.node_id,
+            "cluster": config.cluster,
+            "peers": {k: format_addr(*v) for k, v in sorted(config.peers.items())},
+        }
+    )
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(body + "\n")
         f.flush()

@@ -59,6 +59,10 @@ from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.types import (
     AppendEntries,
     AppendEntriesResponse,
+    ConfChange,
+    ConfChangeDecodeError,
+    ConfChangeKind,
+    ConfChangeRefused,
     ConfState,
     Entry,
     EntryKind,
@@ -70,6 +74,7 @@ from dlm.node.raft.types import (
     Ready,
     Role,
     Snapshot,
+    decode_conf_change,
 )
 from dlm.node.stats import Stats
 from dlm.wire import (
@@ -83,7 +88,10 @@ from dlm.wire import (
     ListLeases,
     ListLocks,
     LockChange,
+    MemberAdd,
     MemberChange,
+    MemberPromote,
+    MemberRemove,
     Members,
     OpenLease,
     Ping,
@@ -96,8 +104,13 @@ from dlm.wire import (
     error,
     grant_push,
     ok,
+    parse_addr,
 )
 
+PROMOTE_LAG = 64
+"""A learner this close to the leader's log (in entries) is caught up: it may vote."""
+REMOVED = "was removed from this cluster"
+"""Words a member uses when it refuses a peer it knows was removed (the peer then stops)."""
 MAX_BAD_REQUESTS = 16
 """Bad requests of any kind tolerated on one client connection before it is closed."""
 NODE_IMAGE_FORMAT = 2
@@ -164,14 +177,17 @@ class MachineConfig:
     node_id: NodeId
     cluster: str
     peers: Mapping[NodeId, str]
-    """Bootstrap membership: every voter's address, this member included (used only
-    until the log or a snapshot says otherwise)."""
+    """The cluster's first members (its bootstrap configuration) and their addresses."""
     timing: Timing = field(default_factory=Timing)
     snapshot_every: int = 10_000
     snapshot_keep: int = 1_000
     quotas: Quotas = field(default_factory=Quotas)
     max_version: int = PROTOCOL_SPOKEN
     """The highest cluster version this member runs (tests lower it to play an old member)."""
+    auto_promote: bool = True
+    """The leader promotes a learner to voter once it is within PROMOTE_LAG entries."""
+    address: str = ""
+    """This member's own address (for a member that joined later, not in ``peers``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,6 +347,10 @@ class NodeMachine:
 
         self.locks = self.lock_machine_class()
         self._addresses: dict[NodeId, str] = dict(config.peers)
+        if config.address:
+            self._addresses.setdefault(config.node_id, config.address)
+        self._removed_ids: set[NodeId] = set()
+        self._member_proposals: dict[int, tuple[int, MemberChange]] = {}
         snap = storage.snapshot()
         self._snapshot_index = 0
         if snap is not None and snap.data:
@@ -371,6 +391,7 @@ class NodeMachine:
         self._append_sent: dict[NodeId, dict[int, float]] = {}
         self._version_proposed_at = -1.0e9
         self._stopping = False
+        self._stopped = False
         self._reject_log_at = -1.0e9
         self._rejects_unlogged = 0
         self._granted_mono: dict[tuple[str, str], float] = {}
@@ -442,6 +463,7 @@ class NodeMachine:
             if self.tracker.leading:
                 self._expire_due(now)
                 self._maybe_raise_version(now)
+                self._promote_caught_up_learners()
             self._watch_peers(now)
             self._time_out_requests(now)
         self._pump(now)
@@ -491,6 +513,8 @@ class NodeMachine:
         """Why a peer's (authenticated) hello is refused, or None to accept it."""
         if node == self.config.node_id:
             return f"{node!r} is this member's own id"
+        if node in self._removed_ids:
+            return f"member {node} {REMOVED}: remove its data directory and join it again"
         if node not in self._addresses and node not in self.raft.voters:
             return f"{node!r} is not a member of this cluster"
         if self.locks.version >= 2 and speaks < 2:
@@ -499,6 +523,13 @@ class NodeMachine:
                 "version 2: upgrade it to this release"
             )
         return None
+
+    def peer_refused(self, node: NodeId, message: str) -> None:
+        """A member refused our link; if it says we were removed, we stop (exit 0)."""
+        if REMOVED in message and not self._stopped:
+            self._stopped = True
+            self._log("warning", "removed", told_by=node)
+            self._emit(Stop(f"this member {REMOVED} (told by {node})", 0))
 
     def peer_version(self, node: NodeId, speaks: int) -> None:
         """A link to or from ``node`` learned the highest protocol version it speaks."""
@@ -514,7 +545,7 @@ class NodeMachine:
         me = self.config.node_id
         members = self._addresses
         for msg in messages:
-            if msg.src != src or msg.dst != me or src not in members:
+            if msg.src != src or msg.dst != me or src not in members or src in self._removed_ids:
                 self._reject(now, "peer_message_refused", peer=src, message=type(msg).__name__)
                 continue
             heard_before = self._peer_heard.get(src, self._leading_since)
@@ -697,6 +728,8 @@ class NodeMachine:
                 raise ValueError("snapshot image has an unknown layout")
             self.locks = self.lock_machine_class.restore(lock_image)
             self._addresses = {str(k): str(v) for k, v in members.items()}
+            removed = item.get("removed", [])
+            self._removed_ids = {str(r) for r in removed} if isinstance(removed, list) else set()
         else:
             self.locks = self.lock_machine_class.restore(data)
 
@@ -707,7 +740,12 @@ class NodeMachine:
         members = {m: self._addresses[m] for m in sorted(self._addresses)}
         return bytes(
             cbor2.dumps(
-                {"format": NODE_IMAGE_FORMAT, "locks": lock_image, "members": members},
+                {
+                    "format": NODE_IMAGE_FORMAT,
+                    "locks": lock_image,
+                    "members": members,
+                    "removed": sorted(self._removed_ids),
+                },
                 canonical=True,
             )
         )
@@ -717,10 +755,49 @@ class NodeMachine:
         entry is in our log, since the configuration takes effect then."""
         changed = False
         for entry in entries:
-            if entry.kind is EntryKind.CONF_CHANGE:
-                changed = True
+            if entry.kind is not EntryKind.CONF_CHANGE:
+                continue
+            changed = True
+            change = _conf_change(entry)
+            if change is not None and change.kind is ConfChangeKind.ADD_LEARNER:
+                address = _address_of(change)
+                if address is not None:
+                    self._addresses[change.node] = address
         if changed:
             self._emit(PeersChanged(self._peer_map()))
+
+    def _applied_conf_change(self, entry: Entry, now: Instant) -> None:
+        """A membership change committed: say so, answer whoever asked, stop if it was us."""
+        change = _conf_change(entry)
+        proposal = self._member_proposals.pop(entry.index, None)
+        if change is not None:
+            if change.kind is ConfChangeKind.REMOVE:
+                self._removed_ids.add(change.node)
+            event = {
+                ConfChangeKind.ADD_LEARNER: "member_added",
+                ConfChangeKind.PROMOTE: "member_promoted",
+                ConfChangeKind.REMOVE: "member_removed",
+            }[change.kind]
+            self._log(
+                "info",
+                event,
+                member=change.node,
+                address=self._addresses.get(change.node),
+                index=entry.index,
+            )
+        self._emit(PeersChanged(self._peer_map()))
+        if proposal is not None:
+            conn, req = proposal
+            self._answer_request(conn, req.TYPE, ok(req.id, **self.members_view(now)))
+        if self.raft.removed and not self._stopped:
+            self._stopped = True
+            self._emit(
+                Stop(
+                    f"this member {REMOVED}; to bring it back, remove its data directory "
+                    "and start it with --join",
+                    0,
+                )
+            )
 
     def _apply(self, committed: Iterable[Entry], now: Instant) -> None:
         machine = self.locks
@@ -734,6 +811,8 @@ class NodeMachine:
                 proposal = proposals.pop(index, None)
                 if proposal is not None:
                     self._reply_not_leader(proposal.conn, proposal.request)
+                if entry.kind is EntryKind.CONF_CHANGE:
+                    self._applied_conf_change(entry, now)
                 continue
             proposal = proposals.pop(index, None)
             held_before = machine.counts().locks
@@ -1006,15 +1085,132 @@ class NodeMachine:
         return locks.UpdateLeaseCommand(req.lease, req.ttl_ms, req.finished, origin, at_ms)
 
     def _member_change(self, state: _Conn, req: MemberChange, now: Instant) -> None:
-        self._answer_request(
-            state.conn,
-            req.TYPE,
-            error(
-                req.id,
-                ErrorCode.BAD_REQUEST,
-                "membership changes are not supported by this member",
-            ),
-        )
+        conn = state.conn
+        if self._role is not Role.LEADER:
+            self._reply_not_leader(conn, req)
+            return
+        try:
+            change = self._conf_change_for(req)
+        except _Refusal as refusal:
+            frame = error(req.id, refusal.code, refusal.message, **refusal.extra)
+            self._answer_request(conn, req.TYPE, frame)
+            return
+        if change is None:  # the leader removes itself: it hands over first
+            self._reply_not_leader(conn, req, self.raft.lead_transferee)
+            return
+        result = self.raft.propose_conf_change(change)
+        if isinstance(result, NotLeader):
+            self._reply_not_leader(conn, req, result.leader)
+        elif isinstance(result, ConfChangeRefused):
+            pending = "uncommitted" in result.reason or "committed" in result.reason
+            code = ErrorCode.CONFLICT if pending else ErrorCode.BAD_REQUEST
+            message = result.reason + (
+                ": another membership change is in progress; retry in a moment" if pending else ""
+            )
+            self._answer_request(conn, req.TYPE, error(req.id, code, message))
+        else:
+            self._member_proposals[result] = (conn, req)
+            self._emit(PeersChanged(self._peer_map()))
+            self._log("info", "member_change_proposed", change=change.kind.name, member=change.node)
+
+    def _conf_change_for(self, req: MemberChange) -> ConfChange | None:
+        """The change ``req`` asks for; None when the leader must first hand over (it is the
+        one to go); _Refusal with the reason it may not be made."""
+        if self.locks.version < 2:
+            raise _upgrading("a membership change")
+        raft = self.raft
+        voters, learners = set(raft.voters), set(raft.learners)
+        member = req.member
+        if isinstance(req, MemberAdd):
+            if member in voters or member in learners:
+                raise _Refusal(ErrorCode.BAD_REQUEST, f"{member} is already a member")
+            if member in self._removed_ids:
+                raise _Refusal(
+                    ErrorCode.BAD_REQUEST,
+                    f"{member} was a member and was removed: ids are not reused, pick another",
+                )
+            wanted = parse_addr(req.address)
+            for other in voters | learners:
+                address = self._addresses.get(other)
+                if address is not None and parse_addr(address) == wanted:
+                    raise _Refusal(
+                        ErrorCode.BAD_REQUEST, f"{req.address} is already {other}'s address"
+                    )
+            self._addresses[member] = req.address
+            return ConfChange(ConfChangeKind.ADD_LEARNER, member, req.address.encode())
+        if isinstance(req, MemberPromote):
+            if member not in learners:
+                what = "already a voter" if member in voters else "not a member"
+                raise _Refusal(ErrorCode.BAD_REQUEST, f"{member} is {what}")
+            return ConfChange(ConfChangeKind.PROMOTE, member)
+        assert isinstance(req, MemberRemove)
+        if member not in voters and member not in learners:
+            raise _Refusal(ErrorCode.BAD_REQUEST, f"{member} is not a member")
+        if member in voters:
+            if len(voters) == 1:
+                raise _Refusal(ErrorCode.BAD_REQUEST, f"{member} is the last voter")
+            if not req.force:
+                self._check_quorum_after_removing(member)
+        if member == self.config.node_id:
+            best = self._best_successor()
+            if best is None:
+                raise _Refusal(
+                    ErrorCode.UNAVAILABLE,
+                    "the leader cannot hand over: no other voter is caught up; retry shortly",
+                    retry_after_ms=500,
+                )
+            self._log("info", "transfer_leadership", to=best, reason="leader removal")
+            raft.transfer_leadership(best)
+            return None
+        return ConfChange(ConfChangeKind.REMOVE, member)
+
+    def _check_quorum_after_removing(self, member: NodeId) -> None:
+        status = self.raft.status()
+        remaining = [v for v in self.raft.voters if v != member]
+        reachable = [
+            v
+            for v in remaining
+            if v == self.config.node_id
+            or (status.progress.get(v) is not None and status.progress[v].recent_active)
+        ]
+        if len(reachable) < len(remaining) // 2 + 1:
+            down = sorted(set(remaining) - set(reachable))
+            raise _Refusal(
+                ErrorCode.UNSAFE,
+                f"removing {member} would leave {len(remaining)} voters of which only "
+                f"{len(reachable)} answer ({', '.join(down)} do not): no quorum. Bring them "
+                "back first, or insist with --force",
+            )
+
+    def _best_successor(self) -> NodeId | None:
+        status = self.raft.status()
+        best, best_match = None, -1
+        for peer, pr in status.progress.items():
+            if (
+                peer != self.config.node_id
+                and peer in self.raft.voters
+                and pr.recent_active
+                and pr.match > best_match
+            ):
+                best, best_match = peer, pr.match
+        return best
+
+    def _promote_caught_up_learners(self) -> None:
+        """Leader: a learner within PROMOTE_LAG entries of the log becomes a voter."""
+        if not self.config.auto_promote or self.locks.version < 2:
+            return
+        raft = self.raft
+        if not raft.learners:
+            return
+        status = raft.status()
+        for learner in raft.learners:
+            pr = status.progress.get(learner)
+            if pr is None or not pr.recent_active or status.last_index - pr.match > PROMOTE_LAG:
+                continue
+            result = raft.propose_conf_change(ConfChange(ConfChangeKind.PROMOTE, learner))
+            if isinstance(result, int):
+                self._log("info", "member_change_proposed", change="PROMOTE", member=learner)
+            return  # one change at a time
 
     # -- answering ------------------------------------------------------------
 
@@ -1429,18 +1625,20 @@ class NodeMachine:
             reachable = member == self.config.node_id or (
                 progress is not None and progress.recent_active
             )
+            if not reachable and role == "follower":
+                role = "unknown"
             members.append(
                 {
                     "id": member,
                     "address": self.address_of(member),
                     "role": role,
                     "match": progress.match if progress is not None else None,
-                    "lag": last - progress.match if progress is not None else None,
+                    "lag": last - progress.match if progress is not None and reachable else None,
                     "reachable": reachable,
                     "last_contact_ms": self._last_contact_ms(member, now),
                 }
             )
-        return {"members": members, "leader": st.leader}
+        return {"members": members, "leader": st.leader, "bootstrap": dict(self.config.peers)}
 
     def _last_contact_ms(self, member: NodeId, now: Instant) -> int | None:
         if member == self.config.node_id:
@@ -1526,3 +1724,19 @@ def _check_meta_quota(meta: Mapping[str, str], quotas: Quotas) -> None:
 
 def _role_name(role: Role) -> str:
     return role.value
+
+
+def _conf_change(entry: Entry) -> ConfChange | None:
+    try:
+        return decode_conf_change(entry.data)
+    except ConfChangeDecodeError:
+        return None
+
+
+def _address_of(change: ConfChange) -> str | None:
+    try:
+        address = change.context.decode("utf-8")
+        parse_addr(address)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return address

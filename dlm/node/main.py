@@ -28,13 +28,13 @@ import anyio
 import anyio.abc
 
 from dlm.cli.node_options import ALL_OPTIONS, OptionError, Resolved, resolve
-from dlm.node.config import ConfigError, NodeConfig, check_data_dir, write_meta
+from dlm.node.config import ConfigError, DataDirMeta, NodeConfig, check_data_dir, write_meta
 from dlm.node.log import Logger, default_format, level_named
 from dlm.node.raft.types import ConfState
-from dlm.node.server import run
+from dlm.node.server import RemovedMember, run
 from dlm.store import StoreCorrupted, StoreError, StoreFull
 from dlm.store.disk import DiskStorage
-from dlm.wire import format_addr
+from dlm.wire import format_addr, parse_addr
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -150,7 +150,12 @@ def _describe(exc: BaseException) -> str:
 
 
 async def _main(config: NodeConfig, log: Logger, on_started: Callable[[Any], None] | None) -> int:
-    fresh = check_data_dir(config)
+    meta = check_data_dir(config)
+    if meta is None and config.join:
+        config = await anyio.to_thread.run_sync(_join, config)
+        log.info("joined", cluster=config.cluster, first_members=sorted(config.peers))
+    elif meta is not None:
+        config = _settled(config, meta, log)
     listener = await _listen(config)
     try:
         try:
@@ -168,7 +173,8 @@ async def _main(config: NodeConfig, log: Logger, on_started: Callable[[Any], Non
         except OSError as exc:
             raise StartupError(f"cannot use data dir {config.data_dir}: {exc}") from None
         try:
-            if fresh:
+            if meta is None or meta.peers is None:
+                # A new directory, or one of the previous release: record the first members.
                 try:
                     write_meta(config)
                 except OSError as exc:
@@ -177,6 +183,8 @@ async def _main(config: NodeConfig, log: Logger, on_started: Callable[[Any], Non
                     ) from None
             try:
                 return await run(config, storage, listener, log=log, on_started=on_started)
+            except RemovedMember as exc:
+                raise StartupError(str(exc)) from None
             except Exception:
                 log.error("node_crashed", traceback=traceback.format_exc())
                 raise
@@ -185,6 +193,59 @@ async def _main(config: NodeConfig, log: Logger, on_started: Callable[[Any], Non
             log.info("node_stopped")
     finally:
         await listener.aclose()
+
+
+def _settled(config: NodeConfig, meta: DataDirMeta, log: Logger) -> NodeConfig:
+    """A data directory that was started before: its first members are the ones it recorded
+    (--peers and --join only matter at the first start)."""
+    if config.join:
+        log.warning(
+            "join_ignored",
+            message=f"--join is ignored: {config.data_dir} already holds member "
+            f"{config.node_id}'s data; it rejoins on its own",
+        )
+    if meta.peers is None:
+        return config  # the previous release recorded none: --peers says them, as it did
+    if config.peers_given and meta.peers != config.peers:
+        log.warning(
+            "peers_ignored",
+            message="--peers differs from the members this data directory started with, and is "
+            "ignored: the membership comes from the log (dlm members list)",
+        )
+    return replace(config, peers=meta.peers)
+
+
+def _join(config: NodeConfig) -> NodeConfig:
+    """Asks the running cluster (``--join``) to add this member as a learner; returns the
+    config with the cluster's first members, which this member must boot with."""
+    from dlm.client.errors import BadRequest, DlmError
+    from dlm.client.sync import Client
+
+    where = ",".join(config.join)
+    try:
+        with Client(list(config.join), timeout=30.0) as client:
+            try:
+                view = client.add_member(config.node_id, config.address)
+            except BadRequest as exc:
+                if "already a member" not in str(exc):
+                    raise
+                # A retried join whose first attempt went through: fine if it is us.
+                view = client.members_view()
+                mine = [m for m in view.get("members", []) if m.get("id") == config.node_id]
+                if not mine or mine[0].get("address") != config.address:
+                    raise StartupError(
+                        f"cannot join {where}: {config.node_id} is already a member at another "
+                        "address; pick another --id"
+                    ) from None
+    except DlmError as exc:
+        raise StartupError(f"cannot join {where}: {exc}") from None
+    bootstrap = view.get("bootstrap")
+    if not isinstance(bootstrap, dict) or not bootstrap:
+        raise StartupError(
+            f"cannot join {where}: the member did not say who the first members were"
+        )
+    peers = {str(node): parse_addr(str(addr)) for node, addr in bootstrap.items()}
+    return replace(config, peers=peers)
 
 
 async def _listen(config: NodeConfig) -> anyio.abc.Listener[Any]:

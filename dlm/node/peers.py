@@ -155,6 +155,7 @@ class PeerLink:
         log: Logger,
         on_down: Callable[[str], None],
         on_welcome: Callable[[str, int], None] | None = None,
+        on_refused: Callable[[str, str], None] | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.peer_id = peer_id
@@ -164,6 +165,7 @@ class PeerLink:
         self._log = log
         self._on_down = on_down
         self._on_welcome = on_welcome
+        self._on_refused = on_refused
         self._rng = rng or random.Random()
         self._transport: asyncio.Transport | None = None
         self._queued: list[Message] = []
@@ -292,6 +294,8 @@ class PeerLink:
             message = reply.get("message") if isinstance(reply, dict) else None
             self._log.warning("peer_refused", peer=self.peer_id, message=str(message)[:200])
             transport.abort()
+            if self._on_refused is not None and isinstance(message, str):
+                self._on_refused(self.peer_id, message)
             return None
         version = reply.get("version")
         if self._on_welcome is not None and isinstance(version, int):

@@ -33,6 +33,7 @@ import queue
 import random
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -88,6 +89,10 @@ CLIENT_BUFFER_LIMIT = 16 * CLIENT_FRAME_LIMIT
 """Unsent reply bytes beyond which a client that does not read is cut off."""
 MAX_CONNECTIONS = 8192
 """Client connections per member; peers always get in (they are few)."""
+
+
+class RemovedMember(Exception):
+    """This data directory belongs to a member that was removed; the message says what to do."""
 
 
 def now() -> Instant:
@@ -197,6 +202,8 @@ class NodeServer:
                 node_id=config.node_id,
                 cluster=config.cluster,
                 peers={node: _addr_text(addr) for node, addr in sorted(config.peers.items())},
+                address=config.address,
+                auto_promote=config.auto_promote,
                 timing=config.timing,
                 snapshot_every=config.snapshot_every,
                 snapshot_keep=config.snapshot_keep,
@@ -215,6 +222,8 @@ class NodeServer:
         self._clients: dict[int, _Client] = {}
         self._next_conn = 1
         self._links: dict[str, PeerLink] = {}
+        self._peer_conns: dict[str, set[_Connection]] = {}
+        """Inbound connections of each peer (the ones it dialled to us)."""
         self._link_scopes: dict[str, anyio.CancelScope] = {}
         self._task_group: anyio.abc.TaskGroup | None = None
         self._wake = asyncio.Event()
@@ -225,6 +234,8 @@ class NodeServer:
         self._pending_peers: dict[str, str] | None = None
         self.failure: BaseException | None = None
         """Why the disk worker stopped the member, if it did."""
+        self.stop_reason: str | None = None
+        """Why the machine asked the member to stop (removed from the cluster), if it did."""
         self.metrics: Any = None
         """The /metrics listener, when --metrics-listen is given."""
 
@@ -358,6 +369,7 @@ class NodeServer:
         elif isinstance(action, Stop):
             self.log.info("stopping", reason=action.reason)
             self.exit_code = action.code
+            self.stop_reason = action.reason
             self.stopped.set()
 
     def _persist_done(
@@ -409,6 +421,11 @@ class NodeServer:
     # ------------------------------------------------------------------ peers
 
     def _reconcile_links(self, peers: dict[str, str]) -> None:
+        # A member that left the configuration loses its connections to us too: when it
+        # dials again it is told it was removed, and stops.
+        for peer_id in [p for p in self._peer_conns if p not in peers]:
+            for conn in self._peer_conns.pop(peer_id):
+                conn.close()
         tg = self._task_group
         if tg is None:
             self._pending_peers = peers
@@ -431,6 +448,7 @@ class NodeServer:
                 log=self.log,
                 on_down=self._peer_down,
                 on_welcome=self._peer_welcomed,
+                on_refused=self._peer_refused,
                 rng=random.Random(self._rng.random()),
             )
             self._links[peer_id] = link
@@ -449,6 +467,10 @@ class NodeServer:
 
     def _peer_welcomed(self, peer: str, version: int) -> None:
         self.machine.peer_version(peer, version)
+
+    def _peer_refused(self, peer: str, message: str) -> None:
+        self.machine.peer_refused(peer, message)
+        self._run_actions()
 
     def _peer_frames(self, src: str, decoder: FrameDecoder) -> None:
         """Steps every Raft message buffered from ``src``; ProtocolError ends the connection."""
@@ -564,7 +586,15 @@ class _Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._hello_timer = loop.call_later(self._server.limits.hello_timeout, transport.abort)
 
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._peer is not None:
+            conns = self._server._peer_conns.get(self._peer)
+            if conns is not None:
+                conns.discard(self)
         if self._hello_timer is not None:
             self._hello_timer.cancel()
         if self._transport is not None:
@@ -643,6 +673,7 @@ class _Connection(asyncio.Protocol):
             server.machine.peer_version(hello.node, hello.speaks)
             transport.write(encode_frame(welcome(config.node_id, config.cluster, version)))
             self._peer = hello.node
+            server._peer_conns.setdefault(hello.node, set()).add(self)
             self._peer_decoder = FrameDecoder(PEER_FRAME_LIMIT)
             if rest:
                 self._peer_decoder.feed(rest)
@@ -702,6 +733,11 @@ async def run(
     """Serves until SIGTERM/SIGINT (then shuts down gracefully) or until the machine says
     stop; returns the exit code."""
     server = NodeServer(config, storage, log=log)
+    if server.machine.raft.removed:
+        raise RemovedMember(
+            f"member {config.node_id} was removed from the cluster: to bring it back, remove "
+            f"its data directory ({config.data_dir}) and start it with --join"
+        )
     async with anyio.create_task_group() as tg:
 
         async def watch_signals() -> None:
@@ -723,4 +759,7 @@ async def run(
         tg.cancel_scope.cancel()
     if server.failure is not None:
         raise server.failure
+    if server.stop_reason is not None:
+        sys.stderr.write(f"dlm node: {server.stop_reason}\n")
+        sys.stderr.flush()
     return server.exit_code
