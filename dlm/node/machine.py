@@ -367,6 +367,7 @@ class NodeMachine:
             storage,
             rng,
         )
+        self._addresses_from_log(storage)
         self.tracker = self.tracker_class(expire_retry=timing.expire_retry_s)
         self._role = self.raft.role
         self._leader = self.raft.leader
@@ -737,7 +738,14 @@ class NodeMachine:
         lock_image = self.locks.snapshot()
         if self.locks.version < 2:
             return lock_image  # what a member of the previous release restores
-        members = {m: self._addresses[m] for m in sorted(self._addresses)}
+        # Only replicated facts, so every member's image at this index is the same bytes: the
+        # members of the configuration in force here, with the addresses their entries gave.
+        conf = self.raft.conf_state_at(self.locks.applied_index)
+        members = {
+            m: self._addresses[m]
+            for m in sorted((*conf.voters, *conf.learners))
+            if m in self._addresses
+        }
         return bytes(
             cbor2.dumps(
                 {
@@ -766,6 +774,14 @@ class NodeMachine:
         if changed:
             self._emit(PeersChanged(self._peer_map()))
 
+    def _addresses_from_log(self, storage: LogStorage) -> None:
+        """At start-up: the addresses that membership entries in the stored log carry."""
+        first, last = storage.first_index(), storage.last_index()
+        if last >= first:
+            self._note_conf_entries(
+                e for e in storage.entries(first, last + 1) if e.kind is EntryKind.CONF_CHANGE
+            )
+
     def _applied_conf_change(self, entry: Entry, now: Instant) -> None:
         """A membership change committed: say so, answer whoever asked, stop if it was us."""
         change = _conf_change(entry)
@@ -773,6 +789,10 @@ class NodeMachine:
         if change is not None:
             if change.kind is ConfChangeKind.REMOVE:
                 self._removed_ids.add(change.node)
+            elif change.kind is ConfChangeKind.ADD_LEARNER:
+                address = _address_of(change)
+                if address is not None:
+                    self._addresses[change.node] = address
             event = {
                 ConfChangeKind.ADD_LEARNER: "member_added",
                 ConfChangeKind.PROMOTE: "member_promoted",

@@ -69,6 +69,7 @@ from dlm.node.raft.types import (
     VoteResponse,
 )
 from dlm.store.fs import SimulatedCrash
+from dlm.wire import MemberAdd, MemberChange, MemberRemove
 
 from .checkers import SafetyChecker, Violation
 from .harness import MemoryBackend, StorageBackend
@@ -76,6 +77,8 @@ from .lockcheck import LockChecker, Section
 from .world import US, Clock, World
 
 NODE_NAMES = ("n1", "n2", "n3", "n4", "n5")
+SPARE_NAMES = tuple(f"n{i}" for i in range(6, 40))
+"""Ids of members that join later (ids are never reused)."""
 LIMITS = {"k0": 1, "k1": 1, "k2": 1, "sem": 2}
 MS = 1000
 TIMING = Timing(
@@ -135,6 +138,8 @@ class NodeSimOptions:
     machine_class: type[NodeMachine] | None = None
     lock_machine_class: type[locks.LockStateMachine] | None = None
     tracker_class: type[LeaseTracker] | None = None
+    membership: bool = True
+    """Add, promote and remove members (the leader too) while everything else goes on."""
     peer_version: int = 2
     """The protocol version the members tell each other (1: a cluster mid-upgrade)."""
     lease_clock_from_reply: bool = False
@@ -192,6 +197,8 @@ class SimMember:
         self.next_conn = 1
         self.acked_hard_state = HardState()
         self.promised_term = 0
+        self.removed = False
+        """It was removed from the cluster and has stopped for good."""
 
     @property
     def up(self) -> bool:
@@ -227,7 +234,7 @@ class SimClient:
         sim = proc.sim
         sim.client_count += 1
         rng = sim.rng_for(f"client-{name}-{sim.client_count}")
-        addresses = [f"{n}:7700" for n in sim.ids]
+        addresses = [f"{n}:7700" for n in sim.current_ids()]
         clock = proc.clock
         self.ctx = core.Context(
             members=addresses,
@@ -397,6 +404,8 @@ class NodeSimulation:
         self.fault_rng = random.Random(self._root.getrandbits(64))
         count = opts.nodes if opts.nodes is not None else self.rng.choice((3, 3, 5))
         self.ids: tuple[NodeId, ...] = NODE_NAMES[:count]
+        """The cluster's first members (members that join later are added to ``members``)."""
+        self._spares = iter(SPARE_NAMES)
         self.world = World()
         self.raft_checker = SafetyChecker()
         self.checker = LockChecker(dict(LIMITS))
@@ -494,7 +503,24 @@ class NodeSimulation:
         term = log.term(index)
         if data is not None:
             self.raft_checker.observe_apply(member.id, Entry(index, term, data))
-        voters = machine.raft.voters
+        # Single-server changes: an entry commits under the configuration the leader used,
+        # the latest in its log, which may be the one at the entry or one change after it;
+        # a majority of either (they overlap) is what a commit needs.
+        configs = [machine.raft.voters]
+        try:
+            configs.append(machine.raft.conf_state_at(index).voters)
+        except ValueError:
+            pass
+        counts = [(self._durable_on(voters, index, term), voters) for voters in configs]
+        if not any(durable >= majority(voters) for durable, voters in counts):
+            durable, voters = counts[-1]
+            raise Violation(
+                "applied-before-durable",
+                f"{member.id} applied index {index} (term {term}) while only {durable} of "
+                f"{len(voters)} voters stored it",
+            )
+
+    def _durable_on(self, voters: tuple[NodeId, ...], index: int, term: int) -> int:
         durable = 0
         for voter in voters:
             other = self.members.get(voter)
@@ -510,12 +536,7 @@ class NodeSimulation:
                     durable += 1
             except Exception:
                 pass
-        if durable < majority(voters):
-            raise Violation(
-                "applied-before-durable",
-                f"{member.id} applied index {index} (term {term}) while only {durable} of "
-                f"{len(voters)} voters stored it",
-            )
+        return durable
 
     def _applied(self, outcome: locks.ApplyOutcome) -> None:
         for lease, _, incarnation in outcome.armed:
@@ -537,6 +558,7 @@ class NodeSimulation:
             node_id=member.id,
             cluster="sim",
             peers={n: f"{n}:7700" for n in self.ids},
+            address=f"{member.id}:7700",
             timing=TIMING,
             snapshot_every=self.options.snapshot_every,
             snapshot_keep=self.options.snapshot_keep,
@@ -546,7 +568,7 @@ class NodeSimulation:
         member.machine = machine = machine_class(
             config, member.storage, rng, member.clock.instant(self.world.now)
         )
-        for peer in self.ids:
+        for peer in self.members:
             if peer != member.id:
                 machine.peer_version(peer, self.options.peer_version)
         self._after_member_event(member)
@@ -605,7 +627,8 @@ class NodeSimulation:
                 if conn is not None:
                     self._break(conn)
             elif isinstance(action, Stop):
-                raise Violation("stop", f"{member.id} asked to stop: {action.reason}")
+                self._removed(member, action.reason)
+                return
             elif isinstance(action, LogEvent | PeersChanged):
                 pass
         self._check_member(member)
@@ -910,10 +933,69 @@ class NodeSimulation:
                 resume(push)
                 return
 
+    # -- membership ----------------------------------------------------------------------
+
+    def _removed(self, member: SimMember, reason: str) -> None:
+        """The member learned it was removed and stops, for good."""
+        if "removed" not in reason:
+            raise Violation("stop", f"{member.id} asked to stop: {reason}")
+        self.stats["removed_stopped"] += 1
+        self.trace(f"X{self.world.now}{member.id}")
+        member.removed = True
+        member.machine = None
+        member.generation += 1
+        member.disk.clear()
+        for conn in list(member.conns.values()):
+            self._break(conn)
+        member.conns.clear()
+
+    def current_ids(self) -> list[NodeId]:
+        return [m.id for m in self.members.values() if not m.removed]
+
+    def _admin(self, proc: ClientProc) -> Script:
+        """An operator growing, shrinking and reshaping the cluster, one change at a time."""
+        rng = proc.rng
+        admin = SimClient(proc, "admin")
+        while self.world.now < self.heal_at - 2 * US:
+            yield Sleep(rng.uniform(0.6, 2.0))
+            leader = self.leader()
+            if leader is None or leader.machine is None:
+                continue
+            raft = leader.machine.raft
+            voters = list(raft.voters)
+            if raft.learners:
+                continue  # the leader promotes it once it has caught up
+            if len(voters) < 5 and (len(voters) <= 3 or rng.random() < 0.5):
+                new_id = next(self._spares)
+                request: MemberChange = MemberAdd(
+                    id=0, member=new_id, address=f"{new_id}:7700", seq=0
+                )
+                # The new member's process starts as `dlm node start --join` does: empty.
+                self._spawn_member(new_id)
+                self.stats["members_added"] += 1
+            else:
+                victim = leader.id if rng.random() < 0.3 else rng.choice(voters)
+                request = MemberRemove(id=0, member=victim, seq=0)
+                self.stats["members_removed"] += 1
+            self.trace(f"M{self.world.now}{type(request).__name__}{request.member}")
+            admin.ctx.router.redirect(f"{leader.id}:7700")
+            try:
+                yield RunFlow(admin, core.member_change_flow(admin.ctx, request))
+            except DlmError:
+                self.stats["member_changes_refused"] += 1
+
+    def _spawn_member(self, node_id: NodeId) -> None:
+        member = SimMember(self, node_id, self.backend.fresh(node_id))
+        self.members[node_id] = member
+        for other in self.members.values():
+            if other.machine is not None and other is not member:
+                other.machine.peer_version(node_id, self.options.peer_version)
+        self._boot(member)
+
     # -- crash, restart, pause ------------------------------------------------------
 
     def crash(self, member: SimMember) -> None:
-        if member.machine is None:
+        if member.machine is None or member.removed:
             return
         acked = member.acked_hard_state
         self.raft_checker.observe_hard_state(member.id, acked.term, acked.vote)
@@ -933,7 +1015,7 @@ class NodeSimulation:
         self.trace(f"C{self.world.now}{member.id}")
 
     def restart(self, member: SimMember) -> None:
-        if member.machine is not None:
+        if member.machine is not None or member.removed:
             return
         self._boot(member)
         recovered = member.storage.initial_state()[0]
@@ -1029,7 +1111,7 @@ class NodeSimulation:
         rng = self.fault_rng
         self.faults[kind] += 1
         self.trace(f"F{self.world.now}{kind}")
-        ids = list(self.ids)
+        ids = self.current_ids()
         undo: Callable[[], None]
         if kind == "partition":
             rng.shuffle(ids)
@@ -1184,6 +1266,10 @@ class NodeSimulation:
             if proc.reopen is None and rng.random() < 0.2:
                 yield from self._linearizable_read(main)
                 continue
+            if self.options.membership:
+                # Members come and go: a client is configured with the members of the day.
+                main.drop()
+                main = SimClient(proc, proc.name)
             ttl_ms = rng.choice((800, 1000, 1500, 2000))
             self.leases_ttl_max_ms = max(self.leases_ttl_max_ms, ttl_ms)
             lease_id = _lease_id(rng)
@@ -1365,7 +1451,7 @@ class NodeSimulation:
         """A read must reflect everything committed before it was sent, whichever member
         answers it."""
         floor = self.raft_checker.commit_high_water
-        client.ctx.router.redirect(f"{client.proc.rng.choice(self.ids)}:7700")
+        client.ctx.router.redirect(f"{client.proc.rng.choice(self.current_ids())}:7700")
         try:
             view = yield RunFlow(client, core.status_flow(client.ctx))
         except DlmError:
@@ -1485,6 +1571,9 @@ class NodeSimulation:
             self.world.after(ELECTION_US, self._stale_expires)
             for proc in self.procs:
                 proc.spawn(self._script(proc), proc.name)
+            if opts.membership:
+                admin = ClientProc(self, "admin", "library")
+                admin.spawn(self._admin(admin), "admin")
             self.world.at(self.heal_at, self.heal)
             self._probe_done = False
             probe_at = self.heal_at + 2 * US

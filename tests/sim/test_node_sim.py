@@ -139,7 +139,7 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     "keep-alive of a lease being expired": (
         lambda seed: options_for(seed, machine_class=RenewsDoomedLeases),
         {"two-holders"},
-        60,
+        120,
     ),
     "exec guard kills after the deadline": (
         lambda seed: options_for(seed, exec_kill_late_us=300_000),
@@ -149,7 +149,7 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     "expire ignores the incarnation": (
         lambda seed: options_for(seed, lock_machine_class=ExpiresAnyIncarnation),
         {"two-holders", "lost-grant"},
-        80,
+        120,
     ),
     "new leader shortens leases": (
         lambda seed: options_for(seed, tracker_class=ShortensLeasesOnFailover),
