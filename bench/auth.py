@@ -65,5 +65,6 @@ def main() -> None:
             best_open = min(best_open, (time.perf_counter() - start) / repeat)
         print(f"frame of {size} B: seal {seal * 1e6:8.1f} us, open {best_open * 1e6:8.1f} us")
 
+
 if __name__ == "__main__":
     main()

@@ -25,12 +25,13 @@ import anyio.abc
 from dlm.client import core
 from dlm.client.core import (
     AwaitGrant,
+    ConnectionBroken,
     Failed,
     Grant,
     Lease,
     LeaseClock,
     LeaseRef,
-    Released,
+    ReleaseOutcome,
     Send,
     Sleep,
     lease_id,
@@ -61,11 +62,7 @@ _STREAM_ERRORS = (
 )
 
 
-class _Broken(Exception):
-    pass
-
-
-class _Connection:
+class _StreamConnection:
     def __init__(self, addr: str, stream: anyio.abc.SocketStream) -> None:
         self.addr = addr
         self.stream = stream
@@ -75,7 +72,7 @@ class _Connection:
         self._ids = core.RequestIds()
 
     @classmethod
-    async def open(cls, addr: str, timeout: float) -> tuple[_Connection, dict[Any, Any]]:
+    async def open(cls, addr: str, timeout: float) -> tuple[_StreamConnection, dict[Any, Any]]:
         host, port = parse_addr(addr)
         try:
             with anyio.fail_after(max(0.001, timeout)):
@@ -90,33 +87,33 @@ class _Connection:
                     await conn.aclose()
                     raise
         except TimeoutError:
-            raise _Broken("no greeting in time") from None
+            raise ConnectionBroken("no greeting in time") from None
         except _STREAM_ERRORS as exc:
-            raise _Broken(str(exc) or "connect failed") from None
+            raise ConnectionBroken(str(exc) or "connect failed") from None
         return conn, greeting
 
     async def send(self, obj: Any) -> None:
         try:
             await self.stream.send(encode_frame(obj))
         except _STREAM_ERRORS as exc:
-            raise _Broken(str(exc) or "send failed") from None
+            raise ConnectionBroken(str(exc) or "send failed") from None
 
     async def read(self) -> dict[Any, Any]:
         while not self._frames:
             try:
                 data = await self.stream.receive()
             except anyio.EndOfStream:
-                raise _Broken("connection closed by the member") from None
+                raise ConnectionBroken("connection closed by the member") from None
             except _STREAM_ERRORS as exc:
-                raise _Broken(str(exc) or "receive failed") from None
+                raise ConnectionBroken(str(exc) or "receive failed") from None
             self._decoder.feed(data)
             try:
                 self._frames.extend(self._decoder.frames())
             except ProtocolError as exc:
-                raise _Broken(f"bad frame: {exc}") from None
+                raise ConnectionBroken(f"bad frame: {exc}") from None
         frame = self._frames.popleft()
         if not isinstance(frame, dict):
-            raise _Broken("frame is not a map")
+            raise ConnectionBroken("frame is not a map")
         return frame
 
     async def request(self, request: dict[str, Any], timeout: float) -> dict[Any, Any] | None:
@@ -153,7 +150,7 @@ class _Connection:
                 if frame.get("t") == "grant" and "id" not in frame:
                     self._pushes.append(frame)
                 elif frame.get("t") == "error" and "id" not in frame:
-                    raise _Broken(f"member closed the connection: {frame.get('code')}")
+                    raise ConnectionBroken(f"member closed the connection: {frame.get('code')}")
         return None
 
     async def aclose(self) -> None:
@@ -237,7 +234,8 @@ class _FrameProtocol(asyncio.Protocol):
 
 
 class _AsyncioConnection:
-    """The asyncio twin of _Connection: same requests and pushes, deadlines instead of scopes."""
+    """The asyncio twin of _StreamConnection: the same requests and pushes, with deadlines
+    instead of cancel scopes."""
 
     def __init__(self, addr: str, protocol: _FrameProtocol, loop: asyncio.AbstractEventLoop):
         self.addr = addr
@@ -256,9 +254,9 @@ class _AsyncioConnection:
             with anyio.fail_after(max(0.001, timeout)):
                 transport, _ = await loop.create_connection(lambda: protocol, host, port)
         except TimeoutError:
-            raise _Broken("no greeting in time") from None
+            raise ConnectionBroken("no greeting in time") from None
         except OSError as exc:
-            raise _Broken(str(exc) or "connect failed") from None
+            raise ConnectionBroken(str(exc) or "connect failed") from None
         conn = cls(addr, protocol, loop)
         try:
             sock = transport.get_extra_info("socket")
@@ -271,20 +269,20 @@ class _AsyncioConnection:
             raise
         if greeting is None:
             await conn.aclose()
-            raise _Broken("no greeting in time")
+            raise ConnectionBroken("no greeting in time")
         return conn, greeting
 
     async def send(self, obj: Any, deadline: float) -> bool:
         """Writes one frame; False if the peer did not take it before ``deadline``."""
         protocol = self._protocol
         if protocol.problem is not None or protocol.transport is None:
-            raise _Broken(protocol.problem or "send failed")
+            raise ConnectionBroken(protocol.problem or "send failed")
         protocol.transport.write(encode_frame(obj))
         while protocol.writable is not None:
             if not await self._wait(protocol.writable, deadline):
                 return False
             if protocol.problem is not None:
-                raise _Broken(protocol.problem)
+                raise ConnectionBroken(protocol.problem)
         return True
 
     async def read(self, deadline: float) -> dict[Any, Any] | None:
@@ -293,7 +291,7 @@ class _AsyncioConnection:
         frames = protocol.frames
         while not frames:
             if protocol.problem is not None:
-                raise _Broken(protocol.problem)
+                raise ConnectionBroken(protocol.problem)
             waiter = self._loop.create_future()
             protocol.waiter = waiter
             try:
@@ -303,7 +301,7 @@ class _AsyncioConnection:
                 protocol.waiter = None
         frame = frames.popleft()
         if not isinstance(frame, dict):
-            raise _Broken("frame is not a map")
+            raise ConnectionBroken("frame is not a map")
         return frame
 
     async def _wait(self, waiter: asyncio.Future[bool], deadline: float) -> bool:
@@ -348,7 +346,7 @@ class _AsyncioConnection:
             if frame.get("t") == "grant" and "id" not in frame:
                 self._pushes.append(frame)
             elif frame.get("t") == "error" and "id" not in frame:
-                raise _Broken(f"member closed the connection: {frame.get('code')}")
+                raise ConnectionBroken(f"member closed the connection: {frame.get('code')}")
 
     async def aclose(self) -> None:
         transport = self._protocol.transport
@@ -374,10 +372,10 @@ def _on_asyncio() -> bool:
 async def _open_connection(addr: str, timeout: float) -> tuple[_AnyConnection, dict[Any, Any]]:
     if _on_asyncio():
         return await _AsyncioConnection.open(addr, timeout)
-    return await _Connection.open(addr, timeout)
+    return await _StreamConnection.open(addr, timeout)
 
 
-_AnyConnection = _Connection | _AsyncioConnection
+_AnyConnection = _StreamConnection | _AsyncioConnection
 
 # Tests turn this off to drive the portable anyio path on asyncio too.
 NATIVE_ASYNCIO = True
@@ -528,11 +526,11 @@ class AsyncClient:
 
     async def release(
         self, lease: LeaseRef, key: str, *, token: int | None = None, keep_lease: bool = True
-    ) -> Released:
+    ) -> ReleaseOutcome:
         flow = core.release_flow(
             self._ctx, lease_id(lease), key, token=token, keep_lease=keep_lease
         )
-        released: Released = await self._run(flow)
+        released: ReleaseOutcome = await self._run(flow)
         return released
 
     async def get(self, key: str, *, stale: bool = False) -> dict[str, Any]:
@@ -555,14 +553,14 @@ class AsyncClient:
         deadline = time.monotonic() + timeout
         try:
             conn, greeting = await _open_connection(format_addr(*parse_addr(addr)), timeout)
-        except (_Broken, ValueError):
+        except (ConnectionBroken, ValueError):
             return None
         try:
             if greeting.get("t") != "welcome":
                 return None
             left = max(0.001, deadline - time.monotonic())
             reply = await conn.request(without_id(Status(id=0, stale=True)), left)
-        except _Broken:
+        except ConnectionBroken:
             return None
         finally:
             await conn.aclose()
@@ -629,7 +627,7 @@ class AsyncClient:
                 return Failed("connection lost while waiting")
             try:
                 return await conn.await_grant(action.lease, action.key, action.timeout)
-            except _Broken as exc:
+            except ConnectionBroken as exc:
                 await self._drop_connection()
                 return Failed(str(exc))
         return await self._send(action)
@@ -641,7 +639,7 @@ class AsyncClient:
             await self._drop_connection()
             try:
                 conn, greeting = await _open_connection(action.addr, action.timeout)
-            except _Broken as exc:
+            except ConnectionBroken as exc:
                 return Failed(str(exc))
             if greeting.get("t") != "welcome":
                 await conn.aclose()
@@ -651,7 +649,7 @@ class AsyncClient:
             conn.drop_pushes(*action.drop_pushes_for)
         try:
             reply = await conn.request(action.request, max(0.001, deadline - time.monotonic()))
-        except _Broken as exc:
+        except ConnectionBroken as exc:
             await self._drop_connection()
             return Failed(str(exc))
         if reply is None:

@@ -366,6 +366,11 @@ class AwaitGrant(Record):
         _set(self, "timeout", timeout)
 
 
+class ConnectionBroken(Exception):
+    """A driver's connection failed (refused, reset, timed out, garbled); the message says
+    how. Drivers turn it into ``Failed`` for the flow."""
+
+
 class Failed(Record):
     __slots__ = ("reason",)
     FIELDS = ("reason",)
@@ -700,7 +705,7 @@ def acquire_flow(
         s.seqs.done(seq)
 
 
-class Released(Record):
+class ReleaseOutcome(Record):
     """What a release did: ``held`` (a lock, with its ``token``) or a queue place, and
     whether the lease ended with it (an ephemeral lease left idle)."""
 
@@ -720,12 +725,12 @@ class Released(Record):
 
 def release_flow(
     s: Context, lease: str, key: str, *, token: int | None = None, keep_lease: bool = True
-) -> Generator[Action, Outcome, Released]:
+) -> Generator[Action, Outcome, ReleaseOutcome]:
     """Releases ``key`` (only the grant ``token`` names, if given), or leaves its queue."""
     request = Release(id=0, lease=lease, seq=0, key=key, token=token, keep_lease=keep_lease)
     _, reply = yield from change(s, request)
     ended = reply.get("lease_ended")
-    return Released(
+    return ReleaseOutcome(
         key,
         reply.get("released", "lock") == "lock",
         _opt_int(reply, "token"),

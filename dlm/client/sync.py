@@ -24,11 +24,12 @@ from collections import deque
 from dlm.client import core
 from dlm.client.core import (
     AwaitGrant,
+    ConnectionBroken,
     Failed,
     Grant,
     Lease,
     LeaseRef,
-    Released,
+    ReleaseOutcome,
     Send,
     Sleep,
     lease_id,
@@ -66,10 +67,6 @@ REPLY_FRAME_LIMIT = PEER_FRAME_LIMIT
 _RECV_CHUNK = 65536
 
 
-class _Broken(Exception):
-    """The connection failed; the message says how."""
-
-
 class _Connection:
     """One TCP connection to one member, after a completed hello."""
 
@@ -94,7 +91,7 @@ class _Connection:
             raise
         if greeting is None:
             conn.close()
-            raise _Broken("no greeting")
+            raise ConnectionBroken("no greeting")
         conn.greeted(greeting)
         return conn, greeting
 
@@ -113,9 +110,9 @@ class _Connection:
         try:
             sock = _connect(target, port, max(0.001, _left(deadline)))
         except TimeoutError:
-            raise _Broken("connect timed out") from None
+            raise ConnectionBroken("connect timed out") from None
         except OSError as exc:
-            raise _Broken(exc.strerror or str(exc)) from None
+            raise ConnectionBroken(exc.strerror or str(exc)) from None
         sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
         conn = cls(addr, sock)
         try:
@@ -135,9 +132,9 @@ class _Connection:
             self.sock.settimeout(max(0.001, _left(deadline)))
             self.sock.sendall(data)
         except TimeoutError:
-            raise _Broken("send timed out") from None
+            raise ConnectionBroken("send timed out") from None
         except OSError as exc:
-            raise _Broken(exc.strerror or str(exc)) from None
+            raise ConnectionBroken(exc.strerror or str(exc)) from None
 
     def read(self, deadline: float) -> dict[Any, Any] | None:
         """The next frame, or None at the deadline."""
@@ -154,9 +151,9 @@ class _Connection:
             except BlockingIOError:
                 continue
             except (OSError, ValueError) as exc:  # ValueError: the fd was closed under us
-                raise _Broken(str(exc) or "connection failed") from None
+                raise ConnectionBroken(str(exc) or "connection failed") from None
             if not data:
-                raise _Broken("connection closed by the member")
+                raise ConnectionBroken("connection closed by the member")
             self._decoder.feed(data)
             try:
                 self._frames.extend(self._decoder.frames())
@@ -164,15 +161,15 @@ class _Connection:
                 if not self._framed:
                     # The first bytes are not a frame: some other server listens there
                     # (an HTTP server's "HTTP" reads as a length of 1213486160).
-                    raise _Broken(
+                    raise ConnectionBroken(
                         f"{self.addr} is not a dlm member (it answered something else); "
                         "check --cluster"
                     ) from None
-                raise _Broken(f"bad frame: {exc}") from None
+                raise ConnectionBroken(f"bad frame: {exc}") from None
             self._framed = self._framed or bool(self._frames)
         frame = self._frames.popleft()
         if not isinstance(frame, dict):
-            raise _Broken("frame is not a map")
+            raise ConnectionBroken("frame is not a map")
         return frame
 
     def request(self, request: dict[str, Any], deadline: float) -> dict[Any, Any] | None:
@@ -213,7 +210,7 @@ class _Connection:
             if frame.get("t") == "grant" and "id" not in frame:
                 self._pushes.append(frame)
             elif frame.get("t") == "error" and "id" not in frame:
-                raise _Broken(f"member closed the connection: {frame.get('code')}")
+                raise ConnectionBroken(f"member closed the connection: {frame.get('code')}")
 
     def interrupt(self) -> None:
         """Wakes a thread blocked on this connection (from any thread)."""
@@ -435,14 +432,14 @@ class Client:
         *,
         token: int | None = None,
         keep_lease: bool = True,
-    ) -> Released:
+    ) -> ReleaseOutcome:
         """Releases ``key`` (or leaves its queue). NotHolder if this lease has neither, or
         holds it under another token than ``token``. ``keep_lease=False`` ends an
         ephemeral lease that the release leaves idle."""
         flow = core.release_flow(
             self._ctx, lease_id(lease), key, token=token, keep_lease=keep_lease
         )
-        released: Released = self._run(flow)
+        released: ReleaseOutcome = self._run(flow)
         return released
 
     def get(self, key: str, *, stale: bool = False) -> dict[str, Any]:
@@ -492,7 +489,7 @@ class Client:
                 return False
             try:
                 reply = conn.request({"t": "ping"}, time.monotonic() + 2.0)
-            except _Broken:
+            except ConnectionBroken:
                 self._drop_connection()
                 return False
             return reply is not None and reply.get("t") == "ok"
@@ -502,13 +499,13 @@ class Client:
         deadline = time.monotonic() + timeout
         try:
             conn, greeting = _Connection.open(format_addr(*parse_addr(addr)), deadline)
-        except (_Broken, ValueError):
+        except (ConnectionBroken, ValueError):
             return None
         try:
             if greeting.get("t") != "welcome":
                 return None
             reply = conn.request(without_id(Status(id=0, stale=True)), deadline)
-        except _Broken:
+        except ConnectionBroken:
             return None
         finally:
             conn.close()
@@ -541,7 +538,7 @@ class Client:
                 return Failed("connection lost while waiting")
             try:
                 return conn.await_grant(action.lease, action.key, deadline)
-            except _Broken as exc:
+            except ConnectionBroken as exc:
                 self._drop_connection()
                 return Failed(str(exc))
         return self._send(action, deadline)
@@ -552,14 +549,14 @@ class Client:
             self._drop_connection()
             try:
                 conn = _Connection.start(action.addr, deadline)
-            except _Broken as exc:
+            except ConnectionBroken as exc:
                 return Failed(str(exc))
             self._conn = conn
         if action.drop_pushes_for is not None:
             conn.drop_pushes(*action.drop_pushes_for)
         try:
             reply = conn.request(action.request, deadline)
-        except _Broken as exc:
+        except ConnectionBroken as exc:
             self._drop_connection()
             return Failed(str(exc))
         if reply is None:

@@ -163,7 +163,7 @@ class _Persister:
 
 
 @dataclass(slots=True, eq=False)
-class _Client:
+class _ClientConnection:
     number: int
     transport: asyncio.Transport
     decoder: FrameDecoder
@@ -219,10 +219,10 @@ class NodeServer:
         self.leader_seen = anyio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._persister: _Persister | None = None
-        self._clients: dict[int, _Client] = {}
+        self._clients: dict[int, _ClientConnection] = {}
         self._next_conn = 1
         self._links: dict[str, PeerLink] = {}
-        self._peer_conns: dict[str, set[_Connection]] = {}
+        self._peer_conns: dict[str, set[_Accepted]] = {}
         """Inbound connections of each peer (the ones it dialled to us)."""
         self._link_scopes: dict[str, anyio.CancelScope] = {}
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -247,7 +247,7 @@ class NodeServer:
         loop = self._loop = asyncio.get_running_loop()
         self._persister = _Persister(self.storage, loop)
         for sock in _raw_sockets(listener):
-            self._servers.append(await loop.create_server(lambda: _Connection(self), sock=sock))
+            self._servers.append(await loop.create_server(lambda: _Accepted(self), sock=sock))
         if self.config.metrics_listen is not None:
             await self._start_metrics(*self.config.metrics_listen)
         try:
@@ -387,7 +387,7 @@ class NodeServer:
 
         return done
 
-    def _write(self, client: _Client, frame: dict[str, Any]) -> None:
+    def _write(self, client: _ClientConnection, frame: dict[str, Any]) -> None:
         transport = client.transport
         if transport.is_closing():
             return
@@ -506,20 +506,22 @@ class NodeServer:
             )
         return None
 
-    def _client_opened(self, transport: asyncio.Transport, where: str) -> _Client:
+    def _client_opened(self, transport: asyncio.Transport, where: str) -> _ClientConnection:
         number = self._next_conn
         self._next_conn += 1
-        client = _Client(number, transport, FrameDecoder(CLIENT_FRAME_LIMIT), time.monotonic())
+        client = _ClientConnection(
+            number, transport, FrameDecoder(CLIENT_FRAME_LIMIT), time.monotonic()
+        )
         self._clients[number] = client
         self.machine.client_connected(number, where)
         return client
 
-    def _client_closed(self, client: _Client) -> None:
+    def _client_closed(self, client: _ClientConnection) -> None:
         if self._clients.pop(client.number, None) is not None:
             self.machine.client_closed(client.number)
             self._run_actions()
 
-    def _client_data(self, client: _Client) -> bool:
+    def _client_data(self, client: _ClientConnection) -> bool:
         """Hands every complete frame to the machine; False when the connection must close."""
         machine = self.machine
         decoder = client.decoder
@@ -561,7 +563,7 @@ class NodeServer:
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
-class _Connection(asyncio.Protocol):
+class _Accepted(asyncio.Protocol):
     """One accepted TCP connection. Its hello decides whether a client or a peer speaks.
 
     Everything runs in the transport's callbacks, on the loop thread: frames
@@ -574,7 +576,7 @@ class _Connection(asyncio.Protocol):
         self._where = "?"
         self._hello_buf: bytearray | None = bytearray()
         self._hello_timer: asyncio.TimerHandle | None = None
-        self._client: _Client | None = None
+        self._client: _ClientConnection | None = None
         self._peer: str | None = None
         self._peer_decoder: FrameDecoder | None = None
 

@@ -36,6 +36,7 @@ from dlm.node.raft.types import (
     LogUnavailable,
     Snapshot,
     SnapshotMeta,
+    entry_size,
 )
 from dlm.store import StoreError, StoreFull
 from dlm.store.fs import DirLock, FileSystem, RealFS
@@ -46,8 +47,6 @@ from dlm.store.wal import DEFAULT_SEGMENT_BYTES, FULL_ERRNOS, Wal
 WAL_DIR = "wal"
 SNAP_DIR = "snap"
 LOCK_NAME = "LOCK"
-ENTRY_OVERHEAD = 24
-"""Bytes counted per entry on top of its data when honouring ``max_bytes``."""
 
 
 class DiskStorage:
@@ -226,7 +225,7 @@ class DiskStorage:
             return chosen
         total = 0
         for count, entry in enumerate(chosen):
-            total += len(entry.data) + ENTRY_OVERHEAD
+            total += entry_size(entry)
             if total > max_bytes:
                 return chosen[: max(count, 1)]
         return chosen

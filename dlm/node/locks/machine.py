@@ -172,7 +172,7 @@ class _Key:
 
 
 @dataclass(slots=True)
-class _Client:
+class _ClientRecord:
     """What one client asked of one lease: results above ``floor``, by seq (oldest first)."""
 
     floor: int = 0
@@ -187,7 +187,7 @@ class _Lease:
     ephemeral: bool = False
     meta: dict[str, str] = field(default_factory=dict)
     finished_at_ms: int | None = None
-    clients: dict[str, _Client] = field(default_factory=dict)
+    clients: dict[str, _ClientRecord] = field(default_factory=dict)
     holding: set[str] = field(default_factory=set)
     waiting: set[str] = field(default_factory=set)
 
@@ -345,7 +345,7 @@ class LockStateMachine:
 
     # -- at most once ---------------------------------------------------------
 
-    def _recall(self, lease: _Lease, origin: Origin) -> tuple[_Client | None, Result | None]:
+    def _recall(self, lease: _Lease, origin: Origin) -> tuple[_ClientRecord | None, Result | None]:
         """The client's record on ``lease`` and the remembered result of this request, if any.
 
         A request at or below the client's floor gets StaleRequest; too many
@@ -354,10 +354,10 @@ class LockStateMachine:
         record = lease.clients.get(origin.client)
         if origin.legacy:
             if record is None:
-                record = lease.clients[origin.client] = _Client()
+                record = lease.clients[origin.client] = _ClientRecord()
             return record, record.results.get(origin.seq)
         if record is None:
-            record = lease.clients[origin.client] = _Client(floor=origin.acked)
+            record = lease.clients[origin.client] = _ClientRecord(floor=origin.acked)
         elif origin.acked > record.floor:
             record.floor = origin.acked
             # All of them, not a prefix: results are kept in log order, which retries
@@ -375,7 +375,7 @@ class LockStateMachine:
             )
         return record, cached
 
-    def _remember(self, record: _Client, origin: Origin, result: Result) -> None:
+    def _remember(self, record: _ClientRecord, origin: Origin, result: Result) -> None:
         results = record.results
         results[origin.seq] = result
         if origin.legacy and len(results) > LEGACY_RECENT:
@@ -426,7 +426,7 @@ class LockStateMachine:
         result = LeaseOpened(cmd.lease, cmd.ttl_ms, incarnation)
         origin = cmd.origin
         if not origin.legacy:
-            record = lease.clients[origin.client] = _Client(floor=origin.acked)
+            record = lease.clients[origin.client] = _ClientRecord(floor=origin.acked)
             if origin.seq > record.floor:
                 self._remember(record, origin, result)
         step.armed.append((cmd.lease, cmd.ttl_ms, incarnation))
@@ -743,7 +743,7 @@ class LockStateMachine:
                 # As in apply, the record comes with its first result: an empty one would
                 # show in this replica's version-2 snapshots and not in its peers'.
                 if recent:
-                    record = lease.clients[""] = _Client()
+                    record = lease.clients[""] = _ClientRecord()
                     for seq, result in recent:
                         record.results[_int(seq)] = result_from_dict(result)
                 machine._leases[_str(lease_id)] = lease
@@ -763,7 +763,7 @@ class LockStateMachine:
                     finished_at_ms=None if finished is None else _int(finished),
                 )
                 for client, floor, results in clients:
-                    record = lease.clients[_str(client)] = _Client(floor=_int(floor))
+                    record = lease.clients[_str(client)] = _ClientRecord(floor=_int(floor))
                     for seq, result in results:
                         record.results[_int(seq)] = result_from_dict(result)
                 machine._leases[_str(lease_id)] = lease

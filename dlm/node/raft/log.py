@@ -37,14 +37,8 @@ from dlm.node.raft.types import (
     LogStorage,
     LogUnavailable,
     Snapshot,
+    entry_size,
 )
-
-ENTRY_OVERHEAD = 16
-"""Bytes we charge per entry beyond its payload when sizing messages."""
-
-
-def entry_size(entry: Entry) -> int:
-    return len(entry.data) + ENTRY_OVERHEAD
 
 
 @dataclass(slots=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dlm.node.raft.log import entry_size
 from dlm.node.raft.types import (
     ConfState,
     Entry,
@@ -18,6 +17,7 @@ from dlm.node.raft.types import (
     LogUnavailable,
     Snapshot,
     SnapshotMeta,
+    entry_size,
 )
 
 

@@ -89,6 +89,15 @@ class Entry:
     kind: EntryKind = EntryKind.NORMAL
 
 
+ENTRY_OVERHEAD = 24
+"""Bytes charged per entry on top of its payload when a batch is sized against a byte
+budget (index, term, kind and framing: the same charge for messages and for the store)."""
+
+
+def entry_size(entry: Entry) -> int:
+    return len(entry.data) + ENTRY_OVERHEAD
+
+
 @dataclass(frozen=True, slots=True)
 class HardState:
     """What a node must remember across a crash.

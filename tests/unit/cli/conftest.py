@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from dlm.cli.settings import Settings
-from dlm.client.core import Grant, Lease, Released
+from dlm.client.core import Grant, Lease, ReleaseOutcome
 
 
 class FakeClient:
@@ -66,9 +66,9 @@ class FakeClient:
 
     def release(
         self, lease: str, key: str, *, token: int | None = None, keep_lease: bool = True
-    ) -> Released:
+    ) -> ReleaseOutcome:
         self._call("release", lease, key, token=token, keep_lease=keep_lease)
-        return Released(key, True, 4242 if token is None else token, not keep_lease)
+        return ReleaseOutcome(key, True, 4242 if token is None else token, not keep_lease)
 
     def close_lease(self, lease: Any, *, must_exist: bool = False) -> list[str]:
         self._call("close_lease", lease, must_exist=must_exist)

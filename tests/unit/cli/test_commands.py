@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dlm.cli.main import run, wants_json
-from dlm.client.core import Released
+from dlm.client.core import ReleaseOutcome
 from dlm.client.errors import (
     BadRequest,
     ClusterUnavailable,
@@ -420,8 +420,8 @@ def test_release_of_one_grant_keeping_the_lease(capsys: Capture, fake_cluster: A
 def test_a_release_of_a_queue_place_has_no_token(
     capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def left_queue(self: FakeClient, lease: str, key: str, **options: Any) -> Released:
-        return Released(key, False, None, False)
+    def left_queue(self: FakeClient, lease: str, key: str, **options: Any) -> ReleaseOutcome:
+        return ReleaseOutcome(key, False, None, False)
 
     monkeypatch.setattr(FakeClient, "release", left_queue)
     assert run(["release", "k", "--lease", "abc", "--json"]) == 0

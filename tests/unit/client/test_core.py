@@ -111,7 +111,7 @@ def test_connection_failures_retry_the_same_seq_on_the_next_member() -> None:
         return ok(1, key="k", released="lock", token=5, lease_ended=False)
 
     released = drive(core.release_flow(s, "lease1", "k"), answer, clock)
-    assert released == core.Released("k", held=True, token=5, lease_ended=False)
+    assert released == core.ReleaseOutcome("k", held=True, token=5, lease_ended=False)
     assert [addr for addr, _ in seen] == ["a:1", "b:2"]
     assert len({seq for _, seq in seen}) == 1
 

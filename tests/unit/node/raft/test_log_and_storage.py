@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from dlm.node.raft.log import ENTRY_OVERHEAD, RaftLog
+from dlm.node.raft.log import RaftLog
 from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.quorum import VoteResult, quorum_index, vote_result
 from dlm.node.raft.read_only import ReadOnly
 from dlm.node.raft.types import (
+    ENTRY_OVERHEAD,
     ConfState,
     Entry,
     HardState,
