@@ -540,8 +540,12 @@ class NodeMachine:
         self.raft.report_unreachable(node)
         self._pump(now)
 
-    def peer_messages(self, src: NodeId, messages: Iterable[Message], now: Instant) -> None:
-        """Steps every message ``src`` sent; a message claiming another sender is dropped."""
+    def peer_messages(
+        self, src: NodeId, messages: Iterable[Message], now: Instant, *, pump: bool = True
+    ) -> None:
+        """Steps every message ``src`` sent; a message claiming another sender is dropped.
+
+        ``pump=False`` leaves the work for a later ``pump`` (see ``client_frame``)."""
         raft = self.raft
         me = self.config.node_id
         members = self._addresses
@@ -558,7 +562,8 @@ class NodeMachine:
             if type(msg) is AppendEntriesResponse and not msg.reject:
                 self._acknowledged(src, msg.index, now)
             raft.step(msg)
-        self._pump(now)
+        if pump:
+            self._pump(now)
 
     def _acknowledged(self, peer: NodeId, index: int, now: Instant) -> None:
         sent = self._append_sent.get(peer)
@@ -595,14 +600,17 @@ class NodeMachine:
 
     # ------------------------------------------------------------------ inputs: persistence
 
-    def persisted(self, job: int, now: Instant) -> None:
-        """Persist ``job`` is durable (jobs complete in the order they were handed out)."""
+    def persisted(self, job: int, now: Instant, *, pump: bool = True) -> None:
+        """Persist ``job`` is durable (jobs complete in the order they were handed out).
+
+        ``pump=False`` leaves the work for a later ``pump`` (see ``client_frame``)."""
         for number, entry in self._jobs:
             if number == job:
                 entry.done = True
                 break
         self._finish_jobs(now)
-        self._pump(now)
+        if pump:
+            self._pump(now)
 
     def _finish_jobs(self, now: Instant) -> None:
         jobs = self._jobs
@@ -613,6 +621,10 @@ class NodeMachine:
             self.raft.advance(job.ready)
 
     # ------------------------------------------------------------------ the Ready loop
+
+    def pump(self, now: Instant) -> None:
+        """Hands out the work the inputs given with ``pump=False`` left in the Raft core."""
+        self._pump(now)
 
     def _pump(self, now: Instant) -> None:
         raft = self.raft
@@ -958,8 +970,12 @@ class NodeMachine:
                 if not conns:
                     del self._waiters[pair]
 
-    def client_frame(self, conn: int, obj: Any, now: Instant) -> None:
-        """One decoded frame from a client connection."""
+    def client_frame(self, conn: int, obj: Any, now: Instant, *, pump: bool = True) -> None:
+        """One decoded frame from a client connection.
+
+        ``pump=False`` proposes without handing the work out yet: a runtime that
+        feeds every frame that arrived at once this way, then calls ``pump``,
+        gets one Ready for all of them (one append per follower, one fsync)."""
         state = self._conns.get(conn)
         if state is None:
             return
@@ -972,7 +988,8 @@ class NodeMachine:
             self._bad_request(state, "invalid", rid, exc.code, str(exc), now=now)
             return
         self._handle_request(state, req, now)
-        self._pump(now)
+        if pump:
+            self._pump(now)
 
     def _bad_request(
         self,

@@ -62,7 +62,7 @@ from dlm.node.machine import (
 from dlm.node.notify import notify
 from dlm.node.peer_codec import decode_raft_frame
 from dlm.node.peers import PeerLink, split_first_frame
-from dlm.node.raft.types import Storage
+from dlm.node.raft.types import Entry, Storage
 from dlm.node.stats import DiskStats
 from dlm.wire import (
     CLIENT_FRAME_LIMIT,
@@ -110,56 +110,123 @@ class Limits:
 
 
 class _Persister:
-    """The one thread that touches the disk: jobs run in the order they were queued."""
+    """The one thread that touches the disk: jobs complete in the order they were queued.
 
-    def __init__(self, storage: Storage, loop: asyncio.AbstractEventLoop) -> None:
+    Group commit: the jobs that queued up while the disk was busy are written
+    together, with one fsync (``_merge``), and reported together. Nothing is
+    reported before it is durable, and each job still reaches the disk in
+    order: a later job's entries replace what an earlier one wrote from their
+    first index on, exactly as appending them one after the other would.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        loop: asyncio.AbstractEventLoop,
+        on_done: Callable[[list[Persist | SaveSnapshot], BaseException | None], None],
+    ) -> None:
         self._storage = storage
         self._loop = loop
-        self._queue: queue.SimpleQueue[tuple[Persist | SaveSnapshot, Callable[..., None]] | None]
-        self._queue = queue.SimpleQueue()
+        self._on_done = on_done
+        self._queue: queue.SimpleQueue[Persist | SaveSnapshot | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="dlm-persist", daemon=True)
         self._thread.start()
         self.failure: BaseException | None = None
         self.stats = DiskStats()
 
-    def submit(self, job: Persist | SaveSnapshot, done: Callable[..., None]) -> None:
-        self._queue.put((job, done))
+    def submit(self, job: Persist | SaveSnapshot) -> None:
+        self._queue.put(job)
 
     def stop(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        storage = self._storage
+        pending = self._queue
         while True:
-            item = self._queue.get()
-            if item is None:
+            item = pending.get()
+            queued: list[Persist | SaveSnapshot | None] = [item]
+            while item is not None:
+                try:
+                    item = pending.get_nowait()
+                except queue.Empty:
+                    break
+                queued.append(item)
+            stop = queued[-1] is None
+            jobs = [job for job in queued if job is not None]
+            while jobs:
+                group = _persist_group(jobs)
+                del jobs[: len(group)]
+                try:
+                    self._write(group)
+                except BaseException as exc:  # the loop decides what a failed disk means
+                    self.failure = exc
+                    self._loop.call_soon_threadsafe(self._on_done, group, exc)
+                    return
+                self._loop.call_soon_threadsafe(self._on_done, group, None)
+            if stop:
                 return
-            job, done = item
-            started = time.perf_counter()
-            try:
-                if isinstance(job, Persist):
-                    if job.snapshot is not None:
-                        storage.apply_snapshot(job.snapshot)
-                    if job.entries:
-                        storage.append(job.entries)
-                    if job.hard_state is not None:
-                        # A commit-only change costs no disk write (commit is advisory).
-                        storage.set_hard_state(job.hard_state)
-                    if job.entries:
-                        self.stats.fsync.observe(time.perf_counter() - started)
-                        self.stats.batch.observe(len(job.entries))
-                else:
-                    existing = storage.snapshot()
-                    if existing is None or existing.meta.index < job.index:
-                        storage.create_snapshot(job.index, job.conf, job.data)
-                    if job.compact_to > storage.first_index() - 1:
-                        storage.compact(min(job.compact_to, job.index))
-            except BaseException as exc:  # the loop decides what a failed disk means
-                self.failure = exc
-                self._loop.call_soon_threadsafe(done, exc)
-                return
-            self._loop.call_soon_threadsafe(done, None)
+
+    def _write(self, group: list[Persist | SaveSnapshot]) -> None:
+        storage = self._storage
+        started = time.perf_counter()
+        job = group[0]
+        if isinstance(job, SaveSnapshot):
+            existing = storage.snapshot()
+            if existing is None or existing.meta.index < job.index:
+                storage.create_snapshot(job.index, job.conf, job.data)
+            if job.compact_to > storage.first_index() - 1:
+                storage.compact(min(job.compact_to, job.index))
+            return
+        persists = [j for j in group if isinstance(j, Persist)]
+        if job.snapshot is not None:
+            storage.apply_snapshot(job.snapshot)
+        entries = _merge(persists)
+        if entries:
+            storage.append(entries)
+        hard_state = next(
+            (j.hard_state for j in reversed(persists) if j.hard_state is not None), None
+        )
+        if hard_state is not None:
+            # A commit-only change costs no disk write (commit is advisory).
+            storage.set_hard_state(hard_state)
+        if entries:
+            self.stats.fsync.observe(time.perf_counter() - started)
+            self.stats.batch.observe(len(entries))
+
+
+def _persist_group(jobs: list[Persist | SaveSnapshot]) -> list[Persist | SaveSnapshot]:
+    """The first job of ``jobs`` and the Persist jobs after it that can share its fsync.
+
+    A snapshot to install or to save is a group of its own (it rewrites the log
+    in ways a merged append cannot express); a snapshot to install may lead a
+    group, since the entries after it are appended to the log it leaves.
+    """
+    first = jobs[0]
+    if isinstance(first, SaveSnapshot):
+        return [first]
+    group: list[Persist | SaveSnapshot] = [first]
+    for job in jobs[1:]:
+        if not isinstance(job, Persist) or job.snapshot is not None:
+            break
+        group.append(job)
+    return group
+
+
+def _merge(group: list[Persist]) -> list[Entry]:
+    """The entries of ``group`` as one append: each job's entries replace the merged
+    ones from their first index on, as a separate append would replace the stored ones."""
+    merged: list[Entry] = []
+    for job in group:
+        entries = job.entries
+        if not entries:
+            continue
+        if merged:
+            keep = entries[0].index - merged[0].index
+            if keep < len(merged):
+                del merged[max(0, keep) :]
+        merged.extend(entries)
+    return merged
 
 
 @dataclass(slots=True, eq=False)
@@ -227,6 +294,7 @@ class NodeServer:
         self._link_scopes: dict[str, anyio.CancelScope] = {}
         self._task_group: anyio.abc.TaskGroup | None = None
         self._wake = asyncio.Event()
+        self._pump_scheduled = False
         self._servers: list[asyncio.Server] = []
         self._transports: set[asyncio.Transport] = set()
         self._listener: anyio.abc.Listener[Any] | None = None
@@ -245,7 +313,7 @@ class NodeServer:
         """Runs until ``shutdown`` (or cancellation); closes nothing it did not open."""
         self._listener = listener
         loop = self._loop = asyncio.get_running_loop()
-        self._persister = _Persister(self.storage, loop)
+        self._persister = _Persister(self.storage, loop, self._persisted)
         for sock in _raw_sockets(listener):
             self._servers.append(await loop.create_server(lambda: _Accepted(self), sock=sock))
         if self.config.metrics_listen is not None:
@@ -344,6 +412,23 @@ class NodeServer:
             self.leader_seen.set()
         self._wake.set()
 
+    def _pump_soon(self) -> None:
+        """Lets the machine hand out its work once every event of this loop turn is in.
+
+        Frames from many clients, peer answers and disk completions that arrive
+        together then make one Ready: one append per follower and one fsync for
+        all of them, instead of one each. The cost is one turn of the loop.
+        """
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._pump_now)
+
+    def _pump_now(self) -> None:
+        self._pump_scheduled = False
+        self.machine.pump(now())
+        self._run_actions()
+
     def _perform(self, action: Action, touched: set[PeerLink]) -> None:
         if isinstance(action, SendFrame):
             client = self._clients.get(action.conn)
@@ -357,7 +442,7 @@ class NodeServer:
                 touched.add(link)
         elif isinstance(action, Persist | SaveSnapshot):
             assert self._persister is not None
-            self._persister.submit(action, self._persist_done(action))
+            self._persister.submit(action)
         elif isinstance(action, LogEvent):
             self.log.log(_LEVELS.get(action.level, 20), action.event, **action.fields)
         elif isinstance(action, CloseConnection):
@@ -372,20 +457,18 @@ class NodeServer:
             self.stop_reason = action.reason
             self.stopped.set()
 
-    def _persist_done(
-        self, action: Persist | SaveSnapshot
-    ) -> Callable[[BaseException | None], None]:
-        def done(failure: BaseException | None) -> None:
-            if failure is not None:
-                self.log.error("persist_failed", error=repr(failure))
-                self.failure = failure
-                self.stopped.set()
-                return
-            if isinstance(action, Persist):
-                self.machine.persisted(action.job, now())
-                self._run_actions()
-
-        return done
+    def _persisted(self, jobs: list[Persist | SaveSnapshot], failure: BaseException | None) -> None:
+        """The disk thread finished ``jobs`` (all durable), or failed on them."""
+        if failure is not None:
+            self.log.error("persist_failed", error=repr(failure))
+            self.failure = failure
+            self.stopped.set()
+            return
+        instant = now()
+        for job in jobs:
+            if isinstance(job, Persist):
+                self.machine.persisted(job.job, instant, pump=False)
+        self._pump_soon()
 
     def _write(self, client: _ClientConnection, frame: dict[str, Any]) -> None:
         transport = client.transport
@@ -478,11 +561,11 @@ class NodeServer:
         count = 0
         for obj in decoder.frames():
             count += 1
-            machine.peer_messages(src, decode_raft_frame(obj), now())
+            machine.peer_messages(src, decode_raft_frame(obj), now(), pump=False)
         if count:
             frames = self.counters.peer_frames
             frames[src] = frames.get(src, 0) + count
-            self._run_actions()
+            self._pump_soon()
 
     # ------------------------------------------------------------------ clients
 
@@ -531,17 +614,19 @@ class NodeServer:
         try:
             for obj in decoder.frames():
                 handled += 1
-                machine.client_frame(client.number, obj, now())
+                machine.client_frame(client.number, obj, now(), pump=False)
         except ProtocolError as exc:
             # Framing is lost (an oversized length, bytes that are not CBOR): say why, hang up.
             self.counters.frames_in += handled
             self._write(client, error(None, exc.code, str(exc)))
             self._run_actions()
+            if handled:
+                self._pump_soon()  # the frames before the bad one still count
             return False
         self.counters.frames_in += handled
         client.partial_since = (client.partial_since or mono) if decoder.pending else None
         if handled:
-            self._run_actions()
+            self._pump_soon()
         return True
 
     def status_view(self) -> dict[str, Any]:
