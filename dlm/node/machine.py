@@ -629,7 +629,7 @@ class NodeMachine:
     def _pump(self, now: Instant) -> None:
         raft = self.raft
         for _ in range(64):  # each turn hands out new work; a stuck core must not spin us
-            if self._reads_queued:
+            if self._reads_queued and not self._leader_round_open():
                 self._start_read_round(now)
             if not raft.has_ready():
                 break
@@ -1467,6 +1467,21 @@ class NodeMachine:
             self._drop_waiter(*pair, self._waiters[pair])
 
     # -- reads ----------------------------------------------------------------
+
+    def _leader_round_open(self) -> bool:
+        """A round we started as leader is still waiting for its quorum.
+
+        Reads and keep-alives that arrive meanwhile wait for the next round, which
+        starts as soon as this one is confirmed: so one heartbeat round confirms
+        every read that arrived before it started (and none that came later),
+        and a leader under 2,000 keep-alives a second sends a round per round
+        trip rather than one per keep-alive. A follower forwards each round to
+        the leader at once: its reads are few, and a forwarded request that is
+        lost produces no answer, which must not hold up the reads behind it.
+        """
+        if self._role is not Role.LEADER:
+            return False
+        return any(r.as_leader and r.index < 0 for r in self._rounds.values())
 
     def _start_read_round(self, now: Instant) -> None:
         reads, self._reads_queued = self._reads_queued, []

@@ -293,6 +293,49 @@ def test_a_keepalive_is_answered_after_a_read_round_confirms_leadership() -> Non
     assert leader.machine.tracker.remaining_ms("L", cluster.mono) == pytest.approx(10_000, abs=1)
 
 
+def test_a_keepalive_is_never_confirmed_by_a_round_that_began_before_it_arrived() -> None:
+    # A round that started before the keep-alive arrived proves nothing about leadership
+    # at the moment it arrived: a newer leader may already have been elected by then.
+    cluster = started(3)
+    first, second = cluster.connect("n1"), cluster.connect("n1")
+    first.call("open_lease", lease="A", ttl_ms=10_000)
+    second.call("open_lease", lease="B", ttl_ms=10_000)
+    cluster.advance(1.0)
+    early = first.send("keepalive", lease="A")
+    round_ctx = {m.ctx for m in cluster.in_flight if isinstance(m, Heartbeat) and m.ctx}
+    assert len(round_ctx) == 1, "the keep-alive starts one heartbeat round"
+    late = second.send("keepalive", lease="B")
+    # Only the first round's heartbeats and their answers get through.
+    cluster.blocked = lambda m: (
+        isinstance(m, Heartbeat | HeartbeatResponse) and (m.ctx not in (b"", *round_ctx))
+    )
+    cluster.deliver()
+    assert first.reply(early) is not None and first.reply(early)["t"] == "ok"
+    assert second.reply(late) is None, "answered from a round that began before it arrived"
+    cluster.blocked = lambda m: False
+    assert second.wait(late)["t"] == "ok"
+
+
+def test_keepalives_that_arrive_during_a_round_share_the_next_one() -> None:
+    cluster = started(3)
+    leader = cluster["n1"]
+    clients = [cluster.connect("n1") for _ in range(10)]
+    for i, client in enumerate(clients):
+        client.call("open_lease", lease=f"L{i}", ttl_ms=10_000)
+    cluster.advance(1.0)
+    sent_before = len(leader.sent)
+    rids = [client.send("keepalive", lease=f"L{i}") for i, client in enumerate(clients)]
+    cluster.deliver()
+    cluster.deliver()
+    assert all(
+        c.reply(r) is not None and c.reply(r)["t"] == "ok"
+        for c, r in zip(clients, rids, strict=True)
+    )
+    rounds = {m.ctx for m in leader.sent[sent_before:] if isinstance(m, Heartbeat) and m.ctx}
+    # The first keep-alive's round, then one round for the nine that came while it ran.
+    assert len(rounds) == 2
+
+
 def test_a_keepalive_for_a_lease_whose_expire_is_proposed_is_refused() -> None:
     cluster = started(3)
     leader = cluster["n1"]
