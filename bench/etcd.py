@@ -157,6 +157,11 @@ class EtcdCluster(ProcessCluster):
                 raise TimeoutError(f"etcd has no agreed leader after {timeout:.0f} s: {views}")
             time.sleep(0.05)
 
+    def max_term(self) -> int:
+        """The highest Raft term any live member reports (each election raises it)."""
+        statuses = (self.status(i) for i in range(len(self.names)))
+        return max((int(s.get("raftTerm", 0)) for s in statuses if s), default=0)
+
     def wait_all_agree(self, timeout: float) -> None:
         """Every member is up and names the same leader."""
         deadline = time.monotonic() + timeout

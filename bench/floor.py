@@ -10,6 +10,10 @@ beside the service figures:
 - ``rtt``: send 16 bytes over a loopback TCP connection (TCP_NODELAY) to an
   echo server in another process and read them back.
 
+A replicated write seen by a client costs at least one fsync and two round
+trips (client to leader, leader to follower), so a pair (acquire, then
+release) costs at least ``2 x (fsync + 2 RTT)``.
+
 Run alone: ``python -m bench.floor [--samples N] [--dir DIR]``.
 """
 
@@ -141,8 +145,10 @@ class Floor:
 
     @property
     def commit_p50_ms(self) -> float:
-        """One replicated write seen by a client: a durable append plus a network round trip."""
-        return self.fsync.p50_ms + self.rtt.p50_ms
+        """One replicated write seen by a client: a durable append plus two round trips
+        (client to leader, leader to a follower and back; the leader's own fsync runs
+        beside the follower's, so only one fsync is in series)."""
+        return self.fsync.p50_ms + 2 * self.rtt.p50_ms
 
     @property
     def pair_p50_ms(self) -> float:
@@ -162,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     floor = measure_floor(args.dir, args.samples)
     for name, p in (("fsync 100 B", floor.fsync), ("loopback RTT", floor.rtt)):
         print(f"{name:13} p50 {p.p50_ms:.3f} ms  p99 {p.p99_ms:.3f} ms  ({p.samples} samples)")
-    print(f"pair floor    p50 {floor.pair_p50_ms:.3f} ms  (2 x (fsync + RTT))")
+    print(f"pair floor    p50 {floor.pair_p50_ms:.3f} ms  (2 x (fsync + 2 RTT))")
     return 0
 
 

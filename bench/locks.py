@@ -54,6 +54,7 @@ DEFAULT_SECONDS = 5.0
 DEFAULT_WARMUP = 1.0
 DEFAULT_PROCS = 2
 DEFAULT_FAILOVERS = 5
+DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 LEASE_TTL_MS = 30_000
 HOT_WAIT_S = 30.0
 OP_TIMEOUT_S = 10.0
@@ -141,6 +142,10 @@ class Cluster(Protocol):
 
     def wait_all_agree(self, timeout: float) -> None: ...
 
+    def max_term(self) -> int:
+        """The highest Raft term any live member reports (each election raises it)."""
+        ...
+
     def kill(self, i: int) -> None: ...
 
     def restart(self, i: int) -> None: ...
@@ -196,6 +201,9 @@ class DlmCluster(ProcessCluster):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no dlm leader after {timeout:.0f} s (logs: {self.base_dir})")
             time.sleep(0.05)
+
+    def max_term(self) -> int:
+        return max((int(v.get("term") or 0) for v in self._views().values()), default=0)
 
     def wait_all_agree(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -328,6 +336,13 @@ class CellResult:
     first_error: str
     client_cpu: float  # cores' worth: CPU seconds per wall second
     server_cpu: float
+    elections: int = 0
+    """Terms the cluster went through during the cell (warm-up included); 0 when steady."""
+
+    @property
+    def server_cpu_per_pair_us(self) -> float:
+        """Server CPU (every member) per completed pair, in microseconds."""
+        return self.server_cpu / self.pairs_per_s * 1e6 if self.pairs_per_s else math.nan
 
 
 def run_cell(target: Target, cell: Cell, server_pids: Sequence[int]) -> CellResult:
@@ -492,7 +507,9 @@ def run_system(
             for procs in models:
                 prefix = f"bench/{run.system}/{'h' if hot else 'd'}{clients}x{procs}/{os.getpid()}"
                 cell = Cell(hot, clients, procs, args.warmup, args.seconds, prefix)
+                term_before = cluster.max_term()
                 result = run_cell(target, cell, cluster.pids)
+                result.elections = max(0, cluster.max_term() - term_before)
                 run.cells.append(result)
                 _progress(run.system, result)
     if args.failovers > 0:
@@ -507,7 +524,8 @@ def _progress(system: str, r: CellResult) -> None:
         f"  {system}: {r.label:20} procs={r.procs}  {r.pairs_per_s:8.0f} pairs/s"
         f"  acquire p50 {r.acquire.p50_ms:7.2f} p99 {r.acquire.p99_ms:7.2f} ms"
         f"  pair p50 {r.pair.p50_ms:7.2f} p99 {r.pair.p99_ms:7.2f} ms"
-        f"  cpu client {r.client_cpu:4.2f} server {r.server_cpu:4.2f}{note}",
+        f"  cpu client {r.client_cpu:4.2f} server {r.server_cpu:4.2f}"
+        f" ({r.server_cpu_per_pair_us:5.0f} us/pair)  elections {r.elections}{note}",
         flush=True,
     )
 
@@ -563,12 +581,33 @@ class Row:
     dlm: float | None
     unit: str
     target: str = ""
+    """The goal from issue #14, in words."""
+    goal: Callable[[Row], bool | None] | None = None
+    """Whether this run met ``target`` (None: not measured)."""
 
     @property
     def ratio(self) -> float | None:
         if self.dlm is None or self.etcd is None or self.etcd == 0:
             return None
+        if math.isnan(self.dlm) or math.isnan(self.etcd):
+            return None
         return self.dlm / self.etcd
+
+    @property
+    def met(self) -> bool | None:
+        return None if self.goal is None else self.goal(self)
+
+
+def _ratio_at_most(limit: float) -> Callable[[Row], bool | None]:
+    return lambda row: None if row.ratio is None else row.ratio <= limit
+
+
+def _ratio_at_least(limit: float) -> Callable[[Row], bool | None]:
+    return lambda row: None if row.ratio is None else row.ratio >= limit
+
+
+def _dlm_at_most(limit: float) -> Callable[[Row], bool | None]:
+    return lambda row: None if row.dlm is None or math.isnan(row.dlm) else row.dlm <= limit
 
 
 def build_rows(floor: Floor, dlm: SystemRun, etcd: SystemRun, clients: Sequence[int]) -> list[Row]:
@@ -583,17 +622,23 @@ def build_rows(floor: Floor, dlm: SystemRun, etcd: SystemRun, clients: Sequence[
         cell = run.best(hot, c)
         return None if cell is None else pick(cell)
 
+    top = max(clients)
+    dlm_hot_top = dlm.best(True, top)
+    hot_p50 = dlm_hot_top.pair.p50_ms if dlm_hot_top is not None else math.nan
+
+    Figure = tuple[str, Callable[[CellResult], float], float | None, str, str, Any]
     for hot in (False, True):
         for c in clients:
             where = f"c={c}, {'one hot key' if hot else 'distinct keys'}"
             single = c == 1 and not hot
-            figures: list[tuple[str, Callable[[CellResult], float], float | None, str, str]] = [
+            figures: list[Figure] = [
                 (
                     "pairs/s",
                     lambda r: r.pairs_per_s,
                     1e3 / floor.pair_p50_ms if single else None,
                     "/s",
-                    {(False, 64): ">= 3000", (True, 64): ">= 500"}.get((hot, c), ""),
+                    ">= 2 x etcd" if c == top and c > 1 else "",
+                    _ratio_at_least(2.0) if c == top and c > 1 else None,
                 ),
                 (
                     "acquire p50",
@@ -601,24 +646,35 @@ def build_rows(floor: Floor, dlm: SystemRun, etcd: SystemRun, clients: Sequence[
                     floor.commit_p50_ms if single else None,
                     "ms",
                     "",
+                    None,
                 ),
-                ("acquire p99", lambda r: r.acquire.p99_ms, None, "ms", ""),
+                ("acquire p99", lambda r: r.acquire.p99_ms, None, "ms", "", None),
                 (
                     "pair p50",
                     lambda r: r.pair.p50_ms,
                     floor.pair_p50_ms if single else None,
                     "ms",
-                    "<= 2.0" if single else "",
+                    "<= 0.8 x etcd" if single else "",
+                    _ratio_at_most(0.8) if single else None,
                 ),
                 (
                     "pair p99",
                     lambda r: r.pair.p99_ms,
                     None,
                     "ms",
-                    "<= 3 x p50" if hot and c == 64 else "",
+                    f"<= 2 x p50 ({2 * hot_p50:.0f} ms)" if hot and c == top else "",
+                    _dlm_at_most(2 * hot_p50) if hot and c == top else None,
+                ),
+                (
+                    "server CPU per pair",
+                    lambda r: r.server_cpu_per_pair_us,
+                    None,
+                    "us",
+                    "<= 0.5 x etcd" if c == top and not hot else "",
+                    _ratio_at_most(0.5) if c == top and not hot else None,
                 ),
             ]
-            for name, pick, floor_value, unit, target in figures:
+            for name, pick, floor_value, unit, target, goal in figures:
                 rows.append(
                     Row(
                         f"{name}, {where}",
@@ -627,27 +683,22 @@ def build_rows(floor: Floor, dlm: SystemRun, etcd: SystemRun, clients: Sequence[
                         value(dlm, hot, c, pick),
                         unit,
                         target,
+                        goal,
                     )
                 )
-    top = max(clients)
-    rows.append(
-        Row(
-            f"load generator CPU, c={top}, distinct keys",
-            None,
-            value(etcd, False, top, lambda r: r.client_cpu),
-            value(dlm, False, top, lambda r: r.client_cpu),
-            "cores",
+    for name, pick in (
+        ("load generator CPU", lambda r: r.client_cpu),
+        ("server CPU (3 members)", lambda r: r.server_cpu),
+    ):
+        rows.append(
+            Row(
+                f"{name}, c={top}, distinct keys",
+                None,
+                value(etcd, False, top, pick),
+                value(dlm, False, top, pick),
+                "cores",
+            )
         )
-    )
-    rows.append(
-        Row(
-            f"server CPU (3 members), c={top}, distinct keys",
-            None,
-            value(etcd, False, top, lambda r: r.server_cpu),
-            value(dlm, False, top, lambda r: r.server_cpu),
-            "cores",
-        )
-    )
     rows.append(
         Row(
             "kill -9 leader -> next acquire, median",
@@ -655,7 +706,19 @@ def build_rows(floor: Floor, dlm: SystemRun, etcd: SystemRun, clients: Sequence[
             etcd.failover_median,
             dlm.failover_median,
             "s",
-            "<= 1.0",
+            "<= 0.4 s",
+            _dlm_at_most(0.4),
+        )
+    )
+    rows.append(
+        Row(
+            "elections during the cells",
+            None,
+            float(sum(c.elections for c in etcd.cells)) if etcd.cells else None,
+            float(sum(c.elections for c in dlm.cells)) if dlm.cells else None,
+            "count",
+            "0",
+            _dlm_at_most(0),
         )
     )
     return rows
@@ -670,20 +733,41 @@ def _fmt(value: float | None, unit: str) -> str:
         return f"{value:.2f}"
     if unit == "s":
         return f"{value:.2f} s"
+    if unit == "us":
+        return f"{value:,.0f} us"
+    if unit == "count":
+        return f"{value:.0f}"
     return f"{value:.2f} ms" if value < 100 else f"{value:,.0f} ms"
 
 
 def render_table(rows: Sequence[Row]) -> str:
     lines = [
-        "| figure | floor | etcd | dlm | dlm/etcd | target |",
-        "|---|---:|---:|---:|---:|---|",
+        "| figure | floor | etcd | dlm | dlm/etcd | target | met |",
+        "|---|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
         ratio = "-" if r.ratio is None else f"{r.ratio:.2f}"
+        met = {None: "", True: "yes", False: "**no**"}[r.met]
         lines.append(
             f"| {r.figure} | {_fmt(r.floor, r.unit)} | {_fmt(r.etcd, r.unit)} "
-            f"| {_fmt(r.dlm, r.unit)} | {ratio} | {r.target} |"
+            f"| {_fmt(r.dlm, r.unit)} | {ratio} | {r.target} | {met} |"
         )
+    return "\n".join(lines)
+
+
+def render_cells(runs: Sequence[SystemRun]) -> str:
+    """Every cell measured, with its elections: a cell with one is not a steady figure."""
+    lines = [
+        "| system | cell | procs | pairs/s | pair p50 | pair p99 | server CPU/pair | elections |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in runs:
+        for r in run.cells:
+            lines.append(
+                f"| {run.system} | {r.label} | {r.procs} | {r.pairs_per_s:,.0f} "
+                f"| {_fmt(r.pair.p50_ms, 'ms')} | {_fmt(r.pair.p99_ms, 'ms')} "
+                f"| {_fmt(r.server_cpu_per_pair_us, 'us')} | {r.elections} |"
+            )
     return "\n".join(lines)
 
 
@@ -755,6 +839,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--data-dir", default=None, help="where temporary data dirs go (default: the system tmp)"
     )
+    parser.add_argument(
+        "--results",
+        default=DEFAULT_RESULTS,
+        metavar="DIR",
+        help="write NAME.md, NAME.png and NAME.json here ('' to skip)",
+    )
+    parser.add_argument("--name", default="locks", help="file name of the results (no suffix)")
+    parser.add_argument(
+        "--label", default="authentication and TLS off", help="what the heading says was run"
+    )
     args = parser.parse_args(argv)
     if args.no_etcd:
         args.only = "dlm"
@@ -780,38 +874,72 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     load_after = os.getloadavg()
     rows = build_rows(floor, dlm, etcd, args.clients)
-    print()
-    print(
-        f"dlm lock benchmark: 3 members on 127.0.0.1, fsync on, {args.seconds:g} s per cell "
-        f"after {args.warmup:g} s warm-up; {os.cpu_count()} CPUs; etcd {etcd.version or '-'}; "
-        f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after"
+    heading = (
+        f"dlm lock benchmark ({args.label}): 3 members on 127.0.0.1, fsync on, "
+        f"{args.seconds:g} s per cell after {args.warmup:g} s warm-up; {os.cpu_count()} CPUs; "
+        f"etcd {etcd.version or '-'}; load average {load_before[0]:.1f} before, "
+        f"{load_after[0]:.1f} after"
     )
-    print(render_table(rows))
+    table = render_table(rows)
+    cells = render_cells([dlm, etcd])
     models = render_models([dlm, etcd])
+    errors = [f"{run.system}: {run.error}" for run in (dlm, etcd) if run.error]
+    print()
+    print(heading)
+    print(table)
+    print()
+    print("Every cell (elections: terms the cluster went through during the cell):")
+    print(cells)
     if models:
         print()
         print("Load generator models (the table above uses the better of the two):")
         print(models)
-    for run in (dlm, etcd):
-        if run.error:
-            print(f"{run.system}: {run.error}")
+    for line in errors:
+        print(line)
     print(f"\ntotal {time.monotonic() - started:.0f} s")
+    everything = {
+        "label": args.label,
+        "floor": asdict(floor),
+        "settings": {k: v for k, v in vars(args).items() if k != "json"},
+        "cpus": os.cpu_count(),
+        "load_average_before": load_before,
+        "load_average_after": load_after,
+        "dlm": _jsonable(dlm),
+        "etcd": _jsonable(etcd),
+        "table": [
+            {
+                "figure": r.figure,
+                "unit": r.unit,
+                "floor": r.floor,
+                "etcd": r.etcd,
+                "dlm": r.dlm,
+                "ratio": r.ratio,
+                "target": r.target,
+                "met": r.met,
+            }
+            for r in rows
+        ],
+    }
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "floor": asdict(floor),
-                    "settings": {k: v for k, v in vars(args).items() if k != "json"},
-                    "cpus": os.cpu_count(),
-                    "load_average_before": load_before,
-                    "load_average_after": load_after,
-                    "dlm": _jsonable(dlm),
-                    "etcd": _jsonable(etcd),
-                    "table": [{**asdict(r), "ratio": r.ratio} for r in rows],
-                },
-                f,
-                indent=2,
-            )
+            json.dump(everything, f, indent=2)
+    if args.results:
+        from bench import report
+
+        written = report.write_lock_results(
+            args.results,
+            args.name,
+            heading=heading,
+            sections=[
+                ("dlm beside etcd", table),
+                ("Every cell", cells),
+                ("Load generator models", models),
+            ],
+            notes=errors,
+            runs=(dlm, etcd),
+            everything=everything,
+        )
+        print("results: " + ", ".join(written))
     return 0
 
 

@@ -133,6 +133,8 @@ class _Persister:
         self._thread.start()
         self.failure: BaseException | None = None
         self.stats = DiskStats()
+        self.snapshot_write_s: dict[int, float] = {}
+        """Seconds each snapshot took to write and compact behind, by index (read once)."""
 
     def submit(self, job: Persist | SaveSnapshot) -> None:
         self._queue.put(job)
@@ -177,6 +179,7 @@ class _Persister:
                 storage.create_snapshot(job.index, job.conf, job.data)
             if job.compact_to > storage.first_index() - 1:
                 storage.compact(min(job.compact_to, job.index))
+            self.snapshot_write_s[job.index] = time.perf_counter() - started
             return
         persists = [j for j in group if isinstance(j, Persist)]
         if job.snapshot is not None:
@@ -468,6 +471,11 @@ class NodeServer:
         for job in jobs:
             if isinstance(job, Persist):
                 self.machine.persisted(job.job, instant, pump=False)
+            elif self._persister is not None:
+                seconds = self._persister.snapshot_write_s.pop(job.index, 0.0)
+                self.log.info(
+                    "snapshot_saved", index=job.index, bytes=len(job.data), ms=round(seconds * 1e3)
+                )
         self._pump_soon()
 
     def _write(self, client: _ClientConnection, frame: dict[str, Any]) -> None:
