@@ -11,8 +11,8 @@ alone (the baseline), then keep-alives alone (server CPU per keep-alive),
 then both together: keep-alive latency, and the pair latency against the
 baseline. A lease that expires on the way is counted (there should be none).
 
-**Locks.** Members run with ``DLM_SNAPSHOT_EVERY=100000``, so that their
-snapshot is taken when the table holds about 100,000 locks. Load processes
+**Locks.** Members run with ``DLM_SNAPSHOT_EVERY`` set to ``--locks``, so
+that their snapshot is taken when the table holds about that many locks. Load processes
 take ``--locks`` locks, each with 100 bytes of owner metadata, under a
 hundred long leases. Measured: the leader's resident memory per held lock;
 a follower's restart with a log of about 100,000 entries and no snapshot
@@ -63,7 +63,6 @@ LOCKS = 100_000
 LOCK_LEASES = 100
 LOCK_LEASE_TTL_MS = 3_600_000
 META_BYTES = 100
-SNAPSHOT_EVERY = 100_000
 CONNECTIONS_PER_PROC = 32
 PROBE_EVERY_S = 0.005
 SETUP_TIMEOUT_S = 600.0
@@ -177,7 +176,8 @@ def _fill_process(endpoints: list[str], first: int, count: int, prefix: str, res
 
 
 def _probe_process(address: str, stop: Any, results: Any) -> None:
-    """Pings one member as fast as PROBE_EVERY_S allows; (wall time sent, latency) each."""
+    """Asks one member for a key, stale (answered at once from its own state, no Raft round),
+    every PROBE_EVERY_S; (wall time sent, latency) of each answer."""
     from dlm.client.sync import Client
 
     client = Client([address], timeout=30.0)
@@ -186,7 +186,7 @@ def _probe_process(address: str, stop: Any, results: Any) -> None:
         while not stop.is_set():
             wall, sent = time.time(), time.monotonic()
             try:
-                client.ping()
+                client.get("scale/probe", stale=True)
             except Exception:
                 continue
             samples.append((wall, time.monotonic() - sent))
@@ -457,7 +457,7 @@ def bench_locks(args: argparse.Namespace, base_dir: str) -> LockFigures:
     probe_results = ctx.Queue()
     joiner: subprocess.Popen[bytes] | None = None
     saved_env = os.environ.get("DLM_SNAPSHOT_EVERY")
-    os.environ["DLM_SNAPSHOT_EVERY"] = str(SNAPSHOT_EVERY)
+    os.environ["DLM_SNAPSHOT_EVERY"] = str(args.locks)
     try:
         cluster.start()
         endpoints = _ordered(cluster)
@@ -467,7 +467,7 @@ def bench_locks(args: argparse.Namespace, base_dir: str) -> LockFigures:
         out.leader_rss_before = _rss_bytes(leader_pid)
         prefix = f"scale/lock/{os.getpid()}"
         # Up to just short of the snapshot: a follower restarted here replays its whole log.
-        first_part = max(0, min(args.locks, SNAPSHOT_EVERY) - 2_000)
+        first_part = max(0, args.locks - max(2_000, args.locks // 50))
         seconds, errors = _fill(ctx, endpoints, 0, first_part, procs=args.procs, prefix=prefix)
         print(f"  {first_part:,} locks taken in {seconds:.1f} s ({errors} errors)", flush=True)
         _, commit = _leader_commit(cluster)
@@ -755,7 +755,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bench import report
 
         written = report.write_scale_results(
-            args.results, args.name, heading, table, notes, everything, leases, locks
+            args.results,
+            args.name,
+            heading=heading,
+            table=table,
+            notes=notes,
+            everything=everything,
+            leases=leases,
+            locks=locks,
         )
         print("results: " + ", ".join(written))
     return 0
