@@ -42,13 +42,22 @@ def is_control(ch: str) -> bool:
     return code < 0x20 or 0x7F <= code <= 0x9F or 0xD800 <= code <= 0xDFFF
 
 
+def has_control(text: str) -> bool:
+    """Does ``text`` hold a character ``is_control`` refuses? Printable ASCII, the usual
+    case, is answered without a Python loop over the characters (the leader checks every
+    key it is asked for)."""
+    if text.isascii():
+        return not text.isprintable()  # ASCII's unprintables are exactly C0 and DEL
+    return any(is_control(ch) for ch in text)
+
+
 def check_key(key: str) -> str | None:
     if not key:
         return "a lock key must not be empty"
     size = len(key.encode("utf-8", "surrogatepass"))
     if size > KEY_MAX_BYTES:
         return f"a lock key is at most {KEY_MAX_BYTES} bytes of UTF-8; this one has {size}"
-    if any(is_control(ch) for ch in key):
+    if has_control(key):
         return "a lock key must be printable text (it contains a control character)"
     return None
 
@@ -91,12 +100,14 @@ def check_meta(meta: Mapping[str, str]) -> str | None:
     if len(meta) > META_MAX_ENTRIES:
         return f"owner metadata holds at most {META_MAX_ENTRIES} entries (got {len(meta)})"
     for name, value in meta.items():
-        if not 1 <= len(name) <= META_NAME_MAX_CHARS or any(is_control(ch) for ch in name):
+        if not 1 <= len(name) <= META_NAME_MAX_CHARS or has_control(name):
             return (
                 f"a metadata name is 1 to {META_NAME_MAX_CHARS} printable characters "
                 f"(got {name[:80]!r})"
             )
-        if len(value) > META_VALUE_MAX_CHARS or any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
+        if len(value) > META_VALUE_MAX_CHARS or (
+            not value.isascii() and any(0xD800 <= ord(ch) <= 0xDFFF for ch in value)
+        ):
             return f"the metadata value of {name!r} is at most {META_VALUE_MAX_CHARS} characters"
     return None
 

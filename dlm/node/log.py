@@ -82,28 +82,38 @@ class Logger:
         return level >= self.level
 
     def log(self, level: int, event: str, **fields: Any) -> None:
+        line = self.line(level, event, fields)
+        if line is not None:
+            self.write_lines([line])
+
+    def line(self, level: int, event: str, fields: dict[str, Any]) -> str | None:
+        """The line for this event (no newline), or None when its level is off."""
         if level < self.level:
-            return
+            return None
         now = time.time()
         if self.format == TEXT_FORMAT:
-            line = text_line(now, _NAMES.get(level, str(level)), self.node, event, fields)
-        else:
-            # One millisecond for both stamps (rounding one and truncating the other
-            # could put them a millisecond apart).
-            ms = int(now * 1000)
-            stamp = datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=ms % 1000 * 1000)
-            record: dict[str, Any] = {
-                "time": stamp.isoformat(timespec="milliseconds"),
-                "ts": ms / 1000,
-                "level": _NAMES.get(level, str(level)),
-                "node": self.node,
-                "event": event,
-            }
-            record.update(fields)
-            line = json.dumps(record, default=str, separators=(",", ":"))
+            return text_line(now, _NAMES.get(level, str(level)), self.node, event, fields)
+        # One millisecond for both stamps (rounding one and truncating the other
+        # could put them a millisecond apart).
+        ms = int(now * 1000)
+        stamp = datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=ms % 1000 * 1000)
+        record: dict[str, Any] = {
+            "time": stamp.isoformat(timespec="milliseconds"),
+            "ts": ms / 1000,
+            "level": _NAMES.get(level, str(level)),
+            "node": self.node,
+            "event": event,
+        }
+        record.update(fields)
+        return json.dumps(record, default=str, separators=(",", ":"))
+
+    def write_lines(self, lines: list[str]) -> None:
+        """Writes ``lines`` with one write and one flush (the runtime's events of one turn)."""
+        if not lines:
+            return
         stream = self.stream if self.stream is not None else sys.stderr
         try:
-            stream.write(line + "\n")
+            stream.write("\n".join(lines) + "\n")
             stream.flush()
         except (OSError, ValueError):
             # A closed or broken stderr must not take the node down with it.

@@ -1,0 +1,28 @@
+"""dlm.limits: the shared rules on keys, names and values."""
+
+from __future__ import annotations
+
+import random
+
+from dlm.limits import check_key, check_meta, has_control, is_control
+
+
+def test_has_control_agrees_with_the_character_rule() -> None:
+    rng = random.Random(14)
+    alphabet = [0, 0x1F, 0x20, 0x41, 0x7E, 0x7F, 0x80, 0x9F, 0xA0, 0xE9, 0xD800, 0xDFFF, 0x1F512]
+    for _ in range(20_000):
+        text = "".join(
+            chr(rng.choice(alphabet) if rng.random() < 0.5 else rng.randrange(0x110000))
+            for _ in range(rng.randrange(6))
+        )
+        assert has_control(text) == any(is_control(ch) for ch in text), repr(text)
+
+
+def test_keys_names_and_values_with_control_characters_are_refused() -> None:
+    assert check_key("jobs/nightly") is None
+    assert check_key("caf\u00e9") is None
+    assert check_key("a\x7fb") is not None
+    assert check_key("a\x85b") is not None
+    assert check_meta({"host": "web-3"}) is None
+    assert check_meta({"ho\tst": "web-3"}) is not None
+    assert check_meta({"host": "x\udc80"}) is not None
