@@ -16,10 +16,15 @@ which on the hot path was more than the work itself):
   ``machine.peer_messages``.
 * **the clock**: a timer task sleeps until ``machine.next_timer()``.
 * **the disk**: ``Persist`` and ``SaveSnapshot`` actions go, in order, to one
-  worker thread; each completion comes back to the loop as
-  ``machine.persisted(job)``. While the disk works, the loop keeps reading,
-  ticking and sending (the leader's appends and heartbeats leave before its
-  own fsync: Raft dissertation §10.2.1).
+  worker thread, which writes the jobs that queued up together with one
+  fsync; each completion comes back to the loop as ``machine.persisted(job)``.
+  While the disk works, the loop keeps reading, ticking and sending (the
+  leader's appends and heartbeats leave before its own fsync: Raft
+  dissertation §10.2.1). A follower whose disk thread is idle writes on the
+  loop thread instead (``_persist_inline``).
+* **batching**: every frame, peer answer and disk completion of one loop turn
+  is fed to the machine first; the machine hands out its work once, at the
+  end of the turn (``_pump_soon``).
 * **peers**: a ``PeerLink`` (peers.py) per member carries our messages out.
 
 After every event the adapter executes ``machine.take_actions()`` in order.
