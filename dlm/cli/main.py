@@ -53,6 +53,12 @@ def run(args: Sequence[str]) -> int:
     """Runs one command line and returns the exit code; prints everything the user sees."""
     as_json = wants_json(args)
     try:
+        if list(args) in (["--help"], ["-h"]) and not os.environ.get("DLM_NO_FASTPATH"):
+            from dlm.cli import help_text
+
+            if help_text.columns() >= help_text.MIN_COLUMNS:
+                sys.stdout.write(help_text.TOP_LEVEL_HELP)
+                return 0
         from dlm.cli import fastpath
 
         parsed = None if os.environ.get("DLM_NO_FASTPATH") else fastpath.parse(args)
