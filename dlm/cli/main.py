@@ -53,16 +53,19 @@ def run(args: Sequence[str]) -> int:
     """Runs one command line and returns the exit code; prints everything the user sees."""
     as_json = wants_json(args)
     try:
+        global _fast_exit
         if list(args) in (["--help"], ["-h"]) and not os.environ.get("DLM_NO_FASTPATH"):
             from dlm.cli import help_text
 
             if help_text.columns() >= help_text.MIN_COLUMNS:
+                _fast_exit = True
                 sys.stdout.write(help_text.TOP_LEVEL_HELP)
                 return 0
         from dlm.cli import fastpath
 
         parsed = None if os.environ.get("DLM_NO_FASTPATH") else fastpath.parse(args)
         if parsed is not None:
+            _fast_exit = True
             return fastpath.run(parsed)
         return _run_typer(args, as_json)
     except CliError as exc:
@@ -132,11 +135,21 @@ def _client_error(exc: Exception) -> CliError | None:
     return None
 
 
+_fast_exit = False
+"""Set by ``run`` when a hot command (or the top-level help) ran without typer."""
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     code = run(args)
-    try:
-        sys.stdout.flush()
-    except (BrokenPipeError, ValueError):
-        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+    if _fast_exit:
+        # A cron job pays for the interpreter's teardown on every run (about a fifth
+        # of a hot command's CPU): the hot paths leave nothing behind that needs it
+        # (their helper threads are daemons, the guard is reaped, output is flushed).
+        os._exit(code)
     sys.exit(code)
