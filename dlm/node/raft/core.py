@@ -33,7 +33,8 @@ carries a future term.
 Lost messages: a follower in probe mode gets its next probe when it answers
 a heartbeat; a streaming follower whose acknowledgements stop while its
 heartbeat answers keep coming (``STALL_ROUNDS`` of them) drops back to probe.
-``report_unreachable`` does the same at once when the runtime knows a link broke.
+``report_unreachable`` does the same at once when the runtime knows a link broke
+(and, on a follower whose link to its leader broke, brings its election closer).
 
 Snapshots: when a follower needs an entry the leader has compacted, the leader
 sends ``storage.snapshot()`` in ``snapshot_chunk_bytes`` chunks, one in flight
@@ -538,8 +539,28 @@ class RaftNode:
         return None
 
     def report_unreachable(self, peer: NodeId) -> None:
-        """The runtime lost its link to ``peer``: stop pipelining to it until it answers again."""
-        if self._role is not Role.LEADER or peer == self._id:
+        """The runtime lost its link to ``peer``.
+
+        A leader stops pipelining to it until it answers again. A follower whose
+        link to its leader broke (the leader's process died, most often) stops
+        counting on the leader's lease, so it grants votes at once, and campaigns
+        after 1 to ``election_ticks`` ticks (random, so that two followers seldom
+        collide) unless it hears from the leader first: a crashed leader is
+        replaced in a few ticks instead of a whole election timeout. A follower
+        whose link alone broke disrupts nothing: its pre-vote fails while another
+        voter still hears the leader.
+        """
+        if peer == self._id:
+            return
+        if self._role is Role.FOLLOWER:
+            if peer == self._leader and self._id in self._voter_set:
+                ticks = self._cfg.election_ticks
+                self._election_elapsed = max(self._election_elapsed, ticks)
+                self._randomized_timeout = self._election_elapsed + self._rng.randrange(
+                    1, ticks + 1
+                )
+            return
+        if self._role is not Role.LEADER:
             return
         pr = self._progress.get(peer)
         if pr is not None and pr.state is ProgressState.REPLICATE:

@@ -871,13 +871,46 @@ def test_report_unreachable_moves_a_streaming_follower_to_probe_only_on_the_lead
     net = Net(3)
     leader = net.elect("n1")
     net.deliver()
-    net["n2"].report_unreachable("n1")  # not a leader: nothing to do
+    net["n2"].report_unreachable("n1")  # a follower: only brings its election closer
     leader.report_unreachable("n1")  # ourselves: nothing to do
     leader.report_unreachable("n2")
     leader.propose(b"a")
     leader.propose(b"b")
     net.deliver()
     assert leader.status().progress["n2"].match == 3
+
+
+def test_followers_that_lost_their_link_to_a_dead_leader_elect_another_within_a_timeout() -> None:
+    net = Net(3)
+    old = net.elect("n1")
+    net.deliver()
+    term = old.term
+    net.isolate("n1")  # killed: nothing more from it
+    for follower in ("n2", "n3"):
+        net[follower].report_unreachable("n1")
+    ticks = old._cfg.election_ticks
+    new = []
+    for _ in range(ticks):
+        net.tick("n2")
+        net.tick("n3")
+        net.deliver()
+        new = [n for n in ("n2", "n3") if net[n].role is Role.LEADER]
+        if new:
+            break
+    assert new, f"no new leader within {ticks} ticks"
+    assert net[new[0]].term == term + 1  # no split vote on the way
+
+
+def test_a_follower_whose_link_alone_broke_does_not_disrupt_a_live_leader() -> None:
+    net = Net(3)
+    leader = net.elect("n1")
+    net.deliver()
+    term = leader.term
+    net["n2"].report_unreachable("n1")
+    net.cut.add(("n1", "n2"))  # n2 hears nothing from the leader; n3 still does
+    net.tick_all(3 * leader._cfg.election_ticks)
+    assert leader.role is Role.LEADER and leader.term == term
+    assert net["n3"].term == term
 
 
 def test_status_reports_progress_only_on_the_leader() -> None:
