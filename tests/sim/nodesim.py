@@ -36,7 +36,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import Counter, deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -408,6 +408,7 @@ class NodeSimulation:
         self._spares = iter(SPARE_NAMES)
         self.world = World()
         self.raft_checker = SafetyChecker()
+        self._commit_voters: dict[tuple[int, int], tuple[NodeId, ...]] = {}
         self.checker = LockChecker(dict(LIMITS))
         self.stats: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
@@ -487,9 +488,18 @@ class NodeSimulation:
                     sim.checker.renewed(member.id, term, lease, client, seq)
                 return renewed
 
+        class CommitRecordingRaft(base.raft_class):  # type: ignore[name-defined,misc]
+            def _maybe_commit(self) -> bool:
+                before = self._log.committed
+                moved: bool = super()._maybe_commit()
+                if moved:
+                    sim._committed_under(self._log, before, self._voters)
+                return moved
+
         class SimNodeMachine(base):  # type: ignore[valid-type,misc]
             lock_machine_class = CountingLocks
             tracker_class = CountingTracker
+            raft_class = CommitRecordingRaft
 
         return SimNodeMachine
 
@@ -503,10 +513,13 @@ class NodeSimulation:
         term = log.term(index)
         if data is not None:
             self.raft_checker.observe_apply(member.id, Entry(index, term, data))
-        # Single-server changes: an entry commits under the configuration the leader used,
-        # the latest in its log, which may be the one at the entry or one change after it;
-        # a majority of either (they overlap) is what a commit needs.
-        configs = [machine.raft.voters]
+        # An entry commits under the configuration its leader used, the latest in the leader's
+        # log: the one at the entry or one change after it, which a follower may not have yet.
+        # A majority of that configuration, recorded when the leader counted, is what counts.
+        configs = []
+        used = self._commit_voters.get((index, term))
+        if used is not None:
+            configs.append(used)
         try:
             configs.append(machine.raft.conf_state_at(index).voters)
         except ValueError:
@@ -519,6 +532,14 @@ class NodeSimulation:
                 f"{member.id} applied index {index} (term {term}) while only {durable} of "
                 f"{len(voters)} voters stored it",
             )
+
+    def _committed_under(self, log: Any, before: int, voters: Iterable[NodeId]) -> None:
+        """A leader moved its commit index past ``before``, counting a majority of ``voters``."""
+        counted = tuple(sorted(voters))
+        for index in range(max(before + 1, log.committed - 4096), log.committed + 1):
+            term = log.term_or_none(index)
+            if term is not None:
+                self._commit_voters.setdefault((index, term), counted)
 
     def _durable_on(self, voters: tuple[NodeId, ...], index: int, term: int) -> int:
         durable = 0

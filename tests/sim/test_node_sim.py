@@ -20,6 +20,8 @@ from dlm.node.leases import LeaseTracker
 from dlm.node.locks import LockStateMachine
 from dlm.node.locks.machine import _Lease
 from dlm.node.machine import Instant, NodeMachine
+from dlm.node.raft.core import RaftNode
+from dlm.node.raft.quorum import quorum_index
 
 from .conftest import SimTotals
 from .harness import DiskBackend, MemoryBackend
@@ -104,6 +106,20 @@ class ServesReadsBeforeApplying(NodeMachine):
                 self._serve_read(read, now)
 
 
+class CountsItselfBeforeDurable(RaftNode):
+    """A leader that counts its own copy of an entry as soon as it appends it, not once its
+    write is durable (what Raft dissertation 10.2.1 forbids)."""
+
+    def _quorum_match_index(self) -> int:
+        matches = {v: self._progress[v].match for v in self._voters if v in self._progress}
+        matches[self._id] = self._log.last_index()
+        return quorum_index(self._voters, matches)
+
+
+class CommitsBeforeItsOwnWriteIsDurable(NodeMachine):
+    raft_class = CountsItselfBeforeDurable
+
+
 class RenewsDoomedLeases(NodeMachine):
     """Answers keep-alives of a lease whose Expire is already proposed."""
 
@@ -150,6 +166,11 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         lambda seed: options_for(seed, lock_machine_class=ExpiresAnyIncarnation),
         {"two-holders", "lost-grant"},
         120,
+    ),
+    "leader counts its own write before it is durable": (
+        lambda seed: options_for(seed, machine_class=CommitsBeforeItsOwnWriteIsDurable),
+        {"applied-before-durable"},
+        40,
     ),
     "new leader shortens leases": (
         lambda seed: options_for(seed, tracker_class=ShortensLeasesOnFailover),
