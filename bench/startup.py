@@ -341,7 +341,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--zipapp", type=Path, default=ROOT / "dist" / "dlm.pyz")
     parser.add_argument("--no-etcd", action="store_true", help="skip the etcdctl yardstick")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    parser.add_argument(
+        "--results",
+        default=str(ROOT / "bench" / "results"),
+        metavar="DIR",
+        help="also write DIR/startup.md ('' to skip)",
+    )
     args = parser.parse_args(argv)
+    load_before = os.getloadavg()[0]
     runs = max(args.runs, MIN_RUNS)
 
     import compileall
@@ -395,20 +402,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )
         return 0
-    print(f"start-up, whole processes, median of {runs} runs (interleaved)\n")
-    print_table(rows, base_ms)
-    print()
-    for line in verdicts(by_name) + ssl_verdicts(breakdown):
-        print(line)
-    for line, modules in breakdown.items():
-        print(f"\ncumulative import time (ms), `python -X importtime -m dlm {line}`:")
-        print("  " + ", ".join(f"{name} {ms:.1f}" for name, ms in modules))
-    print(f"\ncbor2, one {int(cbor['frame_bytes'])}-byte acquire frame, microseconds per op:")
-    for op in ("encode", "decode"):
-        pure = cbor[f"pure_{op}_us"]
-        c = cbor.get(f"c_{op}_us")
-        vs = f"  C {c:6.1f}  (pure is {pure / c:.1f}x)" if c else ""
-        print(f"  {op}: pure {pure:6.1f}{vs}")
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        print(
+            f"start-up, whole processes, median of {runs} runs (interleaved); "
+            f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after\n"
+        )
+        print_table(rows, base_ms)
+        print()
+        for line in verdicts(by_name) + ssl_verdicts(breakdown):
+            print(line)
+        for line, modules in breakdown.items():
+            print(f"\ncumulative import time (ms), `python -X importtime -m dlm {line}`:")
+            print("  " + ", ".join(f"{name} {ms:.1f}" for name, ms in modules))
+        print(f"\ncbor2, one {int(cbor['frame_bytes'])}-byte acquire frame, microseconds per op:")
+        for op in ("encode", "decode"):
+            pure = cbor[f"pure_{op}_us"]
+            c = cbor.get(f"c_{op}_us")
+            vs = f"  C {c:6.1f}  (pure is {pure / c:.1f}x)" if c else ""
+            print(f"  {op}: pure {pure:6.1f}{vs}")
+    text = out.getvalue()
+    print(text, end="")
+    if args.results:
+        os.makedirs(args.results, exist_ok=True)
+        path = os.path.join(args.results, "startup.md")
+        with open(path, "w") as f:
+            f.write(f"# Start-up benchmark\n\n`make bench-startup`\n\n```\n{text}```\n")
+        print(f"results: {path}")
     return 0
 
 
