@@ -33,6 +33,8 @@ After every event the adapter executes ``machine.take_actions()`` in order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
 import queue
 import random
@@ -41,13 +43,14 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import anyio
 import anyio.abc
 
+from dlm.node import locks
 from dlm.node.config import NodeConfig
 from dlm.node.log import Logger
 from dlm.node.machine import (
@@ -241,6 +244,42 @@ def _merge(group: list[Persist]) -> list[Entry]:
     return merged
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside: for work that builds or drops a whole table."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+class _Locks(locks.LockStateMachine):
+    """The lock table, imaged and restored with the cyclic collector paused.
+
+    Imaging or restoring 100,000 locks makes about a million containers, and
+    each 700 of them would start a collection, now and then a full one over the
+    whole heap: most of the two seconds that imaging took on the leader's loop,
+    long enough for its followers to start an election. The image holds no
+    cycles, so nothing is left for the collector afterwards.
+    """
+
+    def snapshot(self) -> bytes:
+        with _collector_paused():
+            return super().snapshot()
+
+    @classmethod
+    def restore(cls, data: bytes) -> Self:
+        with _collector_paused():
+            return super().restore(data)
+
+
+class _Machine(NodeMachine):
+    lock_machine_class = _Locks
+
+
 @dataclass(slots=True, eq=False)
 class _ClientConnection:
     number: int
@@ -276,7 +315,7 @@ class NodeServer:
         self.log = log or Logger(config.node_id)
         self.limits = limits or Limits()
         self._rng = rng or random.Random(int.from_bytes(os.urandom(8), "big"))
-        self.machine = NodeMachine(
+        self.machine = _Machine(
             MachineConfig(
                 node_id=config.node_id,
                 cluster=config.cluster,

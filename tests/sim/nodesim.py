@@ -1034,6 +1034,13 @@ class NodeSimulation:
         member.storage = self.backend.after_crash(member.id, member.storage)
         self.stats["crashes"] += 1
         self.trace(f"C{self.world.now}{member.id}")
+        # The others' links to a crashed process break at once, and the runtime says so
+        # (server.py: machine.peer_unreachable; a follower of it then campaigns sooner).
+        for other in list(self.members.values()):
+            if other is not member and other.machine is not None:
+                self.on_member(
+                    other, lambda m, o=other: m.peer_unreachable(member.id, self._now(o))
+                )
 
     def restart(self, member: SimMember) -> None:
         if member.machine is not None or member.removed:

@@ -227,3 +227,36 @@ async def test_replies_and_grant_pushes_go_to_the_connection_that_asked() -> Non
         assert push["token"] > granted["token"]
         assert (await holder.request("ping"))["t"] == "ok"
         assert holder.frames == []  # no push went to the holder
+
+
+def test_the_runtime_images_and_restores_the_lock_table_with_the_collector_paused() -> None:
+    import gc
+
+    from dlm.node import locks
+    from dlm.node.locks.commands import ClusterVersionCommand, OpenLeaseCommand, Origin
+    from dlm.node.server import _Locks
+
+    table = _Locks()
+    table.apply_command(1, ClusterVersionCommand(2, 0))
+    table.apply_command(2, OpenLeaseCommand("L1", 30_000, Origin("c1", 1, 0), 0))
+    seen: list[bool] = []
+    real = locks.LockStateMachine.snapshot
+
+    def spy(self: locks.LockStateMachine) -> bytes:
+        seen.append(gc.isenabled())
+        return real(self)
+
+    locks.LockStateMachine.snapshot = spy  # type: ignore[method-assign]
+    try:
+        image = table.snapshot()
+    finally:
+        locks.LockStateMachine.snapshot = real  # type: ignore[method-assign]
+    assert seen == [False] and gc.isenabled()
+    assert image == real(table)
+    assert _Locks.restore(image).snapshot() == image and gc.isenabled()
+    gc.disable()
+    try:
+        table.snapshot()
+        assert not gc.isenabled(), "a collector the caller had paused stays paused"
+    finally:
+        gc.enable()
