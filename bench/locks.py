@@ -19,8 +19,11 @@ What it does (see bench/README.md for what each figure means):
 4. Failover: a client loops acquire/release, the leader is killed with
    SIGKILL, and the time from the kill to the first acquire issued after it
    that succeeds is recorded; the node is restarted and the run repeated.
-5. The same cells and failover against a 3-member etcd 3.4 cluster
-   (bench/etcd.py) when etcd is installed; dlm/etcd ratios from this run.
+5. The same cells and failovers against a 3-member etcd 3.4 cluster
+   (bench/etcd.py) when etcd is installed, interleaved with dlm's: both
+   clusters run side by side (idle while the other is measured), each cell
+   runs on one system then the other, the order alternating from cell to
+   cell, so load from the rest of a shared machine falls on both alike.
 
 Every process started here is stopped by PID in a ``finally`` block.
 """
@@ -488,15 +491,9 @@ class SystemRun:
         return statistics.median(ok) if ok else None
 
 
-def run_system(
-    run: SystemRun,
-    cluster: Cluster,
-    endpoints: Sequence[str],
-    args: argparse.Namespace,
-) -> None:
-    leader = cluster.leader_index(LEADER_TIMEOUT_S)
-    ordered = (endpoints[leader], *(a for i, a in enumerate(endpoints) if i != leader))
-    target = Target(run.system, ordered)
+def cell_plan(args: argparse.Namespace) -> list[tuple[bool, int, int]]:
+    """(hot, clients, load processes) of every cell, in the order they run."""
+    plan = []
     for hot in (False, True):
         for clients in args.clients:
             models = [1] if clients < 16 or args.procs <= 1 else [1, args.procs]
@@ -504,18 +501,67 @@ def run_system(
                 models = [1]
             elif args.model == "procs":
                 models = [min(args.procs, clients)]
-            for procs in models:
-                prefix = f"bench/{run.system}/{'h' if hot else 'd'}{clients}x{procs}/{os.getpid()}"
-                cell = Cell(hot, clients, procs, args.warmup, args.seconds, prefix)
-                term_before = cluster.max_term()
-                result = run_cell(target, cell, cluster.pids)
-                result.elections = max(0, cluster.max_term() - term_before)
-                run.cells.append(result)
-                _progress(run.system, result)
-    if args.failovers > 0:
-        run.failover_s = measure_failover(run.system, cluster, endpoints, args.failovers)
-        shown = ", ".join("timeout" if s is None else f"{s:.2f}" for s in run.failover_s)
-        print(f"  {run.system}: kill -9 leader -> next acquire (s): {shown}", flush=True)
+            plan += [(hot, clients, procs) for procs in models]
+    return plan
+
+
+@dataclass
+class Contender:
+    """One system under test: its cluster (running), its results, where its load goes."""
+
+    run: SystemRun
+    cluster: Cluster
+    endpoints: list[str]
+    target: Target | None = None
+
+    def run_cell(self, args: argparse.Namespace, hot: bool, clients: int, procs: int) -> None:
+        if self.target is None:
+            leader = self.cluster.leader_index(LEADER_TIMEOUT_S)
+            ordered = (
+                self.endpoints[leader],
+                *(a for i, a in enumerate(self.endpoints) if i != leader),
+            )
+            self.target = Target(self.run.system, ordered)
+        system = self.run.system
+        prefix = f"bench/{system}/{'h' if hot else 'd'}{clients}x{procs}/{os.getpid()}"
+        cell = Cell(hot, clients, procs, args.warmup, args.seconds, prefix)
+        term_before = self.cluster.max_term()
+        result = run_cell(self.target, cell, self.cluster.pids)
+        result.elections = max(0, self.cluster.max_term() - term_before)
+        self.run.cells.append(result)
+        _progress(system, result)
+
+    def failover_once(self) -> None:
+        self.run.failover_s += measure_failover(self.run.system, self.cluster, self.endpoints, 1)
+        self.target = None  # the leader moved
+
+
+def run_interleaved(contenders: Sequence[Contender], args: argparse.Namespace) -> None:
+    """Every cell on each system in turn (the order alternating from cell to cell), then the
+    failovers the same way: load from the rest of the machine that comes and goes then
+    falls on both systems alike, and the ratios compare figures taken minutes apart at most.
+    """
+    live = list(contenders)
+
+    def attempt(contender: Contender, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except Exception as exc:
+            contender.run.error = f"{type(exc).__name__}: {exc}"
+            print(f"{contender.run.system}: skipped the rest: {contender.run.error}", flush=True)
+            live.remove(contender)
+
+    for n, (hot, clients, procs) in enumerate(cell_plan(args)):
+        for contender in live[:: 1 if n % 2 == 0 else -1]:
+            attempt(contender, functools.partial(contender.run_cell, args, hot, clients, procs))
+    for n in range(args.failovers):
+        for contender in live[:: 1 if n % 2 == 0 else -1]:
+            attempt(contender, contender.failover_once)
+    for contender in contenders:
+        samples = contender.run.failover_s
+        if samples:
+            shown = ", ".join("timeout" if s is None else f"{s:.2f}" for s in samples)
+            print(f"  {contender.run.system}: kill -9 leader -> next acquire (s): {shown}")
 
 
 def _progress(system: str, r: CellResult) -> None:
@@ -530,42 +576,42 @@ def _progress(system: str, r: CellResult) -> None:
     )
 
 
-def _bench_on(
-    run: SystemRun,
-    cluster: DlmCluster | etcd_bench.EtcdCluster,
-    addrs: list[str],
-    args: argparse.Namespace,
-    up: str,
-) -> SystemRun:
-    """Starts ``cluster``, runs every cell and failover on it, and stops it by PID."""
-    os.makedirs(cluster.base_dir)
+def bench_both(args: argparse.Namespace, base_dir: str) -> tuple[SystemRun, SystemRun]:
+    """Starts dlm's cluster and etcd's (unless --only says otherwise), runs them
+    interleaved, and stops every process by PID."""
+    dlm_run, etcd_run = SystemRun("dlm"), SystemRun("etcd")
+    clusters: list[tuple[SystemRun, DlmCluster | etcd_bench.EtcdCluster, list[str], str]] = []
+    if args.only != "etcd":
+        dlm = DlmCluster(os.path.join(base_dir, "dlm"))
+        clusters.append((dlm_run, dlm, dlm.addrs, "dlm: 3 nodes up"))
+    else:
+        dlm_run.error = "not run (--only)"
+    if args.only == "dlm":
+        etcd_run.error = "not run (--only)"
+    elif (version := etcd_bench.etcd_version()) is None:
+        etcd_run.error = "etcd is not installed (apt-get install etcd-server etcd-client)"
+        print(f"etcd: skipped: {etcd_run.error}", flush=True)
+    else:
+        etcd_run.version = version
+        etcd = etcd_bench.EtcdCluster(os.path.join(base_dir, "etcd"))
+        clusters.append((etcd_run, etcd, etcd.client_addrs, f"etcd {version}: 3 members up"))
+    contenders = []
     try:
-        cluster.start()
-        print(f"{up} on {', '.join(addrs)}", flush=True)
-        run_system(run, cluster, addrs, args)
-    except Exception as exc:
-        run.error = f"{type(exc).__name__}: {exc}"
-        print(f"{run.system}: skipped the rest: {run.error}", flush=True)
+        for run, cluster, addrs, up in clusters:
+            os.makedirs(cluster.base_dir)
+            try:
+                cluster.start()
+            except Exception as exc:
+                run.error = f"{type(exc).__name__}: {exc}"
+                print(f"{run.system}: did not start: {run.error}", flush=True)
+                continue
+            print(f"{up} on {', '.join(addrs)}", flush=True)
+            contenders.append(Contender(run, cluster, addrs))
+        run_interleaved(contenders, args)
     finally:
-        cluster.stop()
-    return run
-
-
-def bench_dlm(args: argparse.Namespace, base_dir: str) -> SystemRun:
-    cluster = DlmCluster(os.path.join(base_dir, "dlm"))
-    return _bench_on(SystemRun("dlm"), cluster, cluster.addrs, args, "dlm: 3 nodes up")
-
-
-def bench_etcd(args: argparse.Namespace, base_dir: str) -> SystemRun:
-    run = SystemRun("etcd")
-    version = etcd_bench.etcd_version()
-    if version is None:
-        run.error = "etcd is not installed (apt-get install etcd-server etcd-client)"
-        print(f"etcd: skipped: {run.error}", flush=True)
-        return run
-    run.version = version
-    cluster = etcd_bench.EtcdCluster(os.path.join(base_dir, "etcd"))
-    return _bench_on(run, cluster, cluster.client_addrs, args, f"etcd {version}: 3 members up")
+        for _, cluster, _, _ in clusters:
+            cluster.stop()
+    return dlm_run, etcd_run
 
 
 # ---------------------------------------------------------------------------
@@ -867,11 +913,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"loopback RTT p50 {floor.rtt.p50_ms:.3f} ms p99 {floor.rtt.p99_ms:.3f} ms",
             flush=True,
         )
-        skipped = "not run (--only)"
-        dlm = bench_dlm(args, base_dir) if args.only != "etcd" else SystemRun("dlm", error=skipped)
-        etcd = (
-            bench_etcd(args, base_dir) if args.only != "dlm" else SystemRun("etcd", error=skipped)
-        )
+        dlm, etcd = bench_both(args, base_dir)
     load_after = os.getloadavg()
     rows = build_rows(floor, dlm, etcd, args.clients)
     heading = (
