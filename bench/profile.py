@@ -52,8 +52,26 @@ def top_functions(
     return total, own.most_common(limit), inclusive.most_common(limit * 2)
 
 
+_SCAFFOLD = (
+    "runpy",
+    "typer/",
+    "dlm/__main__.py",
+    "dlm/cli/",
+    "dlm/node/main.py",
+    "anyio/_core/_eventloop.py",
+    "anyio/_backends/_asyncio.py",
+    "asyncio/runners.py",
+    "run_forever",
+    "run_until_complete",
+    "threading.py",
+)
+"""Frames every sample passes through on the way to the work (start-up, the loop's own run)."""
+
+
 def render_top(title: str, collapsed: str) -> str:
-    total, own, inclusive = top_functions(collapsed)
+    total, own, inclusive = top_functions(collapsed, limit=40)
+    own = own[:25]
+    inclusive = [(f, n) for f, n in inclusive if not any(s in f for s in _SCAFFOLD)][:40]
     lines = [f"### {title}: {total} samples", "", "| own | function |", "|---:|---|"]
     lines += [f"| {100 * n / max(total, 1):.1f}% | `{name}` |" for name, n in own]
     lines += ["", "| with callees | function |", "|---:|---|"]
