@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import multiprocessing
 import os
 import statistics
@@ -221,7 +222,7 @@ def _wait_caught_up(cluster: DlmCluster, address: str, index: int, since: float)
         if view is not None and int(view.get("applied") or 0) >= index:
             return time.monotonic() - since
         time.sleep(0.02)
-    return None
+    return math.inf
 
 
 def _leader_commit(cluster: DlmCluster) -> tuple[int, int]:
@@ -457,14 +458,14 @@ def bench_locks(args: argparse.Namespace, base_dir: str) -> LockFigures:
     probe_results = ctx.Queue()
     joiner: subprocess.Popen[bytes] | None = None
     saved_env = os.environ.get("DLM_SNAPSHOT_EVERY")
+    term_before = 0
     os.environ["DLM_SNAPSHOT_EVERY"] = str(args.locks)
     try:
         cluster.start()
         endpoints = _ordered(cluster)
         leader = cluster.addrs.index(endpoints[0])
-        leader_pid = cluster.procs[leader].pid  # type: ignore[union-attr]
         term_before = cluster.max_term()
-        out.leader_rss_before = _rss_bytes(leader_pid)
+        out.leader_rss_before = _rss_bytes(_leader_pid(cluster))
         prefix = f"scale/lock/{os.getpid()}"
         # Up to just short of the snapshot: a follower restarted here replays its whole log.
         first_part = max(0, args.locks - max(2_000, args.locks // 50))
@@ -487,6 +488,7 @@ def bench_locks(args: argparse.Namespace, base_dir: str) -> LockFigures:
         )
         out.fill_seconds, out.fill_errors = seconds + rest_seconds, errors + rest_errors
         print(f"  {args.locks:,} locks held ({out.fill_errors} errors)", flush=True)
+        leader = cluster.leader_index(30)
         leader_log = os.path.join(cluster.base_dir, f"{cluster.names[leader]}.log")
         deadline = time.monotonic() + 60
         while (
@@ -496,7 +498,8 @@ def bench_locks(args: argparse.Namespace, base_dir: str) -> LockFigures:
         time.sleep(1.0)
         probe_stop.set()
         samples: list[tuple[float, float]] = probe_results.get(timeout=60)
-        out.leader_rss_after = _rss_bytes(leader_pid)
+        # The leader now (an election on the way would have moved it; they are counted).
+        out.leader_rss_after = _rss_bytes(_leader_pid(cluster))
         out.rss_per_lock_bytes = (out.leader_rss_after - out.leader_rss_before) / max(1, args.locks)
         if saved:
             event = saved[-1]
@@ -558,6 +561,8 @@ def bench_locks(args: argparse.Namespace, base_dir: str) -> LockFigures:
     except Exception as exc:
         out.error = f"{type(exc).__name__}: {exc}"
         print(f"  locks: stopped early: {out.error}", flush=True)
+        with contextlib.suppress(Exception):
+            out.elections = max(0, cluster.max_term() - term_before)
     finally:
         if saved_env is None:
             os.environ.pop("DLM_SNAPSHOT_EVERY", None)
@@ -580,7 +585,15 @@ def bench_locks(args: argparse.Namespace, base_dir: str) -> LockFigures:
 
 
 def _secs(value: float | None) -> str:
-    return "timed out" if value is None else f"{value:.2f} s"
+    if value is None:
+        return "not measured"
+    return "timed out" if math.isinf(value) else f"{value:.2f} s"
+
+
+def _leader_pid(cluster: DlmCluster) -> int:
+    proc = cluster.procs[cluster.leader_index(30)]
+    assert proc is not None
+    return proc.pid
 
 
 # ---------------------------------------------------------------------------
