@@ -709,7 +709,7 @@ class NodeMachine:
                     self._push_grant(lease, key, holder.token)
                     break
             else:
-                if self.locks.lease(lease) is None:
+                if self.locks.lease_terms(lease) is None:
                     self._drop_waiter(lease, key, conns)
         if self.tracker.leading:
             self.tracker.take_office(now.mono, self.locks.leases())
@@ -721,12 +721,10 @@ class NodeMachine:
             del self._queued_mono[pair]
 
     def _holds(self, lease: str, key: str) -> bool:
-        info = self.locks.lease(lease)
-        return info is not None and key in info.holding
+        return self.locks.holds(lease, key)
 
     def _waits(self, lease: str, key: str) -> bool:
-        info = self.locks.lease(lease)
-        return info is not None and key in info.waiting
+        return self.locks.waits(lease, key)
 
     def _restore_image(self, data: bytes) -> None:
         """Rebuild the applied state from a snapshot image of either layout."""
@@ -1083,7 +1081,7 @@ class NodeMachine:
                     ErrorCode.SESSION_EXPIRED,
                     f"lease {req.lease!r} is being expired: open a new lease",
                 )
-            if self.locks.lease(req.lease) is None:
+            if self.locks.lease_terms(req.lease) is None:
                 if self.locks.counts().sessions >= quotas.max_leases:
                     raise _quota(f"this cluster holds {quotas.max_leases} leases", "max_leases")
                 _check_meta_quota(req.meta, quotas)
@@ -1100,8 +1098,9 @@ class NodeMachine:
         if isinstance(req, Acquire):
             # A re-sent or re-entrant acquire of a key the lease already holds or waits
             # for adds nothing, and must get its grant (or place) back, not a refusal.
-            lease = self.locks.lease(req.lease)
-            adds = lease is None or (req.key not in lease.holding and req.key not in lease.waiting)
+            adds = not (
+                self.locks.holds(req.lease, req.key) or self.locks.waits(req.lease, req.key)
+            )
             counts = self.locks.counts()
             if adds and counts.locks + counts.waiters >= quotas.max_locks:
                 raise _quota(
@@ -1255,7 +1254,7 @@ class NodeMachine:
         conn, req = proposal.conn, proposal.request
         rid, kind = req.id, req.TYPE
         if isinstance(result, locks.Granted):
-            info = self.locks.lease(result.lease)
+            info = self.locks.lease_terms(result.lease)
             self._answer_request(
                 conn,
                 kind,
@@ -1374,7 +1373,7 @@ class NodeMachine:
                 "meta": dict(h.meta),
             }
             if leading:
-                info = self.locks.lease(h.lease)
+                info = self.locks.lease_terms(h.lease)
                 remaining = self.tracker.remaining_ms(h.lease, now.mono)
                 if info is not None:
                     item["ttl_ms"] = info.ttl_ms
@@ -1529,7 +1528,7 @@ class NodeMachine:
         if self._role is not Role.LEADER:
             self._reply_not_leader(read.conn, req)
             return
-        info = self.locks.lease(req.lease)
+        info = self.locks.lease_terms(req.lease)
         stale = info is not None and req.incarnation not in (0, info.incarnation)
         if info is None or stale or self._doomed(req.lease):
             self._answer_request(

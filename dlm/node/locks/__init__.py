@@ -55,6 +55,7 @@ from dlm.node.locks.machine import (
     ApplyOutcome,
     Counts,
     KeyView,
+    LeaseTerms,
     LeaseView,
     LockStateMachine,
 )
@@ -100,6 +101,7 @@ __all__ = [
     "LeaseCommand",
     "LeaseGone",
     "LeaseOpened",
+    "LeaseTerms",
     "LeaseUpdated",
     "LeaseView",
     "LockStateMachine",

@@ -119,6 +119,16 @@ class ApplyOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaseTerms(_Plain):
+    """A lease's TTL, incarnation and finished mark (``LeaseView`` without its keys)."""
+
+    lease: str
+    ttl_ms: int
+    incarnation: int
+    finished_at_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class KeyView(_Plain):
     """A key as ``get``/``list_locks`` show it: holders in grant order, waiters in queue order."""
 
@@ -622,6 +632,22 @@ class LockStateMachine:
         if lease is None:
             return None
         return self._lease_view(lease_id, lease)
+
+    def lease_terms(self, lease_id: str) -> LeaseTerms | None:
+        """What the runtime asks about a lease on every request it serves, without the
+        sorted copies of the keys ``lease`` makes (a lease may hold thousands)."""
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            return None
+        return LeaseTerms(lease_id, lease.ttl_ms, lease.incarnation, lease.finished_at_ms)
+
+    def holds(self, lease_id: str, key: str) -> bool:
+        lease = self._leases.get(lease_id)
+        return lease is not None and key in lease.holding
+
+    def waits(self, lease_id: str, key: str) -> bool:
+        lease = self._leases.get(lease_id)
+        return lease is not None and key in lease.waiting
 
     def list_leases(
         self, *, after: str | None = None, limit: int | None = None

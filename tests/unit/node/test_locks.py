@@ -754,3 +754,22 @@ def test_restore_refuses_an_impossible_queue() -> None:
     item[4][0][2] = []  # waiters with no holder
     with pytest.raises(ValueError, match="impossible"):
         LockStateMachine.restore(cbor2.dumps(item))
+
+
+def test_lease_terms_holds_and_waits_answer_without_copying_the_leases_keys() -> None:
+    from dlm.node.locks import LeaseTerms, LockStateMachine
+    from dlm.node.locks.commands import AcquireCommand, ClusterVersionCommand, OpenLeaseCommand
+
+    table = LockStateMachine()
+    table.apply_command(1, ClusterVersionCommand(2, 0))
+    table.apply_command(2, OpenLeaseCommand("A", 30_000, Origin("c1", 1, 0), 0))
+    table.apply_command(3, OpenLeaseCommand("B", 30_000, Origin("c2", 1, 0), 0))
+    table.apply_command(4, AcquireCommand("A", "k", True, 1, {}, Origin("c1", 2, 1), 0))
+    table.apply_command(5, AcquireCommand("B", "k", True, 1, {}, Origin("c2", 2, 1), 0))
+    view = table.lease("A")
+    assert view is not None
+    assert table.lease_terms("A") == LeaseTerms("A", view.ttl_ms, view.incarnation, None)
+    assert table.lease_terms("nope") is None
+    assert table.holds("A", "k") and not table.waits("A", "k")
+    assert table.waits("B", "k") and not table.holds("B", "k")
+    assert not table.holds("nope", "k") and not table.waits("nope", "k")
