@@ -30,6 +30,7 @@ DEFAULT_DATA_DIR = "dlm-data"
 DEFAULT_CLUSTER = "dlm"
 META_FILE = "node.json"
 META_FORMAT = 1
+DEFAULT_MAX_CONNECTIONS = 8192
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -57,6 +58,8 @@ class NodeConfig:
     fsync: bool = True
     metrics_listen: tuple[str, int] | None = None
     """Where to serve Prometheus metrics (None: nowhere)."""
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    """Client connections served at once (the runtime lowers it to fit the open-files limit)."""
 
     @property
     def address(self) -> str:
@@ -96,6 +99,9 @@ class NodeConfig:
             config,
             metrics_listen=_parse(metrics, "--metrics-listen") if metrics else None,
             quotas=quotas,
+            max_connections=_count(
+                settings.get("max_connections"), "--max-connections", DEFAULT_MAX_CONNECTIONS
+            ),
         )
 
     @classmethod

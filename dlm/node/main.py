@@ -5,7 +5,9 @@ merges them with the ``DLM_NODE_*`` environment and the ``--config`` file
 (dlm.cli.node_options) and hands them to ``start_node``, which returns the
 process exit code and never lets a traceback reach the user: 0 after a clean
 shutdown (SIGTERM or Ctrl-C), 2 for settings that make no sense, 74 (EX_IOERR)
-when the data dir's disk is full, 1 for everything else the environment
+when the data dir's disk is full, 78 (EX_CONFIG) for authentication or TLS
+settings that cannot be used (among them a reachable --listen with no peer
+authentication and no --insecure), 1 for everything else the environment
 refused (busy port, unusable or corrupt data dir, a data dir that belongs to
 another member).
 
@@ -30,6 +32,8 @@ from dlm.cli.node_options import ALL_OPTIONS, OptionError, Resolved, resolve
 from dlm.node.config import ConfigError, NodeConfig, check_data_dir, write_meta
 from dlm.node.log import Logger, default_format, level_named
 from dlm.node.raft.types import ConfState
+from dlm.node.security import NodeSecurity, SecurityError
+from dlm.node.security import load as load_security
 from dlm.node.server import run
 from dlm.store import StoreCorrupted, StoreError, StoreFull
 from dlm.store.disk import DiskStorage
@@ -39,6 +43,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_IOERR = 74
+EXIT_CONFIG = 78  # EX_CONFIG: the authentication or TLS settings cannot be used
 
 
 class StartupError(Exception):
@@ -85,6 +90,10 @@ def start_node(
         )
     except ValueError as exc:
         return _fail(str(exc), EXIT_USAGE)
+    try:
+        security = load_security(settings, config.listen)
+    except SecurityError as exc:
+        return _fail(resolved.explain(str(exc)) if resolved else str(exc), EXIT_CONFIG)
     if os.environ.get("DLM_NO_FSYNC", "") == "1":
         config = replace(config, fsync=False)
     # Tuning knobs for tests and experiments, not flags a user should need.
@@ -95,7 +104,7 @@ def start_node(
     if keep.isdigit():
         config = replace(config, snapshot_keep=int(keep))
     try:
-        return anyio.run(_main, config, log, on_started, backend="asyncio")
+        return anyio.run(_main, config, log, on_started, security, backend="asyncio")
     except StartupError as exc:
         return _fail(str(exc), EXIT_FAILURE)
     except ConfigError as exc:
@@ -140,7 +149,12 @@ def _describe(exc: BaseException) -> str:
     return f"stopped after an unexpected error: {exc!r}"
 
 
-async def _main(config: NodeConfig, log: Logger, on_started: Callable[[Any], None] | None) -> int:
+async def _main(
+    config: NodeConfig,
+    log: Logger,
+    on_started: Callable[[Any], None] | None,
+    security: NodeSecurity | None = None,
+) -> int:
     fresh = check_data_dir(config)
     listener = await _listen(config)
     try:
@@ -167,7 +181,9 @@ async def _main(config: NodeConfig, log: Logger, on_started: Callable[[Any], Non
                         f"cannot write to data dir {config.data_dir}: {exc.strerror or exc}"
                     ) from None
             try:
-                return await run(config, storage, listener, log=log, on_started=on_started)
+                return await run(
+                    config, storage, listener, log=log, on_started=on_started, security=security
+                )
             except Exception:
                 log.error("node_crashed", traceback=traceback.format_exc())
                 raise
@@ -200,6 +216,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m dlm.node.main", description="Run one dlm cluster member."
     )
     for option in ALL_OPTIONS:
+        if option.is_flag:
+            parser.add_argument(
+                option.flag,
+                dest=option.param,
+                action="store_const",
+                const="true",
+                help=f"{option.help} [env: {option.env}]",
+            )
+            continue
         parser.add_argument(
             option.flag,
             dest=option.param,
