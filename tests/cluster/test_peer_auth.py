@@ -344,3 +344,54 @@ def test_members_without_the_peer_secret_cannot_join(secured: Secured, tmp_path:
     wait_for(lambda: follower.status() is not None and follower.status()["leader"], 15.0,
              "the member back with the right secret")  # fmt: skip
     witness.unchanged()
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["asyncio", "anyio"])
+def test_the_async_client_authenticates_too(
+    secured: Secured, monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    import anyio
+
+    from dlm.client import aio
+    from dlm.client.errors import AuthFailed
+
+    monkeypatch.setattr(aio, "NATIVE_ASYNCIO", native)
+    addresses = secured.cluster.addresses
+
+    async def scenario() -> None:
+        async with aio.AsyncClient(addresses, secret=secured.client_secret) as client:
+            lease = await client.open_lease(5_000)
+            first = await client.acquire(lease, f"async-{native}")
+            await client.release(lease, f"async-{native}")
+            assert (await client.acquire(lease, f"async-{native}")).token > first.token
+            assert await client.member_status(addresses[0]) is not None
+        for secret in (None, auth.new_secret().encode()):
+            async with aio.AsyncClient(addresses, secret=secret, timeout=5.0) as client:
+                with pytest.raises(AuthFailed) as raised:
+                    await client.status()
+                assert "DLM_SECRET_FILE" in raised.value.message
+
+    anyio.run(scenario)
+
+
+def test_stalled_handshakes_and_frames_are_closed_within_seconds(secured: Secured) -> None:
+    """Before the hello, between the welcome and the auth frame, and half-way through a
+    frame: each is closed after the hello timeout or the stall timeout (5 s each)."""
+    import time
+
+    address = secured.cluster.wait_for_leader().address
+    silent = RawConn(address, hello=False)
+    asking = {"t": "hello", "role": "client", "version": 1, "auth": "hmac-sha256",
+              "auth_nonce": os.urandom(32)}  # fmt: skip
+    unproven = RawConn(address, hello=asking)
+    assert unproven.welcome["t"] == "welcome"
+    half = RawConn(address, secret=secured.client_secret)
+    half.send_bytes(struct.pack(">I", 100) + b"\xa1")  # 1 byte of a 100-byte frame
+    started = time.monotonic()
+    try:
+        for conn in (silent, unproven, half):
+            assert conn.closed_by_peer(timeout=10.0)
+        assert time.monotonic() - started < 8.0
+    finally:
+        for conn in (silent, unproven, half):
+            conn.close()

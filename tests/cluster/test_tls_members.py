@@ -164,3 +164,29 @@ def test_a_plain_client_is_told_about_tls(tls_cluster: TlsCluster, tmp_path: Pat
     proc = dlm.run("acquire", "plain", "--dial-timeout", "1s", "--timeout", "2s")
     assert proc.returncode == 69, proc.stderr
     assert "DLM_TLS_CA" in proc.stderr
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["asyncio", "anyio"])
+def test_the_async_client_speaks_tls_too(
+    tls_cluster: TlsCluster, monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    import anyio
+
+    from dlm.client import aio
+    from dlm.client.errors import AuthFailed
+
+    monkeypatch.setattr(aio, "NATIVE_ASYNCIO", native)
+    addresses = tls_cluster.cluster.addresses
+
+    async def scenario() -> None:
+        async with aio.AsyncClient(addresses, tls=tls_cluster.context("client")) as client:
+            lease = await client.open_lease(5_000)
+            await client.acquire(lease, f"async-tls-{native}")
+            assert await client.member_status(addresses[0]) is not None
+        rogue = tls_cluster.context(ca="rogue-ca")
+        async with aio.AsyncClient(addresses, tls=rogue, timeout=5.0) as client:
+            with pytest.raises(AuthFailed) as raised:
+                await client.status()
+            assert "DLM_TLS_CA" in raised.value.message
+
+    anyio.run(scenario)
