@@ -96,6 +96,8 @@ IDLE_TIMEOUT = 120.0
 EVICT_IDLE_AFTER = 5.0
 """When the client cap is reached, a new client takes the place of the one silent the
 longest, if that one has been silent at least this long (it reconnects when it needs to)."""
+CLIENT_CHECK_EVERY = 0.5
+"""Seconds between two looks for stalled and idle clients."""
 CLIENT_BUFFER_LIMIT = 16 * CLIENT_FRAME_LIMIT
 """Unsent reply bytes beyond which a client that does not read is cut off."""
 MAX_CONNECTIONS = 8192
@@ -277,6 +279,7 @@ class NodeServer:
         """Connections still in their hello or handshake, oldest first."""
         self._peer_conns: dict[str, _Connection] = {}
         """The one admitted inbound connection of each peer."""
+        self._clients_checked_at = 0.0
         self._listener: anyio.abc.Listener[Any] | None = None
         self._stopping = False
         self._pending_peers: dict[str, str] | None = None
@@ -473,6 +476,11 @@ class NodeServer:
             self._run_actions()
 
     def _check_clients(self, mono: float) -> None:
+        # The timeouts are seconds long: a look twice a second is enough, and spares the
+        # loop a walk over thousands of idle clients on every tick.
+        if mono - self._clients_checked_at < CLIENT_CHECK_EVERY:
+            return
+        self._clients_checked_at = mono
         limits = self.limits
         for client in list(self._clients.values()):
             stalled = client.partial_since is not None and (
