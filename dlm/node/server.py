@@ -820,8 +820,7 @@ class _Connection(asyncio.Protocol):
             return
         greeting = welcome(config.node_id, config.cluster, min(hello.speaks, PROTOCOL_VERSION))
         if secret is None:
-            transport.write(encode_frame(greeting))
-            self._admit(hello, None, None, first[1])
+            self._admit(hello, None, None, first[1], greeting)
             return
         from dlm.auth import AuthError, Responder, new_nonce
 
@@ -859,8 +858,16 @@ class _Connection(asyncio.Protocol):
         self._server._auth_failed(hello.role.value, self.where, hello.node, message)
         _send_and_close(self._transport, error(None, ErrorCode.AUTH_FAILED, message))
 
-    def _admit(self, hello: Hello, sealer: Any, opener: Any, rest: bytes) -> None:
-        """The hello (and handshake, if any) is done: from now on the machine listens."""
+    def _admit(
+        self,
+        hello: Hello,
+        sealer: Any,
+        opener: Any,
+        rest: bytes,
+        greeting: dict[str, Any] | None = None,
+    ) -> None:
+        """The hello (and handshake, if any) is done: from now on the machine listens.
+        ``greeting``: the welcome still to send (without a handshake), or None."""
         transport, server = self._transport, self._server
         assert transport is not None
         if self._hello_timer is not None:
@@ -868,6 +875,8 @@ class _Connection(asyncio.Protocol):
             self._hello_timer = None
         server._unadmitted.pop(self, None)
         if hello.role is HelloRole.PEER:
+            if greeting is not None:
+                transport.write(encode_frame(greeting))
             server._peer_admitted(self, hello.node, hello.speaks)
             self._peer = hello.node
             self._peer_decoder = FrameDecoder(PEER_FRAME_LIMIT, opener)
@@ -880,6 +889,8 @@ class _Connection(asyncio.Protocol):
             transport.write(encode_frame(refusal, sealer))
             transport.close()
             return
+        if greeting is not None:
+            transport.write(encode_frame(greeting))
         self._client = client = server._client_opened(transport, self.where, sealer, opener)
         if rest:
             client.decoder.feed(rest)

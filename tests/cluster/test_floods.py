@@ -165,3 +165,42 @@ def test_an_idle_connection_flood_beyond_the_fd_limit_still_serves_a_new_client(
         wait_for(lambda: member.status() is not None, 10.0, "the member answering")
     finally:
         cluster.stop_all()
+
+
+def test_peers_get_in_when_clients_fill_the_cap(tmp_path: Path) -> None:
+    """With every client place taken (and none idle long enough to give way), a member
+    that restarts is still let in by the others, and catches up."""
+    cluster = Cluster(tmp_path, size=3, node_args=lambda _: ["--max-connections", "4"])
+    try:
+        cluster.start_all()
+        leader = cluster.wait_for_leader(timeout=15.0)
+        with cluster.client(timeout=10.0) as client:
+            lease = client.open_lease(30_000)
+            token = client.acquire(lease, "cap-before").token
+        fillers = [RawConn(leader.address) for _ in range(4)]
+        try:
+            assert all(conn.welcome["t"] == "welcome" for conn in fillers)
+            with RawConn(leader.address) as extra:
+                assert (extra.welcome["t"], extra.welcome["code"]) == ("error", "UNAVAILABLE")
+            follower = next(n for n in cluster.nodes.values() if n is not leader)
+            follower.restart()
+
+            def caught_up() -> bool:
+                for conn in fillers:  # stay busy, so that no filler gives way
+                    assert conn.request({"t": "ping"})["t"] == "ok"
+                view = follower.status()
+                return view is not None and view["leader"] == leader.node_id and (
+                    view["applied"] >= 3
+                )
+
+            wait_for(caught_up, 15.0, "the restarted member to rejoin", interval=0.2)
+            with RawConn(leader.address) as extra:
+                assert extra.welcome["code"] == "UNAVAILABLE"  # the cap still holds
+        finally:
+            for conn in fillers:
+                conn.close()
+        with cluster.client(timeout=10.0) as client:
+            lease = client.open_lease(5_000)
+            assert client.acquire(lease, "cap-after").token > token
+    finally:
+        cluster.stop_all()
