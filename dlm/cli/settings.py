@@ -97,7 +97,7 @@ class Credentials:
             if not self.tls_ca:
                 raise CliError(
                     "CONFIG",
-                    f"a TLS client certificate needs --tls-ca PATH (or {TLS_CA_ENV}): "
+                    f"a TLS client certificate needs --tls-ca/{TLS_CA_ENV}: "
                     "the CA that signed the members' certificates",
                     CONFIG,
                 )
@@ -108,8 +108,8 @@ class Credentials:
             except tls.TlsConfigError as exc:
                 raise CliError(
                     "CONFIG",
-                    f"{exc} (set by --tls-ca/--tls-cert/--tls-key or {TLS_CA_ENV}/"
-                    f"{TLS_CERT_ENV}/{TLS_KEY_ENV})",
+                    f"{exc} (set by --tls-ca/{TLS_CA_ENV}, --tls-cert/{TLS_CERT_ENV} or "
+                    f"--tls-key/{TLS_KEY_ENV})",
                     CONFIG,
                 ) from None
         return secret, context

@@ -932,8 +932,8 @@ def describe_holders(holders: list[dict[str, Any]]) -> str:
 # Authentication and TLS failures, worded for the `dlm` command (the library's main user)
 # ---------------------------------------------------------------------------
 
-SECRET_HINT = "--secret-file PATH or DLM_SECRET_FILE"
-TLS_HINT = "--tls-ca PATH or DLM_TLS_CA"
+SECRET_HINT = "--secret-file/DLM_SECRET_FILE"
+TLS_HINT = "--tls-ca/DLM_TLS_CA"
 
 
 def proof_failed(addr: str, problem: str) -> AuthFailed:
@@ -954,7 +954,8 @@ def tls_failed(addr: str, problem: str, *, verifying: bool) -> AuthFailed:
         )
     return AuthFailed(
         f"TLS handshake with {addr} failed ({_one_line(problem)}): check that the member "
-        f"serves TLS and {TLS_HINT} (and DLM_TLS_CERT, DLM_TLS_KEY if you give a certificate)"
+        f"serves TLS and {TLS_HINT} (and --tls-cert/DLM_TLS_CERT, --tls-key/DLM_TLS_KEY if "
+        "you give a certificate)"
     )
 
 

@@ -213,7 +213,7 @@ class _Connection:
                     # A member serving TLS drops a plain hello without a word.
                     raise _Broken(
                         "connection closed by the member before it answered (if the cluster "
-                        "serves TLS, set --tls-ca PATH or DLM_TLS_CA)"
+                        "serves TLS, set --tls-ca/DLM_TLS_CA)"
                     )
                 raise _Broken("connection closed by the member")
             self._decoder.feed(data)

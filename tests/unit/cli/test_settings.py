@@ -58,7 +58,7 @@ def test_an_unusable_secret_file_exits_78_naming_the_option(tmp_path: Path) -> N
 
 
 def test_unusable_tls_files_exit_78_naming_the_options(tmp_path: Path) -> None:
-    with pytest.raises(CliError, match="--tls-ca PATH") as raised:
+    with pytest.raises(CliError, match="--tls-ca/DLM_TLS_CA") as raised:
         Credentials(tls_cert=str(tmp_path / "c.pem"), tls_key=str(tmp_path / "k.pem")).load()
     assert raised.value.exit_code == 78
     with pytest.raises(CliError, match="DLM_TLS_CA") as raised:
