@@ -190,3 +190,48 @@ def test_the_async_client_speaks_tls_too(
             assert "DLM_TLS_CA" in raised.value.message
 
     anyio.run(scenario)
+
+
+def test_tls_and_secrets_together(tmp_path: Path) -> None:
+    """Both layers at once: the handshake runs inside TLS, on peer links and for clients."""
+    from dlm import auth
+
+    pki = make_pki(tmp_path / "pki", ["n1", "n2", "n3"])
+    for name in ("peer", "client"):
+        auth.write_secret_file(str(tmp_path / f"{name}.secret"))
+
+    def flags(node: NodeProc) -> list[str]:
+        return [
+            "--tls-cert", str(pki / f"{node.node_id}.crt"),
+            "--tls-key", str(pki / f"{node.node_id}.key"),
+            "--tls-ca", str(pki / "ca.crt"),
+            "--peer-secret-file", str(tmp_path / "peer.secret"),
+            "--client-secret-file", str(tmp_path / "client.secret"),
+        ]  # fmt: skip
+
+    (tmp_path / "c").mkdir()
+    cluster = Cluster(
+        tmp_path / "c",
+        size=3,
+        node_args=flags,
+        client_secret=auth.load_secret(str(tmp_path / "client.secret")),
+        client_tls=tls.client_context(str(pki / "ca.crt")),
+    )
+    try:
+        cluster.start_all()
+        leader = cluster.wait_for_leader(timeout=15.0)
+        with cluster.client(timeout=10.0) as client:
+            lease = client.open_lease(5_000)
+            assert client.acquire(lease, "both").token > 0
+        # A genuine certificate without the peer secret still does not get in.
+        follower = next(n for n in cluster.nodes.values() if n is not leader)
+        context = tls.client_context(str(pki / "ca.crt"), str(pki / "n2.crt"), str(pki / "n2.key"))
+        hello = peer_hello("n2") if follower.node_id != "n2" else peer_hello("n3")
+        if hello["node"] == "n3":
+            context = tls.client_context(
+                str(pki / "ca.crt"), str(pki / "n3.crt"), str(pki / "n3.key")
+            )
+        with RawConn(follower.address, hello=hello, tls=context) as conn:
+            assert (conn.welcome["t"], conn.welcome["code"]) == ("error", "AUTH_FAILED")
+    finally:
+        cluster.stop_all()
