@@ -46,8 +46,9 @@ Examples:
   dlm release deploy --lease "$DLM_LEASE_ID"
   dlm status
 
-Options --cluster, --timeout, --dial-timeout and --json may be given before or
-after the subcommand. The cluster defaults to $DLM_CLUSTER, else {DEFAULT_CLUSTER}.
+Options --cluster, --timeout, --dial-timeout, --json, --secret-file and --tls-*
+may be given before or after the subcommand. The cluster defaults to
+$DLM_CLUSTER, else {DEFAULT_CLUSTER}.
 Shell completion: dlm --install-completion (bash, zsh, fish).
 
 {EXIT_CODE_HELP}"""
@@ -132,6 +133,44 @@ DialTimeoutOpt = Annotated[
         show_default=False,
     ),
 ]
+SecretFileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--secret-file",
+        metavar="PATH",
+        help="The cluster's client secret (a file made by `dlm secret new`, mode 600), when "
+        "its members require one. [env: DLM_SECRET_FILE]",
+        show_default=False,
+    ),
+]
+TlsCaOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tls-ca",
+        metavar="PATH",
+        help="Connect with TLS, trusting the CA in PATH (PEM) for the members' certificates. "
+        "[env: DLM_TLS_CA]",
+        show_default=False,
+    ),
+]
+TlsCertOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tls-cert",
+        metavar="PATH",
+        help="A client certificate to present (PEM; with --tls-key). [env: DLM_TLS_CERT]",
+        show_default=False,
+    ),
+]
+TlsKeyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tls-key",
+        metavar="PATH",
+        help="The unencrypted key of --tls-cert (PEM). [env: DLM_TLS_KEY]",
+        show_default=False,
+    ),
+]
 FormatOpt = Annotated[
     str | None,
     typer.Option(
@@ -162,8 +201,11 @@ def _settings(
     timeout: str | None,
     json: bool,
     dial_timeout: str | None,
+    *,
+    secret_file: str | None,
+    tls: tuple[str | None, str | None, str | None],
 ) -> Settings:
-    return resolve(ctx.obj, cluster, timeout, json, dial_timeout)
+    return resolve(ctx.obj, cluster, timeout, json, dial_timeout, secret_file=secret_file, tls=tls)
 
 
 def _version(value: bool) -> None:
@@ -182,12 +224,23 @@ def root(
     timeout: TimeoutOpt = None,
     dial_timeout: DialTimeoutOpt = None,
     json: JsonOpt = False,
+    secret_file: SecretFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
     version: Annotated[
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
     ] = False,
 ) -> None:
-    ctx.obj = GlobalOptions(cluster=cluster, timeout=timeout, json=json, dial_timeout=dial_timeout)
+    ctx.obj = GlobalOptions(
+        cluster=cluster,
+        timeout=timeout,
+        json=json,
+        dial_timeout=dial_timeout,
+        secret_file=secret_file,
+        tls=(tls_ca, tls_cert, tls_key),
+    )
 
 
 @app.command()
@@ -215,6 +268,10 @@ def acquire(
     timeout: TimeoutOpt = None,
     dial_timeout: DialTimeoutOpt = None,
     json: JsonOpt = False,
+    secret_file: SecretFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
 ) -> None:
     """Take a lock and print its key, fencing token, lease id and TTL.
 
@@ -227,7 +284,15 @@ def acquire(
     """
     from dlm.cli import ops
 
-    settings = _settings(ctx, cluster, timeout, json, dial_timeout)
+    settings = _settings(
+        ctx,
+        cluster,
+        timeout,
+        json,
+        dial_timeout,
+        secret_file=secret_file,
+        tls=(tls_ca, tls_cert, tls_key),
+    )
     ops.acquire(
         settings,
         key=key,
@@ -255,11 +320,27 @@ def renew(
     timeout: TimeoutOpt = None,
     dial_timeout: DialTimeoutOpt = None,
     json: JsonOpt = False,
+    secret_file: SecretFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
 ) -> None:
     """Renew a lease once, or keep it alive (--keep-alive)."""
     from dlm.cli import ops
 
-    ops.renew(_settings(ctx, cluster, timeout, json, dial_timeout), lease, keep_alive)
+    ops.renew(
+        _settings(
+            ctx,
+            cluster,
+            timeout,
+            json,
+            dial_timeout,
+            secret_file=secret_file,
+            tls=(tls_ca, tls_cert, tls_key),
+        ),
+        lease,
+        keep_alive,
+    )
 
 
 @app.command()
@@ -290,6 +371,10 @@ def release(
     timeout: TimeoutOpt = None,
     dial_timeout: DialTimeoutOpt = None,
     json: JsonOpt = False,
+    secret_file: SecretFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
 ) -> None:
     """Give a lock back. Exits 77, naming the holder, if LEASE does not hold KEY.
 
@@ -299,7 +384,15 @@ def release(
     from dlm.cli import ops
 
     ops.release(
-        _settings(ctx, cluster, timeout, json, dial_timeout),
+        _settings(
+            ctx,
+            cluster,
+            timeout,
+            json,
+            dial_timeout,
+            secret_file=secret_file,
+            tls=(tls_ca, tls_cert, tls_key),
+        ),
         key,
         lease,
         token=token,
@@ -366,6 +459,10 @@ def exec_(
     timeout: TimeoutOpt = None,
     dial_timeout: DialTimeoutOpt = None,
     json: JsonOpt = False,
+    secret_file: SecretFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
 ) -> None:
     """Run CMD (no shell) only while holding the lock; exit with CMD's code.
 
@@ -384,7 +481,15 @@ def exec_(
     """
     from dlm.cli import exec_cmd, ops
 
-    settings = _settings(ctx, cluster, timeout, json, dial_timeout)
+    settings = _settings(
+        ctx,
+        cluster,
+        timeout,
+        json,
+        dial_timeout,
+        secret_file=secret_file,
+        tls=(tls_ca, tls_cert, tls_key),
+    )
     ops.check_lock_options(lock, limit, "--lock")
     code = exec_cmd.run(
         settings,
@@ -433,6 +538,10 @@ def status(
     timeout: TimeoutOpt = None,
     dial_timeout: DialTimeoutOpt = None,
     json: JsonOpt = False,
+    secret_file: SecretFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
 ) -> None:
     """Show the cluster: members, roles, lag, last contact, and the failures it survives;
     or one lock (KEY): holders and waiters.
@@ -444,7 +553,15 @@ def status(
     from dlm.cli import status_view
     from dlm.cli.output import choose_format
 
-    settings = _settings(ctx, cluster, timeout, json, dial_timeout)
+    settings = _settings(
+        ctx,
+        cluster,
+        timeout,
+        json,
+        dial_timeout,
+        secret_file=secret_file,
+        tls=(tls_ca, tls_cert, tls_key),
+    )
     every = status_view.check_options(key, check, watch, interval)
     fmt = choose_format(output_format, settings.json)
     if key is not None:
@@ -467,12 +584,24 @@ def locks(
     timeout: TimeoutOpt = None,
     dial_timeout: DialTimeoutOpt = None,
     json: JsonOpt = False,
+    secret_file: SecretFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
 ) -> None:
     """List the held locks, one line each."""
     from dlm.cli import status_view
     from dlm.cli.output import choose_format
 
-    settings = _settings(ctx, cluster, timeout, json, dial_timeout)
+    settings = _settings(
+        ctx,
+        cluster,
+        timeout,
+        json,
+        dial_timeout,
+        secret_file=secret_file,
+        tls=(tls_ca, tls_cert, tls_key),
+    )
     status_view.list_locks(settings, prefix, choose_format(output_format, settings.json))
 
 
@@ -485,12 +614,27 @@ def lease_revoke(
     timeout: TimeoutOpt = None,
     dial_timeout: DialTimeoutOpt = None,
     json: JsonOpt = False,
+    secret_file: SecretFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
 ) -> None:
     """End a lease now: free every lock it holds (the next waiters get them) and leave
     every queue it is in. Exits 77 if there is no such lease (expired or ended)."""
     from dlm.cli import ops
 
-    ops.revoke(_settings(ctx, cluster, timeout, json, dial_timeout), lease)
+    ops.revoke(
+        _settings(
+            ctx,
+            cluster,
+            timeout,
+            json,
+            dial_timeout,
+            secret_file=secret_file,
+            tls=(tls_ca, tls_cert, tls_key),
+        ),
+        lease,
+    )
 
 
 @lease_app.command("list")
@@ -502,16 +646,28 @@ def lease_list(
     timeout: TimeoutOpt = None,
     dial_timeout: DialTimeoutOpt = None,
     json: JsonOpt = False,
+    secret_file: SecretFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
 ) -> None:
     """List the live leases: TTL, time left, the keys each holds and waits for, its owner."""
     from dlm.cli import status_view
     from dlm.cli.output import choose_format
 
-    settings = _settings(ctx, cluster, timeout, json, dial_timeout)
+    settings = _settings(
+        ctx,
+        cluster,
+        timeout,
+        json,
+        dial_timeout,
+        secret_file=secret_file,
+        tls=(tls_ca, tls_cert, tls_key),
+    )
     status_view.list_leases(settings, choose_format(output_format, settings.json))
 
 
-def node_start(**flags: str | None) -> None:
+def node_start(**flags: str | bool | None) -> None:
     """Run a cluster member in the foreground (no flags: a one-node cluster in ./dlm-data).
 
     Each flag may instead come from the environment variable shown beside it, or
@@ -520,10 +676,27 @@ def node_start(**flags: str | None) -> None:
     """
     from dlm.node.main import start_from_options  # anyio and the runtime: only this command pays
 
-    raise typer.Exit(start_from_options(flags))
+    # A switch not given is "not set" (None), so its variable or file key still counts.
+    given = {
+        name: ("true" if value else None) if isinstance(value, bool) else value
+        for name, value in flags.items()
+    }
+    raise typer.Exit(start_from_options(given))
 
 
 def _node_flag(option: NodeOption) -> inspect.Parameter:
+    if option.is_flag:
+        return inspect.Parameter(
+            option.param,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=False,
+            annotation=Annotated[
+                bool,
+                typer.Option(
+                    option.flag, help=f"{option.help} [env: {option.env}]", show_default=False
+                ),
+            ],
+        )
     return inspect.Parameter(
         option.param,
         inspect.Parameter.KEYWORD_ONLY,

@@ -257,6 +257,7 @@ def watch(settings: Settings, output_format: str, interval: float) -> int:
         min(settings.timeout, budget),
         settings.json,
         min(settings.dial_timeout, budget),
+        settings.credentials,
     )
     client = quick.connect()
     try:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 
 from dlm.client.errors import (
+    AuthFailed,
     BadRequest,
     ClusterUnavailable,
     DlmError,
@@ -961,6 +962,37 @@ def describe_holders(holders: list[dict[str, Any]]) -> str:
     return "held by " + ", ".join(parts) + more
 
 
+# ---------------------------------------------------------------------------
+# Authentication and TLS failures, worded for the `dlm` command (the library's main user)
+# ---------------------------------------------------------------------------
+
+SECRET_HINT = "--secret-file/DLM_SECRET_FILE"
+TLS_HINT = "--tls-ca/DLM_TLS_CA"
+
+
+def proof_failed(addr: str, problem: str) -> AuthFailed:
+    """The member's welcome did not prove it holds our secret."""
+    return AuthFailed(
+        f"{addr}: {_one_line(problem)}: set {SECRET_HINT} to the cluster's client secret "
+        "file (the members' --client-secret-file)"
+    )
+
+
+def tls_failed(addr: str, problem: str, *, verifying: bool) -> AuthFailed:
+    """The TLS handshake with ``addr`` failed: its certificate (``verifying``) or otherwise."""
+    if verifying:
+        return AuthFailed(
+            f"TLS: cannot trust {addr} ({_one_line(problem)}): set {TLS_HINT} to the CA that "
+            "signed the members' certificates, and dial them at a name or address their "
+            "certificates hold"
+        )
+    return AuthFailed(
+        f"TLS handshake with {addr} failed ({_one_line(problem)}): check that the member "
+        f"serves TLS and {TLS_HINT} (and --tls-cert/DLM_TLS_CERT, --tls-key/DLM_TLS_KEY if "
+        "you give a certificate)"
+    )
+
+
 def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
@@ -997,6 +1029,11 @@ def error_from_reply(
         )
     if code in (ErrorCode.BAD_REQUEST.value, ErrorCode.TOO_LARGE.value):
         return BadRequest(f"the cluster refused the request: {server_says}", code=code)
+    if code == ErrorCode.AUTH_FAILED.value:
+        return AuthFailed(
+            f"the cluster refused the connection ({server_says}): set {SECRET_HINT} "
+            "to the cluster's client secret file"
+        )
     if code in RETRYABLE_CODES:
         return ClusterUnavailable(f"the cluster could not serve the request: {server_says}", code)
     return ServerError(code, f"the cluster answered {code}: {server_says}")

@@ -81,6 +81,16 @@ class BadRequest(DlmError):
         super().__init__(code, message)
 
 
+class AuthFailed(DlmError):
+    """Authentication or TLS verification failed: the secret or the certificates this client
+    was given do not match the cluster's. Retrying will not help; the configuration must."""
+
+    exit_code = 78
+
+    def __init__(self, message: str) -> None:
+        super().__init__("AUTH_FAILED", message)
+
+
 class ServerError(DlmError):
     """An error code this client does not know how to handle."""
 
@@ -88,6 +98,7 @@ class ServerError(DlmError):
 
 
 __all__ = [
+    "AuthFailed",
     "BadRequest",
     "ClusterUnavailable",
     "DlmError",

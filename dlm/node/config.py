@@ -30,6 +30,7 @@ DEFAULT_DATA_DIR = "dlm-data"
 DEFAULT_CLUSTER = "dlm"
 META_FILE = "node.json"
 META_FORMAT = 2
+DEFAULT_MAX_CONNECTIONS = 8192
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -66,6 +67,8 @@ class NodeConfig:
     auto_promote: bool = True
     peers_given: bool = False
     """Whether --peers was given (it is only needed, and only used, at the first start)."""
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    """Client connections served at once (the runtime lowers it to fit the open-files limit)."""
 
     @property
     def address(self) -> str:
@@ -128,6 +131,9 @@ class NodeConfig:
             advertise=_parse(advertise, "--advertise") if advertise else None,
             auto_promote=auto == "on",
             peers_given=bool(settings.get("peers")),
+            max_connections=_count(
+                settings.get("max_connections"), "--max-connections", DEFAULT_MAX_CONNECTIONS
+            ),
         )
 
     @classmethod

@@ -5,7 +5,9 @@ merges them with the ``DLM_NODE_*`` environment and the ``--config`` file
 (dlm.cli.node_options) and hands them to ``start_node``, which returns the
 process exit code and never lets a traceback reach the user: 0 after a clean
 shutdown (SIGTERM or Ctrl-C), 2 for settings that make no sense, 74 (EX_IOERR)
-when the data dir's disk is full, 1 for everything else the environment
+when the data dir's disk is full, 78 (EX_CONFIG) for authentication or TLS
+settings that cannot be used (among them a reachable --listen with no peer
+authentication and no --insecure), 1 for everything else the environment
 refused (busy port, unusable or corrupt data dir, a data dir that belongs to
 another member).
 
@@ -31,6 +33,8 @@ from dlm.cli.node_options import ALL_OPTIONS, OptionError, Resolved, resolve
 from dlm.node.config import ConfigError, DataDirMeta, NodeConfig, check_data_dir, write_meta
 from dlm.node.log import Logger, default_format, level_named
 from dlm.node.raft.types import ConfState
+from dlm.node.security import NodeSecurity, SecurityError
+from dlm.node.security import load as load_security
 from dlm.node.server import RemovedMember, run
 from dlm.store import StoreCorrupted, StoreError, StoreFull
 from dlm.store.disk import DiskStorage
@@ -40,6 +44,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_IOERR = 74
+EXIT_CONFIG = 78  # EX_CONFIG: the authentication or TLS settings cannot be used
 
 
 class StartupError(Exception):
@@ -94,6 +99,10 @@ def start_node(
             "pip install prometheus-client (or install dlm with its [metrics] extra)",
             EXIT_FAILURE,
         )
+    try:
+        security = load_security(settings, config.listen)
+    except SecurityError as exc:
+        return _fail(resolved.explain(str(exc)) if resolved else str(exc), EXIT_CONFIG)
     if os.environ.get("DLM_NO_FSYNC", "") == "1":
         config = replace(config, fsync=False)
     # Tuning knobs for tests and experiments, not flags a user should need.
@@ -104,7 +113,7 @@ def start_node(
     if keep.isdigit():
         config = replace(config, snapshot_keep=int(keep))
     try:
-        return anyio.run(_main, config, log, on_started, backend="asyncio")
+        return anyio.run(_main, config, log, on_started, security, backend="asyncio")
     except StartupError as exc:
         return _fail(str(exc), EXIT_FAILURE)
     except ConfigError as exc:
@@ -149,10 +158,15 @@ def _describe(exc: BaseException) -> str:
     return f"stopped after an unexpected error: {exc!r}"
 
 
-async def _main(config: NodeConfig, log: Logger, on_started: Callable[[Any], None] | None) -> int:
+async def _main(
+    config: NodeConfig,
+    log: Logger,
+    on_started: Callable[[Any], None] | None,
+    security: NodeSecurity | None = None,
+) -> int:
     meta = check_data_dir(config)
     if meta is None and config.join:
-        config = await anyio.to_thread.run_sync(_join, config)
+        config = await anyio.to_thread.run_sync(_join, config, security)
         log.info("joined", cluster=config.cluster, first_members=sorted(config.peers))
     elif meta is not None:
         config = _settled(config, meta, log)
@@ -182,7 +196,9 @@ async def _main(config: NodeConfig, log: Logger, on_started: Callable[[Any], Non
                         f"cannot write to data dir {config.data_dir}: {exc.strerror or exc}"
                     ) from None
             try:
-                return await run(config, storage, listener, log=log, on_started=on_started)
+                return await run(
+                    config, storage, listener, log=log, on_started=on_started, security=security
+                )
             except RemovedMember as exc:
                 raise StartupError(str(exc)) from None
             except Exception:
@@ -215,15 +231,21 @@ def _settled(config: NodeConfig, meta: DataDirMeta, log: Logger) -> NodeConfig:
     return replace(config, peers=meta.peers)
 
 
-def _join(config: NodeConfig) -> NodeConfig:
+def _join(config: NodeConfig, security: NodeSecurity | None) -> NodeConfig:
     """Asks the running cluster (``--join``) to add this member as a learner; returns the
-    config with the cluster's first members, which this member must boot with."""
+    config with the cluster's first members, which this member must boot with. It asks as
+    a client, with the client secret and the TLS identity the member was given."""
     from dlm.client.errors import BadRequest, DlmError
     from dlm.client.sync import Client
 
     where = ",".join(config.join)
     try:
-        with Client(list(config.join), timeout=30.0) as client:
+        with Client(
+            list(config.join),
+            timeout=30.0,
+            secret=security.client_secret if security else None,
+            tls=security.peer_tls if security else None,
+        ) as client:
             try:
                 view = client.add_member(config.node_id, config.address)
             except BadRequest as exc:
@@ -270,6 +292,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m dlm.node.main", description="Run one dlm cluster member."
     )
     for option in ALL_OPTIONS:
+        if option.is_flag:
+            parser.add_argument(
+                option.flag,
+                dest=option.param,
+                action="store_const",
+                const="true",
+                help=f"{option.help} [env: {option.env}]",
+            )
+            continue
         parser.add_argument(
             option.flag,
             dest=option.param,

@@ -73,9 +73,8 @@ def test_the_secret_never_crosses_the_wire() -> None:
 def test_a_responder_without_the_secret_is_found_out_by_the_initiator() -> None:
     initiator = auth.Initiator(SECRET, NI, role="client", cluster="", node="")
     impostor = auth.Responder(OTHER, NR, node="n1")
-    hello = through_the_wire(
-        {**wire.Hello(wire.HelloRole.CLIENT).to_wire(), **initiator.hello_fields()}
-    )
+    client_hello = wire.Hello(wire.HelloRole.CLIENT).to_wire()
+    hello = through_the_wire({**client_hello, **initiator.hello_fields()})
     welcome = {**wire.welcome("n1", "c1"), **impostor.welcome_fields(hello)}
     with pytest.raises(auth.AuthError, match="does not hold this secret"):
         initiator.check_welcome(welcome)
