@@ -259,8 +259,24 @@ def decode_body(body: bytes) -> Any:
         raise ProtocolError(f"frame is not valid CBOR: {exc}") from None
 
 
+class BadFrame:
+    """A whole frame whose body is not the CBOR dlm speaks. The length prefix kept the
+    stream in step, so the connection can go on: the member answers it BAD_REQUEST."""
+
+    __slots__ = ("code", "message")
+
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> None:
+        self.message = message
+        self.code = code
+
+
 class FrameDecoder:
     """Splits a byte stream into decoded frames; feed bytes in, take objects out.
+
+    With ``tolerate_bad_bodies`` a body that does not decode comes out as a
+    ``BadFrame`` instead of raising (a client's malformed request is its own
+    problem, not the stream's); an oversized length still raises, since the
+    stream can no longer be trusted to be in step.
 
     With an ``opener`` (a dlm.auth.FrameOpener, once a connection is authenticated)
     every frame must carry its authentication tag after the body: the tag is
@@ -269,8 +285,15 @@ class FrameDecoder:
     must be closed). ``limit`` bounds the body; the tag comes on top.
     """
 
-    def __init__(self, limit: int, opener: FrameOpenerLike | None = None) -> None:
+    def __init__(
+        self,
+        limit: int,
+        opener: FrameOpenerLike | None = None,
+        *,
+        tolerate_bad_bodies: bool = False,
+    ) -> None:
         self._limit = limit
+        self._tolerate_bad_bodies = tolerate_bad_bodies
         self._opener = opener
         self._payload_limit = limit + (opener.overhead if opener is not None else 0)
         self._buf = bytearray()
@@ -307,7 +330,13 @@ class FrameDecoder:
                     except ValueError as exc:  # dlm.auth.AuthError, which wire does not import
                         self._failed = str(exc)
                         raise ProtocolError(self._failed, ErrorCode.AUTH_FAILED) from None
-                yield decode_body(body)
+                try:
+                    value = decode_body(body)
+                except ProtocolError as exc:
+                    if not self._tolerate_bad_bodies:
+                        raise
+                    value = BadFrame(str(exc), exc.code)
+                yield value
         finally:
             del buf[:pos]
 

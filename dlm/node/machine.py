@@ -80,6 +80,7 @@ from dlm.node.stats import Stats
 from dlm.wire import (
     PAGE_MAX,
     Acquire,
+    BadFrame,
     ClientRequest,
     CloseLease,
     ErrorCode,
@@ -962,6 +963,9 @@ class NodeMachine:
         """One decoded frame from a client connection."""
         state = self._conns.get(conn)
         if state is None:
+            return
+        if isinstance(obj, BadFrame):
+            self._bad_request(state, "invalid", None, obj.code, obj.message, now=now)
             return
         try:
             req = decode_request(obj)

@@ -611,7 +611,7 @@ class NodeServer:
     ) -> _ClientConnection:
         number = self._next_conn
         self._next_conn += 1
-        decoder = FrameDecoder(CLIENT_FRAME_LIMIT, opener)
+        decoder = FrameDecoder(CLIENT_FRAME_LIMIT, opener, tolerate_bad_bodies=True)
         client = _ClientConnection(number, transport, decoder, time.monotonic(), sealer=sealer)
         self._clients[number] = client
         self.machine.client_connected(number, where)
@@ -682,8 +682,9 @@ class NodeServer:
                 handled += 1
                 machine.client_frame(client.number, obj, now())
         except ProtocolError as exc:
-            # Framing is lost (an oversized length, bytes that are not CBOR, a frame that
-            # fails its tag): answer the frames before it, say why, hang up.
+            # Framing is lost (an oversized length) or the frame failed its authentication
+            # tag: answer the frames before it, say why, hang up. (A body that is not CBOR
+            # comes out as a BadFrame and is answered like any bad request.)
             self.counters.frames_in += handled
             self._run_actions()
             self._write(client, error(None, exc.code, str(exc)))

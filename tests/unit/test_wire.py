@@ -618,3 +618,29 @@ def test_a_page_holds_1_to_1000_items(kind: str, page: int | None, expected: int
 def test_paging_fields_out_of_range_are_refused(kind: str, bad: dict[str, object]) -> None:
     with pytest.raises(wire.ProtocolError):
         wire.decode_request({"t": kind, "id": 1, **bad})
+
+
+def test_a_client_frame_that_is_not_cbor_is_answered_and_the_stream_stays_in_step() -> None:
+    good = wire.encode_frame({"t": "ping", "id": 1})
+    junk = struct.pack(">I", 6) + b"\xff\xfe\xfd\xfc\xfb\xfa"
+    tagged = cbor2.dumps(cbor2.CBORTag(1, 0))
+    tagged_frame = struct.pack(">I", len(tagged)) + tagged
+    tolerant = wire.FrameDecoder(wire.CLIENT_FRAME_LIMIT, tolerate_bad_bodies=True)
+    tolerant.feed(junk + tagged_frame + good)
+    frames = list(tolerant.frames())
+    assert [type(f) for f in frames] == [wire.BadFrame, wire.BadFrame, dict]
+    assert all(f.code is wire.ErrorCode.BAD_REQUEST for f in frames[:2])
+    assert frames[2] == {"t": "ping", "id": 1}
+
+    strict = wire.FrameDecoder(wire.CLIENT_FRAME_LIMIT)
+    strict.feed(junk + good)
+    with pytest.raises(wire.ProtocolError):
+        list(strict.frames())
+
+
+def test_an_oversized_length_still_ends_a_tolerant_stream() -> None:
+    tolerant = wire.FrameDecoder(1024, tolerate_bad_bodies=True)
+    tolerant.feed(struct.pack(">I", 1 << 30) + b"\0" * 8)
+    with pytest.raises(wire.ProtocolError) as info:
+        list(tolerant.frames())
+    assert info.value.code is wire.ErrorCode.TOO_LARGE

@@ -33,6 +33,7 @@ from dlm.node.raft.types import (
     Role,
     VoteResponse,
 )
+from dlm.wire import BadFrame
 
 from .machine_driver import Client, Cluster, address
 
@@ -129,6 +130,17 @@ def test_a_bad_request_is_answered_bad_request_with_its_id_when_it_has_one(
     assert answer["code"] == "BAD_REQUEST"
     assert answer.get("id") == rid
     assert not client.closed
+
+
+def test_a_frame_that_is_not_cbor_counts_as_a_bad_request() -> None:
+    cluster = started()
+    client = cluster.connect("n1")
+    for _ in range(MAX_BAD_REQUESTS):
+        client.send_raw(BadFrame("frame is not valid CBOR"))
+    assert [a["code"] for a in client.frames] == ["BAD_REQUEST"] * MAX_BAD_REQUESTS
+    assert not client.closed
+    client.send_raw(BadFrame("frame is not valid CBOR"))
+    assert client.closed
 
 
 def test_a_connection_is_closed_after_max_bad_requests() -> None:
