@@ -104,7 +104,8 @@ def test_a_data_dir_of_another_member_is_refused(
         node_id="n1", listen=None, peers=None, data=str(tmp_path), cluster="prod"
     )
     write_meta(owner)
-    assert check_data_dir(owner) is False
+    meta = check_data_dir(owner)
+    assert meta is not None and meta.node == "n1" and meta.cluster == "prod"
     code, err = start(capsys, node_id="n2", listen=free_addr(), data=str(tmp_path), cluster="prod")
     assert code == EXIT_FAILURE
     assert "belongs to node 'n1' of cluster 'prod'" in err
