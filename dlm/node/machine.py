@@ -188,6 +188,10 @@ class MachineConfig:
     """The leader promotes a learner to voter once it is within PROMOTE_LAG entries."""
     address: str = ""
     """This member's own address (for a member that joined later, not in ``peers``)."""
+    join_members: Mapping[NodeId, str] = field(default_factory=dict)
+    """The members a joining member was told of when it joined, with their addresses: it
+    dials them until its own log names the configuration, so that it can answer a leader
+    that is not among the first members."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,8 +351,7 @@ class NodeMachine:
 
         self.locks = self.lock_machine_class()
         self._addresses: dict[NodeId, str] = dict(config.peers)
-        if config.address:
-            self._addresses.setdefault(config.node_id, config.address)
+        self._add_configured_addresses()
         self._removed_ids: set[NodeId] = set()
         self._member_proposals: dict[int, tuple[int, MemberChange]] = {}
         snap = storage.snapshot()
@@ -447,9 +450,21 @@ class NodeMachine:
         self._reply(conn, frame)
 
     def _peer_map(self) -> dict[NodeId, str]:
-        members = (*self.raft.voters, *self.raft.learners)
+        members = {*self.raft.voters, *self.raft.learners}
         me = self.config.node_id
-        return {m: self._addresses[m] for m in members if m != me and m in self._addresses}
+        if me not in members:
+            # Joined, and our log does not name us yet: the leader may be a member our log
+            # does not know either, and its first appends must be answered.
+            members.update(self.config.join_members)
+        return {m: self._addresses[m] for m in sorted(members) if m != me and m in self._addresses}
+
+    def _add_configured_addresses(self) -> None:
+        """Our own address and those we were told of at joining, where nothing newer says."""
+        config = self.config
+        if config.address:
+            self._addresses.setdefault(config.node_id, config.address)
+        for member, member_address in config.join_members.items():
+            self._addresses.setdefault(member, member_address)
 
     # ------------------------------------------------------------------ inputs: time
 
@@ -728,6 +743,7 @@ class NodeMachine:
                 raise ValueError("snapshot image has an unknown layout")
             self.locks = self.lock_machine_class.restore(lock_image)
             self._addresses = {str(k): str(v) for k, v in members.items()}
+            self._add_configured_addresses()
             removed = item.get("removed", [])
             self._removed_ids = {str(r) for r in removed} if isinstance(removed, list) else set()
         else:

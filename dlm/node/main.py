@@ -204,6 +204,8 @@ def _settled(config: NodeConfig, meta: DataDirMeta, log: Logger) -> NodeConfig:
             message=f"--join is ignored: {config.data_dir} already holds member "
             f"{config.node_id}'s data; it rejoins on its own",
         )
+    if meta.join_members:
+        config = replace(config, join_members=meta.join_members)
     if meta.peers is None:
         return config  # the previous release recorded none: --peers says them, as it did
     if config.peers_given and meta.peers != config.peers:
@@ -245,7 +247,16 @@ def _join(config: NodeConfig) -> NodeConfig:
             f"cannot join {where}: the member did not say who the first members were"
         )
     peers = {str(node): parse_addr(str(addr)) for node, addr in bootstrap.items()}
-    return replace(config, peers=peers)
+    # The leader may be a member that joined after the first ones: until this member's log
+    # names the configuration, it knows where the others are only from this answer.
+    current: dict[str, tuple[str, int]] = {}
+    for member in view.get("members", []):
+        if isinstance(member, dict) and member.get("id") != config.node_id:
+            try:
+                current[str(member["id"])] = parse_addr(str(member["address"]))
+            except (KeyError, ValueError):
+                continue  # unknown address: the log will say it
+    return replace(config, peers=peers, join_members=current)
 
 
 async def _listen(config: NodeConfig) -> anyio.abc.Listener[Any]:

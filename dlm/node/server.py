@@ -203,6 +203,7 @@ class NodeServer:
                 cluster=config.cluster,
                 peers={node: _addr_text(addr) for node, addr in sorted(config.peers.items())},
                 address=config.address,
+                join_members={n: _addr_text(a) for n, a in sorted(config.join_members.items())},
                 auto_promote=config.auto_promote,
                 timing=config.timing,
                 snapshot_every=config.snapshot_every,
