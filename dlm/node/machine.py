@@ -370,6 +370,7 @@ class NodeMachine:
             storage,
             rng,
         )
+        self._addresses_from_log(storage)
         self.tracker = self.tracker_class(expire_retry=timing.expire_retry_s)
         self._role = self.raft.role
         self._leader = self.raft.leader
@@ -465,6 +466,13 @@ class NodeMachine:
             self._addresses.setdefault(config.node_id, config.address)
         for member, member_address in config.join_members.items():
             self._addresses.setdefault(member, member_address)
+
+    def _addresses_from_log(self, storage: LogStorage) -> None:
+        """The addresses of members added by the entries after the snapshot: the snapshot's
+        image has the others, and the configuration counts these from start-up on."""
+        first, last = storage.first_index(), storage.last_index()
+        if last >= first:
+            self._note_conf_entries(storage.entries(first, last + 1))
 
     # ------------------------------------------------------------------ inputs: time
 

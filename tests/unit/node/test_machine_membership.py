@@ -68,6 +68,17 @@ def test_a_member_joining_through_a_leader_that_joined_later_catches_up() -> Non
     assert set(n5.peers) == {"n1", "n2", "n3", "n4"}
 
 
+def test_a_restarted_member_still_reaches_members_added_since_its_snapshot() -> None:
+    cluster = grown()
+    for node in ("n1", "n2", "n3"):
+        restarted = cluster.restart(node)
+        assert restarted.peers.get("n4") == address("n4"), node
+    cluster.run_until(lambda: any(m.role is Role.LEADER for m in cluster.members.values()),
+                      3.0, "a leader")  # fmt: skip
+    replies(cluster, cluster.connect(cluster.leader.id), 3)
+    cluster.run_until(lambda: caught_up(cluster, "n4"), 3.0, "n4 caught up")
+
+
 def test_a_joining_member_keeps_links_to_the_members_it_was_told_of_until_its_log_names_it() -> (
     None
 ):
