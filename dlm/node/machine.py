@@ -1126,12 +1126,7 @@ class NodeMachine:
         if isinstance(result, NotLeader):
             self._reply_not_leader(conn, req, result.leader)
         elif isinstance(result, ConfChangeRefused):
-            pending = "uncommitted" in result.reason or "committed" in result.reason
-            code = ErrorCode.CONFLICT if pending else ErrorCode.BAD_REQUEST
-            message = result.reason + (
-                ": another membership change is in progress; retry in a moment" if pending else ""
-            )
-            self._answer_request(conn, req.TYPE, error(req.id, code, message))
+            self._answer_request(conn, req.TYPE, _conf_change_refusal(req.id, result.reason))
         else:
             self._member_proposals[result] = (conn, req)
             self._emit(PeersChanged(self._peer_map()))
@@ -1744,6 +1739,21 @@ def _check_meta_quota(meta: Mapping[str, str], quotas: Quotas) -> None:
     size = sum(len(k.encode()) + len(v.encode()) for k, v in meta.items())
     if size > quotas.max_meta_bytes:
         raise _quota(f"owner metadata of {size} bytes is over", "max_meta_bytes")
+
+
+def _conf_change_refusal(rid: int, reason: str) -> dict[str, Any]:
+    """The answer to a membership change the Raft core refused, by the rule that refused it."""
+    if "leader's term" in reason:
+        # Elected a moment ago: its first entry commits within a round trip (the erratum's
+        # rule), so this is a short wait for the client to ride out, not a conflict.
+        return error(rid, ErrorCode.UNAVAILABLE, reason, retry_after_ms=50)
+    if "not committed yet" in reason:
+        return error(
+            rid,
+            ErrorCode.CONFLICT,
+            f"{reason}: another membership change is in progress; retry in a moment",
+        )
+    return error(rid, ErrorCode.BAD_REQUEST, reason)
 
 
 def _role_name(role: Role) -> str:

@@ -100,3 +100,69 @@ def responses_to(node: str) -> Any:
         return msg.dst == node and isinstance(msg, AppendEntriesResponse)
 
     return blocked
+
+
+def test_a_leader_elected_a_moment_ago_asks_a_change_to_wait_rather_than_refusing_it() -> None:
+    cluster = Cluster(3)
+    cluster.elect("n1")
+    # n2 wins, and its first entry cannot commit: the acknowledgements do not reach it.
+    cluster.blocked = responses_to("n2")
+    cluster["n1"].machine.raft.transfer_leadership("n2")
+    cluster.settle(cluster["n1"])
+    cluster.run_until(lambda: cluster["n2"].role is Role.LEADER, 2.0, "n2 leading")
+    client = cluster.connect("n2")
+    reply = client.wait(client.send("member_add", member="n4", address=address("n4")))
+    assert reply["t"] == "error"
+    assert reply["code"] == "UNAVAILABLE" and reply["retry_after_ms"] > 0  # the client retries
+    cluster.blocked = lambda msg: False
+    cluster.advance(0.2)  # its first entry commits
+    reply = client.call("member_add", member="n4", address=address("n4"))
+    assert reply["t"] == "ok"
+
+
+def test_a_change_while_another_is_uncommitted_is_a_conflict() -> None:
+    cluster = Cluster(3)
+    cluster.elect("n1")
+    cluster.blocked = responses_to("n1")
+    client = cluster.connect("n1")
+    first = client.send("member_add", member="n4", address=address("n4"))
+    second = client.wait(client.send("member_add", member="n5", address=address("n5")))
+    assert second["code"] == "CONFLICT" and "retry" in second["message"]
+    cluster.blocked = lambda msg: False
+    assert client.wait(first)["t"] == "ok"
+
+
+def test_refusals_say_what_is_wrong() -> None:
+    cluster = Cluster(3)
+    cluster.elect("n1")
+    client = cluster.connect("n1")
+    exists = client.call("member_add", member="n2", address="elsewhere:1")
+    assert exists["code"] == "BAD_REQUEST" and "already a member" in exists["message"]
+    taken = client.call("member_add", member="n9", address=address("n2"))
+    assert taken["code"] == "BAD_REQUEST" and "n2's address" in taken["message"]
+    unknown = client.call("member_remove", member="n9")
+    assert unknown["code"] == "BAD_REQUEST" and "not a member" in unknown["message"]
+    voter = client.call("member_promote", member="n2")
+    assert voter["code"] == "BAD_REQUEST" and "already a voter" in voter["message"]
+    lone = Cluster(1)
+    lone.elect("n1")
+    last = lone.connect("n1").call("member_remove", member="n1")
+    assert last["code"] == "BAD_REQUEST" and "last voter" in last["message"]
+
+
+def test_removing_a_voter_that_would_leave_no_quorum_is_unsafe_unless_forced() -> None:
+    cluster = Cluster(3)
+    cluster.elect("n1")
+    cluster.blocked = lambda msg: msg.src == "n3" or msg.dst == "n3"
+    cluster.advance(2.0)  # n3 silent for longer than two election timeouts
+    client = cluster.connect("n1")
+    reply = client.call("member_remove", member="n2")
+    assert reply["code"] == "UNSAFE" and "--force" in reply["message"]
+    # The silent one itself may go: the two that answer are a quorum of what is left.
+    reply = client.call("member_remove", member="n3")
+    assert reply["t"] == "ok" and [m["id"] for m in reply["members"]] == ["n1", "n2"]
+
+
+# ---------------------------------------------------------------------------
+# Who answers
+# ---------------------------------------------------------------------------
