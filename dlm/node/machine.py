@@ -1114,7 +1114,7 @@ class NodeMachine:
             self._reply_not_leader(conn, req)
             return
         try:
-            change = self._conf_change_for(req)
+            change = self._conf_change_for(req, now)
         except _Refusal as refusal:
             frame = error(req.id, refusal.code, refusal.message, **refusal.extra)
             self._answer_request(conn, req.TYPE, frame)
@@ -1132,7 +1132,7 @@ class NodeMachine:
             self._emit(PeersChanged(self._peer_map()))
             self._log("info", "member_change_proposed", change=change.kind.name, member=change.node)
 
-    def _conf_change_for(self, req: MemberChange) -> ConfChange | None:
+    def _conf_change_for(self, req: MemberChange, now: Instant) -> ConfChange | None:
         """The change ``req`` asks for; None when the leader must first hand over (it is the
         one to go); _Refusal with the reason it may not be made."""
         if self.locks.version < 2:
@@ -1169,7 +1169,7 @@ class NodeMachine:
             if len(voters) == 1:
                 raise _Refusal(ErrorCode.BAD_REQUEST, f"{member} is the last voter")
             if not req.force:
-                self._check_quorum_after_removing(member)
+                self._check_quorum_after_removing(member, now)
         if member == self.config.node_id:
             best = self._best_successor()
             if best is None:
@@ -1183,15 +1183,9 @@ class NodeMachine:
             return None
         return ConfChange(ConfChangeKind.REMOVE, member)
 
-    def _check_quorum_after_removing(self, member: NodeId) -> None:
-        status = self.raft.status()
+    def _check_quorum_after_removing(self, member: NodeId, now: Instant) -> None:
         remaining = [v for v in self.raft.voters if v != member]
-        reachable = [
-            v
-            for v in remaining
-            if v == self.config.node_id
-            or (status.progress.get(v) is not None and status.progress[v].recent_active)
-        ]
+        reachable = [v for v in remaining if self._answers(v, now)]
         if len(reachable) < len(remaining) // 2 + 1:
             down = sorted(set(remaining) - set(reachable))
             raise _Refusal(
@@ -1641,9 +1635,7 @@ class NodeMachine:
                 role = "learner"
             else:
                 role = "follower"
-            reachable = member == self.config.node_id or (
-                progress is not None and progress.recent_active
-            )
+            reachable = self._answers(member, now)
             if not reachable and role == "follower":
                 role = "unknown"
             members.append(
@@ -1658,6 +1650,16 @@ class NodeMachine:
                 }
             )
         return {"members": members, "leader": st.leader, "bootstrap": dict(self.config.peers)}
+
+    def _answers(self, member: NodeId, now: Instant) -> bool:
+        """Whether ``member`` is this one, or was heard from within two of the longest
+        election timeouts. (Not the core's ``recent_active``: the leader clears that at
+        every check-quorum round, so a live member would look silent until it next answers.)
+        """
+        if member == self.config.node_id:
+            return True
+        heard = self._peer_heard.get(member)
+        return heard is not None and now.mono - heard <= 4 * self._timing.election_timeout_s
 
     def _last_contact_ms(self, member: NodeId, now: Instant) -> int | None:
         if member == self.config.node_id:

@@ -166,3 +166,20 @@ def test_removing_a_voter_that_would_leave_no_quorum_is_unsafe_unless_forced() -
 # ---------------------------------------------------------------------------
 # Who answers
 # ---------------------------------------------------------------------------
+
+
+def test_members_that_answered_a_moment_ago_are_reachable_through_a_check_quorum_round() -> None:
+    cluster = Cluster(3)
+    leader = cluster.elect("n1")
+    # Everything to the leader held back for a few ticks: its check-quorum round clears the
+    # core's per-member activity flags in between, yet both followers spoke moments ago.
+    cluster.blocked = lambda msg: msg.dst == "n1"
+    for _ in range(cluster.timing.election_ticks):
+        cluster.advance(cluster.timing.tick_s)
+        assert leader.role is Role.LEADER
+        view = leader.machine.members_view(cluster.now())
+        assert [(m["id"], m["reachable"], m["role"]) for m in view["members"]] == [
+            ("n1", True, "leader"),
+            ("n2", True, "follower"),
+            ("n3", True, "follower"),
+        ]
