@@ -353,7 +353,7 @@ class NodeMachine:
         self._addresses: dict[NodeId, str] = dict(config.peers)
         self._add_configured_addresses()
         self._removed_ids: set[NodeId] = set()
-        self._member_proposals: dict[int, tuple[int, MemberChange]] = {}
+        self._member_proposals: dict[int, tuple[int, MemberChange, ConfChange]] = {}
         snap = storage.snapshot()
         self._snapshot_index = 0
         if snap is not None and snap.data:
@@ -794,6 +794,10 @@ class NodeMachine:
         """A membership change committed: say so, answer whoever asked, stop if it was us."""
         change = _conf_change(entry)
         proposal = self._member_proposals.pop(entry.index, None)
+        if proposal is not None and proposal[2] != change:
+            # Another leader's entry took the index: ours was lost, and the client re-sends.
+            self._reply_not_leader(proposal[0], proposal[1])
+            proposal = None
         if change is not None:
             if change.kind is ConfChangeKind.REMOVE:
                 self._removed_ids.add(change.node)
@@ -811,7 +815,7 @@ class NodeMachine:
             )
         self._emit(PeersChanged(self._peer_map()))
         if proposal is not None:
-            conn, req = proposal
+            conn, req, _ = proposal
             self._answer_request(conn, req.TYPE, ok(req.id, **self.members_view(now)))
         if self.raft.removed and not self._stopped:
             self._stopped = True
@@ -838,6 +842,10 @@ class NodeMachine:
                 if entry.kind is EntryKind.CONF_CHANGE:
                     self._applied_conf_change(entry, now)
                 continue
+            if self._member_proposals:
+                lost = self._member_proposals.pop(index, None)
+                if lost is not None:
+                    self._reply_not_leader(lost[0], lost[1])
             proposal = proposals.pop(index, None)
             held_before = machine.counts().locks
             if proposal is not None and proposal.data == entry.data:
@@ -1128,7 +1136,7 @@ class NodeMachine:
         elif isinstance(result, ConfChangeRefused):
             self._answer_request(conn, req.TYPE, _conf_change_refusal(req.id, result.reason))
         else:
-            self._member_proposals[result] = (conn, req)
+            self._member_proposals[result] = (conn, req, change)
             self._emit(PeersChanged(self._peer_map()))
             self._log("info", "member_change_proposed", change=change.kind.name, member=change.node)
 
@@ -1383,6 +1391,9 @@ class NodeMachine:
         proposals, self._proposals = self._proposals, {}
         for proposal in proposals.values():
             self._reply_not_leader(proposal.conn, proposal.request)
+        changes, self._member_proposals = self._member_proposals, {}
+        for conn, req, _ in changes.values():
+            self._reply_not_leader(conn, req)
 
     def _fail_reads(self, reads: Iterable[_Read], code: ErrorCode) -> None:
         for read in reads:

@@ -132,6 +132,17 @@ def test_a_change_while_another_is_uncommitted_is_a_conflict() -> None:
     assert client.wait(first)["t"] == "ok"
 
 
+def test_a_change_whose_leader_steps_down_first_is_answered_not_leader_at_once() -> None:
+    cluster = Cluster(3)
+    cluster.elect("n1")
+    cluster.blocked = lambda msg: "n1" in (msg.src, msg.dst)
+    client = cluster.connect("n1")
+    rid = client.send("member_add", member="n4", address=address("n4"))
+    cluster.run_until(lambda: client.reply(rid) is not None, 2.0, "an answer")
+    assert cluster["n1"].role is not Role.LEADER
+    assert (client.reply(rid) or {}).get("code") == "NOT_LEADER"  # the client re-sends
+
+
 def test_refusals_say_what_is_wrong() -> None:
     cluster = Cluster(3)
     cluster.elect("n1")
