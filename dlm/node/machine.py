@@ -1136,6 +1136,9 @@ class NodeMachine:
         elif isinstance(result, ConfChangeRefused):
             self._answer_request(conn, req.TYPE, _conf_change_refusal(req.id, result.reason))
         else:
+            if isinstance(req, MemberAdd):
+                # Known from now on, as the entry is in our log: the change counts it already.
+                self._addresses[req.member] = req.address
             self._member_proposals[result] = (conn, req, change)
             self._emit(PeersChanged(self._peer_map()))
             self._log("info", "member_change_proposed", change=change.kind.name, member=change.node)
@@ -1150,7 +1153,11 @@ class NodeMachine:
         member = req.member
         if isinstance(req, MemberAdd):
             if member in voters or member in learners:
-                raise _Refusal(ErrorCode.BAD_REQUEST, f"{member} is already a member")
+                raise _Refusal(
+                    ErrorCode.BAD_REQUEST,
+                    f"{member} is already a member: pick an id not in use "
+                    "(dlm members list shows them)",
+                )
             if member in self._removed_ids:
                 raise _Refusal(
                     ErrorCode.BAD_REQUEST,
@@ -1161,21 +1168,33 @@ class NodeMachine:
                 address = self._addresses.get(other)
                 if address is not None and parse_addr(address) == wanted:
                     raise _Refusal(
-                        ErrorCode.BAD_REQUEST, f"{req.address} is already {other}'s address"
+                        ErrorCode.BAD_REQUEST,
+                        f"{req.address} is already {other}'s address: give the new member "
+                        "an address of its own",
                     )
-            self._addresses[member] = req.address
             return ConfChange(ConfChangeKind.ADD_LEARNER, member, req.address.encode())
         if isinstance(req, MemberPromote):
             if member not in learners:
-                what = "already a voter" if member in voters else "not a member"
+                what = (
+                    "already a voter: nothing to promote"
+                    if member in voters
+                    else "not a member: add it first, as a learner"
+                )
                 raise _Refusal(ErrorCode.BAD_REQUEST, f"{member} is {what}")
             return ConfChange(ConfChangeKind.PROMOTE, member)
         assert isinstance(req, MemberRemove)
         if member not in voters and member not in learners:
-            raise _Refusal(ErrorCode.BAD_REQUEST, f"{member} is not a member")
+            raise _Refusal(
+                ErrorCode.BAD_REQUEST,
+                f"{member} is not a member: nothing to remove (dlm members list shows them)",
+            )
         if member in voters:
             if len(voters) == 1:
-                raise _Refusal(ErrorCode.BAD_REQUEST, f"{member} is the last voter")
+                raise _Refusal(
+                    ErrorCode.BAD_REQUEST,
+                    f"{member} is the last voter, and a cluster needs one: add another "
+                    "member first",
+                )
             if not req.force:
                 self._check_quorum_after_removing(member, now)
         if member == self.config.node_id:

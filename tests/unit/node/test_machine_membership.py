@@ -128,6 +128,7 @@ def test_a_change_while_another_is_uncommitted_is_a_conflict() -> None:
     first = client.send("member_add", member="n4", address=address("n4"))
     second = client.wait(client.send("member_add", member="n5", address=address("n5")))
     assert second["code"] == "CONFLICT" and "retry" in second["message"]
+    assert cluster["n1"].machine.address_of("n5") is None  # n5 is no member of anything
     cluster.blocked = lambda msg: False
     assert client.wait(first)["t"] == "ok"
 
@@ -148,17 +149,26 @@ def test_refusals_say_what_is_wrong() -> None:
     cluster.elect("n1")
     client = cluster.connect("n1")
     exists = client.call("member_add", member="n2", address="elsewhere:1")
-    assert exists["code"] == "BAD_REQUEST" and "already a member" in exists["message"]
+    assert exists["code"] == "BAD_REQUEST"
+    assert "n2 is already a member: pick an id not in use" in exists["message"]
     taken = client.call("member_add", member="n9", address=address("n2"))
-    assert taken["code"] == "BAD_REQUEST" and "n2's address" in taken["message"]
+    assert taken["code"] == "BAD_REQUEST"
+    assert "is already n2's address: give the new member an address" in taken["message"]
     unknown = client.call("member_remove", member="n9")
-    assert unknown["code"] == "BAD_REQUEST" and "not a member" in unknown["message"]
+    assert unknown["code"] == "BAD_REQUEST"
+    assert "n9 is not a member: nothing to remove" in unknown["message"]
+    stranger = client.call("member_promote", member="n9")
+    assert "n9 is not a member: add it first" in stranger["message"]
     voter = client.call("member_promote", member="n2")
-    assert voter["code"] == "BAD_REQUEST" and "already a voter" in voter["message"]
+    assert voter["code"] == "BAD_REQUEST" and "n2 is already a voter" in voter["message"]
+    # None of these reached the log, and the address of a refused add is not kept.
+    assert cluster["n1"].machine.raft.voters == ("n1", "n2", "n3")
+    assert cluster["n1"].machine.address_of("n9") is None
     lone = Cluster(1)
     lone.elect("n1")
     last = lone.connect("n1").call("member_remove", member="n1")
-    assert last["code"] == "BAD_REQUEST" and "last voter" in last["message"]
+    assert last["code"] == "BAD_REQUEST"
+    assert "n1 is the last voter, and a cluster needs one: add another" in last["message"]
 
 
 def test_removing_a_voter_that_would_leave_no_quorum_is_unsafe_unless_forced() -> None:
