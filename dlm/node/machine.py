@@ -552,7 +552,13 @@ class NodeMachine:
         if REMOVED in message and not self._stopped:
             self._stopped = True
             self._log("warning", "removed", told_by=node)
-            self._emit(Stop(f"this member {REMOVED} (told by {node})", 0))
+            self._emit(
+                Stop(
+                    f"this member {REMOVED} (told by {node}); to bring it back, remove its "
+                    "data directory and start it with --join",
+                    0,
+                )
+            )
 
     def peer_version(self, node: NodeId, speaks: int) -> None:
         """A link to or from ``node`` learned the highest protocol version it speaks."""

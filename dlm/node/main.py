@@ -4,10 +4,10 @@
 merges them with the ``DLM_NODE_*`` environment and the ``--config`` file
 (dlm.cli.node_options) and hands them to ``start_node``, which returns the
 process exit code and never lets a traceback reach the user: 0 after a clean
-shutdown (SIGTERM or Ctrl-C), 2 for settings that make no sense, 74 (EX_IOERR)
-when the data dir's disk is full, 1 for everything else the environment
-refused (busy port, unusable or corrupt data dir, a data dir that belongs to
-another member).
+shutdown (SIGTERM or Ctrl-C) or once this member knows it was removed from the
+cluster, 2 for settings that make no sense, 74 (EX_IOERR) when the data dir's
+disk is full, 1 for everything else the environment refused (busy port,
+unusable or corrupt data dir, a data dir that belongs to another member).
 
 ``python -m dlm.node.main --id n1 ...`` runs the same thing without the CLI.
 """
@@ -184,7 +184,13 @@ async def _main(config: NodeConfig, log: Logger, on_started: Callable[[Any], Non
             try:
                 return await run(config, storage, listener, log=log, on_started=on_started)
             except RemovedMember as exc:
-                raise StartupError(str(exc)) from None
+                # Not a failure: the member is simply no longer one, and a service manager
+                # that restarts failed units must leave it stopped (as a member told of its
+                # removal while running exits 0).
+                log.warning("removed", reason=str(exc))
+                sys.stderr.write(f"dlm node: {exc}\n")
+                sys.stderr.flush()
+                return EXIT_OK
             except Exception:
                 log.error("node_crashed", traceback=traceback.format_exc())
                 raise

@@ -204,3 +204,24 @@ def test_members_that_answered_a_moment_ago_are_reachable_through_a_check_quorum
             ("n2", True, "follower"),
             ("n3", True, "follower"),
         ]
+
+
+# ---------------------------------------------------------------------------
+# A removed member
+# ---------------------------------------------------------------------------
+
+
+def test_a_member_told_it_was_removed_stops_with_exit_0_saying_what_to_do() -> None:
+    cluster = Cluster(3)
+    cluster.elect("n1")
+    n3 = cluster["n3"]
+    n3.machine.peer_refused("n1", "'n3' is not a member of this cluster")
+    cluster.settle(n3)
+    assert n3.stops == []  # refused for another reason: it keeps trying
+    n3.machine.peer_refused("n1", "member n3 was removed from this cluster: remove its data")
+    n3.machine.peer_refused("n2", "member n3 was removed from this cluster: remove its data")
+    cluster.settle(n3)
+    [stop] = n3.stops
+    assert stop.code == 0
+    assert "was removed from this cluster (told by n1)" in stop.reason
+    assert "remove its data directory and start it with --join" in stop.reason
