@@ -390,6 +390,8 @@ class NodeMachine:
         self._next_job = 1
         self._peer_versions: dict[NodeId, int] = {}
         self._peer_heard: dict[NodeId, float] = {}
+        self._links_down: set[NodeId] = set()
+        """Members whose link dropped and that have not been heard from since."""
         self._peers_silent: set[NodeId] = set()
         self._leading_since = now.mono
         self._append_sent: dict[NodeId, dict[int, float]] = {}
@@ -565,6 +567,7 @@ class NodeMachine:
         self._peer_versions[node] = speaks
 
     def peer_unreachable(self, node: NodeId, now: Instant) -> None:
+        self._links_down.add(node)
         self.raft.report_unreachable(node)
         self._pump(now)
 
@@ -579,6 +582,7 @@ class NodeMachine:
                 continue
             heard_before = self._peer_heard.get(src, self._leading_since)
             self._peer_heard[src] = now.mono
+            self._links_down.discard(src)
             if src in self._peers_silent:
                 self._peers_silent.discard(src)
                 silent_for = now.mono - max(heard_before, self._leading_since)
@@ -1688,14 +1692,20 @@ class NodeMachine:
         return {"members": members, "leader": st.leader, "bootstrap": dict(self.config.peers)}
 
     def _answers(self, member: NodeId, now: Instant) -> bool:
-        """Whether ``member`` is this one, or was heard from within two of the longest
-        election timeouts. (Not the core's ``recent_active``: the leader clears that at
-        every check-quorum round, so a live member would look silent until it next answers.)
+        """Whether ``member`` is this one, or was heard from within the longest election
+        timeout and its link has not dropped since.
+
+        Not the core's ``recent_active``: the leader clears that at every check-quorum
+        round, so a live member would look silent until it next answers. The link matters
+        because this decides whether a removal is safe: a member killed a moment ago must
+        not count, and its connection tells at once.
         """
         if member == self.config.node_id:
             return True
+        if member in self._links_down:
+            return False
         heard = self._peer_heard.get(member)
-        return heard is not None and now.mono - heard <= 4 * self._timing.election_timeout_s
+        return heard is not None and now.mono - heard <= 2 * self._timing.election_timeout_s
 
     def _last_contact_ms(self, member: NodeId, now: Instant) -> int | None:
         if member == self.config.node_id:
