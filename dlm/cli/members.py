@@ -94,12 +94,16 @@ def member_rows(client: Client, view: dict[str, Any], timeout: float) -> list[di
 
 def member_row(listed: dict[str, Any], seen: dict[str, Any]) -> dict[str, Any]:
     """A member as the leader lists it (``listed``) and as it answered us (``seen``, a row of
-    dlm.cli.status_view.gather_members: its own role, and whether it answered)."""
+    dlm.cli.status_view.gather_members: its own role, and whether it answered). The role is
+    the member's own word, so a member cut off from the leader shows as a candidate."""
     from dlm.cli.status_view import human_role
 
     learner = listed.get("role") == "learner"
-    reachable = bool(seen.get("reachable"))
-    role = human_role(seen.get("role")) if reachable else "unknown"
+    answered = bool(seen.get("reachable"))
+    # Reachable: it answers us, and the leader hears from it (one the leader cannot reach
+    # takes no part in the cluster, and often says so: it campaigns).
+    reachable = answered and listed.get("reachable") is not False
+    role = human_role(seen.get("role")) if answered else "unknown"
     if learner:
         role = "learner"  # the leader's configuration decides, whatever the member knows yet
     elif role == "learner":

@@ -128,6 +128,16 @@ def test_a_member_that_does_not_answer_is_unknown_unreachable_and_has_no_lag(
     assert (n3["role"], n3["reachable"], n3["lag"], n3["match"]) == ("unknown", False, None, 400)
 
 
+def test_a_member_the_leader_does_not_hear_is_unreachable_in_its_own_role(
+    canned: Canned, capsys: Capture
+) -> None:
+    canned.view["members"][2] = listed("n3", "unknown", match=400, lag=None)
+    canned.roles["n3"] = "pre_candidate"  # cut off from the leader, but not from us
+    assert run(["members", "list", "--json"]) == 0
+    n3 = one_json(capsys.readouterr().out)["members"][2]
+    assert (n3["role"], n3["reachable"], n3["lag"]) == ("candidate", False, None)
+
+
 @pytest.mark.parametrize(
     ("own", "leader_says", "shown"),
     [
