@@ -539,7 +539,10 @@ class NodeMachine:
         if node == self.config.node_id:
             return f"{node!r} is this member's own id"
         if node in self._removed_ids:
-            return f"member {node} {REMOVED}: remove its data directory and join it again"
+            return (
+                f"member {node} {REMOVED}: remove its data directory and join it again, "
+                "with a new id"
+            )
         if node not in self._addresses and node not in self.raft.voters:
             return f"{node!r} is not a member of this cluster"
         if self.locks.version >= 2 and speaks < 2:
@@ -557,7 +560,7 @@ class NodeMachine:
             self._emit(
                 Stop(
                     f"this member {REMOVED} (told by {node}); to bring it back, remove its "
-                    "data directory and start it with --join",
+                    "data directory and start it with --join and a new --id",
                     0,
                 )
             )
@@ -832,7 +835,7 @@ class NodeMachine:
             self._emit(
                 Stop(
                     f"this member {REMOVED}; to bring it back, remove its data directory "
-                    "and start it with --join",
+                    "and start it with --join and a new --id",
                     0,
                 )
             )

@@ -737,7 +737,7 @@ async def run(
     if server.machine.raft.removed:
         raise RemovedMember(
             f"member {config.node_id} was removed from the cluster: to bring it back, remove "
-            f"its data directory ({config.data_dir}) and start it with --join"
+            f"its data directory ({config.data_dir}) and start it with --join and a new --id"
         )
     async with anyio.create_task_group() as tg:
 

@@ -243,4 +243,4 @@ def test_a_member_told_it_was_removed_stops_with_exit_0_saying_what_to_do() -> N
     [stop] = n3.stops
     assert stop.code == 0
     assert "was removed from this cluster (told by n1)" in stop.reason
-    assert "remove its data directory and start it with --join" in stop.reason
+    assert "remove its data directory and start it with --join and a new --id" in stop.reason
