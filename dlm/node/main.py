@@ -19,6 +19,7 @@ import errno
 import importlib.util
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -40,6 +41,8 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_IOERR = 74
+JOIN_TIMEOUT_S = 30.0
+"""How long `--join` keeps asking, through leader changes and other changes in progress."""
 
 
 class StartupError(Exception):
@@ -226,14 +229,26 @@ def _settled(config: NodeConfig, meta: DataDirMeta, log: Logger) -> NodeConfig:
 def _join(config: NodeConfig) -> NodeConfig:
     """Asks the running cluster (``--join``) to add this member as a learner; returns the
     config with the cluster's first members, which this member must boot with."""
-    from dlm.client.errors import BadRequest, DlmError
+    from dlm.client.errors import BadRequest, ChangeInProgress, DlmError
     from dlm.client.sync import Client
 
     where = ",".join(config.join)
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
     try:
-        with Client(list(config.join), timeout=30.0) as client:
+        with Client(list(config.join), timeout=JOIN_TIMEOUT_S) as client:
             try:
-                view = client.add_member(config.node_id, config.address)
+                for attempt in range(1_000):
+                    try:
+                        view = client.add_member(config.node_id, config.address)
+                        break
+                    except ChangeInProgress:
+                        # Another member joining, or a learner's promotion: it commits in
+                        # moments, and then it is our turn.
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(min(1.0, 0.02 * 2**attempt))
+                else:
+                    raise StartupError(f"cannot join {where}: the cluster stayed busy")
             except BadRequest as exc:
                 if "already a member" not in str(exc):
                     raise
