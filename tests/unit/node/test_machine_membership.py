@@ -16,9 +16,10 @@ from dlm.node.raft.types import AppendEntriesResponse, Message, Role
 from .machine_driver import Client, Cluster, Member, address
 
 
-def grown(*, links_follow_peers: bool = True) -> Cluster:
-    """Three first members, n1 leading, and n4 added through n1 and promoted."""
-    cluster = Cluster(3, links_follow_peers=links_follow_peers)
+def grown() -> Cluster:
+    """Three first members, n1 leading, and n4 added through n1 and promoted; messages go
+    only where the runtime would have a link."""
+    cluster = Cluster(3, links_follow_peers=True)
     cluster.elect("n1")
     join(cluster, cluster.connect("n1"), "n4")
     return cluster
@@ -40,7 +41,8 @@ def caught_up(cluster: Cluster, node: str) -> bool:
     return cluster[node].machine.locks.applied_index == leader.locks.applied_index
 
 
-def replies(cluster: Cluster, client: Client, count: int) -> None:
+def write_entries(client: Client, count: int) -> None:
+    """A lease and ``count`` grants under it, through ``client``'s member."""
     lease = client.call("open_lease", lease="L", ttl_ms=60_000)
     assert lease["t"] == "ok", lease
     for i in range(count):
@@ -62,7 +64,7 @@ def test_a_member_joining_through_a_leader_that_joined_later_catches_up() -> Non
     # answer; its empty log names neither n4 nor itself.
     n5 = join(cluster, cluster.connect("n4"), "n5")
     assert "n4" in n5.peers
-    replies(cluster, cluster.connect("n4"), 3)
+    write_entries(cluster.connect("n4"), 3)
     cluster.run_until(lambda: caught_up(cluster, "n5"), 3.0, "n5 caught up")
     # Once its log names the configuration, it keeps links to the members only.
     assert set(n5.peers) == {"n1", "n2", "n3", "n4"}
@@ -75,7 +77,7 @@ def test_a_restarted_member_still_reaches_members_added_since_its_snapshot() -> 
         assert restarted.peers.get("n4") == address("n4"), node
     cluster.run_until(lambda: any(m.role is Role.LEADER for m in cluster.members.values()),
                       3.0, "a leader")  # fmt: skip
-    replies(cluster, cluster.connect(cluster.leader.id), 3)
+    write_entries(cluster.connect(cluster.leader.id), 3)
     cluster.run_until(lambda: caught_up(cluster, "n4"), 3.0, "n4 caught up")
 
 
