@@ -117,16 +117,24 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
         time.sleep(0.05)
 
 
-def leader_of(client: Any, members: Members) -> str | None:
-    for addr in members.live_addrs():
-        view = client.member_status(addr, timeout=1.0)
-        if view is not None and view.get("role") == "leader":
-            return str(view["node"])
+def leader_of(members: Members) -> str | None:
+    from dlm.client import Client
+
+    with Client(members.live_addrs(), timeout=5.0) as client:
+        for addr in members.live_addrs():
+            view = client.member_status(addr, timeout=1.0)
+            if view is not None and view.get("role") == "leader":
+                return str(view["node"])
     return None
 
 
-def is_voter(client: Any, name: str) -> bool:
-    view = client.members_view()
+def is_voter(members: Members, name: str) -> bool:
+    """Whether the leader lists ``name`` as a voter (asked through the members alive now:
+    the first ones may all have been removed)."""
+    from dlm.client import Client
+
+    with Client(members.live_addrs(), timeout=30.0) as client:
+        view = client.members_view()
     return any(m["id"] == name and m["role"] in ("leader", "follower") for m in view["members"])
 
 
@@ -155,7 +163,7 @@ async def _hold_locks(addrs: list[str], locks: int, clients: int) -> None:
 
 
 async def _pairs(
-    addrs: list[str], pairs: int, clients: int, until: Callable[[], bool] | None = None
+    addrs: list[str], pairs: int, clients: int, until: Callable[[], object] | None = None
 ) -> int:
     """Acquire/release pairs (two log entries each) on one key per client: ``pairs`` of
     them, or as many as it takes for ``until()`` to hold (asked four times a second, off
@@ -224,7 +232,7 @@ def latest_snapshot(members: Members, name: str) -> tuple[int, int] | None:
     return int(snaps[-1].name.split("-")[0], 16), snaps[-1].stat().st_size
 
 
-def measure_join(members: Members, client: Any, args: argparse.Namespace) -> JoinResult:
+def measure_join(members: Members, args: argparse.Namespace) -> JoinResult:
     started = time.monotonic()
     anyio.run(_hold_locks, members.first, args.locks, args.clients)
     filler = anyio.run(
@@ -244,7 +252,7 @@ def measure_join(members: Members, client: Any, args: argparse.Namespace) -> Joi
     spawned_mono = time.monotonic()
     i = members.add("n4")
     name = members.names[i]
-    wait_until(lambda: is_voter(client, name), JOIN_TIMEOUT_S, f"{name} a voter")
+    wait_until(lambda: is_voter(members, name), JOIN_TIMEOUT_S, f"{name} a voter")
     result.voter_seen_s = time.monotonic() - spawned_mono
 
     def since_spawn(event: str, **match: Any) -> float | None:
@@ -268,26 +276,49 @@ def measure_join(members: Members, client: Any, args: argparse.Namespace) -> Joi
 
 
 class LockLoop:
-    """One client taking and releasing one lock as fast as it can; when each op ended."""
+    """One client taking and releasing one lock as fast as it can; when each op ended.
 
-    def __init__(self, addrs: list[str]) -> None:
+    Its member list is renewed (as an operator updates DLM_CLUSTER) when ``refresh()`` is
+    called, before each removal."""
+
+    def __init__(self, members: Members) -> None:
         from dlm.client import Client
 
-        self.client = Client(addrs, timeout=30.0)
+        self.members = members
+        self.client = Client(members.live_addrs(), timeout=30.0)
         self.done: list[float] = []
         self.errors: list[str] = []
         self.stop = threading.Event()
+        self._refresh = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
+    def wait_for_more(self, count: int) -> None:
+        target = len(self.done) + count
+        wait_until(lambda: len(self.done) >= target, 30.0, "the probe client to go on")
+
+    def refresh(self) -> None:
+        """Talk to the members alive now, from the next operation on."""
+        self._refresh.set()
+
     def _run(self) -> None:
-        from dlm.client.errors import DlmError
+        from dlm.client import Client
+        from dlm.client.errors import ClusterUnavailable, DlmError
 
         lease = self.client.open_lease(60_000)
         while not self.stop.is_set():
+            if self._refresh.is_set():
+                self._refresh.clear()
+                self.client.close()
+                self.client = Client(self.members.live_addrs(), timeout=30.0)
             try:
                 self.client.acquire(lease, "removal-probe")
                 self.client.release(lease, "removal-probe", keep_lease=True)
                 self.client.keepalive(lease)
+            except ClusterUnavailable as exc:
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                self.client.close()
+                self.client = Client(self.members.live_addrs(), timeout=30.0)
+                continue
             except DlmError as exc:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
                 continue
@@ -299,18 +330,24 @@ class LockLoop:
         return max(gaps, default=0.0)
 
 
-def measure_removals(members: Members, client: Any, rounds: int) -> list[RemovalResult]:
+def measure_removals(members: Members, rounds: int) -> list[RemovalResult]:
     results = []
-    loop = LockLoop(members.live_addrs())
+    loop = LockLoop(members)
     loop.thread.start()
     try:
-        wait_until(lambda: len(loop.done) > 20, 30.0, "the probe client to get going")
+        loop.wait_for_more(20)
         for round_no in range(rounds):
             if round_no:
                 i = members.add(f"n{len(members.names) + 1}")
                 name = members.names[i]
-                wait_until(lambda n=name: is_voter(client, n), JOIN_TIMEOUT_S, f"{name} voter")
-            leader = wait_until(lambda: leader_of(client, members), LEADER_TIMEOUT_S, "a leader")
+
+                def voter(name: str = name) -> bool:
+                    return is_voter(members, name)
+
+                wait_until(voter, JOIN_TIMEOUT_S, f"{name} a voter")
+            loop.refresh()
+            loop.wait_for_more(20)
+            leader = wait_until(lambda: leader_of(members), LEADER_TIMEOUT_S, "a leader")
             errors_before = len(loop.errors)
             started = time.monotonic()
             proc = subprocess.run(
@@ -324,11 +361,16 @@ def measure_removals(members: Members, client: Any, rounds: int) -> list[Removal
             ended = time.monotonic()
             if proc.returncode != 0:
                 raise RuntimeError(f"dlm members remove {leader}: {proc.stderr.strip()}")
-            wait_until(
-                lambda after=ended + 1.0: loop.done and loop.done[-1] > after, 30.0, "more ops"
-            )
-            index = members.names.index(leader)
-            wait_until(lambda i=index: not members.alive(i), 30.0, f"{leader} to stop")
+
+            def past(after: float = ended + 1.0) -> bool:
+                return bool(loop.done) and loop.done[-1] > after
+
+            wait_until(past, 30.0, "operations after the removal")
+
+            def stopped(index: int = members.names.index(leader)) -> bool:
+                return not members.alive(index)
+
+            wait_until(stopped, 30.0, f"{leader} to stop by itself")
             result = RemovalResult(
                 leader,
                 ended - started,
@@ -361,8 +403,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", metavar="DIR", default=None)
     args = parser.parse_args(argv)
 
-    from dlm.client import Client
-
     base = tempfile.mkdtemp(prefix="dlm-bench-membership-", dir=args.data_dir)
     leases = -(-args.locks // KEYS_PER_LEASE)
     # The snapshot comes once every lock is held (plus a margin for the leases' own
@@ -385,12 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     try:
         members.spawn_all()
-        with Client(members.first, timeout=60.0) as client:
-            wait_until(lambda: leader_of(client, members), LEADER_TIMEOUT_S, "a leader")
-            join = measure_join(members, client, args)
-            report["join"] = asdict(join)
-            removals = measure_removals(members, client, args.removals)
-            report["removals"] = [asdict(r) for r in removals]
+        wait_until(lambda: leader_of(members), LEADER_TIMEOUT_S, "a leader")
+        join = measure_join(members, args)
+        report["join"] = asdict(join)
+        removals = measure_removals(members, args.removals)
+        report["removals"] = [asdict(r) for r in removals]
         if removals:
             pauses = [r.longest_pause_s for r in removals]
             median_ms = statistics.median(pauses) * 1000
