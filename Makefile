@@ -6,7 +6,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 STAMP := $(VENV)/.installed-stamp
 DEV_STAMP := $(VENV)/.dev-installed-stamp
 
-.PHONY: install install-dev test lint typecheck unit sim cluster run bench bench-wal bench-startup zipapp soak clean
+.PHONY: install install-dev test lint typecheck unit sim cluster run bench bench-wal bench-startup bench-membership zipapp soak clean
 
 # What running dlm needs (`make run`): the package and its runtime dependencies.
 install: $(STAMP)
@@ -61,6 +61,11 @@ bench-wal: install
 
 bench-startup: install zipapp
 	$(PY) -m bench.startup
+
+# A member joining a loaded cluster (50,000 locks in a snapshot, 10,000 entries after it),
+# and the pause a client sees when the leader is removed; a few minutes on 2 cores.
+bench-membership: install
+	$(PY) -m bench.membership $(BENCH_ARGS)
 
 # The whole of dlm and its runtime dependencies in one file: dist/dlm.pyz.
 zipapp: install

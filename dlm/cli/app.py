@@ -92,7 +92,15 @@ secret_app = typer.Typer(
     rich_markup_mode=None,
     no_args_is_help=True,
 )
+members_app = typer.Typer(
+    help="Look at and change the cluster's members, one at a time.",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    no_args_is_help=True,
+)
 app.add_typer(node_app, name="node")
+app.add_typer(members_app, name="members")
 app.add_typer(store_app, name="store")
 app.add_typer(lease_app, name="lease")
 app.add_typer(secret_app, name="secret")
@@ -665,6 +673,158 @@ def lease_list(
         tls=(tls_ca, tls_cert, tls_key),
     )
     status_view.list_leases(settings, choose_format(output_format, settings.json))
+
+
+MemberIdArg = Annotated[str, typer.Argument(metavar="ID", help="The member's id.")]
+
+
+@members_app.command("list")
+def members_list(
+    ctx: typer.Context,
+    *,
+    output_format: FormatOpt = None,
+    cluster: ClusterOpt = None,
+    timeout: TimeoutOpt = None,
+    dial_timeout: DialTimeoutOpt = None,
+    json: JsonOpt = False,
+    secret_file: SecretFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+) -> None:
+    """List the members: id, address, role (leader, follower, candidate, learner; unknown
+    when it does not answer), whether it answers, and how far behind the leader it is."""
+    from dlm.cli import members
+    from dlm.cli.output import choose_format
+
+    settings = _settings(
+        ctx,
+        cluster,
+        timeout,
+        json,
+        dial_timeout,
+        secret_file=secret_file,
+        tls=(tls_ca, tls_cert, tls_key),
+    )
+    members.list_members(settings, choose_format(output_format, settings.json))
+
+
+@members_app.command("add")
+def members_add(
+    ctx: typer.Context,
+    *,
+    member: MemberIdArg,
+    address: Annotated[
+        str, typer.Argument(metavar="ADDR", help="Where the members reach it, as HOST:PORT.")
+    ],
+    output_format: FormatOpt = None,
+    cluster: ClusterOpt = None,
+    timeout: TimeoutOpt = None,
+    dial_timeout: DialTimeoutOpt = None,
+    json: JsonOpt = False,
+    secret_file: SecretFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+) -> None:
+    """Add a member as a learner: it gets the log but does not vote until it is promoted
+    (by the leader once it has caught up, or with `dlm members promote`). Start it with
+    `dlm node start --id ID --join ADDR,...`, which also adds it if it is not yet a member.
+
+    Exits 2 if ID or ADDR is in use, 75 if another change is still pending.
+    """
+    from dlm.cli import members
+    from dlm.cli.output import choose_format
+
+    settings = _settings(
+        ctx,
+        cluster,
+        timeout,
+        json,
+        dial_timeout,
+        secret_file=secret_file,
+        tls=(tls_ca, tls_cert, tls_key),
+    )
+    members.add(settings, member, address, choose_format(output_format, settings.json))
+
+
+@members_app.command("remove")
+def members_remove(
+    ctx: typer.Context,
+    *,
+    member: MemberIdArg,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Remove it even though the voters left would not have a quorum of members "
+            "that answer now (the cluster waits for them to come back).",
+        ),
+    ] = False,
+    output_format: FormatOpt = None,
+    cluster: ClusterOpt = None,
+    timeout: TimeoutOpt = None,
+    dial_timeout: DialTimeoutOpt = None,
+    json: JsonOpt = False,
+    secret_file: SecretFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+) -> None:
+    """Remove a member (the leader too: it hands over first). The removed member's process
+    stops by itself (exit 0); its data directory cannot rejoin.
+
+    Exits 2 for an unknown ID, the last voter, or a removal that would leave no quorum of
+    answering voters (unless --force); 75 if another change is still pending.
+    """
+    from dlm.cli import members
+    from dlm.cli.output import choose_format
+
+    settings = _settings(
+        ctx,
+        cluster,
+        timeout,
+        json,
+        dial_timeout,
+        secret_file=secret_file,
+        tls=(tls_ca, tls_cert, tls_key),
+    )
+    members.remove(settings, member, force, choose_format(output_format, settings.json))
+
+
+@members_app.command("promote")
+def members_promote(
+    ctx: typer.Context,
+    *,
+    member: MemberIdArg,
+    output_format: FormatOpt = None,
+    cluster: ClusterOpt = None,
+    timeout: TimeoutOpt = None,
+    dial_timeout: DialTimeoutOpt = None,
+    json: JsonOpt = False,
+    secret_file: SecretFileOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+) -> None:
+    """Make a learner a voter (for members run with --auto-promote off). Promote it once
+    it has caught up: `dlm members list` shows its lag.
+
+    Exits 2 if ID is not a learner, 75 if another change is still pending.
+    """
+    from dlm.cli import members
+    from dlm.cli.output import choose_format
+
+    settings = _settings(
+        ctx,
+        cluster,
+        timeout,
+        json,
+        dial_timeout,
+        secret_file=secret_file,
+        tls=(tls_ca, tls_cert, tls_key),
+    )
+    members.promote(settings, member, choose_format(output_format, settings.json))
 
 
 def node_start(**flags: str | bool | None) -> None:

@@ -32,11 +32,13 @@ Exit codes:
 \b
   0   success (for exec: CMD exited 0)
   1   status --check: the cluster is degraded (store inspect: damaged data)
-  2   usage error
+  2   usage error (members: an id or address in use, an unknown id, the last
+      voter, a removal that would leave no quorum of answering voters)
   69  cluster unavailable: no member answered within --dial-timeout, or no
       quorum within --timeout
   70  internal error (a bug in dlm: please report it)
-  75  lock held by someone else and not obtained (immediately, or within --wait)
+  75  lock held by someone else and not obtained (immediately, or within --wait);
+      members: another membership change is still pending (retry)
   77  lease lost, or not the holder (renew or release of an expired lease,
       release of a grant the lease no longer holds, revoke of a lease that is
       gone; exec's lock lost while CMD ran)

@@ -35,12 +35,14 @@ import os
 from dlm.client.errors import (
     AuthFailed,
     BadRequest,
+    ChangeInProgress,
     ClusterUnavailable,
     DlmError,
     LeaseLost,
     LockHeld,
     NotHolder,
     ServerError,
+    UnsafeChange,
 )
 from dlm.limits import HOLD_MAX_MS
 from dlm.wire import (
@@ -1027,6 +1029,10 @@ def error_from_reply(
             f"{which_lease} has expired or was closed, and its locks are gone: "
             "open a new lease (acquire without --lease)"
         )
+    if code == ErrorCode.CONFLICT.value:
+        return ChangeInProgress(f"the cluster did not make the change: {server_says}")
+    if code == ErrorCode.UNSAFE.value:
+        return UnsafeChange(f"the cluster did not make the change: {server_says}")
     if code in (ErrorCode.BAD_REQUEST.value, ErrorCode.TOO_LARGE.value):
         return BadRequest(f"the cluster refused the request: {server_says}", code=code)
     if code == ErrorCode.AUTH_FAILED.value:

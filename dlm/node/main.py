@@ -4,12 +4,12 @@
 merges them with the ``DLM_NODE_*`` environment and the ``--config`` file
 (dlm.cli.node_options) and hands them to ``start_node``, which returns the
 process exit code and never lets a traceback reach the user: 0 after a clean
-shutdown (SIGTERM or Ctrl-C), 2 for settings that make no sense, 74 (EX_IOERR)
-when the data dir's disk is full, 78 (EX_CONFIG) for authentication or TLS
-settings that cannot be used (among them a reachable --listen with no peer
-authentication and no --insecure), 1 for everything else the environment
-refused (busy port, unusable or corrupt data dir, a data dir that belongs to
-another member).
+shutdown (SIGTERM or Ctrl-C) or once this member knows it was removed from the
+cluster, 2 for settings that make no sense, 74 (EX_IOERR) when the data dir's
+disk is full, 78 (EX_CONFIG) for authentication or TLS settings that cannot be
+used (among them a reachable --listen with no peer authentication and no
+--insecure), 1 for everything else the environment refused (busy port,
+unusable or corrupt data dir, a data dir that belongs to another member).
 
 ``python -m dlm.node.main --id n1 ...`` runs the same thing without the CLI.
 """
@@ -21,6 +21,7 @@ import errno
 import importlib.util
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -45,6 +46,8 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_IOERR = 74
 EXIT_CONFIG = 78  # EX_CONFIG: the authentication or TLS settings cannot be used
+JOIN_TIMEOUT_S = 30.0
+"""How long `--join` keeps asking, through leader changes and other changes in progress."""
 
 
 class StartupError(Exception):
@@ -200,7 +203,13 @@ async def _main(
                     config, storage, listener, log=log, on_started=on_started, security=security
                 )
             except RemovedMember as exc:
-                raise StartupError(str(exc)) from None
+                # Not a failure: the member is simply no longer one, and a service manager
+                # that restarts failed units must leave it stopped (as a member told of its
+                # removal while running exits 0).
+                log.warning("removed", reason=str(exc))
+                sys.stderr.write(f"dlm node: {exc}\n")
+                sys.stderr.flush()
+                return EXIT_OK
             except Exception:
                 log.error("node_crashed", traceback=traceback.format_exc())
                 raise
@@ -220,6 +229,8 @@ def _settled(config: NodeConfig, meta: DataDirMeta, log: Logger) -> NodeConfig:
             message=f"--join is ignored: {config.data_dir} already holds member "
             f"{config.node_id}'s data; it rejoins on its own",
         )
+    if meta.join_members:
+        config = replace(config, join_members=meta.join_members)
     if meta.peers is None:
         return config  # the previous release recorded none: --peers says them, as it did
     if config.peers_given and meta.peers != config.peers:
@@ -235,19 +246,31 @@ def _join(config: NodeConfig, security: NodeSecurity | None) -> NodeConfig:
     """Asks the running cluster (``--join``) to add this member as a learner; returns the
     config with the cluster's first members, which this member must boot with. It asks as
     a client, with the client secret and the TLS identity the member was given."""
-    from dlm.client.errors import BadRequest, DlmError
+    from dlm.client.errors import BadRequest, ChangeInProgress, DlmError
     from dlm.client.sync import Client
 
     where = ",".join(config.join)
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
     try:
         with Client(
             list(config.join),
-            timeout=30.0,
+            timeout=JOIN_TIMEOUT_S,
             secret=security.client_secret if security else None,
             tls=security.peer_tls if security else None,
         ) as client:
             try:
-                view = client.add_member(config.node_id, config.address)
+                for attempt in range(1_000):
+                    try:
+                        view = client.add_member(config.node_id, config.address)
+                        break
+                    except ChangeInProgress:
+                        # Another member joining, or a learner's promotion: it commits in
+                        # moments, and then it is our turn.
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(min(1.0, 0.02 * 2**attempt))
+                else:
+                    raise StartupError(f"cannot join {where}: the cluster stayed busy")
             except BadRequest as exc:
                 if "already a member" not in str(exc):
                     raise
@@ -267,7 +290,16 @@ def _join(config: NodeConfig, security: NodeSecurity | None) -> NodeConfig:
             f"cannot join {where}: the member did not say who the first members were"
         )
     peers = {str(node): parse_addr(str(addr)) for node, addr in bootstrap.items()}
-    return replace(config, peers=peers)
+    # The leader may be a member that joined after the first ones: until this member's log
+    # names the configuration, it knows where the others are only from this answer.
+    current: dict[str, tuple[str, int]] = {}
+    for member in view.get("members", []):
+        if isinstance(member, dict) and member.get("id") != config.node_id:
+            try:
+                current[str(member["id"])] = parse_addr(str(member["address"]))
+            except (KeyError, ValueError):
+                continue  # unknown address: the log will say it
+    return replace(config, peers=peers, join_members=current)
 
 
 async def _listen(config: NodeConfig) -> anyio.abc.Listener[Any]:

@@ -258,6 +258,7 @@ class NodeServer:
                 cluster=config.cluster,
                 peers={node: _addr_text(addr) for node, addr in sorted(config.peers.items())},
                 address=config.address,
+                join_members={n: _addr_text(a) for n, a in sorted(config.join_members.items())},
                 auto_promote=config.auto_promote,
                 timing=config.timing,
                 snapshot_every=config.snapshot_every,
@@ -967,7 +968,7 @@ async def run(
     if server.machine.raft.removed:
         raise RemovedMember(
             f"member {config.node_id} was removed from the cluster: to bring it back, remove "
-            f"its data directory ({config.data_dir}) and start it with --join"
+            f"its data directory ({config.data_dir}) and start it with --join and a new --id"
         )
     async with anyio.create_task_group() as tg:
 

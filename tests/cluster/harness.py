@@ -21,7 +21,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -207,10 +207,22 @@ _LOWER_AND_EXEC = (
 
 
 class NodeProc:
-    def __init__(self, cluster: Cluster, node_id: str, port: int) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        node_id: str,
+        port: int,
+        *,
+        join: Sequence[str] = (),
+        flags: Sequence[str] = (),
+    ) -> None:
         self.cluster = cluster
         self.node_id = node_id
         self.port = port
+        self.join = tuple(join)
+        """Members to ask to add this one (``--join``); empty: one of the first members."""
+        self.flags = tuple(flags)
+        """More `dlm node start` flags (``--auto-promote off``)."""
         self.data_dir = cluster.base / node_id
         self.log_path = cluster.base / f"{node_id}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -235,6 +247,9 @@ class NodeProc:
         return [*self._base_command(), *self.cluster.node_args(self)]
 
     def _base_command(self) -> list[str]:
+        members = (
+            ["--join", ",".join(self.join)] if self.join else ["--peers", self.cluster.peers_flag]
+        )
         return [
             sys.executable,
             "-m",
@@ -245,12 +260,12 @@ class NodeProc:
             self.node_id,
             "--listen",
             self.address,
-            "--peers",
-            self.cluster.peers_flag,
+            *members,
             "--data",
             str(self.data_dir),
             "--cluster-id",
             self.cluster.cluster_id,
+            *self.flags,
         ]
 
     def start(self) -> None:
@@ -312,6 +327,17 @@ class NodeProc:
         self.kill()
         self.start()
 
+    def wait_exit(self, timeout: float) -> int:
+        """The exit code of a member expected to stop on its own (killed if it does not)."""
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(
+                f"{self.node_id} did not exit within {timeout}s\n{self.log_tail()}"
+            ) from None
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -360,7 +386,36 @@ class Cluster:
         self.nodes = {
             f"n{i + 1}": NodeProc(self, f"n{i + 1}", port) for i, port in enumerate(ports)
         }
+        """The members: the first ones, then those added, less those retired."""
+        self.retired: dict[str, NodeProc] = {}
+        """Members removed from the cluster (still stopped by ``stop_all``, if running)."""
         self.peers_flag = ",".join(f"{n.node_id}={n.address}" for n in self.nodes.values())
+
+    def add_node(
+        self,
+        node_id: str,
+        *,
+        port: int | None = None,
+        join: Sequence[str] | None = None,
+        flags: Sequence[str] = (),
+    ) -> NodeProc:
+        """A new member (not started) that joins through ``join`` (default: every member)."""
+        assert node_id not in self.nodes and node_id not in self.retired, node_id
+        node = NodeProc(
+            self,
+            node_id,
+            port if port is not None else free_ports(1)[0],
+            join=join if join is not None else self.addresses,
+            flags=flags,
+        )
+        self.nodes[node_id] = node
+        return node
+
+    def retire(self, node_id: str) -> NodeProc:
+        """``node_id`` is no longer a member: leader elections no longer count it."""
+        node = self.nodes.pop(node_id)
+        self.retired[node_id] = node
+        return node
 
     @property
     def addresses(self) -> list[str]:
@@ -375,17 +430,19 @@ class Cluster:
             node.start()
 
     def stop_all(self) -> None:
-        """SIGTERM every member at once, then reap each (SIGKILL after a grace)."""
-        for node in self.nodes.values():
+        """SIGTERM every member at once (retired ones too), then reap each (SIGKILL after a
+        grace)."""
+        every = [*self.nodes.values(), *self.retired.values()]
+        for node in every:
             if node.alive:
                 if node.paused:
                     node.resume()
                 os.kill(node.pid, signal.SIGTERM)
-        for node in self.nodes.values():
+        for node in every:
             node.terminate(grace=5.0)
 
     def kill_all(self) -> None:
-        for node in self.nodes.values():
+        for node in [*self.nodes.values(), *self.retired.values()]:
             node.kill()
 
     def leader_now(self) -> NodeProc | None:

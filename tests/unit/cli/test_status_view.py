@@ -160,6 +160,32 @@ def test_check_ignores_learners(canned: Canned, capsys: Capture) -> None:
     assert "all 3 voters answer" in capsys.readouterr().out
 
 
+def test_learners_are_marked_and_only_voters_count_towards_failures_survived(
+    canned: Canned, capsys: Capture
+) -> None:
+    members = [{"id": n, "address": a, "role": "voter"} for n, a in ADDRS.items()]
+    members += [
+        {"id": "n4", "address": "127.0.0.1:7704", "role": "learner"},
+        {"id": "n5", "address": "127.0.0.1:7705", "role": "learner"},
+    ]
+    canned.status = leader_view(members=members)
+    canned.views["127.0.0.1:7704"] = own_view("n4", "learner")  # n5 does not answer
+    # n3 was promoted a moment ago: the leader's list says so before n3 itself does.
+    canned.views[ADDRS["n3"]] = own_view("n3", "learner")
+    assert run(["status", "--format", "table"]) == 0
+    out = capsys.readouterr().out
+    assert "survives 1 more member failure (3 of 3 voters up, quorum 2)" in out
+    rows = {line.split()[0]: line for line in out.splitlines() if re.match(r"n\d", line)}
+    assert "learner (learner)" not in out
+    assert re.search(r"\blearner\b", rows["n4"]) and "unreachable" not in rows["n4"]
+    assert "learner (unreachable)" in rows["n5"]
+    assert run(["status", "--json"]) == 0
+    obj = json.loads(one_line(capsys.readouterr().out))
+    voters = {m["id"]: m["voter"] for m in obj["members"]}
+    assert voters == {"n1": True, "n2": True, "n3": True, "n4": False, "n5": False}
+    assert obj["health"]["voters"] == 3
+
+
 def test_check_json(canned: Canned, capsys: Capture) -> None:
     canned.views[ADDRS["n2"]] = None
     assert run(["status", "--check", "--json"]) == 1

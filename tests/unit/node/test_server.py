@@ -112,12 +112,21 @@ async def test_an_oversized_hello_is_told_this_port_speaks_dlm() -> None:
         await wire.closed()
 
 
-async def test_a_frame_that_is_not_cbor_gets_an_error_and_the_connection_closes() -> None:
+async def test_a_frame_that_is_not_cbor_gets_an_error_and_the_connection_goes_on() -> None:
     async with running_member() as (_, port):
         wire = await Wire.client(port)
         await wire.send_bytes(struct.pack(">I", 1) + b"\x1c")  # a reserved CBOR head
         refusal = await wire.recv()
         assert refusal["code"] == "BAD_REQUEST" and "CBOR" in refusal["message"]
+        assert (await wire.request("ping"))["t"] == "ok"
+
+
+async def test_an_oversized_length_gets_an_error_and_the_connection_closes() -> None:
+    async with running_member() as (_, port):
+        wire = await Wire.client(port)
+        await wire.send_bytes(struct.pack(">I", 1 << 30) + b"\xa0")
+        refusal = await wire.recv()
+        assert refusal["code"] == "TOO_LARGE"
         await wire.closed()
 
 
