@@ -440,14 +440,17 @@ class Hello(Record):
     ``version`` is 1, so our clients and members send 1 there.
     """
 
-    __slots__ = ("cluster", "max_version", "node", "role", "version")
-    FIELDS = ("role", "version", "cluster", "node", "max_version")
-    __match_args__ = ("role", "version", "cluster", "node", "max_version")
+    __slots__ = ("addr", "cluster", "max_version", "node", "role", "version")
+    FIELDS = ("role", "version", "cluster", "node", "max_version", "addr")
+    __match_args__ = ("role", "version", "cluster", "node", "max_version", "addr")
     role: HelloRole
     version: int
     cluster: str
     node: str
     max_version: int
+    addr: str
+    """A peer's own address (HOST:PORT, its --advertise), so that a member whose log does
+    not name it yet can still answer it; empty from clients and older members."""
 
     def __init__(
         self,
@@ -456,12 +459,14 @@ class Hello(Record):
         cluster: str = "",
         node: str = "",
         max_version: int = PROTOCOL_VERSION,
+        addr: str = "",
     ) -> None:
         _set(self, "role", role)
         _set(self, "version", version)
         _set(self, "cluster", cluster)
         _set(self, "node", node)
         _set(self, "max_version", max_version)
+        _set(self, "addr", addr)
 
     @property
     def speaks(self) -> int:
@@ -469,7 +474,7 @@ class Hello(Record):
         return max(self.version, self.max_version)
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        frame = {
             "t": "hello",
             "role": self.role.value,
             "version": self.version,
@@ -477,6 +482,9 @@ class Hello(Record):
             "cluster": self.cluster,
             "node": self.node,
         }
+        if self.addr:
+            frame["addr"] = self.addr
+        return frame
 
     @classmethod
     def from_wire(cls, obj: Any) -> Hello:
@@ -494,7 +502,21 @@ class Hello(Record):
             cluster=_field(msg, "cluster", str, optional=True) or "",
             node=_field(msg, "node", str, optional=True) or "",
             max_version=version if max_version is None else min(max(max_version, 1), 1 << 16),
+            addr=_hello_addr(msg),
         )
+
+
+def _hello_addr(msg: dict[Any, Any]) -> str:
+    """The hello's ``addr`` as HOST:PORT, or "" when absent; ProtocolError if malformed."""
+    addr = _field(msg, "addr", str, optional=True)
+    if not addr:
+        return ""
+    if len(addr) > 300:
+        raise ProtocolError("field 'addr' is too long")
+    try:
+        return format_addr(*parse_addr(addr))
+    except ValueError:
+        raise ProtocolError("field 'addr' must be HOST:PORT") from None
 
 
 def welcome(node: str, cluster: str, version: int = PROTOCOL_VERSION) -> dict[str, Any]:

@@ -113,6 +113,8 @@ PROMOTE_LAG = 64
 REMOVED = "was removed from this cluster"
 """Words a member uses when it refuses a peer it knows was removed (the peer then stops)."""
 MAX_BAD_REQUESTS = 16
+MAX_UNLISTED_PEERS = 16
+"""Peers our log does not name whose addresses we keep (a stranger must not grow it)."""
 """Bad requests of any kind tolerated on one client connection before it is closed."""
 NODE_IMAGE_FORMAT = 2
 """Layout of this member's snapshot image at cluster version 2 (version 1: the bare lock image)."""
@@ -354,6 +356,8 @@ class NodeMachine:
         self._addresses: dict[NodeId, str] = dict(config.peers)
         self._add_configured_addresses()
         self._removed_ids: set[NodeId] = set()
+        self._unlisted_peers: dict[NodeId, str] = {}
+        """Addresses from the hellos of peers our log does not name (see accept_peer)."""
         self._member_proposals: dict[int, tuple[int, MemberChange, ConfChange]] = {}
         snap = storage.snapshot()
         self._snapshot_index = 0
@@ -460,7 +464,15 @@ class NodeMachine:
             # Joined, and our log does not name us yet: the leader may be a member our log
             # does not know either, and its first appends must be answered.
             members.update(self.config.join_members)
-        return {m: self._addresses[m] for m in sorted(members) if m != me and m in self._addresses}
+        peers = {m: self._addresses[m] for m in sorted(members) if m != me and m in self._addresses}
+        leader = self.raft.leader
+        if leader is not None and leader != me and leader not in peers:
+            # We follow a leader our log does not name yet (added while we were away):
+            # answer it at the address its hello gave, until the log catches up.
+            address = self._unlisted_peers.get(leader)
+            if address is not None:
+                peers[leader] = address
+        return peers
 
     def _add_configured_addresses(self) -> None:
         """Our own address and those we were told of at joining, where nothing newer says."""
@@ -537,8 +549,13 @@ class NodeMachine:
 
     # ------------------------------------------------------------------ inputs: peers
 
-    def accept_peer(self, node: NodeId, speaks: int) -> str | None:
-        """Why a peer's (authenticated) hello is refused, or None to accept it."""
+    def accept_peer(self, node: NodeId, speaks: int, address: str = "") -> str | None:
+        """Why a peer's (authenticated) hello is refused, or None to accept it.
+
+        A peer our log does not name, that says where it listens, is accepted: our log may
+        be behind (we were down while it was added), and if it leads, its appends are how
+        we catch up. Its address serves only to answer it while we follow it; it never
+        makes it a member (only the log does)."""
         if node == self.config.node_id:
             return f"{node!r} is this member's own id"
         if node in self._removed_ids:
@@ -547,7 +564,11 @@ class NodeMachine:
                 "with a new id"
             )
         if node not in self._addresses and node not in self.raft.voters:
-            return f"{node!r} is not a member of this cluster"
+            if not address:
+                return f"{node!r} is not a member of this cluster"
+            if len(self._unlisted_peers) >= MAX_UNLISTED_PEERS:
+                self._unlisted_peers.pop(next(iter(self._unlisted_peers)))
+            self._unlisted_peers[node] = address
         if self.locks.version >= 2 and speaks < 2:
             return (
                 f"member {node} speaks protocol {speaks}, and this cluster already runs "
@@ -581,9 +602,10 @@ class NodeMachine:
         """Steps every message ``src`` sent; a message claiming another sender is dropped."""
         raft = self.raft
         me = self.config.node_id
-        members = self._addresses
+        members, unlisted = self._addresses, self._unlisted_peers
         for msg in messages:
-            if msg.src != src or msg.dst != me or src not in members or src in self._removed_ids:
+            known = src in members or src in unlisted
+            if msg.src != src or msg.dst != me or not known or src in self._removed_ids:
                 self._reject(now, "peer_message_refused", peer=src, message=type(msg).__name__)
                 continue
             heard_before = self._peer_heard.get(src, self._leading_since)
@@ -704,9 +726,12 @@ class NodeMachine:
     def _on_soft_state(self, role: Role, leader: NodeId | None, term: int, now: Instant) -> None:
         was_leader = self._role is Role.LEADER
         changed_leader = leader != self._leader or term != self._term
+        unlisted = {leader, self._leader} & self._unlisted_peers.keys()
         self._role, self._leader, self._term = role, leader, term
         if changed_leader:
             self.stats.leader_changes += 1
+            if unlisted:
+                self._emit(PeersChanged(self._peer_map()))
             self._log("info", "leader_changed", role=_role_name(role), leader=leader, term=term)
         elif (role is Role.LEADER) != was_leader:
             self._log("info", "role_changed", role=_role_name(role), leader=leader, term=term)

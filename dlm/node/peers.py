@@ -173,14 +173,17 @@ class PeerLink:
         rng: random.Random | None = None,
         secret: bytes | None = None,
         tls: Any = None,
+        advertise: str = "",
     ) -> None:
         """``secret``: the peer secret (None: no handshake); ``tls``: the ssl.SSLContext
-        to dial with (None: plain TCP)."""
+        to dial with (None: plain TCP); ``advertise``: our own address, told in the hello."""
         self.peer_id = peer_id
         self.address = address
         self._local_id = local_id
         self._cluster = cluster
-        self._hello = Hello(role=HelloRole.PEER, cluster=cluster, node=local_id).to_wire()
+        self._hello = Hello(
+            role=HelloRole.PEER, cluster=cluster, node=local_id, addr=advertise
+        ).to_wire()
         self._secret = secret
         self._tls = tls
         self._sealer: Any = None

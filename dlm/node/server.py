@@ -533,6 +533,7 @@ class NodeServer:
                 rng=random.Random(self._rng.random()),
                 secret=self.security.peer_secret,
                 tls=self.security.peer_tls,
+                advertise=self.config.address,
             )
             self._links[peer_id] = link
             scope = anyio.CancelScope()
@@ -627,7 +628,7 @@ class NodeServer:
             problem = peer_certificate_problem(transport.get_extra_info("peercert"), hello.node)
             if problem is not None:
                 return error(None, ErrorCode.AUTH_FAILED, problem)
-        problem = self.machine.accept_peer(hello.node, hello.speaks)
+        problem = self.machine.accept_peer(hello.node, hello.speaks, hello.addr)
         if problem is None and hello.cluster != config.cluster:
             problem = (
                 f"cluster id mismatch: this member {config.node_id} is in cluster "

@@ -644,3 +644,13 @@ def test_an_oversized_length_still_ends_a_tolerant_stream() -> None:
     with pytest.raises(wire.ProtocolError) as info:
         list(tolerant.frames())
     assert info.value.code is wire.ErrorCode.TOO_LARGE
+
+
+def test_a_peer_hello_carries_its_address_and_a_malformed_one_is_refused() -> None:
+    hello = wire.Hello(wire.HelloRole.PEER, cluster="c", node="n4", addr="10.0.0.4:7700")
+    assert wire.Hello.from_wire(hello.to_wire()).addr == "10.0.0.4:7700"
+    assert "addr" not in wire.Hello(wire.HelloRole.CLIENT).to_wire()
+    assert wire.Hello.from_wire(wire.Hello(wire.HelloRole.PEER).to_wire()).addr == ""
+    for bad in ("10.0.0.4:99999", "10.0.0.4:port", "x" * 400 + ":1", 7):
+        with pytest.raises(wire.ProtocolError):
+            wire.Hello.from_wire({**hello.to_wire(), "addr": bad})

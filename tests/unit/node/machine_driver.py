@@ -351,13 +351,13 @@ class Cluster:
 
     def _linked(self, src: NodeId, dst: Member) -> bool:
         """Whether the runtime would carry a message from ``src`` to ``dst``: ``src`` keeps a
-        link to it, and ``dst`` accepted that link's hello."""
+        link to it, and ``dst`` accepted that link's hello (which names ``src``'s address)."""
         sender = self.members.get(src)
         speaks = self.peer_version or 1
         return (
             sender is not None
             and dst.id in sender.peers
-            and dst.machine.accept_peer(src, speaks) is None
+            and dst.machine.accept_peer(src, speaks, address(src)) is None
         )
 
     # -- clients --------------------------------------------------------------------

@@ -81,6 +81,39 @@ def test_a_restarted_member_still_reaches_members_added_since_its_snapshot() -> 
     cluster.run_until(lambda: caught_up(cluster, "n4"), 3.0, "n4 caught up")
 
 
+def test_a_member_that_missed_the_addition_of_the_leader_catches_up_from_it() -> None:
+    cluster = Cluster(3, links_follow_peers=True)
+    cluster.elect("n1")
+    # n3 is away (cut off, its clock stopped) while n4 is added and made the leader.
+    cluster.blocked = lambda msg: "n3" in (msg.src, msg.dst)
+    reply = cluster.connect("n1").call("member_add", member="n4", address=address("n4"))
+    assert reply["t"] == "ok", reply
+    cluster.join("n4", {m["id"]: m["address"] for m in reply["members"] if m["id"] != "n4"})
+    cluster.run_until(lambda: "n4" in cluster["n1"].machine.raft.voters, 3.0, "n4 a voter")
+    cluster["n1"].machine.raft.transfer_leadership("n4")
+    cluster.settle(cluster["n1"])
+    cluster.run_until(lambda: cluster["n4"].role is Role.LEADER, 2.0, "n4 leading")
+    write_entries(cluster.connect("n4"), 3)
+    assert "n4" not in cluster["n3"].machine.raft.voters
+    # n3 comes back: its log names n1-n3 only, and the leader is n4. It accepts n4's link
+    # (n4's hello says where n4 listens) and answers it there until its log names n4.
+    cluster.blocked = lambda msg: False
+    cluster.run_until(lambda: caught_up(cluster, "n3"), 3.0, "n3 caught up")
+    assert "n4" in cluster["n3"].machine.raft.voters
+    assert cluster["n3"].peers.get("n4") == address("n4")
+
+
+def test_a_stranger_that_names_no_address_is_refused_and_addresses_kept_are_capped() -> None:
+    cluster = grown()
+    machine = cluster["n2"].machine
+    assert machine.accept_peer("n99", 2) == "'n99' is not a member of this cluster"
+    for i in range(100):
+        assert machine.accept_peer(f"x{i}", 2, f"10.9.0.{i}:7700") is None
+    assert len(machine._unlisted_peers) <= 16
+    # An address from a hello never makes a member, nor a link unless that peer leads us.
+    assert not any(p.startswith("x") for p in cluster["n2"].peers)
+
+
 def test_a_joining_member_keeps_links_to_the_members_it_was_told_of_until_its_log_names_it() -> (
     None
 ):
