@@ -459,6 +459,7 @@ class Hello(Record):
         cluster: str = "",
         node: str = "",
         max_version: int = PROTOCOL_VERSION,
+        *,
         addr: str = "",
     ) -> None:
         _set(self, "role", role)
