@@ -55,9 +55,7 @@ def op(client: str, f: str, call: float, ret: float, outcome: str = OK, **kw: ob
 def library(client: str, *sent: float, killed: float | None = None) -> LeaseFacts:
     """A library lease opened (and renewed) by requests sent at ``sent``, each confirmed
     10 ms later."""
-    return LeaseFacts(
-        client, renewals=[Renewal(s, TTL, s + 0.01) for s in sent], killed_at=killed
-    )
+    return LeaseFacts(client, renewals=[Renewal(s, TTL, s + 0.01) for s in sent], killed_at=killed)
 
 
 def kinds(history: History) -> list[str]:
@@ -67,7 +65,7 @@ def kinds(history: History) -> list[str]:
 
 
 def store_rmw(
-    key: str, token: int, read_at: float, value: int, highest: int, op_ids: tuple[str, str]
+    key: str, *, token: int, read_at: float, value: int, highest: int, op_ids: tuple[str, str]
 ) -> list[StoreEvent]:
     """A read and a write (one step apart) that the store accepted."""
     return [
@@ -99,8 +97,12 @@ def test_a_clean_handover_passes() -> None:
             op("b", CLOSE, 1.5, 1.6),
         ],
         leases={"a": library("a", 0.0), "b": library("b", 0.1, 1.0)},
-        store=store_rmw("k", 10, 0.305, 0, 0, (a_read.id, a_write.id))
-        + store_rmw("k", 12, 1.305, 1, 10, (b_read.id, b_write.id)),
+        store=store_rmw(
+            "k", token=10, read_at=0.305, value=0, highest=0, op_ids=(a_read.id, a_write.id)
+        )
+        + store_rmw(
+            "k", token=12, read_at=1.305, value=1, highest=10, op_ids=(b_read.id, b_write.id)
+        ),
         audit=[AuditGrant("n1", "k", 10, "a"), AuditGrant("n2", "k", 12, "b")],
     )
     assert kinds(history) == []
