@@ -356,15 +356,15 @@ def linearize(
     events.sort()  # a call before a return at the same instant: they count as concurrent
     head = _Entry(None, -1, False)
     calls: dict[int, _Entry] = {}
-    last = head
+    last: _Entry = head
     for _, kind, i in events:
-        entry = _Entry(ops[i], i, kind == 0)
+        made = _Entry(ops[i], i, kind == 0)
         if kind == 0:
-            calls[i] = entry
+            calls[i] = made
         else:
-            calls[i].match = entry
-        entry.prev, last.next = last, entry
-        last = entry
+            calls[i].match = made
+        made.prev, last.next = last, made
+        last = made
 
     def lift(e: _Entry) -> None:
         assert e.prev is not None
@@ -394,7 +394,7 @@ def linearize(
     linearized = 0
     stack: list[tuple[_Entry, frozenset[State]]] = []
     cache: set[tuple[int, frozenset[State]]] = set()
-    entry = head.next
+    entry: _Entry | None = head.next
     steps = 0
     deepest: tuple[int, Op | None, frozenset[State], list[Op]] = (-1, None, init, [])
     while head.next is not None:
@@ -419,8 +419,8 @@ def linearize(
         if entry is not None and len(stack) > deepest[0]:
             deepest = (len(stack), entry.op, state, [e.op for e, _ in stack if e.op is not None])
         if not stack:
-            _, op, states, prefix = deepest
-            return SearchResult(False, op, states, prefix, steps)
+            _, stuck, states, prefix = deepest
+            return SearchResult(False, stuck, states, prefix, steps)
         top, state = stack.pop()
         linearized &= ~(1 << top.index)
         unlift(top)

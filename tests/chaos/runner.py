@@ -411,29 +411,31 @@ class ChaosRun:
             m = self._member(rng, kind == "kill-leader")
             if m is None:
                 return "skipped: no such member", None
-            m.kill()
-            self.killed_members.add(m.node_id)
-            self.events.event("member_killed", member=m.node_id, leader=kind == "kill-leader")
+            member: Member = m
+            member.kill()
+            self.killed_members.add(member.node_id)
+            self.events.event("member_killed", member=member.node_id, leader=kind == "kill-leader")
 
             def restart() -> None:
-                self.killed_members.discard(m.node_id)
-                if m.is_member and not m.alive:
-                    m.start()
+                self.killed_members.discard(member.node_id)
+                if member.is_member and not member.alive:
+                    member.start()
 
-            return m.node_id, restart
+            return member.node_id, restart
         if kind == "pause-member":
             m = self._member(rng, p["leader"])
             if m is None:
                 return "skipped: no such member", None
-            m.pause()
-            self.paused_pids.add(m.pid)
+            paused: Member = m
+            paused.pause()
+            self.paused_pids.add(paused.pid)
 
             def resume() -> None:
-                if m.alive:
-                    m.resume()
-                    self.paused_pids.discard(m.pid)
+                if paused.alive:
+                    paused.resume()
+                    self.paused_pids.discard(paused.pid)
 
-            return m.node_id, resume
+            return paused.node_id, resume
         if kind == "restart":
             m = self._member(rng, p["leader"])
             if m is None:
@@ -446,17 +448,18 @@ class ChaosRun:
             m = self._member(rng, p["leader"])
             if m is None:
                 return "skipped: no such member", None
-            m.extra_env = {"DLM_TEST_FSYNC_DELAY_MS": str(p["fsync_ms"])}
-            m.restart()
-            self.slow_members.add(m.node_id)
+            slowed: Member = m
+            slowed.extra_env = {"DLM_TEST_FSYNC_DELAY_MS": str(p["fsync_ms"])}
+            slowed.restart()
+            self.slow_members.add(slowed.node_id)
 
             def fast() -> None:
-                m.extra_env = {}
-                self.slow_members.discard(m.node_id)
-                if m.is_member:
-                    m.restart()
+                slowed.extra_env = {}
+                self.slow_members.discard(slowed.node_id)
+                if slowed.is_member:
+                    slowed.restart()
 
-            return m.node_id, fast
+            return slowed.node_id, fast
         if kind == "partition":
             current = {m.node_id for m in self.cluster.current()}
             lead = self.leader()
@@ -663,9 +666,9 @@ class ChaosRun:
                 self._signal(proc.pid, signal.SIGKILL)
                 self.events.event("killed", victim=name)
         for lane in self.lanes.values():
-            proc = lane.proc
-            if proc is not None:
-                self._signal(proc.pid, signal.SIGKILL)
+            running = lane.proc
+            if running is not None:
+                self._signal(running.pid, signal.SIGKILL)
         rec = Recorder(self.workdir / "hist" / "recovery.jsonl", "recovery")
         cluster = [m.address for m in self.cluster.current()]
         results: dict[str, float | None] = {}

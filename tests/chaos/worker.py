@@ -67,7 +67,8 @@ class LockWorker:
         self.keys: list[str] = config["keys"]
         self.ttl_ms: int = config["ttl_ms"]
         self.careless: bool = config.get("careless", False)
-        self.work: tuple[float, float] = tuple(config.get("work", (0.05, 0.4)))  # type: ignore[assignment]
+        low, high = config.get("work", (0.05, 0.4))
+        self.work = (float(low), float(high))
         self.rec = Recorder(config["history"], self.name)
         self.client = Client(config["cluster"], timeout=config.get("timeout", 5.0), rng=self.rng)
         self.store = StoreClient(config["store"])
