@@ -76,8 +76,10 @@ class Member(NodeProc):
         self.joined = False
 
     def command(self) -> list[str]:
+        mutant = os.environ.get("DLM_CHAOS_MUTANT")
+        launcher = ["tests.chaos.mutant_node", mutant] if mutant else ["dlm"]
         base = [
-            sys.executable, "-m", "dlm", "node", "start", "--id", self.node_id,
+            sys.executable, "-m", *launcher, "node", "start", "--id", self.node_id,
             "--listen", self.address, "--data", str(self.data_dir),
             "--cluster-id", self.cluster.cluster_id,
         ]  # fmt: skip
@@ -91,6 +93,7 @@ class Member(NodeProc):
         env["DLM_LOG_LEVEL"] = "info"
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
         env.pop("DLM_TEST_FSYNC_DELAY_MS", None)
+        env.pop("DLM_CHAOS_MUTANT", None)
         env.update(self.extra_env)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(

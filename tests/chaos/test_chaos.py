@@ -14,7 +14,7 @@ import pytest
 
 from tests.chaos import report
 from tests.chaos.runner import ChaosRun
-from tests.chaos.schedule import make_schedule
+from tests.chaos.schedule import Schedule, make_schedule
 
 pytestmark = pytest.mark.cluster
 
@@ -34,3 +34,18 @@ def test_a_short_schedule_leaves_a_history_that_passes_every_check(
     assert result.verdict.stats["sections"] > 20, page
     assert result.verdict.stats["store_accepted"] > 20, page
     assert [f for f in result.faults if not str(f["target"]).startswith("skipped")], page
+
+
+def test_a_leader_that_expires_leases_early_is_caught_end_to_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same suite, no faults, members whose leader counts a third of each TTL
+    (mutant_node.py): the checker must find the lock given on while its holder still
+    counted on it."""
+    monkeypatch.setenv("DLM_CHAOS_MUTANT", "early-expiry")
+    schedule = Schedule(seed=0, profile="short", size=3, faults=(), length=8.0)
+    result = ChaosRun(schedule, tmp_path / "mutant").run()
+    page = report.text(result)
+    print(page)
+    found = {v.kind for v in result.verdict.violations}
+    assert {"not-linearizable", "overlap"} <= found, page
