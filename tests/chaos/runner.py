@@ -62,6 +62,7 @@ ELECTION_TIMEOUT_MAX_S = 0.6
 RECOVERY_SLACK_S = 1.5
 """What a loaded 2-core machine adds to TTL + election before a dead holder's lock is free."""
 RECOVERY_BOUND_S = TTL_MS / 1000 + ELECTION_TIMEOUT_MAX_S + RECOVERY_SLACK_S
+REMOVE_RETRY_S = 10.0
 
 
 class Member(NodeProc):
@@ -577,10 +578,11 @@ class ChaosRun:
             lead = self.leader()
             others = [m for m in current if m is not lead]
             victim = lead if leader and lead is not None else rng.choice(others)
-            try:
-                client.remove_member(victim.node_id)
-            except DlmError as exc:
-                return f"{spare.node_id} added; removing {victim.node_id} failed: {exc}"
+            # The leader refuses a removal that would leave it without a quorum it can see
+            # (UNSAFE); right after a promotion, or a healed fault, its view may lag.
+            refusal = _remove(client, victim.node_id, REMOVE_RETRY_S)
+            if refusal is not None:
+                return f"+{spare.node_id}; removing {victim.node_id} failed: {refusal}"
         victim.is_member = False
         try:
             wait_for(lambda: not victim.alive, 15.0, f"{victim.node_id} to stop")
@@ -746,6 +748,20 @@ class ChaosRun:
         if self.store is not None:
             self.store.stop()
         self.events.close()
+
+
+def _remove(client: Client, node: str, patience: float) -> str | None:
+    """Removes ``node``, retrying while the leader says it would be unsafe; None when done."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            client.remove_member(node)
+        except DlmError as exc:
+            if "UNSAFE" not in str(exc) or time.monotonic() > deadline:
+                return str(exc)
+            time.sleep(0.2)
+            continue
+        return None
 
 
 def _is_voter(client: Client, node: str) -> bool:
