@@ -135,16 +135,18 @@ def plot(result: RunResult, path: Path, bin_s: float = 0.25) -> bool:
     t0 = result.started
     end = result.ended - t0
     bins = int(end / bin_s) + 1
-    tried = [0] * bins
     served = [0] * bins
-    for call, _ret, ok in result.probes:
-        i = int((call - t0) / bin_s)
-        if 0 <= i < bins:
-            tried[i] += 1
-            served[i] += ok
-    xs = [i * bin_s for i in range(bins)]
-    ys = [served[i] / tried[i] if tried[i] else float("nan") for i in range(bins)]
-    fig, ax = plt.subplots(figsize=(11, 3.2))
+    latency: list[list[float]] = [[] for _ in range(bins)]
+    for call, ret, ok in result.probes:
+        i = int((ret - t0) / bin_s)
+        if ok and 0 <= i < bins:
+            served[i] += 1
+            latency[i].append(1000 * (ret - call))
+    first = min((c for c, _, _ in result.probes), default=t0) - t0
+    last = max((c for c, _, _ in result.probes), default=t0) - t0
+    xs = [i * bin_s for i in range(bins) if first <= i * bin_s <= last]
+    ys = [1.0 if served[int(x / bin_s)] else 0.0 for x in xs]
+    fig, ax = plt.subplots(figsize=(11, 3.4))
     colours = plt.get_cmap("tab20")
     kinds = sorted({f["kind"] for f in result.faults})
     for f in result.faults:
@@ -153,11 +155,17 @@ def plot(result: RunResult, path: Path, bin_s: float = 0.25) -> bool:
         ax.axvspan(start, stop, color=colour, alpha=0.3, lw=0)
         ax.text(start, 1.04, f["kind"], rotation=30, fontsize=7, va="bottom")
     ax.axvline(result.healed - t0, color="black", lw=0.8, ls="--")
-    ax.step(xs, ys, where="post", color="tab:blue", lw=1.2)
+    ax.step(xs, ys, where="post", color="tab:blue", lw=1.2, label="a probe succeeded")
+    slow = ax.twinx()
+    lx = [i * bin_s for i in range(bins) if latency[i]]
+    ly = [statistics.median(latency[i]) for i in range(bins) if latency[i]]
+    slow.scatter(lx, ly, s=4, color="tab:red", label="probe latency (ms)")
+    slow.set_yscale("log")
+    slow.set_ylabel("probe latency, ms", color="tab:red", fontsize=8)
     ax.set_ylim(-0.05, 1.3)
     ax.set_xlim(0, end)
     ax.set_xlabel("seconds since the run started")
-    ax.set_ylabel("probes served")
+    ax.set_ylabel("served (per 250 ms)")
     verdict = "PASS" if result.verdict.ok else "FAIL"
     ax.set_title(
         f"seed {result.schedule.seed}, {result.schedule.size} members: {verdict}", fontsize=9

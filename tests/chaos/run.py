@@ -6,7 +6,8 @@ Each seed is one schedule (schedule.py): its run's directory under
 ``DIR/<time>/seed-N/`` keeps the histories, the members' logs, ``report.txt`` and
 ``availability.png``; ``DIR/<time>/summary.txt`` adds them up. The seed and the
 command that replays it are printed before each run starts and in its report.
-Exit status 1 if any run found a violation.
+Exit status 1 if any run found a violation. ``--recheck DIR`` checks a finished
+run's directory again and rewrites its report.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from collections import Counter
 from pathlib import Path
 
 from tests.chaos import report
-from tests.chaos.runner import ChaosRun, RunResult
+from tests.chaos.record import read_records
+from tests.chaos.runner import ChaosRun, RunResult, judge
 from tests.chaos.schedule import make_schedule
 
 
@@ -75,12 +77,35 @@ def summary(results: list[RunResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def recheck(workdir: Path, profile: str) -> int:
+    """Checks a finished run's directory again (after a change to the checker, say) and
+    rewrites its report and plot."""
+    records = read_records(workdir / "hist" / "runner.jsonl")
+    if not records:
+        raise SystemExit(f"{workdir} holds no chaos run (no hist/runner.jsonl)")
+    started = next((r for r in records if r["k"] == "run_started"), None)
+    if started is not None:
+        seed, profile = int(started["seed"]), str(started["profile"])
+    elif workdir.name.startswith("seed-") and workdir.name[5:].isdigit():
+        seed = int(workdir.name[5:])
+    else:
+        raise SystemExit(f"cannot tell the seed of {workdir}: name it seed-N")
+    result = judge(make_schedule(seed, profile), workdir)
+    (workdir / "report.txt").write_text(report.text(result))
+    report.plot(result, workdir / "availability.png")
+    print(report.text(result))
+    return 0 if result.verdict.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.run", description=__doc__)
     parser.add_argument("--seeds", default="100:30", help="START:COUNT (default 100:30)")
     parser.add_argument("--profile", default="long", choices=("long", "short"))
     parser.add_argument("--results", default="chaos-results", type=Path)
+    parser.add_argument("--recheck", type=Path, help="check a finished run's directory again")
     args = parser.parse_args(argv)
+    if args.recheck is not None:
+        return recheck(args.recheck, args.profile)
     root = args.results / time.strftime("%Y%m%d-%H%M%S")
     root.mkdir(parents=True, exist_ok=True)
     results = []

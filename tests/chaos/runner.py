@@ -608,7 +608,9 @@ class ChaosRun:
     # -- the run -------------------------------------------------------------------------
 
     def run(self) -> RunResult:
-        started = time.monotonic()
+        started = self.events.event(
+            "run_started", seed=self.schedule.seed, profile=self.schedule.profile
+        )
         healed = started
         try:
             self.setup()
@@ -648,18 +650,7 @@ class ChaosRun:
             self._recover(healed)
         finally:
             self.teardown()
-        ended = time.monotonic()
-        hist = history_mod.load(self.workdir)
-        verdict = check(hist)
-        probes = [
-            (op.call, op.ret, op.outcome == "ok")
-            for op in hist.ops
-            if op.client == "p0" and op.f == "acquire"
-        ]
-        return RunResult(
-            self.schedule, verdict, hist, self.faults, probes, started, ended, healed,
-            self.workdir, self.notes,
-        )  # fmt: skip
+        return judge(self.schedule, self.workdir, self.faults, self.notes)
 
     def _recover(self, healed: float) -> None:
         """Kills every lock holder, then times how soon each key is granted again."""
@@ -747,7 +738,42 @@ class ChaosRun:
             self.net.stop()
         if self.store is not None:
             self.store.stop()
+        self.events.event("run_ended")
         self.events.close()
+
+
+def judge(
+    schedule: Schedule,
+    workdir: Path,
+    faults: list[dict[str, Any]] | None = None,
+    notes: list[str] | None = None,
+) -> RunResult:
+    """Reads a finished run's records and checks them (faults from the runner's own record
+    when not given: how a run directory is checked again later)."""
+    events = read_records(workdir / "hist" / "runner.jsonl")
+
+    def moment(kind: str, default: float) -> float:
+        return next((float(e["t"]) for e in events if e.get("k") == kind), default)
+
+    if faults is None:
+        faults = [
+            {k: e[k] for k in ("kind", "target", "start", "end", "params")}
+            for e in events
+            if e.get("k") == "fault"
+        ]
+    started = moment("run_started", min((float(e["t"]) for e in events), default=0.0))
+    ended = moment("run_ended", max((float(e["t"]) for e in events), default=started))
+    hist = history_mod.load(workdir)
+    verdict = check(hist)
+    probes = [
+        (op.call, op.ret, op.outcome == "ok")
+        for op in hist.ops
+        if op.client == "p0" and op.f == "acquire"
+    ]
+    healed = moment("healed", ended)
+    return RunResult(
+        schedule, verdict, hist, faults, probes, started, ended, healed, workdir, notes or []
+    )
 
 
 def _remove(client: Client, node: str, patience: float) -> str | None:
