@@ -550,9 +550,14 @@ class ChaosRun:
         if kind == "client-partition":
             client = "w0" if p["client"] == "library" else "x0"
             links = [name for name in net.addresses if name.startswith(f"{client}@")]
-            net.cut(links, p["dirs"])
+            if p.get("delay"):
+                net.delay(links, p["delay"], p["dirs"])
+                how = f"slowed {p['delay']}s"
+            else:
+                net.cut(links, p["dirs"])
+                how = "cut"
             self.cut_links.update(links)
-            return f"{client} {'+'.join(p['dirs'])}", lambda: self._heal(links)
+            return f"{client} {how} {'+'.join(p['dirs'])}", lambda: self._heal(links)
         raise ValueError(f"unknown fault kind {kind!r}")
 
     def _heal(self, links: list[str]) -> None:

@@ -18,7 +18,8 @@ the network between members (``partition``, ``one-way``, ``delay``), membership
 and the clients (``pause-client`` past its TTL: the GC-pause zombie;
 ``pause-exec``: the `dlm exec` supervisor stopped past its TTL; ``freeze-exec``:
 its whole process tree stopped, a frozen host; ``kill-exec``; ``kill-client``;
-``client-partition``: a client cut off from the cluster, both ways or one).
+``client-partition``: a client cut off from the cluster, both ways or one, or
+its link slowed).
 """
 
 from __future__ import annotations
@@ -113,6 +114,8 @@ def _params(kind: str, rng: random.Random, ttl_s: float) -> tuple[float, dict[st
         return round(rng.uniform(2.5, 4.0), 2), {
             "client": rng.choice(("library", "exec")),
             "dirs": rng.choice((("up", "down"), ("up", "down"), ("up",), ("down",))),
+            # Most often dropped; sometimes only slowed, by a good part of the TTL.
+            "delay": rng.choice((0.0, 0.0, 0.0, 0.4, 0.8)),
         }
     raise ValueError(f"unknown fault kind {kind!r}")
 
