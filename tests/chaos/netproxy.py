@@ -1,8 +1,9 @@
 """The chaos run's network: every fault-injecting proxy of a run, in one process of its own.
 
 ``python -m tests.chaos.netproxy``: reads one JSON line ``{"links": {NAME:
-UPSTREAM}}`` on stdin, starts a proxy (tests/cluster/proxy.py) per link on
-127.0.0.1, all on one event loop, and prints ``{"addresses": {NAME: ADDR}}``.
+[PORT, UPSTREAM]}}`` on stdin, starts a proxy (tests/cluster/proxy.py) per link
+on 127.0.0.1:PORT, all on one event loop, and prints ``{"addresses": {NAME:
+ADDR}}``.
 Then each line is a command, answered by ``{"ok": true}`` (or an error):
 ``{"cmd": "cut", "links": [...], "dirs": ["up", "down"]}``,
 ``{"cmd": "delay", "links": [...], "seconds": S, "dirs": [...]}``,
@@ -32,18 +33,18 @@ REPO = Path(__file__).resolve().parents[2]
 CONTROL_TIMEOUT_S = 10.0
 
 
-def _serve(links: dict[str, str]) -> None:
+def _serve(links: dict[str, list[Any]]) -> None:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="chaos-net", daemon=True)
     thread.start()
     proxies: dict[str, Proxy] = {}
-    for name, upstream in links.items():
-        proxy = Proxy(upstream)
+    for name, (port, upstream) in links.items():
+        proxy = Proxy(upstream, port=port)
         # One loop for every proxy (each would otherwise run a thread and a loop of its
         # own): the control calls only need ``_loop`` and ``_server`` set.
         proxy._loop = loop
         proxy._server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(proxy._accept, "127.0.0.1", 0), loop
+            asyncio.start_server(proxy._accept, "127.0.0.1", port), loop
         ).result(CONTROL_TIMEOUT_S)
         proxies[name] = proxy
     _say({"addresses": {name: p.address for name, p in proxies.items()}})
@@ -83,7 +84,7 @@ def _say(obj: dict[str, Any]) -> None:
 class Network:
     """The runner's side: start the proxy process, send it faults, stop it."""
 
-    def __init__(self, links: dict[str, str], log: Path) -> None:
+    def __init__(self, links: dict[str, tuple[int, str]], log: Path) -> None:
         self._log = open(log, "ab")  # noqa: SIM115 (closed in stop)
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tests.chaos.netproxy"],

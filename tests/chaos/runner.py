@@ -63,6 +63,13 @@ RECOVERY_SLACK_S = 1.5
 """What a loaded 2-core machine adds to TTL + election before a dead holder's lock is free."""
 RECOVERY_BOUND_S = TTL_MS / 1000 + ELECTION_TIMEOUT_MAX_S + RECOVERY_SLACK_S
 REMOVE_RETRY_S = 10.0
+SPARES = 2
+"""Members that may join during a run (replace-member faults)."""
+PROXIED_CLIENTS = ("w0", "x0")
+"""The clients that reach the members through proxies of their own (their partitions)."""
+LONG_WORK_S = 4.0
+"""How long CMD works in the exec run a client fault is aimed at: past the TTL, so that the
+lease must be renewed while it runs."""
 
 
 class Member(NodeProc):
@@ -106,11 +113,10 @@ class Member(NodeProc):
 class ChaosCluster(Cluster):
     """The first members and the spares that may join; majorities count members only."""
 
-    def __init__(self, base: Path, size: int, spares: int) -> None:
+    def __init__(self, base: Path, size: int, ports: list[int]) -> None:
         self.base = base
         self.env = {}
         self.cluster_id = "chaos"
-        ports = free_ports(size + spares)
         self.nodes: dict[str, NodeProc] = {}
         self.members: dict[str, Member] = {}
         for i, port in enumerate(ports):
@@ -159,6 +165,9 @@ class ExecLane:
     run_id: str | None = None
     runs: int = 0
     stopping: bool = False
+    long_next: bool = False
+    """The next run's CMD works past the TTL (a fault is waiting to hit it)."""
+    long_run: str | None = None
     thread: threading.Thread | None = None
     cmd_pids: list[int] = field(default_factory=list)
 
@@ -185,7 +194,14 @@ class ChaosRun:
         self.rng = random.Random(f"run-{schedule.seed}")
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "hist").mkdir(exist_ok=True)
-        self.cluster = ChaosCluster(workdir / "cluster", schedule.size, spares=2)
+        # Every port of the run in one go (members, spares, proxies, the store): ports
+        # chosen one at a time could come back twice, once released.
+        size = schedule.size
+        proxies = size * (size - 1) + len(PROXIED_CLIENTS) * size
+        ports = free_ports(size + SPARES + proxies + 1)
+        self.cluster = ChaosCluster(workdir / "cluster", size, ports[: size + SPARES])
+        self.proxy_ports = ports[size + SPARES : -1]
+        self.store_port = ports[-1]
         (workdir / "cluster").mkdir(exist_ok=True)
         self.events = Recorder(workdir / "hist" / "runner.jsonl", "runner")
         self.notes: list[str] = []
@@ -203,16 +219,18 @@ class ChaosRun:
 
     # -- set-up ----------------------------------------------------------------------
 
-    def _links(self) -> dict[str, str]:
+    def _links(self) -> dict[str, tuple[int, str]]:
+        """Each proxy: its name, the port it listens on, the member it leads to."""
         links: dict[str, str] = {}
         for a in self.cluster.first:
             for b in self.cluster.first:
                 if a is not b:
                     links[f"{a.node_id}>{b.node_id}"] = b.address
-        for client in ("w0", "x0"):
+        for client in PROXIED_CLIENTS:
             for m in self.cluster.first:
                 links[f"{client}@{m.node_id}"] = m.address
-        return links
+        pairs = zip(links.items(), self.proxy_ports, strict=True)
+        return {name: (port, upstream) for (name, upstream), port in pairs}
 
     def routes_for(self, client: str | None) -> dict[str, str]:
         """Where this client goes when a redirect names an address: its own proxy for that
@@ -236,7 +254,7 @@ class ChaosRun:
         return [self._client_address(client, m.node_id) for m in self.cluster.first]
 
     def setup(self) -> None:
-        self.store = StoreServer(self.workdir / "hist" / "store.jsonl").start()
+        self.store = StoreServer(self.workdir / "hist" / "store.jsonl", self.store_port).start()
         self.net = Network(self._links(), self.workdir / "netproxy.log")
         for m in self.cluster.first:
             peers = []
@@ -249,6 +267,11 @@ class ChaosRun:
         for m in self.cluster.first:
             m.start()
         self.cluster.wait_for_leader(timeout=20.0)
+        dead = [m for m in self.cluster.first if not m.alive]
+        if dead:  # a run with a member missing from the start would test something else
+            raise RuntimeError(
+                "members did not start: " + "; ".join(f"{m.node_id}: {m.log_tail(3)}" for m in dead)
+            )
 
     def _start_worker(self, name: str, **extra: Any) -> None:
         assert self.store is not None
@@ -306,6 +329,8 @@ class ChaosRun:
             key = lane.rng.choice(KEYS)
             wait = lane.rng.random() < 0.4
             work = round(lane.rng.uniform(0.1, 0.5), 3)
+            if lane.long_next:
+                lane.long_next, lane.long_run, work, wait = False, run_id, LONG_WORK_S, True
             events = lane.directory / f"{run_id}.jsonl"
             argv = [
                 sys.executable, "-m", "tests.chaos.routed", "exec", "--lock", key, "--ttl", TTL,
@@ -378,12 +403,19 @@ class ChaosRun:
             return False
         return True
 
-    def _running_exec(self, lane: ExecLane, timeout: float = 6.0) -> tuple[int, int, str] | None:
-        """(supervisor pid, CMD pid, run id) once a run of the lane has started CMD."""
+    def _running_exec(self, lane: ExecLane, timeout: float = 10.0) -> tuple[int, int, str] | None:
+        """(supervisor pid, CMD pid, run id) once a run of the lane whose CMD works past the
+        TTL has started CMD (the lane's next run is made one)."""
+        lane.long_next = True
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             proc, run_id = lane.proc, lane.run_id
-            if proc is not None and run_id is not None and proc.poll() is None:
+            if (
+                proc is not None
+                and run_id is not None
+                and run_id == lane.long_run
+                and proc.poll() is None
+            ):
                 for item in read_records(lane.directory / f"{run_id}.jsonl"):
                     if item.get("k") == "cmd_start" and not any(
                         i.get("k") == "cmd_end"
@@ -609,6 +641,13 @@ class ChaosRun:
             elif not m.alive:
                 m.start()
         self.slow_members.clear()
+        for m in self.cluster.current():
+            try:
+                wait_for(m.status, 10.0, f"{m.node_id} to answer after healing")
+            except AssertionError:
+                self.notes.append(
+                    f"harness: {m.node_id} is not serving after the faults healed: {m.log_tail(3)}"
+                )
 
     # -- the run -------------------------------------------------------------------------
 

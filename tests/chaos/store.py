@@ -33,14 +33,14 @@ class StoreRefused(Exception):
 class StoreServer:
     """The store; ``start()`` serves it from a thread, ``stop()`` ends it."""
 
-    def __init__(self, log_path: str | os.PathLike[str]) -> None:
+    def __init__(self, log_path: str | os.PathLike[str], port: int = 0) -> None:
         self._log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 (closed in stop)
         self._lock = threading.Lock()
         self.highest: dict[str, int] = {}
         self.value: dict[str, int] = {}
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", 0))
+        self._sock.bind(("127.0.0.1", port))
         self._sock.listen(128)
         self._closing = False
         self._threads: list[threading.Thread] = []
