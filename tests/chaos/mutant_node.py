@@ -5,9 +5,10 @@ with one class of the member patched in this process only (nothing in dlm
 reads a switch; the runner uses this launcher instead of ``python -m dlm``
 when ``DLM_CHAOS_MUTANT`` names a mutant). Mutants:
 
-``early-expiry``: the leader counts every lease's TTL as a third of what the
-client asked for, so it expires leases, and grants their locks to the next
-in line, while their clients still count on them: the bug invariant 4 exists
+``early-expiry``: the leader counts every lease's TTL as a quarter of what the
+client asked for (less than the third after which clients renew), so it
+expires leases, and grants their locks to the next in line, while their
+clients still count on them: the bug invariant 4 exists
 against (and, seen from a waiter, the class etcd #11456 belongs to: a lock
 handed on while its holder's lease was still good).
 """
@@ -25,7 +26,7 @@ def early_expiry() -> None:
     arm = LeaseTracker._arm
 
     def short_arm(self: LeaseTracker, lease: str, ttl: float, incarnation: int, now: float) -> None:
-        arm(self, lease, ttl / 3, incarnation, now)
+        arm(self, lease, ttl / 4, incarnation, now)
 
     # Renewals count from the TTL the lease was armed with: they are short too.
     LeaseTracker._arm = short_arm  # type: ignore[method-assign]

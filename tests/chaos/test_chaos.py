@@ -39,7 +39,7 @@ def test_a_short_schedule_leaves_a_history_that_passes_every_check(
 def test_a_leader_that_expires_leases_early_is_caught_end_to_end(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same suite, no faults, members whose leader counts a third of each TTL
+    """The same suite, no faults, members whose leader counts a quarter of each TTL
     (mutant_node.py): the checker must find the lock given on while its holder still
     counted on it."""
     monkeypatch.setenv("DLM_CHAOS_MUTANT", "early-expiry")
@@ -48,4 +48,6 @@ def test_a_leader_that_expires_leases_early_is_caught_end_to_end(
     page = report.text(result)
     print(page)
     found = {v.kind for v in result.verdict.violations}
-    assert {"not-linearizable", "overlap"} <= found, page
+    # Either finding proves it: a grant no order of the history allows (linearizability),
+    # or two clients inside one key's critical section at once (real time).
+    assert found & {"not-linearizable", "overlap"}, page
