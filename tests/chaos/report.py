@@ -138,8 +138,10 @@ def plot(result: RunResult, path: Path, bin_s: float = 0.25) -> bool:
     served = [0] * bins
     latency: list[list[float]] = [[] for _ in range(bins)]
     for call, ret, ok in result.probes:
+        if not ok:  # a probe that failed or never heard back (its completion is inf)
+            continue
         i = int((ret - t0) / bin_s)
-        if ok and 0 <= i < bins:
+        if 0 <= i < bins:
             served[i] += 1
             latency[i].append(1000 * (ret - call))
     first = min((c for c, _, _ in result.probes), default=t0) - t0

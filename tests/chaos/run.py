@@ -39,7 +39,10 @@ def run_one(seed: int, profile: str, workdir: Path) -> RunResult:
           f"{schedule.replay_hint()}", flush=True)  # fmt: skip
     result = ChaosRun(schedule, workdir).run()
     (workdir / "report.txt").write_text(report.text(result))
-    report.plot(result, workdir / "availability.png")
+    try:
+        report.plot(result, workdir / "availability.png")
+    except Exception as exc:  # a plot is not worth the rest of the schedules
+        print(f"seed {seed}: no plot: {exc!r}", flush=True)
     # The members' data directories are large and say nothing the logs do not.
     for member in (workdir / "cluster").iterdir():
         if member.is_dir():
