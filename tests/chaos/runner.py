@@ -50,7 +50,7 @@ from tests.chaos import history as history_mod
 from tests.chaos.checker import Verdict, check
 from tests.chaos.netproxy import Network
 from tests.chaos.record import Recorder, read_records
-from tests.chaos.schedule import Fault, Schedule
+from tests.chaos.schedule import MEMBERSHIP_KINDS, Fault, Schedule
 from tests.chaos.store import StoreServer
 from tests.cluster.harness import REPO, Cluster, NodeProc, free_ports, wait_for
 
@@ -676,6 +676,10 @@ class ChaosRun:
                 except Exception as exc:  # a fault that could not be injected is a note
                     target, end = f"failed: {exc!r}", None
                     self.notes.append(f"{fault.describe()}: {exc!r}")
+                # A fault starts when it hits, after its target was found (the leader, a
+                # client inside a section); a membership change is all of its steps.
+                if fault.kind not in MEMBERSHIP_KINDS:
+                    begin = time.monotonic()
                 record = {"kind": fault.kind, "target": target, "start": begin,
                           "params": fault.params}  # fmt: skip
                 if end is not None:
