@@ -123,8 +123,14 @@ def text(result: RunResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(result: RunResult, path: Path, bin_s: float = 0.25) -> bool:
-    """Writes the availability plot; False when matplotlib is not installed."""
+def plot(result: RunResult, path: Path, step_s: float = 0.05) -> bool:
+    """Writes the availability plot; False when matplotlib is not installed.
+
+    The line is how long ago a probe last succeeded (sampled every ``step_s``): flat near
+    the probe interval while the cluster serves, a ramp through every outage; the dots
+    are each successful probe's latency; the bands are the fault windows, and the dashed
+    line is when every fault had healed.
+    """
     try:
         import matplotlib
 
@@ -134,20 +140,19 @@ def plot(result: RunResult, path: Path, bin_s: float = 0.25) -> bool:
         return False
     t0 = result.started
     end = result.ended - t0
-    bins = int(end / bin_s) + 1
-    served = [0] * bins
-    latency: list[list[float]] = [[] for _ in range(bins)]
-    for call, ret, ok in result.probes:
-        if not ok:  # a probe that failed or never heard back (its completion is inf)
-            continue
-        i = int((ret - t0) / bin_s)
-        if 0 <= i < bins:
-            served[i] += 1
-            latency[i].append(1000 * (ret - call))
-    first = min((c for c, _, _ in result.probes), default=t0) - t0
-    last = max((c for c, _, _ in result.probes), default=t0) - t0
-    xs = [i * bin_s for i in range(bins) if first <= i * bin_s <= last]
-    ys = [1.0 if served[int(x / bin_s)] else 0.0 for x in xs]
+    done = sorted((ret - t0, 1000 * (ret - call)) for call, ret, ok in result.probes if ok)
+    xs: list[float] = []
+    ys: list[float] = []
+    if done:
+        last, i, x = done[0][0], 0, done[0][0]
+        while x <= done[-1][0]:
+            while i < len(done) and done[i][0] <= x:
+                last = done[i][0]
+                i += 1
+            xs.append(x)
+            ys.append(x - last)
+            x += step_s
+    top = max([*ys, 1.0]) * 1.25
     fig, ax = plt.subplots(figsize=(11, 3.4))
     colours = plt.get_cmap("tab20")
     kinds = sorted({f["kind"] for f in result.faults})
@@ -155,19 +160,17 @@ def plot(result: RunResult, path: Path, bin_s: float = 0.25) -> bool:
         colour = colours(kinds.index(f["kind"]) % 20)
         start, stop = f["start"] - t0, max(f["end"] - t0, f["start"] - t0 + 0.15)
         ax.axvspan(start, stop, color=colour, alpha=0.3, lw=0)
-        ax.text(start, 1.04, f["kind"], rotation=30, fontsize=7, va="bottom")
+        ax.text(start, top * 0.82, f["kind"], rotation=30, fontsize=7, va="bottom")
     ax.axvline(result.healed - t0, color="black", lw=0.8, ls="--")
-    ax.step(xs, ys, where="post", color="tab:blue", lw=1.2, label="a probe succeeded")
+    ax.plot(xs, ys, color="tab:blue", lw=1.2)
     slow = ax.twinx()
-    lx = [i * bin_s for i in range(bins) if latency[i]]
-    ly = [statistics.median(latency[i]) for i in range(bins) if latency[i]]
-    slow.scatter(lx, ly, s=4, color="tab:red", label="probe latency (ms)")
+    slow.scatter([t for t, _ in done], [ms for _, ms in done], s=2, color="tab:red")
     slow.set_yscale("log")
     slow.set_ylabel("probe latency, ms", color="tab:red", fontsize=8)
-    ax.set_ylim(-0.05, 1.3)
+    ax.set_ylim(0, top)
     ax.set_xlim(0, end)
     ax.set_xlabel("seconds since the run started")
-    ax.set_ylabel("served (per 250 ms)")
+    ax.set_ylabel("s since a probe succeeded", color="tab:blue", fontsize=8)
     verdict = "PASS" if result.verdict.ok else "FAIL"
     ax.set_title(
         f"seed {result.schedule.seed}, {result.schedule.size} members: {verdict}", fontsize=9
