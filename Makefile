@@ -6,7 +6,7 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 STAMP := $(VENV)/.installed-stamp
 DEV_STAMP := $(VENV)/.dev-installed-stamp
 
-.PHONY: install install-dev test lint typecheck unit sim cluster run bench bench-wal bench-startup bench-membership zipapp soak clean
+.PHONY: install install-dev test lint typecheck unit sim cluster run bench bench-wal bench-startup bench-membership zipapp soak chaos clean
 
 # What running dlm needs (`make run`): the package and its runtime dependencies.
 install: $(STAMP)
@@ -76,6 +76,16 @@ zipapp: install
 SOAK_SEEDS ?= 1000:10000
 soak: install-dev
 	$(PY) tools/soak.py $(SOAK_SEEDS)
+
+# Fault schedules against real clusters on 127.0.0.1 (tests/chaos): CHAOS_SEEDS=START:COUNT
+# schedules (mixing 3- and 5-member clusters), a report and an availability plot per run under
+# chaos-results/. `make test` runs three short ones; this runs the long ones (about a minute each).
+CHAOS_SEEDS ?= 100:30
+CHAOS_PROFILE ?= long
+# The plots need matplotlib, which `make test` does without (its short runs skip the plot).
+chaos: install-dev
+	$(PIP) 'matplotlib>=3.8'
+	$(PY) -m tests.chaos.run --seeds $(CHAOS_SEEDS) --profile $(CHAOS_PROFILE) --results chaos-results
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -161,6 +161,9 @@ class _Persister:
     def __init__(self, storage: Storage, loop: asyncio.AbstractEventLoop) -> None:
         self._storage = storage
         self._loop = loop
+        # Test-only (tests/chaos): a slow disk, this many ms more for every write of entries.
+        delay = os.environ.get("DLM_TEST_FSYNC_DELAY_MS", "").strip()
+        self._test_delay_s = int(delay) / 1000.0 if delay.isdigit() else 0.0
         self._queue: queue.SimpleQueue[tuple[Persist | SaveSnapshot, Callable[..., None]] | None]
         self._queue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="dlm-persist", daemon=True)
@@ -188,6 +191,8 @@ class _Persister:
                     if job.snapshot is not None:
                         storage.apply_snapshot(job.snapshot)
                     if job.entries:
+                        if self._test_delay_s:
+                            time.sleep(self._test_delay_s)
                         storage.append(job.entries)
                     if job.hard_state is not None:
                         # A commit-only change costs no disk write (commit is advisory).

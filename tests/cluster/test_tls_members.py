@@ -93,13 +93,16 @@ def test_a_peer_certificate_naming_another_member_is_refused(tls_cluster: TlsClu
     leader = cluster.wait_for_leader()
     term_before = leader.status()
     assert term_before is not None
-    vote = VoteRequest(group=0, term=term_before["term"] + 5, src="n2", dst=leader.node_id,
+    # Whoever leads, the impostor claims to be one follower with the other one's certificate.
+    victim, other = sorted(n for n in ("n1", "n2", "n3") if n != leader.node_id)
+    vote = VoteRequest(group=0, term=term_before["term"] + 5, src=victim, dst=leader.node_id,
                        last_log_index=10**9, last_log_term=term_before["term"] + 5)  # fmt: skip
-    # n3's genuine certificate, claiming to be n2: refused, and nothing it sent is stepped.
-    for cert, expected in (("n3", "names n3"), ("client", "no DNS name"), (None, "no TLS")):
+    # A genuine certificate of another member, claiming to be the victim: refused, and
+    # nothing it sent is stepped.
+    for cert, expected in ((other, f"names {other}"), ("client", "no DNS name"), (None, "no TLS")):
         context = tls_cluster.context(cert)
         with RawConn(leader.address, hello=False, tls=context) as conn:
-            conn.send_bytes(frame(peer_hello("n2")) + raft_frame([vote]))
+            conn.send_bytes(frame(peer_hello(victim)) + raft_frame([vote]))
             reply = conn.recv()
             assert (reply["t"], reply["code"]) == ("error", "AUTH_FAILED"), reply
             assert expected in reply["message"]
@@ -110,11 +113,12 @@ def test_a_peer_certificate_naming_another_member_is_refused(tls_cluster: TlsClu
         pytest.raises((ssl.SSLError, ConnectionError, OSError)),
         RawConn(leader.address, hello=False, tls=rogue) as conn,
     ):
-        conn.send_bytes(frame(peer_hello("n2")))
+        conn.send_bytes(frame(peer_hello(victim)))
         conn.recv()
-    # The genuine n2 certificate gets in (and is the only way to speak for n2).
-    with RawConn(leader.address, hello=peer_hello("n2"), tls=tls_cluster.context("n2")) as conn:
-        assert conn.welcome["t"] == "welcome"
+    # The victim's genuine certificate gets in (and is the only way to speak for it).
+    genuine = tls_cluster.context(victim)
+    with RawConn(leader.address, hello=peer_hello(victim), tls=genuine) as conn:
+        assert conn.welcome["t"] == "welcome", conn.welcome
     after = cluster.wait_for_leader()
     status = after.status()
     assert after.node_id == leader.node_id and status is not None
