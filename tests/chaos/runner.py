@@ -78,7 +78,7 @@ class Member(NodeProc):
     def __init__(self, cluster: Cluster, node_id: str, port: int) -> None:
         super().__init__(cluster, node_id, port)
         self.peers_flag = ""
-        self.join: list[str] = []
+        self.join: tuple[str, ...] = ()
         self.extra_env: dict[str, str] = {}
         self.is_member = False
         self.joined = False
@@ -603,7 +603,7 @@ class ChaosRun:
             return "skipped: no spare left"
         spare = self.cluster.spares.pop(0)
         current = self.cluster.current()
-        spare.join = [m.address for m in current]
+        spare.join = tuple(m.address for m in current)
         spare.start()
         spare.joined = True
         with Client([m.address for m in current], timeout=10.0) as client:
