@@ -78,7 +78,7 @@ class Member(NodeProc):
     def __init__(self, cluster: Cluster, node_id: str, port: int) -> None:
         super().__init__(cluster, node_id, port)
         self.peers_flag = ""
-        self.join: tuple[str, ...] = ()
+        self.join = ()
         self.extra_env: dict[str, str] = {}
         self.is_member = False
         self.joined = False
@@ -114,9 +114,16 @@ class ChaosCluster(Cluster):
     """The first members and the spares that may join; majorities count members only."""
 
     def __init__(self, base: Path, size: int, ports: list[int]) -> None:
+        # Not Cluster.__init__: the ports come from the run's one allocation (proxies too),
+        # and the members are Member objects; the rest is Cluster's plain defaults.
         self.base = base
         self.env = {}
         self.cluster_id = "chaos"
+        self.node_args = lambda _: []
+        self.client_secret = None
+        self.client_tls = None
+        self.open_files = None
+        self.retired: dict[str, NodeProc] = {}
         self.nodes: dict[str, NodeProc] = {}
         self.members: dict[str, Member] = {}
         for i, port in enumerate(ports):
