@@ -32,7 +32,7 @@ lint: install-dev
 	$(VENV)/bin/ruff check dlm tests bench
 
 typecheck: install-dev
-	$(VENV)/bin/mypy dlm
+	$(VENV)/bin/mypy dlm tests tools
 
 test: lint typecheck
 	$(PY) -m pytest tests

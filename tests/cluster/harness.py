@@ -23,9 +23,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import cbor2
+
+if TYPE_CHECKING:
+    from dlm.auth import FrameOpener, FrameSealer
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -93,8 +96,8 @@ class RawConn:
         self.pushes: list[dict[str, Any]] = []
         self.welcome: dict[str, Any] = {}
         self.sent = bytearray()
-        self.sealer: Any = None
-        self.opener: Any = None
+        self.sealer: FrameSealer | None = None
+        self.opener: FrameOpener | None = None
         if hello is not False:
             greeting = dict(hello) if isinstance(hello, dict) else None
             greeting = greeting or {"t": "hello", "role": "client", "version": 1}

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -148,7 +149,7 @@ def test_the_dev_cluster_serves_its_paste_line_and_stops_on_ctrl_c(tmp_path: Pat
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
         for port in range(base + 1, base + 4):
-            wait_for(lambda p=port: _refused(p), 10.0, f"127.0.0.1:{port} to close")
+            wait_for(partial(_refused, port), 10.0, f"127.0.0.1:{port} to close")
     finally:
         _stop(proc)
 
@@ -168,7 +169,7 @@ def test_the_dev_cluster_outlives_a_killed_member(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
         for port in range(base + 1, base + 4):
-            wait_for(lambda p=port: _refused(p), 10.0, f"127.0.0.1:{port} to close")
+            wait_for(partial(_refused, port), 10.0, f"127.0.0.1:{port} to close")
     finally:
         _stop(proc)
 

@@ -18,6 +18,7 @@ import itertools
 import json
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -136,9 +137,7 @@ def test_grow_remove_the_leader_shrink_and_replace_a_dead_member_under_load(
             for node_id in ("n4", "n5"):
                 node = cluster.add_node(node_id, port=spare[node_id])
                 node.start()
-                wait_for(
-                    lambda n=node_id: voter_serving(dlm, n), CHANGE_TIMEOUT, f"{node_id} a voter"
-                )
+                wait_for(partial(voter_serving, dlm, node_id), CHANGE_TIMEOUT, f"{node_id} a voter")
                 workload.more()
             assert [m["id"] for m in members_json(dlm)["members"]] == ["n1", "n2", "n3", "n4", "n5"]
 
@@ -346,11 +345,12 @@ def test_members_list_json_is_one_object_with_the_documented_fields(tmp_path: Pa
         ]  # fmt: skip
         killed = next(n for n in cluster.nodes.values() if n is not leader)
         killed.kill()
-        row = wait_for(
-            lambda: (r := member(members_json(dlm), killed.node_id)) and not r["reachable"] and r,
-            10.0,
-            f"{killed.node_id} reported unreachable",
-        )
+
+        def unreachable_row() -> dict[str, Any] | None:
+            found = member(members_json(dlm), killed.node_id)
+            return found if found is not None and not found["reachable"] else None
+
+        row = wait_for(unreachable_row, 10.0, f"{killed.node_id} reported unreachable")
         assert (row["role"], row["lag"]) == ("unknown", None)
         assert json.loads(dlm.run("members", "list", "--json").stdout)["leader"] == leader.node_id
     finally:

@@ -212,6 +212,7 @@ def test_a_frame_without_its_tag_after_the_handshake_closes_the_connection(
         body = cbor2.dumps(obj)
         if how == "no tag":
             return struct.pack(">I", len(body)) + body
+        assert conn.sealer is not None, "the link was opened with the secret"
         sealed = conn.sealer.seal(body)
         if how == "wrong tag":
             return sealed[:-1] + bytes([sealed[-1] ^ 1])
@@ -341,7 +342,7 @@ def test_members_without_the_peer_secret_cannot_join(secured: Secured, tmp_path:
         follower.terminate()
         cluster.node_args = saved
         follower.start()
-    wait_for(lambda: follower.status() is not None and follower.status()["leader"], 15.0,
+    wait_for(lambda: (status := follower.status()) is not None and status["leader"], 15.0,
              "the member back with the right secret")  # fmt: skip
     witness.unchanged()
 

@@ -26,11 +26,14 @@ NI = bytes(range(32))
 NR = bytes(range(100, 132))
 
 
-def through_the_wire(frame: dict[str, Any], opener: auth.FrameOpener | None = None) -> Any:
+def through_the_wire(
+    frame: dict[str, Any], opener: auth.FrameOpener | None = None
+) -> dict[str, Any]:
     """``frame`` as the other side decodes it."""
     decoder = wire.FrameDecoder(wire.PEER_FRAME_LIMIT, opener)
     decoder.feed(wire.encode_frame(frame))
     (decoded,) = list(decoder.frames())
+    assert isinstance(decoded, dict), decoded
     return decoded
 
 

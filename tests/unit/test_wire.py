@@ -122,7 +122,7 @@ def test_the_pure_python_cbor2_is_as_strict(monkeypatch: pytest.MonkeyPatch) -> 
     """The zipapp runs cbor2's pure-Python decoder: the same limits must hold there."""
     from cbor2 import _decoder
 
-    monkeypatch.setattr(wire.cbor2, "loads", _decoder.loads)
+    monkeypatch.setattr(cbor2, "loads", _decoder.loads)
     for item in HOSTILE_ITEMS.values():
         with pytest.raises(wire.ProtocolError):
             wire.decode_body(_acquire_with_seq(item))
@@ -221,7 +221,7 @@ def test_requests_behave_as_immutable_values() -> None:
     with pytest.raises(AttributeError):
         a.other = 1
     with pytest.raises(TypeError):
-        wire.Renew(1, "L")  # type: ignore[misc]
+        wire.Renew(1, "L")  # type: ignore[call-arg]
     assert wire.Acquire(id=1, lease="L", seq=2, key="k").meta == {}
 
 
@@ -414,7 +414,7 @@ DECODED: list[tuple[dict[str, object], wire.Request]] = [
 ]
 
 
-@pytest.mark.parametrize(("frame", "expected"), DECODED, ids=[f["t"] for f, _ in DECODED])
+@pytest.mark.parametrize(("frame", "expected"), DECODED, ids=[str(f["t"]) for f, _ in DECODED])
 def test_decode_request_of_each_type(frame: dict[str, object], expected: wire.Request) -> None:
     decoded = wire.decode_request(frame)
     assert type(decoded) is type(expected)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dlm.cli import status_view
+from dlm.cli import health, status_view
 from dlm.cli.main import run
 from dlm.client.errors import ClusterUnavailable
 from tests.unit.cli.conftest import FakeClient
@@ -135,7 +135,7 @@ def test_check_degraded_exits_1_and_says_why(
     canned: Canned, capsys: Capture, change: Any, needle: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # 100 entries behind is too few to degrade at the real threshold; lower it for that case.
-    monkeypatch.setattr(status_view.health, "MAX_BEHIND_ENTRIES", 50)
+    monkeypatch.setattr(health, "MAX_BEHIND_ENTRIES", 50)
     change(canned)
     assert run(["status", "--check"]) == 1
     line = one_line(capsys.readouterr().out)
@@ -250,7 +250,7 @@ def test_watch_prints_a_snapshot_per_interval_until_ctrl_c(
         if len(naps) % 3 == 0:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(status_view.time, "sleep", sleep)
+    monkeypatch.setattr(time, "sleep", sleep)
     assert run(["status", "--watch", "--interval", "250ms"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 * 4  # three tsv snapshots of a header and three members

@@ -12,6 +12,7 @@ import pytest
 
 from dlm.node import main
 from dlm.store import StoreFull
+from dlm.store.disk import DiskStorage
 
 LINE = (
     "dlm node: error: no space left on /var/lib/dlm "
@@ -35,7 +36,7 @@ def test_a_full_disk_at_start_up_exits_74(
     def full(*_: Any, **__: Any) -> None:
         raise StoreFull("/var/lib/dlm", 1_200_000)
 
-    monkeypatch.setattr(main.DiskStorage, "open", full)
+    monkeypatch.setattr(DiskStorage, "open", full)
     assert start(tmp_path) == main.EXIT_IOERR == 74
     assert capsys.readouterr().err == LINE + "\n"
 
