@@ -29,7 +29,8 @@ $(DEV_STAMP): $(STAMP)
 	touch $(DEV_STAMP)
 
 lint: install-dev
-	$(VENV)/bin/ruff check dlm tests bench
+	$(VENV)/bin/ruff check dlm tests bench tools
+	$(VENV)/bin/ruff format --check dlm tests bench tools
 
 typecheck: install-dev
 	$(VENV)/bin/mypy dlm tests tools
