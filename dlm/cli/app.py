@@ -1,8 +1,11 @@
 """The typer app: every subcommand's options, and nothing else.
 
-Each command resolves the shared options, then hands over to the module that
-does the work (ops, exec_cmd, status_view), importing it only when it runs so
-that ``dlm --help`` and ``dlm acquire`` load no more than they need.
+A command that talks to the cluster declares only its own options and takes
+``settings``: @with_settings (dlm.cli.connection_options) adds --cluster,
+--timeout, --dial-timeout, --json, --secret-file and --tls-* after them and
+resolves them. Each command then hands over to the module that does the work
+(ops, exec_cmd, status_view), importing it only when it runs so that ``dlm
+--help`` and ``dlm acquire`` load no more than they need.
 
 Speed notes: typer < 0.29 (0.29 routes every option through pydantic),
 ``rich_markup_mode=None`` (plain click help: no rich import for ``--help``),
@@ -20,20 +23,18 @@ from typing import Annotated
 
 import typer
 
+from dlm.cli.connection_options import JsonOpt, remembers_options, with_settings
 from dlm.cli.exits import EXIT_CODE_HELP
 from dlm.cli.node_options import ALL_OPTIONS, NodeOption
 from dlm.cli.settings import (
     ACQUIRE_FORMAT,
     ACQUIRE_TTL,
     DEFAULT_CLUSTER,
-    DEFAULT_DIAL_TIMEOUT,
-    DEFAULT_TIMEOUT,
     EXEC_CONFLICT_EXIT_CODE,
     EXEC_KILL_GRACE,
     EXEC_TTL,
     GlobalOptions,
     Settings,
-    resolve,
 )
 
 _ROOT_HELP = f"""\
@@ -105,80 +106,6 @@ app.add_typer(store_app, name="store")
 app.add_typer(lease_app, name="lease")
 app.add_typer(secret_app, name="secret")
 
-JsonOpt = Annotated[
-    bool, typer.Option("--json", help="Print exactly one JSON object on stdout, errors too.")
-]
-ClusterOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--cluster",
-        metavar="ADDR[,ADDR...]",
-        help=f"Cluster members to ask. [env: DLM_CLUSTER; default: {DEFAULT_CLUSTER}]",
-        show_default=False,
-    ),
-]
-TimeoutOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--timeout",
-        metavar="DURATION",
-        help=(
-            "How long to try to reach a quorum before giving up (exit 69). "
-            f"[default: {DEFAULT_TIMEOUT}]"
-        ),
-        show_default=False,
-    ),
-]
-DialTimeoutOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--dial-timeout",
-        metavar="DURATION",
-        help=(
-            "Give up (exit 69) when no member has answered at all within this. "
-            f"[default: {DEFAULT_DIAL_TIMEOUT}]"
-        ),
-        show_default=False,
-    ),
-]
-SecretFileOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--secret-file",
-        metavar="PATH",
-        help="The cluster's client secret (a file made by `dlm secret new`, mode 600), when "
-        "its members require one. [env: DLM_SECRET_FILE]",
-        show_default=False,
-    ),
-]
-TlsCaOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--tls-ca",
-        metavar="PATH",
-        help="Connect with TLS, trusting the CA in PATH (PEM) for the members' certificates. "
-        "[env: DLM_TLS_CA]",
-        show_default=False,
-    ),
-]
-TlsCertOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--tls-cert",
-        metavar="PATH",
-        help="A client certificate to present (PEM; with --tls-key). [env: DLM_TLS_CERT]",
-        show_default=False,
-    ),
-]
-TlsKeyOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--tls-key",
-        metavar="PATH",
-        help="The unencrypted key of --tls-cert (PEM). [env: DLM_TLS_KEY]",
-        show_default=False,
-    ),
-]
 FormatOpt = Annotated[
     str | None,
     typer.Option(
@@ -203,19 +130,6 @@ LimitOpt = Annotated[
 ]
 
 
-def _settings(
-    ctx: typer.Context,
-    cluster: str | None,
-    timeout: str | None,
-    json: bool,
-    dial_timeout: str | None,
-    *,
-    secret_file: str | None,
-    tls: tuple[str | None, str | None, str | None],
-) -> Settings:
-    return resolve(ctx.obj, cluster, timeout, json, dial_timeout, secret_file=secret_file, tls=tls)
-
-
 def _version(value: bool) -> None:
     if value:
         from dlm import __version__
@@ -225,36 +139,22 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
+@remembers_options
 def root(
-    ctx: typer.Context,
     *,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
-    secret_file: SecretFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_cert: TlsCertOpt = None,
-    tls_key: TlsKeyOpt = None,
     version: Annotated[
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
     ] = False,
 ) -> None:
-    ctx.obj = GlobalOptions(
-        cluster=cluster,
-        timeout=timeout,
-        json=json,
-        dial_timeout=dial_timeout,
-        secret_file=secret_file,
-        tls=(tls_ca, tls_cert, tls_key),
-    )
+    """Keeps the connection options given before the subcommand (--help shows _ROOT_HELP)."""
 
 
 @app.command()
+@with_settings
 def acquire(
-    ctx: typer.Context,
     *,
+    settings: Settings,
     key: Annotated[str, typer.Argument(metavar="KEY", help="The lock's name.")],
     ttl: Annotated[
         str, typer.Option("--ttl", metavar="DURATION", help="Lifetime of a new lease.")
@@ -272,14 +172,6 @@ def acquire(
     output_format: Annotated[
         str, typer.Option("--format", metavar="text|env|json", help="Output format.")
     ] = ACQUIRE_FORMAT,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
-    secret_file: SecretFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_cert: TlsCertOpt = None,
-    tls_key: TlsKeyOpt = None,
 ) -> None:
     """Take a lock and print its key, fencing token, lease id and TTL.
 
@@ -292,15 +184,6 @@ def acquire(
     """
     from dlm.cli import ops
 
-    settings = _settings(
-        ctx,
-        cluster,
-        timeout,
-        json,
-        dial_timeout,
-        secret_file=secret_file,
-        tls=(tls_ca, tls_cert, tls_key),
-    )
     ops.acquire(
         settings,
         key=key,
@@ -314,9 +197,10 @@ def acquire(
 
 
 @app.command()
+@with_settings
 def renew(
-    ctx: typer.Context,
     *,
+    settings: Settings,
     lease: Annotated[str, typer.Argument(metavar="LEASE", help="The lease id.")],
     keep_alive: Annotated[
         bool,
@@ -324,37 +208,18 @@ def renew(
             "--keep-alive", help="Keep renewing until killed, or until the lease is lost (77)."
         ),
     ] = False,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
-    secret_file: SecretFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_cert: TlsCertOpt = None,
-    tls_key: TlsKeyOpt = None,
 ) -> None:
     """Renew a lease once, or keep it alive (--keep-alive)."""
     from dlm.cli import ops
 
-    ops.renew(
-        _settings(
-            ctx,
-            cluster,
-            timeout,
-            json,
-            dial_timeout,
-            secret_file=secret_file,
-            tls=(tls_ca, tls_cert, tls_key),
-        ),
-        lease,
-        keep_alive,
-    )
+    ops.renew(settings, lease, keep_alive)
 
 
 @app.command()
+@with_settings
 def release(
-    ctx: typer.Context,
     *,
+    settings: Settings,
     key: Annotated[str, typer.Argument(metavar="KEY", help="The lock's name.")],
     lease: Annotated[str, typer.Option("--lease", metavar="ID", help="The lease that holds it.")],
     token: Annotated[
@@ -375,14 +240,6 @@ def release(
             help="Keep a lease opened by `dlm acquire` even when it holds nothing more.",
         ),
     ] = False,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
-    secret_file: SecretFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_cert: TlsCertOpt = None,
-    tls_key: TlsKeyOpt = None,
 ) -> None:
     """Give a lock back. Exits 77, naming the holder, if LEASE does not hold KEY.
 
@@ -391,30 +248,17 @@ def release(
     """
     from dlm.cli import ops
 
-    ops.release(
-        _settings(
-            ctx,
-            cluster,
-            timeout,
-            json,
-            dial_timeout,
-            secret_file=secret_file,
-            tls=(tls_ca, tls_cert, tls_key),
-        ),
-        key,
-        lease,
-        token=token,
-        keep_lease=keep_lease,
-    )
+    ops.release(settings, key, lease, token=token, keep_lease=keep_lease)
 
 
 @app.command(
     "exec",
     context_settings={"allow_interspersed_args": False, "ignore_unknown_options": False},
 )
+@with_settings
 def exec_(
-    ctx: typer.Context,
     *,
+    settings: Settings,
     command: Annotated[
         list[str], typer.Argument(metavar="[--] CMD [ARGS...]", help="The command to run.")
     ],
@@ -463,14 +307,6 @@ def exec_(
             show_default=False,
         ),
     ] = None,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
-    secret_file: SecretFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_cert: TlsCertOpt = None,
-    tls_key: TlsKeyOpt = None,
 ) -> None:
     """Run CMD (no shell) only while holding the lock; exit with CMD's code.
 
@@ -489,15 +325,6 @@ def exec_(
     """
     from dlm.cli import exec_cmd, ops
 
-    settings = _settings(
-        ctx,
-        cluster,
-        timeout,
-        json,
-        dial_timeout,
-        secret_file=secret_file,
-        tls=(tls_ca, tls_cert, tls_key),
-    )
     ops.check_lock_options(lock, limit, "--lock")
     code = exec_cmd.run(
         settings,
@@ -515,9 +342,10 @@ def exec_(
 
 
 @app.command()
+@with_settings
 def status(
-    ctx: typer.Context,
     *,
+    settings: Settings,
     key: Annotated[
         str | None,
         typer.Argument(metavar="[KEY]", help="Show this lock's holder and waiters instead."),
@@ -542,14 +370,6 @@ def status(
             show_default=False,
         ),
     ] = None,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
-    secret_file: SecretFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_cert: TlsCertOpt = None,
-    tls_key: TlsKeyOpt = None,
 ) -> None:
     """Show the cluster: members, roles, lag, last contact, and the failures it survives;
     or one lock (KEY): holders and waiters.
@@ -561,15 +381,6 @@ def status(
     from dlm.cli import status_view
     from dlm.cli.output import choose_format
 
-    settings = _settings(
-        ctx,
-        cluster,
-        timeout,
-        json,
-        dial_timeout,
-        secret_file=secret_file,
-        tls=(tls_ca, tls_cert, tls_key),
-    )
     every = status_view.check_options(key, check, watch, interval)
     fmt = choose_format(output_format, settings.json)
     if key is not None:
@@ -581,97 +392,43 @@ def status(
 
 
 @app.command()
+@with_settings
 def locks(
-    ctx: typer.Context,
     *,
+    settings: Settings,
     prefix: Annotated[
         str, typer.Option("--prefix", metavar="P", help="Only keys starting with P.")
     ] = "",
     output_format: FormatOpt = None,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
-    secret_file: SecretFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_cert: TlsCertOpt = None,
-    tls_key: TlsKeyOpt = None,
 ) -> None:
     """List the held locks, one line each."""
     from dlm.cli import status_view
     from dlm.cli.output import choose_format
 
-    settings = _settings(
-        ctx,
-        cluster,
-        timeout,
-        json,
-        dial_timeout,
-        secret_file=secret_file,
-        tls=(tls_ca, tls_cert, tls_key),
-    )
     status_view.list_locks(settings, prefix, choose_format(output_format, settings.json))
 
 
 @lease_app.command("revoke")
+@with_settings
 def lease_revoke(
-    ctx: typer.Context,
     *,
+    settings: Settings,
     lease: Annotated[str, typer.Argument(metavar="ID", help="The lease to end.")],
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
-    secret_file: SecretFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_cert: TlsCertOpt = None,
-    tls_key: TlsKeyOpt = None,
 ) -> None:
     """End a lease now: free every lock it holds (the next waiters get them) and leave
     every queue it is in. Exits 77 if there is no such lease (expired or ended)."""
     from dlm.cli import ops
 
-    ops.revoke(
-        _settings(
-            ctx,
-            cluster,
-            timeout,
-            json,
-            dial_timeout,
-            secret_file=secret_file,
-            tls=(tls_ca, tls_cert, tls_key),
-        ),
-        lease,
-    )
+    ops.revoke(settings, lease)
 
 
 @lease_app.command("list")
-def lease_list(
-    ctx: typer.Context,
-    *,
-    output_format: FormatOpt = None,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
-    secret_file: SecretFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_cert: TlsCertOpt = None,
-    tls_key: TlsKeyOpt = None,
-) -> None:
+@with_settings
+def lease_list(*, settings: Settings, output_format: FormatOpt = None) -> None:
     """List the live leases: TTL, time left, the keys each holds and waits for, its owner."""
     from dlm.cli import status_view
     from dlm.cli.output import choose_format
 
-    settings = _settings(
-        ctx,
-        cluster,
-        timeout,
-        json,
-        dial_timeout,
-        secret_file=secret_file,
-        tls=(tls_ca, tls_cert, tls_key),
-    )
     status_view.list_leases(settings, choose_format(output_format, settings.json))
 
 
@@ -679,53 +436,26 @@ MemberIdArg = Annotated[str, typer.Argument(metavar="ID", help="The member's id.
 
 
 @members_app.command("list")
-def members_list(
-    ctx: typer.Context,
-    *,
-    output_format: FormatOpt = None,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
-    secret_file: SecretFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_cert: TlsCertOpt = None,
-    tls_key: TlsKeyOpt = None,
-) -> None:
+@with_settings
+def members_list(*, settings: Settings, output_format: FormatOpt = None) -> None:
     """List the members: id, address, role (leader, follower, candidate, learner; unknown
     when it does not answer), whether it answers, and how far behind the leader it is."""
     from dlm.cli import members
     from dlm.cli.output import choose_format
 
-    settings = _settings(
-        ctx,
-        cluster,
-        timeout,
-        json,
-        dial_timeout,
-        secret_file=secret_file,
-        tls=(tls_ca, tls_cert, tls_key),
-    )
     members.list_members(settings, choose_format(output_format, settings.json))
 
 
 @members_app.command("add")
+@with_settings
 def members_add(
-    ctx: typer.Context,
     *,
+    settings: Settings,
     member: MemberIdArg,
     address: Annotated[
         str, typer.Argument(metavar="ADDR", help="Where the members reach it, as HOST:PORT.")
     ],
     output_format: FormatOpt = None,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
-    secret_file: SecretFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_cert: TlsCertOpt = None,
-    tls_key: TlsKeyOpt = None,
 ) -> None:
     """Add a member as a learner: it gets the log but does not vote until it is promoted
     (by the leader once it has caught up, or with `dlm members promote`). Start it with
@@ -736,22 +466,14 @@ def members_add(
     from dlm.cli import members
     from dlm.cli.output import choose_format
 
-    settings = _settings(
-        ctx,
-        cluster,
-        timeout,
-        json,
-        dial_timeout,
-        secret_file=secret_file,
-        tls=(tls_ca, tls_cert, tls_key),
-    )
     members.add(settings, member, address, choose_format(output_format, settings.json))
 
 
 @members_app.command("remove")
+@with_settings
 def members_remove(
-    ctx: typer.Context,
     *,
+    settings: Settings,
     member: MemberIdArg,
     force: Annotated[
         bool,
@@ -762,14 +484,6 @@ def members_remove(
         ),
     ] = False,
     output_format: FormatOpt = None,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
-    secret_file: SecretFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_cert: TlsCertOpt = None,
-    tls_key: TlsKeyOpt = None,
 ) -> None:
     """Remove a member (the leader too: it hands over first). The removed member's process
     stops by itself (exit 0); its data directory cannot rejoin.
@@ -780,32 +494,16 @@ def members_remove(
     from dlm.cli import members
     from dlm.cli.output import choose_format
 
-    settings = _settings(
-        ctx,
-        cluster,
-        timeout,
-        json,
-        dial_timeout,
-        secret_file=secret_file,
-        tls=(tls_ca, tls_cert, tls_key),
-    )
     members.remove(settings, member, force, choose_format(output_format, settings.json))
 
 
 @members_app.command("promote")
+@with_settings
 def members_promote(
-    ctx: typer.Context,
     *,
+    settings: Settings,
     member: MemberIdArg,
     output_format: FormatOpt = None,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
-    secret_file: SecretFileOpt = None,
-    tls_ca: TlsCaOpt = None,
-    tls_cert: TlsCertOpt = None,
-    tls_key: TlsKeyOpt = None,
 ) -> None:
     """Make a learner a voter (for members run with --auto-promote off). Promote it once
     it has caught up: `dlm members list` shows its lag.
@@ -815,15 +513,6 @@ def members_promote(
     from dlm.cli import members
     from dlm.cli.output import choose_format
 
-    settings = _settings(
-        ctx,
-        cluster,
-        timeout,
-        json,
-        dial_timeout,
-        secret_file=secret_file,
-        tls=(tls_ca, tls_cert, tls_key),
-    )
     members.promote(settings, member, choose_format(output_format, settings.json))
 
 
