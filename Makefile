@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 DEV_STAMP := $(VENV)/.dev-installed-stamp
 BENCH_STAMP := $(VENV)/.bench-installed-stamp
 
-.PHONY: install install-dev install-bench test lint typecheck unit sim cluster run bench bench-scale bench-wal bench-startup zipapp soak clean
+.PHONY: install install-dev install-bench test lint typecheck unit sim cluster run bench bench-scale bench-wal bench-startup bench-membership zipapp soak chaos clean
 
 # What running dlm needs (`make run`): the package and its runtime dependencies. The
 # bytecode of dlm itself is compiled here, so a `dlm` run starts warm even where
@@ -40,10 +40,11 @@ $(BENCH_STAMP): $(STAMP)
 	touch $(BENCH_STAMP)
 
 lint: install-dev
-	$(VENV)/bin/ruff check dlm tests bench
+	$(VENV)/bin/ruff check dlm tests bench tools
+	$(VENV)/bin/ruff format --check dlm tests bench tools
 
 typecheck: install-dev
-	$(VENV)/bin/mypy dlm
+	$(VENV)/bin/mypy dlm tests tools
 
 test: lint typecheck
 	$(PY) -m pytest tests
@@ -78,6 +79,11 @@ bench-wal: install
 bench-startup: install zipapp
 	$(PY) -m bench.startup
 
+# A member joining a loaded cluster (50,000 locks in a snapshot, 10,000 entries after it),
+# and the pause a client sees when the leader is removed; a few minutes on 2 cores.
+bench-membership: install
+	$(PY) -m bench.membership $(BENCH_ARGS)
+
 # The whole of dlm and its runtime dependencies in one file: dist/dlm.pyz.
 zipapp: install
 	$(PY) tools/build_zipapp.py
@@ -87,6 +93,16 @@ zipapp: install
 SOAK_SEEDS ?= 1000:10000
 soak: install-dev
 	$(PY) tools/soak.py $(SOAK_SEEDS)
+
+# Fault schedules against real clusters on 127.0.0.1 (tests/chaos): CHAOS_SEEDS=START:COUNT
+# schedules (mixing 3- and 5-member clusters), a report and an availability plot per run under
+# chaos-results/. `make test` runs three short ones; this runs the long ones (about a minute each).
+CHAOS_SEEDS ?= 100:30
+CHAOS_PROFILE ?= long
+# The plots need matplotlib, which `make test` does without (its short runs skip the plot).
+chaos: install-dev
+	$(PIP) 'matplotlib>=3.8'
+	$(PY) -m tests.chaos.run --seeds $(CHAOS_SEEDS) --profile $(CHAOS_PROFILE) --results chaos-results
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info .pytest_cache .mypy_cache .ruff_cache

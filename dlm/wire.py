@@ -259,8 +259,24 @@ def decode_body(body: bytes) -> Any:
         raise ProtocolError(f"frame is not valid CBOR: {exc}") from None
 
 
+class BadFrame:
+    """A whole frame whose body is not the CBOR dlm speaks. The length prefix kept the
+    stream in step, so the connection can go on: the member answers it BAD_REQUEST."""
+
+    __slots__ = ("code", "message")
+
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> None:
+        self.message = message
+        self.code = code
+
+
 class FrameDecoder:
     """Splits a byte stream into decoded frames; feed bytes in, take objects out.
+
+    With ``tolerate_bad_bodies`` a body that does not decode comes out as a
+    ``BadFrame`` instead of raising (a client's malformed request is its own
+    problem, not the stream's); an oversized length still raises, since the
+    stream can no longer be trusted to be in step.
 
     With an ``opener`` (a dlm.auth.FrameOpener, once a connection is authenticated)
     every frame must carry its authentication tag after the body: the tag is
@@ -269,8 +285,15 @@ class FrameDecoder:
     must be closed). ``limit`` bounds the body; the tag comes on top.
     """
 
-    def __init__(self, limit: int, opener: FrameOpenerLike | None = None) -> None:
+    def __init__(
+        self,
+        limit: int,
+        opener: FrameOpenerLike | None = None,
+        *,
+        tolerate_bad_bodies: bool = False,
+    ) -> None:
         self._limit = limit
+        self._tolerate_bad_bodies = tolerate_bad_bodies
         self._opener = opener
         self._payload_limit = limit + (opener.overhead if opener is not None else 0)
         self._buf = bytearray()
@@ -307,7 +330,13 @@ class FrameDecoder:
                     except ValueError as exc:  # dlm.auth.AuthError, which wire does not import
                         self._failed = str(exc)
                         raise ProtocolError(self._failed, ErrorCode.AUTH_FAILED) from None
-                yield decode_body(body)
+                try:
+                    value = decode_body(body)
+                except ProtocolError as exc:
+                    if not self._tolerate_bad_bodies:
+                        raise
+                    value = BadFrame(str(exc), exc.code)
+                yield value
         finally:
             del buf[:pos]
 
@@ -411,14 +440,17 @@ class Hello(Record):
     ``version`` is 1, so our clients and members send 1 there.
     """
 
-    __slots__ = ("cluster", "max_version", "node", "role", "version")
-    FIELDS = ("role", "version", "cluster", "node", "max_version")
-    __match_args__ = ("role", "version", "cluster", "node", "max_version")
+    __slots__ = ("addr", "cluster", "max_version", "node", "role", "version")
+    FIELDS = ("role", "version", "cluster", "node", "max_version", "addr")
+    __match_args__ = ("role", "version", "cluster", "node", "max_version", "addr")
     role: HelloRole
     version: int
     cluster: str
     node: str
     max_version: int
+    addr: str
+    """A peer's own address (HOST:PORT, its --advertise), so that a member whose log does
+    not name it yet can still answer it; empty from clients and older members."""
 
     def __init__(
         self,
@@ -427,12 +459,15 @@ class Hello(Record):
         cluster: str = "",
         node: str = "",
         max_version: int = PROTOCOL_VERSION,
+        *,
+        addr: str = "",
     ) -> None:
         _set(self, "role", role)
         _set(self, "version", version)
         _set(self, "cluster", cluster)
         _set(self, "node", node)
         _set(self, "max_version", max_version)
+        _set(self, "addr", addr)
 
     @property
     def speaks(self) -> int:
@@ -440,7 +475,7 @@ class Hello(Record):
         return max(self.version, self.max_version)
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        frame = {
             "t": "hello",
             "role": self.role.value,
             "version": self.version,
@@ -448,6 +483,9 @@ class Hello(Record):
             "cluster": self.cluster,
             "node": self.node,
         }
+        if self.addr:
+            frame["addr"] = self.addr
+        return frame
 
     @classmethod
     def from_wire(cls, obj: Any) -> Hello:
@@ -465,7 +503,21 @@ class Hello(Record):
             cluster=_field(msg, "cluster", str, optional=True) or "",
             node=_field(msg, "node", str, optional=True) or "",
             max_version=version if max_version is None else min(max(max_version, 1), 1 << 16),
+            addr=_hello_addr(msg),
         )
+
+
+def _hello_addr(msg: dict[Any, Any]) -> str:
+    """The hello's ``addr`` as HOST:PORT, or "" when absent; ProtocolError if malformed."""
+    addr = _field(msg, "addr", str, optional=True)
+    if not addr:
+        return ""
+    if len(addr) > 300:
+        raise ProtocolError("field 'addr' is too long")
+    try:
+        return format_addr(*parse_addr(addr))
+    except ValueError:
+        raise ProtocolError("field 'addr' must be HOST:PORT") from None
 
 
 def welcome(node: str, cluster: str, version: int = PROTOCOL_VERSION) -> dict[str, Any]:

@@ -1,8 +1,11 @@
 """The typer app: every subcommand's options, and nothing else.
 
-Each command resolves the shared options, then hands over to the module that
-does the work (ops, exec_cmd, status_view), importing it only when it runs so
-that ``dlm --help`` and ``dlm acquire`` load no more than they need.
+A command that talks to the cluster declares only its own options and takes
+``settings``: @with_settings (dlm.cli.connection_options) adds --cluster,
+--timeout, --dial-timeout, --json, --secret-file and --tls-* after them and
+resolves them. Each command then hands over to the module that does the work
+(ops, exec_cmd, status_view), importing it only when it runs so that ``dlm
+--help`` and ``dlm acquire`` load no more than they need.
 
 Speed notes: typer < 0.29 (0.29 routes every option through pydantic),
 ``rich_markup_mode=None`` (plain click help: no rich import for ``--help``),
@@ -20,20 +23,18 @@ from typing import Annotated
 
 import typer
 
+from dlm.cli.connection_options import JsonOpt, remembers_options, with_settings
 from dlm.cli.exits import EXIT_CODE_HELP
 from dlm.cli.node_options import ALL_OPTIONS, NodeOption
 from dlm.cli.settings import (
     ACQUIRE_FORMAT,
     ACQUIRE_TTL,
     DEFAULT_CLUSTER,
-    DEFAULT_DIAL_TIMEOUT,
-    DEFAULT_TIMEOUT,
     EXEC_CONFLICT_EXIT_CODE,
     EXEC_KILL_GRACE,
     EXEC_TTL,
     GlobalOptions,
     Settings,
-    resolve,
 )
 
 _ROOT_HELP = f"""\
@@ -46,8 +47,9 @@ Examples:
   dlm release deploy --lease "$DLM_LEASE_ID"
   dlm status
 
-Options --cluster, --timeout, --dial-timeout and --json may be given before or
-after the subcommand. The cluster defaults to $DLM_CLUSTER, else {DEFAULT_CLUSTER}.
+Options --cluster, --timeout, --dial-timeout, --json, --secret-file and --tls-*
+may be given before or after the subcommand. The cluster defaults to
+$DLM_CLUSTER, else {DEFAULT_CLUSTER}.
 Shell completion: dlm --install-completion (bash, zsh, fish).
 
 {EXIT_CODE_HELP}"""
@@ -91,47 +93,19 @@ secret_app = typer.Typer(
     rich_markup_mode=None,
     no_args_is_help=True,
 )
+members_app = typer.Typer(
+    help="Look at and change the cluster's members, one at a time.",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    no_args_is_help=True,
+)
 app.add_typer(node_app, name="node")
+app.add_typer(members_app, name="members")
 app.add_typer(store_app, name="store")
 app.add_typer(lease_app, name="lease")
 app.add_typer(secret_app, name="secret")
 
-JsonOpt = Annotated[
-    bool, typer.Option("--json", help="Print exactly one JSON object on stdout, errors too.")
-]
-ClusterOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--cluster",
-        metavar="ADDR[,ADDR...]",
-        help=f"Cluster members to ask. [env: DLM_CLUSTER; default: {DEFAULT_CLUSTER}]",
-        show_default=False,
-    ),
-]
-TimeoutOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--timeout",
-        metavar="DURATION",
-        help=(
-            "How long to try to reach a quorum before giving up (exit 69). "
-            f"[default: {DEFAULT_TIMEOUT}]"
-        ),
-        show_default=False,
-    ),
-]
-DialTimeoutOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--dial-timeout",
-        metavar="DURATION",
-        help=(
-            "Give up (exit 69) when no member has answered at all within this. "
-            f"[default: {DEFAULT_DIAL_TIMEOUT}]"
-        ),
-        show_default=False,
-    ),
-]
 FormatOpt = Annotated[
     str | None,
     typer.Option(
@@ -156,16 +130,6 @@ LimitOpt = Annotated[
 ]
 
 
-def _settings(
-    ctx: typer.Context,
-    cluster: str | None,
-    timeout: str | None,
-    json: bool,
-    dial_timeout: str | None,
-) -> Settings:
-    return resolve(ctx.obj, cluster, timeout, json, dial_timeout)
-
-
 def _version(value: bool) -> None:
     if value:
         from dlm import __version__
@@ -175,25 +139,22 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
+@remembers_options
 def root(
-    ctx: typer.Context,
     *,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
     version: Annotated[
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
     ] = False,
 ) -> None:
-    ctx.obj = GlobalOptions(cluster=cluster, timeout=timeout, json=json, dial_timeout=dial_timeout)
+    """Keeps the connection options given before the subcommand (--help shows _ROOT_HELP)."""
 
 
 @app.command()
+@with_settings
 def acquire(
-    ctx: typer.Context,
     *,
+    settings: Settings,
     key: Annotated[str, typer.Argument(metavar="KEY", help="The lock's name.")],
     ttl: Annotated[
         str, typer.Option("--ttl", metavar="DURATION", help="Lifetime of a new lease.")
@@ -211,10 +172,6 @@ def acquire(
     output_format: Annotated[
         str, typer.Option("--format", metavar="text|env|json", help="Output format.")
     ] = ACQUIRE_FORMAT,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
 ) -> None:
     """Take a lock and print its key, fencing token, lease id and TTL.
 
@@ -227,7 +184,6 @@ def acquire(
     """
     from dlm.cli import ops
 
-    settings = _settings(ctx, cluster, timeout, json, dial_timeout)
     ops.acquire(
         settings,
         key=key,
@@ -241,9 +197,10 @@ def acquire(
 
 
 @app.command()
+@with_settings
 def renew(
-    ctx: typer.Context,
     *,
+    settings: Settings,
     lease: Annotated[str, typer.Argument(metavar="LEASE", help="The lease id.")],
     keep_alive: Annotated[
         bool,
@@ -251,21 +208,18 @@ def renew(
             "--keep-alive", help="Keep renewing until killed, or until the lease is lost (77)."
         ),
     ] = False,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
 ) -> None:
     """Renew a lease once, or keep it alive (--keep-alive)."""
     from dlm.cli import ops
 
-    ops.renew(_settings(ctx, cluster, timeout, json, dial_timeout), lease, keep_alive)
+    ops.renew(settings, lease, keep_alive)
 
 
 @app.command()
+@with_settings
 def release(
-    ctx: typer.Context,
     *,
+    settings: Settings,
     key: Annotated[str, typer.Argument(metavar="KEY", help="The lock's name.")],
     lease: Annotated[str, typer.Option("--lease", metavar="ID", help="The lease that holds it.")],
     token: Annotated[
@@ -286,10 +240,6 @@ def release(
             help="Keep a lease opened by `dlm acquire` even when it holds nothing more.",
         ),
     ] = False,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
 ) -> None:
     """Give a lock back. Exits 77, naming the holder, if LEASE does not hold KEY.
 
@@ -298,22 +248,17 @@ def release(
     """
     from dlm.cli import ops
 
-    ops.release(
-        _settings(ctx, cluster, timeout, json, dial_timeout),
-        key,
-        lease,
-        token=token,
-        keep_lease=keep_lease,
-    )
+    ops.release(settings, key, lease, token=token, keep_lease=keep_lease)
 
 
 @app.command(
     "exec",
     context_settings={"allow_interspersed_args": False, "ignore_unknown_options": False},
 )
+@with_settings
 def exec_(
-    ctx: typer.Context,
     *,
+    settings: Settings,
     command: Annotated[
         list[str], typer.Argument(metavar="[--] CMD [ARGS...]", help="The command to run.")
     ],
@@ -362,10 +307,6 @@ def exec_(
             show_default=False,
         ),
     ] = None,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
 ) -> None:
     """Run CMD (no shell) only while holding the lock; exit with CMD's code.
 
@@ -384,7 +325,6 @@ def exec_(
     """
     from dlm.cli import exec_cmd, ops
 
-    settings = _settings(ctx, cluster, timeout, json, dial_timeout)
     ops.check_lock_options(lock, limit, "--lock")
     code = exec_cmd.run(
         settings,
@@ -402,9 +342,10 @@ def exec_(
 
 
 @app.command()
+@with_settings
 def status(
-    ctx: typer.Context,
     *,
+    settings: Settings,
     key: Annotated[
         str | None,
         typer.Argument(metavar="[KEY]", help="Show this lock's holder and waiters instead."),
@@ -429,10 +370,6 @@ def status(
             show_default=False,
         ),
     ] = None,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
 ) -> None:
     """Show the cluster: members, roles, lag, last contact, and the failures it survives;
     or one lock (KEY): holders and waiters.
@@ -444,7 +381,6 @@ def status(
     from dlm.cli import status_view
     from dlm.cli.output import choose_format
 
-    settings = _settings(ctx, cluster, timeout, json, dial_timeout)
     every = status_view.check_options(key, check, watch, interval)
     fmt = choose_format(output_format, settings.json)
     if key is not None:
@@ -456,62 +392,131 @@ def status(
 
 
 @app.command()
+@with_settings
 def locks(
-    ctx: typer.Context,
     *,
+    settings: Settings,
     prefix: Annotated[
         str, typer.Option("--prefix", metavar="P", help="Only keys starting with P.")
     ] = "",
     output_format: FormatOpt = None,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
 ) -> None:
     """List the held locks, one line each."""
     from dlm.cli import status_view
     from dlm.cli.output import choose_format
 
-    settings = _settings(ctx, cluster, timeout, json, dial_timeout)
     status_view.list_locks(settings, prefix, choose_format(output_format, settings.json))
 
 
 @lease_app.command("revoke")
+@with_settings
 def lease_revoke(
-    ctx: typer.Context,
     *,
+    settings: Settings,
     lease: Annotated[str, typer.Argument(metavar="ID", help="The lease to end.")],
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
 ) -> None:
     """End a lease now: free every lock it holds (the next waiters get them) and leave
     every queue it is in. Exits 77 if there is no such lease (expired or ended)."""
     from dlm.cli import ops
 
-    ops.revoke(_settings(ctx, cluster, timeout, json, dial_timeout), lease)
+    ops.revoke(settings, lease)
 
 
 @lease_app.command("list")
-def lease_list(
-    ctx: typer.Context,
-    *,
-    output_format: FormatOpt = None,
-    cluster: ClusterOpt = None,
-    timeout: TimeoutOpt = None,
-    dial_timeout: DialTimeoutOpt = None,
-    json: JsonOpt = False,
-) -> None:
+@with_settings
+def lease_list(*, settings: Settings, output_format: FormatOpt = None) -> None:
     """List the live leases: TTL, time left, the keys each holds and waits for, its owner."""
     from dlm.cli import status_view
     from dlm.cli.output import choose_format
 
-    settings = _settings(ctx, cluster, timeout, json, dial_timeout)
     status_view.list_leases(settings, choose_format(output_format, settings.json))
 
 
-def node_start(**flags: str | None) -> None:
+MemberIdArg = Annotated[str, typer.Argument(metavar="ID", help="The member's id.")]
+
+
+@members_app.command("list")
+@with_settings
+def members_list(*, settings: Settings, output_format: FormatOpt = None) -> None:
+    """List the members: id, address, role (leader, follower, candidate, learner; unknown
+    when it does not answer), whether it answers, and how far behind the leader it is."""
+    from dlm.cli import members
+    from dlm.cli.output import choose_format
+
+    members.list_members(settings, choose_format(output_format, settings.json))
+
+
+@members_app.command("add")
+@with_settings
+def members_add(
+    *,
+    settings: Settings,
+    member: MemberIdArg,
+    address: Annotated[
+        str, typer.Argument(metavar="ADDR", help="Where the members reach it, as HOST:PORT.")
+    ],
+    output_format: FormatOpt = None,
+) -> None:
+    """Add a member as a learner: it gets the log but does not vote until it is promoted
+    (by the leader once it has caught up, or with `dlm members promote`). Start it with
+    `dlm node start --id ID --join ADDR,...`, which also adds it if it is not yet a member.
+
+    Exits 2 if ID or ADDR is in use, 75 if another change is still pending.
+    """
+    from dlm.cli import members
+    from dlm.cli.output import choose_format
+
+    members.add(settings, member, address, choose_format(output_format, settings.json))
+
+
+@members_app.command("remove")
+@with_settings
+def members_remove(
+    *,
+    settings: Settings,
+    member: MemberIdArg,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Remove it even though the voters left would not have a quorum of members "
+            "that answer now (the cluster waits for them to come back).",
+        ),
+    ] = False,
+    output_format: FormatOpt = None,
+) -> None:
+    """Remove a member (the leader too: it hands over first). The removed member's process
+    stops by itself (exit 0); its data directory cannot rejoin.
+
+    Exits 2 for an unknown ID, the last voter, or a removal that would leave no quorum of
+    answering voters (unless --force); 75 if another change is still pending.
+    """
+    from dlm.cli import members
+    from dlm.cli.output import choose_format
+
+    members.remove(settings, member, force, choose_format(output_format, settings.json))
+
+
+@members_app.command("promote")
+@with_settings
+def members_promote(
+    *,
+    settings: Settings,
+    member: MemberIdArg,
+    output_format: FormatOpt = None,
+) -> None:
+    """Make a learner a voter (for members run with --auto-promote off). Promote it once
+    it has caught up: `dlm members list` shows its lag.
+
+    Exits 2 if ID is not a learner, 75 if another change is still pending.
+    """
+    from dlm.cli import members
+    from dlm.cli.output import choose_format
+
+    members.promote(settings, member, choose_format(output_format, settings.json))
+
+
+def node_start(**flags: str | bool | None) -> None:
     """Run a cluster member in the foreground (no flags: a one-node cluster in ./dlm-data).
 
     Each flag may instead come from the environment variable shown beside it, or
@@ -520,10 +525,27 @@ def node_start(**flags: str | None) -> None:
     """
     from dlm.node.main import start_from_options  # anyio and the runtime: only this command pays
 
-    raise typer.Exit(start_from_options(flags))
+    # A switch not given is "not set" (None), so its variable or file key still counts.
+    given = {
+        name: ("true" if value else None) if isinstance(value, bool) else value
+        for name, value in flags.items()
+    }
+    raise typer.Exit(start_from_options(given))
 
 
 def _node_flag(option: NodeOption) -> inspect.Parameter:
+    if option.is_flag:
+        return inspect.Parameter(
+            option.param,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=False,
+            annotation=Annotated[
+                bool,
+                typer.Option(
+                    option.flag, help=f"{option.help} [env: {option.env}]", show_default=False
+                ),
+            ],
+        )
     return inspect.Parameter(
         option.param,
         inspect.Parameter.KEYWORD_ONLY,

@@ -21,6 +21,7 @@ UNAVAILABLE = 69  # EX_UNAVAILABLE
 INTERNAL = 70  # EX_SOFTWARE: a bug in dlm, or a reply it does not understand
 CONFLICT = 75  # EX_TEMPFAIL: try again later
 LOST = 77  # EX_NOPERM: not (or no longer) the holder
+CONFIG = 78  # EX_CONFIG: the secret or TLS files do not work with the cluster
 NOT_EXECUTABLE = 126  # as shells report it
 NOT_FOUND = 127
 BROKEN_PIPE = 141  # 128 + SIGPIPE, as for any program whose reader went away
@@ -31,14 +32,18 @@ Exit codes:
 \b
   0   success (for exec: CMD exited 0)
   1   status --check: the cluster is degraded (store inspect: damaged data)
-  2   usage error
+  2   usage error (members: an id or address in use, an unknown id, the last
+      voter, a removal that would leave no quorum of answering voters)
   69  cluster unavailable: no member answered within --dial-timeout, or no
       quorum within --timeout
   70  internal error (a bug in dlm: please report it)
-  75  lock held by someone else and not obtained (immediately, or within --wait)
+  75  lock held by someone else and not obtained (immediately, or within --wait);
+      members: another membership change is still pending (retry)
   77  lease lost, or not the holder (renew or release of an expired lease,
       release of a grant the lease no longer holds, revoke of a lease that is
       gone; exec's lock lost while CMD ran)
+  78  authentication or TLS failed, or their files cannot be used: set
+      --secret-file/DLM_SECRET_FILE or --tls-ca/DLM_TLS_CA as the message says
   N   exec only: CMD's own exit code; 128+N when CMD was killed by signal N
 """
 

@@ -31,6 +31,10 @@ GLOBAL_OPTIONS: dict[str, tuple[str, str]] = {
     "--timeout": ("timeout", VALUE),
     "--dial-timeout": ("dial_timeout", VALUE),
     "--json": ("json", FLAG),
+    "--secret-file": ("secret_file", VALUE),
+    "--tls-ca": ("tls_ca", VALUE),
+    "--tls-cert": ("tls_cert", VALUE),
+    "--tls-key": ("tls_key", VALUE),
 }
 
 # command -> (positional parameter names, options)
@@ -185,15 +189,24 @@ def run(parsed: Parsed) -> int:
     from dlm.cli import settings as defaults
     from dlm.cli.settings import GlobalOptions, resolve
 
+    top = parsed.root
     root = GlobalOptions(
-        cluster=parsed.root.get("cluster"),
-        timeout=parsed.root.get("timeout"),
-        json=parsed.root.get("json", False),
-        dial_timeout=parsed.root.get("dial_timeout"),
+        cluster=top.get("cluster"),
+        timeout=top.get("timeout"),
+        json=top.get("json", False),
+        dial_timeout=top.get("dial_timeout"),
+        secret_file=top.get("secret_file"),
+        tls=(top.get("tls_ca"), top.get("tls_cert"), top.get("tls_key")),
     )
     p = parsed.params
     settings = resolve(
-        root, p.get("cluster"), p.get("timeout"), p.get("json", False), p.get("dial_timeout")
+        root,
+        p.get("cluster"),
+        p.get("timeout"),
+        p.get("json", False),
+        p.get("dial_timeout"),
+        secret_file=p.get("secret_file"),
+        tls=(p.get("tls_ca"), p.get("tls_cert"), p.get("tls_key")),
     )
     if parsed.command == "acquire":
         from dlm.cli import ops

@@ -35,16 +35,26 @@ class OptionError(Exception):
 class NodeOption:
     """One setting: ``param`` is its keyword in dlm.node.main.start_node."""
 
-    __slots__ = ("choices", "flag", "help", "metavar", "param")
+    __slots__ = ("choices", "flag", "help", "is_flag", "metavar", "param")
 
     def __init__(
-        self, param: str, flag: str, metavar: str, help: str, choices: tuple[str, ...] = ()
+        self,
+        param: str,
+        flag: str,
+        metavar: str,
+        help: str,
+        choices: tuple[str, ...] = (),
+        *,
+        is_flag: bool = False,
     ) -> None:
         self.param = param
         self.flag = flag
         self.metavar = metavar
         self.help = help
         self.choices = choices
+        self.is_flag = is_flag
+        """A switch without a value: given, its value is "true" (a variable or file key
+        may also say true or false)."""
 
     @property
     def name(self) -> str:
@@ -130,6 +140,46 @@ NODE_OPTIONS = (
         "--max-meta-bytes",
         "N",
         "Most bytes of owner metadata per lock or lease. [default: 4096]",
+    ),
+    NodeOption(
+        "max_connections",
+        "--max-connections",
+        "N",
+        "Most client connections at once; peers always get in. "
+        "[default: 8192, fewer if the open-files limit is lower]",
+    ),
+    NodeOption(
+        "peer_secret_file",
+        "--peer-secret-file",
+        "PATH",
+        "Peers must prove they hold the secret in this file (mode 600; make it with "
+        "`dlm secret new --out PATH`). [default: off]",
+    ),
+    NodeOption(
+        "client_secret_file",
+        "--client-secret-file",
+        "PATH",
+        "Clients must prove they hold the secret in this file (their --secret-file). "
+        "[default: off]",
+    ),
+    NodeOption(
+        "tls_cert", "--tls-cert", "PATH", "This member's TLS certificate (PEM). [default: no TLS]"
+    ),
+    NodeOption("tls_key", "--tls-key", "PATH", "Its unencrypted private key (PEM)."),
+    NodeOption(
+        "tls_ca",
+        "--tls-ca",
+        "PATH",
+        "The CA that signs every member's certificate; peers must present one naming "
+        "their member id.",
+    ),
+    NodeOption(
+        "insecure",
+        "--insecure",
+        "",
+        "Listen beyond the loopback range without authenticating peers (any host that can "
+        "connect may speak for a member).",
+        is_flag=True,
     ),
 )
 """Settings that may come from a flag, the environment or the config file."""
@@ -224,7 +274,11 @@ def read_config(path: str, source: str | None) -> dict[str, str]:
             f"{', '.join(repr(k) for k in unknown)}; the keys are {', '.join(names)}"
         )
     settings = {}
+    flags = {option.name for option in NODE_OPTIONS if option.is_flag}
     for key, value in data.items():
+        if key in flags and isinstance(value, bool):
+            settings[key] = "true" if value else "false"
+            continue
         if not isinstance(value, str):
             raise OptionError(
                 f'{path}: {key} must be a string, as on the command line ({key} = "...")'

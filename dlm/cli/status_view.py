@@ -118,8 +118,13 @@ def merge_member(member: dict[str, Any], view: dict[str, Any] | None) -> dict[st
     row["id"] = _str(member.get("id")) or (_member_id(view) if view else None)
     row["address"] = _str(member.get("address"))
     row["reachable"] = view is not None
-    # A learner is one in the leader's list (version 2) or by its own account.
-    row["voter"] = member.get("role") != "learner" and (view or {}).get("role") != "learner"
+    # The list the status reply carries (version 2) says who votes; a learner that was
+    # promoted a moment ago may not know it yet. Without a list, the member's own account.
+    listed = member.get("role")
+    if isinstance(listed, str):
+        row["voter"] = listed != "learner"
+    else:
+        row["voter"] = (view or {}).get("role") != "learner"
     if view is not None:
         row["role"] = _str(view.get("role"))
         row["term"] = _int(view.get("term"))
@@ -257,6 +262,7 @@ def watch(settings: Settings, output_format: str, interval: float) -> int:
         min(settings.timeout, budget),
         settings.json,
         min(settings.dial_timeout, budget),
+        settings.credentials,
     )
     client = quick.connect()
     try:
@@ -353,7 +359,7 @@ def members_table(rows: list[dict[str, Any]], leader: str | None, width: int) ->
         if not r["voter"] and role != "learner":
             role = f"{role} (learner)"
         if not r["reachable"]:
-            role = Styled("(unreachable)", "bold red")
+            role = Styled("(unreachable)" if r["voter"] else "learner (unreachable)", "bold red")
         elif is_leader:
             ident, role = Styled(str(ident), "bold green"), Styled(str(role), "bold green")
         contact = r["last_contact_ms"]

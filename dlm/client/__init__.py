@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from dlm.client.errors import (
     BadRequest,
+    ChangeInProgress,
     ClusterUnavailable,
     DlmError,
     LeaseLost,
     LockHeld,
     NotHolder,
     ServerError,
+    UnsafeChange,
 )
 
 # typing stays off the CLI's import path (milliseconds per run); mypy reads TYPE_CHECKING as true.
@@ -44,6 +46,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BadRequest",
+    "ChangeInProgress",
     "Client",
     "ClusterUnavailable",
     "DlmError",
@@ -54,4 +57,5 @@ __all__ = [
     "LockHeld",
     "NotHolder",
     "ServerError",
+    "UnsafeChange",
 ]

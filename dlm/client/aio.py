@@ -5,6 +5,10 @@ retries, backoff and error mapping behave identically. Calls on one client
 are serialised over one connection; ``keep_alive`` renews from a client of its
 own, so a renewal never waits behind a long acquire. Imported only by code
 that runs an event loop: importing anyio is too slow for the CLI's hot path.
+
+``secret`` and ``tls`` work as in the blocking client: the handshake of
+dlm/auth.py after the hello, sealed frames after it, TLS around it all, and
+AuthFailed when the member cannot be authenticated.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
+import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -38,7 +43,7 @@ from dlm.client.core import (
     payload,
     without_id,
 )
-from dlm.client.errors import ClusterUnavailable, DlmError, LeaseLost
+from dlm.client.errors import AuthFailed, ClusterUnavailable, DlmError, LeaseLost
 from dlm.wire import (
     PEER_FRAME_LIMIT,
     FrameDecoder,
@@ -62,39 +67,100 @@ _STREAM_ERRORS = (
 )
 
 
+class _Handshake:
+    """The client's side of dlm/auth.py's handshake on one connection."""
+
+    def __init__(self, secret: bytes, addr: str) -> None:
+        from dlm.auth import Initiator, new_nonce
+
+        self.addr = addr
+        self.initiator = Initiator(secret, new_nonce(), role="client", cluster="", node="")
+
+    def hello(self) -> dict[str, Any]:
+        return {**Hello(role=HelloRole.CLIENT).to_wire(), **self.initiator.hello_fields()}
+
+    def answer(self, greeting: dict[Any, Any]) -> tuple[dict[str, Any], Any, Any]:
+        """(auth frame, sealer, opener) for the member's welcome; AuthFailed if its proof
+        is missing or wrong."""
+        from dlm.auth import AuthError
+
+        try:
+            auth_frame = self.initiator.check_welcome(greeting)
+        except AuthError as exc:
+            raise core.proof_failed(self.addr, str(exc)) from None
+        sealer, opener = self.initiator.keys()
+        return auth_frame, sealer, opener
+
+
+def _tls_failure(exc: BaseException, addr: str) -> AuthFailed | None:
+    """AuthFailed for a TLS handshake that failed for a reason reconnecting will not fix."""
+    ssl = sys.modules.get("ssl")
+    if ssl is None or not isinstance(exc, ssl.SSLError):
+        cause = exc.__cause__ or exc.__context__
+        return _tls_failure(cause, addr) if cause is not None else None
+    if isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+        return None
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return core.tls_failed(addr, exc.verify_message or str(exc), verifying=True)
+    reason = str(exc.reason).replace("_", " ").lower() if exc.reason else str(exc)
+    return core.tls_failed(addr, reason, verifying=False)
+
+
 class _StreamConnection:
-    def __init__(self, addr: str, stream: anyio.abc.SocketStream) -> None:
+    def __init__(self, addr: str, stream: anyio.abc.ByteStream) -> None:
         self.addr = addr
         self.stream = stream
         self._decoder = FrameDecoder(PEER_FRAME_LIMIT)
+        self._sealer: Any = None
         self._frames: deque[Any] = deque()
         self._pushes: list[dict[Any, Any]] = []
         self._ids = core.RequestIds()
 
     @classmethod
-    async def open(cls, addr: str, timeout: float) -> tuple[_StreamConnection, dict[Any, Any]]:
+    async def open(
+        cls, addr: str, timeout: float, secret: bytes | None = None, tls: Any = None
+    ) -> tuple[_StreamConnection, dict[Any, Any]]:
         host, port = parse_addr(addr)
         try:
             with anyio.fail_after(max(0.001, timeout)):
-                stream = await anyio.connect_tcp(host, port)
+                if tls is not None:
+                    stream: anyio.abc.ByteStream = await anyio.connect_tcp(
+                        host, port, ssl_context=tls, tls_hostname=host
+                    )
+                else:
+                    stream = await anyio.connect_tcp(host, port)
                 conn = cls(addr, stream)
                 try:
                     raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
                     raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    await conn.send(Hello(role=HelloRole.CLIENT).to_wire())
+                    handshake = _Handshake(secret, addr) if secret is not None else None
+                    hello = Hello(role=HelloRole.CLIENT).to_wire()
+                    await conn.send(handshake.hello() if handshake is not None else hello)
                     greeting = await conn.read()
+                    if handshake is not None and greeting.get("t") == "welcome":
+                        auth_frame, sealer, opener = handshake.answer(greeting)
+                        if conn._frames or conn._decoder.pending:
+                            raise ConnectionBroken(
+                                "the member sent frames before the handshake ended"
+                            )
+                        await conn.send(auth_frame)
+                        conn._sealer = sealer
+                        conn._decoder = FrameDecoder(PEER_FRAME_LIMIT, opener)
                 except BaseException:
                     await conn.aclose()
                     raise
         except TimeoutError:
             raise ConnectionBroken("no greeting in time") from None
         except _STREAM_ERRORS as exc:
+            failure = _tls_failure(exc, addr) if tls is not None else None
+            if failure is not None:
+                raise failure from None
             raise ConnectionBroken(str(exc) or "connect failed") from None
         return conn, greeting
 
     async def send(self, obj: Any) -> None:
         try:
-            await self.stream.send(encode_frame(obj))
+            await self.stream.send(encode_frame(obj, self._sealer))
         except _STREAM_ERRORS as exc:
             raise ConnectionBroken(str(exc) or "send failed") from None
 
@@ -187,7 +253,7 @@ class _FrameProtocol(asyncio.Protocol):
         self.problem: str | None = None
         self.waiter: asyncio.Future[bool] | None = None
         self.writable: asyncio.Future[bool] | None = None
-        self._decoder = FrameDecoder(PEER_FRAME_LIMIT)
+        self.decoder = FrameDecoder(PEER_FRAME_LIMIT)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -196,9 +262,9 @@ class _FrameProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.problem is not None:
             return
-        self._decoder.feed(data)
+        self.decoder.feed(data)
         try:
-            self.frames.extend(self._decoder.frames())
+            self.frames.extend(self.decoder.frames())
         except ProtocolError as exc:
             # The connection is dropped on this; frames before the bad one are never read.
             self.frames.clear()
@@ -241,29 +307,47 @@ class _AsyncioConnection:
         self.addr = addr
         self._protocol = protocol
         self._loop = loop
+        self._sealer: Any = None
         self._pushes: list[dict[Any, Any]] = []
         self._ids = core.RequestIds()
 
     @classmethod
-    async def open(cls, addr: str, timeout: float) -> tuple[_AsyncioConnection, dict[Any, Any]]:
+    async def open(
+        cls, addr: str, timeout: float, secret: bytes | None = None, tls: Any = None
+    ) -> tuple[_AsyncioConnection, dict[Any, Any]]:
         host, port = parse_addr(addr)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.001, timeout)
         protocol = _FrameProtocol()
+        options: dict[str, Any] = {}
+        if tls is not None:
+            options = {"ssl": tls, "server_hostname": host}
         try:
             with anyio.fail_after(max(0.001, timeout)):
-                transport, _ = await loop.create_connection(lambda: protocol, host, port)
+                transport, _ = await loop.create_connection(lambda: protocol, host, port, **options)
         except TimeoutError:
             raise ConnectionBroken("no greeting in time") from None
         except OSError as exc:
+            failure = _tls_failure(exc, addr) if tls is not None else None
+            if failure is not None:
+                raise failure from None
             raise ConnectionBroken(str(exc) or "connect failed") from None
         conn = cls(addr, protocol, loop)
         try:
             sock = transport.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await conn.send(Hello(role=HelloRole.CLIENT).to_wire(), deadline)
+            handshake = _Handshake(secret, addr) if secret is not None else None
+            hello = Hello(role=HelloRole.CLIENT).to_wire()
+            await conn.send(handshake.hello() if handshake is not None else hello, deadline)
             greeting = await conn.read(deadline)
+            if handshake is not None and greeting is not None and greeting.get("t") == "welcome":
+                auth_frame, sealer, opener = handshake.answer(greeting)
+                if protocol.frames or protocol.decoder.pending:
+                    raise ConnectionBroken("the member sent frames before the handshake ended")
+                await conn.send(auth_frame, deadline)
+                conn._sealer = sealer
+                protocol.decoder = FrameDecoder(PEER_FRAME_LIMIT, opener)
         except BaseException:
             await conn.aclose()
             raise
@@ -277,7 +361,7 @@ class _AsyncioConnection:
         protocol = self._protocol
         if protocol.problem is not None or protocol.transport is None:
             raise ConnectionBroken(protocol.problem or "send failed")
-        protocol.transport.write(encode_frame(obj))
+        protocol.transport.write(encode_frame(obj, self._sealer))
         while protocol.writable is not None:
             if not await self._wait(protocol.writable, deadline):
                 return False
@@ -369,10 +453,12 @@ def _on_asyncio() -> bool:
     return True
 
 
-async def _open_connection(addr: str, timeout: float) -> tuple[_AnyConnection, dict[Any, Any]]:
+async def _open_connection(
+    addr: str, timeout: float, secret: bytes | None = None, tls: Any = None
+) -> tuple[_AnyConnection, dict[Any, Any]]:
     if _on_asyncio():
-        return await _AsyncioConnection.open(addr, timeout)
-    return await _StreamConnection.open(addr, timeout)
+        return await _AsyncioConnection.open(addr, timeout, secret, tls)
+    return await _StreamConnection.open(addr, timeout, secret, tls)
 
 
 _AnyConnection = _StreamConnection | _AsyncioConnection
@@ -395,9 +481,15 @@ class AsyncClient:
         timeout: float = 10.0,
         rng: random.Random | None = None,
         attempt_timeout: float | None = None,
+        secret: bytes | None = None,
+        tls: Any = None,
     ) -> None:
+        """``secret``: the cluster's client secret, when its members require one; ``tls``:
+        an ssl.SSLContext (dlm.tls.client_context) to connect with TLS."""
         self.members = core.parse_members(members)
         self.timeout = timeout
+        self._secret = secret
+        self._tls = tls
         self._rng = rng
         start = rng.randrange(len(self.members)) if rng is not None else 0
         self._ctx = core.Context(
@@ -444,6 +536,8 @@ class AsyncClient:
             timeout=self.timeout,
             rng=rng,
             attempt_timeout=self._ctx.attempt_timeout,
+            secret=self._secret,
+            tls=self._tls,
         )
         child._ctx.router.preferred = self._ctx.router.preferred
         child._ttl_ms = dict(self._ttl_ms)
@@ -552,8 +646,10 @@ class AsyncClient:
     async def member_status(self, addr: str, timeout: float = 2.0) -> dict[str, Any] | None:
         deadline = time.monotonic() + timeout
         try:
-            conn, greeting = await _open_connection(format_addr(*parse_addr(addr)), timeout)
-        except (ConnectionBroken, ValueError):
+            conn, greeting = await _open_connection(
+                format_addr(*parse_addr(addr)), timeout, self._secret, self._tls
+            )
+        except (ConnectionBroken, ValueError, AuthFailed):
             return None
         try:
             if greeting.get("t") != "welcome":
@@ -638,7 +734,9 @@ class AsyncClient:
         if conn is None or conn.addr != action.addr:
             await self._drop_connection()
             try:
-                conn, greeting = await _open_connection(action.addr, action.timeout)
+                conn, greeting = await _open_connection(
+                    action.addr, action.timeout, self._secret, self._tls
+                )
             except ConnectionBroken as exc:
                 return Failed(str(exc))
             if greeting.get("t") != "welcome":

@@ -33,13 +33,16 @@ from __future__ import annotations
 import os
 
 from dlm.client.errors import (
+    AuthFailed,
     BadRequest,
+    ChangeInProgress,
     ClusterUnavailable,
     DlmError,
     LeaseLost,
     LockHeld,
     NotHolder,
     ServerError,
+    UnsafeChange,
 )
 from dlm.limits import HOLD_MAX_MS
 from dlm.wire import (
@@ -961,6 +964,37 @@ def describe_holders(holders: list[dict[str, Any]]) -> str:
     return "held by " + ", ".join(parts) + more
 
 
+# ---------------------------------------------------------------------------
+# Authentication and TLS failures, worded for the `dlm` command (the library's main user)
+# ---------------------------------------------------------------------------
+
+SECRET_HINT = "--secret-file/DLM_SECRET_FILE"
+TLS_HINT = "--tls-ca/DLM_TLS_CA"
+
+
+def proof_failed(addr: str, problem: str) -> AuthFailed:
+    """The member's welcome did not prove it holds our secret."""
+    return AuthFailed(
+        f"{addr}: {_one_line(problem)}: set {SECRET_HINT} to the cluster's client secret "
+        "file (the members' --client-secret-file)"
+    )
+
+
+def tls_failed(addr: str, problem: str, *, verifying: bool) -> AuthFailed:
+    """The TLS handshake with ``addr`` failed: its certificate (``verifying``) or otherwise."""
+    if verifying:
+        return AuthFailed(
+            f"TLS: cannot trust {addr} ({_one_line(problem)}): set {TLS_HINT} to the CA that "
+            "signed the members' certificates, and dial them at a name or address their "
+            "certificates hold"
+        )
+    return AuthFailed(
+        f"TLS handshake with {addr} failed ({_one_line(problem)}): check that the member "
+        f"serves TLS and {TLS_HINT} (and --tls-cert/DLM_TLS_CERT, --tls-key/DLM_TLS_KEY if "
+        "you give a certificate)"
+    )
+
+
 def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
@@ -995,8 +1029,17 @@ def error_from_reply(
             f"{which_lease} has expired or was closed, and its locks are gone: "
             "open a new lease (acquire without --lease)"
         )
+    if code == ErrorCode.CONFLICT.value:
+        return ChangeInProgress(f"the cluster did not make the change: {server_says}")
+    if code == ErrorCode.UNSAFE.value:
+        return UnsafeChange(f"the cluster did not make the change: {server_says}")
     if code in (ErrorCode.BAD_REQUEST.value, ErrorCode.TOO_LARGE.value):
         return BadRequest(f"the cluster refused the request: {server_says}", code=code)
+    if code == ErrorCode.AUTH_FAILED.value:
+        return AuthFailed(
+            f"the cluster refused the connection ({server_says}): set {SECRET_HINT} "
+            "to the cluster's client secret file"
+        )
     if code in RETRYABLE_CODES:
         return ClusterUnavailable(f"the cluster could not serve the request: {server_says}", code)
     return ServerError(code, f"the cluster answered {code}: {server_says}")

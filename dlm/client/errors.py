@@ -81,6 +81,36 @@ class BadRequest(DlmError):
         super().__init__(code, message)
 
 
+class AuthFailed(DlmError):
+    """Authentication or TLS verification failed: the secret or the certificates this client
+    was given do not match the cluster's. Retrying will not help; the configuration must."""
+
+    exit_code = 78
+
+    def __init__(self, message: str) -> None:
+        super().__init__("AUTH_FAILED", message)
+
+
+class ChangeInProgress(DlmError):
+    """Another membership change has not committed yet, so this one was not made: retry
+    shortly (the ``dlm`` command exits 75, as for any try-again-later)."""
+
+    exit_code = 75
+
+    def __init__(self, message: str) -> None:
+        super().__init__("CONFLICT", message)
+
+
+class UnsafeChange(DlmError):
+    """The membership change was not made: it would leave voters of which too few answer to
+    make a quorum. Bring them back first, or insist (``force``)."""
+
+    exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__("UNSAFE", message)
+
+
 class ServerError(DlmError):
     """An error code this client does not know how to handle."""
 
@@ -88,11 +118,14 @@ class ServerError(DlmError):
 
 
 __all__ = [
+    "AuthFailed",
     "BadRequest",
+    "ChangeInProgress",
     "ClusterUnavailable",
     "DlmError",
     "LeaseLost",
     "LockHeld",
     "NotHolder",
     "ServerError",
+    "UnsafeChange",
 ]

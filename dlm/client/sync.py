@@ -11,6 +11,13 @@ Sockets are created close-on-exec (Python's default, kept deliberately): a
 child started by ``dlm exec`` inherits no descriptor of ours. They come from
 ``_socket``, the C module under ``socket``: the wrapper module's import (its
 enums, selectors) costs ~2 ms of every run, and we use none of what it adds.
+
+With a ``secret``, each connection does the handshake of dlm/auth.py (the hello,
+the member's proof checked, our proof) before its first request, and seals and
+opens every frame after. With ``tls`` (an ssl.SSLContext, dlm/tls.py), the
+socket is wrapped before the hello; ``socket`` and ``ssl`` are loaded then, and
+only then. A failure of either raises AuthFailed (the `dlm` command's exit 78):
+the configuration must change, so no other member is tried.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from dlm.client.core import (
     payload,
     without_id,
 )
-from dlm.client.errors import ClusterUnavailable, DlmError, LeaseLost
+from dlm.client.errors import AuthFailed, ClusterUnavailable, DlmError, LeaseLost
 from dlm.wire import (
     PEER_FRAME_LIMIT,
     FrameDecoder,
@@ -70,22 +77,28 @@ _RECV_CHUNK = 65536
 class _Connection:
     """One TCP connection to one member, after a completed hello."""
 
-    def __init__(self, addr: str, sock: _socket.socket) -> None:
+    def __init__(self, addr: str, sock: _socket.socket, *, tls: bool = False) -> None:
         self.addr = addr
         self.sock = sock
         self.node = ""
+        self._tls = tls
+        self.greeting: dict[Any, Any] | None = None
+        """The member's welcome, when the handshake has already read it."""
         self._framed = False  # a whole frame has come in: it is a dlm member at least
         self._decoder = FrameDecoder(REPLY_FRAME_LIMIT)
+        self._sealer: Any = None
         self._frames: deque[Any] = deque()
         self._pushes: list[dict[Any, Any]] = []
         self._ids = core.RequestIds()
 
     @classmethod
-    def open(cls, addr: str, deadline: float) -> tuple[_Connection, dict[Any, Any]]:
+    def open(
+        cls, addr: str, deadline: float, secret: bytes | None = None, tls: Any = None
+    ) -> tuple[_Connection, dict[Any, Any]]:
         """Connects and says hello; returns the connection and the member's greeting."""
-        conn = cls.start(addr, deadline)
+        conn = cls.start(addr, deadline, secret, tls)
         try:
-            greeting = conn.read(deadline)
+            greeting = conn.greeting or conn.read(deadline)
         except BaseException:
             conn.close()
             raise
@@ -96,12 +109,16 @@ class _Connection:
         return conn, greeting
 
     @classmethod
-    def start(cls, addr: str, deadline: float) -> _Connection:
+    def start(
+        cls, addr: str, deadline: float, secret: bytes | None = None, tls: Any = None
+    ) -> _Connection:
         """Connects and sends the hello, without waiting for the greeting.
 
         A request may follow at once: the member reads frames in order, so it
         answers the hello first and the request after, and a run saves a round
         trip. If it refuses the hello, the refusal comes back as the reply.
+        With a secret the greeting is awaited (its proof comes first), and the
+        request follows our proof; a refusal still comes back as the reply.
         """
         host, port = parse_addr(addr)
         # getaddrinfo encodes a str host with the idna codec, whose import (with
@@ -114,20 +131,50 @@ class _Connection:
         except OSError as exc:
             raise ConnectionBroken(exc.strerror or str(exc)) from None
         sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
-        conn = cls(addr, sock)
+        if tls is not None:
+            sock = _wrap_tls(sock, tls, host, addr, deadline)
+        conn = cls(addr, sock, tls=tls is not None)
         try:
-            conn.send(Hello(role=HelloRole.CLIENT).to_wire(), deadline)
+            if secret is None:
+                conn.send(Hello(role=HelloRole.CLIENT).to_wire(), deadline)
+            else:
+                conn._authenticate(secret, deadline)
         except BaseException:
             conn.close()
             raise
         return conn
+
+    def _authenticate(self, secret: bytes, deadline: float) -> None:
+        """The client's side of the handshake; AuthFailed if the member cannot prove the
+        secret. A member's refusal (an error frame) is left to be read as the reply."""
+        from dlm.auth import AuthError, Initiator, new_nonce
+
+        initiator = Initiator(secret, new_nonce(), role="client", cluster="", node="")
+        self.send({**Hello(role=HelloRole.CLIENT).to_wire(), **initiator.hello_fields()}, deadline)
+        greeting = self.read(deadline)
+        if greeting is None:
+            raise ConnectionBroken("no greeting in time")
+        if greeting.get("t") != "welcome":
+            self._frames.appendleft(greeting)
+            return
+        try:
+            auth_frame = initiator.check_welcome(greeting)
+        except AuthError as exc:
+            raise core.proof_failed(self.addr, str(exc)) from None
+        if self._frames or self._decoder.pending:
+            raise ConnectionBroken("the member sent frames before the handshake ended")
+        self.greeted(greeting)
+        self.greeting = greeting
+        self.send(auth_frame, deadline)
+        self._sealer, opener = initiator.keys()
+        self._decoder = FrameDecoder(REPLY_FRAME_LIMIT, opener)
 
     def greeted(self, greeting: dict[Any, Any]) -> None:
         node = greeting.get("node")
         self.node = node if isinstance(node, str) else ""
 
     def send(self, obj: Any, deadline: float) -> None:
-        data = encode_frame(obj)
+        data = encode_frame(obj, self._sealer)
         try:
             self.sock.settimeout(max(0.001, _left(deadline)))
             self.sock.sendall(data)
@@ -143,16 +190,28 @@ class _Connection:
             if left <= 0:
                 return None
             try:
-                readable, _, _ = select.select([self.sock], [], [], left)
-                if not readable:
-                    return None
-                self.sock.settimeout(0.0)
-                data = self.sock.recv(_RECV_CHUNK)
-            except BlockingIOError:
+                if self._tls:
+                    # TLS may hold decrypted bytes the socket no longer shows as readable:
+                    # a blocking read with a timeout, not select.
+                    self.sock.settimeout(left)
+                    data = self.sock.recv(_RECV_CHUNK)
+                else:
+                    readable, _, _ = select.select([self.sock], [], [], left)
+                    if not readable:
+                        return None
+                    self.sock.settimeout(0.0)
+                    data = self.sock.recv(_RECV_CHUNK)
+            except (BlockingIOError, TimeoutError):
                 continue
             except (OSError, ValueError) as exc:  # ValueError: the fd was closed under us
                 raise ConnectionBroken(str(exc) or "connection failed") from None
             if not data:
+                if not self._framed and not self._tls:
+                    # A member serving TLS drops a plain hello without a word.
+                    raise ConnectionBroken(
+                        "connection closed by the member before it answered (if the cluster "
+                        "serves TLS, set --tls-ca/DLM_TLS_CA)"
+                    )
                 raise ConnectionBroken("connection closed by the member")
             self._decoder.feed(data)
             try:
@@ -226,6 +285,39 @@ class _Connection:
             pass
 
 
+def _wrap_tls(raw: _socket.socket, context: Any, host: str, addr: str, deadline: float) -> Any:
+    """``raw`` after a TLS handshake that verified the member's certificate against the CA
+    and ``host``; AuthFailed if it could not be verified or TLS failed, ConnectionBroken if the
+    connection did."""
+    import socket
+    import ssl
+
+    sock = socket.socket(raw.family, raw.type, raw.proto, fileno=raw.detach())
+    sock.settimeout(max(0.001, _left(deadline)))
+    try:
+        return context.wrap_socket(sock, server_hostname=host)
+    except ssl.SSLCertVerificationError as exc:
+        sock.close()
+        raise core.tls_failed(addr, exc.verify_message or str(exc), verifying=True) from None
+    except (ssl.SSLEOFError, ssl.SSLZeroReturnError):
+        sock.close()
+        raise ConnectionBroken("connection closed during the TLS handshake") from None
+    except ssl.SSLError as exc:
+        sock.close()
+        raise core.tls_failed(addr, _ssl_reason(exc), verifying=False) from None
+    except TimeoutError:
+        sock.close()
+        raise ConnectionBroken("TLS handshake timed out") from None
+    except OSError as exc:
+        sock.close()
+        raise ConnectionBroken(exc.strerror or str(exc)) from None
+
+
+def _ssl_reason(exc: Any) -> str:
+    reason = getattr(exc, "reason", None)
+    return str(reason).replace("_", " ").lower() if reason else str(exc)
+
+
 def _connect(host: str | bytes, port: int, timeout: float) -> _socket.socket:
     """As socket.create_connection: each address of ``host`` in turn, the first to connect."""
     last: OSError | None = None
@@ -261,11 +353,17 @@ class Client:
         rng: random.Random | None = None,
         attempt_timeout: float | None = None,
         dial_timeout: float | None = None,
+        secret: bytes | None = None,
+        tls: Any = None,
     ) -> None:
         """``dial_timeout``: give a call up once this long has passed without any member
-        answering at all (None: keep trying for the whole ``timeout``)."""
+        answering at all (None: keep trying for the whole ``timeout``). ``secret``: the
+        cluster's client secret (dlm.auth.load_secret), when its members require one.
+        ``tls``: an ssl.SSLContext (dlm.tls.client_context) to connect with TLS."""
         self.members = core.parse_members(members)
         self.timeout = timeout
+        self._secret = secret
+        self._tls = tls
         self._rng = rng
         start = rng.randrange(len(self.members)) if rng is not None else 0
         self._ctx = core.Context(
@@ -332,6 +430,8 @@ class Client:
             rng=rng,
             attempt_timeout=self._ctx.attempt_timeout,
             dial_timeout=self._ctx.dial_timeout,
+            secret=self._secret,
+            tls=self._tls,
         )
         child._ctx.router.preferred = self._ctx.router.preferred
         child._ttl_ms = dict(self._ttl_ms)
@@ -498,8 +598,10 @@ class Client:
         """Asks one member directly for its own (stale) view; None if it does not answer."""
         deadline = time.monotonic() + timeout
         try:
-            conn, greeting = _Connection.open(format_addr(*parse_addr(addr)), deadline)
-        except (ConnectionBroken, ValueError):
+            conn, greeting = _Connection.open(
+                format_addr(*parse_addr(addr)), deadline, self._secret, self._tls
+            )
+        except (ConnectionBroken, ValueError, AuthFailed):
             return None
         try:
             if greeting.get("t") != "welcome":
@@ -548,7 +650,7 @@ class Client:
         if conn is None or conn.addr != action.addr:
             self._drop_connection()
             try:
-                conn = _Connection.start(action.addr, deadline)
+                conn = _Connection.start(action.addr, deadline, self._secret, self._tls)
             except ConnectionBroken as exc:
                 return Failed(str(exc))
             self._conn = conn

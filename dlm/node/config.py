@@ -30,6 +30,7 @@ DEFAULT_DATA_DIR = "dlm-data"
 DEFAULT_CLUSTER = "dlm"
 META_FILE = "node.json"
 META_FORMAT = 2
+DEFAULT_MAX_CONNECTIONS = 8192
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -64,8 +65,13 @@ class NodeConfig:
     advertise: tuple[str, int] | None = None
     """The address others reach this member at (default: its --peers entry, else --listen)."""
     auto_promote: bool = True
+    join_members: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """For a member that joined: the cluster's members when it joined, with their addresses
+    (recorded in node.json). It reaches them until its log names the configuration."""
     peers_given: bool = False
     """Whether --peers was given (it is only needed, and only used, at the first start)."""
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    """Client connections served at once (the runtime lowers it to fit the open-files limit)."""
 
     @property
     def address(self) -> str:
@@ -128,6 +134,9 @@ class NodeConfig:
             advertise=_parse(advertise, "--advertise") if advertise else None,
             auto_promote=auto == "on",
             peers_given=bool(settings.get("peers")),
+            max_connections=_count(
+                settings.get("max_connections"), "--max-connections", DEFAULT_MAX_CONNECTIONS
+            ),
         )
 
     @classmethod
@@ -228,6 +237,8 @@ class DataDirMeta:
     """The bootstrap members (None in a directory of the previous release, which did not
     record them)."""
     format: int
+    join_members: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """For a member that joined: the members it was told of then."""
 
 
 def check_data_dir(config: NodeConfig) -> DataDirMeta | None:
@@ -252,6 +263,10 @@ def check_data_dir(config: NodeConfig) -> DataDirMeta | None:
             if not isinstance(raw_peers, dict):
                 raise TypeError
             peers = {str(k): parse_addr(str(v)) for k, v in raw_peers.items()}
+        raw_joined = meta.get("join_members", {})
+        if not isinstance(raw_joined, dict):
+            raise TypeError
+        joined = {str(k): parse_addr(str(v)) for k, v in raw_joined.items()}
         version = int(meta.get("format", 1))
     except (ValueError, KeyError, TypeError):
         raise ConfigError(
@@ -263,7 +278,7 @@ def check_data_dir(config: NodeConfig) -> DataDirMeta | None:
             f"not node {config.node_id!r} of cluster {config.cluster!r}: "
             "start with the matching --id/--cluster-id or use another --data"
         )
-    return DataDirMeta(node, cluster, peers, version)
+    return DataDirMeta(node, cluster, peers, version, joined)
 
 
 def write_meta(config: NodeConfig) -> None:
@@ -272,14 +287,15 @@ def write_meta(config: NodeConfig) -> None:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     path = config.data_dir / META_FILE
     tmp = path.with_suffix(".tmp")
-    body = json.dumps(
-        {
-            "format": META_FORMAT,
-            "node": config.node_id,
-            "cluster": config.cluster,
-            "peers": {k: format_addr(*v) for k, v in sorted(config.peers.items())},
-        }
-    )
+    meta: dict[str, object] = {
+        "format": META_FORMAT,
+        "node": config.node_id,
+        "cluster": config.cluster,
+        "peers": {k: format_addr(*v) for k, v in sorted(config.peers.items())},
+    }
+    if config.join_members:
+        meta["join_members"] = {k: format_addr(*v) for k, v in sorted(config.join_members.items())}
+    body = json.dumps(meta)
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(body + "\n")
         f.flush()

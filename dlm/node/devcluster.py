@@ -2,9 +2,11 @@
 
 Starts members n1..n3 on 127.0.0.1:7701-7703 (cluster id ``devcluster``)
 with their data in ./dlm-data/devcluster/n1..n3, so locks survive a restart
-of the dev cluster. It waits until they have elected a leader, prints the
-line to paste into another terminal (last, with absolute paths, so it works
-from any directory), and then watches. A member that dies (kill it to watch
+of the dev cluster. It waits until they have elected a leader, prints each
+member's PID (and the command that kills the leader), a ready-to-paste
+command that starts a fourth member joining the cluster (to try a
+replacement), and the line that takes a lock (last; all with absolute paths,
+so they work from any directory), and then watches. A member that dies (kill it to watch
 a failover) is reported on stdout and the others keep running. Ctrl-C (or
 SIGTERM) stops every member still running, by PID - SIGTERM first, SIGKILL
 after a grace period - and exits 0; if every member died on its own,
@@ -72,6 +74,16 @@ class DevCluster:
             self.procs[node] = subprocess.Popen(
                 command, stdout=sys.stderr, stderr=sys.stderr, start_new_session=True
             )
+
+    def join_command(self) -> str:
+        """The line that starts a fourth member, n4 on the next port, joining this cluster."""
+        node = f"n{SIZE + 1}"
+        port = self.ports[-1] + 1
+        return (
+            f"{_dlm_command()} node start --id {node} --listen 127.0.0.1:{port} "
+            f"--join {self.members} --data {shlex.quote(str(self.data / node))} "
+            f"--cluster-id {CLUSTER_ID}"
+        )
 
     def dead(self) -> list[tuple[str, int]]:
         return [(n, p.returncode) for n, p in self.procs.items() if p.poll() is not None]
@@ -199,10 +211,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             why = died or f"no leader within {LEADER_TIMEOUT:.0f}s"
             print(f"devcluster: error: the cluster did not come up ({why})", file=sys.stderr)
             return 1
+        pids = ", ".join(
+            f"{node} pid {proc.pid} on 127.0.0.1:{port}"
+            for (node, proc), port in zip(cluster.procs.items(), cluster.ports, strict=True)
+        )
         print(
             f"\ndlm dev cluster is up: {cluster.members} (leader {leader})\n"
+            f"members: {pids}\n"
             f"data: {cluster.data}\n"
-            "Ctrl-C stops all three members; kill one to watch a failover.\n"
+            "Ctrl-C stops all three members. To watch a failover, kill the leader: "
+            f"kill -9 {cluster.procs[leader].pid}\n"
+            "To try a replacement, start a fourth member in another terminal (it joins, "
+            "catches up and becomes a voter), then remove one of the first three with "
+            "`dlm members remove ID`:\n\n"
+            f"    {cluster.join_command()}\n\n"
             "Take a lock from another terminal:\n\n"
             f"    DLM_CLUSTER={cluster.members} {_dlm_command()} exec --lock demo -- "
             "sh -c 'echo \"hello, token $DLM_FENCING_TOKEN\"'\n",

@@ -80,6 +80,7 @@ from dlm.node.stats import Stats
 from dlm.wire import (
     PAGE_MAX,
     Acquire,
+    BadFrame,
     ClientRequest,
     CloseLease,
     ErrorCode,
@@ -112,6 +113,8 @@ PROMOTE_LAG = 64
 REMOVED = "was removed from this cluster"
 """Words a member uses when it refuses a peer it knows was removed (the peer then stops)."""
 MAX_BAD_REQUESTS = 16
+MAX_UNLISTED_PEERS = 16
+"""Peers our log does not name whose addresses we keep (a stranger must not grow it)."""
 """Bad requests of any kind tolerated on one client connection before it is closed."""
 NODE_IMAGE_FORMAT = 2
 """Layout of this member's snapshot image at cluster version 2 (version 1: the bare lock image)."""
@@ -188,6 +191,10 @@ class MachineConfig:
     """The leader promotes a learner to voter once it is within PROMOTE_LAG entries."""
     address: str = ""
     """This member's own address (for a member that joined later, not in ``peers``)."""
+    join_members: Mapping[NodeId, str] = field(default_factory=dict)
+    """The members a joining member was told of when it joined, with their addresses: it
+    dials them until its own log names the configuration, so that it can answer a leader
+    that is not among the first members."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,10 +354,11 @@ class NodeMachine:
 
         self.locks = self.lock_machine_class()
         self._addresses: dict[NodeId, str] = dict(config.peers)
-        if config.address:
-            self._addresses.setdefault(config.node_id, config.address)
+        self._add_configured_addresses()
         self._removed_ids: set[NodeId] = set()
-        self._member_proposals: dict[int, tuple[int, MemberChange]] = {}
+        self._unlisted_peers: dict[NodeId, str] = {}
+        """Addresses from the hellos of peers our log does not name (see accept_peer)."""
+        self._member_proposals: dict[int, tuple[int, MemberChange, ConfChange]] = {}
         snap = storage.snapshot()
         self._snapshot_index = 0
         if snap is not None and snap.data:
@@ -387,6 +395,8 @@ class NodeMachine:
         self._next_job = 1
         self._peer_versions: dict[NodeId, int] = {}
         self._peer_heard: dict[NodeId, float] = {}
+        self._links_down: set[NodeId] = set()
+        """Members whose link dropped and that have not been heard from since."""
         self._peers_silent: set[NodeId] = set()
         self._leading_since = now.mono
         self._append_sent: dict[NodeId, dict[int, float]] = {}
@@ -448,9 +458,38 @@ class NodeMachine:
         self._reply(conn, frame)
 
     def _peer_map(self) -> dict[NodeId, str]:
-        members = (*self.raft.voters, *self.raft.learners)
+        members = {*self.raft.voters, *self.raft.learners}
         me = self.config.node_id
-        return {m: self._addresses[m] for m in members if m != me and m in self._addresses}
+        if me not in members:
+            # Joined, and our log does not name us yet: the leader may be a member our log
+            # does not know either, and its first appends must be answered.
+            members.update(self.config.join_members)
+        peers = {m: self._addresses[m] for m in sorted(members) if m != me and m in self._addresses}
+        leader = self.raft.leader
+        if leader is not None and leader != me and leader not in peers:
+            # We follow a leader our log does not name yet (added while we were away):
+            # answer it at the address its hello gave, until the log catches up.
+            address = self._unlisted_peers.get(leader)
+            if address is not None:
+                peers[leader] = address
+        return peers
+
+    def _add_configured_addresses(self) -> None:
+        """Our own address and those we were told of at joining, where nothing newer says."""
+        config = self.config
+        if config.address:
+            self._addresses.setdefault(config.node_id, config.address)
+        for member, member_address in config.join_members.items():
+            self._addresses.setdefault(member, member_address)
+
+    def _addresses_from_log(self, storage: LogStorage) -> None:
+        """The addresses of members added by the entries after the snapshot: the snapshot's
+        image has the others, and the configuration counts these from start-up on."""
+        first, last = storage.first_index(), storage.last_index()
+        if last >= first:
+            self._note_conf_entries(
+                e for e in storage.entries(first, last + 1) if e.kind is EntryKind.CONF_CHANGE
+            )
 
     # ------------------------------------------------------------------ inputs: time
 
@@ -510,14 +549,26 @@ class NodeMachine:
 
     # ------------------------------------------------------------------ inputs: peers
 
-    def accept_peer(self, node: NodeId, speaks: int) -> str | None:
-        """Why a peer's (authenticated) hello is refused, or None to accept it."""
+    def accept_peer(self, node: NodeId, speaks: int, address: str = "") -> str | None:
+        """Why a peer's (authenticated) hello is refused, or None to accept it.
+
+        A peer our log does not name, that says where it listens, is accepted: our log may
+        be behind (we were down while it was added), and if it leads, its appends are how
+        we catch up. Its address serves only to answer it while we follow it; it never
+        makes it a member (only the log does)."""
         if node == self.config.node_id:
             return f"{node!r} is this member's own id"
         if node in self._removed_ids:
-            return f"member {node} {REMOVED}: remove its data directory and join it again"
+            return (
+                f"member {node} {REMOVED}: remove its data directory and join it again, "
+                "with a new id"
+            )
         if node not in self._addresses and node not in self.raft.voters:
-            return f"{node!r} is not a member of this cluster"
+            if not address:
+                return f"{node!r} is not a member of this cluster"
+            if len(self._unlisted_peers) >= MAX_UNLISTED_PEERS:
+                self._unlisted_peers.pop(next(iter(self._unlisted_peers)))
+            self._unlisted_peers[node] = address
         if self.locks.version >= 2 and speaks < 2:
             return (
                 f"member {node} speaks protocol {speaks}, and this cluster already runs "
@@ -530,13 +581,20 @@ class NodeMachine:
         if REMOVED in message and not self._stopped:
             self._stopped = True
             self._log("warning", "removed", told_by=node)
-            self._emit(Stop(f"this member {REMOVED} (told by {node})", 0))
+            self._emit(
+                Stop(
+                    f"this member {REMOVED} (told by {node}); to bring it back, remove its "
+                    "data directory and start it with --join and a new --id",
+                    0,
+                )
+            )
 
     def peer_version(self, node: NodeId, speaks: int) -> None:
         """A link to or from ``node`` learned the highest protocol version it speaks."""
         self._peer_versions[node] = speaks
 
     def peer_unreachable(self, node: NodeId, now: Instant) -> None:
+        self._links_down.add(node)
         self.raft.report_unreachable(node)
         self._pump(now)
 
@@ -548,13 +606,15 @@ class NodeMachine:
         ``pump=False`` leaves the work for a later ``pump`` (see ``client_frame``)."""
         raft = self.raft
         me = self.config.node_id
-        members = self._addresses
+        members, unlisted = self._addresses, self._unlisted_peers
         for msg in messages:
-            if msg.src != src or msg.dst != me or src not in members or src in self._removed_ids:
+            known = src in members or src in unlisted
+            if msg.src != src or msg.dst != me or not known or src in self._removed_ids:
                 self._reject(now, "peer_message_refused", peer=src, message=type(msg).__name__)
                 continue
             heard_before = self._peer_heard.get(src, self._leading_since)
             self._peer_heard[src] = now.mono
+            self._links_down.discard(src)
             if src in self._peers_silent:
                 self._peers_silent.discard(src)
                 silent_for = now.mono - max(heard_before, self._leading_since)
@@ -678,9 +738,12 @@ class NodeMachine:
     def _on_soft_state(self, role: Role, leader: NodeId | None, term: int, now: Instant) -> None:
         was_leader = self._role is Role.LEADER
         changed_leader = leader != self._leader or term != self._term
+        unlisted = {leader, self._leader} & self._unlisted_peers.keys()
         self._role, self._leader, self._term = role, leader, term
         if changed_leader:
             self.stats.leader_changes += 1
+            if unlisted:
+                self._emit(PeersChanged(self._peer_map()))
             self._log("info", "leader_changed", role=_role_name(role), leader=leader, term=term)
         elif (role is Role.LEADER) != was_leader:
             self._log("info", "role_changed", role=_role_name(role), leader=leader, term=term)
@@ -739,6 +802,7 @@ class NodeMachine:
                 raise ValueError("snapshot image has an unknown layout")
             self.locks = self.lock_machine_class.restore(lock_image)
             self._addresses = {str(k): str(v) for k, v in members.items()}
+            self._add_configured_addresses()
             removed = item.get("removed", [])
             self._removed_ids = {str(r) for r in removed} if isinstance(removed, list) else set()
         else:
@@ -784,18 +848,14 @@ class NodeMachine:
         if changed:
             self._emit(PeersChanged(self._peer_map()))
 
-    def _addresses_from_log(self, storage: LogStorage) -> None:
-        """At start-up: the addresses that membership entries in the stored log carry."""
-        first, last = storage.first_index(), storage.last_index()
-        if last >= first:
-            self._note_conf_entries(
-                e for e in storage.entries(first, last + 1) if e.kind is EntryKind.CONF_CHANGE
-            )
-
     def _applied_conf_change(self, entry: Entry, now: Instant) -> None:
         """A membership change committed: say so, answer whoever asked, stop if it was us."""
         change = _conf_change(entry)
         proposal = self._member_proposals.pop(entry.index, None)
+        if proposal is not None and proposal[2] != change:
+            # Another leader's entry took the index: ours was lost, and the client re-sends.
+            self._reply_not_leader(proposal[0], proposal[1])
+            proposal = None
         if change is not None:
             if change.kind is ConfChangeKind.REMOVE:
                 self._removed_ids.add(change.node)
@@ -817,14 +877,14 @@ class NodeMachine:
             )
         self._emit(PeersChanged(self._peer_map()))
         if proposal is not None:
-            conn, req = proposal
+            conn, req, _ = proposal
             self._answer_request(conn, req.TYPE, ok(req.id, **self.members_view(now)))
         if self.raft.removed and not self._stopped:
             self._stopped = True
             self._emit(
                 Stop(
                     f"this member {REMOVED}; to bring it back, remove its data directory "
-                    "and start it with --join",
+                    "and start it with --join and a new --id",
                     0,
                 )
             )
@@ -844,6 +904,10 @@ class NodeMachine:
                 if entry.kind is EntryKind.CONF_CHANGE:
                     self._applied_conf_change(entry, now)
                 continue
+            if self._member_proposals:
+                lost = self._member_proposals.pop(index, None)
+                if lost is not None:
+                    self._reply_not_leader(lost[0], lost[1])
             proposal = proposals.pop(index, None)
             held_before = machine.counts().locks
             if proposal is not None and proposal.data == entry.data:
@@ -976,6 +1040,9 @@ class NodeMachine:
         gets one Ready for all of them (one append per follower, one fsync)."""
         state = self._conns.get(conn)
         if state is None:
+            return
+        if isinstance(obj, BadFrame):
+            self._bad_request(state, "invalid", None, obj.code, obj.message, now=now)
             return
         try:
             req = decode_request(obj)
@@ -1126,7 +1193,7 @@ class NodeMachine:
             self._reply_not_leader(conn, req)
             return
         try:
-            change = self._conf_change_for(req)
+            change = self._conf_change_for(req, now)
         except _Refusal as refusal:
             frame = error(req.id, refusal.code, refusal.message, **refusal.extra)
             self._answer_request(conn, req.TYPE, frame)
@@ -1138,18 +1205,16 @@ class NodeMachine:
         if isinstance(result, NotLeader):
             self._reply_not_leader(conn, req, result.leader)
         elif isinstance(result, ConfChangeRefused):
-            pending = "uncommitted" in result.reason or "committed" in result.reason
-            code = ErrorCode.CONFLICT if pending else ErrorCode.BAD_REQUEST
-            message = result.reason + (
-                ": another membership change is in progress; retry in a moment" if pending else ""
-            )
-            self._answer_request(conn, req.TYPE, error(req.id, code, message))
+            self._answer_request(conn, req.TYPE, _conf_change_refusal(req.id, result.reason))
         else:
-            self._member_proposals[result] = (conn, req)
+            if isinstance(req, MemberAdd):
+                # Known from now on, as the entry is in our log: the change counts it already.
+                self._addresses[req.member] = req.address
+            self._member_proposals[result] = (conn, req, change)
             self._emit(PeersChanged(self._peer_map()))
             self._log("info", "member_change_proposed", change=change.kind.name, member=change.node)
 
-    def _conf_change_for(self, req: MemberChange) -> ConfChange | None:
+    def _conf_change_for(self, req: MemberChange, now: Instant) -> ConfChange | None:
         """The change ``req`` asks for; None when the leader must first hand over (it is the
         one to go); _Refusal with the reason it may not be made."""
         if self.locks.version < 2:
@@ -1159,7 +1224,11 @@ class NodeMachine:
         member = req.member
         if isinstance(req, MemberAdd):
             if member in voters or member in learners:
-                raise _Refusal(ErrorCode.BAD_REQUEST, f"{member} is already a member")
+                raise _Refusal(
+                    ErrorCode.BAD_REQUEST,
+                    f"{member} is already a member: pick an id not in use "
+                    "(dlm members list shows them)",
+                )
             if member in self._removed_ids:
                 raise _Refusal(
                     ErrorCode.BAD_REQUEST,
@@ -1170,23 +1239,35 @@ class NodeMachine:
                 address = self._addresses.get(other)
                 if address is not None and parse_addr(address) == wanted:
                     raise _Refusal(
-                        ErrorCode.BAD_REQUEST, f"{req.address} is already {other}'s address"
+                        ErrorCode.BAD_REQUEST,
+                        f"{req.address} is already {other}'s address: give the new member "
+                        "an address of its own",
                     )
-            self._addresses[member] = req.address
             return ConfChange(ConfChangeKind.ADD_LEARNER, member, req.address.encode())
         if isinstance(req, MemberPromote):
             if member not in learners:
-                what = "already a voter" if member in voters else "not a member"
+                what = (
+                    "already a voter: nothing to promote"
+                    if member in voters
+                    else "not a member: add it first, as a learner"
+                )
                 raise _Refusal(ErrorCode.BAD_REQUEST, f"{member} is {what}")
             return ConfChange(ConfChangeKind.PROMOTE, member)
         assert isinstance(req, MemberRemove)
         if member not in voters and member not in learners:
-            raise _Refusal(ErrorCode.BAD_REQUEST, f"{member} is not a member")
+            raise _Refusal(
+                ErrorCode.BAD_REQUEST,
+                f"{member} is not a member: nothing to remove (dlm members list shows them)",
+            )
         if member in voters:
             if len(voters) == 1:
-                raise _Refusal(ErrorCode.BAD_REQUEST, f"{member} is the last voter")
+                raise _Refusal(
+                    ErrorCode.BAD_REQUEST,
+                    f"{member} is the last voter, and a cluster needs one: add another "
+                    "member first",
+                )
             if not req.force:
-                self._check_quorum_after_removing(member)
+                self._check_quorum_after_removing(member, now)
         if member == self.config.node_id:
             best = self._best_successor()
             if best is None:
@@ -1200,15 +1281,9 @@ class NodeMachine:
             return None
         return ConfChange(ConfChangeKind.REMOVE, member)
 
-    def _check_quorum_after_removing(self, member: NodeId) -> None:
-        status = self.raft.status()
+    def _check_quorum_after_removing(self, member: NodeId, now: Instant) -> None:
         remaining = [v for v in self.raft.voters if v != member]
-        reachable = [
-            v
-            for v in remaining
-            if v == self.config.node_id
-            or (status.progress.get(v) is not None and status.progress[v].recent_active)
-        ]
+        reachable = [v for v in remaining if self._answers(v, now)]
         if len(reachable) < len(remaining) // 2 + 1:
             down = sorted(set(remaining) - set(reachable))
             raise _Refusal(
@@ -1406,6 +1481,9 @@ class NodeMachine:
         proposals, self._proposals = self._proposals, {}
         for proposal in proposals.values():
             self._reply_not_leader(proposal.conn, proposal.request)
+        changes, self._member_proposals = self._member_proposals, {}
+        for conn, req, _ in changes.values():
+            self._reply_not_leader(conn, req)
 
     def _fail_reads(self, reads: Iterable[_Read], code: ErrorCode) -> None:
         for read in reads:
@@ -1673,9 +1751,7 @@ class NodeMachine:
                 role = "learner"
             else:
                 role = "follower"
-            reachable = member == self.config.node_id or (
-                progress is not None and progress.recent_active
-            )
+            reachable = self._answers(member, now)
             if not reachable and role == "follower":
                 role = "unknown"
             members.append(
@@ -1690,6 +1766,22 @@ class NodeMachine:
                 }
             )
         return {"members": members, "leader": st.leader, "bootstrap": dict(self.config.peers)}
+
+    def _answers(self, member: NodeId, now: Instant) -> bool:
+        """Whether ``member`` is this one, or was heard from within the longest election
+        timeout and its link has not dropped since.
+
+        Not the core's ``recent_active``: the leader clears that at every check-quorum
+        round, so a live member would look silent until it next answers. The link matters
+        because this decides whether a removal is safe: a member killed a moment ago must
+        not count, and its connection tells at once.
+        """
+        if member == self.config.node_id:
+            return True
+        if member in self._links_down:
+            return False
+        heard = self._peer_heard.get(member)
+        return heard is not None and now.mono - heard <= 2 * self._timing.election_timeout_s
 
     def _last_contact_ms(self, member: NodeId, now: Instant) -> int | None:
         if member == self.config.node_id:
@@ -1771,6 +1863,21 @@ def _check_meta_quota(meta: Mapping[str, str], quotas: Quotas) -> None:
     size = sum(len(k.encode()) + len(v.encode()) for k, v in meta.items())
     if size > quotas.max_meta_bytes:
         raise _quota(f"owner metadata of {size} bytes is over", "max_meta_bytes")
+
+
+def _conf_change_refusal(rid: int, reason: str) -> dict[str, Any]:
+    """The answer to a membership change the Raft core refused, by the rule that refused it."""
+    if "leader's term" in reason:
+        # Elected a moment ago: its first entry commits within a round trip (the erratum's
+        # rule), so this is a short wait for the client to ride out, not a conflict.
+        return error(rid, ErrorCode.UNAVAILABLE, reason, retry_after_ms=50)
+    if "not committed yet" in reason:
+        return error(
+            rid,
+            ErrorCode.CONFLICT,
+            f"{reason}: another membership change is in progress; retry in a moment",
+        )
+    return error(rid, ErrorCode.BAD_REQUEST, reason)
 
 
 def _role_name(role: Role) -> str:

@@ -4,10 +4,12 @@
 merges them with the ``DLM_NODE_*`` environment and the ``--config`` file
 (dlm.cli.node_options) and hands them to ``start_node``, which returns the
 process exit code and never lets a traceback reach the user: 0 after a clean
-shutdown (SIGTERM or Ctrl-C), 2 for settings that make no sense, 74 (EX_IOERR)
-when the data dir's disk is full, 1 for everything else the environment
-refused (busy port, unusable or corrupt data dir, a data dir that belongs to
-another member).
+shutdown (SIGTERM or Ctrl-C) or once this member knows it was removed from the
+cluster, 2 for settings that make no sense, 74 (EX_IOERR) when the data dir's
+disk is full, 78 (EX_CONFIG) for authentication or TLS settings that cannot be
+used (among them a reachable --listen with no peer authentication and no
+--insecure), 1 for everything else the environment refused (busy port,
+unusable or corrupt data dir, a data dir that belongs to another member).
 
 ``python -m dlm.node.main --id n1 ...`` runs the same thing without the CLI.
 """
@@ -20,6 +22,7 @@ import gc
 import importlib.util
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -32,6 +35,8 @@ from dlm.cli.node_options import ALL_OPTIONS, OptionError, Resolved, resolve
 from dlm.node.config import ConfigError, DataDirMeta, NodeConfig, check_data_dir, write_meta
 from dlm.node.log import Logger, default_format, level_named
 from dlm.node.raft.types import ConfState
+from dlm.node.security import NodeSecurity, SecurityError
+from dlm.node.security import load as load_security
 from dlm.node.server import RemovedMember, run
 from dlm.store import StoreCorrupted, StoreError, StoreFull
 from dlm.store.disk import DiskStorage
@@ -41,6 +46,9 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_IOERR = 74
+EXIT_CONFIG = 78  # EX_CONFIG: the authentication or TLS settings cannot be used
+JOIN_TIMEOUT_S = 30.0
+"""How long `--join` keeps asking, through leader changes and other changes in progress."""
 GC_THRESHOLD = 35_000
 """New containers between two passes of the cyclic collector (Python's default: 700)."""
 
@@ -97,6 +105,10 @@ def start_node(
             "pip install prometheus-client (or install dlm with its [metrics] extra)",
             EXIT_FAILURE,
         )
+    try:
+        security = load_security(settings, config.listen)
+    except SecurityError as exc:
+        return _fail(resolved.explain(str(exc)) if resolved else str(exc), EXIT_CONFIG)
     if os.environ.get("DLM_NO_FSYNC", "") == "1":
         config = replace(config, fsync=False)
     # Tuning knobs for tests and experiments, not flags a user should need.
@@ -112,7 +124,7 @@ def start_node(
     # grants took half again as long. Reference counting frees the rest as before.
     gc.set_threshold(GC_THRESHOLD, 10, 10)
     try:
-        return anyio.run(_main, config, log, on_started, backend="asyncio")
+        return anyio.run(_main, config, log, on_started, security, backend="asyncio")
     except StartupError as exc:
         return _fail(str(exc), EXIT_FAILURE)
     except ConfigError as exc:
@@ -157,10 +169,15 @@ def _describe(exc: BaseException) -> str:
     return f"stopped after an unexpected error: {exc!r}"
 
 
-async def _main(config: NodeConfig, log: Logger, on_started: Callable[[Any], None] | None) -> int:
+async def _main(
+    config: NodeConfig,
+    log: Logger,
+    on_started: Callable[[Any], None] | None,
+    security: NodeSecurity | None = None,
+) -> int:
     meta = check_data_dir(config)
     if meta is None and config.join:
-        config = await anyio.to_thread.run_sync(_join, config)
+        config = await anyio.to_thread.run_sync(_join, config, security)
         log.info("joined", cluster=config.cluster, first_members=sorted(config.peers))
     elif meta is not None:
         config = _settled(config, meta, log)
@@ -190,9 +207,17 @@ async def _main(config: NodeConfig, log: Logger, on_started: Callable[[Any], Non
                         f"cannot write to data dir {config.data_dir}: {exc.strerror or exc}"
                     ) from None
             try:
-                return await run(config, storage, listener, log=log, on_started=on_started)
+                return await run(
+                    config, storage, listener, log=log, on_started=on_started, security=security
+                )
             except RemovedMember as exc:
-                raise StartupError(str(exc)) from None
+                # Not a failure: the member is simply no longer one, and a service manager
+                # that restarts failed units must leave it stopped (as a member told of its
+                # removal while running exits 0).
+                log.warning("removed", reason=str(exc))
+                sys.stderr.write(f"dlm node: {exc}\n")
+                sys.stderr.flush()
+                return EXIT_OK
             except Exception:
                 log.error("node_crashed", traceback=traceback.format_exc())
                 raise
@@ -212,6 +237,8 @@ def _settled(config: NodeConfig, meta: DataDirMeta, log: Logger) -> NodeConfig:
             message=f"--join is ignored: {config.data_dir} already holds member "
             f"{config.node_id}'s data; it rejoins on its own",
         )
+    if meta.join_members:
+        config = replace(config, join_members=meta.join_members)
     if meta.peers is None:
         return config  # the previous release recorded none: --peers says them, as it did
     if config.peers_given and meta.peers != config.peers:
@@ -223,17 +250,35 @@ def _settled(config: NodeConfig, meta: DataDirMeta, log: Logger) -> NodeConfig:
     return replace(config, peers=meta.peers)
 
 
-def _join(config: NodeConfig) -> NodeConfig:
+def _join(config: NodeConfig, security: NodeSecurity | None) -> NodeConfig:
     """Asks the running cluster (``--join``) to add this member as a learner; returns the
-    config with the cluster's first members, which this member must boot with."""
-    from dlm.client.errors import BadRequest, DlmError
+    config with the cluster's first members, which this member must boot with. It asks as
+    a client, with the client secret and the TLS identity the member was given."""
+    from dlm.client.errors import BadRequest, ChangeInProgress, DlmError
     from dlm.client.sync import Client
 
     where = ",".join(config.join)
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
     try:
-        with Client(list(config.join), timeout=30.0) as client:
+        with Client(
+            list(config.join),
+            timeout=JOIN_TIMEOUT_S,
+            secret=security.client_secret if security else None,
+            tls=security.peer_tls if security else None,
+        ) as client:
             try:
-                view = client.add_member(config.node_id, config.address)
+                for attempt in range(1_000):
+                    try:
+                        view = client.add_member(config.node_id, config.address)
+                        break
+                    except ChangeInProgress:
+                        # Another member joining, or a learner's promotion: it commits in
+                        # moments, and then it is our turn.
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(min(1.0, 0.02 * 2**attempt))
+                else:
+                    raise StartupError(f"cannot join {where}: the cluster stayed busy")
             except BadRequest as exc:
                 if "already a member" not in str(exc):
                     raise
@@ -253,7 +298,16 @@ def _join(config: NodeConfig) -> NodeConfig:
             f"cannot join {where}: the member did not say who the first members were"
         )
     peers = {str(node): parse_addr(str(addr)) for node, addr in bootstrap.items()}
-    return replace(config, peers=peers)
+    # The leader may be a member that joined after the first ones: until this member's log
+    # names the configuration, it knows where the others are only from this answer.
+    current: dict[str, tuple[str, int]] = {}
+    for member in view.get("members", []):
+        if isinstance(member, dict) and member.get("id") != config.node_id:
+            try:
+                current[str(member["id"])] = parse_addr(str(member["address"]))
+            except (KeyError, ValueError):
+                continue  # unknown address: the log will say it
+    return replace(config, peers=peers, join_members=current)
 
 
 async def _listen(config: NodeConfig) -> anyio.abc.Listener[Any]:
@@ -278,6 +332,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m dlm.node.main", description="Run one dlm cluster member."
     )
     for option in ALL_OPTIONS:
+        if option.is_flag:
+            parser.add_argument(
+                option.flag,
+                dest=option.param,
+                action="store_const",
+                const="true",
+                help=f"{option.help} [env: {option.env}]",
+            )
+            continue
         parser.add_argument(
             option.flag,
             dest=option.param,

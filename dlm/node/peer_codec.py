@@ -217,9 +217,10 @@ def raft_from_wire(v: Any) -> Message:
     return ReadIndexResponse(**h, ctx=r[0], index=r[1])
 
 
-def raft_frame(messages: list[Message]) -> bytes:
-    """One frame carrying several Raft messages to the same peer."""
-    return encode_frame({"t": "raft", "m": [raft_to_wire(m) for m in messages]})
+def raft_frame(messages: list[Message], sealer: Any = None) -> bytes:
+    """One frame carrying several Raft messages to the same peer (sealed by ``sealer``, a
+    dlm.auth.FrameSealer, on an authenticated link)."""
+    return encode_frame({"t": "raft", "m": [raft_to_wire(m) for m in messages]}, sealer)
 
 
 def decode_raft_frame(obj: Any) -> list[Message]:

@@ -21,6 +21,12 @@ would only delay recovery. When a connection breaks, ``on_down`` lets the
 runtime tell the core (``report_unreachable``), which then probes the peer
 gently instead of streaming to it. Reconnects back off exponentially with
 jitter, so members restarting together do not dial in lockstep.
+
+With a peer secret, the link is the initiator of dlm/auth.py's handshake: its
+hello carries a fresh nonce, it checks the peer's proof in the welcome before
+it sends anything else, answers with its own proof, and seals every frame
+after. With TLS, it dials with this member's certificate and requires the
+peer's to be signed by the cluster's CA and to name the peer's member id.
 """
 
 from __future__ import annotations
@@ -87,20 +93,28 @@ def _estimated_bytes(msg: Message) -> int:
     return 64
 
 
-def encode_batches(messages: list[Message]) -> list[bytes]:
-    """Frames for ``messages`` in order, each well under the peer frame limit."""
+def encode_batches(messages: list[Message], sealer: Any = None) -> list[bytes]:
+    """Frames for ``messages`` in order, each well under the peer frame limit (sealed, in
+    that order, by ``sealer`` when given)."""
     frames: list[bytes] = []
     start = 0
     size = 0
     for i, msg in enumerate(messages):
         cost = _estimated_bytes(msg)
         if i > start and size + cost > FRAME_BUDGET:
-            frames.append(raft_frame(messages[start:i]))
+            frames.append(raft_frame(messages[start:i], sealer))
             start, size = i, 0
         size += cost
     if start < len(messages):
-        frames.append(raft_frame(messages[start:]))
+        frames.append(raft_frame(messages[start:], sealer))
     return frames
+
+
+def _is_tls_error(exc: OSError) -> bool:
+    # ssl is loaded whenever a TLS link exists; looked up, not imported, for plain links.
+    import ssl
+
+    return isinstance(exc, ssl.SSLError | ssl.CertificateError)
 
 
 def _supersedes(msg: Message, news: AppendEntries) -> bool:
@@ -157,11 +171,24 @@ class PeerLink:
         on_welcome: Callable[[str, int], None] | None = None,
         on_refused: Callable[[str, str], None] | None = None,
         rng: random.Random | None = None,
+        secret: bytes | None = None,
+        tls: Any = None,
+        advertise: str = "",
     ) -> None:
+        """``secret``: the peer secret (None: no handshake); ``tls``: the ssl.SSLContext
+        to dial with (None: plain TCP); ``advertise``: our own address, told in the hello."""
         self.peer_id = peer_id
         self.address = address
-        hello = Hello(role=HelloRole.PEER, cluster=cluster, node=local_id)
-        self._hello = encode_frame(hello.to_wire())
+        self._local_id = local_id
+        self._cluster = cluster
+        self._hello = Hello(
+            role=HelloRole.PEER, cluster=cluster, node=local_id, addr=advertise
+        ).to_wire()
+        self._secret = secret
+        self._tls = tls
+        self._sealer: Any = None
+        self._problem: str | None = None
+        """Why the last attempt failed, said once until it changes or a connection works."""
         self._log = log
         self._on_down = on_down
         self._on_welcome = on_welcome
@@ -218,7 +245,11 @@ class PeerLink:
         ):
             self.dropped += len(messages)
             return
-        frames = [raft_frame(messages)] if len(messages) == 1 else encode_batches(messages)
+        sealer = self._sealer
+        if len(messages) == 1:
+            frames = [raft_frame(messages, sealer)]
+        else:
+            frames = encode_batches(messages, sealer)
         transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
         self.sent_frames += len(frames)
 
@@ -241,6 +272,7 @@ class PeerLink:
             if failures or not self.sent_frames:
                 self._log.info("peer_connected", peer=self.peer_id, addr=self._addr)
             failures = 0
+            self._problem = None
             self._transport = transport
             self.connected = True
             try:
@@ -248,6 +280,7 @@ class PeerLink:
             finally:
                 self.connected = False
                 self._transport = None
+                self._sealer = None
                 self._queued = []
                 self._held = None
                 if self._held_timer is not None:
@@ -270,18 +303,45 @@ class PeerLink:
     def _addr(self) -> str:
         return format_addr(*self.address)
 
+    def _failed(self, event: str, problem: str) -> None:
+        """Logs why a connection attempt failed, once until the reason changes."""
+        if problem != self._problem:
+            self._problem = problem
+            self._log.warning(event, peer=self.peer_id, addr=self._addr, error=problem[:300])
+
     async def _connect(self) -> tuple[asyncio.Transport, _LinkProtocol] | None:
         host, port = self.address
         loop = asyncio.get_running_loop()
+        tls: dict[str, Any] = {}
+        if self._tls is not None:
+            # The peer's certificate must name its member id (dlm/tls.py).
+            tls = {
+                "ssl": self._tls,
+                "server_hostname": self.peer_id,
+                "ssl_handshake_timeout": HELLO_TIMEOUT,
+            }
         try:
-            with anyio.fail_after(CONNECT_TIMEOUT):
+            with anyio.fail_after(CONNECT_TIMEOUT + (HELLO_TIMEOUT if tls else 0.0)):
                 transport, protocol = await loop.create_connection(
-                    lambda: _LinkProtocol(loop), host, port
+                    lambda: _LinkProtocol(loop), host, port, **tls
                 )
-        except (OSError, TimeoutError):
+        except TimeoutError:
             return None
+        except OSError as exc:
+            if tls and _is_tls_error(exc):
+                self._failed("peer_tls_failed", str(exc))
+            return None
+        initiator = None
+        hello = self._hello
+        if self._secret is not None:
+            from dlm.auth import Initiator, new_nonce
+
+            initiator = Initiator(
+                self._secret, new_nonce(), role="peer", cluster=self._cluster, node=self._local_id
+            )
+            hello = {**hello, **initiator.hello_fields()}
         try:
-            transport.write(self._hello)
+            transport.write(encode_frame(hello))
             with anyio.fail_after(HELLO_TIMEOUT):
                 reply = await protocol.welcome
         except (OSError, TimeoutError, ProtocolError):
@@ -292,11 +352,26 @@ class PeerLink:
             raise
         if not isinstance(reply, dict) or reply.get("t") != "welcome":
             message = reply.get("message") if isinstance(reply, dict) else None
-            self._log.warning("peer_refused", peer=self.peer_id, message=str(message)[:200])
+            self._failed("peer_refused", str(message))
             transport.abort()
             if self._on_refused is not None and isinstance(message, str):
                 self._on_refused(self.peer_id, message)
             return None
+        if reply.get("node") != self.peer_id:
+            # --peers names the wrong address for it: its messages would all be dropped.
+            self._failed("peer_refused", f"the member there says it is {reply.get('node')!r}")
+            transport.abort()
+            return None
+        if initiator is not None:
+            from dlm.auth import AuthError
+
+            try:
+                transport.write(encode_frame(initiator.check_welcome(reply)))
+            except AuthError as exc:
+                self._failed("peer_auth_failed", str(exc))
+                transport.abort()
+                return None
+            self._sealer = initiator.keys()[0]
         version = reply.get("version")
         if self._on_welcome is not None and isinstance(version, int):
             self._on_welcome(self.peer_id, version)

@@ -8,12 +8,16 @@ signals and threads; plain asyncio protocols for sockets, because anyio's
 streams cost a selector re-arm and a loop round trip per receive and send,
 which on the hot path was more than the work itself):
 
-* **connections**: one listening port for clients and peers. The first frame
-  (the hello) decides the role. Transport rules live here: frame size limits,
-  a deadline for the hello and for a frame that stalls half-way, the cap on
-  connections, the write-buffer cap of a client that does not read. A
-  client's frames go to ``machine.client_frame``; a peer's Raft messages to
-  ``machine.peer_messages``.
+* **connections**: one listening port for clients and peers (TLS when
+  configured). The first frame (the hello) decides the role; with a secret
+  for that role, the connection must then complete the handshake of
+  dlm/auth.py, and every later frame carries its tag. Nothing a connection
+  sends reaches the machine before it is admitted. Transport rules live
+  here: frame size limits, a deadline for the hello (and the handshake) and
+  for a frame that stalls half-way, the cap on client connections and the
+  budget of descriptors, the write-buffer cap of a client that does not read.
+  A client's frames go to ``machine.client_frame``; a peer's Raft messages
+  to ``machine.peer_messages``.
 * **the clock**: a timer task sleeps until ``machine.next_timer()``.
 * **the disk**: ``Persist`` and ``SaveSnapshot`` actions go, in order, to one
   worker thread, which writes the jobs that queued up together with one
@@ -38,6 +42,7 @@ import gc
 import os
 import queue
 import random
+import resource
 import signal
 import socket
 import sys
@@ -70,7 +75,10 @@ from dlm.node.machine import (
 from dlm.node.notify import notify
 from dlm.node.peer_codec import decode_raft_frame
 from dlm.node.peers import PeerLink, split_first_frame
+from dlm.node.quiet import QuietLog, loop_exception_handler
 from dlm.node.raft.types import Entry, Role, Storage
+from dlm.node.rlimits import raise_open_files_limit
+from dlm.node.security import NodeSecurity
 from dlm.node.stats import DiskStats
 from dlm.wire import (
     CLIENT_FRAME_LIMIT,
@@ -81,6 +89,7 @@ from dlm.wire import (
     Hello,
     HelloRole,
     ProtocolError,
+    as_map,
     encode_frame,
     error,
     parse_addr,
@@ -88,15 +97,28 @@ from dlm.wire import (
 )
 
 HELLO_TIMEOUT = 5.0
-"""A connection that has not completed its hello by then is closed."""
-FRAME_STALL_TIMEOUT = 10.0
+"""A connection that has not completed its hello (and its handshake) by then is closed."""
+FRAME_STALL_TIMEOUT = 5.0
 """A client connection holding half a frame this long is closed (a slow-loris)."""
 IDLE_TIMEOUT = 120.0
 """A client connection silent this long is closed (idle clients ping every 30 s)."""
+EVICT_IDLE_AFTER = 5.0
+"""When the client cap is reached, a new client takes the place of the one silent the
+longest, if that one has been silent at least this long (it reconnects when it needs to)."""
+CLIENT_CHECK_EVERY = 0.5
+"""Seconds between two looks for stalled and idle clients."""
 CLIENT_BUFFER_LIMIT = 16 * CLIENT_FRAME_LIMIT
 """Unsent reply bytes beyond which a client that does not read is cut off."""
 MAX_CONNECTIONS = 8192
 """Client connections per member; peers always get in (they are few)."""
+FD_RESERVE = 128
+"""Descriptors kept from connections: log segments, snapshots, the metrics listener's
+scrapers (64), the event loop's own."""
+HANDSHAKE_ROOM = 64
+"""Descriptors kept beyond the client cap for connections still saying hello, so that a
+full cap never stops the member from accepting (peers, and replies saying it is full)."""
+AUTH_FRAME_LIMIT = 1024
+"""The ``auth`` frame is a proof of 32 bytes: anything longer is not one."""
 
 
 class RemovedMember(Exception):
@@ -115,6 +137,30 @@ class Limits:
     frame_stall_timeout: float = FRAME_STALL_TIMEOUT
     idle_timeout: float = IDLE_TIMEOUT
     max_connections: int = MAX_CONNECTIONS
+    evict_idle_after: float = EVICT_IDLE_AFTER
+
+
+class Budget:
+    """How many connections this member takes, from its open-files limit.
+
+    Every accepted connection holds a descriptor, and a member out of descriptors
+    cannot accept anyone, not even a peer. So the member keeps FD_RESERVE for its
+    files, one per outbound peer link, and counts the rest: ``transports`` is how
+    many connections may be open at once (beyond it the oldest one still saying
+    hello is dropped), ``clients`` how many of them may be admitted clients, which
+    leaves room for the inbound peer connections and HANDSHAKE_ROOM for newcomers.
+    """
+
+    __slots__ = ("clients", "transports")
+
+    def __init__(self, open_files: int, peers: int, max_clients: int) -> None:
+        self.transports = max(8, open_files - FD_RESERVE - peers)
+        self.clients = max(1, min(max_clients, self.transports - peers - HANDSHAKE_ROOM))
+
+    @classmethod
+    def for_process(cls, peers: int, max_clients: int) -> Budget:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return cls(1 << 30 if soft == resource.RLIM_INFINITY else soft, peers, max_clients)
 
 
 class _Persister:
@@ -136,6 +182,9 @@ class _Persister:
         self._storage = storage
         self._loop = loop
         self._on_done = on_done
+        # Test-only (tests/chaos): a slow disk, this many ms more for every write of entries.
+        delay = os.environ.get("DLM_TEST_FSYNC_DELAY_MS", "").strip()
+        self._test_delay_s = int(delay) / 1000.0 if delay.isdigit() else 0.0
         self._queue: queue.SimpleQueue[Persist | SaveSnapshot | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="dlm-persist", daemon=True)
         self._thread.start()
@@ -143,6 +192,11 @@ class _Persister:
         self.stats = DiskStats()
         self.snapshot_write_s: dict[int, float] = {}
         """Seconds each snapshot took to write and compact behind, by index (read once)."""
+
+    @property
+    def slowed(self) -> bool:
+        """DLM_TEST_FSYNC_DELAY_MS is set (tests/chaos)."""
+        return self._test_delay_s > 0
 
     def submit(self, job: Persist | SaveSnapshot) -> None:
         self._queue.put(job)
@@ -198,6 +252,8 @@ class _Persister:
             storage.apply_snapshot(job.snapshot)
         entries = _merge(persists)
         if entries:
+            if self._test_delay_s:
+                time.sleep(self._test_delay_s)
             storage.append(entries)
         hard_state = next(
             (j.hard_state for j in reversed(persists) if j.hard_state is not None), None
@@ -287,6 +343,8 @@ class _ClientConnection:
     decoder: FrameDecoder
     last_heard: float
     partial_since: float | None = None
+    sealer: Any = None
+    """dlm.auth.FrameSealer for what we send, once the client authenticated (None: plain)."""
 
 
 @dataclass(slots=True)
@@ -296,6 +354,9 @@ class Counters:
     connections_refused: int = 0
     frames_in: int = 0
     peer_frames: dict[str, int] = field(default_factory=dict)
+    auth_failures: int = 0
+    connections_shed: int = 0
+    """Connections dropped to keep descriptors: still saying hello, or idle clients."""
 
 
 class NodeServer:
@@ -309,11 +370,15 @@ class NodeServer:
         log: Logger | None = None,
         rng: random.Random | None = None,
         limits: Limits | None = None,
+        security: NodeSecurity | None = None,
     ) -> None:
         self.config = config
         self.storage = storage
         self.log = log or Logger(config.node_id)
-        self.limits = limits or Limits()
+        self.quiet = QuietLog(self.log)
+        self.limits = limits or Limits(max_connections=config.max_connections)
+        self.security = security or NodeSecurity()
+        self.budget = Budget.for_process(len(config.peers), self.limits.max_connections)
         self._rng = rng or random.Random(int.from_bytes(os.urandom(8), "big"))
         self.machine = _Machine(
             MachineConfig(
@@ -321,6 +386,7 @@ class NodeServer:
                 cluster=config.cluster,
                 peers={node: _addr_text(addr) for node, addr in sorted(config.peers.items())},
                 address=config.address,
+                join_members={n: _addr_text(a) for n, a in sorted(config.join_members.items())},
                 auto_promote=config.auto_promote,
                 timing=config.timing,
                 snapshot_every=config.snapshot_every,
@@ -340,8 +406,6 @@ class NodeServer:
         self._clients: dict[int, _ClientConnection] = {}
         self._next_conn = 1
         self._links: dict[str, PeerLink] = {}
-        self._peer_conns: dict[str, set[_Accepted]] = {}
-        """Inbound connections of each peer (the ones it dialled to us)."""
         self._link_scopes: dict[str, anyio.CancelScope] = {}
         self._task_group: anyio.abc.TaskGroup | None = None
         self._wake = asyncio.Event()
@@ -352,6 +416,11 @@ class NodeServer:
         """Jobs of this turn, handed to the disk thread once its messages are written."""
         self._servers: list[asyncio.Server] = []
         self._transports: set[asyncio.Transport] = set()
+        self._unadmitted: dict[_Accepted, None] = {}
+        """Connections still in their hello or handshake, oldest first."""
+        self._peer_conns: dict[str, _Accepted] = {}
+        """The one admitted inbound connection of each peer."""
+        self._clients_checked_at = 0.0
         self._listener: anyio.abc.Listener[Any] | None = None
         self._stopping = False
         self._pending_peers: dict[str, str] | None = None
@@ -368,9 +437,19 @@ class NodeServer:
         """Runs until ``shutdown`` (or cancellation); closes nothing it did not open."""
         self._listener = listener
         loop = self._loop = asyncio.get_running_loop()
+        previous_handler = loop.get_exception_handler()
+        loop.set_exception_handler(loop_exception_handler(self.quiet))
         self._persister = _Persister(self.storage, loop, self._persisted)
+        self.budget = Budget.for_process(len(self.config.peers), self.limits.max_connections)
+        tls = self.security.server_tls
         for sock in _raw_sockets(listener):
-            self._servers.append(await loop.create_server(lambda: _Accepted(self), sock=sock))
+            server = await loop.create_server(
+                lambda: _Accepted(self),
+                sock=sock,
+                ssl=tls,
+                ssl_handshake_timeout=self.limits.hello_timeout if tls is not None else None,
+            )
+            self._servers.append(server)
         if self.config.metrics_listen is not None:
             await self._start_metrics(*self.config.metrics_listen)
         try:
@@ -380,6 +459,7 @@ class NodeServer:
                     self._reconcile_links(self._pending_peers)
                     self._pending_peers = None
                 tg.start_soon(self._timer_loop)
+                security = self.security
                 self.log.info(
                     "node_started",
                     address=self.config.address,
@@ -388,6 +468,10 @@ class NodeServer:
                     term=self.machine.raft.term,
                     commit=self.machine.raft.commit_index,
                     last_index=self.machine.raft.last_index,
+                    tls=security.server_tls is not None,
+                    peer_secret=security.peer_secret is not None,
+                    client_secret=security.client_secret is not None,
+                    max_clients=self.budget.clients,
                 )
                 self._run_actions()
                 notify("READY=1")  # systemd's Type=notify: serving from now on
@@ -402,6 +486,7 @@ class NodeServer:
                         transport.abort()
         finally:
             self._persister.stop()
+            loop.set_exception_handler(previous_handler)
 
     async def _start_metrics(self, host: str, port: int) -> None:
         # prometheus-client is imported only by members that serve metrics.
@@ -542,14 +627,15 @@ class NodeServer:
         the disk thread, so that its appends and heartbeats leave while it writes
         (§10.2.1), and so do snapshots, which are large.
         """
+        assert self._persister is not None
         if (
             self._disk_jobs
             or not isinstance(action, Persist)
             or action.snapshot is not None
             or self.machine.role is not Role.FOLLOWER
+            or self._persister.slowed  # the chaos tests' slow disk must not stall the loop
         ):
             return False
-        assert self._persister is not None
         try:
             self._persister.write_now(action)
         except BaseException as exc:  # the same as a failure in the disk thread
@@ -586,7 +672,7 @@ class NodeServer:
             # A client that does not read its replies must not grow our memory.
             transport.abort()
             return
-        transport.write(encode_frame(frame))
+        transport.write(encode_frame(frame, client.sealer))
 
     # ------------------------------------------------------------------ the clock
 
@@ -597,10 +683,17 @@ class NodeServer:
             if delay > 0:
                 await anyio.sleep(delay)
             machine.timer(now())
-            self._check_clients(time.monotonic())
+            mono = time.monotonic()
+            self._check_clients(mono)
+            self.quiet.flush(mono)
             self._run_actions()
 
     def _check_clients(self, mono: float) -> None:
+        # The timeouts are seconds long: a look twice a second is enough, and spares the
+        # loop a walk over thousands of idle clients on every tick.
+        if mono - self._clients_checked_at < CLIENT_CHECK_EVERY:
+            return
+        self._clients_checked_at = mono
         limits = self.limits
         for client in list(self._clients.values()):
             stalled = client.partial_since is not None and (
@@ -615,8 +708,7 @@ class NodeServer:
         # A member that left the configuration loses its connections to us too: when it
         # dials again it is told it was removed, and stops.
         for peer_id in [p for p in self._peer_conns if p not in peers]:
-            for conn in self._peer_conns.pop(peer_id):
-                conn.close()
+            self._peer_conns.pop(peer_id).abort()
         tg = self._task_group
         if tg is None:
             self._pending_peers = peers
@@ -641,6 +733,9 @@ class NodeServer:
                 on_welcome=self._peer_welcomed,
                 on_refused=self._peer_refused,
                 rng=random.Random(self._rng.random()),
+                secret=self.security.peer_secret,
+                tls=self.security.peer_tls,
+                advertise=self.config.address,
             )
             self._links[peer_id] = link
             scope = anyio.CancelScope()
@@ -678,7 +773,7 @@ class NodeServer:
     # ------------------------------------------------------------------ clients
 
     def _client_hello(self, hello: Hello) -> dict[str, Any] | None:
-        """The error that refuses a client's hello, or None to accept it."""
+        """The error that refuses a client's hello, or None to go on (to its handshake)."""
         if hello.cluster and hello.cluster != self.config.cluster:
             message = (
                 f"this member is in cluster {self.config.cluster!r}, "
@@ -687,25 +782,92 @@ class NodeServer:
             return error(None, ErrorCode.BAD_REQUEST, message)
         if self._stopping:
             return error(None, ErrorCode.SHUTTING_DOWN, "member is shutting down")
-        if len(self._clients) >= self.limits.max_connections:
-            self.counters.connections_refused += 1
-            return error(
-                None,
-                ErrorCode.UNAVAILABLE,
-                "this member has too many connections: try another member",
-                retry_after_ms=1000,
-            )
         return None
 
-    def _client_opened(self, transport: asyncio.Transport, where: str) -> _ClientConnection:
+    def _client_room(self, where: str) -> dict[str, Any] | None:
+        """Makes room for one more client, or the error that refuses it.
+
+        Called once the client is authenticated, so that only a client holding the
+        secret (when there is one) can make another give way: the client silent the
+        longest, if it has been silent for ``evict_idle_after``.
+        """
+        if len(self._clients) < self.budget.clients:
+            return None
+        mono = time.monotonic()
+        quietest = min(self._clients.values(), key=lambda c: c.last_heard)
+        if mono - quietest.last_heard >= self.limits.evict_idle_after:
+            self.counters.connections_shed += 1
+            self.quiet.warning("client_evicted", reason="connection cap reached", remote=where)
+            quietest.transport.abort()
+            self._client_closed(quietest)
+            return None
+        self.counters.connections_refused += 1
+        self.quiet.warning("client_refused", reason="connection cap reached", remote=where)
+        return error(
+            None,
+            ErrorCode.UNAVAILABLE,
+            "this member has too many connections: try another member",
+            retry_after_ms=1000,
+        )
+
+    def _client_opened(
+        self, transport: asyncio.Transport, where: str, sealer: Any, opener: Any
+    ) -> _ClientConnection:
         number = self._next_conn
         self._next_conn += 1
-        client = _ClientConnection(
-            number, transport, FrameDecoder(CLIENT_FRAME_LIMIT), time.monotonic()
-        )
+        decoder = FrameDecoder(CLIENT_FRAME_LIMIT, opener, tolerate_bad_bodies=True)
+        client = _ClientConnection(number, transport, decoder, time.monotonic(), sealer=sealer)
         self._clients[number] = client
         self.machine.client_connected(number, where)
         return client
+
+    def _peer_hello(self, hello: Hello, transport: asyncio.Transport) -> dict[str, Any] | None:
+        """The error that refuses a peer's hello, or None to go on (to its handshake)."""
+        config = self.config
+        if self.security.server_tls is not None:
+            from dlm.tls import peer_certificate_problem
+
+            problem = peer_certificate_problem(transport.get_extra_info("peercert"), hello.node)
+            if problem is not None:
+                return error(None, ErrorCode.AUTH_FAILED, problem)
+        problem = self.machine.accept_peer(hello.node, hello.speaks, hello.addr)
+        if problem is None and hello.cluster != config.cluster:
+            problem = (
+                f"cluster id mismatch: this member {config.node_id} is in cluster "
+                f"{config.cluster!r}, the peer says {hello.cluster!r}"
+            )
+        return None if problem is None else error(None, ErrorCode.BAD_REQUEST, problem)
+
+    def _peer_admitted(self, conn: _Accepted, node: str, speaks: int) -> None:
+        """``conn`` proved it speaks for ``node``: it replaces any older connection of
+        ``node``, whose frames stop here (a member that restarted, or whose old
+        connection is half-open after a partition, must not be locked out until the
+        old one times out; only a holder of the credentials can replace it)."""
+        old = self._peer_conns.get(node)
+        if old is not None and old is not conn:
+            self.quiet.warning("peer_connection_replaced", peer=node, old=old.where, new=conn.where)
+            old.abort()
+        self._peer_conns[node] = conn
+        self.machine.peer_version(node, speaks)
+
+    def _peer_closed(self, conn: _Accepted, node: str) -> None:
+        if self._peer_conns.get(node) is conn:
+            del self._peer_conns[node]
+
+    def _connection_made(self, conn: _Accepted, transport: asyncio.Transport) -> None:
+        """Counts a new connection; over the budget, drops the oldest still saying hello."""
+        self._transports.add(transport)
+        self._unadmitted[conn] = None
+        if len(self._transports) > self.budget.transports:
+            oldest = next(iter(self._unadmitted))
+            del self._unadmitted[oldest]
+            self.counters.connections_shed += 1
+            self.quiet.warning("connection_shed", reason="descriptor budget", remote=oldest.where)
+            oldest.abort()
+
+    def _auth_failed(self, role: str, where: str, node: str, message: str) -> None:
+        self.counters.auth_failures += 1
+        self.quiet.warning("auth_failed", role=role, remote=where, claims=node, error=message)
 
     def _client_closed(self, client: _ClientConnection) -> None:
         if self._clients.pop(client.number, None) is not None:
@@ -724,12 +886,14 @@ class NodeServer:
                 handled += 1
                 machine.client_frame(client.number, obj, now(), pump=False)
         except ProtocolError as exc:
-            # Framing is lost (an oversized length, bytes that are not CBOR): say why, hang up.
+            # Framing is lost (an oversized length) or the frame failed its authentication
+            # tag: answer the frames before it, say why, hang up. (A body that is not CBOR
+            # comes out as a BadFrame and is answered like any bad request.)
             self.counters.frames_in += handled
-            self._write(client, error(None, exc.code, str(exc)))
-            self._run_actions()
             if handled:
-                self._pump_soon()  # the frames before the bad one still count
+                machine.pump(now())  # the frames before the bad one are answered first
+            self._run_actions()
+            self._write(client, error(None, exc.code, str(exc)))
             return False
         self.counters.frames_in += handled
         client.partial_since = (client.partial_since or mono) if decoder.pending else None
@@ -756,19 +920,33 @@ class NodeServer:
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
-class _Accepted(asyncio.Protocol):
-    """One accepted TCP connection. Its hello decides whether a client or a peer speaks.
+class _Handshake:
+    """A connection between its welcome and its ``auth`` frame."""
 
-    Everything runs in the transport's callbacks, on the loop thread: frames
-    are handled as they arrive.
+    __slots__ = ("buf", "hello", "responder")
+
+    def __init__(self, hello: Hello, responder: Any) -> None:
+        self.hello = hello
+        self.responder = responder
+        self.buf = bytearray()
+
+
+class _Accepted(asyncio.Protocol):
+    """One accepted connection. Its hello decides whether a client or a peer speaks.
+
+    hello -> (with a secret for that role: welcome + proof, then the ``auth``
+    frame) -> admitted as a client or a peer. Until admitted, what it sends goes
+    nowhere but this object, and the hello timer runs. Everything runs in the
+    transport's callbacks, on the loop thread: frames are handled as they arrive.
     """
 
     def __init__(self, server: NodeServer) -> None:
         self._server = server
         self._transport: asyncio.Transport | None = None
-        self._where = "?"
+        self.where = "?"
         self._hello_buf: bytearray | None = bytearray()
         self._hello_timer: asyncio.TimerHandle | None = None
+        self._handshake: _Handshake | None = None
         self._client: _ClientConnection | None = None
         self._peer: str | None = None
         self._peer_decoder: FrameDecoder | None = None
@@ -776,26 +954,26 @@ class _Accepted(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
-        self._where = _remote(transport.get_extra_info("peername"))
-        self._server._transports.add(transport)
+        self.where = _remote(transport.get_extra_info("peername"))
         loop = asyncio.get_running_loop()
-        self._hello_timer = loop.call_later(self._server.limits.hello_timeout, transport.abort)
-
-    def close(self) -> None:
-        if self._transport is not None:
-            self._transport.abort()
+        self._hello_timer = loop.call_later(self._server.limits.hello_timeout, self.abort)
+        self._server._connection_made(self, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._peer is not None:
-            conns = self._server._peer_conns.get(self._peer)
-            if conns is not None:
-                conns.discard(self)
+        server = self._server
         if self._hello_timer is not None:
             self._hello_timer.cancel()
+        server._unadmitted.pop(self, None)
         if self._transport is not None:
-            self._server._transports.discard(self._transport)
+            server._transports.discard(self._transport)
         if self._client is not None:
-            self._server._client_closed(self._client)
+            server._client_closed(self._client)
+        if self._peer is not None:
+            server._peer_closed(self, self._peer)
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
 
     def data_received(self, data: bytes) -> None:
         transport = self._transport
@@ -812,6 +990,9 @@ class _Accepted(asyncio.Protocol):
             self._peer_decoder.feed(data)
             self._peer_data()
             return
+        if self._handshake is not None:
+            self._auth_data(data)
+            return
         self._hello(data)
 
     def _peer_data(self) -> None:
@@ -819,16 +1000,15 @@ class _Accepted(asyncio.Protocol):
         try:
             self._server._peer_frames(self._peer, self._peer_decoder)
         except ProtocolError as exc:
-            self._server.log.warning(
-                "peer_bad_frame", peer=self._peer, remote=self._where, error=str(exc)
+            self._server.quiet.warning(
+                "peer_bad_frame", peer=self._peer, remote=self.where, error=str(exc)
             )
-            if self._transport is not None:
-                self._transport.abort()
+            self.abort()
 
     def _hello(self, data: bytes) -> None:
         """Consumes the hello; then the connection knows its role."""
         assert self._transport is not None and self._hello_buf is not None
-        transport, server, where = self._transport, self._server, self._where
+        transport, server, where = self._transport, self._server, self.where
         self._hello_buf += data
         try:
             first = split_first_frame(self._hello_buf)
@@ -836,50 +1016,108 @@ class _Accepted(asyncio.Protocol):
                 return
             hello = Hello.from_wire(first[0])
         except ProtocolError as exc:
-            server.log.warning("bad_hello", remote=where, error=str(exc))
+            server.quiet.warning("bad_hello", remote=where, error=str(exc))
             _send_and_close(transport, error(None, exc.code, _hello_problem(exc)))
             return
         self._hello_buf = None
-        if self._hello_timer is not None:
-            self._hello_timer.cancel()
-            self._hello_timer = None
         if hello.version > PROTOCOL_VERSION:
             message = (
                 f"protocol version {hello.version} is not supported "
                 f"(this member speaks 1 to {PROTOCOL_VERSION}): upgrade this member"
             )
-            server.log.warning("bad_hello", remote=where, error=message)
+            server.quiet.warning("bad_hello", remote=where, error=message)
             _send_and_close(transport, error(None, ErrorCode.BAD_REQUEST, message))
             return
-        version = min(hello.speaks, PROTOCOL_VERSION)
-        config = server.config
-        rest = first[1]
+        config, security = server.config, server.security
         if hello.role is HelloRole.PEER:
-            problem = server.machine.accept_peer(hello.node, hello.speaks)
-            if problem is None and hello.cluster != config.cluster:
-                problem = (
-                    f"cluster id mismatch: this member {config.node_id} is in cluster "
-                    f"{config.cluster!r}, the peer says {hello.cluster!r}"
+            refusal = server._peer_hello(hello, transport)
+            secret = security.peer_secret
+        else:
+            refusal = server._client_hello(hello)
+            secret = security.client_secret
+        if refusal is not None:
+            if refusal.get("code") == ErrorCode.AUTH_FAILED:
+                server._auth_failed(hello.role.value, where, hello.node, refusal["message"])
+            elif hello.role is HelloRole.PEER:
+                server.quiet.warning(
+                    "peer_refused", remote=where, peer=hello.node, reason=refusal["message"]
                 )
-            if problem is not None:
-                server.log.warning("peer_refused", remote=where, peer=hello.node, reason=problem)
-                _send_and_close(transport, error(None, ErrorCode.BAD_REQUEST, problem))
+            _send_and_close(transport, refusal)
+            return
+        greeting = welcome(config.node_id, config.cluster, min(hello.speaks, PROTOCOL_VERSION))
+        if secret is None:
+            self._admit(hello, None, None, first[1], greeting)
+            return
+        from dlm.auth import AuthError, Responder, new_nonce
+
+        responder = Responder(secret, new_nonce(), node=config.node_id)
+        try:
+            greeting.update(responder.welcome_fields(first[0]))
+        except AuthError as exc:
+            self._refuse_auth(hello, str(exc))
+            return
+        transport.write(encode_frame(greeting))
+        self._handshake = _Handshake(hello, responder)
+        if first[1]:
+            self._auth_data(first[1])
+
+    def _auth_data(self, data: bytes) -> None:
+        """The initiator's ``auth`` frame: its proof, checked before anything else counts."""
+        from dlm.auth import AuthError
+
+        handshake = self._handshake
+        assert handshake is not None
+        handshake.buf += data
+        try:
+            first = split_first_frame(handshake.buf, AUTH_FRAME_LIMIT)
+            if first is None:
                 return
-            server.machine.peer_version(hello.node, hello.speaks)
-            transport.write(encode_frame(welcome(config.node_id, config.cluster, version)))
+            sealer, opener = handshake.responder.check_auth(as_map(first[0]))
+        except (ProtocolError, AuthError) as exc:
+            self._refuse_auth(handshake.hello, str(exc))
+            return
+        self._handshake = None
+        self._admit(handshake.hello, sealer, opener, first[1])
+
+    def _refuse_auth(self, hello: Hello, message: str) -> None:
+        assert self._transport is not None
+        self._server._auth_failed(hello.role.value, self.where, hello.node, message)
+        _send_and_close(self._transport, error(None, ErrorCode.AUTH_FAILED, message))
+
+    def _admit(
+        self,
+        hello: Hello,
+        sealer: Any,
+        opener: Any,
+        rest: bytes,
+        greeting: dict[str, Any] | None = None,
+    ) -> None:
+        """The hello (and handshake, if any) is done: from now on the machine listens.
+        ``greeting``: the welcome still to send (without a handshake), or None."""
+        transport, server = self._transport, self._server
+        assert transport is not None
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+            self._hello_timer = None
+        server._unadmitted.pop(self, None)
+        if hello.role is HelloRole.PEER:
+            if greeting is not None:
+                transport.write(encode_frame(greeting))
+            server._peer_admitted(self, hello.node, hello.speaks)
             self._peer = hello.node
-            server._peer_conns.setdefault(hello.node, set()).add(self)
-            self._peer_decoder = FrameDecoder(PEER_FRAME_LIMIT)
+            self._peer_decoder = FrameDecoder(PEER_FRAME_LIMIT, opener)
             if rest:
                 self._peer_decoder.feed(rest)
                 self._peer_data()
             return
-        refusal = server._client_hello(hello)
+        refusal = server._client_room(self.where)
         if refusal is not None:
-            _send_and_close(transport, refusal)
+            transport.write(encode_frame(refusal, sealer))
+            transport.close()
             return
-        transport.write(encode_frame(welcome(config.node_id, config.cluster, version)))
-        self._client = client = server._client_opened(transport, where)
+        if greeting is not None:
+            transport.write(encode_frame(greeting))
+        self._client = client = server._client_opened(transport, self.where, sealer, opener)
         if rest:
             client.decoder.feed(rest)
             if not server._client_data(client):
@@ -924,14 +1162,18 @@ async def run(
     *,
     log: Logger,
     on_started: Callable[[NodeServer], None] | None = None,
+    security: NodeSecurity | None = None,
 ) -> int:
     """Serves until SIGTERM/SIGINT (then shuts down gracefully) or until the machine says
     stop; returns the exit code."""
-    server = NodeServer(config, storage, log=log)
+    limit = raise_open_files_limit()
+    if limit.after != limit.before or limit.error is not None:
+        log.info("open_files_limit", before=limit.before, after=limit.after, error=limit.error)
+    server = NodeServer(config, storage, log=log, security=security)
     if server.machine.raft.removed:
         raise RemovedMember(
             f"member {config.node_id} was removed from the cluster: to bring it back, remove "
-            f"its data directory ({config.data_dir}) and start it with --join"
+            f"its data directory ({config.data_dir}) and start it with --join and a new --id"
         )
     async with anyio.create_task_group() as tg:
 

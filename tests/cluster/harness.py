@@ -6,7 +6,10 @@ process it starts it also stops, by PID, in ``stop_all`` (the fixture's
 teardown). Waiting is always polling a condition with a deadline.
 
 ``RawConn`` speaks the wire protocol by hand, for tests that need exact
-control over frames (malformed input, pushes on one connection).
+control over frames (malformed input, pushes on one connection), with or
+without the authentication handshake and TLS. ``Cluster(node_args=...)`` gives
+members extra flags (secrets, certificates); ``client_secret`` and
+``client_tls`` are what the harness itself connects with.
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import cbor2
+
+if TYPE_CHECKING:
+    from dlm.auth import FrameOpener, FrameSealer
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -56,22 +62,63 @@ def wait_for(
 
 
 class RawConn:
-    """A hand-driven protocol connection (blocking socket, bounded waits)."""
+    """A hand-driven protocol connection (blocking socket, bounded waits).
+
+    With ``secret`` the hello carries the initiator's nonce and, if the member
+    proves the secret in its welcome, the ``auth`` frame follows: every later
+    frame is sealed and opened (``send_raw_body`` and ``send_bytes`` stay raw).
+    ``tls`` is an ssl.SSLContext to wrap the socket with (``server_hostname``:
+    the name to verify, default the host). ``sent`` records every byte written.
+    """
 
     def __init__(
-        self, addr: str, *, hello: dict[str, Any] | bool | None = None, timeout: float = 5.0
+        self,
+        addr: str,
+        *,
+        hello: dict[str, Any] | bool | None = None,
+        timeout: float = 5.0,
+        secret: bytes | None = None,
+        tls: Any = None,
+        server_hostname: str | None = None,
     ):
         host, port = addr.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            try:
+                sock = tls.wrap_socket(sock, server_hostname=server_hostname or host)
+            except BaseException:
+                sock.close()
+                raise
+        self.sock = sock
         self._buf = b""
         self._next_id = 1
         self.pushes: list[dict[str, Any]] = []
         self.welcome: dict[str, Any] = {}
+        self.sent = bytearray()
+        self.sealer: FrameSealer | None = None
+        self.opener: FrameOpener | None = None
         if hello is not False:
-            greeting = hello if isinstance(hello, dict) else None
-            self.send(greeting or {"t": "hello", "role": "client", "version": 1})
+            greeting = dict(hello) if isinstance(hello, dict) else None
+            greeting = greeting or {"t": "hello", "role": "client", "version": 1}
+            initiator = None
+            if secret is not None:
+                from dlm.auth import Initiator, new_nonce
+
+                initiator = Initiator(
+                    secret,
+                    new_nonce(),
+                    role=greeting.get("role", ""),
+                    cluster=greeting.get("cluster", ""),
+                    node=greeting.get("node", ""),
+                    version=greeting.get("version", 1),
+                )
+                greeting.update(initiator.hello_fields())
+            self.send(greeting)
             self.welcome = self.recv()
+            if initiator is not None and self.welcome.get("t") == "welcome":
+                self.send(initiator.check_welcome(self.welcome))
+                self.sealer, self.opener = initiator.keys()
 
     def close(self) -> None:
         self.sock.close()
@@ -83,12 +130,17 @@ class RawConn:
         self.close()
 
     def send(self, obj: Any) -> None:
-        self.send_raw_body(cbor2.dumps(obj))
+        body = cbor2.dumps(obj)
+        if self.sealer is not None:
+            self.send_bytes(self.sealer.seal(body))
+        else:
+            self.send_raw_body(body)
 
     def send_raw_body(self, body: bytes) -> None:
-        self.sock.sendall(struct.pack(">I", len(body)) + body)
+        self.send_bytes(struct.pack(">I", len(body)) + body)
 
     def send_bytes(self, data: bytes) -> None:
+        self.sent += data
         self.sock.sendall(data)
 
     def recv(self, timeout: float = 5.0) -> dict[str, Any]:
@@ -98,9 +150,11 @@ class RawConn:
             if len(self._buf) >= 4:
                 (n,) = struct.unpack(">I", self._buf[:4])
                 if len(self._buf) >= 4 + n:
-                    obj = cbor2.loads(self._buf[4 : 4 + n])
+                    payload = self._buf[4 : 4 + n]
                     self._buf = self._buf[4 + n :]
-                    return dict(obj)
+                    if self.opener is not None:
+                        payload = self.opener.open(payload)
+                    return dict(cbor2.loads(payload))
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("no frame in time")
@@ -142,13 +196,36 @@ class RawConn:
             return True
         except (TimeoutError, OSError):
             return False
+        except ValueError:  # a frame that does not open (an error sent before the keys)
+            return self.closed_by_peer(timeout)
+
+
+_LOWER_AND_EXEC = (
+    "import os, resource, sys\n"
+    "n = int(sys.argv[1])\n"
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+"""Sets the open-files limit (soft and hard), then becomes the command after it."""
 
 
 class NodeProc:
-    def __init__(self, cluster: Cluster, node_id: str, port: int) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        node_id: str,
+        port: int,
+        *,
+        join: Sequence[str] = (),
+        flags: Sequence[str] = (),
+    ) -> None:
         self.cluster = cluster
         self.node_id = node_id
         self.port = port
+        self.join = tuple(join)
+        """Members to ask to add this one (``--join``); empty: one of the first members."""
+        self.flags = tuple(flags)
+        """More `dlm node start` flags (``--auto-promote off``)."""
         self.data_dir = cluster.base / node_id
         self.log_path = cluster.base / f"{node_id}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -170,6 +247,12 @@ class NodeProc:
         return self.proc.pid
 
     def command(self) -> list[str]:
+        return [*self._base_command(), *self.cluster.node_args(self)]
+
+    def _base_command(self) -> list[str]:
+        members = (
+            ["--join", ",".join(self.join)] if self.join else ["--peers", self.cluster.peers_flag]
+        )
         return [
             sys.executable,
             "-m",
@@ -180,12 +263,12 @@ class NodeProc:
             self.node_id,
             "--listen",
             self.address,
-            "--peers",
-            self.cluster.peers_flag,
+            *members,
             "--data",
             str(self.data_dir),
             "--cluster-id",
             self.cluster.cluster_id,
+            *self.flags,
         ]
 
     def start(self) -> None:
@@ -195,9 +278,19 @@ class NodeProc:
         code = self.release if self.release is not None else REPO
         env["PYTHONPATH"] = str(code) + os.pathsep + env.get("PYTHONPATH", "")
         env.update(self.cluster.env)
+        command = self.command()
+        if self.cluster.open_files is not None:
+            # Through a launcher that lowers the limit and execs the member (same PID).
+            command = [
+                sys.executable,
+                "-c",
+                _LOWER_AND_EXEC,
+                str(self.cluster.open_files),
+                *command,
+            ]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                self.command(), stdout=log, stderr=log, cwd=self.cluster.base, env=env
+                command, stdout=log, stderr=log, cwd=self.cluster.base, env=env
             )
         self.paused = False
 
@@ -237,6 +330,17 @@ class NodeProc:
         self.kill()
         self.start()
 
+    def wait_exit(self, timeout: float) -> int:
+        """The exit code of a member expected to stop on its own (killed if it does not)."""
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(
+                f"{self.node_id} did not exit within {timeout}s\n{self.log_tail()}"
+            ) from None
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -248,7 +352,12 @@ class NodeProc:
         if not self.alive or self.paused:
             return None
         try:
-            with RawConn(self.address, timeout=timeout) as conn:
+            with RawConn(
+                self.address,
+                timeout=timeout,
+                secret=self.cluster.client_secret,
+                tls=self.cluster.client_tls,
+            ) as conn:
                 reply = conn.request({"t": "status", "stale": True}, timeout=timeout)
         except (OSError, ConnectionError, TimeoutError, ValueError):
             return None
@@ -262,15 +371,54 @@ class Cluster:
         size: int = 3,
         cluster_id: str = "test",
         env: dict[str, str] | None = None,
+        *,
+        node_args: Callable[[NodeProc], list[str]] | None = None,
+        client_secret: bytes | None = None,
+        client_tls: Any = None,
+        open_files: int | None = None,
     ) -> None:
+        """``open_files``: the members' open-files limit (soft and hard), when given."""
         self.base = base
         self.env = env or {}
+        self.node_args: Callable[[NodeProc], list[str]] = node_args or (lambda _: [])
+        self.client_secret = client_secret
+        self.client_tls = client_tls
+        self.open_files = open_files
         self.cluster_id = cluster_id
         ports = free_ports(size)
         self.nodes = {
             f"n{i + 1}": NodeProc(self, f"n{i + 1}", port) for i, port in enumerate(ports)
         }
+        """The members: the first ones, then those added, less those retired."""
+        self.retired: dict[str, NodeProc] = {}
+        """Members removed from the cluster (still stopped by ``stop_all``, if running)."""
         self.peers_flag = ",".join(f"{n.node_id}={n.address}" for n in self.nodes.values())
+
+    def add_node(
+        self,
+        node_id: str,
+        *,
+        port: int | None = None,
+        join: Sequence[str] | None = None,
+        flags: Sequence[str] = (),
+    ) -> NodeProc:
+        """A new member (not started) that joins through ``join`` (default: every member)."""
+        assert node_id not in self.nodes and node_id not in self.retired, node_id
+        node = NodeProc(
+            self,
+            node_id,
+            port if port is not None else free_ports(1)[0],
+            join=join if join is not None else self.addresses,
+            flags=flags,
+        )
+        self.nodes[node_id] = node
+        return node
+
+    def retire(self, node_id: str) -> NodeProc:
+        """``node_id`` is no longer a member: leader elections no longer count it."""
+        node = self.nodes.pop(node_id)
+        self.retired[node_id] = node
+        return node
 
     @property
     def addresses(self) -> list[str]:
@@ -285,17 +433,19 @@ class Cluster:
             node.start()
 
     def stop_all(self) -> None:
-        """SIGTERM every member at once, then reap each (SIGKILL after a grace)."""
-        for node in self.nodes.values():
+        """SIGTERM every member at once (retired ones too), then reap each (SIGKILL after a
+        grace)."""
+        every = [*self.nodes.values(), *self.retired.values()]
+        for node in every:
             if node.alive:
                 if node.paused:
                     node.resume()
                 os.kill(node.pid, signal.SIGTERM)
-        for node in self.nodes.values():
+        for node in every:
             node.terminate(grace=5.0)
 
     def kill_all(self) -> None:
-        for node in self.nodes.values():
+        for node in [*self.nodes.values(), *self.retired.values()]:
             node.kill()
 
     def leader_now(self) -> NodeProc | None:
@@ -331,4 +481,6 @@ class Cluster:
     def client(self, **kwargs: Any) -> Any:
         from dlm.client import Client
 
+        kwargs.setdefault("secret", self.client_secret)
+        kwargs.setdefault("tls", self.client_tls)
         return Client(self.addresses, **kwargs)

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,10 @@ def parent_of(pid: int) -> int | None:
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except (FileNotFoundError, ProcessLookupError):
         return None
+
+
+def has_beats(path: Path) -> bool:
+    return path.exists() and path.stat().st_size > 0
 
 
 def last_beat(path: Path) -> float:
@@ -158,7 +163,7 @@ class Run:
         wait_for(lambda: roles <= set(self.roles()), WAIT_S, "CMD's processes to start")
         for role in roles:
             path = self.out if role == "cmd" else Path(f"{self.out}.daemon")
-            wait_for(lambda p=path: p.exists() and p.stat().st_size, WAIT_S, f"{role} beats")
+            wait_for(partial(has_beats, path), WAIT_S, f"{role} beats")
         guard = parent_of(self.roles()["cmd"])
         self.extra_pids = [*self.roles().values(), *([guard] if guard else [])]
         self.waiter = Waiter(self.cluster, self.key)

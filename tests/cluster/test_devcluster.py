@@ -4,6 +4,7 @@ and Ctrl-C stops it all."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import select
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -24,11 +26,12 @@ UP_TIMEOUT = 30.0
 
 
 def _three_free_ports_after() -> int:
-    """A base port whose next three ports are free on 127.0.0.1."""
+    """A base port whose next three ports are free on 127.0.0.1, and the one after them
+    (for a fourth member)."""
     for base in range(27100, 27900, 10):
         socks = []
         try:
-            for port in range(base + 1, base + 4):
+            for port in range(base + 1, base + 5):
                 s = socket.socket()
                 socks.append(s)
                 s.bind(("127.0.0.1", port))
@@ -146,7 +149,7 @@ def test_the_dev_cluster_serves_its_paste_line_and_stops_on_ctrl_c(tmp_path: Pat
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
         for port in range(base + 1, base + 4):
-            wait_for(lambda p=port: _refused(p), 10.0, f"127.0.0.1:{port} to close")
+            wait_for(partial(_refused, port), 10.0, f"127.0.0.1:{port} to close")
     finally:
         _stop(proc)
 
@@ -166,6 +169,58 @@ def test_the_dev_cluster_outlives_a_killed_member(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
         for port in range(base + 1, base + 4):
-            wait_for(lambda p=port: _refused(p), 10.0, f"127.0.0.1:{port} to close")
+            wait_for(partial(_refused, port), 10.0, f"127.0.0.1:{port} to close")
     finally:
         _stop(proc)
+
+
+def test_the_dev_cluster_shows_its_pids_and_a_join_line_that_replaces_a_member(
+    tmp_path: Path,
+) -> None:
+    proc, base, env = _start(tmp_path)
+    fourth: subprocess.Popen[bytes] | None = None
+    try:
+        shown = _read_until(proc, PASTE_MARKER, UP_TIMEOUT)
+        members = _member_pids(proc.pid)
+        for node, pid in members.items():
+            assert f"{node} pid {pid} on 127.0.0.1:" in shown
+        leader_pid = int(re.findall(r"kill -9 (\d+)", shown)[0])
+        assert leader_pid in members.values()
+        [join_line] = [line.strip() for line in shown.splitlines() if "node start --id n4" in line]
+        assert f"--listen 127.0.0.1:{base + 4}" in join_line
+        assert os.path.isabs(join_line.split()[0])
+
+        fourth = subprocess.Popen(
+            ["sh", "-c", f"exec {join_line}"], cwd="/", env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        dlm = [sys.executable, "-m", "dlm", "members"]
+        cluster = {**env, "DLM_CLUSTER": ",".join(f"127.0.0.1:{base + i}" for i in range(1, 5))}
+
+        def members_now() -> dict[str, dict[str, object]]:
+            out = subprocess.run(
+                [*dlm, "list", "--json"], env=cluster, capture_output=True, text=True,
+                timeout=60, check=False,
+            )  # fmt: skip
+            assert out.returncode == 0, out.stderr
+            return {m["id"]: m for m in json.loads(out.stdout)["members"]}
+
+        wait_for(
+            lambda: (members_now().get("n4") or {}).get("voter") is True, UP_TIMEOUT, "n4 a voter"
+        )
+        removed = subprocess.run(
+            [*dlm, "remove", "n1"], env=cluster, capture_output=True, text=True, timeout=60,
+            check=False,
+        )  # fmt: skip
+        assert removed.returncode == 0, removed.stderr
+        report = _read_until(proc, "keep running", UP_TIMEOUT)
+        assert f"n1 (pid {members['n1']}) exited with 0; n2, n3 keep running" in report
+        assert sorted(members_now()) == ["n2", "n3", "n4"]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        _stop(proc)
+        if fourth is not None and fourth.poll() is None:
+            os.kill(fourth.pid, signal.SIGKILL)
+        if fourth is not None:
+            fourth.wait(timeout=10)

@@ -74,7 +74,15 @@ def test_malformed_client_frames_get_errors_and_the_node_keeps_serving(
 
 def test_peers_with_the_wrong_cluster_id_or_garbage_are_refused(cluster: Cluster) -> None:
     leader = cluster.wait_for_leader()
-    stranger = {"t": "hello", "role": "peer", "version": 1, "cluster": "other", "node": "n2"}
+    follower = next(n for n in cluster.nodes.values() if n is not leader)
+    stranger = {
+        "t": "hello",
+        "role": "peer",
+        "version": 1,
+        "max_version": 2,
+        "cluster": "other",
+        "node": follower.node_id,
+    }
     with RawConn(leader.address, hello=stranger) as conn:
         assert conn.welcome["t"] == "error"
         assert "cluster" in conn.welcome["message"]
@@ -84,8 +92,15 @@ def test_peers_with_the_wrong_cluster_id_or_garbage_are_refused(cluster: Cluster
     with RawConn(leader.address, hello=unknown) as conn:
         assert conn.welcome["t"] == "error"
 
-    follower = next(n for n in cluster.nodes.values() if n is not leader)
-    member = {"t": "hello", "role": "peer", "version": 1, "cluster": "test", "node": leader.node_id}
+    # A peer of this release (a cluster at version 2 refuses members that speak only 1).
+    member = {
+        "t": "hello",
+        "role": "peer",
+        "version": 1,
+        "max_version": 2,
+        "cluster": "test",
+        "node": leader.node_id,
+    }
     with RawConn(follower.address, hello=member) as conn:
         assert conn.welcome["t"] == "welcome"
         conn.send({"t": "raft", "m": [[3, 0, "x"]]})  # malformed raft message

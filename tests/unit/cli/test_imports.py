@@ -9,8 +9,10 @@ pulls in inspect, ast, dis and tokenize, and then generates code per class).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +73,54 @@ def test_running_a_hot_command_imports_nothing_heavy(
     }
     assert "dlm.cli.main" in imported
     assert forbidden(imported, names) == []
+
+
+NOT_WITHOUT_SECURITY = ("ssl", "dlm.tls", "dlm.auth", "hashlib", "hmac", "socket")
+"""What only a secret (dlm.auth: hashlib, hmac) or TLS (ssl, socket, dlm.tls) may load."""
+
+
+def imported_by(args: list[str], env: dict[str, str] | None = None) -> set[str]:
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "dlm", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+    names = {
+        line.rsplit("|", 1)[-1].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "dlm.cli.main" in names, proc.stderr[-2000:]
+    return names
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["acquire", "k", *ON_THE_FAST_PATH],
+        ["exec", "--lock", "k", *ON_THE_FAST_PATH, "--", "true"],
+        ["status", *ON_THE_FAST_PATH],
+    ],
+)
+def test_the_plain_path_loads_neither_authentication_nor_tls(args: list[str]) -> None:
+    clean = {"DLM_SECRET_FILE": "", "DLM_TLS_CA": "", "DLM_TLS_CERT": "", "DLM_TLS_KEY": ""}
+    assert forbidden(imported_by(args, clean), NOT_WITHOUT_SECURITY) == []
+
+
+def test_a_secret_loads_dlm_auth_and_still_no_tls(tmp_path: Path) -> None:
+    from dlm import auth
+
+    secret = tmp_path / "client.secret"
+    auth.write_secret_file(str(secret))
+    names = imported_by(["acquire", "k", "--secret-file", str(secret), *ON_THE_FAST_PATH])
+    assert "dlm.auth" in names
+    assert forbidden(names, ("ssl", "dlm.tls", "socket")) == []
+
+
+def test_tls_loads_ssl_only_when_asked(tmp_path: Path) -> None:
+    ca = tmp_path / "missing-ca.pem"  # the file is checked after ssl is loaded: exit 78
+    names = imported_by(["acquire", "k", *ON_THE_FAST_PATH], {"DLM_TLS_CA": str(ca)})
+    assert "dlm.tls" in names and "ssl" in names

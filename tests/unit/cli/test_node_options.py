@@ -121,3 +121,40 @@ def test_start_from_options_hands_the_merged_settings_to_start_node(
     assert seen["peers"] == "n1=127.0.0.1:1,n2=127.0.0.1:2"
     assert (seen["log_level"], seen["log_format"]) == ("debug", "text")
     assert (seen["listen"], seen["data"], seen["cluster"]) == (None, None, None)
+
+
+def test_a_switch_comes_from_its_flag_variable_or_file_key(tmp_path: Path) -> None:
+    assert resolve(flags(insecure="true"), {}).values["insecure"] == "true"
+    assert resolve(NO_FLAGS, {"DLM_NODE_INSECURE": "1"}).values["insecure"] == "1"
+    config = write(tmp_path, "insecure = true\n")
+    assert resolve(flags(config=config), {}).values["insecure"] == "true"
+    config = write(tmp_path, "insecure = false\n")
+    assert resolve(flags(config=config), {}).values["insecure"] == "false"
+
+
+def test_typer_passes_a_switch_as_true_and_its_absence_as_unset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dlm.cli.main import _run_typer
+
+    seen: list[dict[str, str | None]] = []
+
+    def start_from_options(given: dict[str, str | None]) -> int:
+        seen.append(given)
+        return 0
+
+    monkeypatch.setattr(node_main, "start_from_options", start_from_options)
+    assert _run_typer(["node", "start", "--insecure", "--listen", "0.0.0.0:1"], False) == 0
+    assert _run_typer(["node", "start"], False) == 0
+    assert seen[0]["insecure"] == "true" and seen[0]["listen"] == "0.0.0.0:1"
+    assert seen[1]["insecure"] is None
+
+
+def test_a_reachable_address_without_peer_authentication_exits_78(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = node_main.start_from_options(NO_FLAGS, {"DLM_NODE_LISTEN": "0.0.0.0:7700"})
+    assert code == node_main.EXIT_CONFIG == 78
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert "--peer-secret-file" in err and "(the value comes from DLM_NODE_LISTEN)" in err

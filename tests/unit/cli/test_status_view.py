@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dlm.cli import status_view
+from dlm.cli import health, status_view
 from dlm.cli.main import run
 from dlm.client.errors import ClusterUnavailable
 from tests.unit.cli.conftest import FakeClient
@@ -135,7 +135,7 @@ def test_check_degraded_exits_1_and_says_why(
     canned: Canned, capsys: Capture, change: Any, needle: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # 100 entries behind is too few to degrade at the real threshold; lower it for that case.
-    monkeypatch.setattr(status_view.health, "MAX_BEHIND_ENTRIES", 50)
+    monkeypatch.setattr(health, "MAX_BEHIND_ENTRIES", 50)
     change(canned)
     assert run(["status", "--check"]) == 1
     line = one_line(capsys.readouterr().out)
@@ -158,6 +158,32 @@ def test_check_ignores_learners(canned: Canned, capsys: Capture) -> None:
     canned.status = leader_view({"n4": {"match": 1, "last_contact_ms": 60_000}}, members)
     assert run(["status", "--check"]) == 0
     assert "all 3 voters answer" in capsys.readouterr().out
+
+
+def test_learners_are_marked_and_only_voters_count_towards_failures_survived(
+    canned: Canned, capsys: Capture
+) -> None:
+    members = [{"id": n, "address": a, "role": "voter"} for n, a in ADDRS.items()]
+    members += [
+        {"id": "n4", "address": "127.0.0.1:7704", "role": "learner"},
+        {"id": "n5", "address": "127.0.0.1:7705", "role": "learner"},
+    ]
+    canned.status = leader_view(members=members)
+    canned.views["127.0.0.1:7704"] = own_view("n4", "learner")  # n5 does not answer
+    # n3 was promoted a moment ago: the leader's list says so before n3 itself does.
+    canned.views[ADDRS["n3"]] = own_view("n3", "learner")
+    assert run(["status", "--format", "table"]) == 0
+    out = capsys.readouterr().out
+    assert "survives 1 more member failure (3 of 3 voters up, quorum 2)" in out
+    rows = {line.split()[0]: line for line in out.splitlines() if re.match(r"n\d", line)}
+    assert "learner (learner)" not in out
+    assert re.search(r"\blearner\b", rows["n4"]) and "unreachable" not in rows["n4"]
+    assert "learner (unreachable)" in rows["n5"]
+    assert run(["status", "--json"]) == 0
+    obj = json.loads(one_line(capsys.readouterr().out))
+    voters = {m["id"]: m["voter"] for m in obj["members"]}
+    assert voters == {"n1": True, "n2": True, "n3": True, "n4": False, "n5": False}
+    assert obj["health"]["voters"] == 3
 
 
 def test_check_json(canned: Canned, capsys: Capture) -> None:
@@ -224,7 +250,7 @@ def test_watch_prints_a_snapshot_per_interval_until_ctrl_c(
         if len(naps) % 3 == 0:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(status_view.time, "sleep", sleep)
+    monkeypatch.setattr(time, "sleep", sleep)
     assert run(["status", "--watch", "--interval", "250ms"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 * 4  # three tsv snapshots of a header and three members

@@ -103,12 +103,12 @@ class RunningMember:
     def _record(self, machine: NodeMachine) -> None:
         handle = machine.client_frame
 
-        def recording(conn: int, obj: Any, now: Instant) -> None:
+        def recording(conn: int, obj: Any, now: Instant, *, pump: bool = True) -> None:
             if isinstance(obj, dict):
                 with self._cond:
                     self.received.append((conn, obj))
                     self._cond.notify_all()
-            handle(conn, obj, now)
+            handle(conn, obj, now, pump=pump)
 
         machine.client_frame = recording  # type: ignore[method-assign]
 

@@ -14,12 +14,14 @@ from dlm import wire
 from dlm.client import core
 from dlm.client.errors import (
     BadRequest,
+    ChangeInProgress,
     ClusterUnavailable,
     DlmError,
     LeaseLost,
     LockHeld,
     NotHolder,
     ServerError,
+    UnsafeChange,
 )
 from dlm.wire import ErrorCode, error, ok
 
@@ -175,6 +177,8 @@ ERROR_CASES = [
     ("SESSION_EXPIRED", LeaseLost, 77),
     ("BAD_REQUEST", BadRequest, 2),
     ("TOO_LARGE", BadRequest, 2),
+    ("CONFLICT", ChangeInProgress, 75),
+    ("UNSAFE", UnsafeChange, 2),
     ("SOMETHING_NEW", ServerError, 1),
 ]
 

@@ -15,6 +15,10 @@ Everything runs in the calling thread, in an order the test chooses:
   ``hold_disk`` is set; then the test completes them with ``write_disk``.
 * **clients**: ``Client`` opens a connection on one member and sends frames;
   what the member answers lands in ``Client.frames``.
+* **membership**: ``join`` boots a member that was not among the first ones, as
+  `dlm node start --join` does. With ``links_follow_peers`` a message is
+  delivered only as the runtime would carry it: over a link the sender keeps
+  (its last ``PeersChanged``) to a member that accepts the sender's hello.
 
 Nothing here sleeps, opens a socket or starts a thread; the members' random
 choices come from one seed.
@@ -53,7 +57,18 @@ NODE_IDS = ("n1", "n2", "n3")
 MONO_START = 100.0
 WALL_START_MS = 1_700_000_000_000
 TIMING = Timing(tick_s=0.05, election_ticks=6, heartbeat_ticks=1, request_timeout_s=5.0)
-CHANGES = frozenset({"open_lease", "close_lease", "lease_update", "acquire", "release"})
+CHANGES = frozenset(
+    {
+        "open_lease",
+        "close_lease",
+        "lease_update",
+        "acquire",
+        "release",
+        "member_add",
+        "member_remove",
+        "member_promote",
+    }
+)
 MAX_STEPS = 10_000
 """Bound on every loop here: a member that never settles is a bug, not a slow test."""
 
@@ -77,6 +92,8 @@ class Member:
     persists: list[Persist] = field(default_factory=list)
     snapshots: list[SaveSnapshot] = field(default_factory=list)
     stops: list[Stop] = field(default_factory=list)
+    peers: dict[NodeId, str] = field(default_factory=dict)
+    """The links the member keeps: its last PeersChanged."""
     order: list[Any] = field(default_factory=list)
     """Every action in the order the member emitted it (for ordering checks)."""
 
@@ -116,8 +133,13 @@ class Cluster:
         peer_version: int | None = 2,
         machine_class: type[NodeMachine] = NodeMachine,
         seed: int = 7,
+        links_follow_peers: bool = False,
     ) -> None:
-        self.ids = NODE_IDS[:size]
+        self.first = NODE_IDS[:size]
+        """The first members (the bootstrap configuration)."""
+        self.ids: tuple[NodeId, ...] = self.first
+        """Every member booted, joined ones too."""
+        self.links_follow_peers = links_follow_peers
         self.timing = timing
         self.quotas = quotas or Quotas()
         self.snapshot_every = snapshot_every
@@ -132,6 +154,7 @@ class Cluster:
         self.blocked: Callable[[Message], bool] = lambda msg: False
         self._conns = itertools.count(1)
         self.members: dict[NodeId, Member] = {}
+        self._join_members: dict[NodeId, dict[NodeId, str]] = {}
         for node in self.ids:
             storage = MemoryStorage(ConfState(voters=self.ids))
             self.members[node] = self._boot(node, storage)
@@ -142,13 +165,25 @@ class Cluster:
         return MachineConfig(
             node_id=node,
             cluster="unit",
-            peers=peers or {n: address(n) for n in self.ids},
+            peers=peers or {n: address(n) for n in self.first},
             timing=self.timing,
             snapshot_every=self.snapshot_every,
             snapshot_keep=self.snapshot_keep,
             quotas=self.quotas,
             max_version=self.max_version,
+            address=address(node),
+            join_members=self._join_members.get(node, {}),
         )
+
+    def join(self, node: NodeId, told: dict[NodeId, str]) -> Member:
+        """Boots ``node`` as `dlm node start --join` does once the leader added it: on empty
+        storage, with the first members as its bootstrap and ``told`` (the members the
+        join's answer named) as the members it knows of."""
+        self._join_members[node] = dict(told)
+        self.ids = (*self.ids, node)
+        storage = MemoryStorage(ConfState(voters=self.first))
+        member = self.members[node] = self._boot(node, storage)
+        return member
 
     def _boot(
         self, node: NodeId, storage: MemoryStorage, peers: dict[NodeId, str] | None = None
@@ -257,6 +292,7 @@ class Cluster:
             member.stops.append(action)
         else:
             assert isinstance(action, PeersChanged)
+            member.peers = dict(action.peers)
 
     def write_disk(self, node: NodeId, count: int | None = None) -> None:
         """Completes the first ``count`` (default: all) held disk jobs of ``node``, in order."""
@@ -307,8 +343,22 @@ class Cluster:
         member = self.members.get(msg.dst)
         if member is None:
             return
+        if self.links_follow_peers and not self._linked(msg.src, member):
+            self.dropped.append(msg)
+            return
         member.machine.peer_messages(msg.src, (msg,), self.now())
         self.settle(member)
+
+    def _linked(self, src: NodeId, dst: Member) -> bool:
+        """Whether the runtime would carry a message from ``src`` to ``dst``: ``src`` keeps a
+        link to it, and ``dst`` accepted that link's hello (which names ``src``'s address)."""
+        sender = self.members.get(src)
+        speaks = self.peer_version or 1
+        return (
+            sender is not None
+            and dst.id in sender.peers
+            and dst.machine.accept_peer(src, speaks, address(src)) is None
+        )
 
     # -- clients --------------------------------------------------------------------
 

@@ -517,7 +517,7 @@ def test_a_version_1_snapshot_restores_with_the_previous_release(previous: Previ
     assert _old_views(old) == _new_views(d.sm)
     assert old.applied_index == d.sm.applied_index
     # Restored there, it answers re-sent requests and goes on as this release does.
-    later = [
+    later: list[Command] = [
         AcquireCommand("b", "k", True, 1, {}, Origin(LEGACY, 12), 1),
         CloseLeaseCommand("a", Origin(LEGACY, 99), 2),
         AcquireCommand("b", "k", True, 1, {}, Origin(LEGACY, 12), 3),
@@ -588,6 +588,7 @@ def _same_outcome(old: Any, new: ApplyOutcome) -> None:
     if old.result is None:
         assert new.result is None
     else:
+        assert new.result is not None, old.result
         theirs, ours = old.result.to_dict(), new.result.to_dict()
         assert {name: ours.get(name) for name in theirs} == theirs, (theirs, ours)
     assert [g.to_dict() for g in old.grants] == [p.to_dict() for p in new.promotions]

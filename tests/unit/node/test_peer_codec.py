@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import struct
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 from hypothesis import given
@@ -32,7 +32,17 @@ from dlm.node.raft.types import (
 )
 from tests.unit.fuzz import BOUNDARY_INTS, FUZZ, decode_all, mutated
 
-H = {"group": 0, "term": 3, "src": "a", "dst": "b"}
+
+class Header(TypedDict):
+    """The fields every Raft message starts with."""
+
+    group: int
+    term: int
+    src: str
+    dst: str
+
+
+H: Header = {"group": 0, "term": 3, "src": "a", "dst": "b"}
 
 SAMPLES: list[Message] = [
     VoteRequest(**H, last_log_index=5, last_log_term=2, pre_vote=True, transfer=False),
@@ -117,10 +127,13 @@ def _int_fields(msg: Message) -> list[str]:
 def test_every_integer_field_is_bounded_to_63_bits(msg: Message) -> None:
     for name in _int_fields(msg):
         for good in (0, 2**63 - 1):
-            ok = dataclasses.replace(msg, **{name: good})
+            # Any: the field is chosen by name at run time, so mypy cannot check it.
+            ok_field: dict[str, Any] = {name: good}
+            ok = dataclasses.replace(msg, **ok_field)
             assert peer_codec.raft_from_wire(peer_codec.raft_to_wire(ok)) == ok
         for bad in (-1, 2**63, 2**64 - 1, 2**64):
-            wrong = peer_codec.raft_to_wire(dataclasses.replace(msg, **{name: bad}))
+            bad_field: dict[str, Any] = {name: bad}
+            wrong = peer_codec.raft_to_wire(dataclasses.replace(msg, **bad_field))
             with pytest.raises(wire.ProtocolError, match=r"2\*\*63"):
                 peer_codec.raft_from_wire(wrong)
 

@@ -46,8 +46,8 @@ def test_the_soft_limit_goes_up_to_the_hard_limit(
     monkeypatch: pytest.MonkeyPatch, soft: int, hard: int, refuse_above: int | None, after: int
 ) -> None:
     fake = FakeLimits(soft, hard, refuse_above)
-    monkeypatch.setattr(rlimits.resource, "getrlimit", fake.getrlimit)
-    monkeypatch.setattr(rlimits.resource, "setrlimit", fake.setrlimit)
+    monkeypatch.setattr(resource, "getrlimit", fake.getrlimit)
+    monkeypatch.setattr(resource, "setrlimit", fake.setrlimit)
     result = rlimits.raise_open_files_limit()
     assert (result.before, result.after, result.hard) == (soft, after, hard)
     assert fake.soft == after

@@ -12,9 +12,8 @@ import struct
 import anyio
 import pytest
 
-from dlm.node import server as server_module
 from dlm.node.server import Limits
-from dlm.wire import CLIENT_FRAME_LIMIT
+from dlm.wire import CLIENT_FRAME_LIMIT, encode_frame
 
 from .server_harness import WAIT, Wire, running_member
 
@@ -77,9 +76,7 @@ async def test_a_request_sent_behind_the_hello_is_answered_after_the_welcome() -
     async with running_member() as (_, port):
         wire = await Wire.connect(port)
         hello = {"t": "hello", "role": "client", "version": 1, "max_version": 2}
-        await wire.send_bytes(
-            server_module.encode_frame(hello) + server_module.encode_frame({"t": "ping", "id": 7})
-        )
+        await wire.send_bytes(encode_frame(hello) + encode_frame({"t": "ping", "id": 7}))
         assert (await wire.recv())["t"] == "welcome"
         assert await wire.recv() == {"t": "ok", "id": 7}
 
@@ -112,12 +109,21 @@ async def test_an_oversized_hello_is_told_this_port_speaks_dlm() -> None:
         await wire.closed()
 
 
-async def test_a_frame_that_is_not_cbor_gets_an_error_and_the_connection_closes() -> None:
+async def test_a_frame_that_is_not_cbor_gets_an_error_and_the_connection_goes_on() -> None:
     async with running_member() as (_, port):
         wire = await Wire.client(port)
         await wire.send_bytes(struct.pack(">I", 1) + b"\x1c")  # a reserved CBOR head
         refusal = await wire.recv()
         assert refusal["code"] == "BAD_REQUEST" and "CBOR" in refusal["message"]
+        assert (await wire.request("ping"))["t"] == "ok"
+
+
+async def test_an_oversized_length_gets_an_error_and_the_connection_closes() -> None:
+    async with running_member() as (_, port):
+        wire = await Wire.client(port)
+        await wire.send_bytes(struct.pack(">I", 1 << 30) + b"\xa0")
+        refusal = await wire.recv()
+        assert refusal["code"] == "TOO_LARGE"
         await wire.closed()
 
 

@@ -137,7 +137,9 @@ async def test_the_member_dials_each_peer_with_a_peer_hello_and_then_sends_raft_
             await link.aclose()
 
 
-async def _accept_one(listener: anyio.abc.SocketListener) -> anyio.abc.SocketStream:
+async def _accept_one(
+    listener: anyio.abc.Listener[anyio.abc.SocketStream],
+) -> anyio.abc.SocketStream:
     accepted: list[anyio.abc.SocketStream] = []
     async with anyio.create_task_group() as tg:
 

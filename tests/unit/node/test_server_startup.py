@@ -9,19 +9,30 @@ event loop, a failing disk stops the member, and ``shutdown()`` drains.
 
 from __future__ import annotations
 
+import io
 import itertools
 import socket
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
 import pytest
 
 from dlm.node.config import ConfigError, NodeConfig, check_data_dir, parse_peers, write_meta
-from dlm.node.main import EXIT_FAILURE, EXIT_USAGE, start_node
+from dlm.node.log import Logger
+from dlm.node.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, _settled, start_node
 from dlm.node.raft.memory import MemoryStorage
-from dlm.node.raft.types import ConfState, Entry
+from dlm.node.raft.types import (
+    ConfChange,
+    ConfChangeKind,
+    ConfState,
+    Entry,
+    EntryKind,
+    HardState,
+    encode_conf_change,
+)
 from dlm.store.disk import DiskStorage
 
 from .server_harness import WAIT, Wire, log_text, running_member
@@ -104,12 +115,55 @@ def test_a_data_dir_of_another_member_is_refused(
         node_id="n1", listen=None, peers=None, data=str(tmp_path), cluster="prod"
     )
     write_meta(owner)
-    assert check_data_dir(owner) is not None
+    meta = check_data_dir(owner)
+    assert meta is not None and meta.node == "n1" and meta.cluster == "prod"
     code, err = start(capsys, node_id="n2", listen=free_addr(), data=str(tmp_path), cluster="prod")
     assert code == EXIT_FAILURE
     assert "belongs to node 'n1' of cluster 'prod'" in err
     code, err = start(capsys, node_id="n1", listen=free_addr(), data=str(tmp_path))
     assert code == EXIT_FAILURE and "cluster 'prod'" in err
+
+
+def test_the_members_a_joined_member_was_told_of_are_kept_for_its_restarts(
+    tmp_path: Path,
+) -> None:
+    first = {"n1": ("10.0.0.1", 7700), "n2": ("10.0.0.2", 7700), "n3": ("10.0.0.3", 7700)}
+    told = {**first, "n4": ("10.0.0.4", 7700)}
+    joined = NodeConfig.from_settings(
+        {"node_id": "n5", "listen": "10.0.0.5:7700", "data": str(tmp_path), "join": "10.0.0.1"}
+    )
+    write_meta(replace(joined, peers=first, join_members=told))
+    meta = check_data_dir(joined)
+    assert meta is not None and meta.peers == first and meta.join_members == told
+    settled = _settled(joined, meta, Logger("n5", stream=io.StringIO()))
+    assert settled.peers == first and settled.join_members == told
+    # A member that did not join records none.
+    plain = NodeConfig.from_flags(
+        node_id="n1", listen=None, peers=None, data=str(tmp_path / "plain"), cluster=None
+    )
+    write_meta(plain)
+    meta = check_data_dir(plain)
+    assert meta is not None and meta.join_members == {}
+
+
+def test_a_removed_members_data_dir_stops_at_once_with_exit_0_and_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    peers = f"n1={free_addr()},n2={free_addr()}"
+    config = NodeConfig.from_flags(
+        node_id="n1", listen=None, peers=peers, data=str(tmp_path), cluster=None
+    )
+    write_meta(config)
+    removal = encode_conf_change(ConfChange(ConfChangeKind.REMOVE, "n1"))
+    with DiskStorage.open(tmp_path, bootstrap_conf=ConfState(voters=("n1", "n2"))) as store:
+        store.append([Entry(1, 1, removal, EntryKind.CONF_CHANGE)])
+        store.set_hard_state(HardState(term=1, vote="", commit=1))
+    code, err = start(capsys, node_id="n1", peers=peers, data=str(tmp_path))
+    # Not a failure: a service manager must not start it again and again.
+    assert code == EXIT_OK
+    [said] = [line for line in err.splitlines() if line.startswith("dlm node:")]
+    assert said.startswith("dlm node: member n1 was removed")
+    assert "remove its data directory" in said and "--join" in said
 
 
 def test_a_damaged_meta_file_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

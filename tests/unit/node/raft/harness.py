@@ -14,7 +14,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any
+from typing import TypedDict, TypeVar, Unpack
 
 from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.memory import MemoryStorage
@@ -30,6 +30,19 @@ from dlm.node.raft.types import (
 )
 
 
+class RaftOptions(TypedDict, total=False):
+    """Config fields a test may override; the rest of Config comes from the Net."""
+
+    group: int
+    election_ticks: int
+    heartbeat_ticks: int
+    pre_vote: bool
+    check_quorum: bool
+    max_inflight: int
+    max_entries_bytes: int
+    snapshot_chunk_bytes: int
+
+
 def ids(n: int) -> tuple[NodeId, ...]:
     return tuple(f"n{i}" for i in range(1, n + 1))
 
@@ -42,7 +55,7 @@ class Net:
         learners: tuple[NodeId, ...] = (),
         seed: int = 1,
         node_class: type[RaftNode] = RaftNode,
-        **cfg: Any,
+        **cfg: Unpack[RaftOptions],
     ) -> None:
         self.voters = ids(members) if isinstance(members, int) else tuple(members)
         self.learners = learners
@@ -204,7 +217,10 @@ class Net:
         return [e.data for e in self.applied[n] if e.data]
 
 
-def of_type(msgs: Iterable[Message], kind: type[Any]) -> list[Any]:
+M = TypeVar("M")
+
+
+def of_type(msgs: Iterable[Message], kind: type[M]) -> list[M]:
     return [m for m in msgs if isinstance(m, kind)]
 
 

@@ -86,6 +86,7 @@ def test_lone_voter_commits_only_after_its_write_is_advanced() -> None:
     net = Net(1)
     leader = net.elect("n1")
     index = leader.propose(b"x")
+    assert isinstance(index, int), index
     rd = leader.ready()
     assert rd.committed == () and leader.commit_index < index
     for _ in range(5):

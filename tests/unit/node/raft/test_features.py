@@ -20,6 +20,7 @@ from dlm.node.raft.types import (
     HeartbeatResponse,
     InstallSnapshot,
     InstallSnapshotResponse,
+    Message,
     NotLeader,
     ReadIndexRequest,
     ReadIndexResponse,
@@ -273,7 +274,7 @@ def test_deposed_leader_steps_down_on_a_reply_from_a_higher_term() -> None:
         net.deliver()
     assert net.leader() in ("n2", "n3") or net["n2"].role is Role.LEADER
     new = net["n2"] if net["n2"].role is Role.LEADER else net["n3"]
-    assert old.role is Role.LEADER  # has not noticed yet
+    assert old.status().role is Role.LEADER  # has not noticed yet
     net.heal()
     net.tick("n1")
     net.deliver()
@@ -460,7 +461,8 @@ def test_transfer_stops_proposals_and_is_abandoned_after_an_election_timeout() -
     leader.propose(b"x")
     net.deliver()
     leader.transfer_leadership("n3")
-    assert leader.lead_transferee == "n3"
+    transferee = leader.lead_transferee  # (so mypy does not keep the attribute narrowed)
+    assert transferee == "n3"
     assert leader.propose(b"y") == NotLeader("n3")
     assert leader.transfer_leadership("n3") is None  # repeated: no change
     for _ in range(10):
@@ -733,7 +735,7 @@ def test_empty_snapshot_image_installs_in_one_empty_chunk() -> None:
 # ---------------------------------------------------------------------------
 
 
-def appends_to(msgs: list, dst: str) -> list[AppendEntries]:
+def appends_to(msgs: list[Message], dst: str) -> list[AppendEntries]:
     return [m for m in of_type(msgs, AppendEntries) if m.dst == dst and m.entries]
 
 
@@ -985,7 +987,7 @@ def test_weird_but_typed_messages_do_not_raise() -> None:
     net = Net(3)
     leader = net.elect("n1")
     t = leader.term
-    weird = [
+    weird: list[Message] = [
         AppendEntriesResponse(group=0, term=t, src="n2", dst="n1", reject=False, index=999),
         AppendEntriesResponse(group=0, term=t, src="zz", dst="n1", reject=False, index=1),
         AppendEntriesResponse(

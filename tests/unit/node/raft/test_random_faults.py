@@ -17,10 +17,23 @@ from dlm.node.raft.types import ConfState, Entry, Message, Role
 from .harness import Net
 
 
-def run(seed: int, members: int = 5, ticks: int = 400, **cfg: bool) -> None:
+def run(
+    seed: int,
+    members: int = 5,
+    ticks: int = 400,
+    *,
+    pre_vote: bool = True,
+    check_quorum: bool = True,
+) -> None:
     rng = random.Random(seed)
     net = Net(
-        members, seed=seed, max_inflight=4, snapshot_chunk_bytes=7, max_entries_bytes=64, **cfg
+        members,
+        seed=seed,
+        max_inflight=4,
+        snapshot_chunk_bytes=7,
+        max_entries_bytes=64,
+        pre_vote=pre_vote,
+        check_quorum=check_quorum,
     )
     in_flight: list[tuple[int, int, Message]] = []  # (deliver_at, tie-break, msg)
     applied: dict[int, Entry] = {}
@@ -100,17 +113,20 @@ def run(seed: int, members: int = 5, ticks: int = 400, **cfg: bool) -> None:
 
     leader = net.leader()
     assert leader is not None, f"seed {seed}: no leader after faults healed"
-    index = net.nodes[leader].propose(b"final")
-    assert isinstance(index, int)
+    final_index = net.nodes[leader].propose(b"final")
+    assert isinstance(final_index, int)
     for now in range(ticks, ticks + 60):
         for node in net.nodes.values():
             node.tick()
         pump(now, False)
         deliver(now)
         check()
-        if index in applied and all(n.commit_index >= index for n in net.nodes.values()):
+        if final_index in applied and all(
+            n.commit_index >= final_index for n in net.nodes.values()
+        ):
             break
-    assert applied.get(index) is not None and applied[index].data == b"final", f"seed {seed}"
+    final = applied.get(final_index)
+    assert final is not None and final.data == b"final", f"seed {seed}"
 
 
 @pytest.mark.parametrize("seed", range(12))

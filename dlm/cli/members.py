@@ -1,0 +1,270 @@
+"""`dlm members list|add|remove|promote`: who is in the cluster; changing it, one at a time.
+
+The list is put together as `dlm status` puts its table together: the
+leader's view of the membership (who votes, who is a learner, how far behind
+each is, when the leader last heard from it), read through the leader, then
+each member asked directly, with a short timeout, for its own role. A member
+that does not answer is shown with the role ``unknown``, unreachable, and no
+lag. A change is one request to the leader, which answers with the new
+membership once the change is committed; it is printed the same way.
+
+What the leader refuses comes back as the client's exceptions, each with its
+exit code (dlm.cli.exits): a request that makes no sense (an id or address in
+use, an unknown id, the last voter) and a removal that would leave no quorum
+of answering voters exit 2; a change while another is pending exits 75; no
+quorum exits 69.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dlm.cli.durations import format_ms
+from dlm.cli.exits import usage_error
+from dlm.cli.output import (
+    JSON,
+    TSV,
+    Styled,
+    console,
+    emit_json,
+    emit_tsv,
+    escape,
+    print_table,
+    say,
+)
+from dlm.cli.settings import Settings
+
+if TYPE_CHECKING:
+    from dlm.client.sync import Client
+
+ROLES = ("leader", "follower", "candidate", "learner", "unknown")
+FIELDS = ("id", "address", "role", "voter", "reachable", "match", "lag", "last_contact_ms")
+MEMBER_TIMEOUT = 1.0
+"""How long each member gets to say what it is (a missing one is shown as unknown)."""
+ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+
+
+# ---------------------------------------------------------------------------
+# Arguments, checked before connecting
+# ---------------------------------------------------------------------------
+
+
+def check_member_id(member: str) -> None:
+    """The rule of `dlm node start --id`: 1-63 letters, digits, '_', '-' or '.', starting
+    with a letter or digit."""
+    if not (0 < len(member) <= 63 and member[0].isalnum() and set(member) <= ID_CHARS):
+        raise usage_error(
+            f"bad ID '{escape(member)}': a member id is 1-63 letters, digits, '_', '-' or '.', "
+            "starting with a letter or digit (as given to dlm node start --id)"
+        )
+
+
+def check_address(address: str) -> str:
+    """``HOST:PORT`` as the members will dial it, or a usage error."""
+    from dlm.wire import format_addr, parse_addr
+
+    if "://" in address:
+        raise usage_error(f"bad ADDR '{escape(address)}': write HOST:PORT, not a URL")
+    try:
+        return format_addr(*parse_addr(address))
+    except ValueError as exc:
+        raise usage_error(
+            f"bad ADDR '{escape(address)}': {exc}; write HOST:PORT, e.g. 10.0.0.4:7700"
+        ) from None
+
+
+# ---------------------------------------------------------------------------
+# The membership, as rows
+# ---------------------------------------------------------------------------
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def member_rows(client: Client, view: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
+    """One row per member of the leader's ``view``, each completed with the member's own
+    account of its role (asked directly, in parallel, within ``timeout``)."""
+    from dlm.cli.status_view import gather_members
+
+    listed = [m for m in view.get("members") or [] if isinstance(m, dict)]
+    seen = gather_members(client, listed, timeout)
+    return [member_row(member, own) for member, own in zip(listed, seen, strict=True)]
+
+
+def member_row(listed: dict[str, Any], seen: dict[str, Any]) -> dict[str, Any]:
+    """A member as the leader lists it (``listed``) and as it answered us (``seen``, a row of
+    dlm.cli.status_view.gather_members: its own role, and whether it answered). The role is
+    the member's own word, so a member cut off from the leader shows as a candidate."""
+    from dlm.cli.status_view import human_role
+
+    learner = listed.get("role") == "learner"
+    answered = bool(seen.get("reachable"))
+    # Reachable: it answers us, and the leader hears from it (one the leader cannot reach
+    # takes no part in the cluster, and often says so: it campaigns).
+    reachable = answered and listed.get("reachable") is not False
+    role = human_role(seen.get("role")) if answered else "unknown"
+    if learner:
+        role = "learner"  # the leader's configuration decides, whatever the member knows yet
+    elif role == "learner":
+        role = "follower"  # promoted; its own log has not said so yet
+    if role not in ROLES:
+        role = "unknown"
+    return {
+        "id": listed.get("id") if isinstance(listed.get("id"), str) else None,
+        "address": listed.get("address") if isinstance(listed.get("address"), str) else None,
+        "role": role,
+        "voter": not learner,
+        "reachable": reachable,
+        "match": _int(listed.get("match")),
+        "lag": _int(listed.get("lag")) if reachable else None,
+        "last_contact_ms": _int(listed.get("last_contact_ms")),
+    }
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _yes(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+def members_tsv(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[object]]]:
+    return list(FIELDS), [
+        [
+            _dash(r["id"]),
+            _dash(r["address"]),
+            r["role"],
+            _yes(r["voter"]),
+            _yes(r["reachable"]),
+            *(_dash(r[f]) for f in ("match", "lag", "last_contact_ms")),
+        ]
+        for r in rows
+    ]
+
+
+def print_members_table(rows: list[dict[str, Any]], leader: str | None) -> None:
+    cells: list[list[str | Styled]] = []
+    for r in rows:
+        is_leader = r["id"] is not None and r["id"] == leader
+        ident: str | Styled = _dash(r["id"])
+        role: str | Styled = r["role"]
+        if is_leader:
+            ident, role = Styled(f"{ident} *", "bold green"), Styled(str(role), "bold green")
+        contact = r["last_contact_ms"]
+        cells.append(
+            [
+                ident,
+                _dash(r["address"]),
+                role,
+                _yes(r["reachable"]) if r["reachable"] else Styled("no", "bold red"),
+                _dash(r["match"]),
+                _dash(r["lag"]),
+                "-" if contact is None else f"{format_ms(contact)} ago",
+            ]
+        )
+    print_table(
+        ("ID", "ADDRESS", "ROLE", "REACHABLE", "MATCH", "LAG", "LAST CONTACT"),
+        cells,
+        right=("MATCH", "LAG", "LAST CONTACT"),
+        out=console(),
+    )
+
+
+def show(
+    rows: list[dict[str, Any]],
+    leader: str | None,
+    output_format: str,
+    *,
+    headline: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Prints the membership: one JSON object, tsv rows, or (with ``headline`` first) a table."""
+    if output_format == JSON:
+        emit_json({**(extra or {}), "members": rows, "leader": leader})
+    elif output_format == TSV:
+        emit_tsv(*members_tsv(rows))
+    else:
+        if headline is not None:
+            say(headline)
+        print_members_table(rows, leader)
+
+
+# ---------------------------------------------------------------------------
+# The subcommands
+# ---------------------------------------------------------------------------
+
+
+def list_members(settings: Settings, output_format: str) -> None:
+    client = settings.connect()
+    try:
+        view = client.members_view()
+        rows = member_rows(client, view, min(MEMBER_TIMEOUT, settings.timeout))
+    finally:
+        client.close()
+    show(rows, _leader(view), output_format)
+
+
+def add(settings: Settings, member: str, address: str, output_format: str) -> None:
+    check_member_id(member)
+    where = check_address(address)
+    view, rows = _change(settings, lambda client: client.add_member(member, where))
+    headline = (
+        f"added {member} ({where}) as a learner: once it runs and has caught up, the leader "
+        f"makes it a voter (if the members run with --auto-promote off: dlm members promote "
+        f"{member})"
+    )
+    mine = [r for r in rows if r["id"] == member]
+    if mine and not mine[0]["reachable"]:
+        headline += (
+            f"; it does not answer yet: start it with dlm node start --id {member} "
+            f"--listen {where} --join {','.join(settings.members)}"
+        )
+    show(
+        rows,
+        _leader(view),
+        output_format,
+        headline=headline,
+        extra={"added": {"id": member, "address": where}},
+    )
+
+
+def remove(settings: Settings, member: str, force: bool, output_format: str) -> None:
+    check_member_id(member)
+    view, rows = _change(settings, lambda client: client.remove_member(member, force=force))
+    show(
+        rows,
+        _leader(view),
+        output_format,
+        headline=f"removed {member}: its process stops by itself (exit 0) once it learns it",
+        extra={"removed": {"id": member}},
+    )
+
+
+def promote(settings: Settings, member: str, output_format: str) -> None:
+    check_member_id(member)
+    view, rows = _change(settings, lambda client: client.promote_member(member))
+    show(
+        rows,
+        _leader(view),
+        output_format,
+        headline=f"promoted {member}: it is a voter now",
+        extra={"promoted": {"id": member}},
+    )
+
+
+def _change(settings: Settings, make: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Makes the change; the leader's view of the new membership and its rows."""
+    client = settings.connect()
+    try:
+        view: dict[str, Any] = make(client)
+        rows = member_rows(client, view, min(MEMBER_TIMEOUT, settings.timeout))
+    finally:
+        client.close()
+    return view, rows
+
+
+def _leader(view: dict[str, Any]) -> str | None:
+    leader = view.get("leader")
+    return leader if isinstance(leader, str) else None
