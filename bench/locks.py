@@ -84,6 +84,8 @@ class Target:
     endpoints: tuple[str, ...]  # HOST:PORT, the leader first
     # etcd only: re-send a request that stays silent this long to the next member.
     attempt_timeout_s: float | None = None
+    # dlm only: the client secret's file, when the members require one (--auth secret).
+    secret_file: str | None = None
 
 
 class LockSession(Protocol):
@@ -102,11 +104,16 @@ class DlmSession:
         self._lease = lease
 
     @classmethod
-    async def open(cls, endpoints: Sequence[str]) -> DlmSession:
+    async def open(cls, endpoints: Sequence[str], secret_file: str | None = None) -> DlmSession:
         # Lazy: the etcd half of the benchmark runs without dlm's client.
         from dlm.client.aio import AsyncClient
 
-        client = AsyncClient(list(endpoints), timeout=OP_TIMEOUT_S)
+        secret = None
+        if secret_file is not None:
+            from dlm import auth
+
+            secret = auth.load_secret(secret_file)
+        client = AsyncClient(list(endpoints), timeout=OP_TIMEOUT_S, secret=secret)
         try:
             lease = await client.open_lease(LEASE_TTL_MS)
         except BaseException:
@@ -129,7 +136,7 @@ class DlmSession:
 
 async def open_session(target: Target) -> LockSession:
     if target.system == "dlm":
-        return await DlmSession.open(target.endpoints)
+        return await DlmSession.open(target.endpoints, target.secret_file)
     return await etcd_bench.EtcdSession.open(
         target.endpoints, 0, op_timeout=OP_TIMEOUT_S, attempt_timeout=target.attempt_timeout_s
     )
@@ -164,15 +171,30 @@ class Cluster(Protocol):
 class DlmCluster(ProcessCluster):
     """Three `dlm node start` processes on 127.0.0.1, data under ``base_dir``."""
 
-    def __init__(self, base_dir: str, size: int = 3) -> None:
+    def __init__(self, base_dir: str, size: int = 3, *, auth: bool = False) -> None:
         super().__init__(base_dir, [f"n{i + 1}" for i in range(size)])
         self.addrs = [f"127.0.0.1:{p}" for p in free_ports(size)]
-        self._client = Client(self.addrs)
+        self.secret_file: str | None = None
+        self._peer_secret_file: str | None = None
+        secret = None
+        if auth:
+            from dlm import auth as dlm_auth
+
+            os.makedirs(base_dir, exist_ok=True)
+            self.secret_file = os.path.join(base_dir, "client.secret")
+            self._peer_secret_file = os.path.join(base_dir, "peer.secret")
+            dlm_auth.write_secret_file(self.secret_file)
+            dlm_auth.write_secret_file(self._peer_secret_file)
+            secret = dlm_auth.load_secret(self.secret_file)
+        self._client = Client(self.addrs, secret=secret)
 
     def _command(self, i: int) -> list[str]:
         peers = ",".join(f"{n}={a}" for n, a in zip(self.names, self.addrs, strict=True))
         data = os.path.join(self.base_dir, self.names[i])
         args = ["--id", self.names[i], "--listen", self.addrs[i], "--peers", peers, "--data", data]
+        if self.secret_file is not None and self._peer_secret_file is not None:
+            args += ["--client-secret-file", self.secret_file]
+            args += ["--peer-secret-file", self._peer_secret_file]
         return [sys.executable, "-m", "dlm", "node", "start", *args]
 
     def start(self) -> None:
@@ -461,7 +483,7 @@ def measure_failover(
         leader = cluster.leader_index(LEADER_TIMEOUT_S)
         ordered = (endpoints[leader], *(a for i, a in enumerate(endpoints) if i != leader))
         attempt = ETCD_FAILOVER_ATTEMPT_S if system == "etcd" else None
-        target = Target(system, ordered, attempt)
+        target = Target(system, ordered, attempt, getattr(cluster, "secret_file", None))
         samples.append(asyncio.run(_failover_once(target, functools.partial(cluster.kill, leader))))
         cluster.restart(leader)
         cluster.wait_all_agree(LEADER_TIMEOUT_S)
@@ -521,7 +543,8 @@ class Contender:
                 self.endpoints[leader],
                 *(a for i, a in enumerate(self.endpoints) if i != leader),
             )
-            self.target = Target(self.run.system, ordered)
+            secret_file = getattr(self.cluster, "secret_file", None)
+            self.target = Target(self.run.system, ordered, secret_file=secret_file)
         system = self.run.system
         prefix = f"bench/{system}/{'h' if hot else 'd'}{clients}x{procs}/{os.getpid()}"
         cell = Cell(hot, clients, procs, args.warmup, args.seconds, prefix)
@@ -582,7 +605,7 @@ def bench_both(args: argparse.Namespace, base_dir: str) -> tuple[SystemRun, Syst
     dlm_run, etcd_run = SystemRun("dlm"), SystemRun("etcd")
     clusters: list[tuple[SystemRun, DlmCluster | etcd_bench.EtcdCluster, list[str], str]] = []
     if args.only != "etcd":
-        dlm = DlmCluster(os.path.join(base_dir, "dlm"))
+        dlm = DlmCluster(os.path.join(base_dir, "dlm"), auth=args.auth)
         clusters.append((dlm_run, dlm, dlm.addrs, "dlm: 3 nodes up"))
     else:
         dlm_run.error = "not run (--only)"
@@ -598,7 +621,7 @@ def bench_both(args: argparse.Namespace, base_dir: str) -> tuple[SystemRun, Syst
     contenders = []
     try:
         for run, cluster, addrs, up in clusters:
-            os.makedirs(cluster.base_dir)
+            os.makedirs(cluster.base_dir, exist_ok=True)
             try:
                 cluster.start()
             except Exception as exc:
@@ -893,11 +916,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--name", default="locks", help="file name of the results (no suffix)")
     parser.add_argument(
-        "--label", default="authentication and TLS off", help="what the heading says was run"
+        "--auth",
+        action="store_true",
+        help="dlm's members require a client secret and a peer secret (every frame carries a MAC)",
     )
+    parser.add_argument("--label", default=None, help="what the heading says was run")
     args = parser.parse_args(argv)
     if args.no_etcd:
         args.only = "dlm"
+    if args.label is None:
+        args.label = "authentication on, TLS off" if args.auth else "authentication and TLS off"
     return args
 
 
