@@ -88,7 +88,7 @@ def loop_exception_handler(quiet: QuietLog) -> Callable[[Any, dict[str, Any]], N
         error = f"{type(exc).__name__}: {exc}" if exc is not None else message
         if message == ACCEPT_FAILED:
             # asyncio stops accepting for a second and tries again; connections wait in
-            # the backlog meanwhile (the descriptor budget in server.py keeps this rare).
+            # the backlog meanwhile (the descriptor budget in accepting.py keeps this rare).
             quiet.warning("accept_failed", error=error)
         else:
             quiet.warning("loop_error", message=message, error=error[:500])

@@ -9,18 +9,15 @@ streams cost a selector re-arm and a loop round trip per receive and send,
 which on the hot path was more than the work itself):
 
 * **connections**: one listening port for clients and peers (TLS when
-  configured). The first frame (the hello) decides the role; with a secret
-  for that role, the connection must then complete the handshake of
-  dlm/auth.py, and every later frame carries its tag. Nothing a connection
-  sends reaches the machine before it is admitted. Transport rules live
-  here: frame size limits, a deadline for the hello (and the handshake) and
-  for a frame that stalls half-way, the cap on client connections and the
-  budget of descriptors, the write-buffer cap of a client that does not read.
-  A client's frames go to ``machine.client_frame``; a peer's Raft messages
-  to ``machine.peer_messages``.
+  configured). accepting.py turns an accepted connection into a client or a
+  peer (the hello, the handshake of dlm/auth.py, the transport limits);
+  nothing it sends reaches the machine before it is admitted. This module
+  keeps the books of connections (the descriptor budget, the client cap, the
+  write-buffer cap of a client that does not read). A client's frames go to
+  ``machine.client_frame``; a peer's Raft messages to ``machine.peer_messages``.
 * **the clock**: a timer task sleeps until ``machine.next_timer()``.
 * **the disk**: ``Persist`` and ``SaveSnapshot`` actions go, in order, to one
-  worker thread, which writes the jobs that queued up together with one
+  worker thread (persister.py), which writes the jobs that queued up together with one
   fsync; each completion comes back to the loop as ``machine.persisted(job)``.
   While the disk works, the loop keeps reading, ticking and sending (the
   leader's appends and heartbeats leave before its own fsync: Raft
@@ -37,18 +34,13 @@ After every event the adapter executes ``machine.take_actions()`` in order.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import os
-import queue
 import random
-import resource
 import signal
 import socket
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -56,6 +48,12 @@ import anyio
 import anyio.abc
 
 from dlm.node import locks
+from dlm.node.accepting import (
+    AcceptedConnection,
+    Budget,
+    ClientConnection,
+    Limits,
+)
 from dlm.node.config import NodeConfig
 from dlm.node.log import Logger
 from dlm.node.machine import (
@@ -74,51 +72,28 @@ from dlm.node.machine import (
 )
 from dlm.node.notify import notify
 from dlm.node.peer_codec import decode_raft_frame
-from dlm.node.peers import PeerLink, split_first_frame
+from dlm.node.peers import PeerLink
+from dlm.node.persister import Persister, collector_paused
 from dlm.node.quiet import QuietLog, loop_exception_handler
-from dlm.node.raft.types import Entry, Role, Storage
+from dlm.node.raft.types import Role, Storage
 from dlm.node.rlimits import raise_open_files_limit
 from dlm.node.security import NodeSecurity
 from dlm.node.stats import DiskStats
 from dlm.wire import (
     CLIENT_FRAME_LIMIT,
-    PEER_FRAME_LIMIT,
-    PROTOCOL_VERSION,
     ErrorCode,
     FrameDecoder,
     Hello,
-    HelloRole,
     ProtocolError,
-    as_map,
     encode_frame,
     error,
     parse_addr,
-    welcome,
 )
 
-HELLO_TIMEOUT = 5.0
-"""A connection that has not completed its hello (and its handshake) by then is closed."""
-FRAME_STALL_TIMEOUT = 5.0
-"""A client connection holding half a frame this long is closed (a slow-loris)."""
-IDLE_TIMEOUT = 120.0
-"""A client connection silent this long is closed (idle clients ping every 30 s)."""
-EVICT_IDLE_AFTER = 5.0
-"""When the client cap is reached, a new client takes the place of the one silent the
-longest, if that one has been silent at least this long (it reconnects when it needs to)."""
 CLIENT_CHECK_EVERY = 0.5
 """Seconds between two looks for stalled and idle clients."""
 CLIENT_BUFFER_LIMIT = 16 * CLIENT_FRAME_LIMIT
 """Unsent reply bytes beyond which a client that does not read is cut off."""
-MAX_CONNECTIONS = 8192
-"""Client connections per member; peers always get in (they are few)."""
-FD_RESERVE = 128
-"""Descriptors kept from connections: log segments, snapshots, the metrics listener's
-scrapers (64), the event loop's own."""
-HANDSHAKE_ROOM = 64
-"""Descriptors kept beyond the client cap for connections still saying hello, so that a
-full cap never stops the member from accepting (peers, and replies saying it is full)."""
-AUTH_FRAME_LIMIT = 1024
-"""The ``auth`` frame is a proof of 32 bytes: anything longer is not one."""
 
 
 class RemovedMember(Exception):
@@ -127,189 +102,6 @@ class RemovedMember(Exception):
 
 def now() -> Instant:
     return Instant(time.monotonic(), int(time.time() * 1000))
-
-
-@dataclass(slots=True)
-class Limits:
-    """Transport limits (the tests lower them)."""
-
-    hello_timeout: float = HELLO_TIMEOUT
-    frame_stall_timeout: float = FRAME_STALL_TIMEOUT
-    idle_timeout: float = IDLE_TIMEOUT
-    max_connections: int = MAX_CONNECTIONS
-    evict_idle_after: float = EVICT_IDLE_AFTER
-
-
-class Budget:
-    """How many connections this member takes, from its open-files limit.
-
-    Every accepted connection holds a descriptor, and a member out of descriptors
-    cannot accept anyone, not even a peer. So the member keeps FD_RESERVE for its
-    files, one per outbound peer link, and counts the rest: ``transports`` is how
-    many connections may be open at once (beyond it the oldest one still saying
-    hello is dropped), ``clients`` how many of them may be admitted clients, which
-    leaves room for the inbound peer connections and HANDSHAKE_ROOM for newcomers.
-    """
-
-    __slots__ = ("clients", "transports")
-
-    def __init__(self, open_files: int, peers: int, max_clients: int) -> None:
-        self.transports = max(8, open_files - FD_RESERVE - peers)
-        self.clients = max(1, min(max_clients, self.transports - peers - HANDSHAKE_ROOM))
-
-    @classmethod
-    def for_process(cls, peers: int, max_clients: int) -> Budget:
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        return cls(1 << 30 if soft == resource.RLIM_INFINITY else soft, peers, max_clients)
-
-
-class _Persister:
-    """The one thread that touches the disk: jobs complete in the order they were queued.
-
-    Group commit: the jobs that queued up while the disk was busy are written
-    together, with one fsync (``_merge``), and reported together. Nothing is
-    reported before it is durable, and each job still reaches the disk in
-    order: a later job's entries replace what an earlier one wrote from their
-    first index on, exactly as appending them one after the other would.
-    """
-
-    def __init__(
-        self,
-        storage: Storage,
-        loop: asyncio.AbstractEventLoop,
-        on_done: Callable[[list[Persist | SaveSnapshot], BaseException | None], None],
-    ) -> None:
-        self._storage = storage
-        self._loop = loop
-        self._on_done = on_done
-        # Test-only (tests/chaos): a slow disk, this many ms more for every write of entries.
-        delay = os.environ.get("DLM_TEST_FSYNC_DELAY_MS", "").strip()
-        self._test_delay_s = int(delay) / 1000.0 if delay.isdigit() else 0.0
-        self._queue: queue.SimpleQueue[Persist | SaveSnapshot | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="dlm-persist", daemon=True)
-        self._thread.start()
-        self.failure: BaseException | None = None
-        self.stats = DiskStats()
-        self.snapshot_write_s: dict[int, float] = {}
-        """Seconds each snapshot took to write and compact behind, by index (read once)."""
-
-    @property
-    def slowed(self) -> bool:
-        """DLM_TEST_FSYNC_DELAY_MS is set (tests/chaos)."""
-        return self._test_delay_s > 0
-
-    def submit(self, job: Persist | SaveSnapshot) -> None:
-        self._queue.put(job)
-
-    def stop(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        pending = self._queue
-        while True:
-            item = pending.get()
-            queued: list[Persist | SaveSnapshot | None] = [item]
-            while item is not None:
-                try:
-                    item = pending.get_nowait()
-                except queue.Empty:
-                    break
-                queued.append(item)
-            stop = queued[-1] is None
-            jobs = [job for job in queued if job is not None]
-            while jobs:
-                group = _persist_group(jobs)
-                del jobs[: len(group)]
-                try:
-                    self._write(group)
-                except BaseException as exc:  # the loop decides what a failed disk means
-                    self.failure = exc
-                    self._loop.call_soon_threadsafe(self._on_done, group, exc)
-                    return
-                self._loop.call_soon_threadsafe(self._on_done, group, None)
-            if stop:
-                return
-
-    def write_now(self, job: Persist) -> None:
-        """Writes ``job`` on the calling thread; only while no job is queued or running."""
-        self._write([job])
-
-    def _write(self, group: list[Persist | SaveSnapshot]) -> None:
-        storage = self._storage
-        started = time.perf_counter()
-        job = group[0]
-        if isinstance(job, SaveSnapshot):
-            existing = storage.snapshot()
-            if existing is None or existing.meta.index < job.index:
-                storage.create_snapshot(job.index, job.conf, job.data)
-            if job.compact_to > storage.first_index() - 1:
-                storage.compact(min(job.compact_to, job.index))
-            self.snapshot_write_s[job.index] = time.perf_counter() - started
-            return
-        persists = [j for j in group if isinstance(j, Persist)]
-        if job.snapshot is not None:
-            storage.apply_snapshot(job.snapshot)
-        entries = _merge(persists)
-        if entries:
-            if self._test_delay_s:
-                time.sleep(self._test_delay_s)
-            storage.append(entries)
-        hard_state = next(
-            (j.hard_state for j in reversed(persists) if j.hard_state is not None), None
-        )
-        if hard_state is not None:
-            # A commit-only change costs no disk write (commit is advisory).
-            storage.set_hard_state(hard_state)
-        if entries:
-            self.stats.fsync.observe(time.perf_counter() - started)
-            self.stats.batch.observe(len(entries))
-
-
-def _persist_group(jobs: list[Persist | SaveSnapshot]) -> list[Persist | SaveSnapshot]:
-    """The first job of ``jobs`` and the Persist jobs after it that can share its fsync.
-
-    A snapshot to install or to save is a group of its own (it rewrites the log
-    in ways a merged append cannot express); a snapshot to install may lead a
-    group, since the entries after it are appended to the log it leaves.
-    """
-    first = jobs[0]
-    if isinstance(first, SaveSnapshot):
-        return [first]
-    group: list[Persist | SaveSnapshot] = [first]
-    for job in jobs[1:]:
-        if not isinstance(job, Persist) or job.snapshot is not None:
-            break
-        group.append(job)
-    return group
-
-
-def _merge(group: list[Persist]) -> list[Entry]:
-    """The entries of ``group`` as one append: each job's entries replace the merged
-    ones from their first index on, as a separate append would replace the stored ones."""
-    merged: list[Entry] = []
-    for job in group:
-        entries = job.entries
-        if not entries:
-            continue
-        if merged:
-            keep = entries[0].index - merged[0].index
-            if keep < len(merged):
-                del merged[max(0, keep) :]
-        merged.extend(entries)
-    return merged
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside: for work that builds or drops a whole table."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 class _Locks(locks.LockStateMachine):
@@ -323,28 +115,17 @@ class _Locks(locks.LockStateMachine):
     """
 
     def snapshot(self) -> bytes:
-        with _collector_paused():
+        with collector_paused():
             return super().snapshot()
 
     @classmethod
     def restore(cls, data: bytes) -> Self:
-        with _collector_paused():
+        with collector_paused():
             return super().restore(data)
 
 
 class _Machine(NodeMachine):
     lock_machine_class = _Locks
-
-
-@dataclass(slots=True, eq=False)
-class _ClientConnection:
-    number: int
-    transport: asyncio.Transport
-    decoder: FrameDecoder
-    last_heard: float
-    partial_since: float | None = None
-    sealer: Any = None
-    """dlm.auth.FrameSealer for what we send, once the client authenticated (None: plain)."""
 
 
 @dataclass(slots=True)
@@ -402,8 +183,8 @@ class NodeServer:
         self.stopped = anyio.Event()
         self.leader_seen = anyio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._persister: _Persister | None = None
-        self._clients: dict[int, _ClientConnection] = {}
+        self._persister: Persister | None = None
+        self._clients: dict[int, ClientConnection] = {}
         self._next_conn = 1
         self._links: dict[str, PeerLink] = {}
         self._link_scopes: dict[str, anyio.CancelScope] = {}
@@ -416,9 +197,9 @@ class NodeServer:
         """Jobs of this turn, handed to the disk thread once its messages are written."""
         self._servers: list[asyncio.Server] = []
         self._transports: set[asyncio.Transport] = set()
-        self._unadmitted: dict[_Accepted, None] = {}
+        self._unadmitted: dict[AcceptedConnection, None] = {}
         """Connections still in their hello or handshake, oldest first."""
-        self._peer_conns: dict[str, _Accepted] = {}
+        self._peer_conns: dict[str, AcceptedConnection] = {}
         """The one admitted inbound connection of each peer."""
         self._clients_checked_at = 0.0
         self._listener: anyio.abc.Listener[Any] | None = None
@@ -439,12 +220,12 @@ class NodeServer:
         loop = self._loop = asyncio.get_running_loop()
         previous_handler = loop.get_exception_handler()
         loop.set_exception_handler(loop_exception_handler(self.quiet))
-        self._persister = _Persister(self.storage, loop, self._persisted)
+        self._persister = Persister(self.storage, loop, self._persisted)
         self.budget = Budget.for_process(len(self.config.peers), self.limits.max_connections)
         tls = self.security.server_tls
         for sock in _raw_sockets(listener):
             server = await loop.create_server(
-                lambda: _Accepted(self),
+                lambda: AcceptedConnection(self),
                 sock=sock,
                 ssl=tls,
                 ssl_handshake_timeout=self.limits.hello_timeout if tls is not None else None,
@@ -664,7 +445,7 @@ class NodeServer:
                 )
         self._pump_soon()
 
-    def _write(self, client: _ClientConnection, frame: dict[str, Any]) -> None:
+    def _write(self, client: ClientConnection, frame: dict[str, Any]) -> None:
         transport = client.transport
         if transport.is_closing():
             return
@@ -758,7 +539,7 @@ class NodeServer:
         self.machine.peer_refused(peer, message)
         self._run_actions()
 
-    def _peer_frames(self, src: str, decoder: FrameDecoder) -> None:
+    def peer_frames(self, src: str, decoder: FrameDecoder) -> None:
         """Steps every Raft message buffered from ``src``; ProtocolError ends the connection."""
         machine = self.machine
         count = 0
@@ -772,7 +553,7 @@ class NodeServer:
 
     # ------------------------------------------------------------------ clients
 
-    def _client_hello(self, hello: Hello) -> dict[str, Any] | None:
+    def client_hello(self, hello: Hello) -> dict[str, Any] | None:
         """The error that refuses a client's hello, or None to go on (to its handshake)."""
         if hello.cluster and hello.cluster != self.config.cluster:
             message = (
@@ -784,7 +565,7 @@ class NodeServer:
             return error(None, ErrorCode.SHUTTING_DOWN, "member is shutting down")
         return None
 
-    def _client_room(self, where: str) -> dict[str, Any] | None:
+    def client_room(self, where: str) -> dict[str, Any] | None:
         """Makes room for one more client, or the error that refuses it.
 
         Called once the client is authenticated, so that only a client holding the
@@ -799,7 +580,7 @@ class NodeServer:
             self.counters.connections_shed += 1
             self.quiet.warning("client_evicted", reason="connection cap reached", remote=where)
             quietest.transport.abort()
-            self._client_closed(quietest)
+            self.client_closed(quietest)
             return None
         self.counters.connections_refused += 1
         self.quiet.warning("client_refused", reason="connection cap reached", remote=where)
@@ -810,18 +591,18 @@ class NodeServer:
             retry_after_ms=1000,
         )
 
-    def _client_opened(
+    def client_opened(
         self, transport: asyncio.Transport, where: str, sealer: Any, opener: Any
-    ) -> _ClientConnection:
+    ) -> ClientConnection:
         number = self._next_conn
         self._next_conn += 1
         decoder = FrameDecoder(CLIENT_FRAME_LIMIT, opener, tolerate_bad_bodies=True)
-        client = _ClientConnection(number, transport, decoder, time.monotonic(), sealer=sealer)
+        client = ClientConnection(number, transport, decoder, time.monotonic(), sealer=sealer)
         self._clients[number] = client
         self.machine.client_connected(number, where)
         return client
 
-    def _peer_hello(self, hello: Hello, transport: asyncio.Transport) -> dict[str, Any] | None:
+    def peer_hello(self, hello: Hello, transport: asyncio.Transport) -> dict[str, Any] | None:
         """The error that refuses a peer's hello, or None to go on (to its handshake)."""
         config = self.config
         if self.security.server_tls is not None:
@@ -838,7 +619,7 @@ class NodeServer:
             )
         return None if problem is None else error(None, ErrorCode.BAD_REQUEST, problem)
 
-    def _peer_admitted(self, conn: _Accepted, node: str, speaks: int) -> None:
+    def peer_admitted(self, conn: AcceptedConnection, node: str, speaks: int) -> None:
         """``conn`` proved it speaks for ``node``: it replaces any older connection of
         ``node``, whose frames stop here (a member that restarted, or whose old
         connection is half-open after a partition, must not be locked out until the
@@ -850,11 +631,11 @@ class NodeServer:
         self._peer_conns[node] = conn
         self.machine.peer_version(node, speaks)
 
-    def _peer_closed(self, conn: _Accepted, node: str) -> None:
+    def peer_closed(self, conn: AcceptedConnection, node: str) -> None:
         if self._peer_conns.get(node) is conn:
             del self._peer_conns[node]
 
-    def _connection_made(self, conn: _Accepted, transport: asyncio.Transport) -> None:
+    def connection_opened(self, conn: AcceptedConnection, transport: asyncio.Transport) -> None:
         """Counts a new connection; over the budget, drops the oldest still saying hello."""
         self._transports.add(transport)
         self._unadmitted[conn] = None
@@ -865,16 +646,26 @@ class NodeServer:
             self.quiet.warning("connection_shed", reason="descriptor budget", remote=oldest.where)
             oldest.abort()
 
-    def _auth_failed(self, role: str, where: str, node: str, message: str) -> None:
+    def connection_admitted(self, conn: AcceptedConnection) -> None:
+        self._unadmitted.pop(conn, None)
+
+    def connection_ended(
+        self, conn: AcceptedConnection, transport: asyncio.Transport | None
+    ) -> None:
+        self._unadmitted.pop(conn, None)
+        if transport is not None:
+            self._transports.discard(transport)
+
+    def auth_failed(self, role: str, where: str, node: str, message: str) -> None:
         self.counters.auth_failures += 1
         self.quiet.warning("auth_failed", role=role, remote=where, claims=node, error=message)
 
-    def _client_closed(self, client: _ClientConnection) -> None:
+    def client_closed(self, client: ClientConnection) -> None:
         if self._clients.pop(client.number, None) is not None:
             self.machine.client_closed(client.number)
             self._run_actions()
 
-    def _client_data(self, client: _ClientConnection) -> bool:
+    def client_data(self, client: ClientConnection) -> bool:
         """Hands every complete frame to the machine; False when the connection must close."""
         machine = self.machine
         decoder = client.decoder
@@ -920,231 +711,9 @@ class NodeServer:
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
-class _Handshake:
-    """A connection between its welcome and its ``auth`` frame."""
-
-    __slots__ = ("buf", "hello", "responder")
-
-    def __init__(self, hello: Hello, responder: Any) -> None:
-        self.hello = hello
-        self.responder = responder
-        self.buf = bytearray()
-
-
-class _Accepted(asyncio.Protocol):
-    """One accepted connection. Its hello decides whether a client or a peer speaks.
-
-    hello -> (with a secret for that role: welcome + proof, then the ``auth``
-    frame) -> admitted as a client or a peer. Until admitted, what it sends goes
-    nowhere but this object, and the hello timer runs. Everything runs in the
-    transport's callbacks, on the loop thread: frames are handled as they arrive.
-    """
-
-    def __init__(self, server: NodeServer) -> None:
-        self._server = server
-        self._transport: asyncio.Transport | None = None
-        self.where = "?"
-        self._hello_buf: bytearray | None = bytearray()
-        self._hello_timer: asyncio.TimerHandle | None = None
-        self._handshake: _Handshake | None = None
-        self._client: _ClientConnection | None = None
-        self._peer: str | None = None
-        self._peer_decoder: FrameDecoder | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        self.where = _remote(transport.get_extra_info("peername"))
-        loop = asyncio.get_running_loop()
-        self._hello_timer = loop.call_later(self._server.limits.hello_timeout, self.abort)
-        self._server._connection_made(self, transport)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        server = self._server
-        if self._hello_timer is not None:
-            self._hello_timer.cancel()
-        server._unadmitted.pop(self, None)
-        if self._transport is not None:
-            server._transports.discard(self._transport)
-        if self._client is not None:
-            server._client_closed(self._client)
-        if self._peer is not None:
-            server._peer_closed(self, self._peer)
-
-    def abort(self) -> None:
-        if self._transport is not None:
-            self._transport.abort()
-
-    def data_received(self, data: bytes) -> None:
-        transport = self._transport
-        if transport is None or transport.is_closing():
-            return
-        server = self._server
-        if self._client is not None:
-            self._client.decoder.feed(data)
-            if not server._client_data(self._client):
-                transport.close()  # after the final error is flushed
-            return
-        if self._peer is not None:
-            assert self._peer_decoder is not None
-            self._peer_decoder.feed(data)
-            self._peer_data()
-            return
-        if self._handshake is not None:
-            self._auth_data(data)
-            return
-        self._hello(data)
-
-    def _peer_data(self) -> None:
-        assert self._peer is not None and self._peer_decoder is not None
-        try:
-            self._server._peer_frames(self._peer, self._peer_decoder)
-        except ProtocolError as exc:
-            self._server.quiet.warning(
-                "peer_bad_frame", peer=self._peer, remote=self.where, error=str(exc)
-            )
-            self.abort()
-
-    def _hello(self, data: bytes) -> None:
-        """Consumes the hello; then the connection knows its role."""
-        assert self._transport is not None and self._hello_buf is not None
-        transport, server, where = self._transport, self._server, self.where
-        self._hello_buf += data
-        try:
-            first = split_first_frame(self._hello_buf)
-            if first is None:
-                return
-            hello = Hello.from_wire(first[0])
-        except ProtocolError as exc:
-            server.quiet.warning("bad_hello", remote=where, error=str(exc))
-            _send_and_close(transport, error(None, exc.code, _hello_problem(exc)))
-            return
-        self._hello_buf = None
-        if hello.version > PROTOCOL_VERSION:
-            message = (
-                f"protocol version {hello.version} is not supported "
-                f"(this member speaks 1 to {PROTOCOL_VERSION}): upgrade this member"
-            )
-            server.quiet.warning("bad_hello", remote=where, error=message)
-            _send_and_close(transport, error(None, ErrorCode.BAD_REQUEST, message))
-            return
-        config, security = server.config, server.security
-        if hello.role is HelloRole.PEER:
-            refusal = server._peer_hello(hello, transport)
-            secret = security.peer_secret
-        else:
-            refusal = server._client_hello(hello)
-            secret = security.client_secret
-        if refusal is not None:
-            if refusal.get("code") == ErrorCode.AUTH_FAILED:
-                server._auth_failed(hello.role.value, where, hello.node, refusal["message"])
-            elif hello.role is HelloRole.PEER:
-                server.quiet.warning(
-                    "peer_refused", remote=where, peer=hello.node, reason=refusal["message"]
-                )
-            _send_and_close(transport, refusal)
-            return
-        greeting = welcome(config.node_id, config.cluster, min(hello.speaks, PROTOCOL_VERSION))
-        if secret is None:
-            self._admit(hello, None, None, first[1], greeting)
-            return
-        from dlm.auth import AuthError, Responder, new_nonce
-
-        responder = Responder(secret, new_nonce(), node=config.node_id)
-        try:
-            greeting.update(responder.welcome_fields(first[0]))
-        except AuthError as exc:
-            self._refuse_auth(hello, str(exc))
-            return
-        transport.write(encode_frame(greeting))
-        self._handshake = _Handshake(hello, responder)
-        if first[1]:
-            self._auth_data(first[1])
-
-    def _auth_data(self, data: bytes) -> None:
-        """The initiator's ``auth`` frame: its proof, checked before anything else counts."""
-        from dlm.auth import AuthError
-
-        handshake = self._handshake
-        assert handshake is not None
-        handshake.buf += data
-        try:
-            first = split_first_frame(handshake.buf, AUTH_FRAME_LIMIT)
-            if first is None:
-                return
-            sealer, opener = handshake.responder.check_auth(as_map(first[0]))
-        except (ProtocolError, AuthError) as exc:
-            self._refuse_auth(handshake.hello, str(exc))
-            return
-        self._handshake = None
-        self._admit(handshake.hello, sealer, opener, first[1])
-
-    def _refuse_auth(self, hello: Hello, message: str) -> None:
-        assert self._transport is not None
-        self._server._auth_failed(hello.role.value, self.where, hello.node, message)
-        _send_and_close(self._transport, error(None, ErrorCode.AUTH_FAILED, message))
-
-    def _admit(
-        self,
-        hello: Hello,
-        sealer: Any,
-        opener: Any,
-        rest: bytes,
-        greeting: dict[str, Any] | None = None,
-    ) -> None:
-        """The hello (and handshake, if any) is done: from now on the machine listens.
-        ``greeting``: the welcome still to send (without a handshake), or None."""
-        transport, server = self._transport, self._server
-        assert transport is not None
-        if self._hello_timer is not None:
-            self._hello_timer.cancel()
-            self._hello_timer = None
-        server._unadmitted.pop(self, None)
-        if hello.role is HelloRole.PEER:
-            if greeting is not None:
-                transport.write(encode_frame(greeting))
-            server._peer_admitted(self, hello.node, hello.speaks)
-            self._peer = hello.node
-            self._peer_decoder = FrameDecoder(PEER_FRAME_LIMIT, opener)
-            if rest:
-                self._peer_decoder.feed(rest)
-                self._peer_data()
-            return
-        refusal = server._client_room(self.where)
-        if refusal is not None:
-            transport.write(encode_frame(refusal, sealer))
-            transport.close()
-            return
-        if greeting is not None:
-            transport.write(encode_frame(greeting))
-        self._client = client = server._client_opened(transport, self.where, sealer, opener)
-        if rest:
-            client.decoder.feed(rest)
-            if not server._client_data(client):
-                transport.close()
-
-
-def _hello_problem(exc: ProtocolError) -> str:
-    message = str(exc)
-    if exc.code is ErrorCode.TOO_LARGE:
-        return f"{message}: this port speaks the dlm protocol"
-    return message
-
-
-def _send_and_close(transport: asyncio.Transport, frame: dict[str, Any]) -> None:
-    transport.write(encode_frame(frame))
-    transport.close()
-
-
 def _raw_sockets(listener: anyio.abc.Listener[Any]) -> list[socket.socket]:
     listeners = getattr(listener, "listeners", None) or [listener]
     return [item.extra(anyio.abc.SocketAttribute.raw_socket) for item in listeners]
-
-
-def _remote(addr: object) -> str:
-    if isinstance(addr, tuple) and len(addr) >= 2:
-        return f"{addr[0]}:{addr[1]}"
-    return "?" if addr is None else str(addr)
 
 
 def _addr_text(addr: tuple[str, int]) -> str:

@@ -30,12 +30,13 @@ import anyio
 import anyio.abc
 import anyio.from_thread
 
+from dlm.node.accepting import Limits
 from dlm.node.config import NodeConfig
 from dlm.node.log import Logger
 from dlm.node.machine import Instant, NodeMachine, Timing
 from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.types import ConfState
-from dlm.node.server import Limits, NodeServer
+from dlm.node.server import NodeServer
 
 T = TypeVar("T")
 FAST = Timing(tick_s=0.01, election_ticks=3, heartbeat_ticks=1, expire_retry_s=0.2)

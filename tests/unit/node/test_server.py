@@ -12,7 +12,7 @@ import struct
 import anyio
 import pytest
 
-from dlm.node.server import Limits
+from dlm.node.accepting import Limits
 from dlm.wire import CLIENT_FRAME_LIMIT, encode_frame
 
 from .server_harness import WAIT, Wire, running_member

@@ -1,0 +1,377 @@
+"""Accepting connections: the hello, the handshake, and the limits on what a stranger holds.
+
+One listening port serves clients and peers. An ``AcceptedConnection`` reads the
+hello, which names the role; with a secret for that role the connection must
+then pass the handshake of dlm/auth.py. Until then nothing it sends reaches the
+node machine, and a timer closes it if it dawdles. The transport limits live
+here too (``Limits``, and ``Budget``: how many descriptors connections may take),
+so that every resource a stranger can make a member hold has a cap and a
+deadline. What the member does with a connection is the ``Admissions``
+protocol, which NodeServer (server.py) implements.
+Tested by tests/unit/node/test_accepting.py, test_server.py and test_peer_auth.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from dlm.node.config import NodeConfig
+from dlm.node.peers import split_first_frame
+from dlm.node.quiet import QuietLog
+from dlm.node.security import NodeSecurity
+from dlm.wire import (
+    PEER_FRAME_LIMIT,
+    PROTOCOL_VERSION,
+    ErrorCode,
+    FrameDecoder,
+    Hello,
+    HelloRole,
+    ProtocolError,
+    as_map,
+    encode_frame,
+    error,
+    welcome,
+)
+
+HELLO_TIMEOUT = 5.0
+"""A connection that has not completed its hello (and its handshake) by then is closed."""
+FRAME_STALL_TIMEOUT = 5.0
+"""A client connection holding half a frame this long is closed (a slow-loris)."""
+IDLE_TIMEOUT = 120.0
+"""A client connection silent this long is closed (idle clients ping every 30 s)."""
+EVICT_IDLE_AFTER = 5.0
+"""When the client cap is reached, a new client takes the place of the one silent the
+longest, if that one has been silent at least this long (it reconnects when it needs to)."""
+MAX_CONNECTIONS = 8192
+"""Client connections per member; peers always get in (they are few)."""
+FD_RESERVE = 128
+"""Descriptors kept from connections: log segments, snapshots, the metrics listener's
+scrapers (64), the event loop's own."""
+HANDSHAKE_ROOM = 64
+"""Descriptors kept beyond the client cap for connections still saying hello, so that a
+full cap never stops the member from accepting (peers, and replies saying it is full)."""
+AUTH_FRAME_LIMIT = 1024
+"""The ``auth`` frame is a proof of 32 bytes: anything longer is not one."""
+
+
+@dataclass(slots=True)
+class Limits:
+    """Transport limits (the tests lower them)."""
+
+    hello_timeout: float = HELLO_TIMEOUT
+    frame_stall_timeout: float = FRAME_STALL_TIMEOUT
+    idle_timeout: float = IDLE_TIMEOUT
+    max_connections: int = MAX_CONNECTIONS
+    evict_idle_after: float = EVICT_IDLE_AFTER
+
+
+class Budget:
+    """How many connections this member takes, from its open-files limit.
+
+    Every accepted connection holds a descriptor, and a member out of descriptors
+    cannot accept anyone, not even a peer. So the member keeps FD_RESERVE for its
+    files, one per outbound peer link, and counts the rest: ``transports`` is how
+    many connections may be open at once (beyond it the oldest one still saying
+    hello is dropped), ``clients`` how many of them may be admitted clients, which
+    leaves room for the inbound peer connections and HANDSHAKE_ROOM for newcomers.
+    """
+
+    __slots__ = ("clients", "transports")
+
+    def __init__(self, open_files: int, peers: int, max_clients: int) -> None:
+        self.transports = max(8, open_files - FD_RESERVE - peers)
+        self.clients = max(1, min(max_clients, self.transports - peers - HANDSHAKE_ROOM))
+
+    @classmethod
+    def for_process(cls, peers: int, max_clients: int) -> Budget:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return cls(1 << 30 if soft == resource.RLIM_INFINITY else soft, peers, max_clients)
+
+
+@dataclass(slots=True, eq=False)
+class ClientConnection:
+    """An admitted client: its transport, its frame decoder, and when it was last heard."""
+
+    number: int
+    transport: asyncio.Transport
+    decoder: FrameDecoder
+    last_heard: float
+    partial_since: float | None = None
+    sealer: Any = None
+    """dlm.auth.FrameSealer for what we send, once the client authenticated (None: plain)."""
+
+
+class Admissions(Protocol):
+    """What an accepted connection asks of the member that accepted it."""
+
+    limits: Limits
+    quiet: QuietLog
+    config: NodeConfig
+    security: NodeSecurity
+
+    def connection_opened(self, conn: AcceptedConnection, transport: asyncio.Transport) -> None:
+        """Counts a new connection (and may shed the oldest one still saying hello)."""
+
+    def connection_admitted(self, conn: AcceptedConnection) -> None:
+        """``conn`` finished its hello and handshake."""
+
+    def connection_ended(
+        self, conn: AcceptedConnection, transport: asyncio.Transport | None
+    ) -> None:
+        """``conn`` closed, admitted or not."""
+
+    def client_hello(self, hello: Hello) -> dict[str, Any] | None:
+        """The error that refuses a client's hello, or None to go on."""
+
+    def peer_hello(self, hello: Hello, transport: asyncio.Transport) -> dict[str, Any] | None:
+        """The error that refuses a peer's hello, or None to go on."""
+
+    def auth_failed(self, role: str, where: str, node: str, message: str) -> None:
+        """A handshake failed (counted and logged, rate-limited)."""
+
+    def client_room(self, where: str) -> dict[str, Any] | None:
+        """Makes room for one more client, or the error that refuses it."""
+
+    def client_opened(
+        self, transport: asyncio.Transport, where: str, sealer: Any, opener: Any
+    ) -> ClientConnection:
+        """Registers an admitted client."""
+
+    def client_data(self, client: ClientConnection) -> bool:
+        """Hands the client's complete frames on; False when the connection must close."""
+
+    def client_closed(self, client: ClientConnection) -> None:
+        """The client's connection is gone."""
+
+    def peer_admitted(self, conn: AcceptedConnection, node: str, speaks: int) -> None:
+        """``conn`` proved it speaks for member ``node``."""
+
+    def peer_frames(self, src: str, decoder: FrameDecoder) -> None:
+        """Steps the Raft messages buffered from ``src``; ProtocolError ends the connection."""
+
+    def peer_closed(self, conn: AcceptedConnection, node: str) -> None:
+        """An admitted peer connection is gone."""
+
+
+class _Handshake:
+    """A connection between its welcome and its ``auth`` frame."""
+
+    __slots__ = ("buf", "hello", "responder")
+
+    def __init__(self, hello: Hello, responder: Any) -> None:
+        self.hello = hello
+        self.responder = responder
+        self.buf = bytearray()
+
+
+class AcceptedConnection(asyncio.Protocol):
+    """One accepted connection. Its hello decides whether a client or a peer speaks.
+
+    hello -> (with a secret for that role: welcome + proof, then the ``auth``
+    frame) -> admitted as a client or a peer. Until admitted, what it sends goes
+    nowhere but this object, and the hello timer runs. Everything runs in the
+    transport's callbacks, on the loop thread: frames are handled as they arrive.
+    """
+
+    def __init__(self, server: Admissions) -> None:
+        self._server = server
+        self._transport: asyncio.Transport | None = None
+        self.where = "?"
+        self._hello_buf: bytearray | None = bytearray()
+        self._hello_timer: asyncio.TimerHandle | None = None
+        self._handshake: _Handshake | None = None
+        self._client: ClientConnection | None = None
+        self._peer: str | None = None
+        self._peer_decoder: FrameDecoder | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self.where = remote_text(transport.get_extra_info("peername"))
+        loop = asyncio.get_running_loop()
+        self._hello_timer = loop.call_later(self._server.limits.hello_timeout, self.abort)
+        self._server.connection_opened(self, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        server = self._server
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+        server.connection_ended(self, self._transport)
+        if self._client is not None:
+            server.client_closed(self._client)
+        if self._peer is not None:
+            server.peer_closed(self, self._peer)
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        server = self._server
+        if self._client is not None:
+            self._client.decoder.feed(data)
+            if not server.client_data(self._client):
+                transport.close()  # after the final error is flushed
+            return
+        if self._peer is not None:
+            assert self._peer_decoder is not None
+            self._peer_decoder.feed(data)
+            self._peer_data()
+            return
+        if self._handshake is not None:
+            self._auth_data(data)
+            return
+        self._hello(data)
+
+    def _peer_data(self) -> None:
+        assert self._peer is not None and self._peer_decoder is not None
+        try:
+            self._server.peer_frames(self._peer, self._peer_decoder)
+        except ProtocolError as exc:
+            self._server.quiet.warning(
+                "peer_bad_frame", peer=self._peer, remote=self.where, error=str(exc)
+            )
+            self.abort()
+
+    def _hello(self, data: bytes) -> None:
+        """Consumes the hello; then the connection knows its role."""
+        assert self._transport is not None and self._hello_buf is not None
+        transport, server, where = self._transport, self._server, self.where
+        self._hello_buf += data
+        try:
+            first = split_first_frame(self._hello_buf)
+            if first is None:
+                return
+            hello = Hello.from_wire(first[0])
+        except ProtocolError as exc:
+            server.quiet.warning("bad_hello", remote=where, error=str(exc))
+            send_and_close(transport, error(None, exc.code, hello_problem(exc)))
+            return
+        self._hello_buf = None
+        if hello.version > PROTOCOL_VERSION:
+            message = (
+                f"protocol version {hello.version} is not supported "
+                f"(this member speaks 1 to {PROTOCOL_VERSION}): upgrade this member"
+            )
+            server.quiet.warning("bad_hello", remote=where, error=message)
+            send_and_close(transport, error(None, ErrorCode.BAD_REQUEST, message))
+            return
+        config, security = server.config, server.security
+        if hello.role is HelloRole.PEER:
+            refusal = server.peer_hello(hello, transport)
+            secret = security.peer_secret
+        else:
+            refusal = server.client_hello(hello)
+            secret = security.client_secret
+        if refusal is not None:
+            if refusal.get("code") == ErrorCode.AUTH_FAILED:
+                server.auth_failed(hello.role.value, where, hello.node, refusal["message"])
+            elif hello.role is HelloRole.PEER:
+                server.quiet.warning(
+                    "peer_refused", remote=where, peer=hello.node, reason=refusal["message"]
+                )
+            send_and_close(transport, refusal)
+            return
+        greeting = welcome(config.node_id, config.cluster, min(hello.speaks, PROTOCOL_VERSION))
+        if secret is None:
+            self._admit(hello, None, None, first[1], greeting)
+            return
+        from dlm.auth import AuthError, Responder, new_nonce
+
+        responder = Responder(secret, new_nonce(), node=config.node_id)
+        try:
+            greeting.update(responder.welcome_fields(first[0]))
+        except AuthError as exc:
+            self._refuse_auth(hello, str(exc))
+            return
+        transport.write(encode_frame(greeting))
+        self._handshake = _Handshake(hello, responder)
+        if first[1]:
+            self._auth_data(first[1])
+
+    def _auth_data(self, data: bytes) -> None:
+        """The initiator's ``auth`` frame: its proof, checked before anything else counts."""
+        from dlm.auth import AuthError
+
+        handshake = self._handshake
+        assert handshake is not None
+        handshake.buf += data
+        try:
+            first = split_first_frame(handshake.buf, AUTH_FRAME_LIMIT)
+            if first is None:
+                return
+            sealer, opener = handshake.responder.check_auth(as_map(first[0]))
+        except (ProtocolError, AuthError) as exc:
+            self._refuse_auth(handshake.hello, str(exc))
+            return
+        self._handshake = None
+        self._admit(handshake.hello, sealer, opener, first[1])
+
+    def _refuse_auth(self, hello: Hello, message: str) -> None:
+        assert self._transport is not None
+        self._server.auth_failed(hello.role.value, self.where, hello.node, message)
+        send_and_close(self._transport, error(None, ErrorCode.AUTH_FAILED, message))
+
+    def _admit(
+        self,
+        hello: Hello,
+        sealer: Any,
+        opener: Any,
+        rest: bytes,
+        greeting: dict[str, Any] | None = None,
+    ) -> None:
+        """The hello (and handshake, if any) is done: from now on the machine listens.
+        ``greeting``: the welcome still to send (without a handshake), or None."""
+        transport, server = self._transport, self._server
+        assert transport is not None
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+            self._hello_timer = None
+        server.connection_admitted(self)
+        if hello.role is HelloRole.PEER:
+            if greeting is not None:
+                transport.write(encode_frame(greeting))
+            server.peer_admitted(self, hello.node, hello.speaks)
+            self._peer = hello.node
+            self._peer_decoder = FrameDecoder(PEER_FRAME_LIMIT, opener)
+            if rest:
+                self._peer_decoder.feed(rest)
+                self._peer_data()
+            return
+        refusal = server.client_room(self.where)
+        if refusal is not None:
+            transport.write(encode_frame(refusal, sealer))
+            transport.close()
+            return
+        if greeting is not None:
+            transport.write(encode_frame(greeting))
+        self._client = client = server.client_opened(transport, self.where, sealer, opener)
+        if rest:
+            client.decoder.feed(rest)
+            if not server.client_data(client):
+                transport.close()
+
+
+def hello_problem(exc: ProtocolError) -> str:
+    message = str(exc)
+    if exc.code is ErrorCode.TOO_LARGE:
+        return f"{message}: this port speaks the dlm protocol"
+    return message
+
+
+def send_and_close(transport: asyncio.Transport, frame: dict[str, Any]) -> None:
+    transport.write(encode_frame(frame))
+    transport.close()
+
+
+def remote_text(addr: object) -> str:
+    """A peer address as logs show it."""
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        return f"{addr[0]}:{addr[1]}"
+    return "?" if addr is None else str(addr)
