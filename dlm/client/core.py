@@ -274,13 +274,17 @@ class Router:
         self.preferred = addr
 
     def failed(self, addr: str) -> None:
-        """``addr`` is down or not useful: forget it and move on to the next member."""
+        """``addr`` is down or not useful: forget it and move on to the next member in turn.
+
+        The turn moves on from where it was, not from ``addr``: when ``addr`` was
+        reached by a redirect (a removed member that never learned of its removal
+        still names its old leader), restarting after ``addr`` could lead back to
+        the member that redirected us, and the two would be tried in a circle
+        while the real leader is never asked.
+        """
         if self.preferred == addr:
             self.preferred = None
-        if addr in self.members:
-            self._turn = (self.members.index(addr) + 1) % len(self.members)
-        else:
-            self._turn = (self._turn + 1) % len(self.members)
+        self._turn = (self._turn + 1) % len(self.members)
 
 
 # ---------------------------------------------------------------------------

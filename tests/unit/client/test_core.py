@@ -102,6 +102,22 @@ def test_redirect_loop_is_bounded_and_ends_in_cluster_unavailable() -> None:
     assert sends < 2000
 
 
+def test_a_stale_redirect_does_not_trap_the_client_between_two_members() -> None:
+    # c:3 was removed and never learned it: it still names b:2, which lost its leadership
+    # and knows no leader. The leader, a:1, must still be found.
+    s, clock = settings(["b:2", "c:3", "a:1"], timeout=5.0)
+    answers = {"b:2": not_leader(None), "c:3": not_leader("b:2"), "a:1": ok(1, lease="x")}
+    sent: list[str] = []
+
+    def answer(action: core.Send) -> Any:
+        sent.append(action.addr)
+        return answers[action.addr]
+
+    addr, _ = drive(core.call(s, {"t": "keepalive", "lease": "x"}), answer, clock)
+    assert addr == "a:1"
+    assert sent == ["b:2", "c:3", "b:2", "a:1"]
+
+
 def test_connection_failures_retry_the_same_seq_on_the_next_member() -> None:
     s, clock = settings(["a:1", "b:2"])
     seen: list[tuple[str, int]] = []
