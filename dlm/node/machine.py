@@ -593,9 +593,10 @@ class NodeMachine:
         """A link to or from ``node`` learned the highest protocol version it speaks."""
         self._peer_versions[node] = speaks
 
-    def peer_unreachable(self, node: NodeId, now: Instant) -> None:
+    def peer_unreachable(self, node: NodeId, now: Instant, *, gone: bool = False) -> None:
+        """Our link to ``node`` broke; ``gone``: a redial was refused (no process listens)."""
         self._links_down.add(node)
-        self.raft.report_unreachable(node)
+        self.raft.report_unreachable(node, gone=gone)
         self._pump(now)
 
     def peer_messages(

@@ -19,8 +19,11 @@ hop. A link that is down, or whose socket buffer is already long, drops
 messages: Raft is built to survive loss, and a backlog of stale appends
 would only delay recovery. When a connection breaks, ``on_down`` lets the
 runtime tell the core (``report_unreachable``), which then probes the peer
-gently instead of streaming to it. Reconnects back off exponentially with
-jitter, so members restarting together do not dial in lockstep.
+gently instead of streaming to it; when the redial that follows is refused
+(nothing listens: the process died), ``on_down`` says the peer is gone, and a
+follower of it campaigns without waiting out a whole election timeout.
+Reconnects back off exponentially with jitter, so members restarting
+together do not dial in lockstep.
 
 With a peer secret, the link is the initiator of dlm/auth.py's handshake: its
 hello carries a fresh nonce, it checks the peer's proof in the welcome before
@@ -167,7 +170,7 @@ class PeerLink:
         address: tuple[str, int],
         cluster: str,
         log: Logger,
-        on_down: Callable[[str], None],
+        on_down: Callable[[str, bool], None],
         on_welcome: Callable[[str, int], None] | None = None,
         on_refused: Callable[[str, str], None] | None = None,
         rng: random.Random | None = None,
@@ -191,6 +194,8 @@ class PeerLink:
         """Why the last attempt failed, said once until it changes or a connection works."""
         self._log = log
         self._on_down = on_down
+        self._refused = False
+        """The last dial was refused: nothing listens at the peer's address."""
         self._on_welcome = on_welcome
         self._on_refused = on_refused
         self._rng = rng or random.Random()
@@ -257,10 +262,18 @@ class PeerLink:
         """Keeps the link up until cancelled."""
         backoff = BACKOFF_MIN
         failures = 0
+        lost = False
         while True:
             connected = await self._connect()
             if connected is None:
                 failures += 1
+                if lost and self._refused:
+                    # The connection broke and nothing listens there any more: the
+                    # process is gone (killed, crashed), not just the connection. Said
+                    # once per outage, so that a follower's early election is not
+                    # pushed back by every refused redial.
+                    lost = False
+                    self._on_down(self.peer_id, True)
                 # One line when a peer first goes missing, then quiet until it returns.
                 if failures == 1:
                     self._log.info("peer_unreachable", peer=self.peer_id, addr=self._addr)
@@ -272,6 +285,7 @@ class PeerLink:
             if failures or not self.sent_frames:
                 self._log.info("peer_connected", peer=self.peer_id, addr=self._addr)
             failures = 0
+            lost = False
             self._problem = None
             self._transport = transport
             self.connected = True
@@ -287,9 +301,10 @@ class PeerLink:
                     self._held_timer.cancel()
                     self._held_timer = None
                 transport.abort()
-                self._on_down(self.peer_id)
+                self._on_down(self.peer_id, False)
             self._log.info("peer_disconnected", peer=self.peer_id, reason="connection closed")
             failures = 1
+            lost = True
             await anyio.sleep(BACKOFF_MIN * (0.5 + self._rng.random()))
 
     def _send_held(self) -> None:
@@ -320,6 +335,7 @@ class PeerLink:
                 "server_hostname": self.peer_id,
                 "ssl_handshake_timeout": HELLO_TIMEOUT,
             }
+        self._refused = False
         try:
             with anyio.fail_after(CONNECT_TIMEOUT + (HELLO_TIMEOUT if tls else 0.0)):
                 transport, protocol = await loop.create_connection(
@@ -328,6 +344,7 @@ class PeerLink:
         except TimeoutError:
             return None
         except OSError as exc:
+            self._refused = isinstance(exc, ConnectionRefusedError)
             if tls and _is_tls_error(exc):
                 self._failed("peer_tls_failed", str(exc))
             return None

@@ -90,6 +90,10 @@ from dlm.wire import (
     parse_addr,
 )
 
+INLINE_SLOW_S = 0.02
+"""A follower's write on the loop thread slower than this sends its next ones to the
+disk thread for a while (the loop must keep answering heartbeats)."""
+INLINE_PAUSE_S = 10.0
 CLIENT_CHECK_EVERY = 0.5
 """Seconds between two looks for stalled and idle clients."""
 CLIENT_BUFFER_LIMIT = 16 * CLIENT_FRAME_LIMIT
@@ -194,6 +198,9 @@ class NodeServer:
         self._disk_jobs = 0
         """Jobs handed to the disk thread and not reported back yet."""
         self._unsubmitted: list[Persist | SaveSnapshot] = []
+        self._inline: list[Persist] = []
+        """A follower's appends of this round, written on the loop once its messages left."""
+        self._inline_paused_until = 0.0
         """Jobs of this turn, handed to the disk thread once its messages are written."""
         self._servers: list[asyncio.Server] = []
         self._transports: set[asyncio.Transport] = set()
@@ -320,34 +327,54 @@ class NodeServer:
     def _run_actions(self) -> None:
         """Carries out everything the machine asked for, in order.
 
-        Log lines are written together at the end, with one write: under load an
+        Log lines are written together, with one write per round: under load an
         audit line per grant and release, each its own write to a file on the disk
         that is busy with fsyncs, cost a follower more than the rest of its work.
+        A follower's inline write (``_persist_inline``) comes after this round's
+        messages have left and its lines are written, so that the answers it
+        already owes (heartbeats, read confirmations) do not wait for its fsync.
         """
         machine = self.machine
-        touched: set[PeerLink] = set()
-        lines: list[str] = []
         while True:
-            actions = machine.take_actions()
-            if not actions:
+            touched: set[PeerLink] = set()
+            lines: list[str] = []
+            try:
+                while True:
+                    actions = machine.take_actions()
+                    if not actions:
+                        break
+                    for action in actions:
+                        if type(action) is LogEvent:
+                            line = self.log.line(
+                                _LEVELS.get(action.level, 20), action.event, action.fields
+                            )
+                            if line is not None:
+                                lines.append(line)
+                        else:
+                            if type(action) is Stop:
+                                # Its own line goes after the lines that explain it.
+                                self.log.write_lines(lines)
+                                lines = []
+                            self._perform(action, touched)
+                for link in touched:
+                    link.flush()
+            finally:
+                self.log.write_lines(lines)
+            inline, self._inline = self._inline, []
+            for written in inline:
+                if not self._write_inline(written):
+                    self._unsubmitted.clear()  # the member stops; nothing after a failure
+                    break
+            if self._unsubmitted:
+                # After the appends are written: waking the disk thread first could let
+                # it take the CPU while our appends wait (§10.2.1: they leave before the
+                # fsync).
+                assert self._persister is not None
+                for job in self._unsubmitted:
+                    self._persister.submit(job)
+                self._unsubmitted.clear()
+            if not inline:
                 break
-            for action in actions:
-                if type(action) is LogEvent:
-                    line = self.log.line(_LEVELS.get(action.level, 20), action.event, action.fields)
-                    if line is not None:
-                        lines.append(line)
-                else:
-                    self._perform(action, touched)
-        for link in touched:
-            link.flush()
-        if self._unsubmitted:
-            # After the appends are written: waking the disk thread first could let it
-            # take the CPU while our appends wait (§10.2.1: they leave before the fsync).
-            assert self._persister is not None
-            for job in self._unsubmitted:
-                self._persister.submit(job)
-            self._unsubmitted.clear()
-        self.log.write_lines(lines)
         if machine.leader is not None and not self.leader_seen.is_set():
             self.leader_seen.set()
         self._wake.set()
@@ -399,14 +426,17 @@ class NodeServer:
             self.stopped.set()
 
     def _persist_inline(self, action: Persist | SaveSnapshot) -> bool:
-        """A follower writes its appends on the loop thread when the disk thread is idle.
+        """Keeps a follower's append for the loop thread when the disk thread is idle.
 
         Its acknowledgement can only leave once the entries are durable, so handing
         the write to the disk thread and back adds two thread wake-ups to every
         commit's critical path and saves it nothing; the appends that arrive during
         the fsync wait in the socket and are written together next. The leader keeps
         the disk thread, so that its appends and heartbeats leave while it writes
-        (§10.2.1), and so do snapshots, which are large.
+        (§10.2.1), and so do snapshots, which are large. A write on the loop blocks
+        the loop, so after one slow fsync (``INLINE_SLOW_S``) the follower uses the
+        thread for ``INLINE_PAUSE_S``: a disk that stalls must not also keep the
+        follower from answering heartbeats.
         """
         assert self._persister is not None
         if (
@@ -415,15 +445,26 @@ class NodeServer:
             or action.snapshot is not None
             or self.machine.role is not Role.FOLLOWER
             or self._persister.slowed  # the chaos tests' slow disk must not stall the loop
+            or time.monotonic() < self._inline_paused_until
         ):
             return False
+        self._inline.append(action)
+        return True
+
+    def _write_inline(self, job: Persist) -> bool:
+        """Writes a job kept by ``_persist_inline``; False if the disk failed."""
+        assert self._persister is not None
+        started = time.monotonic()
         try:
-            self._persister.write_now(action)
+            self._persister.write_now(job)
         except BaseException as exc:  # the same as a failure in the disk thread
             self._disk_jobs += 1
-            self._persisted([action], exc)
-            return True
-        self.machine.persisted(action.job, now())
+            self._persisted([job], exc)
+            return False
+        finished = time.monotonic()
+        if finished - started > INLINE_SLOW_S:
+            self._inline_paused_until = finished + INLINE_PAUSE_S
+        self.machine.persisted(job.job, now())
         return True
 
     def _persisted(self, jobs: list[Persist | SaveSnapshot], failure: BaseException | None) -> None:
@@ -528,8 +569,8 @@ class NodeServer:
         with scope:
             await link.run()
 
-    def _peer_down(self, peer: str) -> None:
-        self.machine.peer_unreachable(peer, now())
+    def _peer_down(self, peer: str, gone: bool) -> None:
+        self.machine.peer_unreachable(peer, now(), gone=gone)
         self._run_actions()
 
     def _peer_welcomed(self, peer: str, version: int) -> None:

@@ -1053,14 +1053,15 @@ class NodeSimulation:
         self.stats["crashes"] += 1
         self.trace(f"C{self.world.now}{member.id}")
         # The others' links to a crashed process break at once, and the runtime says so
-        # (server.py: machine.peer_unreachable; a follower of it then campaigns sooner).
+        # and a redial is refused (peers.py: peer_unreachable(gone=True); a follower of
+        # it then campaigns sooner).
         for other in list(self.members.values()):
             if other is not member and other.up:
                 self.on_member(other, self._link_broke(member.id, other))
 
     def _link_broke(self, dead: str, other: SimMember) -> Callable[[NodeMachine], None]:
         def tell(machine: NodeMachine) -> None:
-            machine.peer_unreachable(dead, self._now(other))
+            machine.peer_unreachable(dead, self._now(other), gone=True)
 
         return tell
 

@@ -34,7 +34,8 @@ Lost messages: a follower in probe mode gets its next probe when it answers
 a heartbeat; a streaming follower whose acknowledgements stop while its
 heartbeat answers keep coming (``STALL_ROUNDS`` of them) drops back to probe.
 ``report_unreachable`` does the same at once when the runtime knows a link broke
-(and, on a follower whose link to its leader broke, brings its election closer).
+(and, on a follower told that its leader's process is gone, brings its election
+closer).
 
 Snapshots: when a follower needs an entry the leader has compacted, the leader
 sends ``storage.snapshot()`` in ``snapshot_chunk_bytes`` chunks, one in flight
@@ -538,22 +539,24 @@ class RaftNode:
             self._pending_append.add(to)
         return None
 
-    def report_unreachable(self, peer: NodeId) -> None:
-        """The runtime lost its link to ``peer``.
+    def report_unreachable(self, peer: NodeId, *, gone: bool = False) -> None:
+        """The runtime lost its link to ``peer``; ``gone``: its process is not there at all
+        (a redial was refused), not merely a broken connection.
 
-        A leader stops pipelining to it until it answers again. A follower whose
-        link to its leader broke (the leader's process died, most often) stops
-        counting on the leader's lease, so it grants votes at once, and campaigns
-        after 1 to ``election_ticks`` ticks (random, so that two followers seldom
-        collide) unless it hears from the leader first: a crashed leader is
-        replaced in a few ticks instead of a whole election timeout. A follower
-        whose link alone broke disrupts nothing: its pre-vote fails while another
-        voter still hears the leader.
+        A leader stops pipelining to it until it answers again. A follower told that
+        its leader is gone stops counting on the leader's lease, so it grants votes
+        at once, and campaigns after 1 to ``election_ticks`` ticks (random, so that
+        two followers seldom collide) unless it hears from the leader first: a
+        crashed leader is replaced in a few ticks instead of a whole election
+        timeout. A connection that merely broke changes no timer: when something
+        resets every connection at once (a NAT or firewall dropping its table) while
+        the leader lives, followers that gave up its lease together would grant each
+        other's pre-votes and depose it.
         """
         if peer == self._id:
             return
         if self._role is Role.FOLLOWER:
-            if peer == self._leader and self._id in self._voter_set:
+            if gone and peer == self._leader and self._id in self._voter_set:
                 ticks = self._cfg.election_ticks
                 self._election_elapsed = max(self._election_elapsed, ticks)
                 self._randomized_timeout = self._election_elapsed + self._rng.randrange(

@@ -7,15 +7,24 @@ test makes it so.
 
 from __future__ import annotations
 
+import io
+import random
 import socket
+import threading
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
 import anyio.abc
 import pytest
 
+from dlm.node.log import Logger
 from dlm.node.peer_codec import decode_raft_frame, raft_frame
-from dlm.node.raft.types import Heartbeat
+from dlm.node.peers import PeerLink
+from dlm.node.raft.memory import MemoryStorage
+from dlm.node.raft.types import AppendEntries, ConfState, Entry, Heartbeat
+from dlm.node.server import INLINE_SLOW_S
 from dlm.wire import Hello, HelloRole
 
 from .server_harness import WAIT, Wire, log_text, running_member
@@ -150,3 +159,92 @@ async def _accept_one(
 
         tg.start_soon(listener.serve, handler)
     return accepted[0]
+
+
+async def _link_to(
+    listener: anyio.abc.Listener[anyio.abc.SocketStream], downs: list[tuple[str, bool]]
+) -> tuple[PeerLink, anyio.Event]:
+    """A PeerLink from n1 to the test's n2 at ``listener``; ``downs`` records its on_down."""
+    gone = anyio.Event()
+
+    def on_down(peer: str, is_gone: bool) -> None:
+        downs.append((peer, is_gone))
+        if is_gone:
+            gone.set()
+
+    link = PeerLink(
+        local_id="n1",
+        peer_id="n2",
+        address=("127.0.0.1", listener.extra(anyio.abc.SocketAttribute.local_port)),
+        cluster="unit",
+        log=Logger("n1", stream=io.StringIO()),
+        on_down=on_down,
+        rng=random.Random(7),
+    )
+    return link, gone
+
+
+async def _welcome(listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> Wire:
+    wire = Wire(await _accept_one(listener))
+    assert Hello.from_wire(await wire.recv()).node == "n1"
+    await wire.send({"t": "welcome", "version": 2, "node": "n2", "cluster": "unit"})
+    return wire
+
+
+async def test_a_link_says_its_peer_is_gone_only_when_the_redial_after_a_break_is_refused() -> None:
+    downs: list[tuple[str, bool]] = []
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    link, gone = await _link_to(listener, downs)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(link.run)
+        with anyio.fail_after(WAIT):
+            wire = await _welcome(listener)
+            # The connection breaks and the peer answers the redial: a reset, not a death.
+            await wire.aclose()
+            wire = await _welcome(listener)
+        assert downs == [("n2", False)]
+        # Now the process dies: its connection breaks and nothing listens any more.
+        await listener.aclose()
+        await wire.aclose()
+        with anyio.fail_after(WAIT):
+            await gone.wait()
+        assert downs == [("n2", False), ("n2", False), ("n2", True)]
+        tg.cancel_scope.cancel()
+
+
+class _SlowDisk(MemoryStorage):
+    """Every append takes longer than INLINE_SLOW_S; records the thread that wrote it."""
+
+    def __init__(self) -> None:
+        super().__init__(ConfState(voters=("n1", "n2", "n3")))
+        self.writers: list[str] = []
+
+    def append(self, entries: Sequence[Entry]) -> None:
+        time.sleep(2 * INLINE_SLOW_S)  # the disk's own slowness, not synchronisation
+        super().append(entries)
+        self.writers.append(threading.current_thread().name)
+
+
+async def test_a_follower_whose_fsync_was_slow_writes_on_the_disk_thread_after() -> None:
+    disk = _SlowDisk()
+    async with running_member(storage=disk, peers=others("n2", "n3"), elect=False) as (_, port):
+        wire = await _peer(port)
+        for index in (1, 2):
+            append = AppendEntries(
+                group=0,
+                term=1,
+                src="n2",
+                dst="n1",
+                prev_index=index - 1,
+                prev_term=index - 1 and 1,
+                entries=(Entry(index, 1),),
+                commit=0,
+            )
+            await wire.send_bytes(raft_frame([append]))
+            with anyio.fail_after(WAIT):
+                while len(disk.writers) < index:
+                    await anyio.sleep(0.005)
+    # The first write ran on the loop (the follower's fast path) and was slow: the loop
+    # must keep answering heartbeats, so the next one went to the disk thread.
+    assert disk.writers[0] != "dlm-persist"
+    assert disk.writers[1] == "dlm-persist"

@@ -873,7 +873,7 @@ def test_report_unreachable_moves_a_streaming_follower_to_probe_only_on_the_lead
     net = Net(3)
     leader = net.elect("n1")
     net.deliver()
-    net["n2"].report_unreachable("n1")  # a follower: only brings its election closer
+    net["n2"].report_unreachable("n1", gone=True)  # a follower: only brings its election closer
     leader.report_unreachable("n1")  # ourselves: nothing to do
     leader.report_unreachable("n2")
     leader.propose(b"a")
@@ -889,7 +889,7 @@ def test_followers_that_lost_their_link_to_a_dead_leader_elect_another_within_a_
     term = old.term
     net.isolate("n1")  # killed: nothing more from it
     for follower in ("n2", "n3"):
-        net[follower].report_unreachable("n1")
+        net[follower].report_unreachable("n1", gone=True)
     ticks = old._cfg.election_ticks
     new = []
     for _ in range(ticks):
@@ -908,11 +908,31 @@ def test_a_follower_whose_link_alone_broke_does_not_disrupt_a_live_leader() -> N
     leader = net.elect("n1")
     net.deliver()
     term = leader.term
-    net["n2"].report_unreachable("n1")
+    net["n2"].report_unreachable("n1", gone=True)
     net.cut.add(("n1", "n2"))  # n2 hears nothing from the leader; n3 still does
     net.tick_all(3 * leader._cfg.election_ticks)
     assert leader.role is Role.LEADER and leader.term == term
     assert net["n3"].term == term
+
+
+def test_connections_that_all_break_while_the_leader_lives_depose_nobody() -> None:
+    # A NAT or firewall drops its table: every follower's link to the leader breaks at
+    # once and the leader is silent while the links redial (here: most of an election
+    # timeout), but its process is alive, so nobody was told it is gone.
+    net = Net(3)
+    leader = net.elect("n1")
+    net.deliver()
+    term = leader.term
+    for follower in ("n2", "n3"):
+        net[follower].report_unreachable("n1")
+        net.cut.add(("n1", follower))
+    for _ in range(leader._cfg.election_ticks - 1):
+        net.tick_all()
+        net.deliver()
+    net.heal()
+    net.tick_all(3 * leader._cfg.election_ticks)
+    assert leader.role is Role.LEADER and leader.term == term
+    assert {net["n2"].term, net["n3"].term} == {term}
 
 
 def test_status_reports_progress_only_on_the_leader() -> None:
