@@ -102,6 +102,13 @@ def gather_members(
     client: Client, members: list[dict[str, Any]], timeout: float
 ) -> list[dict[str, Any]]:
     """Asks every member for its own view, in parallel; keeps the given order."""
+    return gather_views(client, members, timeout)[0]
+
+
+def gather_views(
+    client: Client, members: list[dict[str, Any]], timeout: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any] | None]]:
+    """The members table and each member's own view (None: it did not answer)."""
     addresses = [str(m.get("address") or "") for m in members]
 
     def ask(addr: str) -> dict[str, Any] | None:
@@ -109,7 +116,7 @@ def gather_members(
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(addresses), 8))) as pool:
         views = list(pool.map(ask, addresses))
-    return [merge_member(m, v) for m, v in zip(members, views, strict=True)]
+    return [merge_member(m, v) for m, v in zip(members, views, strict=True)], views
 
 
 def merge_member(member: dict[str, Any], view: dict[str, Any] | None) -> dict[str, Any]:
@@ -167,7 +174,7 @@ def summarize(client: Client, view: dict[str, Any], member_timeout: float) -> di
     members = [m for m in view.get("members") or [] if isinstance(m, dict)]
     if not members:
         members = [{"id": _member_id(view), "address": view.get("address")}]
-    rows = gather_members(client, members, member_timeout)
+    rows, views = gather_views(client, members, member_timeout)
     leader = _str(view.get("leader"))
     # The leader's own commit index is the reference; the answering member's if the
     # leader did not answer us directly.
@@ -175,12 +182,23 @@ def summarize(client: Client, view: dict[str, Any], member_timeout: float) -> di
         (row["commit"] for row in rows if row["id"] == leader and row["commit"] is not None),
         _int(view.get("commit")),
     )
-    from_leader = view.get("role") == "leader"
+    # Progress (each member's match and last contact) is the leader's to tell: from the
+    # view that answered if the leader gave it, else from the leader's own view.
+    leader_view = view if view.get("role") == "leader" else None
+    if leader_view is None:
+        leader_view = next(
+            (
+                v
+                for row, v in zip(rows, views, strict=True)
+                if v is not None and row["id"] == leader and v.get("role") == "leader"
+            ),
+            None,
+        )
     fill_progress(
         rows,
         leader_commit,
-        view.get("progress") if from_leader else None,
-        _int(view.get("last_index")) if from_leader else None,
+        leader_view.get("progress") if leader_view is not None else None,
+        _int(leader_view.get("last_index")) if leader_view is not None else None,
     )
     return {
         "cluster": _str(view.get("cluster")),

@@ -498,3 +498,22 @@ def test_lease_list_without_leases(
     assert capsys.readouterr().out == "no leases\n"
     assert run(["lease", "list", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"leases": []}
+
+
+def test_last_contact_comes_from_the_leader_when_a_follower_answered_first(
+    canned: Canned, capsys: Capture
+) -> None:
+    # The first address in DLM_CLUSTER is a follower: its status view has no progress,
+    # but the leader's own view, asked for its row, does.
+    progress = {
+        "n1": {"match": 500, "last_contact_ms": 0},
+        "n2": {"match": 500, "last_contact_ms": 40},
+        "n3": {"match": 498, "last_contact_ms": 3000},
+    }
+    follower = {**leader_view(), "node": "n2", "role": "follower", "address": ADDRS["n2"]}
+    canned.status = follower
+    canned.views[ADDRS["n1"]] = leader_view(progress)
+    assert run(["status", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["members"]
+    assert [r["last_contact_ms"] for r in rows] == [0, 40, 3000]
+    assert [r["lag"] for r in rows] == [0, 0, 2]
