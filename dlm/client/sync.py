@@ -221,8 +221,7 @@ class _Connection:
                     # The first bytes are not a frame: some other server listens there
                     # (an HTTP server's "HTTP" reads as a length of 1213486160).
                     raise ConnectionBroken(
-                        f"{self.addr} is not a dlm member (it answered something else); "
-                        "check --cluster"
+                        f"{self.addr} is not a dlm member (it answered something else)"
                     ) from None
                 raise ConnectionBroken(f"bad frame: {exc}") from None
             self._framed = self._framed or bool(self._frames)
