@@ -135,6 +135,9 @@ class NodeSimOptions:
     tombstone_ms: int = 3_500
     """Short (but longer than a client re-sends an open: 3 s here), so lease ids come back
     and incarnations matter."""
+    max_stamp_step_ms: int = 250
+    """Scaled down with ``tombstone_ms`` (the members' wall clocks differ by up to days
+    here, so every change of leader is a jump of log time)."""
     backend: Callable[[tuple[NodeId, ...], random.Random], StorageBackend] = MemoryBackend
     machine_class: type[NodeMachine] | None = None
     lock_machine_class: type[locks.LockStateMachine] | None = None
@@ -476,6 +479,7 @@ class NodeSimulation:
 
         class CountingLocks(lock_base):  # type: ignore[valid-type,misc]
             tombstone_ms = opts.tombstone_ms
+            max_stamp_step_ms = opts.max_stamp_step_ms
 
             def apply(self, index: int, data: bytes) -> locks.ApplyOutcome:
                 sim._applying(member, index, data)

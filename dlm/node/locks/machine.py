@@ -21,10 +21,15 @@ At most once (docs/PROTOCOL.md): each lease keeps, per client, the results of
 that client's requests above its acknowledged floor, so a re-sent request is
 answered from memory and a request at or below the floor is refused as stale.
 A lease that ends leaves a tombstone, kept for ``TOMBSTONE_MS`` of log time
-(the leaders' ``at_ms`` stamps; at most ``TOMBSTONES`` of them), with the
-result of the request that ended it: a re-sent ``open_lease`` cannot bring
-the lease back (clients re-send an open for at most a minute, well inside
-that time), and a re-sent close still gets its answer.
+(at most ``TOMBSTONES`` of them), with the result of the request that ended
+it: a re-sent ``open_lease`` cannot bring the lease back (clients re-send an
+open for at most a minute, well inside that time), and a re-sent close still
+gets its answer. Log time is the sum of the steps between consecutive
+entries' ``at_ms`` stamps, each step counted at most ``MAX_STAMP_STEP_MS``
+and never backwards: the stamps are the proposing leaders' wall clocks, and a
+new leader whose clock runs hours ahead of the last one's must not age every
+tombstone at once (it would let a re-sent open create its lease again). An
+idle gap counts short too; tombstones then live longer, never shorter.
 Leases have an incarnation (the index of the entry that created them); an
 ``Expire`` of another incarnation does nothing.
 
@@ -87,7 +92,9 @@ LEGACY_RECENT = 32
 MAX_UNANSWERED = 1024
 """Results kept per client and lease above its floor; more unanswered requests are refused."""
 TOMBSTONE_MS = 300_000
-"""How long (leader wall-clock ms, as stamped in the log) an ended lease is remembered."""
+"""How long (ms of log time: see the module docstring) an ended lease is remembered."""
+MAX_STAMP_STEP_MS = 10_000
+"""The most that one entry's stamp moves log time forward."""
 TOMBSTONES = 1_000_000
 """At most this many ended leases are remembered (a memory bound under extreme churn)."""
 RETRY_AFTER_MAX_MS = 30_000
@@ -205,12 +212,12 @@ class _Lease:
 @dataclass(slots=True)
 class _Tombstone:
     """How a lease ended: the ending request's client, seq and result (client "" for Expire),
-    and when (the ending entry's ``at_ms``)."""
+    and when (the log time of the ending entry)."""
 
     client: str
     seq: int
     result: Result
-    ended_at_ms: int
+    ended_log_ms: int
 
 
 @dataclass(slots=True)
@@ -230,6 +237,7 @@ class LockStateMachine:
 
     tombstone_capacity = TOMBSTONES
     tombstone_ms = TOMBSTONE_MS
+    max_stamp_step_ms = MAX_STAMP_STEP_MS
 
     def __init__(self) -> None:
         self._applied = 0
@@ -237,6 +245,10 @@ class LockStateMachine:
         self._leases: dict[str, _Lease] = {}
         self._keys: dict[str, _Key] = {}
         self._tombstones: OrderedDict[str, _Tombstone] = OrderedDict()
+        self._log_ms = 0
+        """Log time (version 2 on): the sum of the bounded steps between entries' stamps."""
+        self._last_stamp_ms = 0
+        """The ``at_ms`` of the last entry that moved log time."""
         self._held = 0
         self._queued = 0
         # Sorted views for paging, rebuilt only after a key or lease came or went.
@@ -289,6 +301,8 @@ class LockStateMachine:
         problem = validate_command(cmd)
         if problem is not None:
             return ApplyOutcome(index, Invalid(problem), cmd)
+        if self._version >= 2:
+            self._tick_log_clock(cmd.at_ms)
         if isinstance(cmd, ClusterVersionCommand):
             # Versions only rise: a stale proposal of an older version changes nothing.
             self._version = max(self._version, cmd.version)
@@ -304,6 +318,14 @@ class LockStateMachine:
             tuple(step.ended),
             tuple(step.expired),
         )
+
+    def _tick_log_clock(self, at_ms: int) -> None:
+        # Only from version 2 on, so that replicas that restored a version-1 image and
+        # replicas that applied those entries one by one keep the same log time.
+        stepped = at_ms - self._last_stamp_ms
+        self._last_stamp_ms = at_ms
+        if stepped > 0:
+            self._log_ms += min(stepped, self.max_stamp_step_ms)
 
     def _dispatch(self, cmd: Command, step: _Step) -> Result:
         assert not isinstance(cmd, ClusterVersionCommand)
@@ -332,7 +354,7 @@ class LockStateMachine:
             case CloseLeaseCommand():
                 released = tuple(sorted(lease.holding))
                 result = LeaseClosed(cmd.lease, released)
-                ending = _Tombstone(cmd.origin.client, cmd.origin.seq, result, cmd.at_ms)
+                ending = _Tombstone(cmd.origin.client, cmd.origin.seq, result, self._log_ms)
                 self._end_lease(cmd.lease, step, ending)
                 return result  # the lease and its records are gone; the tombstone answers
             case AcquireCommand():
@@ -340,7 +362,7 @@ class LockStateMachine:
             case ReleaseCommand():
                 result = self._release(cmd, lease, step)
                 if isinstance(result, Released) and result.lease_ended:
-                    ending = _Tombstone(cmd.origin.client, cmd.origin.seq, result, cmd.at_ms)
+                    ending = _Tombstone(cmd.origin.client, cmd.origin.seq, result, self._log_ms)
                     self._end_lease(cmd.lease, step, ending)
                     return result
             case UpdateLeaseCommand():
@@ -447,7 +469,7 @@ class LockStateMachine:
         if lease is None or not self._is_incarnation(lease, cmd.incarnation):
             return LeaseGone(cmd.lease)
         result = LeaseClosed(cmd.lease, tuple(sorted(lease.holding)))
-        self._end_lease(cmd.lease, step, _Tombstone("", 0, LeaseGone(cmd.lease), cmd.at_ms))
+        self._end_lease(cmd.lease, step, _Tombstone("", 0, LeaseGone(cmd.lease), self._log_ms))
         step.expired.append(cmd.lease)
         return result
 
@@ -465,11 +487,11 @@ class LockStateMachine:
             stones = self._tombstones
             stones.pop(lease_id, None)
             stones[lease_id] = ending
-            horizon = ending.ended_at_ms - self.tombstone_ms
-            # Oldest first: stamps come from the log, so every replica forgets the same ones.
+            horizon = ending.ended_log_ms - self.tombstone_ms
+            # Oldest first: log time comes from the log, so every replica forgets the same ones.
             while stones and (
                 len(stones) > self.tombstone_capacity
-                or next(iter(stones.values())).ended_at_ms < horizon
+                or next(iter(stones.values())).ended_log_ms < horizon
             ):
                 stones.popitem(last=False)
 
@@ -741,10 +763,11 @@ class LockStateMachine:
                 for lease_id, lease in sorted(self._leases.items())
             ]
             stones = [
-                [lease_id, t.client, t.seq, t.result.to_dict(), t.ended_at_ms]
+                [lease_id, t.client, t.seq, t.result.to_dict(), t.ended_log_ms]
                 for lease_id, t in self._tombstones.items()
             ]
-            image = [SNAPSHOT_V2, self._applied, self._version, leases, keys, stones]
+            clock = [self._log_ms, self._last_stamp_ms]
+            image = [SNAPSHOT_V2, self._applied, self._version, leases, keys, stones, clock]
         return bytes(cbor2.dumps(image, canonical=True))
 
     @classmethod
@@ -773,8 +796,11 @@ class LockStateMachine:
                     for seq, result in recent:
                         record.results[_int(seq)] = result_from_dict(result)
                 machine._leases[_str(lease_id)] = lease
-        elif item[0] == SNAPSHOT_V2 and len(item) == 6:
-            _, applied, version, leases, keys, stones = item
+        elif item[0] == SNAPSHOT_V2 and len(item) in (6, 7):
+            # 6: an image from before log time; its tombstones carry leader stamps, which
+            # then serve as log time (the first entry after steps it by at most one bound).
+            _, applied, version, leases, keys, stones = item[:6]
+            clock = item[6] if len(item) == 7 else None
             machine._version = _int(version)
             for row in leases:
                 lease_id, ttl_ms, opened_at_ms, incarnation, ephemeral, meta, finished, clients = (
@@ -793,10 +819,16 @@ class LockStateMachine:
                     for seq, result in results:
                         record.results[_int(seq)] = result_from_dict(result)
                 machine._leases[_str(lease_id)] = lease
-            for lease_id, client, seq, result, ended_at_ms in stones:
+            for lease_id, client, seq, result, ended_log_ms in stones:
                 machine._tombstones[_str(lease_id)] = _Tombstone(
-                    _str(client), _int(seq), result_from_dict(result), _int(ended_at_ms)
+                    _str(client), _int(seq), result_from_dict(result), _int(ended_log_ms)
                 )
+            if clock is not None:
+                log_ms, last_stamp_ms = clock
+                machine._log_ms, machine._last_stamp_ms = _int(log_ms), _int(last_stamp_ms)
+            elif machine._tombstones:
+                newest = max(t.ended_log_ms for t in machine._tombstones.values())
+                machine._log_ms = machine._last_stamp_ms = newest
         else:
             raise ValueError("lock snapshot has an unknown layout or version")
         machine._applied = _int(applied)

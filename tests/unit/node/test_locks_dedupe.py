@@ -287,6 +287,40 @@ def test_tombstones_are_kept_for_tombstone_ms_of_log_time(
     assert d.open("young").result == LeaseGone("young")
 
 
+def test_a_leader_whose_clock_runs_hours_ahead_does_not_age_the_tombstones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A client opened "a" (its answer was lost), the lease ended, and the client re-sends
+    # its open; meanwhile a new leader, its wall clock nine hours ahead, ended another lease.
+    d = Driver()
+    d.open("a", client="p", seq=1)
+    d.close("a", client="p", seq=2)
+    d.at_ms += 9 * 3_600_000
+    d.open("b")
+    d.close("b")
+    assert d.open("a", client="p", seq=1).result == LeaseGone("a")
+    # A clock that runs behind moves log time not at all (and never backwards).
+    d.at_ms -= 3 * 3_600_000
+    d.open("c")
+    d.close("c")
+    assert d.open("a", client="p", seq=1).result == LeaseGone("a")
+
+
+def test_log_time_travels_in_the_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(LockStateMachine, "tombstone_ms", 1_000)
+    d = Driver()
+    d.open("old")
+    d.close("old")
+    d.at_ms += 700
+    restored = LockStateMachine.restore(d.sm.snapshot())
+    assert restored.snapshot() == d.sm.snapshot()
+    d.sm = restored
+    d.at_ms += 400
+    d.open("other")
+    d.close("other")  # over 1,000 ms of log time after "old" ended, counted across the restore
+    assert d.open("old").result == LeaseOpened("old", 10_000, d.index)
+
+
 def test_tombstones_are_at_most_tombstone_capacity(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(LockStateMachine, "tombstone_capacity", 3)
     d = Driver()
