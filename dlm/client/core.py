@@ -267,24 +267,30 @@ class Router:
     def target(self) -> str:
         return self.preferred or self.members[self._turn]
 
-    def redirect(self, addr: str) -> None:
+    def redirect(self, addr: str, source: str | None = None) -> None:
+        """``source`` (when given) named ``addr`` as the leader; if it was the member in
+        turn, the turn moves past it, so that a dead end reached through it leads on."""
+        if source is not None and self.members[self._turn] == source:
+            self._turn = (self._turn + 1) % len(self.members)
         self.preferred = addr
 
     def answered(self, addr: str) -> None:
         self.preferred = addr
 
     def failed(self, addr: str) -> None:
-        """``addr`` is down or not useful: forget it and move on to the next member in turn.
+        """``addr`` is down or not useful: forget it and move on.
 
-        The turn moves on from where it was, not from ``addr``: when ``addr`` was
-        reached by a redirect (a removed member that never learned of its removal
-        still names its old leader), restarting after ``addr`` could lead back to
-        the member that redirected us, and the two would be tried in a circle
-        while the real leader is never asked.
+        The member in turn moves the turn on; a member reached through a redirect or
+        an earlier answer is only forgotten, and the turn (already past whoever sent
+        us there) stays. Restarting the turn after ``addr`` instead could lead back
+        to the member that redirected us: a removed member that never learned of its
+        removal names its old leader, and the two would be tried in a circle while
+        the real leader is never asked.
         """
+        if self.members[self._turn] == addr or self.preferred != addr:
+            self._turn = (self._turn + 1) % len(self.members)
         if self.preferred == addr:
             self.preferred = None
-        self._turn = (self._turn + 1) % len(self.members)
 
 
 # ---------------------------------------------------------------------------
@@ -517,9 +523,9 @@ def call(
                 if code == ErrorCode.NOT_LEADER.value and leader and leader != addr:
                     if hops < MAX_REDIRECT_HOPS:
                         hops += 1
-                        s.router.redirect(leader)
+                        s.router.redirect(leader, addr)
                         continue
-                    s.router.redirect(leader)
+                    s.router.redirect(leader, addr)
                 elif code in (ErrorCode.NOT_LEADER.value, ErrorCode.SHUTTING_DOWN.value):
                     s.router.failed(addr)
                 hops = 0

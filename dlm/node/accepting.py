@@ -8,7 +8,8 @@ here too (``Limits``, and ``Budget``: how many descriptors connections may take)
 so that every resource a stranger can make a member hold has a cap and a
 deadline. What the member does with a connection is the ``Admissions``
 protocol, which NodeServer (server.py) implements.
-Tested by tests/unit/node/test_accepting.py, test_server.py and test_peer_auth.py.
+Tested by tests/unit/node/test_accepting.py and test_server.py, and
+tests/cluster/test_peer_auth.py.
 """
 
 from __future__ import annotations

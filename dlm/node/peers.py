@@ -35,6 +35,7 @@ peer's to be signed by the cluster's CA and to name the peer's member id.
 from __future__ import annotations
 
 import asyncio
+import errno
 import random
 import struct
 from collections.abc import Callable
@@ -111,6 +112,19 @@ def encode_batches(messages: list[Message], sealer: Any = None) -> list[bytes]:
     if start < len(messages):
         frames.append(raft_frame(messages[start:], sealer))
     return frames
+
+
+def dial_refused(exc: OSError) -> bool:
+    """Every address of the peer refused the connection: nothing listens there."""
+    if isinstance(exc, ConnectionRefusedError):
+        return True
+    # For a name with several addresses asyncio raises one OSError, without an errno,
+    # whose text joins each address's error.
+    text = str(exc)
+    if exc.errno is not None or not text.startswith("Multiple exceptions: "):
+        return False
+    errors = text.count("[Errno ")
+    return errors > 0 and errors == text.count(f"[Errno {errno.ECONNREFUSED}]")
 
 
 def _is_tls_error(exc: OSError) -> bool:
@@ -344,7 +358,7 @@ class PeerLink:
         except TimeoutError:
             return None
         except OSError as exc:
-            self._refused = isinstance(exc, ConnectionRefusedError)
+            self._refused = dial_refused(exc)
             if tls and _is_tls_error(exc):
                 self._failed("peer_tls_failed", str(exc))
             return None

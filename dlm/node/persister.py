@@ -11,13 +11,11 @@ test that runs a member.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from dlm.node.machine import Persist, SaveSnapshot
 from dlm.node.raft.types import Entry, Storage
@@ -101,11 +99,7 @@ class Persister:
         started = time.perf_counter()
         job = group[0]
         if isinstance(job, SaveSnapshot):
-            existing = storage.snapshot()
-            if existing is None or existing.meta.index < job.index:
-                storage.create_snapshot(job.index, job.conf, job.data)
-            if job.compact_to > storage.first_index() - 1:
-                storage.compact(min(job.compact_to, job.index))
+            write_job(storage, job)
             self.snapshot_write_s[job.index] = time.perf_counter() - started
             return
         persists = [j for j in group if isinstance(j, Persist)]
@@ -125,6 +119,24 @@ class Persister:
         if entries:
             self.stats.fsync.observe(time.perf_counter() - started)
             self.stats.batch.observe(len(entries))
+
+
+def write_job(storage: Storage, job: Persist | SaveSnapshot) -> None:
+    """Makes one job durable, as the disk thread does (without grouping, timing or test
+    delays); the unit tests' member driver writes with it too."""
+    if isinstance(job, Persist):
+        if job.snapshot is not None:
+            storage.apply_snapshot(job.snapshot)
+        if job.entries:
+            storage.append(job.entries)
+        if job.hard_state is not None:
+            storage.set_hard_state(job.hard_state)
+        return
+    existing = storage.snapshot()
+    if existing is None or existing.meta.index < job.index:
+        storage.create_snapshot(job.index, job.conf, job.data)
+    if job.compact_to > storage.first_index() - 1:
+        storage.compact(min(job.compact_to, job.index))
 
 
 def persist_group(jobs: list[Persist | SaveSnapshot]) -> list[Persist | SaveSnapshot]:
@@ -159,15 +171,3 @@ def merge_appends(group: list[Persist]) -> list[Entry]:
                 del merged[max(0, keep) :]
         merged.extend(entries)
     return merged
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside: for work that builds or drops a whole table."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

@@ -34,13 +34,15 @@ After every event the adapter executes ``machine.take_actions()`` in order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
 import random
 import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -73,7 +75,7 @@ from dlm.node.machine import (
 from dlm.node.notify import notify
 from dlm.node.peer_codec import decode_raft_frame
 from dlm.node.peers import PeerLink
-from dlm.node.persister import Persister, collector_paused
+from dlm.node.persister import Persister
 from dlm.node.quiet import QuietLog, loop_exception_handler
 from dlm.node.raft.types import Role, Storage
 from dlm.node.rlimits import raise_open_files_limit
@@ -94,6 +96,7 @@ INLINE_SLOW_S = 0.02
 """A follower's write on the loop thread slower than this sends its next ones to the
 disk thread for a while (the loop must keep answering heartbeats)."""
 INLINE_PAUSE_S = 10.0
+"""How long the follower then keeps to the disk thread."""
 CLIENT_CHECK_EVERY = 0.5
 """Seconds between two looks for stalled and idle clients."""
 CLIENT_BUFFER_LIMIT = 16 * CLIENT_FRAME_LIMIT
@@ -106,6 +109,18 @@ class RemovedMember(Exception):
 
 def now() -> Instant:
     return Instant(time.monotonic(), int(time.time() * 1000))
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside: for work that builds or drops a whole table."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class _Locks(locks.LockStateMachine):
@@ -198,10 +213,11 @@ class NodeServer:
         self._disk_jobs = 0
         """Jobs handed to the disk thread and not reported back yet."""
         self._unsubmitted: list[Persist | SaveSnapshot] = []
+        """Jobs of this turn, handed to the disk thread once its messages are written."""
         self._inline: list[Persist] = []
         """A follower's appends of this round, written on the loop once its messages left."""
         self._inline_paused_until = 0.0
-        """Jobs of this turn, handed to the disk thread once its messages are written."""
+        """Until then (monotonic s) a follower's appends go to the disk thread."""
         self._servers: list[asyncio.Server] = []
         self._transports: set[asyncio.Transport] = set()
         self._unadmitted: dict[AcceptedConnection, None] = {}
@@ -363,8 +379,11 @@ class NodeServer:
             inline, self._inline = self._inline, []
             for written in inline:
                 if not self._write_inline(written):
-                    self._unsubmitted.clear()  # the member stops; nothing after a failure
                     break
+            if self.failure is not None:
+                # The disk failed: the member stops, and nothing more is written or done.
+                self._unsubmitted.clear()
+                break
             if self._unsubmitted:
                 # After the appends are written: waking the disk thread first could let
                 # it take the CPU while our appends wait (§10.2.1: they leave before the
@@ -409,6 +428,8 @@ class NodeServer:
                 touched.add(link)
         elif isinstance(action, Persist | SaveSnapshot):
             assert self._persister is not None
+            if self.failure is not None:
+                return  # after a failed write nothing is written (and so nothing acknowledged)
             if self._persist_inline(action):
                 return
             self._disk_jobs += 1

@@ -24,8 +24,8 @@ def install_routes(routes: dict[str, str]) -> None:
         return
     original = core.Router.redirect
 
-    def redirect(self: core.Router, addr: str) -> None:
-        original(self, routes.get(addr, addr))
+    def redirect(self: core.Router, addr: str, source: str | None = None) -> None:
+        original(self, routes.get(addr, addr), source)
 
     core.Router.redirect = redirect  # type: ignore[method-assign]
 

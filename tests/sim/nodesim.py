@@ -1056,9 +1056,9 @@ class NodeSimulation:
         member.storage = self.backend.after_crash(member.id, member.storage)
         self.stats["crashes"] += 1
         self.trace(f"C{self.world.now}{member.id}")
-        # The others' links to a crashed process break at once, and the runtime says so
-        # and a redial is refused (peers.py: peer_unreachable(gone=True); a follower of
-        # it then campaigns sooner).
+        # The others' links to a crashed process break at once and their redials are
+        # refused, and the runtime says so (server.py: peer_unreachable(gone=True); a
+        # follower of it then campaigns sooner).
         for other in list(self.members.values()):
             if other is not member and other.up:
                 self.on_member(other, self._link_broke(member.id, other))

@@ -248,7 +248,8 @@ class LockStateMachine:
         self._log_ms = 0
         """Log time (version 2 on): the sum of the bounded steps between entries' stamps."""
         self._last_stamp_ms = 0
-        """The ``at_ms`` of the last entry that moved log time."""
+        """The ``at_ms`` of the last entry applied at version 2 or later (whichever way it
+        moved log time: forward, not at all, or by the bound)."""
         self._held = 0
         self._queued = 0
         # Sorted views for paging, rebuilt only after a key or lease came or went.
@@ -796,11 +797,10 @@ class LockStateMachine:
                     for seq, result in recent:
                         record.results[_int(seq)] = result_from_dict(result)
                 machine._leases[_str(lease_id)] = lease
-        elif item[0] == SNAPSHOT_V2 and len(item) in (6, 7):
-            # 6: an image from before log time; its tombstones carry leader stamps, which
-            # then serve as log time (the first entry after steps it by at most one bound).
-            _, applied, version, leases, keys, stones = item[:6]
-            clock = item[6] if len(item) == 7 else None
+        elif item[0] == SNAPSHOT_V2 and len(item) == 7:
+            # (Version 2 is this release's own: no released member wrote a version-2 image
+            # of another layout, so there is none to convert.)
+            _, applied, version, leases, keys, stones, clock = item
             machine._version = _int(version)
             for row in leases:
                 lease_id, ttl_ms, opened_at_ms, incarnation, ephemeral, meta, finished, clients = (
@@ -823,12 +823,8 @@ class LockStateMachine:
                 machine._tombstones[_str(lease_id)] = _Tombstone(
                     _str(client), _int(seq), result_from_dict(result), _int(ended_log_ms)
                 )
-            if clock is not None:
-                log_ms, last_stamp_ms = clock
-                machine._log_ms, machine._last_stamp_ms = _int(log_ms), _int(last_stamp_ms)
-            elif machine._tombstones:
-                newest = max(t.ended_log_ms for t in machine._tombstones.values())
-                machine._log_ms = machine._last_stamp_ms = newest
+            log_ms, last_stamp_ms = clock
+            machine._log_ms, machine._last_stamp_ms = _int(log_ms), _int(last_stamp_ms)
         else:
             raise ValueError("lock snapshot has an unknown layout or version")
         machine._applied = _int(applied)

@@ -118,6 +118,24 @@ def test_a_stale_redirect_does_not_trap_the_client_between_two_members() -> None
     assert sent == ["b:2", "c:3", "b:2", "a:1"]
 
 
+def test_a_leader_found_through_a_redirect_that_dies_is_not_asked_twice() -> None:
+    s, clock = settings(["a:1", "b:2", "c:3"], timeout=5.0)
+    answers: dict[str, Any] = {"a:1": not_leader("b:2"), "b:2": ok(1, lease="x")}
+    sent: list[str] = []
+
+    def answer(action: core.Send) -> Any:
+        sent.append(action.addr)
+        return answers[action.addr]
+
+    drive(core.call(s, {"t": "keepalive", "lease": "x"}), answer, clock)
+    assert sent == ["a:1", "b:2"]
+    # b dies; c was elected.
+    answers.update({"b:2": core.Failed("refused"), "c:3": ok(1, lease="x")})
+    sent.clear()
+    addr, _ = drive(core.call(s, {"t": "keepalive", "lease": "x"}), answer, clock)
+    assert (addr, sent) == ("c:3", ["b:2", "c:3"])
+
+
 def test_connection_failures_retry_the_same_seq_on_the_next_member() -> None:
     s, clock = settings(["a:1", "b:2"])
     seen: list[tuple[str, int]] = []

@@ -50,6 +50,7 @@ from dlm.node.machine import (
     Stop,
     Timing,
 )
+from dlm.node.persister import write_job
 from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.types import ConfState, EntryKind, Message, NodeId, Role
 
@@ -309,21 +310,7 @@ class Cluster:
 
     @staticmethod
     def write(member: Member, job: Persist | SaveSnapshot) -> None:
-        """What server.py's disk worker does with one job."""
-        storage = member.storage
-        if isinstance(job, Persist):
-            if job.snapshot is not None:
-                storage.apply_snapshot(job.snapshot)
-            if job.entries:
-                storage.append(job.entries)
-            if job.hard_state is not None:
-                storage.set_hard_state(job.hard_state)
-            return
-        existing = storage.snapshot()
-        if existing is None or existing.meta.index < job.index:
-            storage.create_snapshot(job.index, job.conf, job.data)
-        if job.compact_to > storage.first_index() - 1:
-            storage.compact(min(job.compact_to, job.index))
+        write_job(member.storage, job)
 
     # -- the network ------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from dlm.node.peer_codec import decode_raft_frame
-from dlm.node.peers import FRAME_BUDGET, encode_batches, split_first_frame
+from dlm.node.peers import FRAME_BUDGET, dial_refused, encode_batches, split_first_frame
 from dlm.node.raft.types import AppendEntries, Entry, Heartbeat, Message
 from dlm.wire import (
     CLIENT_FRAME_LIMIT,
@@ -65,3 +65,20 @@ def test_the_first_frame_is_split_from_what_follows() -> None:
     assert split_first_frame(buf) == ({"t": "welcome"}, b"rest")
     with pytest.raises(ProtocolError):
         split_first_frame(bytearray(struct.pack(">I", CLIENT_FRAME_LIMIT + 1)))
+
+
+def test_a_name_whose_every_address_refused_counts_as_refused() -> None:
+    # asyncio's error for a name with several addresses, all of which refused.
+    both = OSError(
+        "Multiple exceptions: [Errno 111] Connect call failed ('::1', 7701, 0, 0), "
+        "[Errno 111] Connect call failed ('127.0.0.1', 7701)"
+    )
+    assert dial_refused(both)
+    one_unreachable = OSError(
+        "Multiple exceptions: [Errno 101] Network is unreachable, "
+        "[Errno 111] Connect call failed ('127.0.0.1', 7701)"
+    )
+    assert not dial_refused(one_unreachable)
+    assert dial_refused(ConnectionRefusedError(111, "refused"))
+    assert not dial_refused(TimeoutError())
+    assert not dial_refused(OSError(113, "No route to host"))

@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import pytest
 
 from dlm.node.log import Logger
@@ -218,11 +219,14 @@ class _SlowDisk(MemoryStorage):
     def __init__(self) -> None:
         super().__init__(ConfState(voters=("n1", "n2", "n3")))
         self.writers: list[str] = []
+        self.written = [threading.Event(), threading.Event()]
+        """Set as the first and the second append finish (from whichever thread wrote)."""
 
     def append(self, entries: Sequence[Entry]) -> None:
         time.sleep(2 * INLINE_SLOW_S)  # the disk's own slowness, not synchronisation
         super().append(entries)
         self.writers.append(threading.current_thread().name)
+        self.written[len(self.writers) - 1].set()
 
 
 async def test_a_follower_whose_fsync_was_slow_writes_on_the_disk_thread_after() -> None:
@@ -241,9 +245,7 @@ async def test_a_follower_whose_fsync_was_slow_writes_on_the_disk_thread_after()
                 commit=0,
             )
             await wire.send_bytes(raft_frame([append]))
-            with anyio.fail_after(WAIT):
-                while len(disk.writers) < index:
-                    await anyio.sleep(0.005)
+            assert await anyio.to_thread.run_sync(disk.written[index - 1].wait, WAIT)
     # The first write ran on the loop (the follower's fast path) and was slow: the loop
     # must keep answering heartbeats, so the next one went to the disk thread.
     assert disk.writers[0] != "dlm-persist"

@@ -903,7 +903,7 @@ def test_followers_that_lost_their_link_to_a_dead_leader_elect_another_within_a_
     assert net[new[0]].term == term + 1  # no split vote on the way
 
 
-def test_a_follower_whose_link_alone_broke_does_not_disrupt_a_live_leader() -> None:
+def test_a_follower_wrongly_told_its_live_leader_is_gone_disrupts_nothing() -> None:
     net = Net(3)
     leader = net.elect("n1")
     net.deliver()
