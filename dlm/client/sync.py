@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import _socket
 import select
+import signal
 import threading
 import time
 from collections import deque
@@ -72,6 +73,21 @@ if TYPE_CHECKING:
 # Replies (a long ``list``) may be bigger than the 64 KiB a client may send.
 REPLY_FRAME_LIMIT = PEER_FRAME_LIMIT
 _RECV_CHUNK = 65536
+
+
+_HANDLED_SIGNALS = frozenset(
+    {
+        signal.SIGINT,
+        signal.SIGTERM,
+        signal.SIGHUP,
+        signal.SIGQUIT,
+        signal.SIGCHLD,
+        signal.SIGALRM,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+    }
+)
+"""Signals that only the main thread receives while a KeepAlive runs."""
 
 
 class _Connection:
@@ -770,8 +786,17 @@ class KeepAlive:
     def start(self) -> KeepAlive:
         if not self._started:
             self._started = True
-            for t in self._threads:
-                t.start()
+            # The threads are born with the signals a program handles blocked (a thread
+            # inherits its creator's mask), so that the kernel hands them to the main
+            # thread: one that went to a helper thread would leave the main thread
+            # blocked in a socket call until its reply came (`dlm exec` waiting in a
+            # queue would not see Ctrl-C until it got the lock).
+            previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED_SIGNALS)
+            try:
+                for t in self._threads:
+                    t.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         return self
 
     def stop(self, timeout: float = 2.0) -> None:

@@ -274,7 +274,12 @@ def test_a_signal_before_cmd_starts_gives_the_lease_back(
 ) -> None:
     def interrupted(self: FakeClient, *args: Any, **kwargs: Any) -> None:
         self.calls.append(("acquire", args))
-        os.kill(os.getpid(), signal.SIGHUP)
+        # To the main thread itself: the test process has helper threads of its own (a
+        # process-directed signal may land on one, and its handler then runs late).
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGHUP)
+        for _ in range(1000):  # the handler raises at the next check; bounded, 10 s
+            time.sleep(0.01)
+        raise AssertionError("the SIGHUP handler never ran")
 
     monkeypatch.setattr(FakeClient, "acquire", interrupted)
     marker = tmp_path / "ran"
