@@ -1,7 +1,7 @@
 """Members and clients over TLS: peers verify each other's certificates against the CA, and a
 certificate must name the member it speaks for; clients verify the members'.
 
-A throwaway CA from the ``openssl`` command (tests/cluster/pki.py); skipped where it is
+A throwaway CA from the ``openssl`` command (tests/pki.py); skipped where it is
 missing. The cluster runs with ``--tls-cert``, ``--tls-key``, ``--tls-ca`` and no secret.
 """
 
@@ -21,7 +21,7 @@ from dlm.node.peer_codec import raft_frame
 from dlm.node.raft.types import VoteRequest
 from tests.cluster.cli_harness import Dlm
 from tests.cluster.harness import Cluster, NodeProc, RawConn
-from tests.cluster.pki import OPENSSL, make_pki
+from tests.pki import OPENSSL, make_pki
 
 pytestmark = [
     pytest.mark.cluster,

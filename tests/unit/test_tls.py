@@ -7,7 +7,6 @@ where it is missing); handshakes run over a local socket pair, never a network.
 
 from __future__ import annotations
 
-import shutil
 import socket
 import ssl
 import subprocess
@@ -19,57 +18,25 @@ from typing import Any
 import pytest
 
 from dlm import tls
+from tests.pki import OPENSSL, make_ca, make_leaf, openssl
 from tests.unit.cli.test_imports import ON_THE_FAST_PATH, forbidden, modules_after
 
-OPENSSL = shutil.which("openssl")
 pytestmark = pytest.mark.skipif(OPENSSL is None, reason="the openssl command is not installed")
 TIMEOUT = 10.0
 NOT_WITHOUT_TLS = ("dlm.tls", "ssl", "dlm.auth", "hmac", "hashlib")
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    assert OPENSSL is not None
-    subprocess.run([OPENSSL, *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def _make_ca(d: Path, name: str) -> None:
-    _openssl(
-        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-        "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "2", "-subj", f"/CN={name}",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        cwd=d,
-    )  # fmt: skip
-
-
-def _make_leaf(d: Path, name: str, ca: str, sans: str | None) -> None:
-    _openssl(
-        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-        "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}",
-        cwd=d,
-    )  # fmt: skip
-    extensions = "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth,clientAuth\n"
-    if sans:
-        extensions += f"subjectAltName={sans}\n"
-    (d / f"{name}.ext").write_text(extensions)
-    _openssl(
-        "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
-        "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext",
-        cwd=d,
-    )  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("pki")
-    _make_ca(d, "ca")
-    _make_ca(d, "other-ca")
-    _make_leaf(d, "n1", "ca", "DNS:n1,IP:127.0.0.1")
-    _make_leaf(d, "n2", "ca", "DNS:n2")
-    _make_leaf(d, "n3", "ca", "DNS:n3")
-    _make_leaf(d, "client", "ca", None)
-    _make_leaf(d, "rogue-n2", "other-ca", "DNS:n2")
-    _openssl(
+    make_ca(d, "ca")
+    make_ca(d, "other-ca")
+    make_leaf(d, "n1", "ca", "DNS:n1,IP:127.0.0.1")
+    make_leaf(d, "n2", "ca", "DNS:n2")
+    make_leaf(d, "n3", "ca", "DNS:n3")
+    make_leaf(d, "client", "ca", None)
+    make_leaf(d, "rogue-n2", "other-ca", "DNS:n2")
+    openssl(
         "pkey", "-in", "n1.key", "-aes256", "-passout", "pass:secret", "-out", "n1-encrypted.key",
         cwd=d,
     )  # fmt: skip

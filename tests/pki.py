@@ -3,7 +3,8 @@
 ``make_pki(dir, members)`` writes ``ca.crt``/``ca.key``, one certificate per member
 naming its id and 127.0.0.1 (``DNS:n1,IP:127.0.0.1``), a client certificate
 without names, and a second, unrelated CA (``rogue-ca``) with a certificate that
-claims to be ``n2``. Tests that need it skip where openssl is missing.
+claims to be ``n2``. Tests that need it skip where openssl is missing. The unit tests of dlm/tls.py
+(tests/unit/test_tls.py) and the real-member TLS tests (tests/cluster) share it.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from pathlib import Path
 OPENSSL = shutil.which("openssl")
 
 
-def _openssl(*args: str, cwd: Path) -> None:
+def openssl(*args: str, cwd: Path) -> None:
     assert OPENSSL is not None
     subprocess.run([OPENSSL, *args], cwd=cwd, check=True, capture_output=True, timeout=60)
 
 
 def make_ca(d: Path, name: str) -> None:
-    _openssl(
+    openssl(
         "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
         "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "2", "-subj", f"/CN={name}",
         "-addext", "basicConstraints=critical,CA:TRUE",
@@ -33,7 +34,7 @@ def make_ca(d: Path, name: str) -> None:
 
 def make_leaf(d: Path, name: str, ca: str, sans: str | None) -> None:
     """``name.crt``/``name.key`` signed by ``ca``, for servers and clients alike."""
-    _openssl(
+    openssl(
         "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
         "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}",
         cwd=d,
@@ -42,7 +43,7 @@ def make_leaf(d: Path, name: str, ca: str, sans: str | None) -> None:
     if sans:
         extensions += f"subjectAltName={sans}\n"
     (d / f"{name}.ext").write_text(extensions)
-    _openssl(
+    openssl(
         "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
         "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext",
         cwd=d,
