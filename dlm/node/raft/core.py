@@ -1039,6 +1039,16 @@ class RaftNode:
         if granted and not m.pre_vote:
             self._vote = m.src
             self._election_elapsed = 0
+        elif granted and self._role is Role.FOLLOWER:
+            # A follower that would vote for this candidate holds its own campaign for one
+            # randomized timeout, long enough for the candidate's real election to end.
+            # Otherwise every follower whose timer fires within one pre-vote round trip of
+            # another's also wins its pre-vote, they all stand, and with four or more
+            # voters the votes can split round after round when latency is a sizeable
+            # part of the election timeout. The leader is forgotten too: we judged it
+            # gone, and keeping it would make the restarted timer look like its lease.
+            self._leader = None
+            self._election_elapsed = 0
         self._send(
             VoteResponse(
                 group=self._group,

@@ -142,6 +142,72 @@ def test_pre_vote_granted_answer_carries_the_proposed_term() -> None:
     assert net["n2"].vote is None
 
 
+def test_a_follower_that_grants_a_pre_vote_holds_its_own_campaign() -> None:
+    """Granting a pre-vote restarts the voter's election timer and forgets the old leader.
+
+    Without the hold, followers whose timers fire within one pre-vote round trip of
+    each other all win their pre-votes and stand together; with four voters the
+    real votes then split round after round (simulator seed 4997, before the fix).
+    """
+    net = Net(4)
+    net.elect("n1")
+    net.stop("n1")
+    voter = net["n2"]
+    voter.report_unreachable("n1", gone=True)  # out of the leader's lease, timer still running
+    assert voter.leader == "n1" and voter.role is Role.FOLLOWER
+    term = voter.term
+    last_index, last_term = voter.last_index, term
+    voter.step(
+        VoteRequest(
+            group=0,
+            term=term + 1,
+            src="n3",
+            dst="n2",
+            last_log_index=last_index,
+            last_log_term=last_term,
+            pre_vote=True,
+        )
+    )
+    assert [r.granted for r in of_type(net.take("n2"), VoteResponse)] == [True]
+    assert voter.leader is None
+    # A full election timeout passes without the voter standing itself ...
+    for _ in range(net.config("n2").election_ticks - 1):
+        voter.tick()
+    assert voter.role is Role.FOLLOWER
+    assert of_type(net.take("n2"), VoteRequest) == []
+    # ... and the candidate's real request is answered, not taken for a live leader's lease.
+    voter.step(
+        VoteRequest(
+            group=0,
+            term=term + 1,
+            src="n3",
+            dst="n2",
+            last_log_index=last_index,
+            last_log_term=last_term,
+        )
+    )
+    assert [r.granted for r in of_type(net.take("n2"), VoteResponse)] == [True]
+    assert voter.vote == "n3"
+
+
+def test_a_pre_candidate_that_grants_a_pre_vote_keeps_its_own_campaign() -> None:
+    """Only followers hold: a pre-candidate already asked the others, and its answers count."""
+    net = Net(3)
+    node = net["n1"]
+    for _ in range(20):
+        node.tick()
+    assert node.role is Role.PRE_CANDIDATE
+    net.take("n1")
+    node.step(
+        VoteRequest(
+            group=0, term=1, src="n2", dst="n1", last_log_index=0, last_log_term=0, pre_vote=True
+        )
+    )
+    assert [r.granted for r in of_type(net.take("n1"), VoteResponse)] == [True]
+    node.step(VoteResponse(group=0, term=1, src="n3", dst="n1", granted=True, pre_vote=True))
+    assert node.role is Role.CANDIDATE
+
+
 def test_pre_vote_refused_to_a_less_up_to_date_log() -> None:
     net = Net(3)
     net.elect("n1")
