@@ -154,7 +154,7 @@ def test_a_follower_that_grants_a_pre_vote_holds_its_own_campaign() -> None:
     net.stop("n1")
     voter = net["n2"]
     voter.report_unreachable("n1", gone=True)  # out of the leader's lease, timer still running
-    assert voter.leader == "n1" and voter.role is Role.FOLLOWER
+    assert (voter.leader, voter.role) == ("n1", Role.FOLLOWER)
     term = voter.term
     last_index, last_term = voter.last_index, term
     voter.step(
@@ -196,7 +196,7 @@ def test_a_pre_candidate_that_grants_a_pre_vote_keeps_its_own_campaign() -> None
     node = net["n1"]
     for _ in range(20):
         node.tick()
-    assert node.role is Role.PRE_CANDIDATE
+    assert node.role == Role.PRE_CANDIDATE
     net.take("n1")
     node.step(
         VoteRequest(
