@@ -501,11 +501,16 @@ class SystemRun:
     version: str = ""
     error: str = ""
     cells: list[CellResult] = field(default_factory=list)
+    kind: str = ""
+    """Which client reaches it, "dlm" or "etcd" (default: ``system``; bench.ab names runs A, B)."""
     failover_s: list[float | None] = field(default_factory=list)
 
     def best(self, hot: bool, clients: int) -> CellResult | None:
         matching = [c for c in self.cells if c.hot == hot and c.clients == clients]
         return max(matching, key=lambda c: c.pairs_per_s, default=None)
+
+    def __post_init__(self) -> None:
+        self.kind = self.kind or self.system
 
     @property
     def failover_median(self) -> float | None:
@@ -516,7 +521,8 @@ class SystemRun:
 def cell_plan(args: argparse.Namespace) -> list[tuple[bool, int, int]]:
     """(hot, clients, load processes) of every cell, in the order they run."""
     plan = []
-    for hot in (False, True):
+    kinds = {"distinct": (False,), "hot": (True,)}.get(args.keys, (False, True))
+    for hot in kinds:
         for clients in args.clients:
             models = [1] if clients < 16 or args.procs <= 1 else [1, args.procs]
             if args.model == "loop":
@@ -544,7 +550,7 @@ class Contender:
                 *(a for i, a in enumerate(self.endpoints) if i != leader),
             )
             secret_file = getattr(self.cluster, "secret_file", None)
-            self.target = Target(self.run.system, ordered, secret_file=secret_file)
+            self.target = Target(self.run.kind, ordered, secret_file=secret_file)
         system = self.run.system
         prefix = f"bench/{system}/{'h' if hot else 'd'}{clients}x{procs}/{os.getpid()}"
         cell = Cell(hot, clients, procs, args.warmup, args.seconds, prefix)
@@ -900,6 +906,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=("both", "loop", "procs"),
         default="both",
         help="load model for c >= 16: one asyncio loop, --procs processes, or both (best shown)",
+    )
+    parser.add_argument(
+        "--keys", choices=("both", "distinct", "hot"), default="both", help="which cells run"
     )
     parser.add_argument("--failovers", type=int, default=DEFAULT_FAILOVERS, help="0 to skip")
     parser.add_argument("--only", choices=("all", "dlm", "etcd"), default="all")

@@ -18,6 +18,8 @@ class ProcessCluster:
         self.base_dir = base_dir
         self.names = names
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * len(names)
+        self.env: dict[str, str] | None = None
+        """The members' environment (None: this process's)."""
 
     def _command(self, i: int) -> list[str]:
         raise NotImplementedError
@@ -25,7 +27,7 @@ class ProcessCluster:
     def _spawn(self, i: int) -> None:
         with open(os.path.join(self.base_dir, f"{self.names[i]}.log"), "ab") as log:
             self.procs[i] = subprocess.Popen(
-                self._command(i), stdin=subprocess.DEVNULL, stdout=log, stderr=log
+                self._command(i), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=self.env
             )
 
     def spawn_all(self) -> None:
