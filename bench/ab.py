@@ -192,7 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             ]
             for round_no in range(args.rounds):
                 print(f"round {round_no + 1} of {args.rounds}", flush=True)
-                run_interleaved(contenders, args)
+                # run_interleaved alternates the order from cell to cell, starting again with
+                # each round; swapping the starter too means no side is always measured second.
+                run_interleaved(contenders[:: 1 if round_no % 2 == 0 else -1], args)
         finally:
             for cluster in clusters:
                 cluster.stop()
