@@ -147,14 +147,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=5.0, help="window per cell")
     parser.add_argument("--warmup", type=float, default=1.0, help="before each window")
     parser.add_argument("--rounds", type=int, default=3, help="times the whole plan runs")
+    parser.add_argument(
+        "--failovers", type=int, default=0, help="kill -9 of the leader, per side, after the cells"
+    )
     parser.add_argument("--json", metavar="FILE", help="also write every cell to FILE")
     args = parser.parse_args(argv)
     if args.a_ref is None and args.b_ref is None and args.a_env == args.b_env:
         parser.error("A and B are the same: give --b-ref or --b-env")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    # What run_interleaved and cell_plan read.
-    args.procs, args.model, args.failovers = 1, "loop", 0
+    # What run_interleaved and cell_plan read (the failovers run once, after the rounds).
+    args.procs, args.model = 1, "loop"
     return args
 
 
@@ -190,11 +193,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 Contender(run, cluster, cluster.addrs)
                 for run, cluster in zip(runs, clusters, strict=True)
             ]
+            cells_only = argparse.Namespace(**{**vars(args), "failovers": 0})
             for round_no in range(args.rounds):
                 print(f"round {round_no + 1} of {args.rounds}", flush=True)
                 # run_interleaved alternates the order from cell to cell, starting again with
                 # each round; swapping the starter too means no side is always measured second.
-                run_interleaved(contenders[:: 1 if round_no % 2 == 0 else -1], args)
+                run_interleaved(contenders[:: 1 if round_no % 2 == 0 else -1], cells_only)
+            if args.failovers:
+                run_interleaved(contenders, argparse.Namespace(**{**vars(args), "clients": []}))
         finally:
             for cluster in clusters:
                 cluster.stop()
@@ -204,6 +210,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{run.system}: {run.error}")
     print(f"A = {runs[0].system}; B = {runs[1].system}; medians over {args.rounds} rounds")
     print(render(*runs))
+    for run in runs:
+        if run.failover_s:
+            ok = sorted(s for s in run.failover_s if s is not None)
+            median = f"{run.failover_median:.2f} s" if run.failover_median is not None else "-"
+            print(
+                f"{run.system}: kill -9 leader -> next acquire, median {median} over "
+                f"{len(ok)} (timeouts {len(run.failover_s) - len(ok)}); "
+                + ", ".join(f"{s:.2f}" for s in ok)
+            )
     if args.json:
         with open(args.json, "w") as out:
             json.dump({run.system: [asdict(c) for c in run.cells] for run in runs}, out, indent=1)

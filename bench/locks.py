@@ -561,7 +561,7 @@ class Contender:
         _progress(system, result)
 
     def failover_once(self) -> None:
-        self.run.failover_s += measure_failover(self.run.system, self.cluster, self.endpoints, 1)
+        self.run.failover_s += measure_failover(self.run.kind, self.cluster, self.endpoints, 1)
         self.target = None  # the leader moved
 
 
