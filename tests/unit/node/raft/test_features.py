@@ -3,6 +3,7 @@ transfer, fast backtracking, chunked snapshots, the in-flight window and batchin
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import replace
 
@@ -155,19 +156,16 @@ def test_a_follower_that_grants_a_pre_vote_holds_its_own_campaign() -> None:
     voter = net["n2"]
     voter.report_unreachable("n1", gone=True)  # out of the leader's lease, timer still running
     assert (voter.leader, voter.role) == ("n1", Role.FOLLOWER)
-    term = voter.term
-    last_index, last_term = voter.last_index, term
-    voter.step(
-        VoteRequest(
-            group=0,
-            term=term + 1,
-            src="n3",
-            dst="n2",
-            last_log_index=last_index,
-            last_log_term=last_term,
-            pre_vote=True,
-        )
+    request = functools.partial(
+        VoteRequest,
+        group=0,
+        term=voter.term + 1,
+        src="n3",
+        dst="n2",
+        last_log_index=voter.last_index,
+        last_log_term=voter.term,
     )
+    voter.step(request(pre_vote=True))
     assert [r.granted for r in of_type(net.take("n2"), VoteResponse)] == [True]
     assert voter.leader is None
     # A full election timeout passes without the voter standing itself ...
@@ -176,16 +174,7 @@ def test_a_follower_that_grants_a_pre_vote_holds_its_own_campaign() -> None:
     assert voter.role is Role.FOLLOWER
     assert of_type(net.take("n2"), VoteRequest) == []
     # ... and the candidate's real request is answered, not taken for a live leader's lease.
-    voter.step(
-        VoteRequest(
-            group=0,
-            term=term + 1,
-            src="n3",
-            dst="n2",
-            last_log_index=last_index,
-            last_log_term=last_term,
-        )
-    )
+    voter.step(request(pre_vote=False))
     assert [r.granted for r in of_type(net.take("n2"), VoteResponse)] == [True]
     assert voter.vote == "n3"
 
