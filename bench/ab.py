@@ -221,7 +221,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({run.system: [asdict(c) for c in run.cells] for run in runs}, out, indent=1)
+            everything = {
+                run.system: {"cells": [asdict(c) for c in run.cells], "failover_s": run.failover_s}
+                for run in runs
+            }
+            json.dump(everything, out, indent=1)
     return 0 if not any(run.error for run in runs) else 1
 
 
