@@ -295,6 +295,15 @@ def exec_(
             "--quiet", "-q", help="Say nothing on stderr when the lock is held (--json still does)."
         ),
     ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="Say who holds the lock when it is not obtained, even where that is "
+            "silent by default (with --min-hold, -q or --conflict-exit-code).",
+        ),
+    ] = False,
     limit: LimitOpt = 1,
     min_hold: Annotated[
         str | None,
@@ -317,7 +326,9 @@ def exec_(
     lease deadline and SIGKILL just before it, so none of it runs once the lock
     can go to someone else, even if dlm itself was killed or stopped; dlm exits
     77. If the lock is not obtained, CMD does not run and dlm exits 75 (or
-    --conflict-exit-code, silently).
+    --conflict-exit-code); it says who holds the lock on stderr, except with
+    --min-hold (where skipping is the expected outcome on all hosts but one), -q
+    or --conflict-exit-code, unless -v is given.
 
     \b
     */5 * * * * dlm exec --lock report --wait 1m -- /usr/local/bin/report.sh
@@ -337,6 +348,7 @@ def exec_(
         limit=limit,
         quiet=quiet,
         min_hold=min_hold,
+        verbose=verbose,
     )
     raise typer.Exit(code)
 

@@ -12,8 +12,9 @@ and CMD, which the guard starts and stops.
    time of that renewal + TTL, less a margin for clock-rate drift
    (dlm.client.core.lease_deadline). The supervisor passes every new D to the guard.
 3. Acquire the lock (``--wait`` queues FIFO). Not obtained: close the lease,
-   exit 75 or ``--conflict-exit-code`` (silently with that or ``-q``, except
-   for ``--json``); CMD never starts.
+   exit 75 or ``--conflict-exit-code`` (silently with that, ``-q`` or
+   ``--min-hold``, unless ``-v``; ``--json`` always prints its object); CMD
+   never starts.
 4. If less than a renewal interval is left before CMD would have to be
    stopped (a long wait, a slow acquire), renew once more first; if that is
    not confirmed, CMD does not start.
@@ -136,6 +137,7 @@ def run(
     limit: int,
     quiet: bool = False,
     min_hold: str | None = None,
+    verbose: bool = False,
 ) -> int:
     if not command:
         raise usage_error("no command given: dlm exec --lock KEY -- CMD [ARGS...]")
@@ -163,12 +165,33 @@ def run(
             conflict_code=(
                 EXEC_CONFLICT_EXIT_CODE if conflict_exit_code is None else conflict_exit_code
             ),
-            quiet_conflict=quiet or conflict_exit_code is not None,
+            quiet_conflict=conflict_is_silent(
+                quiet=quiet,
+                verbose=verbose,
+                conflict_exit_code=conflict_exit_code,
+                min_hold=hold_s,
+            ),
         )
     finally:
         # With CMD still running (an error in dlm), hanging up makes the guard stop it;
         # otherwise the guard is about to exit, and is reaped.
         guard.close(wait=session.cmd_gone or not session.cmd_started)
+
+
+def conflict_is_silent(
+    *, quiet: bool, verbose: bool, conflict_exit_code: int | None, min_hold: float | None
+) -> bool:
+    """Does a lock held by someone else go unsaid on stderr? (--json says it anyway.)
+
+    Cron mails whatever a job prints, so a conflict that is the expected outcome
+    of a cron line says nothing: with --min-hold every host but the first in a
+    tick is meant to skip, and -q or --conflict-exit-code say the skip is
+    expected. Elsewhere (an interactive run, a plain --wait) the line saying who
+    holds the lock is what a person needs. -v brings the line back in every case.
+    """
+    if verbose:
+        return False
+    return quiet or conflict_exit_code is not None or min_hold is not None
 
 
 def kill_grace_option(text: str | None, ttl_ms: int) -> float:

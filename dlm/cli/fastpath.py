@@ -69,6 +69,8 @@ COMMANDS: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, str]]]] = {
             "--conflict-exit-code": ("conflict_exit_code", INT),
             "--quiet": ("quiet", FLAG),
             "-q": ("quiet", FLAG),
+            "--verbose": ("verbose", FLAG),
+            "-v": ("verbose", FLAG),
             "--limit": ("limit", INT),
             "--min-hold": ("min_hold", VALUE),
         },
@@ -237,6 +239,7 @@ def run(parsed: Parsed) -> int:
             limit=p.get("limit", 1),
             quiet=p.get("quiet", False),
             min_hold=p.get("min_hold"),
+            verbose=p.get("verbose", False),
         )
     from dlm.cli import ops
 

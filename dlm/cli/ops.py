@@ -165,17 +165,32 @@ def describe_holder(holder: dict[str, Any]) -> str:
         who = _printable(user or host)
     else:
         who = f"lease {_printable(holder.get('lease', '?'))} (token {holder.get('token', '?')})"
+    finished = _int_field(holder, "finished_at_ms") is not None
     details = []
-    if meta.get("pid"):
+    # The pid of a command that has finished names a process that is gone (or another one).
+    if meta.get("pid") and not finished:
         details.append(f"pid {_printable(meta['pid'])}")
     if meta.get("cmd"):
         details.append(_printable(meta["cmd"], MAX_SHOWN_CMD))
     if details and (user or host):
         who += f" ({', '.join(details)})"
-    held = holder.get("held_ms")
-    if isinstance(held, int) and not isinstance(held, bool):
+    if finished:
+        # A `dlm exec --min-hold` whose command ended: the lease keeps the lock to the end.
+        until = _int_field(holder, "hold_until_ms")
+        if until is None:
+            return f"{who}: the command finished; held until its lease expires"
+        from dlm.cli.output import iso_local
+
+        return f"{who}: the command finished; held until {iso_local(until)}"
+    held = _int_field(holder, "held_ms")
+    if held is not None:
         who += f" for {format_ms(held)}"
     return who
+
+
+def _int_field(holder: dict[str, Any], name: str) -> int | None:
+    value = holder.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def people_holders(holders: Sequence[dict[str, Any]]) -> str:

@@ -185,6 +185,54 @@ def test_a_conflict_is_silent_with_quiet_or_a_conflict_exit_code(  # noqa: PLR09
     assert calls(FakeClient.instances[0]) == ["open_lease", "acquire", "close_lease"]
 
 
+@pytest.mark.parametrize("extra", [["--min-hold", "5m"], ["--min-hold", "30s", "--wait", "10s"]])
+def test_a_conflict_under_min_hold_is_the_expected_skip_and_prints_nothing(
+    extra: list[str], tmp_path: Path, capsys: Capture, fake_cluster: Any, held: None
+) -> None:
+    """Every host but the first of a cron tick skips: cron would mail each one's line."""
+    marker = tmp_path / "ran"
+    assert run(["exec", "--lock", "job", *extra, "--", "touch", str(marker)]) == 75
+    assert not marker.exists()
+    assert capsys.readouterr() == ("", "")
+    assert "get" not in calls(FakeClient.instances[0])  # silent: no question to ask
+
+
+@pytest.mark.parametrize(
+    ("extra", "code"),
+    [(["--min-hold", "5m", "-v"], 75), (["--verbose", "--min-hold", "5m"], 75),
+     (["-q", "-v"], 75), (["--conflict-exit-code", "0", "-v"], 0)],
+)  # fmt: skip
+def test_verbose_brings_the_conflict_line_back(  # noqa: PLR0917
+    extra: list[str], code: int, tmp_path: Path, capsys: Capture, fake_cluster: Any, held: None
+) -> None:
+    assert run(["exec", "--lock", "job", *extra, "--", "true"]) == code
+    assert capsys.readouterr() == (
+        "",
+        "dlm: 'job' is held by deploy@web-3 (pid 4121, backup.sh --full) for 2m13s; "
+        "not running CMD\n",
+    )
+
+
+def test_a_holder_whose_command_finished_is_described_by_the_end_of_its_hold(
+    capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlm.cli.output import iso_local
+
+    until_ms = 1_700_000_300_000
+    finished = {**HOLDER, "finished_at_ms": 1_700_000_001_000, "hold_until_ms": until_ms}
+
+    def acquire(self: FakeClient, *args: Any, **kwargs: Any) -> None:
+        self.calls.append(("acquire", args))
+        raise LockHeld("lock 'job' is held by lease otherlease000001", holders=[finished])
+
+    monkeypatch.setattr(FakeClient, "acquire", acquire)
+    assert run(["exec", "--lock", "job", "--min-hold", "5m", "-v", "--", "true"]) == 75
+    assert capsys.readouterr().err == (
+        "dlm: 'job' is held by deploy@web-3 (backup.sh --full): the command finished; "
+        f"held until {iso_local(until_ms)}; not running CMD\n"
+    )
+
+
 @pytest.mark.parametrize("extra", [[], ["-q"], ["--conflict-exit-code", "3"]])
 def test_a_conflict_with_json_still_prints_its_one_object_with_every_holder_field(
     extra: list[str], capsys: Capture, fake_cluster: Any, held: None

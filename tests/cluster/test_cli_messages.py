@@ -1,0 +1,80 @@
+"""What `dlm` says to a newcomer, against real members: cron lines that skip say nothing,
+and each failure names what happened (issue 21, item 3 and 4).
+
+The crontab lines are read from README.md itself, so the README cannot promise a
+quiet skip that the program does not keep. Each line runs as it would on five
+hosts of one cron tick (one after the other, all inside the hold): the first
+takes the lock and runs the job (here `true`), and the four that skip must
+print nothing at all, since cron mails any output.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+
+from tests.cluster.cli_harness import Dlm
+from tests.cluster.harness import REPO
+
+pytestmark = pytest.mark.cluster
+
+HOSTS = 5
+CRON_LINE = re.compile(r"^(?:\S+\s+){5}(?:\w+=\S+\s+)*dlm exec .*$")
+
+
+def readme_cron_exec_lines() -> list[str]:
+    """Every crontab line of README.md that runs `dlm exec`."""
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if CRON_LINE.match(line.strip())]
+
+
+def as_run_here(line: str, key_prefix: str) -> list[str]:
+    """The line's dlm arguments, with its own key (prefixed) and `true` as the job."""
+    words = shlex.split(line)[5:]
+    while "=" in words[0]:
+        words.pop(0)  # DLM_CLUSTER=...: the test's cluster stands in for the fleet's
+    assert words[:2] == ["dlm", "exec"], line
+    args = words[1:]
+    cut = args.index("--")
+    args = [*args[:cut], "--", "true"]
+    lock = args.index("--lock") + 1
+    args[lock] = key_prefix + args[lock]
+    return args
+
+
+def skip_code(args: list[str]) -> int:
+    if "--conflict-exit-code" in args:
+        return int(args[args.index("--conflict-exit-code") + 1])
+    return 75
+
+
+def test_the_readme_has_cron_lines_that_skip() -> None:
+    lines = readme_cron_exec_lines()
+    assert len([line for line in lines if "--min-hold" in line]) >= 3, lines
+
+
+@pytest.mark.parametrize(
+    "line", [line for line in readme_cron_exec_lines() if "--wait" not in line]
+)
+def test_a_readme_cron_line_prints_nothing_on_the_hosts_that_skip(dlm: Dlm, line: str) -> None:
+    args = as_run_here(line, "cron-quiet-")
+    first = dlm.run(*args)
+    assert (first.returncode, first.stdout, first.stderr) == (0, "", "")
+    for _host in range(HOSTS - 1):
+        skipped = dlm.run(*args)
+        assert (skipped.returncode, skipped.stdout, skipped.stderr) == (skip_code(args), "", "")
+    # Asked, it still says who holds the lock.
+    told = dlm.run(*args[: args.index("--")], "-v", "--", "true")
+    assert told.returncode == skip_code(args)
+    assert told.stderr.startswith("dlm: ") and "not running CMD" in told.stderr
+
+
+def test_a_cron_line_becomes_a_run_here() -> None:
+    args = as_run_here(
+        "*/15 * * * * DLM_CLUSTER=10.0.0.1:7700 dlm exec --lock backup --min-hold 5m -- "
+        "/usr/local/bin/backup.sh",
+        "p-",
+    )
+    assert args == ["exec", "--lock", "p-backup", "--min-hold", "5m", "--", "true"]
