@@ -77,10 +77,13 @@ def check_client_id(client: str) -> str | None:
     return f"a client id is 1 to {CLIENT_ID_MAX_CHARS} characters of A-Z, a-z, 0-9, '_' or '-'"
 
 
-def check_ttl_ms(ttl_ms: int) -> str | None:
+def check_ttl_ms(ttl_ms: int, as_written: str | None = None) -> str | None:
+    """``as_written``: the value as the user typed it (``48h``), shown instead of the
+    milliseconds, so the message quotes what they wrote."""
     if TTL_MIN_MS <= ttl_ms <= TTL_MAX_MS:
         return None
-    return f"a lease TTL must be between 1s and 24h (got {_ms(ttl_ms)})"
+    shown = _ms(ttl_ms) if as_written is None else as_written.strip()
+    return f"a lease TTL must be between 1s and 24h (got {shown})"
 
 
 def check_hold_ms(ttl_ms: int) -> str | None:

@@ -61,7 +61,7 @@ def ttl_option(text: str) -> int:
         ttl_ms = parse_duration_ms(text)
     except DurationError as exc:
         raise usage_error(f"bad --ttl: {exc}") from None
-    _check("--ttl", limits.check_ttl_ms(ttl_ms))
+    _check("--ttl", limits.check_ttl_ms(ttl_ms, text))
     return ttl_ms
 
 

@@ -128,7 +128,15 @@ def test_usage_errors_exit_2_with_one_line_or_one_json_object(
     ("args", "message"),
     [
         (["acquire", ""], "bad KEY: a lock key must not be empty"),
-        (["acquire", "k", "--ttl", "48h"], "bad --ttl: a lease TTL must be between 1s and 24h"),
+        (
+            ["acquire", "k", "--ttl", "48h"],
+            "bad --ttl: a lease TTL must be between 1s and 24h (got 48h)",
+        ),
+        (
+            ["exec", "--lock", "k", "--ttl", "500ms", "--", "true"],
+            "bad --ttl: a lease TTL must be between 1s and 24h (got 500ms)",
+        ),
+        (["acquire", "k", "--ttl", "1d"], "bad --ttl: '1d' is not a duration"),
         (["exec", "--lock", "", "--", "true"], "bad --lock: a lock key must not be empty"),
         (["acquire", "k", "--limit", "5000"], "bad --limit: a limit must be between 1"),
         (["renew", "a/b"], "bad LEASE: a lease id is 1 to 64 characters"),
