@@ -19,9 +19,10 @@ and CMD, which the guard starts and stops.
    stopped (a long wait, a slow acquire), renew once more first; if that is
    not confirmed, CMD does not start.
 5. The guard starts CMD (no shell, a new session, fds 0-2, the DLM_*
-   variables). From then on the guard alone enforces the deadline: SIGTERM to
-   CMD's group and descendants at D - grace, SIGKILL before D, whether or not
-   the supervisor is alive, scheduled or renewing.
+   variables; under ``--json`` CMD's stdout is dlm's stderr, so dlm's stdout
+   carries only its JSON object). From then on the guard alone enforces the
+   deadline: SIGTERM to CMD's group and descendants at D - grace, SIGKILL
+   before D, whether or not the supervisor is alive, scheduled or renewing.
 6. The supervisor waits for the guard's reports, the KeepAlive's verdict and
    signals:
    - CMD ended and nothing of it is left (the guard stops leftovers first:
@@ -155,7 +156,10 @@ def run(
     from dlm.cli.guard import Guard
 
     # First, while dlm has a single thread: only the forking thread lives on in a child.
-    guard = Guard.start(program, command, grace_s)
+    if settings.json:
+        guard = _start_with_stdout_on_stderr(program, command, grace_s)
+    else:
+        guard = Guard.start(program, command, grace_s)
     session = _Session(settings, key=key, command=command, guard=guard, grace=grace_s, hold=hold_s)
     try:
         return session.run(
@@ -176,6 +180,34 @@ def run(
         # With CMD still running (an error in dlm), hanging up makes the guard stop it;
         # otherwise the guard is about to exit, and is reaped.
         guard.close(wait=session.cmd_gone or not session.cmd_started)
+
+
+def _start_with_stdout_on_stderr(program: str, command: Sequence[str], grace: float) -> Guard:
+    """Forks the guard with dlm's stderr as its stdout, so CMD writes there: under --json
+    dlm's stdout carries the one JSON object and nothing of CMD's can mix with it.
+
+    The guard (and CMD after it) inherit descriptors at the fork, so stdout is pointed
+    at stderr for the fork only and then put back for dlm's own JSON.
+    """
+    import sys
+
+    from dlm.cli.guard import Guard
+
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no stdout at all: nothing to keep apart
+        return Guard.start(program, command, grace)
+    try:
+        os.dup2(2, 1)
+    except OSError:  # no stderr: CMD keeps the one stdout there is
+        os.close(saved)
+        return Guard.start(program, command, grace)
+    try:
+        return Guard.start(program, command, grace)
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def conflict_is_silent(

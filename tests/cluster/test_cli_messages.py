@@ -10,6 +10,7 @@ print nothing at all, since cron mails any output.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 
@@ -78,3 +79,13 @@ def test_a_cron_line_becomes_a_run_here() -> None:
         "p-",
     )
     assert args == ["exec", "--lock", "p-backup", "--min-hold", "5m", "--", "true"]
+
+
+def test_exec_json_keeps_cmds_output_off_stdout(dlm: Dlm) -> None:
+    """A CI step reads the object from stdout; the job's own output lands in the log."""
+    proc = dlm.run(
+        "exec", "--json", "--lock", "json-apart", "--", "sh", "-c", "echo job-says-hi; exit 4"
+    )
+    assert proc.returncode == 4
+    assert json.loads(proc.stdout)["exit_code"] == 4
+    assert proc.stderr == "job-says-hi\n"

@@ -350,6 +350,21 @@ def test_exec_json_reports_the_grant_and_the_exit_code(capsys: Capture, fake_clu
     }
 
 
+def test_with_json_cmds_stdout_goes_to_stderr_and_stdout_holds_only_the_object(
+    capfd: Capture, fake_cluster: Any
+) -> None:
+    import json
+
+    script = "echo from-cmd-stdout; echo from-cmd-stderr >&2; exit 3"
+    assert run(["exec", "--json", "--lock", "job", "--", "sh", "-c", script]) == 3
+    out, err = capfd.readouterr()
+    assert json.loads(out)["exit_code"] == 3  # one object, nothing else
+    assert err.splitlines() == ["from-cmd-stdout", "from-cmd-stderr"]
+    # Without --json CMD keeps its stdout.
+    assert run(["exec", "--lock", "job", "--", "sh", "-c", script]) == 3
+    assert capfd.readouterr() == ("from-cmd-stdout\n", "from-cmd-stderr\n")
+
+
 def test_an_interrupted_run_with_json_still_prints_one_object(
     capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
