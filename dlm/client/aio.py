@@ -353,7 +353,7 @@ class _AsyncioConnection:
             raise
         if greeting is None:
             await conn.aclose()
-            raise ConnectionBroken("no greeting in time")
+            raise ConnectionBroken(core.NOT_A_MEMBER)  # connected, but not even a greeting
         return conn, greeting
 
     async def send(self, obj: Any, deadline: float) -> bool:

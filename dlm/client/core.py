@@ -384,6 +384,12 @@ class ConnectionBroken(Exception):
     how. Drivers turn it into ``Failed`` for the flow."""
 
 
+NOT_A_MEMBER = "did not answer as a dlm member"
+"""A ``Failed`` reason (alone, or followed by a detail in parentheses): the address took
+the connection but sent nothing a dlm member sends (a web server, say, or a stopped
+member); ``call`` adds the time it had."""
+
+
 class Failed(Record):
     __slots__ = ("reason",)
     FIELDS = ("reason",)
@@ -490,7 +496,13 @@ def call(
         delay = 0.0
         if not isinstance(outcome, dict):
             reason = outcome.reason if isinstance(outcome, Failed) else "no reply"
-            last_problem = reason if reason.startswith(addr) else f"{addr}: {reason}"
+            if reason.startswith(NOT_A_MEMBER):
+                # Over the dial budget (or the whole budget), which is the time it had.
+                waited = dial if dial is not None and not answered else budget
+                detail = reason[len(NOT_A_MEMBER) :]
+                last_problem = f"{addr} {NOT_A_MEMBER} within {waited:g}s{detail}"
+            else:
+                last_problem = reason if reason.startswith(addr) else f"{addr}: {reason}"
             s.router.failed(addr)
             misses_in_row += 1
             hops = 0
@@ -536,6 +548,10 @@ def call(
 
 
 def _none_answered(dial_timeout: float, problems: Mapping[str, str]) -> ClusterUnavailable:
+    if len(problems) == 1:
+        (problem,) = problems.values()
+        if NOT_A_MEMBER in problem:
+            return ClusterUnavailable(f"{problem}: check --cluster (or DLM_CLUSTER)")
     return ClusterUnavailable(
         f"no member answered within the dial timeout ({dial_timeout:g}s): "
         f"{'; '.join(problems.values())}; check --cluster (or DLM_CLUSTER) "

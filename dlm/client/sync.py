@@ -185,6 +185,11 @@ class _Connection:
         self._sealer, opener = initiator.keys()
         self._decoder = FrameDecoder(REPLY_FRAME_LIMIT, opener)
 
+    @property
+    def framed(self) -> bool:
+        """Has the member sent a whole frame (a greeting at least) on this connection?"""
+        return self._framed or self.greeting is not None
+
     def greeted(self, greeting: dict[Any, Any]) -> None:
         node = greeting.get("node")
         self.node = node if isinstance(node, str) else ""
@@ -237,7 +242,7 @@ class _Connection:
                     # The first bytes are not a frame: some other server listens there
                     # (an HTTP server's "HTTP" reads as a length of 1213486160).
                     raise ConnectionBroken(
-                        f"{self.addr} is not a dlm member (it answered something else)"
+                        f"{core.NOT_A_MEMBER} (it answered something else)"
                     ) from None
                 raise ConnectionBroken(f"bad frame: {exc}") from None
             self._framed = self._framed or bool(self._frames)
@@ -679,6 +684,8 @@ class Client:
         if reply is None:
             # A late reply would be confusing on a reused connection: start afresh.
             self._drop_connection()
+            if not conn.framed:
+                return Failed(core.NOT_A_MEMBER)  # not even a greeting came back
             return Failed(f"no reply within {action.timeout:.3g}s")
         if reply.get("t") == "error" and "id" not in reply:
             self._drop_connection()

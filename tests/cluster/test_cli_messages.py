@@ -13,11 +13,15 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
 from tests.cluster.cli_harness import Dlm
-from tests.cluster.harness import REPO
+from tests.cluster.harness import REPO, free_ports
 
 pytestmark = pytest.mark.cluster
 
@@ -89,3 +93,36 @@ def test_exec_json_keeps_cmds_output_off_stdout(dlm: Dlm) -> None:
     assert proc.returncode == 4
     assert json.loads(proc.stdout)["exit_code"] == 4
     assert proc.stderr == "job-says-hi\n"
+
+
+def test_a_web_server_did_not_answer_as_a_dlm_member(dlm: Dlm) -> None:
+    """The README's own example: `python3 -m http.server` at the address given."""
+    (port,) = free_ports(1)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_listening(port)
+        addr = f"127.0.0.1:{port}"
+        said = f"{addr} did not answer as a dlm member within 2s: check --cluster (or DLM_CLUSTER)"
+        proc = dlm.run("--cluster", addr, "locks")
+        assert (proc.returncode, proc.stdout, proc.stderr) == (69, "", f"dlm: {said}\n")
+        check = dlm.run("--cluster", addr, "status", "--check")
+        assert check.returncode == 69
+        assert said in check.stdout
+    finally:
+        server.kill()
+        server.wait(10)
+
+
+def wait_listening(port: int, timeout: float = 30.0) -> None:
+    """Until something accepts connections on 127.0.0.1:port (bounded)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)  # polling a port another process opens: no event to wait on
+    raise AssertionError(f"nothing listens on port {port} after {timeout}s")

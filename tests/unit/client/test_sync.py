@@ -355,11 +355,32 @@ def test_a_server_that_is_not_a_member_is_named_as_such() -> None:
             pytest.raises(ClusterUnavailable) as info,
         ):
             c.status()
-        expected = f"{other.addr} is not a dlm member (it answered something else)"
-        assert expected in str(info.value)
+        assert str(info.value) == (
+            f"{other.addr} did not answer as a dlm member within 0.5s (it answered "
+            "something else): check --cluster (or DLM_CLUSTER)"
+        )
         assert "1213486160" not in str(info.value)
     finally:
         other.close()
+
+
+def test_a_server_that_takes_the_connection_and_says_nothing_did_not_answer_as_a_member() -> None:
+    """`python3 -m http.server` waits for a request line that a dlm hello never ends."""
+    listener = socket.socket()
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # the kernel accepts; nobody ever reads or writes
+        addr = f"127.0.0.1:{listener.getsockname()[1]}"
+        with (
+            Client(addr, timeout=5.0, dial_timeout=0.5) as c,
+            pytest.raises(ClusterUnavailable) as info,
+        ):
+            c.status()
+        assert str(info.value) == (
+            f"{addr} did not answer as a dlm member within 0.5s: check --cluster (or DLM_CLUSTER)"
+        )
+    finally:
+        listener.close()
 
 
 def test_a_closed_port_gives_up_after_the_dial_timeout_not_the_timeout() -> None:
