@@ -514,11 +514,13 @@ def revoke(settings: Settings, lease: str) -> None:
     try:
         try:
             keys = client.close_lease(lease, must_exist=True)
-        except LeaseLost:
+        except LeaseLost as exc:
+            from dlm.client.core import lease_gone_text
+
             raise CliError(
                 "SESSION_EXPIRED",
-                f"there is no lease {lease} (it expired or was released or revoked already): "
-                "nothing to revoke; `dlm lease list` shows the live ones",
+                f"{lease_gone_text(lease, exc.ended)}: nothing to revoke; "
+                "`dlm lease list` shows the live ones",
                 LOST,
                 lease=lease,
             ) from None

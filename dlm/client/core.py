@@ -1025,6 +1025,27 @@ def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
+LEASE_ENDINGS = ("expired", "closed", "unknown")
+"""How a lease that is not live ended, as a SESSION_EXPIRED reply's ``ended`` says."""
+
+
+def lease_gone_text(lease: str | None, ended: str | None) -> str:
+    """What became of a lease that is not live, in the words its ``ended`` allows: the word
+    "expired" only when the cluster's tombstone says so, "no such lease" when it has none."""
+    which = f"lease {lease}" if lease else "the lease"
+    if ended == "expired":
+        return f"{which} has expired"
+    if ended == "closed":
+        return f"{which} was closed (released or revoked)"
+    if ended == "unknown":
+        return (
+            f"no such lease{' ' + lease if lease else ''}: the cluster has no live lease "
+            "with that id and remembers none that ended with it (never opened, or ended "
+            "more than 5 minutes ago)"
+        )
+    return f"{which} is not live (ended, or never opened)"  # a member that does not say
+
+
 def error_from_reply(
     reply: Mapping[Any, Any], request: Mapping[str, Any] | None = None
 ) -> DlmError:
@@ -1051,9 +1072,13 @@ def error_from_reply(
             holders=holders,
         )
     if code == ErrorCode.SESSION_EXPIRED.value:
+        ended = reply.get("ended")
+        ended = ended if ended in LEASE_ENDINGS else None
+        gone = lease_gone_text(lease if isinstance(lease, str) else None, ended)
+        if ended == "unknown":
+            return LeaseLost(f"{gone}: check the id (`dlm lease list` shows the live ones)", ended)
         return LeaseLost(
-            f"{which_lease} has expired or was closed, and its locks are gone: "
-            "open a new lease (acquire without --lease)"
+            f"{gone}, and its locks are gone: open a new lease (acquire without --lease)", ended
         )
     if code == ErrorCode.CONFLICT.value:
         return ChangeInProgress(f"the cluster did not make the change: {server_says}")

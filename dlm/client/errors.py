@@ -54,12 +54,15 @@ class LockHeld(DlmError):
 
 
 class LeaseLost(DlmError):
-    """The lease has expired or was closed; every lock it held is gone."""
+    """The lease is not live (it expired, was closed, or never existed); every lock it held
+    is gone. ``ended`` is how, when the cluster said: "expired", "closed" or "unknown"
+    (no such lease: never opened, or ended longer ago than the cluster remembers)."""
 
     exit_code = 77
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, ended: str | None = None) -> None:
         super().__init__("SESSION_EXPIRED", message)
+        self.ended = ended
 
 
 class NotHolder(DlmError):

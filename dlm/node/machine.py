@@ -1148,6 +1148,7 @@ class NodeMachine:
                 raise _Refusal(
                     ErrorCode.SESSION_EXPIRED,
                     f"lease {req.lease!r} is being expired: open a new lease",
+                    ended=locks.LEASE_EXPIRED,
                 )
             if self.locks.lease_terms(req.lease) is None:
                 if self.locks.counts().sessions >= quotas.max_leases:
@@ -1375,6 +1376,7 @@ class NodeMachine:
                         rid,
                         ErrorCode.SESSION_EXPIRED,
                         f"lease {result.lease!r} is being expired: open a new lease",
+                        ended=locks.LEASE_EXPIRED,
                     ),
                 )
                 return
@@ -1415,15 +1417,7 @@ class NodeMachine:
                 ),
             )
         elif isinstance(result, locks.LeaseGone):
-            self._answer_request(
-                conn,
-                kind,
-                error(
-                    rid,
-                    ErrorCode.SESSION_EXPIRED,
-                    f"lease {result.lease!r} does not exist (expired or closed)",
-                ),
-            )
+            self._answer_request(conn, kind, lease_gone(rid, result.lease, result.ended))
         elif isinstance(result, locks.StaleRequest):
             self._answer_request(
                 conn,
@@ -1610,15 +1604,13 @@ class NodeMachine:
         info = self.locks.lease_terms(req.lease)
         stale = info is not None and req.incarnation not in (0, info.incarnation)
         if info is None or stale or self._doomed(req.lease):
-            self._answer_request(
-                read.conn,
-                req.TYPE,
-                error(
-                    req.id,
-                    ErrorCode.SESSION_EXPIRED,
-                    f"lease {req.lease!r} does not exist (expired or closed)",
-                ),
-            )
+            if self._doomed(req.lease):
+                ended = locks.LEASE_EXPIRED
+            elif info is None:
+                ended = self.locks.lease_ending(req.lease)
+            else:
+                ended = ""  # a later lease reuses the id: how the renewed one ended is lost
+            self._answer_request(read.conn, req.TYPE, lease_gone(req.id, req.lease, ended))
             return
         if not self.tracker.renew(req.lease, read.received, req.client, req.seq):
             # Not tracked (a lease applied before we took office is always tracked, so this
@@ -1663,11 +1655,7 @@ class NodeMachine:
     def _lease_info_reply(self, req: LeaseInfo, now: Instant) -> dict[str, Any]:
         info = self.locks.lease(req.lease)
         if info is None:
-            return error(
-                req.id,
-                ErrorCode.SESSION_EXPIRED,
-                f"lease {req.lease!r} does not exist (expired or closed)",
-            )
+            return lease_gone(req.id, req.lease, self.locks.lease_ending(req.lease))
         remaining = self.tracker.remaining_ms(req.lease, now.mono) if self.tracker.leading else None
         return ok(
             req.id,
@@ -1831,6 +1819,27 @@ class NodeMachine:
                     error(read.request.id, ErrorCode.SHUTTING_DOWN, "member is shutting down"),
                 )
         self._rounds.clear()
+
+
+_LEASE_GONE_MESSAGES = {
+    locks.LEASE_EXPIRED: "has expired",
+    locks.LEASE_CLOSED: "was closed (released or revoked)",
+    locks.LEASE_UNKNOWN: "does not exist (never opened, or ended longer ago than ended "
+    "leases are remembered)",
+}
+
+
+def lease_gone(rid: int, lease: str, ended: str) -> dict[str, Any]:
+    """The SESSION_EXPIRED reply for a lease that is not live, saying how it ended.
+
+    ``ended`` (locks.LEASE_*) goes in a field of its own: a client of the previous
+    release ignores it and keeps its own words, a newer client words its message by it,
+    and a reply without it (from a member of the previous release) says nothing either way.
+    """
+    said = _LEASE_GONE_MESSAGES.get(ended)
+    if said is None:
+        return error(rid, ErrorCode.SESSION_EXPIRED, f"lease {lease!r} is not live")
+    return error(rid, ErrorCode.SESSION_EXPIRED, f"lease {lease!r} {said}", ended=ended)
 
 
 class _Refusal(Exception):

@@ -126,3 +126,31 @@ def wait_listening(port: int, timeout: float = 30.0) -> None:
                 return
         time.sleep(0.05)  # polling a port another process opens: no event to wait on
     raise AssertionError(f"nothing listens on port {port} after {timeout}s")
+
+
+def test_a_mistyped_lease_id_is_no_such_lease_and_expired_only_when_it_expired(
+    dlm: Dlm,
+) -> None:
+    lease = json.loads(dlm.run("acquire", "typo-key", "--json").stdout)["lease"]
+    for typo in (lease[:-1], lease.upper()):
+        proc = dlm.run("renew", typo)
+        assert proc.returncode == 77, proc.stderr
+        assert proc.stderr.startswith(f"dlm: no such lease {typo}: "), proc.stderr
+        assert "expired" not in proc.stderr
+        assert len(proc.stderr.splitlines()) == 1
+    # Released (the release ends a lease `dlm acquire` opened): closed, not expired.
+    assert dlm.run("release", "typo-key", "--lease", lease).returncode == 0
+    closed = dlm.run("renew", lease)
+    assert closed.returncode == 77
+    assert closed.stderr.startswith(f"dlm: lease {lease} was closed (released or revoked)")
+    # A lease whose TTL ran out: expired.
+    short = json.loads(dlm.run("acquire", "typo-short", "--ttl", "1s", "--json").stdout)["lease"]
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:  # listing does not renew it
+        leases = json.loads(dlm.run("lease", "list", "--json").stdout)["leases"]
+        if short not in [item["id"] for item in leases]:
+            break
+        time.sleep(0.1)  # polling the cluster's view: the expiry is not announced to us
+    expired = dlm.run("renew", short)
+    assert expired.returncode == 77
+    assert expired.stderr.startswith(f"dlm: lease {short} has expired"), expired.stderr

@@ -60,6 +60,9 @@ from dlm.node.locks.machine import (
     LockStateMachine,
 )
 from dlm.node.locks.results import (
+    LEASE_CLOSED,
+    LEASE_EXPIRED,
+    LEASE_UNKNOWN,
     Granted,
     Holder,
     Invalid,
@@ -80,6 +83,9 @@ from dlm.node.locks.results import (
 
 __all__ = [
     "COMMAND_MAX_BYTES",
+    "LEASE_CLOSED",
+    "LEASE_EXPIRED",
+    "LEASE_UNKNOWN",
     "LEGACY_CLIENT",
     "MAX_UNANSWERED",
     "TOMBSTONES",

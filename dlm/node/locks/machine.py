@@ -65,6 +65,9 @@ from dlm.node.locks.commands import (
     validate_command,
 )
 from dlm.node.locks.results import (
+    LEASE_CLOSED,
+    LEASE_EXPIRED,
+    LEASE_UNKNOWN,
     Granted,
     Holder,
     Invalid,
@@ -438,13 +441,22 @@ class LockStateMachine:
             and stone.seq == origin.seq
         ):
             return stone.result
-        return LeaseGone(cmd.lease)
+        return LeaseGone(cmd.lease, self.lease_ending(cmd.lease))
+
+    def lease_ending(self, lease_id: str) -> str:
+        """How a lease that is not live ended, by its tombstone (results.LEASE_*): expired,
+        closed, or unknown when there is none; "" at version 1, which keeps none."""
+        stone = self._tombstones.get(lease_id)
+        if stone is None:
+            return LEASE_UNKNOWN if self._version >= 2 else ""
+        # An Expire leaves LeaseGone as its ending; a close or a release leaves its answer.
+        return LEASE_EXPIRED if isinstance(stone.result, LeaseGone) else LEASE_CLOSED
 
     # -- leases ---------------------------------------------------------------
 
     def _open_new(self, cmd: OpenLeaseCommand, step: _Step) -> Result:
         if cmd.lease in self._tombstones:
-            return LeaseGone(cmd.lease)
+            return LeaseGone(cmd.lease, self.lease_ending(cmd.lease))
         self._executing(cmd)
         incarnation = step.index if self._version >= 2 else 0
         lease = _Lease(

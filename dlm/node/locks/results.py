@@ -126,13 +126,28 @@ class NotHeld(_Result):
     holders: tuple[Holder, ...]
 
 
+LEASE_EXPIRED, LEASE_CLOSED, LEASE_UNKNOWN = "expired", "closed", "unknown"
+"""How a lease that does not exist ended, as a tombstone tells: ``expired`` (its TTL ran
+out), ``closed`` (released or revoked), or ``unknown`` (no tombstone: never opened, or
+ended longer ago than tombstones are kept). "" when the machine keeps no tombstones
+(version 1) and cannot tell."""
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseGone(_Result):
-    """The lease does not exist: it expired, was closed, or was never opened."""
+    """The lease does not exist: it expired, was closed, or was never opened (``ended``).
+
+    ``ended`` is what the reply tells the client, not part of the state: results are
+    compared, cached and imaged without it, as the previous release did.
+    """
 
     kind = "session_expired"
     code = "SESSION_EXPIRED"
     lease: str
+    ended: str = field(default="", compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.kind, "lease": self.lease}
 
 
 @dataclass(frozen=True, slots=True)

@@ -507,16 +507,31 @@ def test_lease_revoke(capsys: Capture, fake_cluster: Any, monkeypatch: pytest.Mo
     assert capsys.readouterr().out == "revoked lease abc; released a, b\\tc\n"
 
 
+@pytest.mark.parametrize(
+    ("ended", "says"),
+    [
+        ("unknown", "no such lease abc: "),
+        ("expired", "lease abc has expired: nothing to revoke"),
+        ("closed", "lease abc was closed (released or revoked): nothing to revoke"),
+        (None, "lease abc is not live (ended, or never opened): nothing to revoke"),
+    ],
+)
 def test_revoking_a_lease_that_is_gone_exits_77(
-    capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+    ended: str | None,
+    says: str,
+    capsys: Capture,
+    fake_cluster: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def gone(self: FakeClient, lease: str, *, must_exist: bool = False) -> list[str]:
         assert must_exist
-        raise LeaseLost("lease abc has expired or was closed")
+        raise LeaseLost("lease abc is gone", ended)
 
     monkeypatch.setattr(FakeClient, "close_lease", gone)
     assert run(["lease", "revoke", "abc"]) == 77
-    assert "there is no lease abc" in one_error_line(capsys.readouterr().err)
+    line = one_error_line(capsys.readouterr().err)
+    assert says in line
+    assert ("expired" in line) == (ended == "expired")
     error = one_json_error(["lease", "revoke", "abc", "--json"], capsys)
     assert (error["code"], error["lease"]) == ("SESSION_EXPIRED", "abc")
 

@@ -240,6 +240,30 @@ def test_error_replies_map_to_exceptions(code: str, cls: type, exit_code: int) -
         assert exc.holders == holders and "mine" in str(exc)
 
 
+@pytest.mark.parametrize(
+    ("ended", "says"),
+    [
+        ("expired", "lease Abc12 has expired, and its locks are gone"),
+        ("closed", "lease Abc12 was closed (released or revoked), and its locks are gone"),
+        ("unknown", "no such lease Abc12: the cluster has no live lease with that id"),
+        (None, "lease Abc12 is not live (ended, or never opened), and its locks are gone"),
+        ("garbage", "lease Abc12 is not live (ended, or never opened)"),
+    ],
+)
+def test_a_gone_lease_is_worded_by_how_the_cluster_says_it_ended(
+    ended: str | None, says: str
+) -> None:
+    reply = {"t": "error", "id": 1, "code": "SESSION_EXPIRED", "message": "lease gone"}
+    if ended is not None:
+        reply["ended"] = ended
+    exc = core.error_from_reply(reply, {"lease": "Abc12"})
+    assert isinstance(exc, LeaseLost) and exc.exit_code == 77
+    assert str(exc).startswith(says)
+    # "expired" only when a tombstone says so
+    assert ("expired" in str(exc)) == (ended == "expired")
+    assert exc.ended == (ended if ended in ("expired", "closed", "unknown") else None)
+
+
 def test_non_retryable_error_is_raised_at_once() -> None:
     s, clock = settings(["a:1"])
     calls = 0

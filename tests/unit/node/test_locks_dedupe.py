@@ -341,3 +341,50 @@ def test_tombstones_are_at_most_tombstone_capacity(monkeypatch: pytest.MonkeyPat
     assert d.open("t1").result == LeaseOpened("t1", 10_000, d.index)
     for lease in ("t2", "t3", "t4"):
         assert d.open(lease).result == LeaseGone(lease)
+
+
+# ------------------------------------------------------------ how a lease ended
+
+
+def test_a_gone_lease_says_how_it_ended_from_its_tombstone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ "expired" only for an Expire's tombstone; "unknown" (no such lease) without one."""
+    monkeypatch.setattr(LockStateMachine, "tombstone_ms", 1_000)
+    d = Driver()
+    for lease in ("closed", "expired", "released", "revoked"):
+        d.open(lease, client="p", ephemeral=lease == "released")
+    d.close("closed", client="p")
+    d.expire("expired")
+    d.acquire("released", "k", client="p")
+    assert d.release("released", "k", client="p").result.lease_ended  # type: ignore[union-attr]
+    d.close("revoked", client="operator")
+    endings = {
+        lease: d.acquire(lease, "k2").result
+        for lease in ("closed", "expired", "released", "revoked", "never-opened")
+    }
+    assert {lease: result.ended for lease, result in endings.items()} == {  # type: ignore[union-attr]
+        "closed": "closed",
+        "expired": "expired",
+        "released": "closed",
+        "revoked": "closed",
+        "never-opened": "unknown",
+    }
+    assert d.open("expired", client="q").result.ended == "expired"  # type: ignore[union-attr]
+    assert d.sm.lease_ending("expired") == "expired"
+    d.at_ms += 1_100
+    d.open("x")
+    d.close("x")  # a second later, the older tombstones are forgotten
+    assert d.sm.lease_ending("expired") == "unknown"
+    assert d.update("closed", 5_000).result.ended == "unknown"  # type: ignore[union-attr]
+
+
+def test_version_1_keeps_no_tombstones_and_does_not_guess() -> None:
+    d = Driver(version=1)
+    d.open("a", client=LEGACY)
+    d.expire("a")
+    assert d.acquire("a", "k", client=LEGACY).result.ended == ""  # type: ignore[union-attr]
+
+
+def test_how_a_lease_ended_is_no_part_of_the_state() -> None:
+    gone = LeaseGone("a", "expired")
+    assert gone == LeaseGone("a")
+    assert gone.to_dict() == {"type": "session_expired", "lease": "a"}  # images as before

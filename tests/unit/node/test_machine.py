@@ -359,6 +359,7 @@ def test_a_keepalive_for_a_lease_whose_expire_is_proposed_is_refused() -> None:
     assert leader.machine.locks.lease("L") is not None  # not expired yet: only proposed
     answer = client.call("keepalive", lease="L")
     assert answer["code"] == "SESSION_EXPIRED"
+    assert answer["ended"] == "expired"
     # Nor may a client join it and count a fresh TTL.
     assert client.call("open_lease", lease="L", ttl_ms=1_000)["code"] == "SESSION_EXPIRED"
 
@@ -787,3 +788,24 @@ def test_a_peer_hello_is_refused_for_self_strangers_and_old_members_of_a_version
     assert "not a member" in (machine.accept_peer("n9", 2) or "")
     old = started(3, peer_version=None)["n1"].machine
     assert old.accept_peer("n2", 1) is None
+
+
+def test_a_gone_lease_is_answered_with_how_it_ended() -> None:
+    """SESSION_EXPIRED carries ``ended``: "expired" only for a lease whose TTL ran out."""
+    cluster = started(3)
+    client = cluster.connect("n1")
+    client.call("open_lease", lease="closed", ttl_ms=10_000)
+    client.call("close_lease", lease="closed")
+    client.call("open_lease", lease="expired", ttl_ms=1_000)
+    cluster.advance(2.0)
+    assert cluster["n1"].machine.locks.lease("expired") is None
+    for lease, ended in (("closed", "closed"), ("expired", "expired"), ("never", "unknown")):
+        for kind, fields in (
+            ("keepalive", {}),
+            ("acquire", {"key": "k"}),
+            ("lease_update", {"ttl_ms": 5_000}),
+        ):
+            answer = client.call(kind, lease=lease, **fields)
+            assert answer["code"] == "SESSION_EXPIRED", (kind, answer)
+            assert answer["ended"] == ended, (kind, lease, answer)
+            assert ("expired" in answer["message"]) == (ended == "expired"), answer
