@@ -478,6 +478,10 @@ def call(
     dial = None if s.reached else s.dial_timeout
     dial_deadline = None if dial is None else s.clock() + dial
     unanswered: dict[str, str] = {}  # address -> why it did not answer, while none has
+    # First contact only: who answers without a leader, and what the others do, so a
+    # cluster that cannot elect one is reported within the dial timeout, not the timeout.
+    roll = VoterRoll(s.members) if dial is not None else None
+    leaderless = False  # some member answered that it knows no leader
     failures = 0  # drives the backoff exponent
     misses_in_row = 0  # unreachable members in a row; back off after a full round
     hops = 0
@@ -489,11 +493,13 @@ def call(
             raise _unavailable(s.members, budget, answered, last_problem)
         addr = s.router.target()
         attempt = min(remaining, s.attempt_timeout)
-        if dial is not None and not answered:
+        if dial is not None and (not answered or leaderless):
             # An equal share each, so one silent address cannot use up the dial budget.
             attempt = min(attempt, dial / len(s.members))
         outcome = yield Send(addr, request, attempt, drop_pushes_for=drop_pushes_for)
         delay = 0.0
+        if roll is not None:
+            roll.saw(addr, outcome)
         if not isinstance(outcome, dict):
             reason = outcome.reason if isinstance(outcome, Failed) else "no reply"
             if reason.startswith(NOT_A_MEMBER):
@@ -540,11 +546,81 @@ def call(
                     s.router.redirect(leader, addr)
                 elif code in (ErrorCode.NOT_LEADER.value, ErrorCode.SHUTTING_DOWN.value):
                     s.router.failed(addr)
+                if code in (ErrorCode.NOT_LEADER.value, ErrorCode.NO_QUORUM.value) and not (
+                    leader and leader != addr
+                ):
+                    leaderless = True
                 hops = 0
                 delay = s.backoff.delay(failures, _opt_int(outcome, "retry_after_ms"))
                 failures += 1
+        if roll is not None and leaderless and dial_deadline is not None:
+            now = s.clock()
+            if now >= dial_deadline:
+                hopeless = roll.hopeless()
+                if hopeless is not None:
+                    raise ClusterUnavailable(hopeless)
+            else:
+                delay = min(delay, dial_deadline - now)
         if delay > 0:
             yield Sleep(min(delay, max(0.0, deadline - s.clock())))
+
+
+class VoterRoll:
+    """What each voter did when first asked, while no leader answers: answered, refused
+    the connection, or stayed silent; and whether that leaves a quorum that could elect.
+
+    The voters come from the members' NOT_LEADER replies (``voters``: id -> address);
+    from a member of the previous release, which does not send them, the addresses of
+    --cluster stand in, named by address.
+    """
+
+    ANSWERS, REFUSED, SILENT = "answers", "refused", "did not answer"
+
+    def __init__(self, members: Sequence[str]) -> None:
+        self.members = list(members)
+        self.outcomes: dict[str, str] = {}  # address -> ANSWERS, REFUSED, SILENT
+        self.voters: dict[str, str] | None = None  # id -> address
+
+    def saw(self, addr: str, outcome: Outcome) -> None:
+        if isinstance(outcome, dict):
+            self.outcomes[addr] = self.ANSWERS
+            voters = outcome.get("voters")
+            if isinstance(voters, dict) and voters:
+                named = {
+                    str(v): a
+                    for v, raw in voters.items()
+                    if isinstance(v, str) and (a := normalise_addr(raw)) is not None
+                }
+                if named:
+                    self.voters = named
+            return
+        reason = outcome.reason if isinstance(outcome, Failed) else ""
+        self.outcomes[addr] = self.REFUSED if "refused" in reason.lower() else self.SILENT
+
+    def hopeless(self) -> str | None:
+        """The failure to report when fewer than a quorum of voters answer and every voter
+        we can ask has been asked; None while an election could still succeed."""
+        voters = self.voters or {addr: addr for addr in self.members}
+        quorum = len(voters) // 2 + 1
+        answering = [v for v, a in voters.items() if self.outcomes.get(a) == self.ANSWERS]
+        if len(answering) >= quorum:
+            return None  # a quorum is up: an election is under way, worth waiting for
+        groups: dict[str, list[str]] = {}
+        for voter, addr in voters.items():
+            outcome = self.outcomes.get(addr)
+            if outcome == self.ANSWERS:
+                continue
+            if outcome is None:
+                if addr in self.members:
+                    return None  # not asked yet
+                outcome = "not asked (not in --cluster)"
+            groups.setdefault(outcome, []).append(voter)
+        others = "; ".join(f"{', '.join(ids)} {what}" for what, ids in groups.items())
+        return (
+            f"no leader: {len(answering)} of {len(voters)} voters answer; {others}: "
+            f"electing a leader takes {quorum}; start the members that are down "
+            "(or check --cluster)"
+        )
 
 
 def _none_answered(dial_timeout: float, problems: Mapping[str, str]) -> ClusterUnavailable:

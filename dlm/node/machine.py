@@ -1460,6 +1460,15 @@ class NodeMachine:
     ) -> None:
         if leader is None and self._leader != self.config.node_id:
             leader = self._leader
+        extra: dict[str, Any] = {}
+        if leader is None:
+            # No one to send the client to: name the voters, so a client that finds too
+            # few of them answering can say which, instead of waiting out its timeout.
+            extra["voters"] = {
+                voter: address
+                for voter in self.raft.voters
+                if (address := self.address_of(voter)) is not None
+            }
         self._answer_request(
             conn,
             req.TYPE,
@@ -1469,6 +1478,7 @@ class NodeMachine:
                 "not the leader" if leader is None else f"not the leader; try {leader}",
                 leader=leader,
                 leader_address=self.address_of(leader),
+                **extra,
             ),
         )
 

@@ -17,11 +17,12 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.cluster.cli_harness import Dlm
-from tests.cluster.harness import REPO, free_ports
+from tests.cluster.harness import REPO, Cluster, free_ports
 
 pytestmark = pytest.mark.cluster
 
@@ -154,3 +155,23 @@ def test_a_mistyped_lease_id_is_no_such_lease_and_expired_only_when_it_expired(
     expired = dlm.run("renew", short)
     assert expired.returncode == 77
     assert expired.stderr.startswith(f"dlm: lease {short} has expired"), expired.stderr
+
+
+def test_with_one_voter_of_three_up_exec_and_status_check_say_who_is_missing(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A cluster that cannot elect a leader is reported after the dial timeout (2s), not
+    after the 10 s --timeout, naming what the other voters did."""
+    for node_id in ("n2", "n3"):
+        cluster.nodes[node_id].terminate()
+    run = Dlm(cluster.members_env, tmp_path)
+    missing = "1 of 3 voters answer; n2, n3 refused"
+    started = time.monotonic()
+    ran = run.run("exec", "--lock", "no-leader", "--", "true")
+    took = time.monotonic() - started
+    print(f"dlm exec gave up after {took:.2f} s")
+    assert ran.returncode == 69, ran.stderr
+    assert missing in ran.stderr and len(ran.stderr.splitlines()) == 1, ran.stderr
+    check = run.run("status", "--check")
+    assert check.returncode == 69
+    assert check.stdout.startswith("no quorum: ") and missing in check.stdout, check.stdout

@@ -389,6 +389,81 @@ def test_silent_members_share_the_dial_budget() -> None:
     assert clock.now - start < 1.6
 
 
+VOTERS = {"n1": "a:1", "n2": "b:2", "n3": "c:3"}
+
+
+def leaderless_member(action: core.Send) -> Any:
+    """n1 (a:1) runs but knows no leader; n2 and n3 are down."""
+    if action.addr == "a:1":
+        return error(1, ErrorCode.NOT_LEADER, "not the leader", leader=None, voters=VOTERS)
+    return core.Failed("Connection refused")
+
+
+def test_members_that_answer_without_a_leader_fail_within_the_dial_timeout() -> None:
+    s, clock = dial_settings(["a:1", "b:2", "c:3"], 2.0)
+    start = clock.now
+    with pytest.raises(ClusterUnavailable) as info:
+        drive(core.call(s, {"t": "status"}), leaderless_member, clock)
+    assert 2.0 <= clock.now - start < 2.1  # the dial timeout, not the 10 s --timeout
+    assert info.value.exit_code == 69
+    assert "1 of 3 voters answer; n2, n3 refused" in str(info.value)
+
+
+def test_a_silent_voter_is_named_as_such_and_one_outside_cluster_as_not_asked() -> None:
+    s, clock = dial_settings(["a:1", "b:2"], 1.0)
+    start = clock.now
+
+    def answer(action: core.Send) -> Any:
+        if action.addr == "b:2":
+            clock.now += action.timeout
+            return core.Failed(f"no reply within {action.timeout:g}s")
+        return leaderless_member(action)
+
+    with pytest.raises(ClusterUnavailable) as info:
+        drive(core.call(s, {"t": "status"}), answer, clock)
+    assert clock.now - start < 1.6  # at most one share of the dial budget over it
+    assert "1 of 3 voters answer; n2 did not answer; n3 not asked (not in --cluster)" in str(
+        info.value
+    )
+
+
+def test_without_a_voter_list_the_cluster_addresses_stand_in() -> None:
+    s, clock = dial_settings(["a:1", "b:2", "c:3"], 2.0)
+
+    def answer(action: core.Send) -> Any:
+        if action.addr == "a:1":
+            return error(1, ErrorCode.NOT_LEADER, "not the leader", leader=None)
+        return core.Failed("Connection refused")
+
+    with pytest.raises(ClusterUnavailable) as info:
+        drive(core.call(s, {"t": "status"}), answer, clock)
+    assert "1 of 3 voters answer; b:2, c:3 refused" in str(info.value)
+
+
+def test_a_quorum_without_a_leader_is_an_election_worth_waiting_for() -> None:
+    s, clock = dial_settings(["a:1", "b:2", "c:3"], 0.5)
+    start = clock.now
+
+    def electing(action: core.Send) -> Any:
+        if clock.now - start > 3.0:  # well past the dial timeout: a leader is elected
+            return ok(1, term=3)
+        if action.addr == "c:3":
+            return core.Failed("Connection refused")
+        return error(1, ErrorCode.NOT_LEADER, "not the leader", leader=None, voters=VOTERS)
+
+    _, reply = drive(core.call(s, {"t": "status"}), electing, clock)
+    assert reply["term"] == 3
+
+
+def test_after_first_contact_a_leaderless_cluster_is_ridden_out_for_the_whole_timeout() -> None:
+    s, clock = dial_settings(["a:1", "b:2", "c:3"], 0.5)
+    drive(core.call(s, {"t": "status"}), lambda action: ok(1, term=1), clock)
+    start = clock.now
+    with pytest.raises(ClusterUnavailable, match="no leader with a quorum within 10s"):
+        drive(core.call(s, {"t": "status"}), leaderless_member, clock)
+    assert clock.now - start >= 10.0  # renewals keep trying: not bound by --dial-timeout
+
+
 def test_once_a_member_answers_only_the_timeout_counts() -> None:
     s, clock = dial_settings(["a:1"], 0.5)
     replies = 0
