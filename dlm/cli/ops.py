@@ -505,6 +505,17 @@ def _not_holder(exc: NotHolder, key: str, lease: str, token: int | None) -> CliE
     return error
 
 
+def _how_it_ended(ended: str | None) -> str:
+    """Why a lease to revoke is not there, as far as the cluster's tombstones tell."""
+    if ended == "expired":
+        return "it has expired"
+    if ended == "closed":
+        return "it was closed already: released or revoked"
+    if ended == "unknown":
+        return "no such lease: never opened, or ended more than 5 minutes ago"
+    return "it ended, or was never opened"
+
+
 def revoke(settings: Settings, lease: str) -> None:
     """Ends a lease by id: its locks go to their next waiters, its queue places are left."""
     from dlm.client.errors import LeaseLost
@@ -515,11 +526,9 @@ def revoke(settings: Settings, lease: str) -> None:
         try:
             keys = client.close_lease(lease, must_exist=True)
         except LeaseLost as exc:
-            from dlm.client.core import lease_gone_text
-
             raise CliError(
                 "SESSION_EXPIRED",
-                f"{lease_gone_text(lease, exc.ended)}: nothing to revoke; "
+                f"there is no lease {lease} ({_how_it_ended(exc.ended)}): nothing to revoke; "
                 "`dlm lease list` shows the live ones",
                 LOST,
                 lease=lease,

@@ -510,10 +510,10 @@ def test_lease_revoke(capsys: Capture, fake_cluster: Any, monkeypatch: pytest.Mo
 @pytest.mark.parametrize(
     ("ended", "says"),
     [
-        ("unknown", "no such lease abc: "),
-        ("expired", "lease abc has expired: nothing to revoke"),
-        ("closed", "lease abc was closed (released or revoked): nothing to revoke"),
-        (None, "lease abc is not live (ended, or never opened): nothing to revoke"),
+        ("unknown", "there is no lease abc (no such lease: never opened, or ended more "),
+        ("expired", "there is no lease abc (it has expired): nothing to revoke"),
+        ("closed", "there is no lease abc (it was closed already: released or revoked)"),
+        (None, "there is no lease abc (it ended, or was never opened): nothing to revoke"),
     ],
 )
 def test_revoking_a_lease_that_is_gone_exits_77(
