@@ -606,6 +606,7 @@ class VoterRoll:
         if len(answering) >= quorum:
             return None  # a quorum is up: an election is under way, worth waiting for
         groups: dict[str, list[str]] = {}
+        not_asked = 0
         for voter, addr in voters.items():
             outcome = self.outcomes.get(addr)
             if outcome == self.ANSWERS:
@@ -614,7 +615,10 @@ class VoterRoll:
                 if addr in self.members:
                     return None  # not asked yet
                 outcome = "not asked (not in --cluster)"
+                not_asked += 1
             groups.setdefault(outcome, []).append(voter)
+        if len(answering) + not_asked >= quorum:
+            return None  # the voters we cannot ask may be electing a leader right now
         others = "; ".join(f"{', '.join(ids)} {what}" for what, ids in groups.items())
         return (
             f"no leader: {len(answering)} of {len(voters)} voters answer; {others}: "

@@ -410,21 +410,37 @@ def test_members_that_answer_without_a_leader_fail_within_the_dial_timeout() -> 
 
 
 def test_a_silent_voter_is_named_as_such_and_one_outside_cluster_as_not_asked() -> None:
-    s, clock = dial_settings(["a:1", "b:2"], 1.0)
+    s, clock = dial_settings(["a:1", "b:2", "c:3", "d:4"], 1.0)
     start = clock.now
+    voters = {**VOTERS, "n4": "d:4", "n5": "e:5"}
 
     def answer(action: core.Send) -> Any:
+        if action.addr == "a:1":
+            return error(1, ErrorCode.NOT_LEADER, "not the leader", leader=None, voters=voters)
         if action.addr == "b:2":
             clock.now += action.timeout
             return core.Failed(f"no reply within {action.timeout:g}s")
-        return leaderless_member(action)
+        return core.Failed("Connection refused")
 
     with pytest.raises(ClusterUnavailable) as info:
         drive(core.call(s, {"t": "status"}), answer, clock)
-    assert clock.now - start < 1.6  # at most one share of the dial budget over it
-    assert "1 of 3 voters answer; n2 did not answer; n3 not asked (not in --cluster)" in str(
-        info.value
-    )
+    assert clock.now - start < 1.3  # at most one share of the dial budget over it
+    assert (
+        "1 of 5 voters answer; n2 did not answer; n3, n4 refused; n5 not asked (not in --cluster)"
+    ) in str(info.value)
+
+
+def test_voters_outside_cluster_that_could_make_a_quorum_are_waited_for() -> None:
+    s, clock = dial_settings(["a:1", "b:2"], 0.5)
+    start = clock.now
+
+    def answer(action: core.Send) -> Any:
+        if clock.now - start > 3.0:  # n3 (not in --cluster) and n1 elected a leader
+            return ok(1, term=4)
+        return leaderless_member(action)
+
+    _, reply = drive(core.call(s, {"t": "status"}), answer, clock)
+    assert reply["term"] == 4
 
 
 def test_without_a_voter_list_the_cluster_addresses_stand_in() -> None:
