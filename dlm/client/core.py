@@ -622,8 +622,8 @@ class VoterRoll:
         others = "; ".join(f"{', '.join(ids)} {what}" for what, ids in groups.items())
         return (
             f"no leader: {len(answering)} of {len(voters)} voters answer; {others}: "
-            f"electing a leader takes {quorum}; start the members that are down "
-            "(or check --cluster)"
+            f"electing a leader needs {quorum} of the {len(voters)}; start the members that "
+            "are down (or check --cluster)"
         )
 
 
