@@ -39,6 +39,12 @@ class ConfigError(Exception):
     """A flag or the data directory does not make sense; the message is one line."""
 
 
+class ForeignDataDir(ConfigError):
+    """The data directory was made for another member or cluster: no restart fixes that,
+    so `dlm node start` gives it an exit code of its own (65), which a service manager
+    can be told not to restart on."""
+
+
 @dataclass(frozen=True, slots=True)
 class NodeConfig:
     node_id: str
@@ -273,7 +279,7 @@ def check_data_dir(config: NodeConfig) -> DataDirMeta | None:
             f"{path} is damaged: it should name the node and cluster this data dir belongs to"
         ) from None
     if node != config.node_id or cluster != config.cluster:
-        raise ConfigError(
+        raise ForeignDataDir(
             f"data dir {config.data_dir} belongs to node {node!r} of cluster {cluster!r}, "
             f"not node {config.node_id!r} of cluster {config.cluster!r}: "
             "start with the matching --id/--cluster-id or use another --data"

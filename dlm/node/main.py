@@ -8,8 +8,10 @@ shutdown (SIGTERM or Ctrl-C) or once this member knows it was removed from the
 cluster, 2 for settings that make no sense, 74 (EX_IOERR) when the data dir's
 disk is full, 78 (EX_CONFIG) for authentication or TLS settings that cannot be
 used (among them a reachable --listen with no peer authentication and no
---insecure), 1 for everything else the environment refused (busy port,
-unusable or corrupt data dir, a data dir that belongs to another member).
+--insecure), 65 (EX_DATAERR) for a data dir that belongs to another member or
+cluster, 1 for everything else the environment refused (busy port, unusable
+or corrupt data dir) and for crashes. A service manager restarts on 1 only:
+2, 65 and 78 are mistakes a restart cannot fix (docs/dlm.service).
 
 ``python -m dlm.node.main --id n1 ...`` runs the same thing without the CLI.
 """
@@ -32,7 +34,14 @@ import anyio
 import anyio.abc
 
 from dlm.cli.node_options import ALL_OPTIONS, OptionError, Resolved, resolve
-from dlm.node.config import ConfigError, DataDirMeta, NodeConfig, check_data_dir, write_meta
+from dlm.node.config import (
+    ConfigError,
+    DataDirMeta,
+    ForeignDataDir,
+    NodeConfig,
+    check_data_dir,
+    write_meta,
+)
 from dlm.node.log import Logger, default_format, level_named
 from dlm.node.raft.types import ConfState
 from dlm.node.security import NodeSecurity, SecurityError
@@ -45,6 +54,7 @@ from dlm.wire import format_addr, parse_addr
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_FOREIGN_DATA = 65  # EX_DATAERR: the data dir belongs to another member or cluster
 EXIT_IOERR = 74
 EXIT_CONFIG = 78  # EX_CONFIG: the authentication or TLS settings cannot be used
 JOIN_TIMEOUT_S = 30.0
@@ -127,6 +137,8 @@ def start_node(
         return anyio.run(_main, config, log, on_started, security, backend="asyncio")
     except StartupError as exc:
         return _fail(str(exc), EXIT_FAILURE)
+    except ForeignDataDir as exc:
+        return _fail(str(exc), EXIT_FOREIGN_DATA)
     except ConfigError as exc:
         return _fail(str(exc), EXIT_FAILURE)
     except KeyboardInterrupt:
