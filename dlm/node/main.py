@@ -35,6 +35,7 @@ import anyio.abc
 
 from dlm.cli.node_options import ALL_OPTIONS, OptionError, Resolved, resolve
 from dlm.node.config import (
+    META_FORMAT,
     ConfigError,
     DataDirMeta,
     ForeignDataDir,
@@ -210,8 +211,9 @@ async def _main(
         except OSError as exc:
             raise StartupError(f"cannot use data dir {config.data_dir}: {exc}") from None
         try:
-            if meta is None or meta.peers is None:
-                # A new directory, or one of the previous release: record the first members.
+            if meta is None or _meta_outdated(config, meta):
+                # A new directory, one of an earlier release, or a new --listen: record the
+                # first members and where this member listens.
                 try:
                     write_meta(config)
                 except OSError as exc:
@@ -251,15 +253,53 @@ def _settled(config: NodeConfig, meta: DataDirMeta, log: Logger) -> NodeConfig:
         )
     if meta.join_members:
         config = replace(config, join_members=meta.join_members)
-    if meta.peers is None:
-        return config  # the previous release recorded none: --peers says them, as it did
-    if config.peers_given and meta.peers != config.peers:
-        log.warning(
-            "peers_ignored",
-            message="--peers differs from the members this data directory started with, and is "
-            "ignored: the membership comes from the log (dlm members list)",
-        )
-    return replace(config, peers=meta.peers)
+    if meta.peers is not None:
+        # (None: a directory of format 1 recorded none, and --peers says them, as it did.)
+        if config.peers_given and meta.peers != config.peers:
+            log.warning(
+                "peers_ignored",
+                message="--peers differs from the members this data directory started with, "
+                "and is ignored: the membership comes from the log (dlm members list)",
+            )
+        config = replace(config, peers=meta.peers)
+    return _where_it_lived(config, meta, log)
+
+
+def _where_it_lived(config: NodeConfig, meta: DataDirMeta, log: Logger) -> NodeConfig:
+    """Where a restarted member listens: where it did before, unless --listen says otherwise.
+
+    Without this, a member restarted with its --id and --data alone (the others
+    know it at its old address) would listen on the default port, and the leader
+    would see it come and go. A directory of the previous release recorded no
+    address: the member's own entry among the first members stands in for it."""
+    recorded = meta.listen
+    if recorded is None and meta.peers is not None:
+        recorded = meta.peers.get(config.node_id)
+    if config.advertise is None and meta.advertise is not None:
+        config = replace(config, advertise=meta.advertise)
+    if recorded is None or recorded == config.listen:
+        return config
+    if not config.listen_given:
+        return replace(config, listen=recorded)
+    log.warning(
+        "listen_changed",
+        message=f"listening on {format_addr(*config.listen)} as --listen says, not on "
+        f"{format_addr(*recorded)} where this member listened before; the other members "
+        "reach it at the address the membership names (dlm members list)",
+        listen=format_addr(*config.listen),
+        previous=format_addr(*recorded),
+    )
+    return config
+
+
+def _meta_outdated(config: NodeConfig, meta: DataDirMeta) -> bool:
+    """Whether node.json should be written again: an older format, or another address."""
+    return (
+        meta.peers is None
+        or meta.format < META_FORMAT
+        or meta.listen != config.listen
+        or meta.advertise != config.advertise
+    )
 
 
 def _join(config: NodeConfig, security: NodeSecurity | None) -> NodeConfig:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import socket
 import threading
 from collections.abc import Sequence
@@ -193,8 +194,9 @@ def test_a_data_dir_that_is_a_file_is_refused(
 def test_a_corrupt_store_is_refused_naming_file_and_offset(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    addr = free_addr()
     config = NodeConfig.from_flags(
-        node_id=None, listen=None, peers=None, data=str(tmp_path), cluster=None
+        node_id=None, listen=addr, peers=None, data=str(tmp_path), cluster=None
     )
     write_meta(config)
     with DiskStorage.open(tmp_path, bootstrap_conf=ConfState(voters=("n1",))) as store:
@@ -205,7 +207,7 @@ def test_a_corrupt_store_is_refused_naming_file_and_offset(
     at = raw.index(b"payload-1")
     raw[at] ^= 0xFF  # rot in the middle of the log, before valid records
     segment.write_bytes(bytes(raw))
-    code, err = start(capsys, listen=free_addr(), data=str(tmp_path))
+    code, err = start(capsys, listen=addr, data=str(tmp_path))
     assert code == EXIT_FAILURE
     assert "corrupt" in err and segment.name in err and "byte" in err
     assert err.count("\n") == 0
@@ -353,3 +355,38 @@ async def test_shutdown_refuses_new_work_and_lets_what_is_in_flight_reach_the_di
             assert storage.last_index() >= index
         finally:
             storage.gate.set()
+
+
+def test_a_restart_without_listen_listens_where_the_data_dir_says(tmp_path: Path) -> None:
+    log = Logger("n2", stream=io.StringIO())
+
+    def restarted(listen: str | None) -> NodeConfig:
+        config = NodeConfig.from_flags(
+            node_id="n2", listen=listen, peers=None, data=str(tmp_path), cluster="c"
+        )
+        meta = check_data_dir(config)
+        assert meta is not None
+        return _settled(config, meta, log)
+
+    first = NodeConfig.from_flags(
+        node_id="n2",
+        listen="127.0.0.1:7712",
+        peers="n1=127.0.0.1:7701,n2=127.0.0.1:7702",
+        data=str(tmp_path),
+        cluster="c",
+    )
+    write_meta(first)
+    # Recorded at the first start: the default port (7700) is not where it lived.
+    assert restarted(None).listen == ("127.0.0.1", 7712)
+    # A --listen given later wins, and says so.
+    assert restarted("127.0.0.1:7722").listen == ("127.0.0.1", 7722)
+    assert '"event":"listen_changed"' in log.stream.getvalue()  # type: ignore[union-attr]
+
+    # The previous release's node.json (format 2) has no address: the member's own entry
+    # among the first members stands in for it.
+    meta_path = tmp_path / "node.json"
+    old = json.loads(meta_path.read_text())
+    del old["listen"]
+    old["format"] = 2
+    meta_path.write_text(json.dumps(old))
+    assert restarted(None).listen == ("127.0.0.1", 7702)
