@@ -17,6 +17,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -32,6 +33,7 @@ from dlm.node.main import (
     start_node,
 )
 from dlm.node.raft.memory import MemoryStorage
+from dlm.node.server import NodeServer
 from dlm.node.raft.types import (
     ConfChange,
     ConfChangeKind,
@@ -261,6 +263,36 @@ async def test_a_restarted_member_serves_what_its_snapshot_and_log_hold() -> Non
         assert server.machine.locks.applied_index >= storage.last_index() - 1
         got = await (await Wire.client(port)).request("get", key="kept")
         assert [(h["lease"], h["token"]) for h in got["holders"]] == [("a", kept["token"])]
+
+
+def audit_lines(server: NodeServer, event: str) -> list[dict[str, Any]]:
+    return [
+        record
+        for record in map(json.loads, log_text(server).splitlines())
+        if record["event"] == event
+    ]
+
+
+@pytest.mark.anyio
+async def test_a_restart_marks_the_events_it_applies_again_as_replayed_at_their_time() -> None:
+    storage = MemoryStorage(ConfState(voters=("n1",)))
+    async with running_member(storage=storage) as (first, port):
+        c = await Wire.client(port)
+        await c.request("open_lease", lease="a", ttl_ms=60_000, client="c", seq=1)
+        await c.request("acquire", lease="a", key="k", client="c", seq=2)
+        [granted] = audit_lines(first, "lock_granted")
+    assert "replayed" not in granted
+    async with running_member(storage=storage) as (again, port):
+        c = await Wire.client(port)
+        await c.request("acquire", lease="a", key="new", client="c", seq=3)
+        replayed, live = audit_lines(again, "lock_granted")
+        started = audit_lines(again, "node_started")
+    # The grant of "k" happened before the restart: marked, and at the leader's stamp,
+    # which it took before the first run applied it (and logged it).
+    assert (replayed["key"], replayed["replayed"]) == ("k", True)
+    assert replayed["ts"] <= granted["ts"] and replayed["time"] <= granted["time"]
+    assert not started or replayed["ts"] < started[0]["ts"]
+    assert live["key"] == "new" and "replayed" not in live
 
 
 @pytest.mark.anyio
