@@ -33,7 +33,6 @@ from dlm.node.main import (
     start_node,
 )
 from dlm.node.raft.memory import MemoryStorage
-from dlm.node.server import NodeServer
 from dlm.node.raft.types import (
     ConfChange,
     ConfChangeKind,
@@ -43,6 +42,7 @@ from dlm.node.raft.types import (
     HardState,
     encode_conf_change,
 )
+from dlm.node.server import NodeServer
 from dlm.store.disk import DiskStorage
 
 from .server_harness import WAIT, Wire, log_text, running_member
