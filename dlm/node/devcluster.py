@@ -108,8 +108,8 @@ class DevCluster:
             meta = self._meta(node)
             if meta is None:
                 self.unusable[node] = (
-                    f"{self.data / node} has no node.json: it never finished joining; "
-                    "remove it, or start it again with the join line below"
+                    f"{self.data / node} has no node.json: it never finished joining "
+                    f"(rm -rf {shlex.quote(str(self.data / node))} frees its id)"
                 )
                 continue
             if meta.get("cluster") != CLUSTER_ID or meta.get("node") != node:
