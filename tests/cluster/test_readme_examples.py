@@ -240,6 +240,9 @@ def start_dev_cluster(scene: Scene, tmp_path: Path) -> None:
     scene.devcluster, scene.base = proc, base
     scene.banner = _banner(proc)
     scene.env["DLM_CLUSTER"] = scene.cluster
+    # As a reader would, a moment after the banner: a leader every member follows (on a
+    # loaded test machine the first leader may still be settling).
+    wait_for(lambda: scene.dlm("status", "--check").returncode == 0, TIMEOUT, "a healthy cluster")
 
 
 def start_fourth_member(scene: Scene) -> None:
