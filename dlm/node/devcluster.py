@@ -106,13 +106,13 @@ class DevCluster:
         )
         for node in extra:
             meta = self._meta(node)
-            if meta is None:
+            if meta is None and _ID.match(node):
                 self.unusable[node] = (
                     f"{self.data / node} has no node.json: it never finished joining "
                     f"(rm -rf {shlex.quote(str(self.data / node))} frees its id)"
                 )
                 continue
-            if meta.get("cluster") != CLUSTER_ID or meta.get("node") != node:
+            if meta is None or meta.get("cluster") != CLUSTER_ID or meta.get("node") != node:
                 continue  # not one of ours
             recorded = _recorded_port(meta, node)
             if recorded is None and (m := _ID.match(node)):
