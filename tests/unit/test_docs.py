@@ -243,4 +243,7 @@ def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
     done = subprocess.run(
         [analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60, check=False
     )
-    assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+    # Its complaints about the unit name the unit; other lines are about the machine
+    # the test runs on (no system bus in a container, say).
+    about_the_unit = [line for line in done.stderr.splitlines() if "dlm.service" in line]
+    assert done.returncode == 0 and not about_the_unit, done.stderr
