@@ -117,7 +117,10 @@ def start_node(
             EXIT_FAILURE,
         )
     try:
-        security = load_security(settings, config.listen)
+        # Checked against where the member will listen, which a restart without --listen
+        # takes from its data directory: a recorded 0.0.0.0 needs authentication as much
+        # as one given on the command line.
+        security = load_security(settings, _listen_address(config))
     except SecurityError as exc:
         return _fail(resolved.explain(str(exc)) if resolved else str(exc), EXIT_CONFIG)
     if os.environ.get("DLM_NO_FSYNC", "") == "1":
@@ -265,6 +268,26 @@ def _settled(config: NodeConfig, meta: DataDirMeta, log: Logger) -> NodeConfig:
     return _where_it_lived(config, meta, log)
 
 
+def _recorded_listen(config: NodeConfig, meta: DataDirMeta) -> tuple[str, int] | None:
+    """Where the data directory says this member listened (a directory of the previous
+    release: its own entry among the first members, if it has one)."""
+    if meta.listen is not None:
+        return meta.listen
+    return meta.peers.get(config.node_id) if meta.peers is not None else None
+
+
+def _listen_address(config: NodeConfig) -> tuple[str, int]:
+    """Where the member will listen: --listen, else where its data directory says."""
+    if config.listen_given:
+        return config.listen
+    try:
+        meta = check_data_dir(config)
+    except ConfigError:
+        return config.listen  # refused, with its reason, when the member starts
+    recorded = _recorded_listen(config, meta) if meta is not None else None
+    return recorded or config.listen
+
+
 def _where_it_lived(config: NodeConfig, meta: DataDirMeta, log: Logger) -> NodeConfig:
     """Where a restarted member listens: where it did before, unless --listen says otherwise.
 
@@ -272,9 +295,7 @@ def _where_it_lived(config: NodeConfig, meta: DataDirMeta, log: Logger) -> NodeC
     know it at its old address) would listen on the default port, and the leader
     would see it come and go. A directory of the previous release recorded no
     address: the member's own entry among the first members stands in for it."""
-    recorded = meta.listen
-    if recorded is None and meta.peers is not None:
-        recorded = meta.peers.get(config.node_id)
+    recorded = _recorded_listen(config, meta)
     if config.advertise is None and meta.advertise is not None:
         config = replace(config, advertise=meta.advertise)
     if recorded is None or recorded == config.listen:

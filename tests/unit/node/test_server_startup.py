@@ -25,6 +25,7 @@ import pytest
 from dlm.node.config import ConfigError, NodeConfig, check_data_dir, parse_peers, write_meta
 from dlm.node.log import Logger
 from dlm.node.main import (
+    EXIT_CONFIG,
     EXIT_FAILURE,
     EXIT_FOREIGN_DATA,
     EXIT_OK,
@@ -422,3 +423,17 @@ def test_a_restart_without_listen_listens_where_the_data_dir_says(tmp_path: Path
     old["format"] = 2
     meta_path.write_text(json.dumps(old))
     assert restarted(None).listen == ("127.0.0.1", 7702)
+
+
+def test_a_recorded_address_beyond_loopback_still_needs_authentication(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # First started with --insecure on every interface; restarted with --data alone, it
+    # would listen there again, so it is refused as --listen 0.0.0.0 without --insecure is.
+    anywhere = NodeConfig.from_flags(
+        node_id=None, listen="0.0.0.0:7700", peers=None, data=str(tmp_path), cluster=None
+    )
+    write_meta(anywhere)
+    code, err = start(capsys, data=str(tmp_path))
+    assert code == EXIT_CONFIG
+    assert "--listen 0.0.0.0:7700 is reachable from other machines" in err
