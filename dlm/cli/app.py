@@ -534,6 +534,10 @@ def node_start(**flags: str | bool | None) -> None:
     Each flag may instead come from the environment variable shown beside it, or
     from the TOML file given with --config (keys as the flags, without the
     dashes); a flag wins over its variable, and a variable over the file.
+
+    Exits 0 after a clean stop (or once it learns it was removed), 2 for flags that
+    make no sense, 65 for a data directory of another member or cluster, 74 when its
+    disk is full, 78 for secret or TLS files that cannot be used, 1 otherwise.
     """
     from dlm.node.main import start_from_options  # anyio and the runtime: only this command pays
 

@@ -8,7 +8,8 @@ with the embedded defaults filled in (no flags at all: a single-node cluster
 The data directory remembers which node and cluster created it, in
 ``DIR/node.json``; ``check_data_dir`` refuses to start a node on a directory
 made for another one, because mixing two members' logs loses acknowledged
-writes.
+writes. It also remembers where the member listens (format 3), so a member
+restarted without ``--listen`` serves where the others expect it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ DEFAULT_PORT = 7700
 DEFAULT_DATA_DIR = "dlm-data"
 DEFAULT_CLUSTER = "dlm"
 META_FILE = "node.json"
-META_FORMAT = 2
+META_FORMAT = 3
+"""node.json's layout: 1 names the member and cluster, 2 adds the first members and
+the members a joined one was told of, 3 adds ``listen`` (and ``advertise`` when given).
+Each release reads every earlier one, and ignores keys it does not know."""
 DEFAULT_MAX_CONNECTIONS = 8192
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -37,6 +41,12 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 class ConfigError(Exception):
     """A flag or the data directory does not make sense; the message is one line."""
+
+
+class ForeignDataDir(ConfigError):
+    """The data directory was made for another member or cluster: no restart fixes that,
+    so `dlm node start` gives it an exit code of its own (65), which a service manager
+    can be told not to restart on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +82,8 @@ class NodeConfig:
     """Whether --peers was given (it is only needed, and only used, at the first start)."""
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     """Client connections served at once (the runtime lowers it to fit the open-files limit)."""
+    listen_given: bool = False
+    """Whether --listen was given: when not, a data directory that recorded one listens there."""
 
     @property
     def address(self) -> str:
@@ -174,6 +186,7 @@ class NodeConfig:
             peers=peer_map,
             data_dir=data_dir,
             cluster=cluster_id,
+            listen_given=listen is not None,
         )
 
 
@@ -239,6 +252,10 @@ class DataDirMeta:
     format: int
     join_members: dict[str, tuple[str, int]] = field(default_factory=dict)
     """For a member that joined: the members it was told of then."""
+    listen: tuple[str, int] | None = None
+    """Where the member listened when it last started (None before format 3)."""
+    advertise: tuple[str, int] | None = None
+    """The --advertise it was last given, if any (format 3)."""
 
 
 def check_data_dir(config: NodeConfig) -> DataDirMeta | None:
@@ -268,22 +285,33 @@ def check_data_dir(config: NodeConfig) -> DataDirMeta | None:
             raise TypeError
         joined = {str(k): parse_addr(str(v)) for k, v in raw_joined.items()}
         version = int(meta.get("format", 1))
+        listen = _recorded_addr(meta.get("listen"))
+        advertise = _recorded_addr(meta.get("advertise"))
     except (ValueError, KeyError, TypeError):
         raise ConfigError(
             f"{path} is damaged: it should name the node and cluster this data dir belongs to"
         ) from None
     if node != config.node_id or cluster != config.cluster:
-        raise ConfigError(
+        raise ForeignDataDir(
             f"data dir {config.data_dir} belongs to node {node!r} of cluster {cluster!r}, "
             f"not node {config.node_id!r} of cluster {config.cluster!r}: "
             "start with the matching --id/--cluster-id or use another --data"
         )
-    return DataDirMeta(node, cluster, peers, version, joined)
+    return DataDirMeta(node, cluster, peers, version, joined, listen, advertise)
+
+
+def _recorded_addr(raw: object) -> tuple[str, int] | None:
+    """An address node.json recorded (absent: None); raises TypeError/ValueError if bad."""
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise TypeError
+    return parse_addr(raw)
 
 
 def write_meta(config: NodeConfig) -> None:
-    """Records the owner of a data dir and the cluster's first members (atomically: temp
-    file, fsync, rename, fsync of the directory)."""
+    """Records the owner of a data dir, the cluster's first members and where this member
+    listens (atomically: temp file, fsync, rename, fsync of the directory)."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
     path = config.data_dir / META_FILE
     tmp = path.with_suffix(".tmp")
@@ -292,7 +320,10 @@ def write_meta(config: NodeConfig) -> None:
         "node": config.node_id,
         "cluster": config.cluster,
         "peers": {k: format_addr(*v) for k, v in sorted(config.peers.items())},
+        "listen": format_addr(*config.listen),
     }
+    if config.advertise is not None:
+        meta["advertise"] = format_addr(*config.advertise)
     if config.join_members:
         meta["join_members"] = {k: format_addr(*v) for k, v in sorted(config.join_members.items())}
     body = json.dumps(meta)

@@ -96,10 +96,27 @@ class Logger:
         if line is not None:
             self.write_lines([line])
 
-    def line(self, level: int, event: str, fields: dict[str, Any]) -> str | None:
-        """The line for this event (no newline), or None when its level is off."""
+    def line(
+        self, level: int, event: str, fields: dict[str, Any], *, at_ms: int | None = None
+    ) -> str | None:
+        """The line for this event (no newline), or None when its level is off. ``at_ms``:
+        the event's own time (ms since the epoch) when it is not now (a replayed event)."""
         if level < self.level:
             return None
+        if at_ms is not None:
+            if self.format == TEXT_FORMAT:
+                return text_line(
+                    at_ms / 1000, _NAMES.get(level, str(level)), self.node, event, fields
+                )
+            record: dict[str, Any] = {
+                "time": stamp_of(at_ms),
+                "ts": at_ms / 1000,
+                "level": _NAMES.get(level, str(level)),
+                "node": self.node,
+                "event": event,
+                **fields,
+            }
+            return json.dumps(record, default=str, separators=(",", ":"))
         now = time.time()
         if self.format == TEXT_FORMAT:
             return text_line(now, _NAMES.get(level, str(level)), self.node, event, fields)
@@ -119,7 +136,7 @@ class Logger:
             if not fields:
                 return head + "}"
             return head + "," + json.dumps(fields, default=str, separators=(",", ":"))[1:]
-        record: dict[str, Any] = {
+        record = {
             "time": stamp_of(ms),
             "ts": ms / 1000,
             "level": _NAMES.get(level, str(level)),

@@ -247,6 +247,9 @@ class LogEvent:
     level: str
     event: str
     fields: dict[str, Any]
+    at_ms: int | None = None
+    """The event's own time (wall clock, ms), when it is not now: the leader's stamp of a
+    log entry this member applies again after a restart (``replayed``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,6 +379,13 @@ class NodeMachine:
             rng,
         )
         self._addresses_from_log(storage)
+        self._replay_until = self.raft.last_index
+        """Entries up to here were in the log when this member started: applying them again
+        repeats events that happened before, which the audit trail marks ``replayed``."""
+        self._replaying = False
+        self._entry_stamp_ms: int | None = None
+        """The leader's stamp of the entry being applied (of the last one that had a stamp,
+        for a membership entry, which carries none)."""
         self.tracker = self.tracker_class(expire_retry=timing.expire_retry_s)
         self._role = self.raft.role
         self._leader = self.raft.leader
@@ -445,6 +455,12 @@ class NodeMachine:
         self._actions.append(action)
 
     def _log(self, level: str, event: str, **fields: Any) -> None:
+        if self._replaying:
+            # An event of an entry applied before the restart: marked, and at its own time,
+            # so that neither a reader nor a log collector takes it for a new one.
+            fields["replayed"] = True
+            self._actions.append(LogEvent(level, event, fields, self._entry_stamp_ms))
+            return
         self._actions.append(LogEvent(level, event, fields))
 
     def _reply(self, conn: int, frame: dict[str, Any]) -> None:
@@ -891,12 +907,21 @@ class NodeMachine:
             )
 
     def _apply(self, committed: Iterable[Entry], now: Instant) -> None:
+        try:
+            self._apply_entries(committed, now)
+        finally:
+            self._replaying = False
+        if self.locks.applied_index - self._snapshot_index >= self.config.snapshot_every:
+            self._take_snapshot()
+
+    def _apply_entries(self, committed: Iterable[Entry], now: Instant) -> None:
         machine = self.locks
         proposals = self._proposals
         for entry in committed:
             index = entry.index
             if index <= machine.applied_index:
                 continue  # already in the image we restored from
+            self._replaying = index <= self._replay_until
             if entry.kind is not EntryKind.NORMAL:
                 machine.skip(index)
                 proposal = proposals.pop(index, None)
@@ -918,11 +943,11 @@ class NodeMachine:
                 if proposal is not None:
                     self._reply_not_leader(proposal.conn, proposal.request)
                     proposal = None
+            if outcome.command is not None:
+                self._entry_stamp_ms = outcome.command.at_ms
             # Holds this entry ended; 0 for a re-sent request answered from memory.
             dropped = held_before - machine.counts().locks + len(outcome.promotions)
             self._after_apply(outcome, proposal, dropped, now)
-        if machine.applied_index - self._snapshot_index >= self.config.snapshot_every:
-            self._take_snapshot()
 
     def _after_apply(
         self, outcome: locks.ApplyOutcome, proposal: _Proposal | None, dropped: int, now: Instant

@@ -8,8 +8,10 @@ shutdown (SIGTERM or Ctrl-C) or once this member knows it was removed from the
 cluster, 2 for settings that make no sense, 74 (EX_IOERR) when the data dir's
 disk is full, 78 (EX_CONFIG) for authentication or TLS settings that cannot be
 used (among them a reachable --listen with no peer authentication and no
---insecure), 1 for everything else the environment refused (busy port,
-unusable or corrupt data dir, a data dir that belongs to another member).
+--insecure), 65 (EX_DATAERR) for a data dir that belongs to another member or
+cluster, 1 for everything else the environment refused (busy port, unusable
+or corrupt data dir) and for crashes. A service manager restarts on 1 only:
+2, 65 and 78 are mistakes a restart cannot fix (docs/dlm.service).
 
 ``python -m dlm.node.main --id n1 ...`` runs the same thing without the CLI.
 """
@@ -32,7 +34,15 @@ import anyio
 import anyio.abc
 
 from dlm.cli.node_options import ALL_OPTIONS, OptionError, Resolved, resolve
-from dlm.node.config import ConfigError, DataDirMeta, NodeConfig, check_data_dir, write_meta
+from dlm.node.config import (
+    META_FORMAT,
+    ConfigError,
+    DataDirMeta,
+    ForeignDataDir,
+    NodeConfig,
+    check_data_dir,
+    write_meta,
+)
 from dlm.node.log import Logger, default_format, level_named
 from dlm.node.raft.types import ConfState
 from dlm.node.security import NodeSecurity, SecurityError
@@ -45,6 +55,7 @@ from dlm.wire import format_addr, parse_addr
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_FOREIGN_DATA = 65  # EX_DATAERR: the data dir belongs to another member or cluster
 EXIT_IOERR = 74
 EXIT_CONFIG = 78  # EX_CONFIG: the authentication or TLS settings cannot be used
 JOIN_TIMEOUT_S = 30.0
@@ -106,7 +117,10 @@ def start_node(
             EXIT_FAILURE,
         )
     try:
-        security = load_security(settings, config.listen)
+        # Checked against where the member will listen, which a restart without --listen
+        # takes from its data directory: a recorded 0.0.0.0 needs authentication as much
+        # as one given on the command line.
+        security = load_security(settings, _listen_address(config))
     except SecurityError as exc:
         return _fail(resolved.explain(str(exc)) if resolved else str(exc), EXIT_CONFIG)
     if os.environ.get("DLM_NO_FSYNC", "") == "1":
@@ -127,6 +141,8 @@ def start_node(
         return anyio.run(_main, config, log, on_started, security, backend="asyncio")
     except StartupError as exc:
         return _fail(str(exc), EXIT_FAILURE)
+    except ForeignDataDir as exc:
+        return _fail(str(exc), EXIT_FOREIGN_DATA)
     except ConfigError as exc:
         return _fail(str(exc), EXIT_FAILURE)
     except KeyboardInterrupt:
@@ -198,8 +214,9 @@ async def _main(
         except OSError as exc:
             raise StartupError(f"cannot use data dir {config.data_dir}: {exc}") from None
         try:
-            if meta is None or meta.peers is None:
-                # A new directory, or one of the previous release: record the first members.
+            if meta is None or _meta_outdated(config, meta):
+                # A new directory, one of an earlier release, or a new --listen: record the
+                # first members and where this member listens.
                 try:
                     write_meta(config)
                 except OSError as exc:
@@ -239,15 +256,71 @@ def _settled(config: NodeConfig, meta: DataDirMeta, log: Logger) -> NodeConfig:
         )
     if meta.join_members:
         config = replace(config, join_members=meta.join_members)
-    if meta.peers is None:
-        return config  # the previous release recorded none: --peers says them, as it did
-    if config.peers_given and meta.peers != config.peers:
-        log.warning(
-            "peers_ignored",
-            message="--peers differs from the members this data directory started with, and is "
-            "ignored: the membership comes from the log (dlm members list)",
-        )
-    return replace(config, peers=meta.peers)
+    if meta.peers is not None:
+        # (None: a directory of format 1 recorded none, and --peers says them, as it did.)
+        if config.peers_given and meta.peers != config.peers:
+            log.warning(
+                "peers_ignored",
+                message="--peers differs from the members this data directory started with, "
+                "and is ignored: the membership comes from the log (dlm members list)",
+            )
+        config = replace(config, peers=meta.peers)
+    return _where_it_lived(config, meta, log)
+
+
+def _recorded_listen(config: NodeConfig, meta: DataDirMeta) -> tuple[str, int] | None:
+    """Where the data directory says this member listened (a directory of the previous
+    release: its own entry among the first members, if it has one)."""
+    if meta.listen is not None:
+        return meta.listen
+    return meta.peers.get(config.node_id) if meta.peers is not None else None
+
+
+def _listen_address(config: NodeConfig) -> tuple[str, int]:
+    """Where the member will listen: --listen, else where its data directory says."""
+    if config.listen_given:
+        return config.listen
+    try:
+        meta = check_data_dir(config)
+    except ConfigError:
+        return config.listen  # refused, with its reason, when the member starts
+    recorded = _recorded_listen(config, meta) if meta is not None else None
+    return recorded or config.listen
+
+
+def _where_it_lived(config: NodeConfig, meta: DataDirMeta, log: Logger) -> NodeConfig:
+    """Where a restarted member listens: where it did before, unless --listen says otherwise.
+
+    Without this, a member restarted with its --id and --data alone (the others
+    know it at its old address) would listen on the default port, and the leader
+    would see it come and go. A directory of the previous release recorded no
+    address: the member's own entry among the first members stands in for it."""
+    recorded = _recorded_listen(config, meta)
+    if config.advertise is None and meta.advertise is not None:
+        config = replace(config, advertise=meta.advertise)
+    if recorded is None or recorded == config.listen:
+        return config
+    if not config.listen_given:
+        return replace(config, listen=recorded)
+    log.warning(
+        "listen_changed",
+        message=f"listening on {format_addr(*config.listen)} as --listen says, not on "
+        f"{format_addr(*recorded)} where this member listened before; the other members "
+        "reach it at the address the membership names (dlm members list)",
+        listen=format_addr(*config.listen),
+        previous=format_addr(*recorded),
+    )
+    return config
+
+
+def _meta_outdated(config: NodeConfig, meta: DataDirMeta) -> bool:
+    """Whether node.json should be written again: an older format, or another address."""
+    return (
+        meta.peers is None
+        or meta.format < META_FORMAT
+        or meta.listen != config.listen
+        or meta.advertise != config.advertise
+    )
 
 
 def _join(config: NodeConfig, security: NodeSecurity | None) -> NodeConfig:

@@ -362,7 +362,10 @@ class NodeServer:
                     for action in actions:
                         if type(action) is LogEvent:
                             line = self.log.line(
-                                _LEVELS.get(action.level, 20), action.event, action.fields
+                                _LEVELS.get(action.level, 20),
+                                action.event,
+                                action.fields,
+                                at_ms=action.at_ms,
                             )
                             if line is not None:
                                 lines.append(line)

@@ -232,6 +232,9 @@ class NodeProc:
         self.paused = False
         self.release: Path | None = None
         """Where another release's ``dlm`` package lives (tests/compat), to run it instead."""
+        self.by_hand = False
+        """Start with --id, --data and --cluster-id only (and ``flags``): no --listen, no
+        --peers or --join, as an operator restarts a member whose data directory exists."""
 
     @property
     def address(self) -> str:
@@ -253,6 +256,7 @@ class NodeProc:
         members = (
             ["--join", ",".join(self.join)] if self.join else ["--peers", self.cluster.peers_flag]
         )
+        where = [] if self.by_hand else ["--listen", self.address, *members]
         return [
             sys.executable,
             "-m",
@@ -261,9 +265,7 @@ class NodeProc:
             "start",
             "--id",
             self.node_id,
-            "--listen",
-            self.address,
-            *members,
+            *where,
             "--data",
             str(self.data_dir),
             "--cluster-id",

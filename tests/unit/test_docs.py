@@ -3,7 +3,10 @@
 README.md's "Metrics" table lists every metric a member serves (name, type,
 labels), its "Audit trail" section every event the node machine logs for it,
 and README.md as a whole every environment variable dlm reads;
-docs/grafana-dashboard.json asks only for metrics that exist.
+docs/grafana-dashboard.json asks only for metrics that exist; the node flags
+table lists each flag once; docs/dlm.service restarts a member only on the exit
+code a restart can fix, and `systemd-analyze verify` accepts it where systemd is
+installed.
 """
 
 from __future__ import annotations
@@ -11,8 +14,13 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from dlm.cli.node_options import ALL_OPTIONS
 from dlm.node.metrics import METRIC_HELP
@@ -182,3 +190,60 @@ def test_the_dashboard_is_well_formed() -> None:
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 36
+
+
+def test_the_node_flags_table_lists_each_flag_once() -> None:
+    section = readme_section("Running a cluster")
+    flags = re.findall(r"^\| `(--[a-z-]+)", section, re.M)
+    assert len(flags) == len(set(flags)), sorted(f for f in flags if flags.count(f) > 1)
+    assert set(flags) == {option.flag for option in ALL_OPTIONS}
+
+
+UNIT = REPO / "docs" / "dlm.service"
+
+
+def unit_settings() -> dict[str, list[str]]:
+    """docs/dlm.service's settings: name -> every value it is given, in order."""
+    settings: dict[str, list[str]] = {}
+    for line in UNIT.read_text(encoding="utf-8").splitlines():
+        if line.startswith(("#", "[")) or "=" not in line:
+            continue
+        name, _, value = line.partition("=")
+        settings.setdefault(name.strip(), []).append(value.strip())
+    return settings
+
+
+def test_the_systemd_unit_restarts_only_what_a_restart_can_fix() -> None:
+    from dlm.node.main import EXIT_CONFIG, EXIT_FAILURE, EXIT_FOREIGN_DATA, EXIT_USAGE
+
+    settings = unit_settings()
+    assert settings["Restart"] == ["on-failure"]
+    prevented = {
+        int(code) for value in settings["RestartPreventExitStatus"] for code in value.split()
+    }
+    assert prevented == {EXIT_USAGE, EXIT_FOREIGN_DATA, EXIT_CONFIG}
+    assert EXIT_FAILURE not in prevented
+    # Every Documentation= must point at something that exists once dlm is installed:
+    # nothing installs the README at a fixed path, so the unit names none.
+    assert "Documentation" not in settings
+
+
+def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (apt-get install systemd)")
+    # `verify` checks that ExecStart's program exists: point it at this tree's dlm.
+    dlm = Path(sys.executable).parent / "dlm"
+    if not dlm.exists():
+        pytest.skip(f"no dlm beside {sys.executable} to stand for /usr/local/bin/dlm")
+    unit = tmp_path / "dlm.service"
+    unit.write_text(
+        UNIT.read_text(encoding="utf-8").replace("/usr/local/bin/dlm", str(dlm)), encoding="utf-8"
+    )
+    done = subprocess.run(
+        [analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60, check=False
+    )
+    # Its complaints about the unit name the unit; other lines are about the machine
+    # the test runs on (no system bus in a container, say).
+    about_the_unit = [line for line in done.stderr.splitlines() if "dlm.service" in line]
+    assert done.returncode == 0 and not about_the_unit, done.stderr

@@ -11,18 +11,28 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from dlm.node.config import ConfigError, NodeConfig, check_data_dir, parse_peers, write_meta
 from dlm.node.log import Logger
-from dlm.node.main import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, _settled, start_node
+from dlm.node.main import (
+    EXIT_CONFIG,
+    EXIT_FAILURE,
+    EXIT_FOREIGN_DATA,
+    EXIT_OK,
+    EXIT_USAGE,
+    _settled,
+    start_node,
+)
 from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.types import (
     ConfChange,
@@ -33,6 +43,7 @@ from dlm.node.raft.types import (
     HardState,
     encode_conf_change,
 )
+from dlm.node.server import NodeServer
 from dlm.store.disk import DiskStorage
 
 from .server_harness import WAIT, Wire, log_text, running_member
@@ -117,11 +128,12 @@ def test_a_data_dir_of_another_member_is_refused(
     write_meta(owner)
     meta = check_data_dir(owner)
     assert meta is not None and meta.node == "n1" and meta.cluster == "prod"
+    # 65, not 1: a service manager restarts on 1, and no restart makes the directory ours.
     code, err = start(capsys, node_id="n2", listen=free_addr(), data=str(tmp_path), cluster="prod")
-    assert code == EXIT_FAILURE
+    assert code == EXIT_FOREIGN_DATA == 65
     assert "belongs to node 'n1' of cluster 'prod'" in err
     code, err = start(capsys, node_id="n1", listen=free_addr(), data=str(tmp_path))
-    assert code == EXIT_FAILURE and "cluster 'prod'" in err
+    assert code == EXIT_FOREIGN_DATA and "cluster 'prod'" in err
 
 
 def test_the_members_a_joined_member_was_told_of_are_kept_for_its_restarts(
@@ -185,8 +197,9 @@ def test_a_data_dir_that_is_a_file_is_refused(
 def test_a_corrupt_store_is_refused_naming_file_and_offset(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    addr = free_addr()
     config = NodeConfig.from_flags(
-        node_id=None, listen=None, peers=None, data=str(tmp_path), cluster=None
+        node_id=None, listen=addr, peers=None, data=str(tmp_path), cluster=None
     )
     write_meta(config)
     with DiskStorage.open(tmp_path, bootstrap_conf=ConfState(voters=("n1",))) as store:
@@ -197,7 +210,7 @@ def test_a_corrupt_store_is_refused_naming_file_and_offset(
     at = raw.index(b"payload-1")
     raw[at] ^= 0xFF  # rot in the middle of the log, before valid records
     segment.write_bytes(bytes(raw))
-    code, err = start(capsys, listen=free_addr(), data=str(tmp_path))
+    code, err = start(capsys, listen=addr, data=str(tmp_path))
     assert code == EXIT_FAILURE
     assert "corrupt" in err and segment.name in err and "byte" in err
     assert err.count("\n") == 0
@@ -251,6 +264,36 @@ async def test_a_restarted_member_serves_what_its_snapshot_and_log_hold() -> Non
         assert server.machine.locks.applied_index >= storage.last_index() - 1
         got = await (await Wire.client(port)).request("get", key="kept")
         assert [(h["lease"], h["token"]) for h in got["holders"]] == [("a", kept["token"])]
+
+
+def audit_lines(server: NodeServer, event: str) -> list[dict[str, Any]]:
+    return [
+        record
+        for record in map(json.loads, log_text(server).splitlines())
+        if record["event"] == event
+    ]
+
+
+@pytest.mark.anyio
+async def test_a_restart_marks_the_events_it_applies_again_as_replayed_at_their_time() -> None:
+    storage = MemoryStorage(ConfState(voters=("n1",)))
+    async with running_member(storage=storage) as (first, port):
+        c = await Wire.client(port)
+        await c.request("open_lease", lease="a", ttl_ms=60_000, client="c", seq=1)
+        await c.request("acquire", lease="a", key="k", client="c", seq=2)
+        [granted] = audit_lines(first, "lock_granted")
+    assert "replayed" not in granted
+    async with running_member(storage=storage) as (again, port):
+        c = await Wire.client(port)
+        await c.request("acquire", lease="a", key="new", client="c", seq=3)
+        replayed, live = audit_lines(again, "lock_granted")
+        started = audit_lines(again, "node_started")
+    # The grant of "k" happened before the restart: marked, and at the leader's stamp,
+    # which it took before the first run applied it (and logged it).
+    assert (replayed["key"], replayed["replayed"]) == ("k", True)
+    assert replayed["ts"] <= granted["ts"] and replayed["time"] <= granted["time"]
+    assert not started or replayed["ts"] < started[0]["ts"]
+    assert live["key"] == "new" and "replayed" not in live
 
 
 @pytest.mark.anyio
@@ -345,3 +388,52 @@ async def test_shutdown_refuses_new_work_and_lets_what_is_in_flight_reach_the_di
             assert storage.last_index() >= index
         finally:
             storage.gate.set()
+
+
+def test_a_restart_without_listen_listens_where_the_data_dir_says(tmp_path: Path) -> None:
+    log = Logger("n2", stream=io.StringIO())
+
+    def restarted(listen: str | None) -> NodeConfig:
+        config = NodeConfig.from_flags(
+            node_id="n2", listen=listen, peers=None, data=str(tmp_path), cluster="c"
+        )
+        meta = check_data_dir(config)
+        assert meta is not None
+        return _settled(config, meta, log)
+
+    first = NodeConfig.from_flags(
+        node_id="n2",
+        listen="127.0.0.1:7712",
+        peers="n1=127.0.0.1:7701,n2=127.0.0.1:7702",
+        data=str(tmp_path),
+        cluster="c",
+    )
+    write_meta(first)
+    # Recorded at the first start: the default port (7700) is not where it lived.
+    assert restarted(None).listen == ("127.0.0.1", 7712)
+    # A --listen given later wins, and says so.
+    assert restarted("127.0.0.1:7722").listen == ("127.0.0.1", 7722)
+    assert '"event":"listen_changed"' in log.stream.getvalue()  # type: ignore[union-attr]
+
+    # The previous release's node.json (format 2) has no address: the member's own entry
+    # among the first members stands in for it.
+    meta_path = tmp_path / "node.json"
+    old = json.loads(meta_path.read_text())
+    del old["listen"]
+    old["format"] = 2
+    meta_path.write_text(json.dumps(old))
+    assert restarted(None).listen == ("127.0.0.1", 7702)
+
+
+def test_a_recorded_address_beyond_loopback_still_needs_authentication(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # First started with --insecure on every interface; restarted with --data alone, it
+    # would listen there again, so it is refused as --listen 0.0.0.0 without --insecure is.
+    anywhere = NodeConfig.from_flags(
+        node_id=None, listen="0.0.0.0:7700", peers=None, data=str(tmp_path), cluster=None
+    )
+    write_meta(anywhere)
+    code, err = start(capsys, data=str(tmp_path))
+    assert code == EXIT_CONFIG
+    assert "--listen 0.0.0.0:7700 is reachable from other machines" in err
