@@ -78,6 +78,10 @@ MAX_BUFFERED_BYTES = 2 * PEER_FRAME_LIMIT
 FRAME_BUDGET = PEER_FRAME_LIMIT // 2
 """Estimated payload per frame; leaves ample room for CBOR overhead under the hard limit."""
 CONNECT_TIMEOUT = 1.0
+CONNECT_TIMEOUT_MIN = 0.25
+"""A link with a ``stall_after`` gives a dial up after that long (within these two): a
+dial whose SYN was lost would wait a second for the kernel's retransmission, and after
+a network heals the link must be back within an election timeout or two."""
 HELLO_TIMEOUT = 2.0
 BACKOFF_MIN = 0.05
 BACKOFF_MAX = 0.5
@@ -282,6 +286,9 @@ class PeerLink:
         self.dropped = 0
         self.sent_frames = 0
         self._watch = LinkWatch(stall_after) if stall_after is not None else None
+        self._connect_timeout = CONNECT_TIMEOUT
+        if stall_after is not None:
+            self._connect_timeout = min(CONNECT_TIMEOUT, max(CONNECT_TIMEOUT_MIN, stall_after))
         self._ack_probe = ack_probe
         self.replaced = 0
         """Connections replaced because they stopped delivering."""
@@ -451,7 +458,7 @@ class PeerLink:
             }
         self._refused = False
         try:
-            with anyio.fail_after(CONNECT_TIMEOUT + (HELLO_TIMEOUT if tls else 0.0)):
+            with anyio.fail_after(self._connect_timeout + (HELLO_TIMEOUT if tls else 0.0)):
                 transport, protocol = await loop.create_connection(
                     lambda: _LinkProtocol(loop), host, port, **tls
                 )

@@ -23,6 +23,7 @@ from dlm.node.machine import Instant, NodeMachine
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.quorum import quorum_index
 
+from .bugs import NeverReplacesLinks
 from .conftest import SimTotals
 from .harness import DiskBackend, MemoryBackend
 from .nodesim import CLIENT_FAULTS, FAULT_KINDS, NodeSimOptions, NodeSimResult, run_node_seed
@@ -176,6 +177,11 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         lambda seed: options_for(seed, tracker_class=ShortensLeasesOnFailover),
         {"two-holders"},
         40,
+    ),
+    "a peer connection that stopped delivering is never replaced": (
+        lambda seed: options_for(seed, link_watch_class=NeverReplacesLinks),
+        {"slow-recovery"},
+        10,
     ),
 }
 
