@@ -20,9 +20,9 @@ The cases (issue 20, item 5):
 * ``kill_other_follower``: 2 s after that heal, the other follower is killed;
   measured: from the kill until a write succeeds (2 of 3 members up, the
   network whole).
-* ``leader_outbound_dropped``: everything the leader sends its peers is lost
-  for ``drop`` seconds; measured: from the start of the loss until a write
-  succeeds.
+* ``leader_outbound_dropped``: everything the leader sends (to its peers and
+  to the clients) is lost for ``drop`` seconds; measured: from the start of the
+  loss until a write succeeds.
 
 Every namespace, link and process a lab creates it also removes, by name and PID.
 """
@@ -103,6 +103,8 @@ class Lab:
         self.ips = {node: f"{self.subnet}.{i}" for i, node in enumerate(self.namespaces, 1)}
         self._rules: set[tuple[str, str]] = set()
         """(receiving node, sending node) pairs whose traffic is black-holed."""
+        self._client_rules: set[str] = set()
+        """Nodes whose traffic to the clients is black-holed."""
         # Private addresses on a bridge of our own: no peer secret needed to be safe.
         self.cluster = Cluster(base, size=size, node_args=lambda _: ["--insecure"])
         self.cluster.nodes = {
@@ -151,6 +153,13 @@ class Lab:
             self.ips[sender], "blackhole")  # fmt: skip
         self._rules.discard((receiver, sender))
 
+    def drop_to_clients(self, sender: str) -> None:
+        """Everything ``sender`` sends the clients (the host, on the bridge) is lost: a
+        rule on the sending side, since the host's own rules are not ours to reorder."""
+        _ip("-n", self.namespaces[sender], "rule", "add", "pref", "10", "to",
+            f"{self.subnet}.254", "blackhole")  # fmt: skip
+        self._client_rules.add(sender)
+
     def cut(self, node: str, others: list[str]) -> None:
         for other in others:
             self.drop(node, other)
@@ -159,6 +168,10 @@ class Lab:
     def heal(self) -> None:
         for receiver, sender in sorted(self._rules):
             self.undrop(sender, receiver)
+        for sender in sorted(self._client_rules):
+            _ip("-n", self.namespaces[sender], "rule", "del", "pref", "10", "to",
+                f"{self.subnet}.254", "blackhole")  # fmt: skip
+        self._client_rules.clear()
 
     # -- what the measurements look at -------------------------------------------------------
 
@@ -225,14 +238,24 @@ def cut_then_heal(the_lab: Lab, cut_s: float) -> Recovery:
         seen = the_lab.status(follower)
         return seen is not None and int(seen["applied"]) >= target
 
-    _until(caught_up)
-    caught = min(time.monotonic() - healed, RECOVERY_CAP_S)
-    # 2 s after the heal (or now, if catching up took longer), the other follower dies.
-    wait = healed + 2.0 - time.monotonic()
-    if wait > 0:
-        time.sleep(wait)
-    cluster.nodes[other].kill()
-    served = _until(lambda: the_lab.write(timeout=1.0))
+    # 2 s after the heal the other follower dies, whether the first caught up or not.
+    caught: float | None = None
+    killed: float | None = None
+    served: float | None = None
+    while caught is None or served is None:
+        now = time.monotonic()
+        if now - healed > RECOVERY_CAP_S:
+            break
+        if caught is None and caught_up():
+            caught = time.monotonic() - healed
+        if killed is None and now - healed >= 2.0:
+            cluster.nodes[other].kill()
+            killed = time.monotonic()
+        if killed is not None and served is None and the_lab.write(timeout=0.5):
+            served = time.monotonic() - killed
+        time.sleep(0.05)
+    caught = RECOVERY_CAP_S if caught is None else caught
+    served = RECOVERY_CAP_S if served is None else served
     return Recovery(round(caught, 2), round(served, 2))
 
 
@@ -243,6 +266,7 @@ def leader_outbound_dropped(the_lab: Lab, drop_s: float) -> float:
     for other in cluster.nodes:
         if other != leader:
             the_lab.drop(leader, other)
+    the_lab.drop_to_clients(leader)
     started = time.monotonic()
     served = _until(lambda: the_lab.write(timeout=1.0), cap=drop_s)
     if served >= drop_s:
