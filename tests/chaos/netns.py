@@ -24,7 +24,10 @@ The cases (issue 20, item 5):
   to the clients) is lost for ``drop`` seconds; measured: from the start of the
   loss until a write succeeds.
 
-Every namespace, link and process a lab creates it also removes, by name and PID.
+The members listen on addresses of a bridge of the lab's own, inside their
+namespaces (the one place where tests bind beyond 127.0.0.1; the addresses
+are private to this host). Every namespace, link and process a lab creates it
+also removes, by name and PID.
 """
 
 from __future__ import annotations
@@ -66,6 +69,15 @@ def available() -> str | None:
     if made.returncode != 0:
         return f"cannot create a network namespace: {made.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], check=False, capture_output=True)
+    bridge = subprocess.run(
+        ["ip", "link", "add", probe[:15], "type", "bridge"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    if bridge.returncode != 0:
+        return f"cannot create a bridge: {bridge.stderr.strip()}"
+    subprocess.run(["ip", "link", "del", probe[:15]], check=False, capture_output=True)
     return None
 
 
@@ -96,7 +108,8 @@ class Lab:
 
     def __init__(self, base: Path, size: int = 3) -> None:
         tag = os.getpid() % 100_000
-        self.subnet = f"10.231.{tag % 250}"
+        # Two runs at once (other test sessions) get different subnets and names.
+        self.subnet = f"10.{200 + tag // 250 % 50}.{tag % 250}"
         self.bridge = f"dlb{tag}"
         self.base = base
         self.namespaces = {f"n{i}": f"dlm{tag}n{i}" for i in range(1, size + 1)}
