@@ -293,7 +293,7 @@ def leader_outbound_dropped(the_lab: Lab, drop_s: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.netns")
-    parser.add_argument("--cut", type=float, default=26.0, help="seconds the follower is cut")
+    parser.add_argument("--cut", type=float, default=30.0, help="seconds the follower is cut")
     parser.add_argument("--drop", type=float, default=15.0, help="seconds of leader loss")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)

@@ -4,7 +4,7 @@ within 3 s when the other follower dies right after.
 
 The short case (a 3.5 s cut: TCP's retransmission back-off already waits 2.7 s by then)
 runs under `make test` wherever network namespaces can be made (Linux, root); the long
-ones (``DLM_CHAOS_NETNS=1``, which `make chaos` sets) cut for 26 s and drop the leader's
+ones (``DLM_CHAOS_NETNS=1``, which `make chaos` sets) cut for 30 s and drop the leader's
 outbound traffic for 15 s. Skipped, saying why, where namespaces cannot be made.
 """
 
@@ -36,7 +36,7 @@ def namespaces() -> None:
     [
         3.5,
         pytest.param(
-            26.0, marks=pytest.mark.skipif(not LONG, reason="long: make chaos (DLM_CHAOS_NETNS=1)")
+            30.0, marks=pytest.mark.skipif(not LONG, reason="long: make chaos (DLM_CHAOS_NETNS=1)")
         ),
     ],
 )
