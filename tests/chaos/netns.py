@@ -17,6 +17,7 @@ The cases (issue 20, item 5):
   (long enough for TCP's retransmission back-off to reach seconds), then
   healed; measured: from the heal until the follower has applied an entry the
   leader committed after it.
+* the same with one-way loss: only what the follower sends is lost.
 * ``kill_other_follower``: 2 s after that heal, the other follower is killed;
   measured: from the kill until a write succeeds (2 of 3 members up, the
   network whole).
@@ -234,11 +235,17 @@ class Recovery:
     """From killing the other follower (2 s after the heal) until a write succeeded."""
 
 
-def cut_then_heal(the_lab: Lab, cut_s: float) -> Recovery:
+def cut_then_heal(the_lab: Lab, cut_s: float, *, one_way: bool = False) -> Recovery:
+    """``one_way``: only what the follower sends is lost (it still hears the leader, and
+    answers it on a connection that backs off)."""
     cluster = the_lab.cluster
     leader = cluster.wait_for_leader(timeout=SETTLE_TIMEOUT_S).node_id
     follower, other = (n for n in cluster.nodes if n != leader)
-    the_lab.cut(follower, [leader, other])
+    if one_way:
+        the_lab.drop(follower, leader)
+        the_lab.drop(follower, other)
+    else:
+        the_lab.cut(follower, [leader, other])
     # The fault's duration, long enough for TCP's back-off to reach seconds.
     time.sleep(cut_s)
     the_lab.heal()
@@ -305,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="dlm-netns-") as tmp:
         with lab(Path(tmp) / "a") as first:
             figures.update(asdict(cut_then_heal(first, args.cut)))
+        with lab(Path(tmp) / "c") as third:
+            one_way = asdict(cut_then_heal(third, args.cut, one_way=True))
+            figures.update({f"one_way_{name}": value for name, value in one_way.items()})
         with lab(Path(tmp) / "b") as second:
             figures["leader_outbound_dropped_s"] = leader_outbound_dropped(second, args.drop)
     for name, value in figures.items():
