@@ -25,6 +25,16 @@ follower of it campaigns without waiting out a whole election timeout.
 Reconnects back off exponentially with jitter, so members restarting
 together do not dial in lockstep.
 
+Because nothing comes back on our own connection, a connection that stopped
+delivering (it lost packets for a while and sits in TCP's retransmission
+back-off, long after the network healed) would go unnoticed: the peer's
+replies keep arriving on the other one. So while a link is up it reads the
+kernel's acknowledgement counters (``TCP_INFO``) every ``stall_after / 4``
+and asks linkwatch.py's ``LinkWatch`` whether the connection must be
+replaced: something written, nothing acknowledged, for ``stall_after`` (an
+election timeout). ``TCP_USER_TIMEOUT`` bounds a stalled connection in the
+kernel too, where the option exists.
+
 With a peer secret, the link is the initiator of dlm/auth.py's handshake: its
 hello carries a fresh nonce, it checks the peer's proof in the welcome before
 it sends anything else, answers with its own proof, and seals every frame
@@ -35,14 +45,19 @@ peer's to be signed by the cluster's CA and to name the peer's member id.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import random
+import socket
 import struct
+import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 
+from dlm.node.linkwatch import LinkWatch
 from dlm.node.log import Logger
 from dlm.node.peer_codec import raft_frame
 from dlm.node.raft.types import AppendEntries, InstallSnapshot, Message
@@ -63,12 +78,57 @@ MAX_BUFFERED_BYTES = 2 * PEER_FRAME_LIMIT
 FRAME_BUDGET = PEER_FRAME_LIMIT // 2
 """Estimated payload per frame; leaves ample room for CBOR overhead under the hard limit."""
 CONNECT_TIMEOUT = 1.0
+CONNECT_TIMEOUT_MIN = 0.25
+"""A link with a ``stall_after`` gives a dial up after that long (within these two): a
+dial whose SYN was lost would wait a second for the kernel's retransmission, and after
+a network heals the link must be back within an election timeout or two."""
 HELLO_TIMEOUT = 2.0
 BACKOFF_MIN = 0.05
 BACKOFF_MAX = 0.5
 COMMIT_NEWS_DELAY = 0.002
 """How long an AppendEntries without entries (commit news) may wait for company."""
 _LENGTH = struct.Struct(">I")
+USER_TIMEOUT_FACTOR = 2
+"""TCP_USER_TIMEOUT is this many times ``stall_after`` (at least ``USER_TIMEOUT_MIN``):
+the kernel's bound on a stalled connection, behind LinkWatch's."""
+USER_TIMEOUT_MIN = 1.0
+_TCP_INFO_BYTES = 128
+_TCPI_UNACKED = struct.Struct("=I")  # segments sent and not acknowledged, at offset 24
+_TCPI_BYTES_ACKED = struct.Struct("=Q")  # bytes the peer acknowledged in all, at offset 120
+
+AckProbe = Callable[[asyncio.Transport], "tuple[bool, int] | None"]
+"""(anything unacknowledged, acknowledged so far) for a connection; None: cannot tell."""
+
+
+def tcp_acknowledgements(transport: asyncio.Transport) -> tuple[bool, int] | None:
+    """What the kernel says about our data on ``transport``: (something written is not
+    acknowledged yet, bytes acknowledged in all); None where TCP_INFO is not available
+    (then only TCP_USER_TIMEOUT, or nothing, bounds a stalled connection)."""
+    sock = transport.get_extra_info("socket")
+    option = getattr(socket, "TCP_INFO", None)
+    if sock is None or option is None or not sys.platform.startswith("linux"):
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, option, _TCP_INFO_BYTES)
+    except OSError:
+        return None
+    if len(info) < _TCP_INFO_BYTES:
+        return None  # a kernel older than 4.1 has no tcpi_bytes_acked
+    (unacked,) = _TCPI_UNACKED.unpack_from(info, 24)
+    (acked,) = _TCPI_BYTES_ACKED.unpack_from(info, 120)
+    unsent = transport.get_write_buffer_size()
+    return bool(unacked or unsent), acked
+
+
+def bound_stalls(transport: asyncio.Transport, stall_after: float) -> None:
+    """Has the kernel abort the connection when data stays unacknowledged for too long."""
+    sock = transport.get_extra_info("socket")
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if sock is None or option is None:
+        return
+    timeout_ms = int(max(USER_TIMEOUT_MIN, USER_TIMEOUT_FACTOR * stall_after) * 1000)
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, option, timeout_ms)
 
 
 def split_first_frame(buf: bytearray, limit: int = CLIENT_FRAME_LIMIT) -> tuple[Any, bytes] | None:
@@ -191,9 +251,14 @@ class PeerLink:
         secret: bytes | None = None,
         tls: Any = None,
         advertise: str = "",
+        stall_after: float | None = None,
+        ack_probe: AckProbe = tcp_acknowledgements,
     ) -> None:
         """``secret``: the peer secret (None: no handshake); ``tls``: the ssl.SSLContext
-        to dial with (None: plain TCP); ``advertise``: our own address, told in the hello."""
+        to dial with (None: plain TCP); ``advertise``: our own address, told in the hello;
+        ``stall_after``: seconds without an acknowledgement after which a connection
+        with unacknowledged data is replaced (None: never); ``ack_probe``: reads a
+        connection's acknowledgements (``tcp_acknowledgements``)."""
         self.peer_id = peer_id
         self.address = address
         self._local_id = local_id
@@ -220,6 +285,13 @@ class PeerLink:
         self.connected = False
         self.dropped = 0
         self.sent_frames = 0
+        self._watch = LinkWatch(stall_after) if stall_after is not None else None
+        self._connect_timeout = CONNECT_TIMEOUT
+        if stall_after is not None:
+            self._connect_timeout = min(CONNECT_TIMEOUT, max(CONNECT_TIMEOUT_MIN, stall_after))
+        self._ack_probe = ack_probe
+        self.replaced = 0
+        """Connections replaced because they stopped delivering."""
 
     def send(self, msg: Message) -> None:
         """Queues ``msg`` for the next ``flush``."""
@@ -303,8 +375,9 @@ class PeerLink:
             self._problem = None
             self._transport = transport
             self.connected = True
+            stalled = False
             try:
-                await protocol.lost
+                stalled = await self._until_lost(transport, protocol)
             finally:
                 self.connected = False
                 self._transport = None
@@ -316,10 +389,44 @@ class PeerLink:
                     self._held_timer = None
                 transport.abort()
                 self._on_down(self.peer_id, False)
-            self._log.info("peer_disconnected", peer=self.peer_id, reason="connection closed")
+            reason = "stopped delivering" if stalled else "connection closed"
+            self._log.info("peer_disconnected", peer=self.peer_id, reason=reason)
             failures = 1
             lost = True
             await anyio.sleep(BACKOFF_MIN * (0.5 + self._rng.random()))
+
+    async def _until_lost(self, transport: asyncio.Transport, protocol: _LinkProtocol) -> bool:
+        """Waits for the connection to end; True if it was ended here because it stalled."""
+        watch = self._watch
+        if watch is not None:
+            bound_stalls(transport, watch.stall_after)
+        if watch is None or self._ack_probe(transport) is None:
+            await protocol.lost
+            return False
+        watch.connected()
+        every = watch.stall_after / 4
+        while not protocol.lost.done():
+            # asyncio.wait, not a timeout around the future: a cancelled wait must not
+            # cancel the future itself.
+            await asyncio.wait((protocol.lost,), timeout=every)
+            seen = self._ack_probe(transport)
+            if seen is None or protocol.lost.done():
+                continue
+            outstanding, acknowledged = seen
+            now = time.monotonic()
+            if watch.observe(now, outstanding=outstanding, acknowledged=acknowledged):
+                since = watch.waiting_since or now
+                self.replaced += 1
+                self._log.warning(
+                    "peer_link_stalled",
+                    peer=self.peer_id,
+                    addr=self._addr,
+                    unacknowledged_ms=int((now - since) * 1000),
+                )
+                transport.abort()
+                await protocol.lost
+                return True
+        return False
 
     def _send_held(self) -> None:
         self._held_timer = None
@@ -351,7 +458,7 @@ class PeerLink:
             }
         self._refused = False
         try:
-            with anyio.fail_after(CONNECT_TIMEOUT + (HELLO_TIMEOUT if tls else 0.0)):
+            with anyio.fail_after(self._connect_timeout + (HELLO_TIMEOUT if tls else 0.0)):
                 transport, protocol = await loop.create_connection(
                     lambda: _LinkProtocol(loop), host, port, **tls
                 )

@@ -582,6 +582,8 @@ class NodeServer:
                 secret=self.security.peer_secret,
                 tls=self.security.peer_tls,
                 advertise=self.config.address,
+                # A connection that has delivered nothing for an election timeout is replaced.
+                stall_after=self.config.timing.election_timeout_s,
             )
             self._links[peer_id] = link
             scope = anyio.CancelScope()

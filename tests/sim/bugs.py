@@ -1,7 +1,8 @@
-"""Known Raft bugs, switched on through the core's test seams, to prove the checkers can fail."""
+"""Known bugs, switched on through test seams (the core's, LinkWatch's): the checkers can fail."""
 
 from __future__ import annotations
 
+from dlm.node.linkwatch import LinkWatch
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.membership import check_change
 from dlm.node.raft.types import ConfChange, HardState, NodeId, Role
@@ -54,3 +55,12 @@ class ChangesMembershipBeforeCommittingInTerm(RaftNode):
         if self._conf_history.latest_index > self._log.committed:
             return "an earlier configuration change is not committed yet"
         return check_change(self._conf_history.latest, change)
+
+
+class NeverReplacesLinks(LinkWatch):
+    """Watches a peer connection but never replaces it, however long it delivers nothing
+    (a member waits out TCP's retransmission back-off, as before the fix)."""
+
+    def observe(self, now: float, *, outstanding: bool, acknowledged: int) -> bool:
+        super().observe(now, outstanding=outstanding, acknowledged=acknowledged)
+        return False

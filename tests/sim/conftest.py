@@ -124,6 +124,7 @@ class SimTotals:
                 "conf_remove",
                 "conf_refused",
                 "removal_noticed",
+                "links_replaced",
             )
             out.append("  totals: " + ", ".join(f"{k} {stats[k]}" for k in keys if stats[k]))
         out.extend(f"sim: {note}" for note in self.notes)

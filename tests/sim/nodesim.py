@@ -11,7 +11,13 @@ events in simulated real time (world.py), driven by one seed:
   that completes ``Persist`` jobs in order after a latency drawn from the
   seed (the ``fsync_stall`` fault makes it slower than an election timeout).
   Peer messages cross a network that delays, drops, duplicates, reorders and
-  partitions.
+  partitions, each member sending to each peer on a connection of its own, as
+  peers.py does. A connection that lost a message to a cut (or that the
+  ``stall`` fault hits) stops delivering for good, as a TCP connection deep in
+  retransmission back-off does, until the sender replaces it; the sender
+  decides that with the runtime's own ``LinkWatch`` (dlm/node/linkwatch.py),
+  fed from the peer's acknowledgements, which a cut in the other direction
+  loses.
 * **clients** are processes running the client library's own flows
   (``dlm.client.core``: redirects, retries, backoff, request identity, the
   client-side lease clock), each over one connection at a time to a member,
@@ -45,6 +51,7 @@ from dlm.client import core
 from dlm.client.errors import ClusterUnavailable, DlmError, LeaseLost, LockHeld, NotHolder
 from dlm.node import locks
 from dlm.node.leases import LeaseTracker
+from dlm.node.linkwatch import LinkWatch
 from dlm.node.machine import (
     CloseConnection,
     LogEvent,
@@ -89,6 +96,10 @@ ELECTION_US = int(TIMING.tick_s * TIMING.election_ticks * 2 * US)
 """The longest election timeout (the core draws between one and two base timeouts)."""
 EXEC_GRACE_MS = 150
 """How long before its deadline the exec model's guard starts stopping the command."""
+STALL_AFTER_S = TIMING.election_timeout_s
+"""A peer connection with nothing acknowledged for this long is replaced (as server.py sets)."""
+RECOVERY_US = 2 * US
+"""After the heal, a write (opening a lease) must succeed within this long."""
 
 FAULT_KINDS = (
     "partition",
@@ -103,6 +114,8 @@ FAULT_KINDS = (
     "client_cut_leader",
     "client_pause",
     "client_slow",
+    "one_way",
+    "stall",
 )
 DEFAULT_WEIGHTS: dict[str, int] = {
     "partition": 3,
@@ -117,6 +130,8 @@ DEFAULT_WEIGHTS: dict[str, int] = {
     "client_cut_leader": 2,
     "client_pause": 3,
     "client_slow": 4,
+    "one_way": 2,
+    "stall": 2,
 }
 CLIENT_FAULTS = frozenset({"client_cut", "client_cut_leader", "client_pause", "client_slow"})
 
@@ -150,6 +165,8 @@ class NodeSimOptions:
     """Mutant: the client counts its lease from the reply instead of the send."""
     exec_kill_late_us: int = 0
     """Mutant: the exec guard kills this long after the deadline instead of before it."""
+    link_watch_class: type[LinkWatch] = LinkWatch
+    """What decides when a member replaces a peer connection that stopped delivering."""
 
 
 class SimFailure(AssertionError):
@@ -207,6 +224,31 @@ class SimMember:
     @property
     def up(self) -> bool:
         return self.machine is not None
+
+
+class SimPeerLink:
+    """One member's outbound connection to one peer (peers.py's PeerLink), replaced whole."""
+
+    __slots__ = ("acked", "conn", "dial_at", "sent", "stalled", "watch")
+
+    def __init__(self, watch: LinkWatch) -> None:
+        self.watch = watch
+        self.conn = 0
+        """Which connection: messages of an older one are lost with it."""
+        self.stalled = False
+        """It stopped delivering (a cut lost one of its messages, or the stall fault)."""
+        self.sent = 0
+        self.acked = 0
+        """Messages written on this connection, and how many of them the peer acknowledged."""
+        self.dial_at = 0
+        """While a replacement is being dialled (real µs): messages are dropped until then."""
+
+    def replace(self, dial_at: int) -> None:
+        self.conn += 1
+        self.stalled = False
+        self.sent = self.acked = 0
+        self.dial_at = dial_at
+        self.watch.connected()
 
 
 # ---------------------------------------------------------------------------
@@ -436,6 +478,7 @@ class NodeSimulation:
         self.heal_at = opts.duration_us - opts.quiet_us
         self._trace = hashlib.blake2b(digest_size=16)
         self.cuts: Counter[tuple[str, str]] = Counter()
+        self.peer_links: dict[tuple[str, str], SimPeerLink] = {}
         self.drop = self.rng.choice((0.0, 0.01, 0.02))
         self.extra_drop = 0.0
         self.extra_delay_us = 0
@@ -756,20 +799,81 @@ class NodeSimulation:
         if rng.random() < self.drop + self.extra_drop:
             self.stats["dropped"] += 1
             return
+        link = self._peer_link(msg.src, msg.dst)
+        now = self.world.now
+        if now < link.dial_at:
+            self.stats["dropped"] += 1  # the link is down: PeerLink.send drops
+            return
+        link.sent += 1
+        mono = member.clock.mono(now)
+        if link.watch.observe(mono, outstanding=link.sent > link.acked, acknowledged=link.acked):
+            self._replace_link(member, link, msg.dst)
+            return
+        if link.stalled:
+            self.stats["stalled"] += 1
+            return
+        conn, seq = link.conn, link.sent
         copies = 2 if rng.random() < 0.01 else 1
         for _ in range(copies):
             delay = rng.randint(100, 1500) + rng.randint(0, self.extra_delay_us)
-            self.world.after(delay, lambda: self._deliver_peer(msg))
+            self.world.after(delay, lambda: self._deliver_peer(msg, link, conn, seq))
 
-    def _deliver_peer(self, msg: Message) -> None:
+    def _peer_link(self, src: str, dst: str) -> SimPeerLink:
+        link = self.peer_links.get((src, dst))
+        if link is None:
+            link = SimPeerLink(self.options.link_watch_class(STALL_AFTER_S))
+            self.peer_links[(src, dst)] = link
+        return link
+
+    def _replace_link(self, member: SimMember, link: SimPeerLink, peer: str) -> None:
+        """The member drops a connection that stopped delivering and dials a new one; the
+        runtime tells the machine the link went down (peers.py's on_down)."""
+        self.stats["links_replaced"] += 1
+        self.trace(f"K{self.world.now}{member.id}{peer}")
+        link.replace(self.world.now + self._dial_delay(member.id, peer))
+        # After this event, not inside it: the member is in the middle of its actions.
+        self.world.after(0, lambda: self.on_member(member, self._link_broke(peer, member, False)))
+
+    def _dial_delay(self, src: str, dst: str) -> int:
+        """How long a redial takes: a round trip, or a failed try and a back-off when the
+        network between the two is still cut."""
+        rng = self.net_rng
+        delay = rng.randint(25 * MS, 75 * MS)
+        if self.cuts[(src, dst)] or self.cuts[(dst, src)]:
+            delay += rng.randint(250 * MS, 750 * MS)
+        return delay
+
+    def _reset_links(self, node: str) -> None:
+        """A process died: every connection to and from it is gone; new ones start fresh."""
+        for (src, dst), link in self.peer_links.items():
+            if node in (src, dst):
+                link.replace(self.world.now)
+
+    def _deliver_peer(self, msg: Message, link: SimPeerLink, conn: int, seq: int) -> None:
+        if link.conn != conn:
+            return  # lost with the connection it was written on
         if self.cuts[(msg.src, msg.dst)]:
+            # TCP keeps the message and backs off; the connection delivers nothing more
+            # until the sender replaces it.
             self.stats["cut"] += 1
+            link.stalled = True
+            return
+        if link.stalled:
+            self.stats["stalled"] += 1
             return
         member = self.members.get(msg.dst)
         if member is None or member.machine is None:
             return
+        # The peer's kernel acknowledges it (even while the process is paused); the
+        # acknowledgement is lost to a cut in the other direction.
+        delay = self.net_rng.randint(100, 1500)
+        self.world.after(delay, lambda: self._acknowledge_peer(msg, link, conn, seq))
         self.stats["delivered"] += 1
         self.on_member(member, lambda m: m.peer_messages(msg.src, (msg,), self._now(member)))
+
+    def _acknowledge_peer(self, msg: Message, link: SimPeerLink, conn: int, seq: int) -> None:
+        if link.conn == conn and not self.cuts[(msg.dst, msg.src)]:
+            link.acked = max(link.acked, seq)
 
     # -- client connections ----------------------------------------------------------
 
@@ -1054,6 +1158,7 @@ class NodeSimulation:
             self._break(conn)
         member.conns.clear()
         member.storage = self.backend.after_crash(member.id, member.storage)
+        self._reset_links(member.id)
         self.stats["crashes"] += 1
         self.trace(f"C{self.world.now}{member.id}")
         # The others' links to a crashed process break at once and their redials are
@@ -1063,9 +1168,11 @@ class NodeSimulation:
             if other is not member and other.up:
                 self.on_member(other, self._link_broke(member.id, other))
 
-    def _link_broke(self, dead: str, other: SimMember) -> Callable[[NodeMachine], None]:
+    def _link_broke(
+        self, dead: str, other: SimMember, gone: bool = True
+    ) -> Callable[[NodeMachine], None]:
         def tell(machine: NodeMachine) -> None:
-            machine.peer_unreachable(dead, self._now(other), gone=True)
+            machine.peer_unreachable(dead, self._now(other), gone=gone)
 
         return tell
 
@@ -1240,6 +1347,20 @@ class NodeSimulation:
             else:
                 targets = ids
             undo = self._cut([(proc.name, t) for t in targets])
+        elif kind == "one_way":
+            # One direction of one pair loses everything: the connection that way stalls,
+            # and so does the other way's (its acknowledgements are lost).
+            rng.shuffle(ids)
+            if len(ids) < 2:
+                return
+            undo = self._cut([(ids[0], ids[1])])
+        elif kind == "stall":
+            # A connection silently stops delivering, and stays so until it is replaced.
+            rng.shuffle(ids)
+            if len(ids) < 2:
+                return
+            self._peer_link(ids[0], ids[1]).stalled = True
+            return
         elif kind == "client_slow":
             proc = rng.choice(self.procs)
             self.slow[proc.name] = rng.choice((200 * MS, 500 * MS, 1000 * MS))
@@ -1590,6 +1711,37 @@ class NodeSimulation:
 
     # -- the end -----------------------------------------------------------------------
 
+    def _recovery_probe(self) -> Script:
+        """At the heal: a write (opening a lease) succeeds within ``RECOVERY_US``.
+
+        Every fault is over, every member runs: what could still hold the cluster back
+        is its own state, such as a connection that stopped delivering and was never
+        replaced.
+        """
+        proc = ClientProc(self, "recovery", "library")
+        client = SimClient(proc, "recovery")
+        client.ctx.timeout = RECOVERY_US / US
+        started = self.world.now
+        try:
+            yield RunFlow(client, core.open_lease_flow(client.ctx, 5_000))
+        except DlmError as exc:
+            raise Violation(
+                "slow-recovery",
+                f"no write succeeded within {RECOVERY_US / US:.1f}s of the heal: {exc}",
+            ) from None
+        took = self.world.now - started
+        if took > RECOVERY_US:
+            raise Violation(
+                "slow-recovery", f"the first write after the heal took {took / US:.2f}s"
+            )
+        self.stats["recovery_ms"] = took // MS
+        self._recovered = True
+
+    def _start_recovery_probe(self) -> None:
+        proc = ClientProc(self, "recovery", "library")
+        self.procs.append(proc)
+        proc.spawn(self._recovery_probe(), "recovery")
+
     def _liveness_probe(self) -> Script:
         """After the heal: every key is obtainable within TTL + an election timeout + slack."""
         proc = ClientProc(self, "probe", "library")
@@ -1630,12 +1782,16 @@ class NodeSimulation:
                 admin = ClientProc(self, "admin", "library")
                 admin.spawn(self._admin(admin), "admin")
             self.world.at(self.heal_at, self.heal)
+            self._recovered = False
+            self.world.at(self.heal_at, self._start_recovery_probe)
             self._probe_done = False
             probe_at = self.heal_at + 2 * US
             self.world.at(probe_at, self._start_probe)
             self.world.run_until(opts.duration_us)
             if not self._probe_done:
                 raise Violation("liveness", "the probe client did not finish by the end of the run")
+            if not self._recovered:
+                raise Violation("slow-recovery", "the write after the heal never finished")
             self.checker.check_history()
         except Violation as violation:
             raise SimFailure(self.seed, self.world.now, violation, self.REPLAY_TEST) from violation

@@ -23,6 +23,7 @@ from dlm.node.machine import Instant, NodeMachine
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.quorum import quorum_index
 
+from .bugs import NeverReplacesLinks
 from .conftest import SimTotals
 from .harness import DiskBackend, MemoryBackend
 from .nodesim import CLIENT_FAULTS, FAULT_KINDS, NodeSimOptions, NodeSimResult, run_node_seed
@@ -177,6 +178,11 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         {"two-holders"},
         40,
     ),
+    "a peer connection that stopped delivering is never replaced": (
+        lambda seed: options_for(seed, link_watch_class=NeverReplacesLinks),
+        {"slow-recovery"},
+        10,
+    ),
 }
 
 
@@ -195,3 +201,21 @@ def test_mutant_is_caught(name: str, sim_totals: SimTotals) -> None:
             )
             return
     pytest.fail(f"mutant '{name}' went unnoticed for {budget} seeds")
+
+
+def test_stalled_peer_connections_are_replaced_and_never_replacing_them_is_caught() -> None:
+    """Only the ``stall`` fault (a connection that silently stops delivering until its
+    sender replaces it): LinkWatch replaces them and the cluster recovers at the heal;
+    a member that never replaces one leaves the cluster without a quorum after it."""
+    from .nodesim import SimFailure
+
+    seed = 0
+    result = run_node_seed(seed, options_for(seed, fault_weights={"stall": 1}, membership=False))
+    assert result.faults["stall"] >= MIN_FAULTS
+    assert result.stats["links_replaced"] > 0
+    mutant = options_for(
+        seed, fault_weights={"stall": 1}, membership=False, link_watch_class=NeverReplacesLinks
+    )
+    with pytest.raises(SimFailure) as failure:
+        run_node_seed(seed, mutant)
+    assert failure.value.violation.kind == "slow-recovery"

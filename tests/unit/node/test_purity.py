@@ -22,6 +22,7 @@ PURE_FILES = (
     ROOT / "node" / "machine.py",
     ROOT / "node" / "leases.py",
     ROOT / "node" / "stats.py",
+    ROOT / "node" / "linkwatch.py",
     ROOT / "wire.py",
     ROOT / "limits.py",
 )
@@ -38,6 +39,7 @@ PURE_PACKAGES = (
     "dlm.node.machine",
     "dlm.node.leases",
     "dlm.node.stats",
+    "dlm.node.linkwatch",
     "dlm.wire",
     "dlm.limits",
 )

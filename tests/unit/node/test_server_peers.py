@@ -7,9 +7,11 @@ test makes it so.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import random
 import socket
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -22,7 +24,7 @@ import pytest
 
 from dlm.node.log import Logger
 from dlm.node.peer_codec import decode_raft_frame, raft_frame
-from dlm.node.peers import PeerLink
+from dlm.node.peers import PeerLink, bound_stalls, tcp_acknowledgements
 from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.types import AppendEntries, ConfState, Entry, Heartbeat
 from dlm.node.server import INLINE_SLOW_S
@@ -250,3 +252,115 @@ async def test_a_follower_whose_fsync_was_slow_writes_on_the_disk_thread_after()
     # must keep answering heartbeats, so the next one went to the disk thread.
     assert disk.writers[0] != "dlm-persist"
     assert disk.writers[1] == "dlm-persist"
+
+
+async def test_a_link_whose_connection_stopped_delivering_is_replaced() -> None:
+    """Something waits for an acknowledgement and none comes (the probe says so): after
+    ``stall_after`` the link drops the connection and dials a new one."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    downs: list[tuple[str, bool]] = []
+    out = io.StringIO()
+
+    def stuck(transport: Any) -> tuple[bool, int]:
+        return True, 0
+
+    link = PeerLink(
+        local_id="n1",
+        peer_id="n2",
+        address=("127.0.0.1", listener.extra(anyio.abc.SocketAttribute.local_port)),
+        cluster="unit",
+        log=Logger("n1", stream=out),
+        on_down=lambda peer, gone: downs.append((peer, gone)),
+        rng=random.Random(7),
+        stall_after=0.05,
+        ack_probe=stuck,
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(link.run)
+        with anyio.fail_after(WAIT):
+            first = await _welcome(listener)
+            second = await _welcome(listener)
+        assert link.replaced == 1
+        assert downs == [("n2", False)]
+        text = out.getvalue()
+        assert "peer_link_stalled" in text
+        assert "stopped delivering" in text
+        tg.cancel_scope.cancel()
+    await first.aclose()
+    await second.aclose()
+    await listener.aclose()
+
+
+async def test_a_link_without_a_stall_bound_keeps_its_connection() -> None:
+    """The same stuck probe, but no ``stall_after``: the probe is never even asked."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    asked: list[int] = []
+
+    def stuck(transport: Any) -> tuple[bool, int]:
+        asked.append(1)
+        return True, 0
+
+    link = PeerLink(
+        local_id="n1",
+        peer_id="n2",
+        address=("127.0.0.1", listener.extra(anyio.abc.SocketAttribute.local_port)),
+        cluster="unit",
+        log=Logger("n1", stream=io.StringIO()),
+        on_down=lambda peer, gone: None,
+        rng=random.Random(7),
+        ack_probe=stuck,
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(link.run)
+        with anyio.fail_after(WAIT):
+            wire = await _welcome(listener)
+            while not link.connected:
+                await anyio.sleep(0.01)
+        assert asked == []
+        tg.cancel_scope.cancel()
+    await wire.aclose()
+    await listener.aclose()
+
+
+async def test_the_kernel_counts_what_a_link_s_peer_acknowledged() -> None:
+    """tcp_acknowledgements reads TCP_INFO: bytes written to a peer that reads them come
+    back acknowledged, and nothing is left outstanding; TCP_USER_TIMEOUT is set."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("TCP_INFO's byte counters are Linux's")
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    loop = asyncio.get_running_loop()
+    async with anyio.create_task_group() as tg:
+        accepted: list[anyio.abc.SocketStream] = []
+        got = anyio.Event()
+
+        async def handler(stream: anyio.abc.SocketStream) -> None:
+            accepted.append(stream)
+            received = 0
+            while received < 5000:
+                received += len(await stream.receive())
+            got.set()
+            await anyio.sleep_forever()
+
+        tg.start_soon(listener.serve, handler)
+        transport, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
+        bound_stalls(transport, 0.3)
+        sock = transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 1000
+        seen = tcp_acknowledgements(transport)
+        assert seen is not None
+        before = seen[1]
+        transport.write(b"x" * 5000)
+        with anyio.fail_after(WAIT):
+            await got.wait()
+            # The receiver has the bytes; its kernel's acknowledgement is on its way.
+            while True:
+                seen = tcp_acknowledgements(transport)
+                assert seen is not None
+                if seen[1] - before >= 5000:
+                    break
+                await anyio.sleep(0.01)
+        assert seen == (False, before + 5000)
+        transport.abort()
+        tg.cancel_scope.cancel()
+    await listener.aclose()
