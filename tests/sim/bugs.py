@@ -1,7 +1,20 @@
-"""Known Raft bugs, switched on through the core's test seams, to prove the checkers can fail."""
+"""Known bugs, switched on through test seams, to prove the checkers can fail: the Raft
+core's, and the admission holes of issue 20 (driven by the whole-node simulator)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from dlm.node.admission import (
+    Acceptance,
+    Ask,
+    Connected,
+    Dialing,
+    Failed,
+    Refuse,
+    Refused,
+    Send,
+)
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.membership import check_change
 from dlm.node.raft.types import ConfChange, HardState, NodeId, Role
@@ -54,3 +67,31 @@ class ChangesMembershipBeforeCommittingInTerm(RaftNode):
         if self._conf_history.latest_index > self._log.committed:
             return "an earlier configuration change is not committed yet"
         return check_change(self._conf_history.latest, change)
+
+
+# ---------------------------------------------------------------------------
+# Admission (dlm/node/admission.py): issue 20's holes 1 and 2, put back
+# ---------------------------------------------------------------------------
+
+
+class BelievesRefusalsBeforeTheProof(Dialing):
+    """Hole 1: an ``error`` frame that arrives before the peer's proof counts as the peer's
+    word, so "you were removed from this cluster" from anyone stops the member."""
+
+    def reply(self, raw: Any) -> Connected | Failed | Refused:
+        outcome = super().reply(raw)
+        if isinstance(outcome, Refused):
+            return Refused(outcome.message, authenticated=True)
+        return outcome
+
+
+class AsksTheMemberBeforeTheProof(Acceptance):
+    """Hole 2: the member hears a peer's hello (its claimed id and address) before the peer
+    proved anything; an unknown id's address lands among the unlisted peers."""
+
+    def hello(self, raw: Any) -> Send | Ask | Refuse:
+        outcome = super().hello(raw)
+        if isinstance(outcome, Send) and self.hello_seen is not None:
+            self._state = "verdict"
+            return Ask(self.hello_seen)
+        return outcome

@@ -21,8 +21,13 @@ events in simulated real time (world.py), driven by one seed:
   does the same with ``dlm exec``'s rule: its guard kills the command before
   the client-side deadline. Clients get cut off, paused (a GC pause, longer
   than their TTL at times) and resumed.
+* **a stranger** (stranger.py) on the network, without the members' peer
+  secret, sends frames before and instead of a proof: spoofed refusals,
+  spoofed hellos with real member ids, replays of recorded handshakes. It goes
+  through the same admission objects a member runs (dlm/node/admission.py).
 * **checks** run after every event: Raft's invariants (checkers.py) and the
-  lock-level promises users rely on (lockcheck.py), in real time.
+  lock-level promises users rely on (lockcheck.py), in real time; and after each
+  of the stranger's frames, that it changed nothing in the member.
 
 After ``heal_at`` every fault ends and the workload winds down; then every
 key must become available to a new client within the longest TTL, an
@@ -44,6 +49,7 @@ from typing import Any
 from dlm.client import core
 from dlm.client.errors import ClusterUnavailable, DlmError, LeaseLost, LockHeld, NotHolder
 from dlm.node import locks
+from dlm.node.admission import Acceptance, Dialing
 from dlm.node.leases import LeaseTracker
 from dlm.node.machine import (
     CloseConnection,
@@ -75,6 +81,7 @@ from dlm.wire import MemberAdd, MemberChange, MemberRemove
 from .checkers import SafetyChecker, Violation
 from .harness import MemoryBackend, StorageBackend
 from .lockcheck import LockChecker, Section
+from .stranger import Stranger
 from .world import US, Clock, World
 
 NODE_NAMES = ("n1", "n2", "n3", "n4", "n5")
@@ -150,6 +157,11 @@ class NodeSimOptions:
     """Mutant: the client counts its lease from the reply instead of the send."""
     exec_kill_late_us: int = 0
     """Mutant: the exec guard kills this long after the deadline instead of before it."""
+    stranger: bool = True
+    """A stranger on the network sends frames before and instead of a proof (stranger.py)."""
+    acceptance_class: type[Acceptance] = Acceptance
+    dialing_class: type[Dialing] = Dialing
+    """The admission objects the members use (mutants replace them)."""
 
 
 class SimFailure(AssertionError):
@@ -1630,6 +1642,8 @@ class NodeSimulation:
                 admin = ClientProc(self, "admin", "library")
                 admin.spawn(self._admin(admin), "admin")
             self.world.at(self.heal_at, self.heal)
+            if opts.stranger:
+                Stranger(self).start()
             self._probe_done = False
             probe_at = self.heal_at + 2 * US
             self.world.at(probe_at, self._start_probe)

@@ -23,6 +23,7 @@ from dlm.node.machine import Instant, NodeMachine
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.quorum import quorum_index
 
+from .bugs import AsksTheMemberBeforeTheProof, BelievesRefusalsBeforeTheProof
 from .conftest import SimTotals
 from .harness import DiskBackend, MemoryBackend
 from .nodesim import CLIENT_FAULTS, FAULT_KINDS, NodeSimOptions, NodeSimResult, run_node_seed
@@ -176,6 +177,17 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         lambda seed: options_for(seed, tracker_class=ShortensLeasesOnFailover),
         {"two-holders"},
         40,
+    ),
+    # Issue 20: a stranger's frames before a proof reach the member (stranger.py).
+    "a refusal before the proof is believed (hole 1)": (
+        lambda seed: options_for(seed, dialing_class=BelievesRefusalsBeforeTheProof),
+        {"unauthenticated"},
+        2,
+    ),
+    "the member hears a hello before its proof (hole 2)": (
+        lambda seed: options_for(seed, acceptance_class=AsksTheMemberBeforeTheProof),
+        {"unauthenticated"},
+        2,
     ),
 }
 
