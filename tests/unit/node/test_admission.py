@@ -144,3 +144,33 @@ def test_without_any_authentication_no_refusal_is_authenticated() -> None:
     assert isinstance(connected, Connected) and connected.auth_frame is None
     later = dial.later(error(None, ErrorCode.BAD_REQUEST, REMOVED_TEXT))
     assert later == Refused(REMOVED_TEXT, authenticated=False)
+
+
+def test_a_client_with_a_secret_reaches_the_member_only_after_its_proof() -> None:
+    initiator = auth.Initiator(SECRET, nonce(4), role="client", cluster="", node="")
+    hello = {**Hello(HelloRole.CLIENT).to_wire(), **initiator.hello_fields()}
+    accept = acceptance()
+    sent = accept.hello(hello)
+    assert isinstance(sent, Send)  # not Ask: the client cap and the machine wait
+    asked = accept.proof(initiator.check_welcome(sent.frame))
+    assert isinstance(asked, Ask) and asked.hello.role is HelloRole.CLIENT
+    # A client that sends something else where its proof belongs is refused.
+    accept = acceptance()
+    assert isinstance(accept.hello(hello), Send)
+    refused = accept.proof({"t": "acquire", "id": 1, "lease": "L", "key": "k"})
+    assert isinstance(refused, Refuse) and refused.why == "auth"
+
+
+def test_with_tls_a_peer_whose_certificate_names_another_member_is_refused_at_once() -> None:
+    accept = Acceptance(
+        node_id="n1",
+        cluster="c",
+        responder_for=lambda role: None,
+        peer_identity=lambda node: None if node == "n2" else f"the certificate is not {node}'s",
+    )
+    refused = accept.hello(peer_hello("n3"))
+    assert isinstance(refused, Refuse) and refused.why == "auth"
+    accept = Acceptance(
+        node_id="n1", cluster="c", responder_for=lambda role: None, peer_identity=lambda node: None
+    )
+    assert isinstance(accept.hello(peer_hello("n2")), Ask)  # TLS proved it: ask at once
