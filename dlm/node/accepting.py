@@ -307,7 +307,8 @@ class AcceptedConnection(asyncio.Protocol):
         try:
             first = split_first_frame(buf, AUTH_FRAME_LIMIT)
         except ProtocolError as exc:
-            self._refuse(Refuse(error(None, ErrorCode.AUTH_FAILED, str(exc)), "auth"), None)
+            refusal = Refuse(error(None, ErrorCode.AUTH_FAILED, str(exc)), "auth")
+            self._refuse(refusal, admission.hello_seen)
             return
         if first is None:
             return
