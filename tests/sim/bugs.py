@@ -95,3 +95,16 @@ class AsksTheMemberBeforeTheProof(Acceptance):
             self._state = "verdict"
             return Ask(self.hello_seen)
         return outcome
+
+
+class AdmitsClientsWithoutTheProof(Acceptance):
+    """A client that sends anything where its proof belongs is admitted anyway, and what it
+    sent reaches the machine as a request."""
+
+    def proof(self, raw: Any) -> Ask | Refuse:
+        outcome = super().proof(raw)
+        hello = self.hello_seen
+        if isinstance(outcome, Refuse) and hello is not None and hello.role.value == "client":
+            self._state = "verdict"
+            return Ask(hello)
+        return outcome

@@ -16,7 +16,9 @@ at random moments from its own seeded generator, against a random member:
   frame, or nothing;
 * ``replayed_handshake``: replays a recorded hello and its ``auth`` frame;
 * ``injected_refusal``: sits on the path of a real, completed link and injects
-  a sealed refusal recorded from another connection.
+  a sealed refusal recorded from another connection;
+* ``spoofed_client``: dials the member as a client asking for the handshake,
+  and sends a request (open a lease, take a lock) where its proof belongs.
 
 Each act runs through the same pure admission objects the runtime drives
 (dlm/node/admission.py: ``Acceptance``, ``Dialing``), and whatever they let
@@ -35,7 +37,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dlm import auth
-from dlm.node.admission import Acceptance, Ask, Connected, Dialing, Refuse, Refused, Send
+from dlm.node.admission import Acceptance, Admit, Ask, Connected, Dialing, Refuse, Refused, Send
 from dlm.node.machine import REMOVED, NodeMachine
 from dlm.wire import ErrorCode, FrameDecoder, Hello, HelloRole, ProtocolError, encode_frame, error
 from dlm.wire import welcome as welcome_frame
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
     from .nodesim import NodeSimulation, SimMember
 
 PEER_SECRET = b"the-simulated-cluster-peer-secret"
+CLIENT_SECRET = b"the-simulated-cluster-client-secret"
 CLUSTER = "sim"
 ACTS = (
     "spoofed_refusal",
@@ -53,6 +56,7 @@ ACTS = (
     "spoofed_hello",
     "replayed_handshake",
     "injected_refusal",
+    "spoofed_client",
 )
 GAP_US = (20_000, 300_000)
 """Between two acts of the stranger (simulated µs)."""
@@ -69,6 +73,7 @@ def fingerprint(machine: NodeMachine) -> tuple[Any, ...]:
         machine._stopped,
         sorted(machine._peer_versions.items()),
         sorted(machine._links_down),
+        sorted(machine._conns),
         raft.term,
         raft.leader,
         raft.role,
@@ -100,7 +105,8 @@ class Stranger:
         """The accepting side's object (``real``: the release's own, not a mutant's)."""
 
         def responder_for(role: HelloRole) -> Any:
-            return auth.Responder(PEER_SECRET, self._nonce(), node=node_id)
+            secret = PEER_SECRET if role is HelloRole.PEER else CLIENT_SECRET
+            return auth.Responder(secret, self._nonce(), node=node_id)
 
         cls = Acceptance if real else self.sim.options.acceptance_class
         return cls(node_id=node_id, cluster=CLUSTER, responder_for=responder_for)
@@ -279,3 +285,32 @@ class Stranger:
             return
         recording = self.rng.choice(self.recordings)
         self._hello_then(member, dict(recording.hello), recording.proof)
+
+    def _spoofed_client(self, member: SimMember) -> None:
+        hello = {
+            **Hello(HelloRole.CLIENT, cluster=CLUSTER).to_wire(),
+            "auth": auth.METHOD,
+            "auth_nonce": self._nonce(),
+        }
+        request = self.rng.choice(
+            (
+                {"t": "open", "id": 1, "lease": "stranger", "ttl_ms": 60_000, "seq": 1},
+                {"t": "acquire", "id": 1, "lease": "stranger", "key": "k0", "seq": 2},
+            )
+        )
+
+        def dialled(machine: NodeMachine) -> None:
+            accept = self._acceptance(member.id)
+            outcome: Any = accept.hello(hello)
+            if isinstance(outcome, Send):
+                outcome = accept.proof(request)  # the request where the proof belongs
+            if isinstance(outcome, Ask):
+                # What accepting.py does for an admitted client: register it, then its
+                # frames go to the machine.
+                decision = accept.verdict(None)
+                if isinstance(decision, Admit):
+                    number = -1 - self.rng.randrange(1 << 30)  # never one of the sim's own
+                    machine.client_connected(number, "stranger")
+                    machine.client_frame(number, request, self.sim._now(member))
+
+        self._unproved(member, dialled)

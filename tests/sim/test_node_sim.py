@@ -23,7 +23,11 @@ from dlm.node.machine import Instant, NodeMachine
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.quorum import quorum_index
 
-from .bugs import AsksTheMemberBeforeTheProof, BelievesRefusalsBeforeTheProof
+from .bugs import (
+    AdmitsClientsWithoutTheProof,
+    AsksTheMemberBeforeTheProof,
+    BelievesRefusalsBeforeTheProof,
+)
 from .conftest import SimTotals
 from .harness import DiskBackend, MemoryBackend
 from .nodesim import CLIENT_FAULTS, FAULT_KINDS, NodeSimOptions, NodeSimResult, run_node_seed
@@ -186,6 +190,11 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     ),
     "the member hears a hello before its proof (hole 2)": (
         lambda seed: options_for(seed, acceptance_class=AsksTheMemberBeforeTheProof),
+        {"unauthenticated"},
+        2,
+    ),
+    "a client admitted without its proof": (
+        lambda seed: options_for(seed, acceptance_class=AdmitsClientsWithoutTheProof),
         {"unauthenticated"},
         2,
     ),
