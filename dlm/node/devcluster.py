@@ -2,7 +2,8 @@
 
 Starts members n1..n3 on 127.0.0.1:7701-7703 (cluster id ``devcluster``)
 with their data in ./dlm-data/devcluster/n1..n3, so locks survive a restart
-of the dev cluster. It waits until they have elected a leader, prints each
+of the dev cluster, and a peer secret (made on the first run) in
+./dlm-data/devcluster/peer.secret. It waits until they have elected a leader, prints each
 member's PID (and the command that kills the leader), a ready-to-paste
 command that starts a fourth member joining the cluster (to try a
 replacement), and the line that takes a lock (last; all with absolute paths,
@@ -50,7 +51,22 @@ class DevCluster:
     def members(self) -> str:
         return ",".join(f"127.0.0.1:{port}" for port in self.ports)
 
+    @property
+    def peer_secret(self) -> Path:
+        return self.data / "peer.secret"
+
+    def make_peer_secret(self) -> None:
+        """The members authenticate each other, as in production: a removed member then
+        believes the others' refusal and stops (an unauthenticated one is not believed)."""
+        if self.peer_secret.exists():
+            return
+        from dlm.auth import write_secret_file
+
+        self.data.mkdir(parents=True, exist_ok=True)
+        write_secret_file(str(self.peer_secret))
+
     def start(self) -> None:
+        self.make_peer_secret()
         for node, port in zip(self.ids, self.ports, strict=True):
             command = [
                 sys.executable,
@@ -68,6 +84,8 @@ class DevCluster:
                 str(self.data / node),
                 "--cluster-id",
                 CLUSTER_ID,
+                "--peer-secret-file",
+                str(self.peer_secret),
             ]
             # Members log JSON lines to our stderr; stdout stays for the instructions. Their
             # own session keeps a terminal Ctrl-C away from them: we stop them, in order.
@@ -82,7 +100,8 @@ class DevCluster:
         return (
             f"{_dlm_command()} node start --id {node} --listen 127.0.0.1:{port} "
             f"--join {self.members} --data {shlex.quote(str(self.data / node))} "
-            f"--cluster-id {CLUSTER_ID}"
+            f"--cluster-id {CLUSTER_ID} "
+            f"--peer-secret-file {shlex.quote(str(self.peer_secret))}"
         )
 
     def dead(self) -> list[tuple[str, int]]:
