@@ -255,9 +255,11 @@ class PeerLink:
         self._tls = tls
         self._sealer: Any = None
         self._problem: str | None = None
+        """Why the last attempt failed, said once until it changes or a connection works."""
         self._unproved_removal_said = False
         """An unproved "you were removed" was logged (once until a connection works)."""
-        """Why the last attempt failed, said once until it changes or a connection works."""
+        self._refused_late = False
+        """The last connection was refused after its handshake (sealed, by the peer)."""
         self._log = log
         self._on_down = on_down
         self._refused = False
@@ -347,13 +349,16 @@ class PeerLink:
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
             transport, protocol = connected
-            backoff = BACKOFF_MIN
-            if failures or not self.sent_frames:
-                self._log.info("peer_connected", peer=self.peer_id, addr=self._addr)
+            refusing = self._refused_late
+            self._refused_late = False
+            if not refusing:
+                backoff = BACKOFF_MIN
+                if failures or not self.sent_frames:
+                    self._log.info("peer_connected", peer=self.peer_id, addr=self._addr)
+                self._problem = None
+                self._unproved_removal_said = False
             failures = 0
             lost = False
-            self._problem = None
-            self._unproved_removal_said = False
             self._transport = transport
             self.connected = True
             try:
@@ -369,6 +374,13 @@ class PeerLink:
                     self._held_timer = None
                 transport.abort()
                 self._on_down(self.peer_id, False)
+            if self._refused_late:
+                # The peer refused us after the handshake (sealed): a failed dial, backed
+                # off and said once like any other, not a link that came and went.
+                failures = 1
+                await anyio.sleep(backoff * (0.5 + self._rng.random()))
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
             self._log.info("peer_disconnected", peer=self.peer_id, reason="connection closed")
             failures = 1
             lost = True
@@ -451,6 +463,7 @@ class PeerLink:
         def later(frame: Any) -> None:
             refusal = dialing.later(frame)
             if refusal is not None:
+                self._refused_late = True
                 self._refused_by_peer(refusal)
                 transport.abort()
 

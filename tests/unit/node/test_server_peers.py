@@ -372,3 +372,37 @@ async def test_a_member_refuses_a_removed_peer_after_the_proof_and_the_peer_beli
             tg.cancel_scope.cancel()
     peer, message = refused[0]
     assert peer == "n1" and "n2 was removed from this cluster" in message
+
+
+async def test_a_link_refused_after_the_handshake_backs_off_and_says_so_once() -> None:
+    """A sealed refusal for another reason (here: not a member) is a failed dial like any
+    other: no stop, no line per attempt, backed off."""
+    security = NodeSecurity(peer_secret=PEER_SECRET)
+    refused: list[tuple[str, str]] = []
+    downs: list[bool] = []
+    stream = io.StringIO()
+    async with running_member(peers=others("n2", "n3"), elect=False, security=security) as (
+        _,
+        port,
+    ):
+        link = PeerLink(
+            local_id="n9",
+            peer_id="n1",
+            address=("127.0.0.1", port),
+            cluster="unit",
+            log=Logger("n9", stream=stream),
+            on_down=lambda peer, gone: downs.append(gone),
+            on_refused=lambda peer, message: refused.append((peer, message)),
+            rng=random.Random(7),
+            secret=PEER_SECRET,
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(link.run)
+            with anyio.fail_after(WAIT):
+                while len(downs) < 4:
+                    await anyio.sleep(0.005)
+            tg.cancel_scope.cancel()
+    assert len(refused) >= 4 and all("not a member" in m for _, m in refused)
+    text = stream.getvalue()
+    assert text.count('"peer_refused"') == 1, text
+    assert text.count('"peer_connected"') <= 1 and '"peer_disconnected"' not in text, text
