@@ -358,11 +358,6 @@ class AcceptedConnection(asyncio.Protocol):
                 transport.close()
 
 
-def send_and_close(transport: asyncio.Transport, frame: dict[str, Any]) -> None:
-    transport.write(encode_frame(frame))
-    transport.close()
-
-
 def remote_text(addr: object) -> str:
     """A peer address as logs show it."""
     if isinstance(addr, tuple) and len(addr) >= 2:
