@@ -3,7 +3,10 @@
 One listening port serves clients and peers. An ``AcceptedConnection`` reads the
 hello, which names the role; with a secret for that role the connection must
 then pass the handshake of dlm/auth.py. Until then nothing it sends reaches the
-node machine, and a timer closes it if it dawdles. The transport limits live
+node machine (not even its claimed id and address: ``peer_verdict``, which asks
+the machine, comes after the proof), and a timer closes it if it dawdles. The
+decisions are admission.py's ``Acceptance``, which the simulator drives too;
+this class only moves bytes and logs. The transport limits live
 here too (``Limits``, and ``Budget``: how many descriptors connections may take),
 so that every resource a stranger can make a member hold has a cap and a
 deadline. What the member does with a connection is the ``Admissions``
@@ -19,22 +22,20 @@ import resource
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dlm.node.admission import Acceptance, Admit, Ask, Refuse, Send, hello_problem
 from dlm.node.config import NodeConfig
 from dlm.node.peers import split_first_frame
 from dlm.node.quiet import QuietLog
 from dlm.node.security import NodeSecurity
 from dlm.wire import (
     PEER_FRAME_LIMIT,
-    PROTOCOL_VERSION,
     ErrorCode,
     FrameDecoder,
     Hello,
     HelloRole,
     ProtocolError,
-    as_map,
     encode_frame,
     error,
-    welcome,
 )
 
 HELLO_TIMEOUT = 5.0
@@ -124,17 +125,15 @@ class Admissions(Protocol):
     ) -> None:
         """``conn`` closed, admitted or not."""
 
-    def client_hello(self, hello: Hello) -> dict[str, Any] | None:
-        """The error that refuses a client's hello, or None to go on."""
+    def client_verdict(self, where: str) -> dict[str, Any] | None:
+        """The error that refuses an authenticated (or unauthenticatable) client, or None."""
 
-    def peer_hello(self, hello: Hello, transport: asyncio.Transport) -> dict[str, Any] | None:
-        """The error that refuses a peer's hello, or None to go on."""
+    def peer_verdict(self, hello: Hello) -> dict[str, Any] | None:
+        """The error that refuses an authenticated (or unauthenticatable) peer, or None.
+        Only now may the member learn anything from the hello (invariant 9)."""
 
     def auth_failed(self, role: str, where: str, node: str, message: str) -> None:
         """A handshake failed (counted and logged, rate-limited)."""
-
-    def client_room(self, where: str) -> dict[str, Any] | None:
-        """Makes room for one more client, or the error that refuses it."""
 
     def client_opened(
         self, transport: asyncio.Transport, where: str, sealer: Any, opener: Any
@@ -157,17 +156,6 @@ class Admissions(Protocol):
         """An admitted peer connection is gone."""
 
 
-class _Handshake:
-    """A connection between its welcome and its ``auth`` frame."""
-
-    __slots__ = ("buf", "hello", "responder")
-
-    def __init__(self, hello: Hello, responder: Any) -> None:
-        self.hello = hello
-        self.responder = responder
-        self.buf = bytearray()
-
-
 class AcceptedConnection(asyncio.Protocol):
     """One accepted connection. Its hello decides whether a client or a peer speaks.
 
@@ -183,7 +171,10 @@ class AcceptedConnection(asyncio.Protocol):
         self.where = "?"
         self._hello_buf: bytearray | None = bytearray()
         self._hello_timer: asyncio.TimerHandle | None = None
-        self._handshake: _Handshake | None = None
+        self._admission: Acceptance | None = None
+        """What the connection has proved so far (None once admitted)."""
+        self._auth_buf: bytearray | None = None
+        """Bytes of the ``auth`` frame, while the proof is awaited."""
         self._client: ClientConnection | None = None
         self._peer: str | None = None
         self._peer_decoder: FrameDecoder | None = None
@@ -225,7 +216,7 @@ class AcceptedConnection(asyncio.Protocol):
             self._peer_decoder.feed(data)
             self._peer_data()
             return
-        if self._handshake is not None:
+        if self._auth_buf is not None:
             self._auth_data(data)
             return
         self._hello(data)
@@ -243,132 +234,128 @@ class AcceptedConnection(asyncio.Protocol):
     def _hello(self, data: bytes) -> None:
         """Consumes the hello; then the connection knows its role."""
         assert self._transport is not None and self._hello_buf is not None
-        transport, server, where = self._transport, self._server, self.where
         self._hello_buf += data
         try:
             first = split_first_frame(self._hello_buf)
-            if first is None:
-                return
-            hello = Hello.from_wire(first[0])
         except ProtocolError as exc:
-            server.quiet.warning("bad_hello", remote=where, error=str(exc))
-            send_and_close(transport, error(None, exc.code, hello_problem(exc)))
+            self._refuse(Refuse(error(None, exc.code, hello_problem(exc)), "hello"), None)
+            return
+        if first is None:
             return
         self._hello_buf = None
-        if hello.version > PROTOCOL_VERSION:
-            message = (
-                f"protocol version {hello.version} is not supported "
-                f"(this member speaks 1 to {PROTOCOL_VERSION}): upgrade this member"
-            )
-            server.quiet.warning("bad_hello", remote=where, error=message)
-            send_and_close(transport, error(None, ErrorCode.BAD_REQUEST, message))
-            return
-        config, security = server.config, server.security
-        if hello.role is HelloRole.PEER:
-            refusal = server.peer_hello(hello, transport)
-            secret = security.peer_secret
-        else:
-            refusal = server.client_hello(hello)
-            secret = security.client_secret
-        if refusal is not None:
-            if refusal.get("code") == ErrorCode.AUTH_FAILED:
-                server.auth_failed(hello.role.value, where, hello.node, refusal["message"])
-            elif hello.role is HelloRole.PEER:
-                server.quiet.warning(
-                    "peer_refused", remote=where, peer=hello.node, reason=refusal["message"]
-                )
-            send_and_close(transport, refusal)
-            return
-        greeting = welcome(config.node_id, config.cluster, min(hello.speaks, PROTOCOL_VERSION))
-        if secret is None:
-            self._admit(hello, None, None, first[1], greeting)
-            return
-        from dlm.auth import AuthError, Responder, new_nonce
+        admission = self._admission = self._new_admission()
+        self._step(admission.hello(first[0]), first[1])
 
-        responder = Responder(secret, new_nonce(), node=config.node_id)
-        try:
-            greeting.update(responder.welcome_fields(first[0]))
-        except AuthError as exc:
-            self._refuse_auth(hello, str(exc))
+    def _new_admission(self) -> Acceptance:
+        server, transport = self._server, self._transport
+        assert transport is not None
+        config, security = server.config, server.security
+
+        def responder_for(role: HelloRole) -> Any:
+            secret = security.peer_secret if role is HelloRole.PEER else security.client_secret
+            if secret is None:
+                return None
+            from dlm.auth import Responder, new_nonce
+
+            return Responder(secret, new_nonce(), node=config.node_id)
+
+        peer_identity = None
+        if security.server_tls is not None:
+            from dlm.tls import peer_certificate_problem
+
+            def peer_identity(node: str) -> str | None:
+                return peer_certificate_problem(transport.get_extra_info("peercert"), node)
+
+        return Acceptance(
+            node_id=config.node_id,
+            cluster=config.cluster,
+            responder_for=responder_for,
+            peer_identity=peer_identity,
+        )
+
+    def _step(self, outcome: Send | Ask | Refuse, rest: bytes) -> None:
+        """Carries out what the admission decided; ``rest``: bytes after its frame."""
+        transport, admission = self._transport, self._admission
+        assert transport is not None and admission is not None
+        if isinstance(outcome, Send):
+            transport.write(encode_frame(outcome.frame))
+            self._auth_buf = bytearray()
+            if rest:
+                self._auth_data(rest)
             return
-        transport.write(encode_frame(greeting))
-        self._handshake = _Handshake(hello, responder)
-        if first[1]:
-            self._auth_data(first[1])
+        if isinstance(outcome, Refuse):
+            self._refuse(outcome, admission.hello_seen)
+            return
+        # The other side is authenticated, or nothing could authenticate it: only now
+        # may the member hear of it.
+        hello = outcome.hello
+        if hello.role is HelloRole.PEER:
+            refusal = self._server.peer_verdict(hello)
+        else:
+            refusal = self._server.client_verdict(self.where)
+        decision = admission.verdict(refusal)
+        if isinstance(decision, Refuse):
+            self._refuse(decision, hello)
+            return
+        self._admit(decision, rest)
 
     def _auth_data(self, data: bytes) -> None:
         """The initiator's ``auth`` frame: its proof, checked before anything else counts."""
-        from dlm.auth import AuthError
-
-        handshake = self._handshake
-        assert handshake is not None
-        handshake.buf += data
+        admission, buf = self._admission, self._auth_buf
+        assert admission is not None and buf is not None
+        buf += data
         try:
-            first = split_first_frame(handshake.buf, AUTH_FRAME_LIMIT)
-            if first is None:
-                return
-            sealer, opener = handshake.responder.check_auth(as_map(first[0]))
-        except (ProtocolError, AuthError) as exc:
-            self._refuse_auth(handshake.hello, str(exc))
+            first = split_first_frame(buf, AUTH_FRAME_LIMIT)
+        except ProtocolError as exc:
+            refusal = Refuse(error(None, ErrorCode.AUTH_FAILED, str(exc)), "auth")
+            self._refuse(refusal, admission.hello_seen)
             return
-        self._handshake = None
-        self._admit(handshake.hello, sealer, opener, first[1])
+        if first is None:
+            return
+        self._auth_buf = None
+        self._step(admission.proof(first[0]), first[1])
 
-    def _refuse_auth(self, hello: Hello, message: str) -> None:
+    def _refuse(self, refusal: Refuse, hello: Hello | None) -> None:
+        """Logs why (rate-limited), sends the refusal and closes."""
         assert self._transport is not None
-        self._server.auth_failed(hello.role.value, self.where, hello.node, message)
-        send_and_close(self._transport, error(None, ErrorCode.AUTH_FAILED, message))
+        server, where = self._server, self.where
+        node = hello.node if hello is not None else ""
+        if refusal.why == "auth":
+            role = hello.role.value if hello is not None else "?"
+            server.auth_failed(role, where, node, refusal.reason)
+        elif refusal.why == "hello":
+            server.quiet.warning("bad_hello", remote=where, error=refusal.reason)
+        elif hello is not None and hello.role is HelloRole.PEER:
+            server.quiet.warning("peer_refused", remote=where, peer=node, reason=refusal.reason)
+        self._transport.write(encode_frame(refusal.frame, refusal.sealer))
+        self._transport.close()
 
-    def _admit(
-        self,
-        hello: Hello,
-        sealer: Any,
-        opener: Any,
-        rest: bytes,
-        greeting: dict[str, Any] | None = None,
-    ) -> None:
-        """The hello (and handshake, if any) is done: from now on the machine listens.
-        ``greeting``: the welcome still to send (without a handshake), or None."""
-        transport, server = self._transport, self._server
+    def _admit(self, admit: Admit, rest: bytes) -> None:
+        """The hello (and handshake, if any) is done: from now on the machine listens."""
+        transport, server, hello = self._transport, self._server, admit.hello
         assert transport is not None
         if self._hello_timer is not None:
             self._hello_timer.cancel()
             self._hello_timer = None
+        self._admission = None
         server.connection_admitted(self)
+        if admit.greeting is not None:
+            transport.write(encode_frame(admit.greeting))
         if hello.role is HelloRole.PEER:
-            if greeting is not None:
-                transport.write(encode_frame(greeting))
             server.peer_admitted(self, hello.node, hello.speaks)
             self._peer = hello.node
-            self._peer_decoder = FrameDecoder(PEER_FRAME_LIMIT, opener)
+            self._peer_decoder = FrameDecoder(PEER_FRAME_LIMIT, admit.opener)
             if rest:
                 self._peer_decoder.feed(rest)
                 self._peer_data()
             return
-        refusal = server.client_room(self.where)
-        if refusal is not None:
-            transport.write(encode_frame(refusal, sealer))
-            transport.close()
-            return
-        if greeting is not None:
-            transport.write(encode_frame(greeting))
-        self._client = client = server.client_opened(transport, self.where, sealer, opener)
+        self._client = client = server.client_opened(
+            transport, self.where, admit.sealer, admit.opener
+        )
         if rest:
             client.decoder.feed(rest)
             if not server.client_data(client):
                 transport.close()
-
-
-def hello_problem(exc: ProtocolError) -> str:
-    message = str(exc)
-    if exc.code is ErrorCode.TOO_LARGE:
-        return f"{message}: this port speaks the dlm protocol"
-    return message
-
-
-def send_and_close(transport: asyncio.Transport, frame: dict[str, Any]) -> None:
-    transport.write(encode_frame(frame))
-    transport.close()
 
 
 def remote_text(addr: object) -> str:

@@ -1,19 +1,19 @@
 """A local 3-member cluster in the foreground, for trying dlm out: `python -m dlm.node.devcluster`.
 
-Starts members n1..n3 on 127.0.0.1:7701-7703 (cluster id ``devcluster``)
-with their data in ./dlm-data/devcluster/n1..n3, so locks survive a restart
-of the dev cluster. A later run starts the members the data directory holds
-now: after the README's member replacement, n4 (which joined) too, each at
-the address it recorded; one that cannot come back (removed, or its address
-taken) gets one line saying why. It waits until they have elected a leader, prints each
-member's PID (and the command that kills the leader), a ready-to-paste
-command that starts a fourth member joining the cluster (to try a
-replacement), and the line that takes a lock (last; all with absolute paths,
-so they work from any directory), and then watches. A member that dies (kill it to watch
-a failover) is reported on stdout and the others keep running. Ctrl-C (or
-SIGTERM) stops every member still running, by PID - SIGTERM first, SIGKILL
-after a grace period - and exits 0; if every member died on its own,
-devcluster says so and exits 1.
+Starts members n1..n3 on 127.0.0.1:7701-7703 (cluster id ``devcluster``) with their data
+in ./dlm-data/devcluster/n1..n3, so locks survive a restart of the dev cluster. A later
+run starts the members the data directory holds now: after the README's member
+replacement, n4 (which joined) too, each at the address it recorded; one that cannot
+come back (removed, or its address taken) gets one line saying why. The members
+authenticate each other with a peer secret made on the first run in ./dlm-
+data/devcluster/peer.secret. It waits until they have elected a leader, prints each
+member's PID (and the command that kills the leader), a ready-to-paste command that
+starts a fourth member joining the cluster (to try a replacement), and the line that
+takes a lock (last; all with absolute paths, so they work from any directory), and then
+watches. A member that dies (kill it to watch a failover) is reported on stdout and the
+others keep running. Ctrl-C (or SIGTERM) stops every member still running, by PID -
+SIGTERM first, SIGKILL after a grace period - and exits 0; if every member died on its
+own, devcluster says so and exits 1.
 
 The members' logs go to devcluster's stderr, as text on a terminal; the
 events a restarted member applies again from its log (``replayed``) are
@@ -152,9 +152,24 @@ class DevCluster:
             )
         return [m.port for m in busy]
 
+    @property
+    def peer_secret(self) -> Path:
+        return self.data / "peer.secret"
+
+    def make_peer_secret(self) -> None:
+        """The members authenticate each other, as in production: a removed member then
+        believes the others' refusal and stops (an unauthenticated one is not believed)."""
+        if self.peer_secret.exists():
+            return
+        from dlm.auth import write_secret_file
+
+        self.data.mkdir(parents=True, exist_ok=True)
+        write_secret_file(str(self.peer_secret))
+
     def start(self) -> None:
         # On a terminal the members log text, as when they wrote to it themselves.
         text = sys.stderr.isatty() and "DLM_NODE_LOG_FORMAT" not in os.environ
+        self.make_peer_secret()
         for member in self.members:
             if member.node in self.unusable:
                 continue
@@ -172,6 +187,8 @@ class DevCluster:
                 str(self.data / member.node),
                 "--cluster-id",
                 CLUSTER_ID,
+                "--peer-secret-file",
+                str(self.peer_secret),
             ]
             if member.node in self.ids:
                 # Read at the first start only; the same as recorded after it.
@@ -225,7 +242,8 @@ class DevCluster:
         return (
             f"{_dlm_command()} node start --id {node} --listen 127.0.0.1:{port} "
             f"--join {self.serving()} --data {shlex.quote(str(self.data / node))} "
-            f"--cluster-id {CLUSTER_ID}"
+            f"--cluster-id {CLUSTER_ID} "
+            f"--peer-secret-file {shlex.quote(str(self.peer_secret))}"
         )
 
     def dead(self) -> list[tuple[str, int]]:

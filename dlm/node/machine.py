@@ -111,7 +111,8 @@ from dlm.wire import (
 PROMOTE_LAG = 64
 """A learner this close to the leader's log (in entries) is caught up: it may vote."""
 REMOVED = "was removed from this cluster"
-"""Words a member uses when it refuses a peer it knows was removed (the peer then stops)."""
+"""Words a member uses when it refuses a peer it knows was removed (the peer then stops, if
+the refusal is authenticated: admission.py)."""
 MAX_BAD_REQUESTS = 16
 MAX_UNLISTED_PEERS = 16
 """Peers our log does not name whose addresses we keep (a stranger must not grow it)."""
@@ -593,7 +594,9 @@ class NodeMachine:
         return None
 
     def peer_refused(self, node: NodeId, message: str) -> None:
-        """A member refused our link; if it says we were removed, we stop (exit 0)."""
+        """A member refused our link, and proved it wrote the refusal (sealed after the
+        handshake, or over TLS: admission.py decides, and nothing unproved gets here);
+        if it says we were removed, we stop (exit 0)."""
         if REMOVED in message and not self._stopped:
             self._stopped = True
             self._log("warning", "removed", told_by=node)

@@ -40,6 +40,12 @@ hello carries a fresh nonce, it checks the peer's proof in the welcome before
 it sends anything else, answers with its own proof, and seals every frame
 after. With TLS, it dials with this member's certificate and requires the
 peer's to be signed by the cluster's CA and to name the peer's member id.
+The decisions of that exchange are admission.py's ``Dialing`` (the simulator
+drives the same object): a refusal reaches the member (``on_refused``, which
+may stop it as removed) only when the peer proved who wrote it: sealed after
+the handshake, or over TLS. An ``error`` frame before the welcome's proof is
+just a failed dial, whatever it says (anyone on a dead member's port can send
+one).
 """
 
 from __future__ import annotations
@@ -57,14 +63,17 @@ from typing import Any
 
 import anyio
 
+from dlm.node.admission import Dialing, Failed, Refused
 from dlm.node.linkwatch import LinkWatch
 from dlm.node.log import Logger
+from dlm.node.machine import REMOVED
 from dlm.node.peer_codec import raft_frame
 from dlm.node.raft.types import AppendEntries, InstallSnapshot, Message
 from dlm.wire import (
     CLIENT_FRAME_LIMIT,
     PEER_FRAME_LIMIT,
     ErrorCode,
+    FrameDecoder,
     Hello,
     HelloRole,
     ProtocolError,
@@ -85,6 +94,8 @@ a network heals the link must be back within an election timeout or two."""
 HELLO_TIMEOUT = 2.0
 BACKOFF_MIN = 0.05
 BACKOFF_MAX = 0.5
+AFTER_WELCOME_LIMIT = 4096
+"""Bytes a peer may send after its welcome: room for a refusal, nothing else is expected."""
 COMMIT_NEWS_DELAY = 0.002
 """How long an AppendEntries without entries (commit news) may wait for company."""
 _LENGTH = struct.Struct(">I")
@@ -205,16 +216,35 @@ def _supersedes(msg: Message, news: AppendEntries) -> bool:
 
 
 class _LinkProtocol(asyncio.Protocol):
-    """Our end of an outbound peer connection: waits for the welcome, then only for the end."""
+    """Our end of an outbound peer connection: waits for the welcome, then for the end.
+
+    After the welcome the peer writes only to refuse us (sealed, with a peer secret):
+    ``listen(opener, on_frame)`` hands each such frame on; anything that fails to
+    open, or more than a refusal's worth of bytes, ends the connection."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.welcome: asyncio.Future[Any] = loop.create_future()
         self.lost: asyncio.Future[None] = loop.create_future()
         self._buf = bytearray()
+        self._later: FrameDecoder | None = None
+        self._on_later: Callable[[Any], None] | None = None
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def listen(self, opener: Any, on_frame: Callable[[Any], None]) -> None:
+        """From now on, frames after the welcome (opened by ``opener``) go to ``on_frame``."""
+        self._later = FrameDecoder(AFTER_WELCOME_LIMIT, opener)
+        self._on_later = on_frame
+        buffered, self._buf = bytes(self._buf), bytearray()
+        if buffered:
+            self._after_welcome(buffered)
 
     def data_received(self, data: bytes) -> None:
-        # The peer never writes after its welcome; anything more is ignored.
         if self.welcome.done():
+            self._after_welcome(data)
             return
         self._buf += data
         try:
@@ -224,7 +254,27 @@ class _LinkProtocol(asyncio.Protocol):
             return
         if first is not None:
             self.welcome.set_result(first[0])
-            self._buf = bytearray()
+            self._buf = bytearray(first[1])
+
+    def _after_welcome(self, data: bytes) -> None:
+        decoder, transport = self._later, self._transport
+        if decoder is None:
+            if len(self._buf) + len(data) > AFTER_WELCOME_LIMIT:
+                self._buf = bytearray()
+                if transport is not None:
+                    transport.abort()
+                return
+            self._buf += data
+            return
+        decoder.feed(data)
+        try:
+            for frame in decoder.frames():
+                if self._on_later is not None:
+                    self._on_later(frame)
+        except ProtocolError:
+            # Not sealed by the peer we proved (forged, replayed, damaged): drop the link.
+            if transport is not None:
+                transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.welcome.done():
@@ -271,6 +321,10 @@ class PeerLink:
         self._sealer: Any = None
         self._problem: str | None = None
         """Why the last attempt failed, said once until it changes or a connection works."""
+        self._unproved_removal_said = False
+        """An unproved "you were removed" was logged (once until a connection works)."""
+        self._refused_late = False
+        """The last connection was refused after its handshake (sealed, by the peer)."""
         self._log = log
         self._on_down = on_down
         self._refused = False
@@ -367,12 +421,16 @@ class PeerLink:
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
             transport, protocol = connected
-            backoff = BACKOFF_MIN
-            if failures or not self.sent_frames:
-                self._log.info("peer_connected", peer=self.peer_id, addr=self._addr)
+            refusing = self._refused_late
+            self._refused_late = False
+            if not refusing:
+                backoff = BACKOFF_MIN
+                if failures or not self.sent_frames:
+                    self._log.info("peer_connected", peer=self.peer_id, addr=self._addr)
+                self._problem = None
+                self._unproved_removal_said = False
             failures = 0
             lost = False
-            self._problem = None
             self._transport = transport
             self.connected = True
             stalled = False
@@ -389,6 +447,13 @@ class PeerLink:
                     self._held_timer = None
                 transport.abort()
                 self._on_down(self.peer_id, False)
+            if self._refused_late:
+                # The peer refused us after the handshake (sealed): a failed dial, backed
+                # off and said once like any other, not a link that came and went.
+                failures = 1
+                await anyio.sleep(backoff * (0.5 + self._rng.random()))
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
             reason = "stopped delivering" if stalled else "connection closed"
             self._log.info("peer_disconnected", peer=self.peer_id, reason=reason)
             failures = 1
@@ -470,16 +535,17 @@ class PeerLink:
                 self._failed("peer_tls_failed", str(exc))
             return None
         initiator = None
-        hello = self._hello
         if self._secret is not None:
             from dlm.auth import Initiator, new_nonce
 
             initiator = Initiator(
                 self._secret, new_nonce(), role="peer", cluster=self._cluster, node=self._local_id
             )
-            hello = {**hello, **initiator.hello_fields()}
+        dialing = Dialing(
+            peer_id=self.peer_id, hello=self._hello, initiator=initiator, tls=bool(tls)
+        )
         try:
-            transport.write(encode_frame(hello))
+            transport.write(encode_frame(dialing.hello))
             with anyio.fail_after(HELLO_TIMEOUT):
                 reply = await protocol.welcome
         except (OSError, TimeoutError, ProtocolError):
@@ -488,29 +554,44 @@ class PeerLink:
         except BaseException:
             transport.abort()
             raise
-        if not isinstance(reply, dict) or reply.get("t") != "welcome":
-            message = reply.get("message") if isinstance(reply, dict) else None
-            self._failed("peer_refused", str(message))
-            transport.abort()
-            if self._on_refused is not None and isinstance(message, str):
-                self._on_refused(self.peer_id, message)
-            return None
-        if reply.get("node") != self.peer_id:
-            # --peers names the wrong address for it: its messages would all be dropped.
-            self._failed("peer_refused", f"the member there says it is {reply.get('node')!r}")
+        outcome = dialing.reply(reply)
+        if isinstance(outcome, Refused):
+            self._refused_by_peer(outcome)
             transport.abort()
             return None
-        if initiator is not None:
-            from dlm.auth import AuthError
+        if isinstance(outcome, Failed):
+            self._failed(outcome.event, outcome.problem)
+            transport.abort()
+            return None
+        if outcome.auth_frame is not None:
+            transport.write(encode_frame(outcome.auth_frame))
+        self._sealer = outcome.sealer
 
-            try:
-                transport.write(encode_frame(initiator.check_welcome(reply)))
-            except AuthError as exc:
-                self._failed("peer_auth_failed", str(exc))
+        def later(frame: Any) -> None:
+            refusal = dialing.later(frame)
+            if refusal is not None:
+                self._refused_late = True
+                self._refused_by_peer(refusal)
                 transport.abort()
-                return None
-            self._sealer = initiator.keys()[0]
-        version = reply.get("version")
-        if self._on_welcome is not None and isinstance(version, int):
-            self._on_welcome(self.peer_id, version)
+
+        protocol.listen(outcome.opener, later)
+        if self._on_welcome is not None and outcome.version is not None:
+            self._on_welcome(self.peer_id, outcome.version)
         return transport, protocol
+
+    def _refused_by_peer(self, refusal: Refused) -> None:
+        """Only a refusal the peer proved it wrote reaches the member (admission.py)."""
+        self._failed("peer_refused", refusal.message)
+        if refusal.authenticated:
+            if self._on_refused is not None:
+                self._on_refused(self.peer_id, refusal.message)
+        elif REMOVED in refusal.message and not self._unproved_removal_said:
+            self._unproved_removal_said = True
+            self._log.warning(
+                "peer_refusal_unproved",
+                peer=self.peer_id,
+                addr=self._addr,
+                note="the peer says this member was removed, but did not prove who it is "
+                "(no peer secret or TLS, or it refused before its proof): this member keeps "
+                "running; if it was removed, stop it",
+            )

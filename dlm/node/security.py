@@ -7,7 +7,9 @@ files and, with TLS, the context the listener serves with and the one the peer
 links dial with. It refuses (``SecurityError``, one line saying what to add) a
 member that would listen beyond the loopback range with its peers
 unauthenticated, unless ``--insecure`` says that is intended: on a reachable
-address, anyone who can connect could otherwise speak Raft to the member.
+address, anyone who can connect could otherwise speak Raft to the member. It
+also refuses a peer secret equal to the client secret: every client host holds
+the client secret, and with it could act as a member.
 
 dlm.auth and dlm.tls (hence hashlib and ssl) are imported only when a secret or
 TLS is configured.
@@ -87,6 +89,13 @@ def load(settings: Mapping[str, str | None], listen: tuple[str, int]) -> NodeSec
         )
     peer_secret = _secret(peer_file, "--peer-secret-file") if peer_file else None
     client_secret = _secret(client_file, "--client-secret-file") if client_file else None
+    if peer_secret is not None and peer_secret == client_secret:
+        # Every client host holds the client secret: with the same one it could speak as a
+        # member (send Raft messages, claim a member's id).
+        raise SecurityError(
+            "--peer-secret-file and --client-secret-file hold the same secret, which would "
+            "let every client act as a member: give peers their own (dlm secret new --out PATH)"
+        )
     server_tls = peer_tls = None
     if all(tls_files):
         from dlm import tls

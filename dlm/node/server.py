@@ -620,17 +620,11 @@ class NodeServer:
 
     # ------------------------------------------------------------------ clients
 
-    def client_hello(self, hello: Hello) -> dict[str, Any] | None:
-        """The error that refuses a client's hello, or None to go on (to its handshake)."""
-        if hello.cluster and hello.cluster != self.config.cluster:
-            message = (
-                f"this member is in cluster {self.config.cluster!r}, "
-                f"not {hello.cluster!r}: check DLM_CLUSTER"
-            )
-            return error(None, ErrorCode.BAD_REQUEST, message)
+    def client_verdict(self, where: str) -> dict[str, Any] | None:
+        """The error that refuses a client whose hello (and proof, if any) passed, or None."""
         if self._stopping:
             return error(None, ErrorCode.SHUTTING_DOWN, "member is shutting down")
-        return None
+        return self.client_room(where)
 
     def client_room(self, where: str) -> dict[str, Any] | None:
         """Makes room for one more client, or the error that refuses it.
@@ -669,21 +663,10 @@ class NodeServer:
         self.machine.client_connected(number, where)
         return client
 
-    def peer_hello(self, hello: Hello, transport: asyncio.Transport) -> dict[str, Any] | None:
-        """The error that refuses a peer's hello, or None to go on (to its handshake)."""
-        config = self.config
-        if self.security.server_tls is not None:
-            from dlm.tls import peer_certificate_problem
-
-            problem = peer_certificate_problem(transport.get_extra_info("peercert"), hello.node)
-            if problem is not None:
-                return error(None, ErrorCode.AUTH_FAILED, problem)
+    def peer_verdict(self, hello: Hello) -> dict[str, Any] | None:
+        """The error that refuses a peer whose hello passed, and whose proof too when there
+        is a peer secret (admission.py), or None to admit it."""
         problem = self.machine.accept_peer(hello.node, hello.speaks, hello.addr)
-        if problem is None and hello.cluster != config.cluster:
-            problem = (
-                f"cluster id mismatch: this member {config.node_id} is in cluster "
-                f"{config.cluster!r}, the peer says {hello.cluster!r}"
-            )
         return None if problem is None else error(None, ErrorCode.BAD_REQUEST, problem)
 
     def peer_admitted(self, conn: AcceptedConnection, node: str, speaks: int) -> None:

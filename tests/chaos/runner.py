@@ -90,6 +90,8 @@ class Member(NodeProc):
             sys.executable, "-m", *launcher, "node", "start", "--id", self.node_id,
             "--listen", self.address, "--data", str(self.data_dir),
             "--cluster-id", self.cluster.cluster_id,
+            # Authenticated peers: a removed member believes only a proved refusal.
+            "--peer-secret-file", str(self.cluster.base / "peer.secret"),
         ]  # fmt: skip
         if self.join:
             return [*base, "--join", ",".join(self.join)]
@@ -134,6 +136,11 @@ class ChaosCluster(Cluster):
         self.first = [m for m in self.members.values() if m.is_member]
         self.spares = [m for m in self.members.values() if not m.is_member]
         self.peers_flag = ""
+        if not (base / "peer.secret").exists():
+            from dlm.auth import write_secret_file
+
+            base.mkdir(parents=True, exist_ok=True)
+            write_secret_file(str(base / "peer.secret"))
 
     def current(self) -> list[Member]:
         return [m for m in self.members.values() if m.is_member]

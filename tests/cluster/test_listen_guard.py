@@ -101,3 +101,29 @@ def test_it_starts_with_insecure_or_peer_authentication(tmp_path: Path, how: str
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+def test_a_peer_secret_equal_to_the_client_secret_exits_78(tmp_path: Path) -> None:
+    """Every client host holds the client secret: with the peers' it could act as a member."""
+    (port,) = free_ports(1)
+    peer, client = tmp_path / "peer.secret", tmp_path / "client.secret"
+    auth.write_secret_file(str(peer))
+    client.write_bytes(peer.read_bytes())  # another file, the same secret
+    client.chmod(0o600)
+    argv = node_start(
+        tmp_path,
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--peer-secret-file",
+        str(peer),
+        "--client-secret-file",
+        str(client),
+    )
+    proc = subprocess.run(
+        argv, env=environ(), capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 78, (proc.stdout, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dlm node: error: "), proc.stderr
+    assert "same secret" in lines[0] and "dlm secret new" in lines[0]
+    assert not (tmp_path / "d").exists()  # refused before touching anything

@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from dlm import auth
 from dlm.client import Client, KeepAlive
 from dlm.client.errors import DlmError, LockHeld
 from tests.cluster.cli_harness import Dlm
@@ -116,7 +117,12 @@ def restarted_data_dir_stops(node: NodeProc) -> None:
 def test_grow_remove_the_leader_shrink_and_replace_a_dead_member_under_load(
     tmp_path: Path,
 ) -> None:
-    cluster = Cluster(tmp_path, size=3)
+    # With a peer secret: a removed follower, whose log never gets its removal, learns it
+    # from a refusal the others seal after the handshake (without authentication it would
+    # not believe one, and would keep running: admission.py).
+    secret = tmp_path / "peer.secret"
+    auth.write_secret_file(str(secret))
+    cluster = Cluster(tmp_path, size=3, node_args=lambda _: ["--peer-secret-file", str(secret)])
     spare = dict(zip(("n4", "n5", "n6"), free_ports(3), strict=True))
     # Clients know every address a member will have, as an operator's DLM_CLUSTER would.
     everyone = [*cluster.addresses, *(f"127.0.0.1:{port}" for port in spare.values())]

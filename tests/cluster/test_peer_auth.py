@@ -156,10 +156,13 @@ def test_with_the_secret_messages_from_a_non_member_id_are_dropped(secured: Secu
     leader = cluster.wait_for_leader()
     term = witness.terms[leader.node_id] + 5
     for target in cluster.nodes.values():
-        # A hello naming a non-member is refused even with the secret.
+        # A hello naming a non-member is refused even with the secret: after its proof,
+        # sealed, so that the refusal proves who wrote it (admission.py).
         with RawConn(target.address, hello=peer_hello("n9"), secret=secured.peer_secret) as conn:
-            assert (conn.welcome["t"], conn.welcome["code"]) == ("error", "BAD_REQUEST")
-            assert "not a member" in conn.welcome["message"]
+            assert conn.welcome["t"] == "welcome"
+            refusal = conn.recv()
+            assert (refusal["t"], refusal["code"]) == ("error", "BAD_REQUEST")
+            assert "not a member" in refusal["message"]
         # Authenticated as a member, messages claiming another sender are dropped.
         member = next(n for n in cluster.nodes if n != target.node_id)
         hello = peer_hello(member)

@@ -1,7 +1,21 @@
-"""Known bugs, switched on through test seams (the core's, LinkWatch's): the checkers can fail."""
+"""Known bugs, switched on through test seams, to prove the checkers can fail: the Raft
+core's, LinkWatch's, and the admission holes of issue 20 (driven by the whole-node
+simulator)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from dlm.node.admission import (
+    Acceptance,
+    Ask,
+    Connected,
+    Dialing,
+    Failed,
+    Refuse,
+    Refused,
+    Send,
+)
 from dlm.node.linkwatch import LinkWatch
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.membership import check_change
@@ -64,3 +78,44 @@ class NeverReplacesLinks(LinkWatch):
     def observe(self, now: float, *, outstanding: bool, acknowledged: int) -> bool:
         super().observe(now, outstanding=outstanding, acknowledged=acknowledged)
         return False
+
+
+# ---------------------------------------------------------------------------
+# Admission (dlm/node/admission.py): issue 20's holes 1 and 2, put back
+# ---------------------------------------------------------------------------
+
+
+class BelievesRefusalsBeforeTheProof(Dialing):
+    """Hole 1: an ``error`` frame that arrives before the peer's proof counts as the peer's
+    word, so "you were removed from this cluster" from anyone stops the member."""
+
+    def reply(self, raw: Any) -> Connected | Failed | Refused:
+        outcome = super().reply(raw)
+        if isinstance(outcome, Refused):
+            return Refused(outcome.message, authenticated=True)
+        return outcome
+
+
+class AsksTheMemberBeforeTheProof(Acceptance):
+    """Hole 2: the member hears a peer's hello (its claimed id and address) before the peer
+    proved anything; an unknown id's address lands among the unlisted peers."""
+
+    def hello(self, raw: Any) -> Send | Ask | Refuse:
+        outcome = super().hello(raw)
+        if isinstance(outcome, Send) and self.hello_seen is not None:
+            self._state = "verdict"
+            return Ask(self.hello_seen)
+        return outcome
+
+
+class AdmitsClientsWithoutTheProof(Acceptance):
+    """A client that sends anything where its proof belongs is admitted anyway, and what it
+    sent reaches the machine as a request."""
+
+    def proof(self, raw: Any) -> Ask | Refuse:
+        outcome = super().proof(raw)
+        hello = self.hello_seen
+        if isinstance(outcome, Refuse) and hello is not None and hello.role.value == "client":
+            self._state = "verdict"
+            return Ask(hello)
+        return outcome

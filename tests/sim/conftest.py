@@ -127,6 +127,9 @@ class SimTotals:
                 "links_replaced",
             )
             out.append("  totals: " + ", ".join(f"{k} {stats[k]}" for k in keys if stats[k]))
+            stranger = sorted(k for k in stats if k.startswith("stranger_") and stats[k])
+            if stranger:  # stranger.py's acts, none of which may change a member
+                out.append("  stranger: " + ", ".join(f"{k[9:]} {stats[k]}" for k in stranger))
         out.extend(f"sim: {note}" for note in self.notes)
         return out
 

@@ -27,8 +27,13 @@ events in simulated real time (world.py), driven by one seed:
   does the same with ``dlm exec``'s rule: its guard kills the command before
   the client-side deadline. Clients get cut off, paused (a GC pause, longer
   than their TTL at times) and resumed.
+* **a stranger** (stranger.py) on the network, without the members' peer
+  secret, sends frames before and instead of a proof: spoofed refusals,
+  spoofed hellos with real member ids, replays of recorded handshakes. It goes
+  through the same admission objects a member runs (dlm/node/admission.py).
 * **checks** run after every event: Raft's invariants (checkers.py) and the
-  lock-level promises users rely on (lockcheck.py), in real time.
+  lock-level promises users rely on (lockcheck.py), in real time; and after each
+  of the stranger's frames, that it changed nothing in the member.
 
 After ``heal_at`` every fault ends and the workload winds down; then every
 key must become available to a new client within the longest TTL, an
@@ -50,6 +55,7 @@ from typing import Any
 from dlm.client import core
 from dlm.client.errors import ClusterUnavailable, DlmError, LeaseLost, LockHeld, NotHolder
 from dlm.node import locks
+from dlm.node.admission import Acceptance, Dialing
 from dlm.node.leases import LeaseTracker
 from dlm.node.linkwatch import LinkWatch
 from dlm.node.machine import (
@@ -82,6 +88,7 @@ from dlm.wire import MemberAdd, MemberChange, MemberRemove
 from .checkers import SafetyChecker, Violation
 from .harness import MemoryBackend, StorageBackend
 from .lockcheck import LockChecker, Section
+from .stranger import Stranger
 from .world import US, Clock, World
 
 NODE_NAMES = ("n1", "n2", "n3", "n4", "n5")
@@ -167,6 +174,11 @@ class NodeSimOptions:
     """Mutant: the exec guard kills this long after the deadline instead of before it."""
     link_watch_class: type[LinkWatch] = LinkWatch
     """What decides when a member replaces a peer connection that stopped delivering."""
+    stranger: bool = True
+    """A stranger on the network sends frames before and instead of a proof (stranger.py)."""
+    acceptance_class: type[Acceptance] = Acceptance
+    dialing_class: type[Dialing] = Dialing
+    """The admission objects the members use (mutants replace them)."""
 
 
 class SimFailure(AssertionError):
@@ -1784,6 +1796,8 @@ class NodeSimulation:
             self.world.at(self.heal_at, self.heal)
             self._recovered = False
             self.world.at(self.heal_at, self._start_recovery_probe)
+            if opts.stranger:
+                Stranger(self).start()
             self._probe_done = False
             probe_at = self.heal_at + 2 * US
             self.world.at(probe_at, self._start_probe)

@@ -23,7 +23,12 @@ from dlm.node.machine import Instant, NodeMachine
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.quorum import quorum_index
 
-from .bugs import NeverReplacesLinks
+from .bugs import (
+    AdmitsClientsWithoutTheProof,
+    AsksTheMemberBeforeTheProof,
+    BelievesRefusalsBeforeTheProof,
+    NeverReplacesLinks,
+)
 from .conftest import SimTotals
 from .harness import DiskBackend, MemoryBackend
 from .nodesim import CLIENT_FAULTS, FAULT_KINDS, NodeSimOptions, NodeSimResult, run_node_seed
@@ -182,6 +187,22 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         lambda seed: options_for(seed, link_watch_class=NeverReplacesLinks),
         {"slow-recovery"},
         10,
+    ),
+    # Issue 20: a stranger's frames before a proof reach the member (stranger.py).
+    "a refusal before the proof is believed (hole 1)": (
+        lambda seed: options_for(seed, dialing_class=BelievesRefusalsBeforeTheProof),
+        {"unauthenticated"},
+        2,
+    ),
+    "the member hears a hello before its proof (hole 2)": (
+        lambda seed: options_for(seed, acceptance_class=AsksTheMemberBeforeTheProof),
+        {"unauthenticated"},
+        2,
+    ),
+    "a client admitted without its proof": (
+        lambda seed: options_for(seed, acceptance_class=AdmitsClientsWithoutTheProof),
+        {"unauthenticated"},
+        2,
     ),
 }
 

@@ -23,6 +23,7 @@ from dlm.node.log import Logger
 from dlm.node.machine import Timing
 from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.types import ConfState, Storage
+from dlm.node.security import NodeSecurity
 from dlm.node.server import NodeServer
 from dlm.wire import PEER_FRAME_LIMIT, FrameDecoder, encode_frame
 
@@ -38,6 +39,7 @@ async def running_member(
     limits: Limits | None = None,
     peers: dict[str, tuple[str, int]] | None = None,
     elect: bool = True,
+    security: NodeSecurity | None = None,
     **overrides: Any,
 ) -> AsyncIterator[tuple[NodeServer, int]]:
     """Yields (server, port) once the member leads and its log runs protocol version 2
@@ -58,7 +60,9 @@ async def running_member(
         **overrides,
     )
     storage = storage or MemoryStorage(ConfState(voters=tuple(sorted(members))))
-    server = NodeServer(config, storage, log=Logger("n1", stream=io.StringIO()), limits=limits)
+    server = NodeServer(
+        config, storage, log=Logger("n1", stream=io.StringIO()), limits=limits, security=security
+    )
     async with listener, anyio.create_task_group() as tg:
         tg.start_soon(server.serve, listener)
         if elect:

@@ -1,8 +1,9 @@
 """The node machine and what it is built of must not do IO, read a clock or draw randomness.
 
 That is the Raft core, the lock state machine, the leader's lease tracker, the
-node machine that owns them (machine.py), and the protocol rules they use
-(wire.py, limits.py): the simulator drives exactly these.
+node machine that owns them (machine.py), a connection's admission
+(admission.py), and the protocol rules they use (wire.py, limits.py): the
+simulator drives exactly these.
 
 We check every import statement of those modules against an allow-list, so a
 stray `import time` or `from socket import ...` fails here rather than as a
@@ -20,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[3] / "dlm"
 
 PURE_FILES = (
     ROOT / "node" / "machine.py",
+    ROOT / "node" / "admission.py",
     ROOT / "node" / "leases.py",
     ROOT / "node" / "stats.py",
     ROOT / "node" / "linkwatch.py",
@@ -37,6 +39,7 @@ PURE_PACKAGES = (
     "dlm.node.raft",
     "dlm.node.locks",
     "dlm.node.machine",
+    "dlm.node.admission",
     "dlm.node.leases",
     "dlm.node.stats",
     "dlm.node.linkwatch",

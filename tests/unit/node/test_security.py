@@ -96,3 +96,14 @@ def test_secret_file_problems_name_the_flag(tmp_path: Path) -> None:
         load({"peer_secret_file": str(loose)}, LOOPBACK)
     with pytest.raises(SecurityError, match=r"^--client-secret-file: .*does not exist"):
         load({"client_secret_file": str(tmp_path / "nope")}, LOOPBACK)
+
+
+def test_a_peer_secret_equal_to_the_client_secret_is_refused(tmp_path: Path) -> None:
+    peer, client = tmp_path / "peer.secret", tmp_path / "client.secret"
+    auth.write_secret_file(str(peer))
+    client.write_bytes(peer.read_bytes() + b"\n")  # whitespace aside, the same secret
+    client.chmod(0o600)
+    with pytest.raises(SecurityError) as raised:
+        load({"peer_secret_file": str(peer), "client_secret_file": str(client)}, LOOPBACK)
+    message = str(raised.value)
+    assert "same secret" in message and "\n" not in message

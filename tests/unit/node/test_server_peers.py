@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import random
 import socket
 import sys
@@ -22,13 +23,15 @@ import anyio.abc
 import anyio.to_thread
 import pytest
 
+from dlm import auth
 from dlm.node.log import Logger
 from dlm.node.peer_codec import decode_raft_frame, raft_frame
 from dlm.node.peers import PeerLink, bound_stalls, tcp_acknowledgements
 from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.types import AppendEntries, ConfState, Entry, Heartbeat
+from dlm.node.security import NodeSecurity
 from dlm.node.server import INLINE_SLOW_S
-from dlm.wire import Hello, HelloRole
+from dlm.wire import ErrorCode, Hello, HelloRole, encode_frame, error
 
 from .server_harness import WAIT, Wire, log_text, running_member
 
@@ -364,3 +367,156 @@ async def test_the_kernel_counts_what_a_link_s_peer_acknowledged() -> None:
         transport.abort()
         tg.cancel_scope.cancel()
     await listener.aclose()
+
+
+# ---------------------------------------------------------------------------
+# Nothing before the proof (issue 20; ARCHITECTURE.md invariant 9)
+# ---------------------------------------------------------------------------
+
+PEER_SECRET = b"peer-secret-for-the-unit-tests!!"
+REMOVED_TEXT = "member n2 was removed from this cluster: remove its data directory"
+
+
+async def test_an_unproved_peer_hello_leaves_the_members_address_book_alone() -> None:
+    """A stranger's hello names an id the log does not know and an address: before its
+    proof the member keeps neither (it would redirect the address used for that leader)."""
+    security = NodeSecurity(peer_secret=PEER_SECRET)
+    async with running_member(peers=others("n2", "n3"), elect=False, security=security) as (
+        server,
+        port,
+    ):
+        unlisted = server.machine._unlisted_peers
+        stranger = peer_hello(
+            "n7", addr="10.9.9.9:7700", max_version=2, auth="hmac-sha256", auth_nonce=os.urandom(32)
+        )
+        wire = await Wire.connect(port)
+        await wire.send(stranger)
+        assert (await wire.recv())["t"] == "welcome"
+        assert "n7" not in unlisted
+        await wire.send({"t": "auth", "proof": os.urandom(32)})
+        assert (await wire.recv())["code"] == "AUTH_FAILED"
+        await wire.closed()
+        assert "n7" not in unlisted
+        # A hello that is all the stranger sends changes nothing either.
+        wire = await Wire.connect(port)
+        await wire.send(peer_hello("n8", addr="10.9.9.8:7700"))
+        assert (await wire.recv())["code"] == "AUTH_FAILED"
+        assert "n8" not in unlisted
+        # The same hello from a holder of the secret is taken once it proves it.
+        initiator = auth.Initiator(
+            PEER_SECRET, auth.new_nonce(), role="peer", cluster="unit", node="n7"
+        )
+        wire = await Wire.connect(port)
+        await wire.send({**peer_hello("n7", addr="10.9.9.9:7700"), **initiator.hello_fields()})
+        await wire.send(initiator.check_welcome(await wire.recv()))
+        with anyio.fail_after(WAIT):
+            while "n7" not in unlisted:
+                await anyio.sleep(0.005)
+        assert unlisted["n7"] == "10.9.9.9:7700"
+
+
+async def _impostor(
+    listener: anyio.abc.Listener[anyio.abc.SocketStream], answered: list[int]
+) -> None:
+    """Answers every connection's first bytes with the refusal a removed member gets."""
+
+    async def handler(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            with anyio.move_on_after(WAIT):
+                await stream.receive()
+                await stream.send(encode_frame(error(None, ErrorCode.BAD_REQUEST, REMOVED_TEXT)))
+                answered.append(1)
+
+    await listener.serve(handler)
+
+
+@pytest.mark.parametrize("secret", [PEER_SECRET, None], ids=["peer-secret", "no-auth"])
+async def test_a_refusal_before_the_proof_never_reaches_the_member(secret: bytes | None) -> None:
+    answered: list[int] = []
+    refused: list[tuple[str, str]] = []
+    stream = io.StringIO()
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0) as listener:
+        link = PeerLink(
+            local_id="n2",
+            peer_id="n3",
+            address=("127.0.0.1", listener.extra(anyio.abc.SocketAttribute.local_port)),
+            cluster="unit",
+            log=Logger("n2", stream=stream),
+            on_down=lambda peer, gone: None,
+            on_refused=lambda peer, message: refused.append((peer, message)),
+            rng=random.Random(7),
+            secret=secret,
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_impostor, listener, answered)
+            tg.start_soon(link.run)
+            with anyio.fail_after(WAIT):
+                while len(answered) < 3:
+                    await anyio.sleep(0.005)
+            tg.cancel_scope.cancel()
+    assert refused == []
+    text = stream.getvalue()
+    assert "peer_refused" in text and text.count("peer_refusal_unproved") == 1
+
+
+async def test_a_member_refuses_a_removed_peer_after_the_proof_and_the_peer_believes_it() -> None:
+    security = NodeSecurity(peer_secret=PEER_SECRET)
+    refused: list[tuple[str, str]] = []
+    async with running_member(peers=others("n2", "n3"), elect=False, security=security) as (
+        server,
+        port,
+    ):
+        server.machine._removed_ids.add("n2")
+        link = PeerLink(
+            local_id="n2",
+            peer_id="n1",
+            address=("127.0.0.1", port),
+            cluster="unit",
+            log=Logger("n2", stream=io.StringIO()),
+            on_down=lambda peer, gone: None,
+            on_refused=lambda peer, message: refused.append((peer, message)),
+            rng=random.Random(7),
+            secret=PEER_SECRET,
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(link.run)
+            with anyio.fail_after(WAIT):
+                while not refused:
+                    await anyio.sleep(0.005)
+            tg.cancel_scope.cancel()
+    peer, message = refused[0]
+    assert peer == "n1" and "n2 was removed from this cluster" in message
+
+
+async def test_a_link_refused_after_the_handshake_backs_off_and_says_so_once() -> None:
+    """A sealed refusal for another reason (here: not a member) is a failed dial like any
+    other: no stop, no line per attempt, backed off."""
+    security = NodeSecurity(peer_secret=PEER_SECRET)
+    refused: list[tuple[str, str]] = []
+    downs: list[bool] = []
+    stream = io.StringIO()
+    async with running_member(peers=others("n2", "n3"), elect=False, security=security) as (
+        _,
+        port,
+    ):
+        link = PeerLink(
+            local_id="n9",
+            peer_id="n1",
+            address=("127.0.0.1", port),
+            cluster="unit",
+            log=Logger("n9", stream=stream),
+            on_down=lambda peer, gone: downs.append(gone),
+            on_refused=lambda peer, message: refused.append((peer, message)),
+            rng=random.Random(7),
+            secret=PEER_SECRET,
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(link.run)
+            with anyio.fail_after(WAIT):
+                while len(downs) < 4:
+                    await anyio.sleep(0.005)
+            tg.cancel_scope.cancel()
+    assert len(refused) >= 4 and all("not a member" in m for _, m in refused)
+    text = stream.getvalue()
+    assert text.count('"peer_refused"') == 1, text
+    assert text.count('"peer_connected"') <= 1 and '"peer_disconnected"' not in text, text

@@ -1,0 +1,306 @@
+"""Admission: what a connection must prove before the member listens to it, decided without IO.
+
+Both ends of a connection between dlm processes run one of these pure objects
+(no sockets, no clock, no randomness: the handshake's nonces come in through
+the injected ``dlm.auth`` objects). The adapter (accepting.py and server.py
+for the accepting side, peers.py for the dialling side) and the whole-node
+simulator (tests/sim/nodesim.py) drive the same objects, so the rule below is
+the rule the simulator checks (ARCHITECTURE.md, invariant 9).
+
+The rule: with a secret for the connection's role (or TLS for peers), nothing
+that arrives before the other side's proof is verified reaches the member.
+
+* ``Acceptance`` (the accepting side) turns a hello into a welcome carrying
+  our proof and waits for the initiator's ``auth`` frame; only then does it
+  ``Ask`` the adapter to consult the member (``NodeMachine.accept_peer``, the
+  client cap), and the member's refusal goes back sealed, so the dialler can
+  trust it. Without a secret there is nothing to wait for: TLS has already
+  verified the peer's certificate (names checked here through the injected
+  ``peer_identity``), or nothing authenticates the connection at all.
+* ``Dialing`` (the initiator, a member's outbound peer link) reads the reply
+  to its hello. An ``error`` frame before the welcome is a refusal that only
+  TLS can vouch for; with a peer secret it could come from anyone on the path
+  (or on a dead member's port), so it is ``Refused(authenticated=False)``: the
+  dial failed, and nothing else. A refusal that arrives sealed after the
+  handshake is authenticated; it may tell the member it was removed.
+  Without any authentication no refusal is authenticated, so a member of an
+  insecure cluster never stops because a peer said it was removed; it keeps
+  being refused, harmlessly, until its operator stops it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dlm.wire import (
+    PROTOCOL_VERSION,
+    ErrorCode,
+    Hello,
+    HelloRole,
+    ProtocolError,
+    as_map,
+    error,
+    welcome,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send ``frame`` (the welcome with our proof) and wait for the initiator's proof."""
+
+    frame: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """The other side is authenticated (or nothing could authenticate it): ask the member
+    whether it takes ``hello``, and give its answer to ``Acceptance.verdict``."""
+
+    hello: Hello
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Send ``frame`` (sealed by ``sealer`` when there is one) and close.
+
+    ``why``: "hello" (not a usable hello), "auth" (a proof or certificate failed),
+    "cluster" (another cluster), "member" (the member refused it)."""
+
+    frame: dict[str, Any]
+    why: str
+    sealer: Any = None
+
+    @property
+    def reason(self) -> str:
+        return str(self.frame.get("message", ""))
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """The connection is admitted: send ``greeting`` first if it is not None (no handshake
+    sent it), then open its frames with ``opener`` and seal ours with ``sealer``."""
+
+    hello: Hello
+    greeting: dict[str, Any] | None
+    sealer: Any
+    opener: Any
+
+
+def hello_problem(exc: ProtocolError) -> str:
+    message = str(exc)
+    if exc.code is ErrorCode.TOO_LARGE:
+        return f"{message}: this port speaks the dlm protocol"
+    return message
+
+
+class Acceptance:
+    """The accepting side of one connection: hello, then (with a secret) the proof, then
+    the member's verdict. Each step returns what the adapter must do next.
+
+    ``responder_for(role)``: a fresh ``dlm.auth.Responder`` when that role must prove a
+    secret, else None. ``peer_identity(node)``: with TLS, why the peer's certificate
+    does not name ``node`` (None: it does); None without TLS.
+    """
+
+    __slots__ = (
+        "_cluster",
+        "_greeted",
+        "_hello",
+        "_node_id",
+        "_opener",
+        "_peer_identity",
+        "_responder",
+        "_responder_for",
+        "_sealer",
+        "_state",
+    )
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        cluster: str,
+        responder_for: Callable[[HelloRole], Any],
+        peer_identity: Callable[[str], str | None] | None = None,
+    ) -> None:
+        self._node_id = node_id
+        self._cluster = cluster
+        self._responder_for = responder_for
+        self._peer_identity = peer_identity
+        self._responder: Any = None
+        self._hello: Hello | None = None
+        self._sealer: Any = None
+        self._opener: Any = None
+        self._greeted = False
+        self._state = "hello"
+
+    @property
+    def hello_seen(self) -> Hello | None:
+        """The hello, once it parsed (for logs: nothing in it is proved yet)."""
+        return self._hello
+
+    def hello(self, raw: Any) -> Send | Ask | Refuse:
+        """The connection's first frame (decoded)."""
+        if self._state != "hello":
+            raise RuntimeError("hello() twice")
+        self._state = "closed"
+        try:
+            hello = Hello.from_wire(raw)
+        except ProtocolError as exc:
+            return Refuse(error(None, exc.code, hello_problem(exc)), "hello")
+        self._hello = hello
+        if hello.version > PROTOCOL_VERSION:
+            message = (
+                f"protocol version {hello.version} is not supported "
+                f"(this member speaks 1 to {PROTOCOL_VERSION}): upgrade this member"
+            )
+            return Refuse(error(None, ErrorCode.BAD_REQUEST, message), "hello")
+        cluster = self._cluster
+        if hello.role is HelloRole.PEER:
+            if hello.cluster != cluster:
+                message = (
+                    f"cluster id mismatch: this member {self._node_id} is in cluster "
+                    f"{cluster!r}, the peer says {hello.cluster!r}"
+                )
+                return Refuse(error(None, ErrorCode.BAD_REQUEST, message), "cluster")
+            if self._peer_identity is not None:
+                problem = self._peer_identity(hello.node)
+                if problem is not None:
+                    return Refuse(error(None, ErrorCode.AUTH_FAILED, problem), "auth")
+        elif hello.cluster and hello.cluster != cluster:
+            message = (
+                f"this member is in cluster {cluster!r}, not {hello.cluster!r}: check DLM_CLUSTER"
+            )
+            return Refuse(error(None, ErrorCode.BAD_REQUEST, message), "cluster")
+        responder = self._responder_for(hello.role)
+        if responder is None:
+            self._state = "verdict"
+            return Ask(hello)
+        greeting = welcome(self._node_id, cluster, min(hello.speaks, PROTOCOL_VERSION))
+        try:
+            greeting.update(responder.welcome_fields(raw))
+        except ValueError as exc:  # dlm.auth.AuthError
+            return Refuse(error(None, ErrorCode.AUTH_FAILED, str(exc)), "auth")
+        self._responder = responder
+        self._greeted = True
+        self._state = "proof"
+        return Send(greeting)
+
+    def proof(self, raw: Any) -> Ask | Refuse:
+        """The initiator's ``auth`` frame (decoded): checked before anything else counts."""
+        if self._state != "proof":
+            raise RuntimeError("proof() when no proof is awaited")
+        self._state = "closed"
+        try:
+            self._sealer, self._opener = self._responder.check_auth(as_map(raw))
+        except (ProtocolError, ValueError) as exc:  # ValueError: dlm.auth.AuthError
+            return Refuse(error(None, ErrorCode.AUTH_FAILED, str(exc)), "auth")
+        assert self._hello is not None
+        self._state = "verdict"
+        return Ask(self._hello)
+
+    def verdict(self, refusal: dict[str, Any] | None) -> Admit | Refuse:
+        """The member's answer to ``Ask``: the error frame that refuses the connection, or
+        None to admit it."""
+        if self._state != "verdict":
+            raise RuntimeError("verdict() before the member was asked")
+        self._state = "closed"
+        if refusal is not None:
+            return Refuse(refusal, "member", self._sealer)
+        hello = self._hello
+        assert hello is not None
+        greeting = None
+        if not self._greeted:
+            greeting = welcome(self._node_id, self._cluster, min(hello.speaks, PROTOCOL_VERSION))
+        return Admit(hello, greeting, self._sealer, self._opener)
+
+
+@dataclass(frozen=True, slots=True)
+class Connected:
+    """The peer proved itself (or nothing could be proved): send ``auth_frame`` if it is not
+    None, then seal every frame with ``sealer`` and open the peer's with ``opener``."""
+
+    auth_frame: dict[str, Any] | None
+    sealer: Any
+    opener: Any
+    version: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The dial failed: log ``problem`` under ``event``; nothing about the member changes."""
+
+    event: str
+    problem: str
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The peer refused the link with ``message``. Only an ``authenticated`` refusal may
+    reach the member (NodeMachine.peer_refused); any other is a failed dial."""
+
+    message: str
+    authenticated: bool
+
+
+class Dialing:
+    """The dialling side of one outbound peer link: its hello, the reply, and what follows.
+
+    ``initiator``: a fresh ``dlm.auth.Initiator`` with the peer secret (None: no secret);
+    ``tls``: the connection runs over TLS that verified the peer's certificate.
+    """
+
+    __slots__ = ("_initiator", "_peer_id", "_tls", "_welcomed", "hello")
+
+    def __init__(
+        self, *, peer_id: str, hello: dict[str, Any], initiator: Any = None, tls: bool = False
+    ) -> None:
+        self._peer_id = peer_id
+        self._initiator = initiator
+        self._tls = tls
+        self._welcomed = False
+        self.hello = hello if initiator is None else {**hello, **initiator.hello_fields()}
+        """The hello to send."""
+
+    @property
+    def authenticates(self) -> bool:
+        """Something on this link proves who the peer is (a secret or TLS)."""
+        return self._initiator is not None or self._tls
+
+    def reply(self, raw: Any) -> Connected | Failed | Refused:
+        """The first frame the peer sent (decoded)."""
+        if self._welcomed:
+            raise RuntimeError("reply() twice")
+        if not isinstance(raw, dict) or raw.get("t") != "welcome":
+            message = raw.get("message") if isinstance(raw, dict) else None
+            if isinstance(raw, dict) and raw.get("t") == "error" and isinstance(message, str):
+                # Before a proof, only TLS says who wrote this.
+                return Refused(message, authenticated=self._tls)
+            return Failed("peer_refused", f"the peer answered {str(message)[:200]!r}")
+        if raw.get("node") != self._peer_id:
+            # --peers names the wrong address for it: its messages would all be dropped.
+            return Failed("peer_refused", f"the member there says it is {raw.get('node')!r}")
+        auth_frame = sealer = opener = None
+        if self._initiator is not None:
+            try:
+                auth_frame = self._initiator.check_welcome(raw)
+            except ValueError as exc:  # dlm.auth.AuthError
+                return Failed("peer_auth_failed", str(exc))
+            sealer, opener = self._initiator.keys()
+        self._welcomed = True
+        version = raw.get("version")
+        speaks = version if isinstance(version, int) and not isinstance(version, bool) else None
+        return Connected(auth_frame, sealer, opener, speaks)
+
+    def later(self, raw: Any) -> Refused | None:
+        """A frame after the welcome (decoded; opened by the ``opener``, so with a secret
+        it is authenticated). An error is the member refusing us after the handshake."""
+        if not self._welcomed:
+            raise RuntimeError("later() before the welcome")
+        if isinstance(raw, dict) and raw.get("t") == "error":
+            message = raw.get("message")
+            if isinstance(message, str):
+                return Refused(message, authenticated=self.authenticates)
+        return None

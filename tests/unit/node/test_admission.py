@@ -1,0 +1,176 @@
+"""admission.py without sockets: nothing before the proof reaches the member (invariant 9)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlm import auth
+from dlm.node.admission import (
+    Acceptance,
+    Admit,
+    Ask,
+    Connected,
+    Dialing,
+    Failed,
+    Refuse,
+    Refused,
+    Send,
+)
+from dlm.wire import ErrorCode, Hello, HelloRole, error, welcome
+
+SECRET = b"s" * 32
+OTHER = b"o" * 32
+REMOVED_TEXT = "member n2 was removed from this cluster: remove its data directory"
+
+
+def nonce(byte: int) -> bytes:
+    return bytes([byte]) * auth.NONCE_BYTES
+
+
+def acceptance(secret: bytes | None = SECRET, node: str = "n1") -> Acceptance:
+    def responder_for(role: HelloRole) -> Any:
+        return None if secret is None else auth.Responder(secret, nonce(7), node=node)
+
+    return Acceptance(node_id=node, cluster="c", responder_for=responder_for)
+
+
+def peer_hello(node: str = "n2", **fields: Any) -> dict[str, Any]:
+    return {
+        **Hello(HelloRole.PEER, cluster="c", node=node, addr="10.0.0.9:7700").to_wire(),
+        **fields,
+    }
+
+
+def dialing(secret: bytes | None = SECRET, tls: bool = False) -> Dialing:
+    initiator = None
+    if secret is not None:
+        initiator = auth.Initiator(secret, nonce(3), role="peer", cluster="c", node="n2")
+    return Dialing(peer_id="n1", hello=peer_hello(), initiator=initiator, tls=tls)
+
+
+# ---------------------------------------------------------------------------
+# Accepting
+# ---------------------------------------------------------------------------
+
+
+def test_with_a_secret_the_member_is_asked_only_after_the_proof() -> None:
+    dial = dialing()
+    accept = acceptance()
+    sent = accept.hello(dial.hello)
+    assert isinstance(sent, Send)  # our welcome and proof; the member knows nothing yet
+    connected = dial.reply(sent.frame)
+    assert isinstance(connected, Connected) and connected.auth_frame is not None
+    asked = accept.proof(connected.auth_frame)
+    assert isinstance(asked, Ask) and asked.hello.node == "n2"
+    admitted = accept.verdict(None)
+    assert isinstance(admitted, Admit) and admitted.greeting is None  # the welcome went out
+    assert admitted.sealer is not None and admitted.opener is not None
+
+
+def test_a_wrong_or_replayed_proof_is_refused_without_asking_the_member() -> None:
+    # A proof made for another connection (another responder nonce): a replay.
+    recorded_dial = dialing()
+    other = auth.Responder(SECRET, nonce(9), node="n1")
+    recorded_welcome = {**welcome("n1", "c"), **other.welcome_fields(recorded_dial.hello)}
+    recorded = recorded_dial.reply(recorded_welcome)
+    assert isinstance(recorded, Connected)
+    accept = acceptance()
+    assert isinstance(accept.hello(recorded_dial.hello), Send)
+    refused = accept.proof(recorded.auth_frame)
+    assert isinstance(refused, Refuse) and refused.why == "auth"
+    assert refused.frame["code"] == "AUTH_FAILED"
+    # And a proof from a holder of another secret.
+    dial = dialing(OTHER)
+    accept = acceptance()
+    sent = accept.hello(dial.hello)
+    assert isinstance(sent, Send)
+    assert isinstance(dial.reply(sent.frame), Failed)  # it cannot check our proof either
+
+
+def test_a_hello_without_the_handshake_is_refused_when_a_secret_is_set() -> None:
+    refused = acceptance().hello(peer_hello())
+    assert isinstance(refused, Refuse) and refused.why == "auth"
+
+
+def test_without_a_secret_the_member_is_asked_at_the_hello_and_the_welcome_follows() -> None:
+    accept = acceptance(None)
+    asked = accept.hello(peer_hello())
+    assert isinstance(asked, Ask)
+    admitted = accept.verdict(None)
+    assert isinstance(admitted, Admit) and admitted.greeting is not None
+
+
+def test_the_members_refusal_after_the_proof_is_sealed() -> None:
+    dial = dialing()
+    accept = acceptance()
+    sent = accept.hello(dial.hello)
+    assert isinstance(sent, Send)
+    connected = dial.reply(sent.frame)
+    assert isinstance(connected, Connected)
+    assert isinstance(accept.proof(connected.auth_frame), Ask)
+    refused = accept.verdict(error(None, ErrorCode.BAD_REQUEST, REMOVED_TEXT))
+    assert isinstance(refused, Refuse) and refused.sealer is not None and refused.why == "member"
+    assert dial.later(refused.frame) == Refused(REMOVED_TEXT, authenticated=True)
+
+
+def test_a_peer_of_another_cluster_is_refused_before_anything_else() -> None:
+    refused = acceptance().hello(peer_hello(cluster="other"))
+    assert isinstance(refused, Refuse) and refused.why == "cluster"
+
+
+# ---------------------------------------------------------------------------
+# Dialling
+# ---------------------------------------------------------------------------
+
+
+def test_a_refusal_before_the_proof_is_authenticated_only_by_tls() -> None:
+    spoofed = error(None, ErrorCode.BAD_REQUEST, REMOVED_TEXT)
+    assert dialing().reply(spoofed) == Refused(REMOVED_TEXT, authenticated=False)
+    assert dialing(None).reply(spoofed) == Refused(REMOVED_TEXT, authenticated=False)
+    assert dialing(None, tls=True).reply(spoofed) == Refused(REMOVED_TEXT, authenticated=True)
+
+
+def test_a_welcome_without_a_valid_proof_fails_the_dial() -> None:
+    assert isinstance(dialing().reply(welcome("n1", "c")), Failed)
+    forged = {**welcome("n1", "c"), "auth_nonce": nonce(1), "auth_proof": b"\0" * 32}
+    assert isinstance(dialing().reply(forged), Failed)
+    assert isinstance(dialing().reply(welcome("n3", "c")), Failed)  # not the member we dialled
+    assert isinstance(dialing().reply("nonsense"), Failed)
+
+
+def test_without_any_authentication_no_refusal_is_authenticated() -> None:
+    dial = dialing(None)
+    connected = dial.reply(welcome("n1", "c"))
+    assert isinstance(connected, Connected) and connected.auth_frame is None
+    later = dial.later(error(None, ErrorCode.BAD_REQUEST, REMOVED_TEXT))
+    assert later == Refused(REMOVED_TEXT, authenticated=False)
+
+
+def test_a_client_with_a_secret_reaches_the_member_only_after_its_proof() -> None:
+    initiator = auth.Initiator(SECRET, nonce(4), role="client", cluster="", node="")
+    hello = {**Hello(HelloRole.CLIENT).to_wire(), **initiator.hello_fields()}
+    accept = acceptance()
+    sent = accept.hello(hello)
+    assert isinstance(sent, Send)  # not Ask: the client cap and the machine wait
+    asked = accept.proof(initiator.check_welcome(sent.frame))
+    assert isinstance(asked, Ask) and asked.hello.role is HelloRole.CLIENT
+    # A client that sends something else where its proof belongs is refused.
+    accept = acceptance()
+    assert isinstance(accept.hello(hello), Send)
+    refused = accept.proof({"t": "acquire", "id": 1, "lease": "L", "key": "k"})
+    assert isinstance(refused, Refuse) and refused.why == "auth"
+
+
+def test_with_tls_a_peer_whose_certificate_names_another_member_is_refused_at_once() -> None:
+    accept = Acceptance(
+        node_id="n1",
+        cluster="c",
+        responder_for=lambda role: None,
+        peer_identity=lambda node: None if node == "n2" else f"the certificate is not {node}'s",
+    )
+    refused = accept.hello(peer_hello("n3"))
+    assert isinstance(refused, Refuse) and refused.why == "auth"
+    accept = Acceptance(
+        node_id="n1", cluster="c", responder_for=lambda role: None, peer_identity=lambda node: None
+    )
+    assert isinstance(accept.hello(peer_hello("n2")), Ask)  # TLS proved it: ask at once
