@@ -726,7 +726,7 @@ def test_checker_reports_a_planted_bug(buggy: type[LockStateMachine], report: st
         run_state_machine_as_test(
             Buggy,
             settings=settings(
-                max_examples=300,
+                max_examples=1000,
                 stateful_step_count=40,
                 deadline=None,
                 derandomize=True,
