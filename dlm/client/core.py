@@ -861,19 +861,63 @@ class LeaseClock:
     sent it, so our deadline passes first (ARCHITECTURE.md, invariant 4).
     Counting from the reply instead would let the server's deadline pass first.
 
+    The leader's deadline moves *earlier* in one way: an entry that re-arms the
+    lease (a TTL update, ``update_lease``) restarts its clock at apply + new TTL.
+    So the deadline follows the latest request by send time, not the latest
+    deadline: a confirmation (renewal or update) sent at s with TTL T sets it
+    to ``lease_deadline(s, T)``, lower than before if T shrank; a reply to
+    anything sent before the last update was sent, or before the confirmation
+    the deadline counts from, moves nothing (it may have been served before
+    the update was applied, with the old TTL). An update counts from the
+    moment it is sent (``update_sent``): until its fate is known it may be
+    applied at any later time, so it caps the deadline at ``lease_deadline(t,
+    new TTL)``, and every later confirmation at ``lease_deadline(s, new TTL)``.
+    An update that got no answer (``update_settled(..., None, applied=None)``)
+    may still be applied, by a later leader; it keeps capping for good. The
+    renewal interval follows the shortest TTL the leader may be using, from
+    the moment the update is sent.
+
     Once the deadline has passed the lease is lost for good: a confirmation
     that arrives later (a slow reply, a process that was paused) extends
     nothing, because the cluster may already have expired the lease and given
     its locks away. Times are the client's monotonic clock, in seconds.
     """
 
-    __slots__ = ("deadline", "last_sent", "lost", "ttl_ms")
+    __slots__ = (
+        "_deadline_of",
+        "_pending",
+        "_tickets",
+        "deadline",
+        "floor",
+        "last_sent",
+        "lost",
+        "reported_ttl_ms",
+    )
 
-    def __init__(self, ttl_ms: int, confirmed_at: float) -> None:
-        self.ttl_ms = ttl_ms
+    def __init__(
+        self,
+        ttl_ms: int,
+        confirmed_at: float,
+        deadline_of: Callable[[float, int], float] = lease_deadline,
+    ) -> None:
+        self._deadline_of = deadline_of
+        self.reported_ttl_ms = ttl_ms
+        """The TTL the confirmation the deadline counts from reported."""
         self.last_sent = confirmed_at
-        self.deadline = lease_deadline(confirmed_at, ttl_ms)
+        """When the confirmation the deadline counts from was sent."""
+        self.floor = confirmed_at
+        """Replies to requests sent before this count for nothing: the send time of the
+        last update, or of the last confirmation that counted."""
+        self._pending: dict[int, tuple[float, int]] = {}
+        """Updates that may be applied still: ticket -> (sent, ttl_ms)."""
+        self._tickets = 0
+        self.deadline = deadline_of(confirmed_at, ttl_ms)
         self.lost = False
+
+    @property
+    def ttl_ms(self) -> int:
+        """The shortest TTL the leader may be counting this lease with: renewals pace by it."""
+        return min([self.reported_ttl_ms, *(ttl for _, ttl in self._pending.values())])
 
     def expired(self, now: float) -> bool:
         """Whether the deadline has passed (and so the lease is lost for good)."""
@@ -881,14 +925,69 @@ class LeaseClock:
             self.lost = True
         return self.lost
 
+    def _recount(self) -> float:
+        """The deadline the last counted confirmation and the pending updates allow."""
+        since = self.last_sent
+        deadline = self._deadline_of(since, self.reported_ttl_ms)
+        for sent, ttl_ms in self._pending.values():
+            # Applied at or after its send, and perhaps after the confirmation counted.
+            deadline = min(deadline, self._deadline_of(max(since, sent), ttl_ms))
+        return deadline
+
     def confirmed(self, sent_at: float, ttl_ms: int, now: float) -> bool:
         """A renewal sent at ``sent_at`` was confirmed with ``ttl_ms``, and the answer
-        arrived at ``now``. False when it came too late to count."""
+        arrived at ``now``. False when it came too late to count (the lease is lost);
+        True otherwise, even when it moved nothing because it was sent before the
+        last update or the last confirmation that counted (``counts``)."""
         if self.expired(now):
             return False
-        self.ttl_ms = ttl_ms
-        self.last_sent = max(self.last_sent, sent_at)
-        self.deadline = max(self.deadline, lease_deadline(sent_at, ttl_ms))
+        if not self.counts(sent_at):
+            return True
+        self.floor = self.last_sent = sent_at
+        self.reported_ttl_ms = ttl_ms
+        self.deadline = self._recount()
+        return True
+
+    def counts(self, sent_at: float) -> bool:
+        """Whether a reply to a request sent at ``sent_at`` may still move the deadline."""
+        return not self.lost and sent_at >= self.floor
+
+    def update_sent(self, sent_at: float, ttl_ms: int) -> int:
+        """A TTL update (``update_lease``) is sent at ``sent_at`` (call it before the
+        first attempt): the deadline drops to what the new TTL allows, at once.
+        Returns the ticket to settle it with."""
+        self._tickets += 1
+        ticket = self._tickets
+        self._pending[ticket] = (sent_at, ttl_ms)
+        self.floor = max(self.floor, sent_at)
+        if not self.lost:
+            self.deadline = min(self.deadline, self._deadline_of(sent_at, ttl_ms))
+        return ticket
+
+    def update_settled(
+        self, ticket: int, ttl_ms: int | None, now: float, *, applied: bool | None
+    ) -> bool:
+        """What became of the update ``ticket``: ``applied`` True (confirmed with
+        ``ttl_ms``), False (refused: it will never be applied), or None (no answer: it
+        may be applied still, so it keeps capping the deadline). False when the lease
+        is lost."""
+        if applied is None or ticket not in self._pending:
+            return not self.expired(now)
+        sent, asked_ms = self._pending.pop(ticket)
+        if self.expired(now) or not applied:
+            return not self.lost
+        confirmed_ms = asked_ms if ttl_ms is None else ttl_ms
+        if sent >= self.last_sent:
+            # The update is itself a confirmation: the leader re-armed the lease after
+            # ``sent`` with this TTL.
+            self.last_sent = sent
+            self.reported_ttl_ms = confirmed_ms
+        else:
+            # A renewal sent after the update counted already; it may have been served
+            # before the update was applied, with the old TTL.
+            self.reported_ttl_ms = min(self.reported_ttl_ms, confirmed_ms)
+        self.floor = max(self.floor, sent)
+        self.deadline = self._recount()
         return True
 
     def interval(self) -> float:
@@ -897,6 +996,42 @@ class LeaseClock:
 
     def next_renewal(self) -> float:
         return self.last_sent + self.interval()
+
+
+class LeaseWatchers:
+    """The keep-alives of each lease in one family of clients (a client and those it
+    spawned): a TTL update sent through any of them must reach them at once, before
+    the first attempt is sent, or they would go on counting with the old TTL.
+
+    A watcher has ``update_sent(ttl_ms) -> ticket`` (reading its own clock) and
+    ``update_settled(ticket, ttl_ms, applied)``, as ``LeaseClock`` has.
+    """
+
+    __slots__ = ("_by_lease",)
+
+    def __init__(self) -> None:
+        self._by_lease: dict[str, list[Any]] = {}
+
+    def watch(self, lease: str, watcher: Any) -> None:
+        self._by_lease.setdefault(lease, []).append(watcher)
+
+    def unwatch(self, lease: str, watcher: Any) -> None:
+        watchers = self._by_lease.get(lease, [])
+        if watcher in watchers:
+            watchers.remove(watcher)
+        if not watchers:
+            self._by_lease.pop(lease, None)
+
+    def of(self, lease: str) -> list[Any]:
+        return list(self._by_lease.get(lease, ()))
+
+
+def update_applied(error: BaseException) -> bool | None:
+    """What an update_lease that raised ``error`` did: False when the cluster refused it
+    (it will never be applied), None when it may have been applied, or may still be."""
+    if isinstance(error, BadRequest | LeaseLost):
+        return False
+    return None
 
 
 # ---------------------------------------------------------------------------
