@@ -861,21 +861,24 @@ class LeaseClock:
     sent it, so our deadline passes first (ARCHITECTURE.md, invariant 4).
     Counting from the reply instead would let the server's deadline pass first.
 
-    The leader's deadline moves *earlier* in one way: an entry that re-arms the
-    lease (a TTL update, ``update_lease``) restarts its clock at apply + new TTL.
-    So the deadline follows the latest request by send time, not the latest
-    deadline: a confirmation (renewal or update) sent at s with TTL T sets it
-    to ``lease_deadline(s, T)``, lower than before if T shrank; a reply to
-    anything sent before the last update was sent, or before the confirmation
-    the deadline counts from, moves nothing (it may have been served before
-    the update was applied, with the old TTL). An update counts from the
-    moment it is sent (``update_sent``): until its fate is known it may be
-    applied at any later time, so it caps the deadline at ``lease_deadline(t,
-    new TTL)``, and every later confirmation at ``lease_deadline(s, new TTL)``.
-    An update that got no answer (``update_settled(..., None, applied=None)``)
-    may still be applied, by a later leader; it keeps capping for good. The
-    renewal interval follows the shortest TTL the leader may be using, from
-    the moment the update is sent.
+    TTL updates. The leader's deadline moves *earlier* in one way: an entry
+    that re-arms the lease (``update_lease``) restarts its clock at apply + the
+    new TTL. So:
+
+    * the deadline follows the latest confirmation by send time, not the
+      latest deadline: a renewal (or update) sent at s and confirmed with TTL T
+      sets it to ``lease_deadline(s, T)``, lower than before if T shrank;
+    * an update counts from the moment it is sent (``update_sent``): it may be
+      applied as soon as it arrives, so the deadline drops at once to
+      ``lease_deadline(sent, new TTL)``;
+    * a reply to anything sent before the last update moves nothing;
+    * a renewal sent at s after an update p counts with at most p's TTL if p
+      was not confirmed by s: the renewal may have been served before p was
+      applied (its reply then carries the old TTL) and p re-armed the lease
+      later. An update that got no answer may be applied still, by a later
+      leader: it caps every renewal for good;
+    * the renewal interval follows the shortest TTL the leader may be using,
+      from the moment an update is sent.
 
     Once the deadline has passed the lease is lost for good: a confirmation
     that arrives later (a slow reply, a process that was paused) extends
@@ -885,8 +888,8 @@ class LeaseClock:
 
     __slots__ = (
         "_deadline_of",
-        "_pending",
         "_tickets",
+        "_updates",
         "deadline",
         "floor",
         "last_sent",
@@ -902,14 +905,15 @@ class LeaseClock:
     ) -> None:
         self._deadline_of = deadline_of
         self.reported_ttl_ms = ttl_ms
-        """The TTL the confirmation the deadline counts from reported."""
+        """The TTL the deadline counts with (what the last confirmation that counted
+        reported, capped by the updates that could still re-arm the lease after it)."""
         self.last_sent = confirmed_at
         """When the confirmation the deadline counts from was sent."""
         self.floor = confirmed_at
         """Replies to requests sent before this count for nothing: the send time of the
         last update, or of the last confirmation that counted."""
-        self._pending: dict[int, tuple[float, int]] = {}
-        """Updates that may be applied still: ticket -> (sent, ttl_ms)."""
+        self._updates: dict[int, tuple[float, float, int]] = {}
+        """ticket -> (sent, confirmed at or +inf while it may still be applied, ttl_ms)."""
         self._tickets = 0
         self.deadline = deadline_of(confirmed_at, ttl_ms)
         self.lost = False
@@ -917,7 +921,8 @@ class LeaseClock:
     @property
     def ttl_ms(self) -> int:
         """The shortest TTL the leader may be counting this lease with: renewals pace by it."""
-        return min([self.reported_ttl_ms, *(ttl for _, ttl in self._pending.values())])
+        pending = [ttl for _, settled, ttl in self._updates.values() if settled == _NEVER]
+        return min([self.reported_ttl_ms, *pending])
 
     def expired(self, now: float) -> bool:
         """Whether the deadline has passed (and so the lease is lost for good)."""
@@ -925,32 +930,48 @@ class LeaseClock:
             self.lost = True
         return self.lost
 
+    def counts(self, sent_at: float) -> bool:
+        """Whether a reply to a request sent at ``sent_at`` may still move the deadline."""
+        return not self.lost and sent_at >= self.floor
+
+    def _ttl_at(self, sent_at: float, ttl_ms: int) -> int:
+        """The TTL a renewal sent at ``sent_at`` and answered with ``ttl_ms`` counts with:
+        no more than any update sent before it and not yet confirmed when it was sent."""
+        for sent, settled, asked_ms in self._updates.values():
+            if sent <= sent_at < settled:
+                ttl_ms = min(ttl_ms, asked_ms)
+        return ttl_ms
+
     def _recount(self) -> float:
         """The deadline the last counted confirmation and the pending updates allow."""
         since = self.last_sent
         deadline = self._deadline_of(since, self.reported_ttl_ms)
-        for sent, ttl_ms in self._pending.values():
-            # Applied at or after its send, and perhaps after the confirmation counted.
-            deadline = min(deadline, self._deadline_of(max(since, sent), ttl_ms))
+        for sent, settled, ttl_ms in self._updates.values():
+            if settled == _NEVER:
+                # Applied at or after its send, and perhaps after the confirmation counted.
+                deadline = min(deadline, self._deadline_of(max(since, sent), ttl_ms))
         return deadline
+
+    def _counted(self, sent_at: float, ttl_ms: int) -> None:
+        self.floor = self.last_sent = sent_at
+        self.reported_ttl_ms = ttl_ms
+        # A confirmed update matters to renewals sent before its confirmation; none
+        # sent before this one will count again.
+        for ticket, (_, settled, _) in list(self._updates.items()):
+            if settled <= sent_at:
+                del self._updates[ticket]
+        self.deadline = self._recount()
 
     def confirmed(self, sent_at: float, ttl_ms: int, now: float) -> bool:
         """A renewal sent at ``sent_at`` was confirmed with ``ttl_ms``, and the answer
         arrived at ``now``. False when it came too late to count (the lease is lost);
         True otherwise, even when it moved nothing because it was sent before the
-        last update or the last confirmation that counted (``counts``)."""
+        last update or the last confirmation that counted (see ``counts``)."""
         if self.expired(now):
             return False
-        if not self.counts(sent_at):
-            return True
-        self.floor = self.last_sent = sent_at
-        self.reported_ttl_ms = ttl_ms
-        self.deadline = self._recount()
+        if self.counts(sent_at):
+            self._counted(sent_at, self._ttl_at(sent_at, ttl_ms))
         return True
-
-    def counts(self, sent_at: float) -> bool:
-        """Whether a reply to a request sent at ``sent_at`` may still move the deadline."""
-        return not self.lost and sent_at >= self.floor
 
     def update_sent(self, sent_at: float, ttl_ms: int) -> int:
         """A TTL update (``update_lease``) is sent at ``sent_at`` (call it before the
@@ -958,7 +979,7 @@ class LeaseClock:
         Returns the ticket to settle it with."""
         self._tickets += 1
         ticket = self._tickets
-        self._pending[ticket] = (sent_at, ttl_ms)
+        self._updates[ticket] = (sent_at, _NEVER, ttl_ms)
         self.floor = max(self.floor, sent_at)
         if not self.lost:
             self.deadline = min(self.deadline, self._deadline_of(sent_at, ttl_ms))
@@ -967,27 +988,28 @@ class LeaseClock:
     def update_settled(
         self, ticket: int, ttl_ms: int | None, now: float, *, applied: bool | None
     ) -> bool:
-        """What became of the update ``ticket``: ``applied`` True (confirmed with
-        ``ttl_ms``), False (refused: it will never be applied), or None (no answer: it
-        may be applied still, so it keeps capping the deadline). False when the lease
+        """What became of the update ``ticket``, learned at ``now``: ``applied`` True
+        (confirmed with ``ttl_ms``), False (refused: it will never be applied), or None
+        (no answer: it may be applied still, so it keeps capping). False when the lease
         is lost."""
-        if applied is None or ticket not in self._pending:
+        known = self._updates.get(ticket)
+        if applied is None or known is None or known[1] != _NEVER:
             return not self.expired(now)
-        sent, asked_ms = self._pending.pop(ticket)
-        if self.expired(now) or not applied:
-            return not self.lost
+        sent, _, asked_ms = known
+        if not applied:
+            del self._updates[ticket]
+            return not self.expired(now)
         confirmed_ms = asked_ms if ttl_ms is None else ttl_ms
-        if sent >= self.last_sent:
+        self._updates[ticket] = (sent, now, confirmed_ms)
+        if self.expired(now):
+            return False
+        if self.counts(sent):
             # The update is itself a confirmation: the leader re-armed the lease after
             # ``sent`` with this TTL.
-            self.last_sent = sent
-            self.reported_ttl_ms = confirmed_ms
+            self._counted(sent, self._ttl_at(sent, confirmed_ms))
         else:
-            # A renewal sent after the update counted already; it may have been served
-            # before the update was applied, with the old TTL.
-            self.reported_ttl_ms = min(self.reported_ttl_ms, confirmed_ms)
-        self.floor = max(self.floor, sent)
-        self.deadline = self._recount()
+            # Renewals sent after it counted already, capped by it while it was pending.
+            self.deadline = min(self.deadline, self._recount())
         return True
 
     def interval(self) -> float:
@@ -996,6 +1018,9 @@ class LeaseClock:
 
     def next_renewal(self) -> float:
         return self.last_sent + self.interval()
+
+
+_NEVER = float("inf")
 
 
 class LeaseWatchers:

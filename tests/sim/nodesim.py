@@ -150,6 +150,10 @@ class NodeSimOptions:
     """Mutant: the client counts its lease from the reply instead of the send."""
     exec_kill_late_us: int = 0
     """Mutant: the exec guard kills this long after the deadline instead of before it."""
+    lease_clock_class: type[core.LeaseClock] = core.LeaseClock
+    """The client-side lease clock (a mutant may stand in for it)."""
+    ttl_updates: float = 0.3
+    """How often a library client changes its lease's TTL while it holds a key."""
 
 
 class SimFailure(AssertionError):
@@ -291,6 +295,7 @@ class Task:
         self.name = name
         self.done = False
         self.epoch = 0  # bumps on every resume: stale wake-ups are ignored
+        self.sleeping = False
 
     def start(self) -> None:
         self._advance(None, None)
@@ -309,6 +314,7 @@ class Task:
     def _wait(self, step: RunFlow | Sleep) -> None:
         proc = self.proc
         epoch = self.epoch
+        self.sleeping = isinstance(step, Sleep)
         if isinstance(step, Sleep):
             proc.after(step.seconds, lambda: self._resume_if(epoch, None, None))
             return
@@ -321,6 +327,14 @@ class Task:
     def cancel(self, exc: BaseException) -> None:
         """Abandons whatever the task waits for and throws ``exc`` into it."""
         self._advance(None, exc)
+
+    def nudge(self) -> None:
+        """Ends the task's Sleep early (a condition variable's notify): the Sleep returns
+        True instead of None, and the script re-reads its times. Nothing if it is not
+        sleeping."""
+        if self.sleeping and not self.done:
+            epoch = self.epoch
+            self.proc.after(0.0, lambda: self._resume_if(epoch, True, None))
 
 
 class FlowRunner:
@@ -385,6 +399,7 @@ class ClientProc:
         self.stopping = Flag()
         self.reopen: tuple[str, int] | None = None
         """A lease id to open again (incarnations), and the real time from which to."""
+        self.update_rng = sim.rng_for(f"updates-{name}")
 
     def run(self, fn: Callable[[], None]) -> None:
         """Runs ``fn`` now, or when the process is resumed."""
@@ -459,6 +474,8 @@ class NodeSimulation:
             proc = ClientProc(self, f"c{i}", kind)
             self.procs.append(proc)
         self.leases_ttl_max_ms = 0
+        self.lease_views: dict[str, list[tuple[int, ClientProc, core.LeaseClock]]] = {}
+        """lease id -> (incarnation, process, clock) of every client that counts on it."""
 
     # -- plumbing ----------------------------------------------------------------
 
@@ -586,11 +603,40 @@ class NodeSimulation:
             seen = self.incarnations.setdefault(lease, [])
             if incarnation not in seen:
                 seen.append(incarnation)
+        if outcome.expired and isinstance(outcome.command, locks.ExpireCommand):
+            self._check_outlived(outcome.command)
         result = outcome.result
         if isinstance(result, locks.Granted) and result.token == outcome.index:
             self.checker.grant_committed(outcome.index, result.key, result.lease)
         for promotion in outcome.promotions:
             self.checker.grant_committed(promotion.token, promotion.key, promotion.lease)
+
+    def _check_outlived(self, expire: locks.ExpireCommand) -> None:
+        """The cluster expired a lease: no client may still count on it (its deadline
+        passes before the leader's, whatever happened to the lease's TTL)."""
+        now = self.world.now
+        views = self.lease_views.get(expire.lease, [])
+        for incarnation, proc, clock in views:
+            if expire.incarnation not in (0, incarnation):
+                continue
+            if clock.lost:
+                continue
+            until = proc.clock.real_us(clock.deadline)
+            if until > now:
+                raise Violation(
+                    "lease-outlived",
+                    f"lease {expire.lease} (incarnation {incarnation}) expired at "
+                    f"{now / US:.3f}s while {proc.name} counted on it until {until / US:.3f}s",
+                )
+        # Views of an expired lease are of no further use.
+        kept = [v for v in views if expire.incarnation not in (0, v[0])]
+        if kept:
+            self.lease_views[expire.lease] = kept
+        else:
+            self.lease_views.pop(expire.lease, None)
+
+    def _watch_lease(self, proc: ClientProc, lease: core.Lease, clock: core.LeaseClock) -> None:
+        self.lease_views.setdefault(lease.id, []).append((lease.incarnation, proc, clock))
 
     # -- members -------------------------------------------------------------------
 
@@ -1340,7 +1386,8 @@ class NodeSimulation:
                 continue
             # (The mutant counts from when the answer arrived, the correct client from the send.)
             start = proc.mono() if self.options.lease_clock_from_reply else lease.confirmed_at
-            clock = core.LeaseClock(lease.ttl_ms, start)
+            clock = self.options.lease_clock_class(lease.ttl_ms, start)
+            self._watch_lease(proc, lease, clock)
             lost = Flag()
             keeper_client = SimClient(proc, proc.name + "k")
             holder = proc.spawn(
@@ -1383,6 +1430,10 @@ class NodeSimulation:
                 for _ in range(rng.randint(1, 3)):
                     yield Sleep(rng.uniform(0.01, 0.25))
                     self._write(proc, section, clock)
+                if proc.kind == "library" and proc.update_rng.random() < self.options.ttl_updates:
+                    yield from self._update_ttl(
+                        proc, main, lease, clock, keeper=holder, section=section
+                    )
                 if zombie:
                     break  # stops renewing below and vanishes without releasing
                 if handover:
@@ -1429,6 +1480,40 @@ class NodeSimulation:
                 proc.reopen = (lease.id, self.world.now)  # a tombstone answers, or a new lease
         main.drop()
 
+    def _update_ttl(
+        self,
+        proc: ClientProc,
+        main: SimClient,
+        lease: core.Lease,
+        clock: core.LeaseClock,
+        *,
+        keeper: Task,
+        section: Section,
+    ) -> Script:
+        """``Client.update_lease`` while holding: the keeper hears of it before it is sent
+        (as KeepAlive does), then the client holds on for a while, writing, as long as
+        its clock says the lease lasts (a shorter TTL must not be outlived)."""
+        urng = proc.update_rng
+        ttl_ms = urng.choice((300, 500, 1000, 1000, 3000))
+        self.stats["ttl_shortened" if ttl_ms < clock.ttl_ms else "ttl_lengthened"] += 1
+        ticket = clock.update_sent(proc.mono(), ttl_ms)
+        keeper.nudge()
+        try:
+            confirmed = yield RunFlow(
+                main,
+                core.update_lease_flow(main.ctx, lease.id, ttl_ms, timeout=urng.uniform(0.3, 3.0)),
+            )
+        except DlmError as exc:
+            self.stats["ttl_update_failed"] += 1
+            clock.update_settled(ticket, None, proc.mono(), applied=core.update_applied(exc))
+        else:
+            clock.update_settled(ticket, confirmed, proc.mono(), applied=True)
+        keeper.nudge()
+        # Hold on past the new TTL (as --min-hold keeps a lock), writing now and then.
+        for _ in range(urng.randint(1, 4)):
+            yield Sleep(urng.uniform(0.05, 0.4))
+            self._write(proc, section, clock)
+
     def _spawn_successor(
         self, proc: ClientProc, lease: core.Lease, clock: core.LeaseClock, grant: core.Grant
     ) -> None:
@@ -1455,7 +1540,8 @@ class NodeSimulation:
         except DlmError:
             self.stats["handover_refused"] += 1
             return
-        clock = core.LeaseClock(joined.ttl_ms, joined.confirmed_at)
+        clock = self.options.lease_clock_class(joined.ttl_ms, joined.confirmed_at)
+        self._watch_lease(proc, joined, clock)
         if lease.incarnation and joined.incarnation == lease.incarnation:
             # The very lease the previous step held the lock under: the lock is ours, with
             # the token it handed over (as a CI step that got DLM_FENCING_TOKEN would).
@@ -1545,13 +1631,18 @@ class NodeSimulation:
         """KeepAlive's logic: renew every TTL/3 from its own connection until the deadline."""
         retry_at: float | None = None
         while True:
-            wait = (retry_at if retry_at is not None else clock.next_renewal()) - proc.mono()
+            next_at = clock.next_renewal()
+            if retry_at is not None:
+                next_at = min(next_at, retry_at)
+            wait = next_at - proc.mono()
             if wait > 0:
                 try:
-                    yield Sleep(wait)
+                    nudged = yield Sleep(wait)
                 except _Cancelled:
                     client.drop()
                     return
+                if nudged:
+                    continue  # a TTL update: the renewal may be due earlier now
             sent = proc.mono()
             if sent >= clock.deadline:
                 lost.set()

@@ -578,6 +578,23 @@ def test_a_renewal_sent_after_the_update_counts_no_more_than_the_new_ttl() -> No
     assert clock.deadline == core.lease_deadline(11.0, 2_000)
 
 
+def test_a_renewal_sent_with_the_update_and_answered_after_it_counts_the_new_ttl() -> None:
+    """Found by the simulator: a renewal sent at the same instant as the update, served
+    before the update was applied (old TTL in its reply), answered after the update's
+    own confirmation. The update re-armed the lease after the renewal was served."""
+    clock = core.LeaseClock(ttl_ms=2_000, confirmed_at=0.0)
+    ticket = clock.update_sent(1.0, 300)
+    assert clock.update_settled(ticket, 300, now=1.003, applied=True)
+    assert clock.confirmed(1.0, 2_000, now=1.004)
+    assert clock.deadline == core.lease_deadline(1.0, 300)
+    # Sent before the update's confirmation arrived: the same.
+    assert clock.confirmed(1.002, 2_000, now=1.005)
+    assert clock.deadline == core.lease_deadline(1.002, 300)
+    # Sent after it: the reply tells the TTL the leader uses.
+    assert clock.confirmed(1.1, 300, now=1.105)
+    assert clock.deadline == core.lease_deadline(1.1, 300)
+
+
 def test_the_renewal_interval_follows_the_new_ttl_at_once() -> None:
     clock = core.LeaseClock(ttl_ms=30_000, confirmed_at=0.0)
     assert clock.confirmed(5.0, 30_000, now=5.1)
