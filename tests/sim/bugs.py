@@ -1,7 +1,9 @@
-"""Known Raft bugs, switched on through the core's test seams, to prove the checkers can fail."""
+"""Known bugs (Raft's, and the client library's), switched on through test seams, to prove
+the checkers can fail."""
 
 from __future__ import annotations
 
+from dlm.client.core import LeaseClock, lease_deadline
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.membership import check_change
 from dlm.node.raft.types import ConfChange, HardState, NodeId, Role
@@ -54,3 +56,27 @@ class ChangesMembershipBeforeCommittingInTerm(RaftNode):
         if self._conf_history.latest_index > self._log.committed:
             return "an earlier configuration change is not committed yet"
         return check_change(self._conf_history.latest, change)
+
+
+class OutlivesShortenedLeases(LeaseClock):
+    """Issue 20's hole 3 put back: the client's lease clock never hears of a TTL update,
+    and a confirmation keeps the later of the old and the new deadline (max(old, new)),
+    so a shortened lease goes on being counted on with the old TTL."""
+
+    __slots__ = ()
+
+    def update_sent(self, sent_at: float, ttl_ms: int) -> int:
+        return 0
+
+    def update_settled(
+        self, ticket: int, ttl_ms: int | None, now: float, *, applied: bool | None
+    ) -> bool:
+        return not self.expired(now)
+
+    def confirmed(self, sent_at: float, ttl_ms: int, now: float) -> bool:
+        if self.expired(now):
+            return False
+        self.reported_ttl_ms = ttl_ms
+        self.last_sent = max(self.last_sent, sent_at)
+        self.deadline = max(self.deadline, lease_deadline(sent_at, ttl_ms))
+        return True

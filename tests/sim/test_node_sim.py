@@ -23,6 +23,7 @@ from dlm.node.machine import Instant, NodeMachine
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.quorum import quorum_index
 
+from .bugs import OutlivesShortenedLeases
 from .conftest import SimTotals
 from .harness import DiskBackend, MemoryBackend
 from .nodesim import CLIENT_FAULTS, FAULT_KINDS, NodeSimOptions, NodeSimResult, run_node_seed
@@ -144,8 +145,22 @@ class ShortensLeasesOnFailover(LeaseTracker):
 MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     "client counts its lease from the reply": (
         lambda seed: options_for(seed, lease_clock_from_reply=True),
-        {"two-holders"},
+        {"two-holders", "lease-outlived"},
         40,
+    ),
+    # Issue 20, hole 3: caught after 2 seeds (seed 1) as lease-outlived, and after 5 (seed
+    # 4) as two-holders by the holder check alone.
+    "client outlives a shortened lease": (
+        lambda seed: options_for(seed, lease_clock_class=OutlivesShortenedLeases),
+        {"lease-outlived", "two-holders"},
+        20,
+    ),
+    "client outlives a shortened lease (two holders seen)": (
+        lambda seed: options_for(
+            seed, lease_clock_class=OutlivesShortenedLeases, check_outlived=False
+        ),
+        {"two-holders"},
+        20,
     ),
     "read served before applying to the read index": (
         lambda seed: options_for(seed, machine_class=ServesReadsBeforeApplying),
@@ -154,7 +169,7 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     ),
     "keep-alive of a lease being expired": (
         lambda seed: options_for(seed, machine_class=RenewsDoomedLeases),
-        {"two-holders"},
+        {"two-holders", "lease-outlived"},
         120,
     ),
     "exec guard kills after the deadline": (
@@ -164,7 +179,7 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     ),
     "expire ignores the incarnation": (
         lambda seed: options_for(seed, lock_machine_class=ExpiresAnyIncarnation),
-        {"two-holders", "lost-grant"},
+        {"two-holders", "lost-grant", "lease-outlived"},
         120,
     ),
     "leader counts its own write before it is durable": (
@@ -174,7 +189,7 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     ),
     "new leader shortens leases": (
         lambda seed: options_for(seed, tracker_class=ShortensLeasesOnFailover),
-        {"two-holders"},
+        {"two-holders", "lease-outlived"},
         40,
     ),
 }
