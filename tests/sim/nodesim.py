@@ -19,8 +19,14 @@ events in simulated real time (world.py), driven by one seed:
   from a second connection (as ``KeepAlive`` does), takes keys, writes to a
   fenced store while it holds them, and releases by token; an exec client
   does the same with ``dlm exec``'s rule: its guard kills the command before
-  the client-side deadline. Clients get cut off, paused (a GC pause, longer
-  than their TTL at times) and resumed.
+  the client-side deadline. A library client now and then changes its lease's
+  TTL while it holds a key, shorter or longer (``Client.update_lease``: its
+  keeper hears of it before it is sent), and holds on; an exec client's
+  command now and then ends before its ``--min-hold``, and it hands the rest
+  of the hold to the cluster as the lease's last TTL. Clients get cut off,
+  paused (a GC pause, longer than their TTL at times) and resumed.
+* **lease views**: the cluster expiring a lease that some client still counts
+  on (its deadline not yet passed) is a violation by itself (lease-outlived).
 * **checks** run after every event: Raft's invariants (checkers.py) and the
   lock-level promises users rely on (lockcheck.py), in real time.
 
@@ -156,6 +162,10 @@ class NodeSimOptions:
     """Whether an expired lease that a client still counts on is a violation by itself
     (off: only what follows from it, two holders, is)."""
     ttl_updates: float = 0.3
+    min_holds: float = 0.3
+    """How often an exec client's command ends before its --min-hold is over."""
+    min_hold_from_send: bool = False
+    """Mutant: --min-hold counts from when the acquire was sent, not from its reply."""
     """How often a library client changes its lease's TTL while it holds a key."""
 
 
@@ -403,6 +413,8 @@ class ClientProc:
         self.reopen: tuple[str, int] | None = None
         """A lease id to open again (incarnations), and the real time from which to."""
         self.update_rng = sim.rng_for(f"updates-{name}")
+        self.acquire_sent = 0.0
+        """When the last acquire was first sent (the min-hold mutant counts from it)."""
 
     def run(self, fn: Callable[[], None]) -> None:
         """Runs ``fn`` now, or when the process is resumed."""
@@ -645,6 +657,13 @@ class NodeSimulation:
 
     def _watch_lease(self, proc: ClientProc, lease: core.Lease, clock: core.LeaseClock) -> None:
         self.lease_views.setdefault(lease.id, []).append((lease.incarnation, proc, clock))
+
+    def _forget_lease(self, lease: str, clock: core.LeaseClock) -> None:
+        views = [v for v in self.lease_views.get(lease, []) if v[2] is not clock]
+        if views:
+            self.lease_views[lease] = views
+        else:
+            self.lease_views.pop(lease, None)
 
     # -- members -------------------------------------------------------------------
 
@@ -1408,6 +1427,7 @@ class NodeSimulation:
                     break
                 key = rng.choice(sorted(LIMITS))
                 wait = rng.choice((None, 0.5, 2.0))
+                proc.acquire_sent = proc.mono()
                 try:
                     grant = yield RunFlow(
                         main,
@@ -1429,6 +1449,7 @@ class NodeSimulation:
                 except DlmError:
                     self.stats["acquire_failed"] += 1
                     continue
+                granted_by = proc.mono()  # the grant's reply is here: the hold counts from now
                 if lost.is_set() or self.world.now >= proc.clock.real_us(clock.deadline):
                     # The grant arrived after our deadline: it is not ours to use.
                     self.stats["late_grants"] += 1
@@ -1444,6 +1465,21 @@ class NodeSimulation:
                     )
                 if zombie:
                     break  # stops renewing below and vanishes without releasing
+                if (
+                    proc.kind == "exec"
+                    and not handover
+                    and proc.update_rng.random() < self.options.min_holds
+                ):
+                    # `dlm exec --min-hold`: CMD ended before the hold is over; the rest of
+                    # it goes to the cluster as the lease's last TTL, and dlm exits.
+                    self.checker.leave(section, self.world.now)
+                    holder.cancel(_Cancelled())
+                    yield from self._hand_over_hold(
+                        proc, main, lease, clock, grant=grant, granted_by=granted_by
+                    )
+                    lost.set()  # the lease is left to run out: never closed
+                    handover = True  # nor opened again by id
+                    break
                 if handover:
                     # A CI job's next step takes over the lease (and so the lock) by
                     # joining it, as late as the moment the cluster expires it.
@@ -1521,6 +1557,52 @@ class NodeSimulation:
         for _ in range(urng.randint(1, 4)):
             yield Sleep(urng.uniform(0.05, 0.4))
             self._write(proc, section, clock)
+
+    def _hand_over_hold(
+        self,
+        proc: ClientProc,
+        main: SimClient,
+        lease: core.Lease,
+        clock: core.LeaseClock,
+        *,
+        grant: core.Grant,
+        granted_by: float,
+    ) -> Script:
+        """exec's ``_hand_over_hold``: the rest of a --min-hold becomes the lease's TTL
+        (``lease_update`` with ``finished``). Once the cluster has confirmed it in time,
+        no one else may hold the key before the hold is over."""
+        urng = proc.update_rng
+        hold = urng.uniform(0.2, 1.5)
+        # The process counts on the lease no more (CMD has ended): its view is dropped.
+        self._forget_lease(lease.id, clock)
+        counted_from = granted_by
+        if self.options.min_hold_from_send:
+            counted_from = proc.acquire_sent
+        hold_ms = core.min_hold_ttl_ms(counted_from, hold, proc.mono())
+        if hold_ms <= 0:
+            try:
+                yield RunFlow(main, core.close_lease_flow(main.ctx, lease.id))
+            except DlmError:
+                self.stats["close_failed"] += 1
+            return
+        self.stats["min_holds"] += 1
+        ticket = clock.update_sent(proc.mono(), hold_ms)
+        try:
+            confirmed = yield RunFlow(
+                main,
+                core.update_lease_flow(
+                    main.ctx, lease.id, hold_ms, finished=True, timeout=urng.uniform(0.5, 3.0)
+                ),
+            )
+        except DlmError:
+            self.stats["min_hold_unconfirmed"] += 1
+            return
+        if not clock.update_settled(ticket, confirmed, proc.mono(), applied=True):
+            # Confirmed after the lease's deadline: the cluster may have doomed it already.
+            self.stats["min_hold_late"] += 1
+            return
+        until = proc.clock.real_us(granted_by) + int(hold * US)
+        self.checker.held_until(grant.key, grant.lease, grant.token, until)
 
     def _spawn_successor(
         self, proc: ClientProc, lease: core.Lease, clock: core.LeaseClock, grant: core.Grant

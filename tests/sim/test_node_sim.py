@@ -172,6 +172,12 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         {"two-holders", "lease-outlived"},
         120,
     ),
+    # Caught after 3 seeds (seed 2).
+    "--min-hold counted from the acquire's send": (
+        lambda seed: options_for(seed, min_hold_from_send=True),
+        {"min-hold"},
+        20,
+    ),
     "exec guard kills after the deadline": (
         lambda seed: options_for(seed, exec_kill_late_us=300_000),
         {"two-holders"},
