@@ -723,7 +723,8 @@ class KeepAlive:
     SIGSTOPped) cannot delay the verdict. ``lost`` is set, and ``on_lost(reason)``
     called once, on SESSION_EXPIRED or when the deadline passes unconfirmed. A
     renewal confirmed after the deadline counts for nothing. ``on_renewed(sent,
-    ttl_ms)`` is called after each renewal that counted, from the renewing thread.
+    ttl_ms)`` is called after each renewal that counted, from the renewing thread,
+    with the TTL it counts with (capped by any update it may predate).
     """
 
     def __init__(
@@ -797,6 +798,8 @@ class KeepAlive:
                 return False
             if counts:
                 self.renewals += 1
+                # What the renewal counts with: no more than an update it may predate.
+                ttl_ms = self._clock.reported_ttl_ms
             self._cond.notify_all()
         if counts and self._on_renewed is not None:
             try:
