@@ -148,8 +148,8 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         {"two-holders", "lease-outlived"},
         40,
     ),
-    # Issue 20, hole 3: caught after 2 seeds (seed 1) as lease-outlived, and after 5 (seed
-    # 4) as two-holders by the holder check alone.
+    # Issue 20, hole 3: caught after 2 seeds (seed 1) as lease-outlived, and after 2 as
+    # two-holders by the holder check alone.
     "client outlives a shortened lease": (
         lambda seed: options_for(seed, lease_clock_class=OutlivesShortenedLeases),
         {"lease-outlived", "two-holders"},
