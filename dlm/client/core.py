@@ -31,6 +31,7 @@ its number, and every request says up to where the client has its answers
 from __future__ import annotations
 
 import os
+import threading
 
 from dlm.client.errors import (
     AuthFailed,
@@ -1032,23 +1033,27 @@ class LeaseWatchers:
     ``update_settled(ticket, ttl_ms, applied)``, as ``LeaseClock`` has.
     """
 
-    __slots__ = ("_by_lease",)
+    __slots__ = ("_by_lease", "_lock")
 
     def __init__(self) -> None:
-        self._by_lease: dict[str, list[Any]] = {}
+        self._by_lease: dict[str, tuple[Any, ...]] = {}
+        self._lock = threading.Lock()  # KeepAlives start and stop from any thread
 
     def watch(self, lease: str, watcher: Any) -> None:
-        self._by_lease.setdefault(lease, []).append(watcher)
+        with self._lock:
+            self._by_lease[lease] = (*self._by_lease.get(lease, ()), watcher)
 
     def unwatch(self, lease: str, watcher: Any) -> None:
-        watchers = self._by_lease.get(lease, [])
-        if watcher in watchers:
-            watchers.remove(watcher)
-        if not watchers:
-            self._by_lease.pop(lease, None)
+        with self._lock:
+            left = tuple(w for w in self._by_lease.get(lease, ()) if w is not watcher)
+            if left:
+                self._by_lease[lease] = left
+            else:
+                self._by_lease.pop(lease, None)
 
     def of(self, lease: str) -> list[Any]:
-        return list(self._by_lease.get(lease, ()))
+        with self._lock:
+            return list(self._by_lease.get(lease, ()))
 
 
 def update_applied(error: BaseException) -> bool | None:
