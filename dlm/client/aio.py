@@ -505,6 +505,8 @@ class AsyncClient:
         self._conn: _AnyConnection | None = None
         self._closed = False
         self._ttl_ms: dict[str, int] = {}
+        # Shared with spawned clients: a keep_alive renews from one (see sync.Client).
+        self._watchers = core.LeaseWatchers()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -541,6 +543,7 @@ class AsyncClient:
         )
         child._ctx.router.preferred = self._ctx.router.preferred
         child._ttl_ms = dict(self._ttl_ms)
+        child._watchers = self._watchers
         return child
 
     # -- leases (each method is the blocking client's, as a coroutine) ----------
@@ -583,9 +586,20 @@ class AsyncClient:
         finished: bool = False,
         timeout: float | None = None,
     ) -> int:
+        """As the blocking client's: every keep_alive of this lease made from this client
+        (or one it spawned) hears of the update before it is sent."""
         lid = lease_id(lease)
         flow = core.update_lease_flow(self._ctx, lid, ttl_ms, finished=finished, timeout=timeout)
-        ttl: int = await self._run(flow)
+        tickets = [(w, w.update_sent(ttl_ms)) for w in self._watchers.of(lid)]
+        try:
+            ttl: int = await self._run(flow)
+        except BaseException as exc:  # cancelled included: the update may have gone out
+            applied = core.update_applied(exc)
+            for watcher, ticket in tickets:
+                watcher.update_settled(ticket, None, applied=applied)
+            raise
+        for watcher, ticket in tickets:
+            watcher.update_settled(ticket, ttl, applied=True)
         self._ttl_ms[lid] = ttl
         return ttl
 
@@ -685,6 +699,7 @@ class AsyncClient:
             on_lost=on_lost,
             interval=interval,
         )
+        self._watchers.watch(keeper.lease, keeper)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(keeper._renew_loop)
@@ -694,6 +709,7 @@ class AsyncClient:
                 finally:
                     tg.cancel_scope.cancel()
         finally:
+            self._watchers.unwatch(keeper.lease, keeper)
             await keeper._client.aclose()
 
     # -- the driver -------------------------------------------------------------
@@ -764,7 +780,8 @@ class AsyncClient:
 
 
 class AsyncKeepAlive:
-    """The async twin of sync.KeepAlive; made by ``AsyncClient.keep_alive``."""
+    """The async twin of sync.KeepAlive (the same ``core.LeaseClock`` rules); made by
+    ``AsyncClient.keep_alive``."""
 
     def __init__(
         self,
@@ -792,6 +809,8 @@ class AsyncKeepAlive:
         self._client = client
         self._on_lost = on_lost
         self._fixed_interval = interval
+        self._changed = anyio.Event()
+        """Set (and replaced) when a TTL update moves the deadline or the renewal time."""
 
     @property
     def ttl_ms(self) -> int:
@@ -801,6 +820,25 @@ class AsyncKeepAlive:
     def deadline(self) -> float:
         """Monotonic time after which the lease must be presumed lost."""
         return self._clock.deadline
+
+    def update_sent(self, ttl_ms: int) -> int:
+        """A TTL update of this lease is about to be sent (``AsyncClient.update_lease``)."""
+        ticket = self._clock.update_sent(time.monotonic(), ttl_ms)
+        self._wake()
+        return ticket
+
+    def update_settled(self, ticket: int, ttl_ms: int | None, *, applied: bool | None) -> None:
+        self._clock.update_settled(ticket, ttl_ms, time.monotonic(), applied=applied)
+        self._wake()
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleeps ``seconds``, or less if a TTL update changes the times meanwhile."""
+        with anyio.move_on_after(seconds):
+            await self._changed.wait()
 
     def _interval(self) -> float:
         return self._fixed_interval or self._clock.interval()
@@ -825,14 +863,18 @@ class AsyncKeepAlive:
                     f"({self.ttl_ms} ms after the last confirmed renewal)"
                 )
                 return
-            await anyio.sleep(left)
+            await self._sleep(left)
 
     async def _renew_loop(self) -> None:
-        next_at = self._clock.last_sent + self._interval()
+        retry_at: float | None = None
         while not self.lost.is_set():
+            next_at = self._clock.last_sent + self._interval()
+            if retry_at is not None:
+                next_at = min(next_at, retry_at)
             wait = next_at - time.monotonic()
             if wait > 0:
-                await anyio.sleep(wait)
+                await self._sleep(wait)
+                continue  # recomputed: a TTL update may bring the renewal forward
             sent = time.monotonic()
             left = self.deadline - sent
             if left <= 0:
@@ -840,17 +882,18 @@ class AsyncKeepAlive:
             try:
                 with anyio.move_on_after(left):
                     ttl = await self._client.keepalive(self.lease, timeout=left)
+                    counts = self._clock.counts(sent)
                     if not self._clock.confirmed(sent, ttl, time.monotonic()):
                         return  # too late to count: the watcher reports the loss
-                    self.renewals += 1
-                    next_at = sent + self._interval()
+                    self.renewals += counts
+                    retry_at = None
                     continue
             except LeaseLost as exc:
                 self._mark_lost(exc.message)
                 return
             except (DlmError, ValueError) as exc:
                 self.last_error = exc
-            next_at = time.monotonic() + min(self._interval() / 4, 0.25)
+            retry_at = time.monotonic() + min(self._interval() / 4, 0.25)
 
 
 def _incarnation(lease: LeaseRef) -> int:

@@ -31,6 +31,7 @@ its number, and every request says up to where the client has its answers
 from __future__ import annotations
 
 import os
+import threading
 
 from dlm.client.errors import (
     AuthFailed,
@@ -957,19 +958,68 @@ class LeaseClock:
     sent it, so our deadline passes first (ARCHITECTURE.md, invariant 4).
     Counting from the reply instead would let the server's deadline pass first.
 
+    TTL updates. The leader's deadline moves *earlier* in one way: an entry
+    that re-arms the lease (``update_lease``) restarts its clock at apply + the
+    new TTL. So:
+
+    * the deadline follows the latest confirmation by send time, not the
+      latest deadline: a renewal (or update) sent at s and confirmed with TTL T
+      sets it to ``lease_deadline(s, T)``, lower than before if T shrank;
+    * an update counts from the moment it is sent (``update_sent``): it may be
+      applied as soon as it arrives, so the deadline drops at once to
+      ``lease_deadline(sent, new TTL)``;
+    * a reply to anything sent before the last update moves nothing;
+    * a renewal sent at s after an update p counts with at most p's TTL if p
+      was not confirmed by s: the renewal may have been served before p was
+      applied (its reply then carries the old TTL) and p re-armed the lease
+      later. An update that got no answer may be applied still, by a later
+      leader: it caps every renewal for good;
+    * the renewal interval follows the shortest TTL the leader may be using,
+      from the moment an update is sent.
+
     Once the deadline has passed the lease is lost for good: a confirmation
     that arrives later (a slow reply, a process that was paused) extends
     nothing, because the cluster may already have expired the lease and given
     its locks away. Times are the client's monotonic clock, in seconds.
     """
 
-    __slots__ = ("deadline", "last_sent", "lost", "ttl_ms")
+    __slots__ = (
+        "_deadline_of",
+        "_tickets",
+        "_updates",
+        "deadline",
+        "floor",
+        "last_sent",
+        "lost",
+        "reported_ttl_ms",
+    )
 
-    def __init__(self, ttl_ms: int, confirmed_at: float) -> None:
-        self.ttl_ms = ttl_ms
+    def __init__(
+        self,
+        ttl_ms: int,
+        confirmed_at: float,
+        deadline_of: Callable[[float, int], float] = lease_deadline,
+    ) -> None:
+        self._deadline_of = deadline_of
+        self.reported_ttl_ms = ttl_ms
+        """The TTL the deadline counts with (what the last confirmation that counted
+        reported, capped by the updates that could still re-arm the lease after it)."""
         self.last_sent = confirmed_at
-        self.deadline = lease_deadline(confirmed_at, ttl_ms)
+        """When the confirmation the deadline counts from was sent."""
+        self.floor = confirmed_at
+        """Replies to requests sent before this count for nothing: the send time of the
+        last update, or of the last confirmation that counted."""
+        self._updates: dict[int, tuple[float, float, int]] = {}
+        """ticket -> (sent, confirmed at or +inf while it may still be applied, ttl_ms)."""
+        self._tickets = 0
+        self.deadline = deadline_of(confirmed_at, ttl_ms)
         self.lost = False
+
+    @property
+    def ttl_ms(self) -> int:
+        """The shortest TTL the leader may be counting this lease with: renewals pace by it."""
+        pending = [ttl for _, settled, ttl in self._updates.values() if settled == _NEVER]
+        return min([self.reported_ttl_ms, *pending])
 
     def expired(self, now: float) -> bool:
         """Whether the deadline has passed (and so the lease is lost for good)."""
@@ -977,14 +1027,86 @@ class LeaseClock:
             self.lost = True
         return self.lost
 
+    def counts(self, sent_at: float) -> bool:
+        """Whether a reply to a request sent at ``sent_at`` may still move the deadline."""
+        return not self.lost and sent_at >= self.floor
+
+    def _ttl_at(self, sent_at: float, ttl_ms: int) -> int:
+        """The TTL a renewal sent at ``sent_at`` and answered with ``ttl_ms`` counts with:
+        no more than any update sent before it and not yet confirmed when it was sent."""
+        for sent, settled, asked_ms in self._updates.values():
+            if sent <= sent_at < settled:
+                ttl_ms = min(ttl_ms, asked_ms)
+        return ttl_ms
+
+    def _recount(self) -> float:
+        """The deadline the last counted confirmation and the pending updates allow."""
+        since = self.last_sent
+        deadline = self._deadline_of(since, self.reported_ttl_ms)
+        for sent, settled, ttl_ms in self._updates.values():
+            if settled == _NEVER:
+                # Applied at or after its send, and perhaps after the confirmation counted.
+                deadline = min(deadline, self._deadline_of(max(since, sent), ttl_ms))
+        return deadline
+
+    def _counted(self, sent_at: float, ttl_ms: int) -> None:
+        self.floor = self.last_sent = sent_at
+        self.reported_ttl_ms = ttl_ms
+        # A confirmed update matters to renewals sent before its confirmation; none
+        # sent before this one will count again.
+        for ticket, (_, settled, _) in list(self._updates.items()):
+            if settled <= sent_at:
+                del self._updates[ticket]
+        self.deadline = self._recount()
+
     def confirmed(self, sent_at: float, ttl_ms: int, now: float) -> bool:
         """A renewal sent at ``sent_at`` was confirmed with ``ttl_ms``, and the answer
-        arrived at ``now``. False when it came too late to count."""
+        arrived at ``now``. False when it came too late to count (the lease is lost);
+        True otherwise, even when it moved nothing because it was sent before the
+        last update or the last confirmation that counted (see ``counts``)."""
         if self.expired(now):
             return False
-        self.ttl_ms = ttl_ms
-        self.last_sent = max(self.last_sent, sent_at)
-        self.deadline = max(self.deadline, lease_deadline(sent_at, ttl_ms))
+        if self.counts(sent_at):
+            self._counted(sent_at, self._ttl_at(sent_at, ttl_ms))
+        return True
+
+    def update_sent(self, sent_at: float, ttl_ms: int) -> int:
+        """A TTL update (``update_lease``) is sent at ``sent_at`` (call it before the
+        first attempt): the deadline drops to what the new TTL allows, at once.
+        Returns the ticket to settle it with."""
+        self._tickets += 1
+        ticket = self._tickets
+        self._updates[ticket] = (sent_at, _NEVER, ttl_ms)
+        self.floor = max(self.floor, sent_at)
+        if not self.lost:
+            self.deadline = min(self.deadline, self._deadline_of(sent_at, ttl_ms))
+        return ticket
+
+    def update_settled(
+        self, ticket: int, ttl_ms: int | None, now: float, *, applied: bool | None
+    ) -> bool:
+        """What became of the update ``ticket``, learned at ``now``: ``applied`` True
+        (confirmed with ``ttl_ms``), False (refused: it will never be applied), or None
+        (no answer: it may be applied still, so it keeps capping). False when the lease
+        is lost."""
+        known = self._updates.get(ticket)
+        if applied is None or known is None or known[1] != _NEVER:
+            return not self.expired(now)
+        sent, _, asked_ms = known
+        if not applied:
+            del self._updates[ticket]
+            return not self.expired(now)
+        confirmed_ms = asked_ms if ttl_ms is None else ttl_ms
+        self._updates[ticket] = (sent, now, confirmed_ms)
+        if self.expired(now):
+            return False
+        if self.counts(sent):
+            # The update is itself a confirmation: the leader re-armed the lease after
+            # ``sent`` with this TTL.
+            self._counted(sent, self._ttl_at(sent, confirmed_ms))
+        else:
+            # Renewals sent after it counted already, capped by it while it was pending.
+            self.deadline = min(self.deadline, self._recount())
         return True
 
     def interval(self) -> float:
@@ -993,6 +1115,49 @@ class LeaseClock:
 
     def next_renewal(self) -> float:
         return self.last_sent + self.interval()
+
+
+_NEVER = float("inf")
+
+
+class LeaseWatchers:
+    """The keep-alives of each lease in one family of clients (a client and those it
+    spawned): a TTL update sent through any of them must reach them at once, before
+    the first attempt is sent, or they would go on counting with the old TTL.
+
+    A watcher has ``update_sent(ttl_ms) -> ticket`` (reading its own clock) and
+    ``update_settled(ticket, ttl_ms, applied)``, as ``LeaseClock`` has.
+    """
+
+    __slots__ = ("_by_lease", "_lock")
+
+    def __init__(self) -> None:
+        self._by_lease: dict[str, tuple[Any, ...]] = {}
+        self._lock = threading.Lock()  # KeepAlives start and stop from any thread
+
+    def watch(self, lease: str, watcher: Any) -> None:
+        with self._lock:
+            self._by_lease[lease] = (*self._by_lease.get(lease, ()), watcher)
+
+    def unwatch(self, lease: str, watcher: Any) -> None:
+        with self._lock:
+            left = tuple(w for w in self._by_lease.get(lease, ()) if w is not watcher)
+            if left:
+                self._by_lease[lease] = left
+            else:
+                self._by_lease.pop(lease, None)
+
+    def of(self, lease: str) -> list[Any]:
+        with self._lock:
+            return list(self._by_lease.get(lease, ()))
+
+
+def update_applied(error: BaseException) -> bool | None:
+    """What an update_lease that raised ``error`` did: False when the cluster refused it
+    (it will never be applied), None when it may have been applied, or may still be."""
+    if isinstance(error, BadRequest | LeaseLost):
+        return False
+    return None
 
 
 # ---------------------------------------------------------------------------

@@ -400,6 +400,9 @@ class Client:
         self._closed = False
         self._wake = threading.Event()
         self._ttl_ms: dict[str, int] = {}
+        # Shared with the clients this one spawns: a KeepAlive renews from a spawned
+        # client, and must hear of a TTL update sent through this one.
+        self._watchers = core.LeaseWatchers()
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -455,6 +458,7 @@ class Client:
         )
         child._ctx.router.preferred = self._ctx.router.preferred
         child._ttl_ms = dict(self._ttl_ms)
+        child._watchers = self._watchers
         return child
 
     # -- leases ---------------------------------------------------------------
@@ -509,10 +513,23 @@ class Client:
         timeout: float | None = None,
     ) -> int:
         """Gives the lease a new TTL, counted from now (``finished``: its command ended).
-        ``timeout``: how long to keep trying (default: the client's)."""
+        ``timeout``: how long to keep trying (default: the client's).
+
+        Every KeepAlive of this lease made from this client (or one it spawned) hears
+        of it before it is sent: a shorter TTL lowers its deadline at once, whatever
+        becomes of the update, and sets the pace of its renewals."""
         lid = lease_id(lease)
         flow = core.update_lease_flow(self._ctx, lid, ttl_ms, finished=finished, timeout=timeout)
-        ttl: int = self._run(flow)
+        tickets = [(w, w.update_sent(ttl_ms)) for w in self._watchers.of(lid)]
+        try:
+            ttl: int = self._run(flow)
+        except BaseException as exc:
+            applied = core.update_applied(exc)
+            for watcher, ticket in tickets:
+                watcher.update_settled(ticket, None, applied=applied)
+            raise
+        for watcher, ticket in tickets:
+            watcher.update_settled(ticket, ttl, applied=True)
         self._ttl_ms[lid] = ttl
         return ttl
 
@@ -701,17 +718,20 @@ class KeepAlive:
     """Renews a lease in the background and says when it can no longer be trusted.
 
     The client-side deadline is (monotonic time the last *confirmed* renewal was
-    sent) + TTL, less a margin for clock rates (``core.lease_deadline``); the first one
-    counts from ``confirmed_at``, when the
-    open_lease or acquire was sent. ``deadline_of(sent, ttl_ms)`` may set it
-    earlier (dlm exec gives up at the moment it must stop its command). A
-    renewal is attempted about every TTL/3 from a daemon thread with its own
-    connection; a second thread watches the deadline with a timer, so a renewal
-    that hangs (members SIGSTOPped) cannot delay the verdict. ``lost`` is set,
-    and ``on_lost(reason)`` called once, on SESSION_EXPIRED or when the
-    deadline passes unconfirmed. A renewal confirmed after the deadline counts
-    for nothing. ``on_renewed(sent, ttl_ms)`` is called after each renewal
-    that counted, from the renewing thread.
+    sent) + TTL, less a margin for clock rates (``core.lease_deadline``); the first
+    one counts from ``confirmed_at``, when the open_lease or acquire was sent.
+    ``deadline_of(sent, ttl_ms)`` may set it earlier (dlm exec gives up at the
+    moment it must stop its command). The rules are ``core.LeaseClock``'s: a TTL
+    update sent through ``client`` (or a client spawned from it) lowers the
+    deadline the moment it is sent, and a reply to a renewal sent before it moves
+    nothing. A renewal is attempted about every TTL/3 (of the shortest TTL the
+    leader may be using) from a daemon thread with its own connection; a second
+    thread watches the deadline with a timer, so a renewal that hangs (members
+    SIGSTOPped) cannot delay the verdict. ``lost`` is set, and ``on_lost(reason)``
+    called once, on SESSION_EXPIRED or when the deadline passes unconfirmed. A
+    renewal confirmed after the deadline counts for nothing. ``on_renewed(sent,
+    ttl_ms)`` is called after each renewal that counted, from the renewing thread,
+    with the TTL it counts with (capped by any update it may predate).
     """
 
     def __init__(
@@ -734,18 +754,16 @@ class KeepAlive:
         if confirmed_at is None:
             raise ValueError("KeepAlive needs confirmed_at: when the lease was last confirmed")
         self.lease = lease_id(lease)
-        self.ttl_ms = ttl_ms
         self.lost = threading.Event()
         self.reason: str | None = None
         self.renewals = 0
         self.last_error: BaseException | None = None
+        self._watchers = client._watchers
         self._client = client.spawn()
         self._on_lost = on_lost
         self._on_renewed = on_renewed
         self._fixed_interval = interval
-        self._deadline_of = deadline_of or core.lease_deadline
-        self._confirmed_at = confirmed_at
-        self._deadline = self._deadline_of(confirmed_at, ttl_ms)
+        self._clock = core.LeaseClock(ttl_ms, confirmed_at, deadline_of or core.lease_deadline)
         self._cond = threading.Condition()
         self._stopping = threading.Event()
         self._threads = [
@@ -761,38 +779,64 @@ class KeepAlive:
     def deadline(self) -> float:
         """Monotonic time after which the lease must be presumed lost."""
         with self._cond:
-            return self._deadline
+            return self._clock.deadline
 
     @property
     def confirmed_at(self) -> float:
         """Monotonic time the last renewal that counted was sent."""
         with self._cond:
-            return self._confirmed_at
+            return self._clock.last_sent
+
+    @property
+    def ttl_ms(self) -> int:
+        """The shortest TTL the leader may be counting the lease with (renewals pace by it)."""
+        with self._cond:
+            return self._clock.ttl_ms
 
     def confirmed(self, sent: float, ttl_ms: int) -> bool:
         """Records a renewal the caller made itself (sent at ``sent``, answered with
-        ``ttl_ms``); False if it came too late to count."""
+        ``ttl_ms``); False if it came too late to count. A renewal sent before the
+        last TTL update (or the last renewal that counted) moves nothing."""
         with self._cond:
-            if self._lost_marked or self._stopping.is_set() or time.monotonic() >= self._deadline:
+            if self._lost_marked or self._stopping.is_set():
                 return False
-            self.ttl_ms = ttl_ms
-            self._confirmed_at = max(self._confirmed_at, sent)
-            self._deadline = max(self._deadline, self._deadline_of(sent, ttl_ms))
-            self.renewals += 1
+            counts = self._clock.counts(sent)
+            if not self._clock.confirmed(sent, ttl_ms, time.monotonic()):
+                return False
+            if counts:
+                self.renewals += 1
+                # What the renewal counts with: no more than an update it may predate.
+                ttl_ms = self._clock.reported_ttl_ms
             self._cond.notify_all()
-        if self._on_renewed is not None:
+        if counts and self._on_renewed is not None:
             try:
                 self._on_renewed(sent, ttl_ms)
             except Exception as exc:  # the callback's failure must not stop the renewals
                 self.last_error = exc
         return True
 
+    def update_sent(self, ttl_ms: int) -> int:
+        """A TTL update of this lease is about to be sent (``Client.update_lease`` calls
+        this): the deadline drops to what ``ttl_ms`` allows from now, and renewals pace
+        by it. Returns the ticket for ``update_settled``."""
+        with self._cond:
+            ticket = self._clock.update_sent(time.monotonic(), ttl_ms)
+            self._cond.notify_all()  # the watcher and the renewer re-read their times
+            return ticket
+
+    def update_settled(self, ticket: int, ttl_ms: int | None, *, applied: bool | None) -> None:
+        """What became of the update ``ticket`` (``core.LeaseClock.update_settled``)."""
+        with self._cond:
+            self._clock.update_settled(ticket, ttl_ms, time.monotonic(), applied=applied)
+            self._cond.notify_all()
+
     def _interval(self) -> float:
-        return self._fixed_interval or self.ttl_ms / 3000.0
+        return self._fixed_interval or self._clock.interval()
 
     def start(self) -> KeepAlive:
         if not self._started:
             self._started = True
+            self._watchers.watch(self.lease, self)
             # The threads are born with the signals a program handles blocked (a thread
             # inherits its creator's mask), so that the kernel hands them to the main
             # thread: one that went to a helper thread would leave the main thread
@@ -811,6 +855,7 @@ class KeepAlive:
         with self._cond:
             self._stopping.set()
             self._cond.notify_all()
+        self._watchers.unwatch(self.lease, self)
         self._client.close()
         if self._started:
             for t in self._threads:
@@ -848,31 +893,43 @@ class KeepAlive:
     def _watch(self) -> None:
         with self._cond:
             while not self._stopping.is_set() and not self._lost_marked:
-                left = self._deadline - time.monotonic()
+                # Re-read after every wake-up: a TTL update may have moved it earlier.
+                left = self._clock.deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._cond.wait(left)
             if self._stopping.is_set() or self._lost_marked:
                 return
+            ttl_ms = self._clock.ttl_ms
         self._mark_lost(
             f"lease {self.lease} could not be renewed before its deadline "
-            f"({self.ttl_ms} ms after the last confirmed renewal)"
+            f"({ttl_ms} ms after the last confirmed renewal)"
         )
 
     def _renew_loop(self) -> None:
-        next_at = self._confirmed_at + self._interval()
-        while not self._stopping.is_set() and not self._lost_marked:
-            wait = next_at - time.monotonic()
-            if wait > core.PING_EVERY_S:
-                # Long TTLs leave the connection idle for long: keep it open.
-                if self._stopping.wait(core.PING_EVERY_S):
+        retry_at: float | None = None
+        idle_since = time.monotonic()
+        while True:
+            with self._cond:
+                if self._stopping.is_set() or self._lost_marked:
                     return
+                now = time.monotonic()
+                # Recomputed after every wake-up: a TTL update may bring the renewal forward.
+                next_at = self._clock.last_sent + self._interval()
+                if retry_at is not None:
+                    next_at = min(next_at, retry_at)
+                ping_at = idle_since + core.PING_EVERY_S
+                if now < next_at and now < ping_at:
+                    self._cond.wait(min(next_at, ping_at) - now)
+                    continue
+                deadline = self._clock.deadline
+            if now < next_at:
+                # Long TTLs leave the connection idle for long: keep it open.
                 self._client.ping()
+                idle_since = time.monotonic()
                 continue
-            if wait > 0 and self._stopping.wait(wait):
-                return
             sent = time.monotonic()
-            left = self.deadline - sent
+            left = deadline - sent
             if left <= 0:
                 return  # the watcher reports it
             try:
@@ -882,11 +939,13 @@ class KeepAlive:
                 return
             except (DlmError, ValueError) as exc:
                 self.last_error = exc
-                next_at = time.monotonic() + min(self._interval() / 4, 0.25)
+                idle_since = time.monotonic()
+                retry_at = idle_since + min(self._interval() / 4, 0.25)
                 continue
+            idle_since = time.monotonic()
+            retry_at = None
             if not self.confirmed(sent, ttl):
                 return  # confirmed too late: the watcher reports the loss
-            next_at = sent + self._interval()
 
 
 def _incarnation(lease: LeaseRef) -> int:

@@ -1,11 +1,12 @@
 """Known bugs, switched on through test seams, to prove the checkers can fail: the Raft
-core's, LinkWatch's, and the admission holes of issue 20 (driven by the whole-node
-simulator)."""
+core's, LinkWatch's, the client library's lease clock, and the admission holes of issue 20
+(driven by the whole-node simulator)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from dlm.client.core import LeaseClock, lease_deadline
 from dlm.node.admission import (
     Acceptance,
     Ask,
@@ -119,3 +120,27 @@ class AdmitsClientsWithoutTheProof(Acceptance):
             self._state = "verdict"
             return Ask(hello)
         return outcome
+
+
+class OutlivesShortenedLeases(LeaseClock):
+    """Issue 20's hole 3 put back: the client's lease clock never hears of a TTL update,
+    and a confirmation keeps the later of the old and the new deadline (max(old, new)),
+    so a shortened lease goes on being counted on with the old TTL."""
+
+    __slots__ = ()
+
+    def update_sent(self, sent_at: float, ttl_ms: int) -> int:
+        return 0
+
+    def update_settled(
+        self, ticket: int, ttl_ms: int | None, now: float, *, applied: bool | None
+    ) -> bool:
+        return not self.expired(now)
+
+    def confirmed(self, sent_at: float, ttl_ms: int, now: float) -> bool:
+        if self.expired(now):
+            return False
+        self.reported_ttl_ms = ttl_ms
+        self.last_sent = max(self.last_sent, sent_at)
+        self.deadline = max(self.deadline, lease_deadline(sent_at, ttl_ms))
+        return True

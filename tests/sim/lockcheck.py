@@ -9,6 +9,10 @@ moment one of these fails:
   of N). A section starts when the client learns its grant and ends when it
   sends its release, or at its client-side deadline, whichever comes first; a
   ``dlm exec`` section ends when the guard has killed the command;
+* **a minimum hold is kept**: once a ``dlm exec --min-hold`` run has handed the
+  rest of its hold to the cluster (and had it confirmed while its lease lasted),
+  nobody else enters the key before the hold is over, counted from when the
+  grant's reply arrived (a semaphore's other slots stay open);
 * **tokens rise**: the fencing tokens clients learn for an exclusive key
   strictly increase in the order they learn them;
 * **grants are real**: every grant a client was told about is a grant in the
@@ -93,6 +97,8 @@ class LockChecker:
         self.executed: dict[tuple[str, int], int] = {}
         """(client, seq) -> index of the entry that ran it."""
         self.renewals: dict[tuple[str, int, str, str, int], int] = {}
+        self.holds: dict[str, list[tuple[str, int, int]]] = {key: [] for key in limits}
+        """key -> (lease, token, real time until which it stays taken) of minimum holds."""
         self.store = FencedStore()
         self.sections_checked = 0
         self.overlaps_checked = 0
@@ -119,6 +125,20 @@ class LockChecker:
         active = [s for s in self.sections[key] if s.active_at(now)]
         others = [s for s in active if (s.lease, s.token) != (section.lease, section.token)]
         self.overlaps_checked += len(others)
+        held = [
+            (lease, token, until)
+            for lease, token, until in self.holds[key]
+            if until > now and (lease, token) != (section.lease, section.token)
+        ]
+        self.holds[key] = held
+        if held and len(others) + len(held) >= limit:
+            lease, token, until = held[0]
+            raise Violation(
+                "min-hold",
+                f"{section.client} entered {key} with token {section.token} at {now / 1e6:.3f}s, "
+                f"before the minimum hold of lease {lease} (token {token}) ended at "
+                f"{until / 1e6:.3f}s (limit {limit})",
+            )
         if len(others) >= limit:
             holders = ", ".join(
                 f"{s.client} (token {s.token}, until {s.ends_by() / 1e6:.3f}s)" for s in others
@@ -131,6 +151,10 @@ class LockChecker:
         # Sections that ended long ago are of no further use.
         self.sections[key] = [*active, section]
         self.sections_checked += 1
+
+    def held_until(self, key: str, lease: str, token: int, until: int) -> None:
+        """``lease`` keeps ``key`` (granted with ``token``) taken until real time ``until``."""
+        self.holds[key].append((lease, token, until))
 
     def leave(self, section: Section, now: int) -> None:
         if section.released is None:

@@ -27,10 +27,17 @@ events in simulated real time (world.py), driven by one seed:
   does the same with ``dlm exec``'s rule: its guard kills the command before
   the client-side deadline. Clients get cut off, paused (a GC pause, longer
   than their TTL at times) and resumed.
+  A library client now and then changes its lease's
+  TTL while it holds a key, shorter or longer (``Client.update_lease``: its
+  keeper hears of it before it is sent), and holds on; an exec client's
+  command now and then ends before its ``--min-hold``, and it hands the rest
+  of the hold to the cluster as the lease's last TTL.
 * **a stranger** (stranger.py) on the network, without the members' peer
   secret, sends frames before and instead of a proof: spoofed refusals,
   spoofed hellos with real member ids, replays of recorded handshakes. It goes
   through the same admission objects a member runs (dlm/node/admission.py).
+* **lease views**: the cluster expiring a lease that some client still counts
+  on (its deadline not yet passed) is a violation by itself (lease-outlived).
 * **checks** run after every event: Raft's invariants (checkers.py) and the
   lock-level promises users rely on (lockcheck.py), in real time; and after each
   of the stranger's frames, that it changed nothing in the member.
@@ -179,6 +186,17 @@ class NodeSimOptions:
     acceptance_class: type[Acceptance] = Acceptance
     dialing_class: type[Dialing] = Dialing
     """The admission objects the members use (mutants replace them)."""
+    lease_clock_class: type[core.LeaseClock] = core.LeaseClock
+    """The client-side lease clock (a mutant may stand in for it)."""
+    check_outlived: bool = True
+    """Whether an expired lease that a client still counts on is a violation by itself
+    (off: only what follows from it, two holders, is)."""
+    ttl_updates: float = 0.3
+    """How often a library client changes its lease's TTL while it holds a key."""
+    min_holds: float = 0.3
+    """How often an exec client's command ends before its --min-hold is over."""
+    min_hold_from_send: bool = False
+    """Mutant: --min-hold counts from when the acquire was sent, not from its reply."""
 
 
 class SimFailure(AssertionError):
@@ -345,6 +363,7 @@ class Task:
         self.name = name
         self.done = False
         self.epoch = 0  # bumps on every resume: stale wake-ups are ignored
+        self.sleeping = False
 
     def start(self) -> None:
         self._advance(None, None)
@@ -363,6 +382,7 @@ class Task:
     def _wait(self, step: RunFlow | Sleep) -> None:
         proc = self.proc
         epoch = self.epoch
+        self.sleeping = isinstance(step, Sleep)
         if isinstance(step, Sleep):
             proc.after(step.seconds, lambda: self._resume_if(epoch, None, None))
             return
@@ -375,6 +395,14 @@ class Task:
     def cancel(self, exc: BaseException) -> None:
         """Abandons whatever the task waits for and throws ``exc`` into it."""
         self._advance(None, exc)
+
+    def nudge(self) -> None:
+        """Ends the task's Sleep early (a condition variable's notify): the Sleep returns
+        True instead of None, and the script re-reads its times. Nothing if it is not
+        sleeping."""
+        if self.sleeping and not self.done:
+            epoch = self.epoch
+            self.proc.after(0.0, lambda: self._resume_if(epoch, True, None))
 
 
 class FlowRunner:
@@ -439,6 +467,9 @@ class ClientProc:
         self.stopping = Flag()
         self.reopen: tuple[str, int] | None = None
         """A lease id to open again (incarnations), and the real time from which to."""
+        self.update_rng = sim.rng_for(f"updates-{name}")
+        self.acquire_sent = 0.0
+        """When the last acquire was first sent (the min-hold mutant counts from it)."""
 
     def run(self, fn: Callable[[], None]) -> None:
         """Runs ``fn`` now, or when the process is resumed."""
@@ -514,6 +545,8 @@ class NodeSimulation:
             proc = ClientProc(self, f"c{i}", kind)
             self.procs.append(proc)
         self.leases_ttl_max_ms = 0
+        self.lease_views: dict[str, list[tuple[int, ClientProc, core.LeaseClock]]] = {}
+        """lease id -> (incarnation, process, clock) of every client that counts on it."""
 
     # -- plumbing ----------------------------------------------------------------
 
@@ -641,11 +674,52 @@ class NodeSimulation:
             seen = self.incarnations.setdefault(lease, [])
             if incarnation not in seen:
                 seen.append(incarnation)
+        expire = outcome.command
+        if (
+            outcome.expired
+            and isinstance(expire, locks.ExpireCommand)
+            and self.options.check_outlived
+        ):
+            self._check_outlived(expire)
         result = outcome.result
         if isinstance(result, locks.Granted) and result.token == outcome.index:
             self.checker.grant_committed(outcome.index, result.key, result.lease)
         for promotion in outcome.promotions:
             self.checker.grant_committed(promotion.token, promotion.key, promotion.lease)
+
+    def _check_outlived(self, expire: locks.ExpireCommand) -> None:
+        """The cluster expired a lease: no client may still count on it (its deadline
+        passes before the leader's, whatever happened to the lease's TTL)."""
+        now = self.world.now
+        views = self.lease_views.get(expire.lease, [])
+        for incarnation, proc, clock in views:
+            if expire.incarnation not in (0, incarnation):
+                continue
+            if clock.lost:
+                continue
+            until = proc.clock.real_us(clock.deadline)
+            if until > now:
+                raise Violation(
+                    "lease-outlived",
+                    f"lease {expire.lease} (incarnation {incarnation}) expired at "
+                    f"{now / US:.3f}s while {proc.name} counted on it until {until / US:.3f}s",
+                )
+        # Views of an expired lease are of no further use.
+        kept = [v for v in views if expire.incarnation not in (0, v[0])]
+        if kept:
+            self.lease_views[expire.lease] = kept
+        else:
+            self.lease_views.pop(expire.lease, None)
+
+    def _watch_lease(self, proc: ClientProc, lease: core.Lease, clock: core.LeaseClock) -> None:
+        self.lease_views.setdefault(lease.id, []).append((lease.incarnation, proc, clock))
+
+    def _forget_lease(self, lease: str, clock: core.LeaseClock) -> None:
+        views = [v for v in self.lease_views.get(lease, []) if v[2] is not clock]
+        if views:
+            self.lease_views[lease] = views
+        else:
+            self.lease_views.pop(lease, None)
 
     # -- members -------------------------------------------------------------------
 
@@ -1473,7 +1547,8 @@ class NodeSimulation:
                 continue
             # (The mutant counts from when the answer arrived, the correct client from the send.)
             start = proc.mono() if self.options.lease_clock_from_reply else lease.confirmed_at
-            clock = core.LeaseClock(lease.ttl_ms, start)
+            clock = self.options.lease_clock_class(lease.ttl_ms, start)
+            self._watch_lease(proc, lease, clock)
             lost = Flag()
             keeper_client = SimClient(proc, proc.name + "k")
             holder = proc.spawn(
@@ -1486,6 +1561,7 @@ class NodeSimulation:
                     break
                 key = rng.choice(sorted(LIMITS))
                 wait = rng.choice((None, 0.5, 2.0))
+                proc.acquire_sent = proc.mono()
                 try:
                     grant = yield RunFlow(
                         main,
@@ -1507,6 +1583,7 @@ class NodeSimulation:
                 except DlmError:
                     self.stats["acquire_failed"] += 1
                     continue
+                granted_by = proc.mono()  # the grant's reply is here: the hold counts from now
                 if lost.is_set() or self.world.now >= proc.clock.real_us(clock.deadline):
                     # The grant arrived after our deadline: it is not ours to use.
                     self.stats["late_grants"] += 1
@@ -1516,8 +1593,27 @@ class NodeSimulation:
                 for _ in range(rng.randint(1, 3)):
                     yield Sleep(rng.uniform(0.01, 0.25))
                     self._write(proc, section, clock)
+                if proc.kind == "library" and proc.update_rng.random() < self.options.ttl_updates:
+                    yield from self._update_ttl(
+                        proc, main, lease, clock, keeper=holder, section=section
+                    )
                 if zombie:
                     break  # stops renewing below and vanishes without releasing
+                if (
+                    proc.kind == "exec"
+                    and not handover
+                    and proc.update_rng.random() < self.options.min_holds
+                ):
+                    # `dlm exec --min-hold`: CMD ended before the hold is over; the rest of
+                    # it goes to the cluster as the lease's last TTL, and dlm exits.
+                    self.checker.leave(section, self.world.now)
+                    holder.cancel(_Cancelled())
+                    yield from self._hand_over_hold(
+                        proc, main, lease, clock, grant=grant, granted_by=granted_by
+                    )
+                    lost.set()  # the lease is left to run out: never closed
+                    handover = True  # nor opened again by id
+                    break
                 if handover:
                     # A CI job's next step takes over the lease (and so the lock) by
                     # joining it, as late as the moment the cluster expires it.
@@ -1562,6 +1658,86 @@ class NodeSimulation:
                 proc.reopen = (lease.id, self.world.now)  # a tombstone answers, or a new lease
         main.drop()
 
+    def _update_ttl(
+        self,
+        proc: ClientProc,
+        main: SimClient,
+        lease: core.Lease,
+        clock: core.LeaseClock,
+        *,
+        keeper: Task,
+        section: Section,
+    ) -> Script:
+        """``Client.update_lease`` while holding: the keeper hears of it before it is sent
+        (as KeepAlive does), then the client holds on for a while, writing, as long as
+        its clock says the lease lasts (a shorter TTL must not be outlived)."""
+        urng = proc.update_rng
+        ttl_ms = urng.choice((300, 500, 1000, 1000, 3000))
+        self.stats["ttl_shortened" if ttl_ms < clock.ttl_ms else "ttl_lengthened"] += 1
+        ticket = clock.update_sent(proc.mono(), ttl_ms)
+        keeper.nudge()
+        try:
+            confirmed = yield RunFlow(
+                main,
+                core.update_lease_flow(main.ctx, lease.id, ttl_ms, timeout=urng.uniform(0.3, 3.0)),
+            )
+        except DlmError as exc:
+            self.stats["ttl_update_failed"] += 1
+            clock.update_settled(ticket, None, proc.mono(), applied=core.update_applied(exc))
+        else:
+            clock.update_settled(ticket, confirmed, proc.mono(), applied=True)
+        keeper.nudge()
+        # Hold on past the new TTL (as --min-hold keeps a lock), writing now and then.
+        for _ in range(urng.randint(1, 4)):
+            yield Sleep(urng.uniform(0.05, 0.4))
+            self._write(proc, section, clock)
+
+    def _hand_over_hold(
+        self,
+        proc: ClientProc,
+        main: SimClient,
+        lease: core.Lease,
+        clock: core.LeaseClock,
+        *,
+        grant: core.Grant,
+        granted_by: float,
+    ) -> Script:
+        """exec's ``_hand_over_hold``: the rest of a --min-hold becomes the lease's TTL
+        (``lease_update`` with ``finished``). Once the cluster has confirmed it in time,
+        no one else may hold the key before the hold is over."""
+        urng = proc.update_rng
+        hold = urng.uniform(0.2, 1.5)
+        # The process counts on the lease no more (CMD has ended): its view is dropped.
+        self._forget_lease(lease.id, clock)
+        counted_from = granted_by
+        if self.options.min_hold_from_send:
+            counted_from = proc.acquire_sent
+        hold_ms = core.min_hold_ttl_ms(counted_from, hold, proc.mono())
+        if hold_ms <= 0:
+            try:
+                yield RunFlow(main, core.close_lease_flow(main.ctx, lease.id))
+            except DlmError:
+                self.stats["close_failed"] += 1
+            return
+        self.stats["min_holds"] += 1
+        ticket = clock.update_sent(proc.mono(), hold_ms)
+        try:
+            confirmed = yield RunFlow(
+                main,
+                core.update_lease_flow(
+                    main.ctx, lease.id, hold_ms, finished=True, timeout=urng.uniform(0.5, 3.0)
+                ),
+            )
+        except DlmError:
+            self.stats["min_hold_unconfirmed"] += 1
+            return
+        if not clock.update_settled(ticket, confirmed, proc.mono(), applied=True):
+            # Confirmed after the lease's deadline: the cluster may have doomed it already.
+            self.stats["min_hold_late"] += 1
+            return
+        until = proc.clock.real_us(granted_by) + int(hold * US)
+        self.checker.held_until(grant.key, grant.lease, grant.token, until)
+
     def _spawn_successor(
         self, proc: ClientProc, lease: core.Lease, clock: core.LeaseClock, grant: core.Grant
     ) -> None:
@@ -1588,7 +1764,8 @@ class NodeSimulation:
         except DlmError:
             self.stats["handover_refused"] += 1
             return
-        clock = core.LeaseClock(joined.ttl_ms, joined.confirmed_at)
+        clock = self.options.lease_clock_class(joined.ttl_ms, joined.confirmed_at)
+        self._watch_lease(proc, joined, clock)
         if lease.incarnation and joined.incarnation == lease.incarnation:
             # The very lease the previous step held the lock under: the lock is ours, with
             # the token it handed over (as a CI step that got DLM_FENCING_TOKEN would).
@@ -1678,13 +1855,18 @@ class NodeSimulation:
         """KeepAlive's logic: renew every TTL/3 from its own connection until the deadline."""
         retry_at: float | None = None
         while True:
-            wait = (retry_at if retry_at is not None else clock.next_renewal()) - proc.mono()
+            next_at = clock.next_renewal()
+            if retry_at is not None:
+                next_at = min(next_at, retry_at)
+            wait = next_at - proc.mono()
             if wait > 0:
                 try:
-                    yield Sleep(wait)
+                    nudged = yield Sleep(wait)
                 except _Cancelled:
                     client.drop()
                     return
+                if nudged:
+                    continue  # a TTL update: the renewal may be due earlier now
             sent = proc.mono()
             if sent >= clock.deadline:
                 lost.set()

@@ -19,6 +19,7 @@ from dlm.node.raft.types import (
 from .checkers import SafetyChecker, Violation
 from .conftest import parse_seed_range, seed_batches
 from .faults import FAULT_KINDS, draw_schedule
+from .lockcheck import LockChecker, Section
 from .network import LinkConditions, SimNetwork
 
 
@@ -214,3 +215,17 @@ def test_seed_ranges() -> None:
     assert [list(b) for b in seed_batches(5, 13, 10)] == [list(range(5, 15)), [15, 16, 17]]
     with pytest.raises(pytest.UsageError):
         parse_seed_range("5")
+
+
+def test_a_minimum_hold_keeps_the_key_taken_and_a_semaphore_slot_only() -> None:
+    checker = LockChecker({"k": 1, "sem": 2})
+    checker.held_until("k", "A", 5, until=1_000)
+    checker.held_until("sem", "A", 6, until=1_000)
+    with pytest.raises(Violation, match="min-hold"):
+        checker.enter(Section("b", "k", 7, "B", 999, lambda: 5_000), 999)
+    # The other slot of the semaphore is free; a third holder would not be.
+    checker.enter(Section("b", "sem", 8, "B", 500, lambda: 5_000), 500)
+    with pytest.raises(Violation, match="min-hold"):
+        checker.enter(Section("c", "sem", 9, "C", 600, lambda: 5_000), 600)
+    # Once the hold is over, the key is free.
+    checker.enter(Section("b", "k", 10, "B", 1_000, lambda: 5_000), 1_000)

@@ -28,6 +28,7 @@ from .bugs import (
     AsksTheMemberBeforeTheProof,
     BelievesRefusalsBeforeTheProof,
     NeverReplacesLinks,
+    OutlivesShortenedLeases,
 )
 from .conftest import SimTotals
 from .harness import DiskBackend, MemoryBackend
@@ -150,8 +151,22 @@ class ShortensLeasesOnFailover(LeaseTracker):
 MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     "client counts its lease from the reply": (
         lambda seed: options_for(seed, lease_clock_from_reply=True),
-        {"two-holders"},
+        {"two-holders", "lease-outlived"},
         40,
+    ),
+    # Issue 20, hole 3: caught after 2 seeds (seed 1) as lease-outlived, and after 2 as
+    # two-holders by the holder check alone.
+    "client outlives a shortened lease": (
+        lambda seed: options_for(seed, lease_clock_class=OutlivesShortenedLeases),
+        {"lease-outlived", "two-holders"},
+        20,
+    ),
+    "client outlives a shortened lease (two holders seen)": (
+        lambda seed: options_for(
+            seed, lease_clock_class=OutlivesShortenedLeases, check_outlived=False
+        ),
+        {"two-holders"},
+        20,
     ),
     "read served before applying to the read index": (
         lambda seed: options_for(seed, machine_class=ServesReadsBeforeApplying),
@@ -160,8 +175,14 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     ),
     "keep-alive of a lease being expired": (
         lambda seed: options_for(seed, machine_class=RenewsDoomedLeases),
-        {"two-holders"},
+        {"two-holders", "lease-outlived"},
         120,
+    ),
+    # Caught after 3 seeds (seed 2).
+    "--min-hold counted from the acquire's send": (
+        lambda seed: options_for(seed, min_hold_from_send=True),
+        {"min-hold"},
+        20,
     ),
     "exec guard kills after the deadline": (
         lambda seed: options_for(seed, exec_kill_late_us=300_000),
@@ -170,7 +191,7 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     ),
     "expire ignores the incarnation": (
         lambda seed: options_for(seed, lock_machine_class=ExpiresAnyIncarnation),
-        {"two-holders", "lost-grant"},
+        {"two-holders", "lost-grant", "lease-outlived"},
         120,
     ),
     "leader counts its own write before it is durable": (
@@ -180,7 +201,7 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     ),
     "new leader shortens leases": (
         lambda seed: options_for(seed, tracker_class=ShortensLeasesOnFailover),
-        {"two-holders"},
+        {"two-holders", "lease-outlived"},
         40,
     ),
     "a peer connection that stopped delivering is never replaced": (

@@ -4,12 +4,13 @@ member (real_member.py) and doubles for what it will not do."""
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 import anyio
 import pytest
 
-from dlm.client import aio
+from dlm.client import aio, core
 from dlm.client.aio import AsyncClient
 from dlm.client.errors import LockHeld, NotHolder
 
@@ -139,3 +140,27 @@ def test_a_silent_member_is_abandoned_for_the_next_one(member: RunningMember) ->
                 assert stopped.of_type("open_lease")[0]["lease"] == lease.id
 
         run(main)
+
+
+def test_keep_alive_hears_of_a_shorter_ttl_before_the_update_is_sent(
+    member: RunningMember,
+) -> None:
+    """Issue 20, hole 3, on the anyio client: the deadline falls at once, and the next
+    renewal goes by the new TTL (a third of 1 s after the last, not of 30 s)."""
+
+    async def main() -> None:
+        async with AsyncClient(member.addr, timeout=3.0) as c:
+            lease = await c.open_lease(30_000)
+            async with c.keep_alive(lease) as keeper:
+                before = time.monotonic()
+                assert await c.update_lease(lease, 1_000) == 1_000
+                assert keeper.ttl_ms == 1_000
+                assert keeper.deadline <= core.lease_deadline(time.monotonic(), 1_000)
+                with anyio.fail_after(WAIT):
+                    while keeper.renewals < 1:
+                        await anyio.sleep(0.005)
+                assert keeper._clock.last_sent >= before
+                assert keeper.deadline == core.lease_deadline(keeper._clock.last_sent, 1_000)
+                assert not keeper.lost.is_set()
+
+    run(main)

@@ -640,6 +640,132 @@ def test_a_confirmation_after_the_deadline_leaves_the_lease_lost() -> None:
     assert clock.expired(deadline - 1.0)  # lost for good, whatever the time
 
 
+# -- TTL updates: the leader re-arms the lease at apply + the new TTL -----------------
+
+
+def test_a_shortened_lease_cannot_be_outlived() -> None:
+    """Issue 20, hole 3: a 30 s lease updated to 2 s; the leader re-arms it at apply + 2 s
+    and, with no renewal, grants the key to B 2.1 s later. A's deadline must be past by
+    then (it said 26 s left)."""
+    clock = core.LeaseClock(ttl_ms=30_000, confirmed_at=0.0)
+    assert clock.confirmed(1.0, 30_000, now=1.01)
+    sent = 2.0
+    ticket = clock.update_sent(sent, 2_000)
+    # At once, before any answer: the update may be applied the moment it arrives.
+    assert clock.deadline <= core.lease_deadline(sent, 2_000)
+    applied = sent + 0.005
+    assert clock.update_settled(ticket, 2_000, now=sent + 0.01, applied=True)
+    assert clock.deadline == core.lease_deadline(sent, 2_000)
+    b_granted = applied + 2.1
+    assert clock.expired(b_granted)
+    assert clock.lost
+
+
+def test_a_renewal_sent_before_the_update_never_moves_the_deadline_later() -> None:
+    """A renewal in flight when the update is sent may be served before the update is
+    applied, and answer with the old TTL: its reply moves nothing, before or after the
+    update's own reply."""
+    clock = core.LeaseClock(ttl_ms=30_000, confirmed_at=0.0)
+    ticket = clock.update_sent(10.0, 2_000)
+    capped = clock.deadline
+    assert capped == core.lease_deadline(10.0, 2_000)
+    # The old renewal (sent at 9.9, old TTL) is answered after the update was sent ...
+    assert clock.confirmed(9.9, 30_000, now=10.02)
+    assert clock.deadline == capped
+    assert clock.update_settled(ticket, 2_000, now=10.03, applied=True)
+    # ... or after its reply.
+    assert clock.confirmed(9.95, 30_000, now=10.04)
+    assert clock.deadline == core.lease_deadline(10.0, 2_000)
+    assert clock.ttl_ms == 2_000
+
+
+def test_a_renewal_sent_after_the_update_counts_no_more_than_the_new_ttl() -> None:
+    """Sent after the update but served before it was applied (the old TTL in its reply):
+    the update may still re-arm the lease later, at apply + the new TTL."""
+    clock = core.LeaseClock(ttl_ms=30_000, confirmed_at=0.0)
+    ticket = clock.update_sent(10.0, 2_000)
+    assert clock.confirmed(10.5, 30_000, now=10.6)
+    assert clock.deadline == core.lease_deadline(10.5, 2_000)
+    # Its confirmation arrives after that renewal's: the deadline stays where it is safe.
+    assert clock.update_settled(ticket, 2_000, now=10.7, applied=True)
+    assert clock.deadline == core.lease_deadline(10.5, 2_000)
+    assert clock.confirmed(11.0, 2_000, now=11.1)
+    assert clock.deadline == core.lease_deadline(11.0, 2_000)
+
+
+def test_a_renewal_sent_with_the_update_and_answered_after_it_counts_the_new_ttl() -> None:
+    """Found by the simulator: a renewal sent at the same instant as the update, served
+    before the update was applied (old TTL in its reply), answered after the update's
+    own confirmation. The update re-armed the lease after the renewal was served."""
+    clock = core.LeaseClock(ttl_ms=2_000, confirmed_at=0.0)
+    ticket = clock.update_sent(1.0, 300)
+    assert clock.update_settled(ticket, 300, now=1.003, applied=True)
+    assert clock.confirmed(1.0, 2_000, now=1.004)
+    assert clock.deadline == core.lease_deadline(1.0, 300)
+    # Sent before the update's confirmation arrived: the same.
+    assert clock.confirmed(1.002, 2_000, now=1.005)
+    assert clock.deadline == core.lease_deadline(1.002, 300)
+    # Sent after it: the reply tells the TTL the leader uses.
+    assert clock.confirmed(1.1, 300, now=1.105)
+    assert clock.deadline == core.lease_deadline(1.1, 300)
+
+
+def test_the_renewal_interval_follows_the_new_ttl_at_once() -> None:
+    clock = core.LeaseClock(ttl_ms=30_000, confirmed_at=0.0)
+    assert clock.confirmed(5.0, 30_000, now=5.1)
+    assert clock.next_renewal() == pytest.approx(15.0)
+    clock.update_sent(6.0, 2_000)
+    # Before any answer: the next renewal is due a third of the new TTL after the last
+    # one that counted, which is already past.
+    assert clock.ttl_ms == 2_000
+    assert clock.interval() == pytest.approx(2 / 3)
+    assert clock.next_renewal() <= 6.0
+
+
+def test_a_longer_ttl_counts_once_confirmed() -> None:
+    clock = core.LeaseClock(ttl_ms=2_000, confirmed_at=0.0)
+    before = clock.deadline
+    ticket = clock.update_sent(0.5, 30_000)
+    assert clock.deadline == before and clock.ttl_ms == 2_000
+    assert clock.update_settled(ticket, 30_000, now=0.6, applied=True)
+    assert clock.deadline == core.lease_deadline(0.5, 30_000)
+    assert clock.interval() == pytest.approx(10.0)
+
+
+def test_an_unanswered_update_keeps_capping_and_a_refused_one_does_not() -> None:
+    clock = core.LeaseClock(ttl_ms=30_000, confirmed_at=0.0)
+    doubt = clock.update_sent(1.0, 2_000)
+    assert clock.update_settled(doubt, None, now=2.0, applied=None)
+    # A later leader may still apply it: every renewal counts with at most 2 s.
+    assert clock.confirmed(2.0, 30_000, now=2.1)
+    assert clock.deadline == core.lease_deadline(2.0, 2_000)
+    assert clock.ttl_ms == 2_000
+
+    other = core.LeaseClock(ttl_ms=30_000, confirmed_at=0.0)
+    refused = other.update_sent(1.0, 2_000)
+    assert other.update_settled(refused, None, now=1.1, applied=False)
+    assert other.deadline == core.lease_deadline(1.0, 2_000)  # never raised by a refusal
+    assert other.confirmed(1.2, 30_000, now=1.3)
+    assert other.deadline == core.lease_deadline(1.2, 30_000)
+
+
+def test_a_renewal_that_reports_a_shorter_ttl_lowers_the_deadline() -> None:
+    """Another process of the lease's owner shortened it: the first renewal that says so
+    sets the deadline from its own send time and the TTL it reports."""
+    clock = core.LeaseClock(ttl_ms=30_000, confirmed_at=0.0)
+    assert clock.confirmed(1.0, 2_000, now=1.1)
+    assert clock.deadline == core.lease_deadline(1.0, 2_000)
+    assert clock.ttl_ms == 2_000
+
+
+def test_a_lease_lost_stays_lost_whatever_the_update() -> None:
+    clock = core.LeaseClock(ttl_ms=1_000, confirmed_at=0.0)
+    assert clock.expired(5.0)
+    ticket = clock.update_sent(5.0, 30_000)
+    assert not clock.update_settled(ticket, 30_000, now=5.1, applied=True)
+    assert clock.lost and clock.expired(0.0)
+
+
 # ---------------------------------------------------------------------------
 # Paging, and the open's budget
 # ---------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from dlm.client import Client, KeepAlive, core
+from dlm.node.machine import NodeMachine
 
 from .doubles import silent_member
 from .real_member import WAIT, RunningMember
@@ -131,3 +132,63 @@ def test_a_renewal_confirmed_after_the_deadline_counts_for_nothing() -> None:
         assert not late.confirmed(time.monotonic(), 60_000)
         assert late.deadline == before
         assert len(heard) == 1
+
+
+# -- TTL updates (issue 20, hole 3) ------------------------------------------------------
+
+
+def _server_deadline(member: RunningMember, lease: str) -> float:
+    """When the member expires ``lease`` unless renewed (its clock is ours: same process)."""
+
+    def read(machine: NodeMachine) -> float:
+        now = time.monotonic()
+        remaining = machine.tracker.remaining_ms(lease, now)
+        assert remaining is not None
+        return now + remaining / 1000.0
+
+    return member.inspect(read)
+
+
+def test_a_shorter_ttl_reaches_the_keepalive_before_the_update_is_sent(
+    member: RunningMember,
+) -> None:
+    """A 30 s lease updated to 1 s: the KeepAlive's deadline falls at once to what 1 s
+    allows (never past the member's), and it renews by the new TTL, not in 10 s."""
+    with Client(member.addr, timeout=2.0) as c:
+        lease = c.open_lease(30_000)
+        with KeepAlive(c, lease) as ka:
+            before = time.monotonic()
+            assert c.update_lease(lease, 1_000) == 1_000
+            after = time.monotonic()
+            assert ka.ttl_ms == 1_000
+            assert ka.deadline <= core.lease_deadline(after, 1_000)
+            assert ka.deadline <= _server_deadline(member, lease.id)
+            # A reply to a renewal sent before the update (the old TTL) moves nothing.
+            capped = ka.deadline
+            assert ka.confirmed(before - 0.001, 30_000)
+            assert ka.deadline == capped
+            # The next renewal is due a third of a second after the last that counted
+            # (long past), so it goes out now; its confirmation counts with the new TTL.
+            limit = time.monotonic() + WAIT
+            while ka.confirmed_at < before:
+                assert time.monotonic() < limit, "no renewal by the new TTL"
+                time.sleep(0.005)
+            assert not ka.lost.is_set()
+            assert ka.deadline == core.lease_deadline(ka.confirmed_at, 1_000)
+            assert ka.deadline <= _server_deadline(member, lease.id)
+
+
+def test_an_update_sent_through_another_client_reaches_only_its_family(
+    member: RunningMember,
+) -> None:
+    """The KeepAlive hears of updates sent through its client and those it spawned."""
+    with Client(member.addr, timeout=2.0) as c:
+        lease = c.open_lease(30_000)
+        sibling = c.spawn()
+        try:
+            with KeepAlive(c, lease) as ka:
+                sibling.update_lease(lease, 1_000)
+                assert ka.deadline <= core.lease_deadline(time.monotonic(), 1_000)
+            assert c._watchers.of(lease.id) == []  # a stopped KeepAlive hears nothing more
+        finally:
+            sibling.close()
