@@ -278,6 +278,7 @@ class NodeMachine:
         self.jobs = PersistJobs()
         self.health = PeerHealth(config.node_id, timing.election_timeout_s, now)
         self.audit = Audit(self.out)
+        # The audit's own map: _answer starts the clock of a wait where the audit stops it.
         self._queued_mono = self.audit.queued_at
         self._stopping = False
         self._stopped = False
