@@ -67,13 +67,13 @@ def fingerprint(machine: NodeMachine) -> tuple[Any, ...]:
     """What an unauthenticated frame must never change in a member."""
     raft = machine.raft
     return (
-        sorted(machine._addresses.items()),
-        list(machine._unlisted_peers.items()),
-        sorted(machine._removed_ids),
+        sorted(machine.membership.addresses.items()),
+        list(machine.membership.unlisted.items()),
+        sorted(machine.membership.removed),
         machine._stopped,
-        sorted(machine._peer_versions.items()),
-        sorted(machine._links_down),
-        sorted(machine._conns),
+        sorted(machine.health.versions.items()),
+        sorted(machine.health.links_down),
+        sorted(machine.clients.conns),
         raft.term,
         raft.leader,
         raft.role,

@@ -19,9 +19,10 @@ import pytest
 from dlm.node.leases import LeaseTracker
 from dlm.node.locks import LockStateMachine
 from dlm.node.locks.machine import _Lease
-from dlm.node.machine import Instant, NodeMachine
+from dlm.node.machine import NodeMachine
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.quorum import quorum_index
+from dlm.node.read_rounds import Read, ReadRounds
 
 from .bugs import (
     AdmitsClientsWithoutTheProof,
@@ -104,13 +105,19 @@ def test_same_seed_same_run() -> None:
 # ---------------------------------------------------------------------------
 
 
+class ConfirmedIsReady(ReadRounds):
+    """Takes a confirmed round as ready without waiting for the state machine to reach
+    its index."""
+
+    def ready(self, applied: int) -> list[Read]:
+        done = [ctx for ctx, r in self.rounds.items() if r.index >= 0]
+        return [read for ctx in done for read in self.rounds.pop(ctx).reads]
+
+
 class ServesReadsBeforeApplying(NodeMachine):
     """Serves a confirmed read without waiting for the state machine to reach its index."""
 
-    def _serve_ready_rounds(self, now: Instant) -> None:
-        for ctx in [c for c, r in self._rounds.items() if r.index >= 0]:
-            for read in self._rounds.pop(ctx).reads:
-                self._serve_read(read, now)
+    read_rounds_class = ConfirmedIsReady
 
 
 class CountsItselfBeforeDurable(RaftNode):

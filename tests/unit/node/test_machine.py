@@ -751,7 +751,7 @@ def test_finish_shutdown_answers_everything_pending_with_shutting_down() -> None
     for rid in (proposal, read):
         answer = client.reply(rid)
         assert answer is not None and answer["code"] == "SHUTTING_DOWN"
-    assert not leader.machine._proposals and not leader.machine._rounds
+    assert not leader.machine.proposals.pending and not leader.machine.reads.rounds
 
 
 # ---------------------------------------------------------------------------

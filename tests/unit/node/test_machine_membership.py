@@ -109,7 +109,7 @@ def test_a_stranger_that_names_no_address_is_refused_and_addresses_kept_are_capp
     assert machine.accept_peer("n99", 2) == "'n99' is not a member of this cluster"
     for i in range(100):
         assert machine.accept_peer(f"x{i}", 2, f"10.9.0.{i}:7700") is None
-    assert len(machine._unlisted_peers) <= 16
+    assert len(machine.membership.unlisted) <= 16
     # An address from a hello never makes a member, nor a link unless that peer leads us.
     assert not any(p.startswith("x") for p in cluster["n2"].peers)
 

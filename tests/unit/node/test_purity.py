@@ -1,7 +1,9 @@
 """The node machine and what it is built of must not do IO, read a clock or draw randomness.
 
 That is the Raft core, the lock state machine, the leader's lease tracker, the
-node machine that owns them (machine.py), a connection's admission
+node machine that owns them (machine.py) and the rooms it is split into (outbox,
+clients, proposals, read rounds, membership, peer health, persistence jobs, audit,
+snapshots), a connection's admission
 (admission.py), and the protocol rules they use (wire.py, limits.py): the
 simulator drives exactly these.
 
@@ -21,6 +23,15 @@ ROOT = Path(__file__).resolve().parents[3] / "dlm"
 
 PURE_FILES = (
     ROOT / "node" / "machine.py",
+    ROOT / "node" / "audit.py",
+    ROOT / "node" / "clients.py",
+    ROOT / "node" / "membership.py",
+    ROOT / "node" / "outbox.py",
+    ROOT / "node" / "peer_health.py",
+    ROOT / "node" / "persist_jobs.py",
+    ROOT / "node" / "proposals.py",
+    ROOT / "node" / "read_rounds.py",
+    ROOT / "node" / "snapshots.py",
     ROOT / "node" / "admission.py",
     ROOT / "node" / "leases.py",
     ROOT / "node" / "stats.py",
@@ -39,6 +50,15 @@ PURE_PACKAGES = (
     "dlm.node.raft",
     "dlm.node.locks",
     "dlm.node.machine",
+    "dlm.node.audit",
+    "dlm.node.clients",
+    "dlm.node.membership",
+    "dlm.node.outbox",
+    "dlm.node.peer_health",
+    "dlm.node.persist_jobs",
+    "dlm.node.proposals",
+    "dlm.node.read_rounds",
+    "dlm.node.snapshots",
     "dlm.node.admission",
     "dlm.node.leases",
     "dlm.node.stats",

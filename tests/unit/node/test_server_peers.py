@@ -71,7 +71,7 @@ async def test_a_peer_is_welcomed_with_the_lower_version_and_the_member_learns_i
             "node": "n1",
             "cluster": "unit",
         }
-        assert server.machine._peer_versions["n2"] == version
+        assert server.machine.health.versions["n2"] == version
 
 
 @pytest.mark.parametrize(
@@ -148,7 +148,7 @@ async def test_the_member_dials_each_peer_with_a_peer_hello_and_then_sends_raft_
             # n1 cannot win alone; it asks n2 for its vote over this link.
             messages = decode_raft_frame(await link.recv())
             assert messages and all((m.src, m.dst) == ("n1", "n2") for m in messages)
-            assert server.machine._peer_versions["n2"] == 2
+            assert server.machine.health.versions["n2"] == 2
             await link.aclose()
 
 
@@ -385,7 +385,7 @@ async def test_an_unproved_peer_hello_leaves_the_members_address_book_alone() ->
         server,
         port,
     ):
-        unlisted = server.machine._unlisted_peers
+        unlisted = server.machine.membership.unlisted
         stranger = peer_hello(
             "n7", addr="10.9.9.9:7700", max_version=2, auth="hmac-sha256", auth_nonce=os.urandom(32)
         )
@@ -466,7 +466,7 @@ async def test_a_member_refuses_a_removed_peer_after_the_proof_and_the_peer_beli
         server,
         port,
     ):
-        server.machine._removed_ids.add("n2")
+        server.machine.membership.removed.add("n2")
         link = PeerLink(
             local_id="n2",
             peer_id="n1",

@@ -1,0 +1,113 @@
+"""The client connections a member serves, and who waits for a grant push.
+
+A queued acquire leaves its connection waiting for the (lease, key) it asked for:
+when the lock is granted (by apply, or inside an installed snapshot) the grant is
+pushed to every connection waiting for it, and a connection that closes, or a lease
+that ends, stops the wait. Connections that keep sending bad requests are closed.
+Pure: part of the node machine (machine.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dlm.node import locks
+from dlm.node.outbox import CloseConnection, Instant, Outbox
+from dlm.wire import ErrorCode, error, grant_push
+
+MAX_BAD_REQUESTS = 16
+"""Bad requests of any kind tolerated on one client connection before it is closed."""
+
+
+@dataclass(slots=True, eq=False)
+class ClientConn:
+    conn: int
+    remote: str
+    waiting: set[tuple[str, str]] = field(default_factory=set)
+    """(lease, key) pairs this connection waits for a grant push on."""
+    bad_requests: int = 0
+
+
+class Clients:
+    """Open connections by number, and the connections waiting on each (lease, key)."""
+
+    def __init__(self) -> None:
+        self.conns: dict[int, ClientConn] = {}
+        self.waiters: dict[tuple[str, str], list[int]] = {}
+
+    def connected(self, conn: int, remote: str) -> None:
+        self.conns[conn] = ClientConn(conn, remote)
+
+    def closed(self, conn: int) -> None:
+        state = self.conns.pop(conn, None)
+        if state is None:
+            return
+        for pair in state.waiting:
+            conns = self.waiters.get(pair)
+            if conns is not None and conn in conns:
+                conns.remove(conn)
+                if not conns:
+                    del self.waiters[pair]
+
+    def bad_request(
+        self,
+        state: ClientConn,
+        kind: str,
+        rid: int | None,
+        code: ErrorCode,
+        message: str,
+        *,
+        now: Instant,
+        out: Outbox,
+    ) -> None:
+        state.bad_requests += 1
+        out.reject(now, "client_bad_request", remote=state.remote, error=message)
+        out.answer(state.conn, kind, error(rid, code, message))
+        if state.bad_requests > MAX_BAD_REQUESTS:
+            out.emit(CloseConnection(state.conn, "too many bad requests"))
+
+    def register_waiter(self, conn: int, lease: str, key: str) -> None:
+        state = self.conns.get(conn)
+        if state is None:
+            return
+        conns = self.waiters.setdefault((lease, key), [])
+        if conn not in conns:
+            conns.append(conn)
+        state.waiting.add((lease, key))
+
+    def push_grant(self, lease: str, key: str, token: int, out: Outbox) -> None:
+        conns = self.waiters.pop((lease, key), None)
+        if not conns:
+            return
+        frame = grant_push(lease, key, token)
+        for conn in conns:
+            state = self.conns.get(conn)
+            if state is not None:
+                state.waiting.discard((lease, key))
+                out.reply(conn, frame)
+
+    def drop_waiter(self, lease: str, key: str, conns: list[int]) -> None:
+        self.waiters.pop((lease, key), None)
+        for conn in conns:
+            state = self.conns.get(conn)
+            if state is not None:
+                state.waiting.discard((lease, key))
+
+    def forget_lease(self, lease: str) -> None:
+        if not self.waiters:
+            return
+        for pair in [p for p in self.waiters if p[0] == lease]:
+            self.drop_waiter(*pair, self.waiters[pair])
+
+    def after_snapshot(self, machine: locks.LockStateMachine, out: Outbox) -> None:
+        """Grants that happened inside an installed snapshot never passed through apply:
+        push them now, and stop waits whose lease the snapshot no longer has."""
+        for (lease, key), conns in list(self.waiters.items()):
+            state = machine.get(key)
+            for holder in state.holders if state is not None else ():
+                if holder.lease == lease:
+                    self.push_grant(lease, key, holder.token, out)
+                    break
+            else:
+                if machine.lease_terms(lease) is None:
+                    self.drop_waiter(lease, key, conns)

@@ -1,0 +1,246 @@
+"""Proposals: what the leader puts in the log, and the clients waiting for it.
+
+A client's change (open, close or update a lease, acquire, release) is checked
+against the cluster's version and quotas, turned into a log command, proposed and
+remembered by its log index; when the entry at that index is applied, the machine
+answers the client if the payload is the one we proposed. On its own the leader
+proposes the expiry of leases whose deadline passed (leases.py) and, once every
+member speaks it, the next cluster version. Pending proposals time out, and are
+answered NOT_LEADER when leadership is lost (the client re-sends with the same seq).
+Pure: part of the node machine (machine.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dlm.node import locks
+from dlm.node.clients import ClientConn, Clients
+from dlm.node.leases import LeaseTracker
+from dlm.node.outbox import Instant, NotLeaderReply, Outbox
+from dlm.node.raft.core import RaftNode
+from dlm.node.raft.types import NotLeader
+from dlm.wire import (
+    Acquire,
+    ClientRequest,
+    CloseLease,
+    ErrorCode,
+    LockChange,
+    OpenLease,
+    Release,
+    error,
+)
+
+if TYPE_CHECKING:
+    from dlm.node.machine import Quotas
+
+
+@dataclass(slots=True)
+class Proposal:
+    conn: int
+    request: ClientRequest
+    data: bytes
+    command: locks.Command
+    started: float
+    received_ms: int
+
+
+class Refusal(Exception):
+    """A request the leader refuses before proposing it."""
+
+    def __init__(self, code: ErrorCode, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+    def reply(self, rid: int) -> dict[str, Any]:
+        return error(rid, self.code, self.message, **self.extra)
+
+
+class Proposals:
+    """The leader's pending client proposals by log index, and its own proposals."""
+
+    def __init__(
+        self, out: Outbox, clients: Clients, not_leader: NotLeaderReply, quotas: Quotas
+    ) -> None:
+        self._out = out
+        self._clients = clients
+        self._not_leader = not_leader
+        self._quotas = quotas
+        self.pending: dict[int, Proposal] = {}
+        self._version_proposed_at = -1.0e9
+
+    def propose(
+        self,
+        state: ClientConn,
+        req: LockChange,
+        now: Instant,
+        *,
+        raft: RaftNode,
+        machine: locks.LockStateMachine,
+        doomed: Callable[[str], bool],
+    ) -> None:
+        """The leader proposes a client's change (or says why it will not)."""
+        conn = state.conn
+        try:
+            cmd = command_for(req, now, machine, self._quotas, doomed)
+        except Refusal as refusal:
+            self._out.answer(conn, req.TYPE, refusal.reply(req.id))
+            return
+        problem = locks.validate_command(cmd)
+        if problem is not None:
+            self._clients.bad_request(
+                state, req.TYPE, req.id, ErrorCode.BAD_REQUEST, problem, now=now, out=self._out
+            )
+            return
+        data = locks.encode_command(cmd)
+        result = raft.propose(data)
+        if isinstance(result, NotLeader):
+            self._not_leader(conn, req, result.leader)
+            return
+        self._out.stats.proposals += 1
+        self.pending[result] = Proposal(conn, req, data, cmd, now.mono, now.wall_ms)
+
+    def time_out(self, started_before: float) -> None:
+        if not self.pending:
+            return
+        for index in [i for i, p in self.pending.items() if p.started < started_before]:
+            p = self.pending.pop(index)
+            self._out.answer(
+                p.conn,
+                p.request.TYPE,
+                error(p.request.id, ErrorCode.TIMEOUT, "not committed in time; re-send"),
+            )
+
+    def fail_all(self) -> None:
+        """Leadership is lost: no pending proposal will be answered by this member."""
+        pending, self.pending = self.pending, {}
+        for proposal in pending.values():
+            self._not_leader(proposal.conn, proposal.request)
+
+    def shut_down(self) -> None:
+        pending, self.pending = self.pending, {}
+        for proposal in pending.values():
+            self._out.answer(
+                proposal.conn,
+                proposal.request.TYPE,
+                error(proposal.request.id, ErrorCode.SHUTTING_DOWN, "member is shutting down"),
+            )
+
+    def took_office(self) -> None:
+        self._version_proposed_at = -1.0e9
+
+    def expire_due(self, tracker: LeaseTracker, raft: RaftNode, now: Instant) -> None:
+        """The leader proposes the expiry of every lease whose deadline passed."""
+        for lease, incarnation in tracker.due(now.mono):
+            cmd = locks.ExpireCommand(lease, incarnation, now.wall_ms)
+            result = raft.propose(locks.encode_command(cmd))
+            if isinstance(result, NotLeader):
+                return
+            self._out.log("info", "lease_deadline_passed", lease=lease, index=result)
+
+    def raise_version(
+        self,
+        *,
+        version: int,
+        max_version: int,
+        versions_spoken: Iterable[int],
+        raft: RaftNode,
+        retry_after_s: float,
+        now: Instant,
+    ) -> None:
+        """Once every other member speaks ``max_version``, the leader moves the log to it
+        (PROTOCOL.md); ``versions_spoken``: the highest version of each other member."""
+        if version >= max_version:
+            return
+        if now.mono - self._version_proposed_at < retry_after_s:
+            return
+        if any(v < max_version for v in versions_spoken):
+            return
+        cmd = locks.ClusterVersionCommand(max_version, now.wall_ms)
+        if not isinstance(raft.propose(locks.encode_command(cmd)), NotLeader):
+            self._version_proposed_at = now.mono
+            self._out.log("info", "cluster_version_proposed", version=max_version)
+
+
+def command_for(
+    req: LockChange,
+    now: Instant,
+    machine: locks.LockStateMachine,
+    quotas: Quotas,
+    doomed: Callable[[str], bool],
+) -> locks.ClientCommand:
+    """The log command for ``req``, in the form the cluster's version runs."""
+    v2 = machine.version >= 2
+    if v2 and req.client:
+        origin = locks.Origin(req.client, req.seq, req.acked)
+    else:
+        origin = locks.Origin(locks.LEGACY_CLIENT, req.seq)
+    at_ms = now.wall_ms
+    if isinstance(req, OpenLease):
+        if doomed(req.lease):
+            raise Refusal(
+                ErrorCode.SESSION_EXPIRED,
+                f"lease {req.lease!r} is being expired: open a new lease",
+                ended=locks.LEASE_EXPIRED,
+            )
+        if machine.lease_terms(req.lease) is None:
+            if machine.counts().sessions >= quotas.max_leases:
+                raise _quota(f"this cluster holds {quotas.max_leases} leases", "max_leases")
+            _check_meta_quota(req.meta, quotas)
+        return locks.OpenLeaseCommand(
+            lease=req.lease,
+            ttl_ms=req.ttl_ms,
+            origin=origin,
+            at_ms=at_ms,
+            ephemeral=req.ephemeral and v2,
+            meta=req.meta if v2 else {},
+        )
+    if isinstance(req, CloseLease):
+        return locks.CloseLeaseCommand(req.lease, origin, at_ms)
+    if isinstance(req, Acquire):
+        # A re-sent or re-entrant acquire of a key the lease already holds or waits
+        # for adds nothing, and must get its grant (or place) back, not a refusal.
+        adds = not (machine.holds(req.lease, req.key) or machine.waits(req.lease, req.key))
+        counts = machine.counts()
+        if adds and counts.locks + counts.waiters >= quotas.max_locks:
+            raise _quota(f"this cluster holds {quotas.max_locks} locks and waiters", "max_locks")
+        _check_meta_quota(req.meta, quotas)
+        return locks.AcquireCommand(
+            req.lease, req.key, req.wait, req.limit, req.meta, origin, at_ms
+        )
+    if isinstance(req, Release):
+        if not v2 and req.token is not None:
+            raise upgrading("release with a fencing token")
+        return locks.ReleaseCommand(
+            req.lease, req.key, req.token, req.keep_lease or not v2, origin, at_ms
+        )
+    if not v2:
+        raise upgrading("lease_update")
+    return locks.UpdateLeaseCommand(req.lease, req.ttl_ms, req.finished, origin, at_ms)
+
+
+def _quota(what: str, limit: str) -> Refusal:
+    return Refusal(
+        ErrorCode.QUOTA_EXCEEDED,
+        f"{what}, its limit (--{limit.replace('_', '-')}): release some, or raise the limit",
+        limit=limit,
+    )
+
+
+def upgrading(what: str) -> Refusal:
+    return Refusal(
+        ErrorCode.UNAVAILABLE,
+        f"{what} needs every member on protocol version 2, and an upgrade is in progress: "
+        "retry once every member runs this release",
+        retry_after_ms=1000,
+    )
+
+
+def _check_meta_quota(meta: Mapping[str, str], quotas: Quotas) -> None:
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in meta.items())
+    if size > quotas.max_meta_bytes:
+        raise _quota(f"owner metadata of {size} bytes is over", "max_meta_bytes")
