@@ -1,0 +1,55 @@
+"""Runs every Raft scenario in testdata/*.txt through the trace interpreter (traces.py).
+
+A changed behaviour shows as a diff of the scenario file; when the change is
+intended, regenerate the expected outputs with ``DLM_TRACES_REWRITE=1`` and
+read the diff before committing it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.datadriven import parse, run_file
+from tests.unit.node.raft.traces import RaftTrace
+
+TESTDATA = Path(__file__).parent / "testdata"
+SCENARIOS = sorted(TESTDATA.glob("*.txt"))
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_scenario(path: Path) -> None:
+    run_file(path, RaftTrace().execute)
+
+
+def test_there_are_scenarios_for_every_area_the_rule_tests_cover() -> None:
+    names = {p.stem for p in SCENARIOS}
+    for area in ("election", "pre_vote", "check_quorum", "log_repair", "snapshot", "membership"):
+        assert any(area in name for name in names), area
+
+
+def test_a_mismatch_fails_with_a_diff(tmp_path: Path) -> None:
+    scenario = tmp_path / "wrong.txt"
+    scenario.write_text("new n1\n----\nnot what it says\n", encoding="utf-8")
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)-not what it says.*\+voters=\(n1\)"):
+        run_file(scenario, RaftTrace().execute)
+
+
+def test_rewrite_mode_writes_the_actual_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scenario = tmp_path / "stale.txt"
+    scenario.write_text("# one member\nnew n1\n----\nstale\n\nstatus n1\n----\n", encoding="utf-8")
+    monkeypatch.setenv("DLM_TRACES_REWRITE", "1")
+    run_file(scenario, RaftTrace().execute)
+    monkeypatch.delenv("DLM_TRACES_REWRITE")
+    run_file(scenario, RaftTrace().execute)  # now it matches
+    text = scenario.read_text(encoding="utf-8")
+    assert text.startswith("# one member\nnew n1\n----\nvoters=(n1)")
+    assert "n1: follower term=0" in text
+
+
+def test_a_command_without_its_separator_is_refused() -> None:
+    with pytest.raises(ValueError, match="not followed by ----"):
+        parse("campaign n1\nstatus n1\n----\nok\n")
