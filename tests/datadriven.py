@@ -9,7 +9,9 @@ A scenario file (``testdata/*.txt``) is a script a reader can follow::
 
 Each command is one line, then a line ``----``, then its expected output,
 which ends at the first blank line (so an output never holds a blank line;
-an interpreter that has nothing to say answers ``ok``). Lines starting with
+an interpreter that has nothing to say answers ``ok``). A command the
+interpreter refuses (it raises ValueError) answers ``error: <why>``, so a
+scenario shows its own mistakes; any other exception fails the test. Lines starting with
 ``#`` and blank lines between commands are kept verbatim.
 
 ``run_file`` feeds every command to an interpreter and compares what it
@@ -101,6 +103,8 @@ def run_file(path: Path, execute: Callable[[str], str]) -> None:
         if isinstance(chunk, Directive):
             try:
                 outputs.append(normalise(execute(chunk.command)))
+            except ValueError as error:  # a command the interpreter cannot run
+                outputs.append(f"error: {error}")
             except Exception as error:
                 raise AssertionError(
                     f"{path.name}:{chunk.line}: {chunk.command!r} raised {error!r}"

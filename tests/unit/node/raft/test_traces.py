@@ -29,7 +29,8 @@ def test_there_are_scenarios_for_every_area_the_rule_tests_cover() -> None:
         assert any(area in name for name in names), area
 
 
-def test_a_mismatch_fails_with_a_diff(tmp_path: Path) -> None:
+def test_a_mismatch_fails_with_a_diff(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DLM_TRACES_REWRITE", raising=False)
     scenario = tmp_path / "wrong.txt"
     scenario.write_text("new n1\n----\nnot what it says\n", encoding="utf-8")
     with pytest.raises(pytest.fail.Exception, match=r"(?s)-not what it says.*\+voters=\(n1\)"):

@@ -20,8 +20,10 @@ Commands (a member is ``n1`` or just ``1``; ``[..]`` is optional)::
     campaign n1                 tick n1 until it campaigns
     tick n1 [n2 ...] [xN]       tick each N times (default 1); says who changed role
     process-ready [n1 ...]      persist, send and apply every Ready (default: all)
-    deliver-msgs [n1 ...]       step the queued messages to these members (default: all)
-    drop-msgs [n1 ...]          lose the queued messages to these members
+    deliver-msgs [n1 ...]       step the queued messages to these members (default: all);
+                                ``n1->n2`` selects only what n1 sent n2, and
+                                ``type=AppendEntries`` only messages of that type
+    drop-msgs [n1 ...]          lose the queued messages to these members (or links)
     stabilize [n1 ...]          process-ready + deliver-msgs until nothing moves
     propose n1 data             a command proposed at n1
     add-learner n1 n4 / promote n1 n4 / remove n1 n2
@@ -251,13 +253,38 @@ class RaftTrace:
                 out.extend(show_ready(n, rd))
         return out
 
-    def deliver(self, nodes: Sequence[NodeId]) -> list[str]:
+    def select(self, args: Sequence[str]) -> list[Message]:
+        """Take the queued messages ``args`` name out of the queue, in queue order.
+
+        ``n2`` names what is queued for n2, ``n1->n2`` only what n1 sent n2,
+        ``type=VoteResponse`` only messages of that type; no argument names everything.
+        """
+        links: set[tuple[NodeId | None, NodeId]] = set()
+        kinds: set[str] = set()
+        for word in args:
+            if word.startswith("type="):
+                kinds.add(word.removeprefix("type="))
+                continue
+            src, arrow, dst = word.partition("->")
+            if arrow:
+                links.add((self.node_id(src), self.node_id(dst)))
+            else:
+                links.add((None, self.node_id(word)))
+
+        def wanted(m: Message) -> bool:
+            if kinds and type(m).__name__ not in kinds:
+                return False
+            return not links or (None, m.dst) in links or (m.src, m.dst) in links
+
         net = self.net
-        wanted = set(nodes)
-        now = [m for m in net.queue if m.dst in wanted]
-        net.queue = deque(m for m in net.queue if m.dst not in wanted)
+        taken = [m for m in net.queue if wanted(m)]
+        net.queue = deque(m for m in net.queue if not wanted(m))
+        return taken
+
+    def deliver(self, msgs: Sequence[Message]) -> list[str]:
+        net = self.net
         out: list[str] = []
-        for m in now:
+        for m in msgs:
             if (m.src, m.dst) in net.cut:
                 out.append(f"{show_message(m)}  (lost: partition)")
                 continue
@@ -301,13 +328,13 @@ class RaftTrace:
 
     def cmd_campaign(self, args: list[str]) -> list[str]:
         node = self.member(args[0])
-        if node.role not in (Role.FOLLOWER, Role.LEARNER):
-            raise ValueError(f"{node.id} is {node.role}, not a follower")
+        if node.role in (Role.LEADER, Role.PRE_CANDIDATE):
+            raise ValueError(f"{node.id} is {node.role}: tick it instead")
         before = self.roles()
         # A random timeout lies within two election timeouts; allow a lease on top.
         for _ in range(4 * self.net.cfg.get("election_ticks", 10)):
             node.tick()
-            if node.role is not Role.FOLLOWER:
+            if (node.role, node.term) != before[node.id]:
                 break
         changes = self.role_changes(before)
         return changes or [f"{node.id} did not campaign"]
@@ -327,22 +354,17 @@ class RaftTrace:
         return self.process(self.targets(args))
 
     def cmd_deliver_msgs(self, args: list[str]) -> list[str]:
-        return self.deliver(self.targets(args))
+        return self.deliver(self.select(args))
 
     def cmd_drop_msgs(self, args: list[str]) -> list[str]:
-        net = self.net
-        self.process([])
-        wanted = set(self.targets(args))
-        dropped = [m for m in net.queue if m.dst in wanted]
-        net.queue = deque(m for m in net.queue if m.dst not in wanted)
-        return [f"{show_message(m)}  (dropped)" for m in dropped]
+        return [f"{show_message(m)}  (dropped)" for m in self.select(args)]
 
     def cmd_stabilize(self, args: list[str]) -> list[str]:
         out: list[str] = []
         for _ in range(MAX_STABILIZE_ROUNDS):
             nodes = self.targets(args)
             moved = self.process(nodes)
-            moved.extend(self.deliver(nodes))
+            moved.extend(self.deliver(self.select(nodes)))
             if not moved:
                 return out
             out.extend(moved)
@@ -404,16 +426,16 @@ class RaftTrace:
 
     def cmd_heal(self, args: list[str]) -> list[str]:
         self.net.heal()
-        return []
+        return ["every link restored"]
 
     def cmd_add_node(self, args: list[str]) -> list[str]:
         node = self.net.add(self.node_id(args[0]))
         return [f"{node.id} starts with {self.show_conf(node)}"]
 
     def cmd_remove_node(self, args: list[str]) -> list[str]:
-        self.member(args[0])
-        self.net.stop(self.node_id(args[0]))
-        return []
+        node = self.member(args[0])
+        self.net.stop(node.id)
+        return [f"{node.id} stopped"]
 
     def cmd_restart(self, args: list[str]) -> list[str]:
         n = self.node_id(args[0])
