@@ -32,7 +32,7 @@ Commands (a member is ``n1`` or just ``1``; ``[..]`` is optional)::
     read-index n1 ctx           a linearizable read point asked at n1
     report-unreachable n1 n2 [gone]
     partition n1 [n2 ...]       cut these members off from the others
-    heal                        restore every link
+    heal                        restore every link; what is queued across a cut is lost
     add-node n4                 start a new, empty member (bootstrap configuration)
     remove-node n2              stop a member for good
     restart n2                  lose what n2 did not persist, start it again
@@ -149,8 +149,7 @@ def show_message(m: Message) -> str:
         case InstallSnapshot():
             done = " done" if m.done else ""
             return (
-                f"{head} snapshot={show_meta(m.meta)} offset={m.offset}"
-                f" bytes={len(m.data)}{done}"
+                f"{head} snapshot={show_meta(m.meta)} offset={m.offset} bytes={len(m.data)}{done}"
             )
         case InstallSnapshotResponse():
             reject = " reject" if m.reject else ""
@@ -171,12 +170,12 @@ def show_ready(n: NodeId, rd: Ready) -> list[str]:
         out.append(f"  role: {soft.role} term={soft.term} leader={soft.leader or '-'}")
     if rd.hard_state is not None:
         hard = rd.hard_state
-        out.append(f"  persist state: term={hard.term} vote={hard.vote or '-'} commit={hard.commit}")
+        out.append(
+            f"  persist state: term={hard.term} vote={hard.vote or '-'} commit={hard.commit}"
+        )
     if rd.snapshot is not None:
         snap = rd.snapshot
-        out.append(
-            f"  persist snapshot: {show_meta(snap.meta)} image={show_bytes(snap.data)}"
-        )
+        out.append(f"  persist snapshot: {show_meta(snap.meta)} image={show_bytes(snap.data)}")
     if rd.entries:
         out.append(f"  persist entries: {show_entries(rd.entries)}")
     out.extend(f"  send now: {show_message(m)}" for m in rd.messages_now)
@@ -362,9 +361,8 @@ class RaftTrace:
     def cmd_stabilize(self, args: list[str]) -> list[str]:
         out: list[str] = []
         for _ in range(MAX_STABILIZE_ROUNDS):
-            nodes = self.targets(args)
-            moved = self.process(nodes)
-            moved.extend(self.deliver(self.select(nodes)))
+            moved = self.process(self.targets(args))
+            moved.extend(self.deliver(self.select(args)))
             if not moved:
                 return out
             out.extend(moved)
@@ -425,8 +423,13 @@ class RaftTrace:
         return [f"{show_ids(sorted(side))} | {show_ids(sorted(others))}"]
 
     def cmd_heal(self, args: list[str]) -> list[str]:
-        self.net.heal()
-        return ["every link restored"]
+        net = self.net
+        self.process(sorted(net.nodes))  # what was sent before the heal crossed a cut link
+        lost = [m for m in net.queue if (m.src, m.dst) in net.cut]
+        net.queue = deque(m for m in net.queue if (m.src, m.dst) not in net.cut)
+        net.heal()
+        out = [f"{show_message(m)}  (lost: partition)" for m in lost]
+        return [*out, "every link restored"]
 
     def cmd_add_node(self, args: list[str]) -> list[str]:
         node = self.net.add(self.node_id(args[0]))
@@ -450,9 +453,11 @@ class RaftTrace:
         conf: ConfState = node.conf_state_at(index)
         snap = storage.create_snapshot(index, conf, f"image@{index}".encode())
         storage.compact(index)
+        first, last = storage.first_index(), storage.last_index()
+        kept = f"entries {first}..{last}" if last >= first else f"no entry after {index}"
         return [
             f"{node.id} snapshot {show_meta(snap.meta)} image={show_bytes(snap.data)}",
-            f"{node.id} log now {storage.first_index()}..{storage.last_index()}",
+            f"{node.id} log keeps {kept}",
         ]
 
     def show_status(self, node: RaftNode) -> list[str]:
