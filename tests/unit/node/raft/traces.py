@@ -9,9 +9,11 @@ behaviour leaves every scenario's output unchanged, message for message.
 Nothing moves unless a command says so: messages wait in the network's queue
 until ``deliver-msgs``, Readys wait in the member until ``process-ready``.
 Timing is explicit: ``new`` sets the election and heartbeat ticks, and a
-scenario ticks members itself (``campaign`` ticks one member until its
-election timer fires, however many ticks its random timeout takes, and does
-not print that number).
+scenario ticks members itself. No output may depend on the random election
+timeouts (a test reruns every scenario with other seeds): ``campaign`` ticks
+one member until its timer fires, however many ticks that takes, and does not
+print the number; a member that has just campaigned fires exactly once more
+within ``2 * election - 1`` ticks (a timeout lies in [election, 2 * election)).
 
 Commands (a member is ``n1`` or just ``1``; ``[..]`` is optional)::
 
@@ -199,8 +201,10 @@ def _on_off(value: str) -> bool:
 class RaftTrace:
     """Runs one scenario's commands, one ``execute`` call per command."""
 
-    def __init__(self) -> None:
+    def __init__(self, seed: int | None = None) -> None:
         self._net: Net | None = None
+        self._seed = seed
+        """Overrides every scenario's seed: the outputs must not depend on it."""
 
     @property
     def net(self) -> Net:
@@ -303,6 +307,8 @@ class RaftTrace:
         options = dict(a.split("=", 1) for a in args if "=" in a)
         learners = tuple(self.node_id(n) for n in options.pop("learners", "").split(",") if n)
         seed = int(options.pop("seed", "1"))
+        if self._seed is not None:
+            seed = self._seed
         cfg: RaftOptions = {
             "election_ticks": int(options.pop("election", "10")),
             "heartbeat_ticks": int(options.pop("heartbeat", "1")),
