@@ -21,3 +21,12 @@ SCENARIOS = sorted(TESTDATA.glob("*.txt"))
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_scenario(path: Path) -> None:
     run_file(path, MachineTrace().execute)
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+def test_only_scenarios_that_name_a_seed_depend_on_the_random_draws(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DLM_TRACES_REWRITE", raising=False)
+    for path in SCENARIOS:
+        run_file(path, MachineTrace(seed=seed).execute)
