@@ -14,6 +14,9 @@ wait until ``deliver``; time moves only in ``advance``.
 Commands (``[..]`` is optional)::
 
     cluster n1 n2 n3 [seed=7] [tick-ms=50] [election=6] [heartbeat=1] [timeout-ms=5000]
+        [links=any|follow]      follow: a message arrives only over a link the runtime
+                                would keep (the sender's PeersChanged, the hello accepted)
+    join n4                     boot n4 as `dlm node start --join` does, once added
     elect n1                    tick n1 alone until it leads, then let time pass up to
                                 2 s after the start (whatever the random timeout was)
     connect c1 n1               open client connection c1 to member n1
@@ -39,7 +42,14 @@ import cbor2
 from dlm.node.machine import Timing
 from dlm.node.raft.types import Message, NodeId
 from dlm.wire import encode_frame
-from tests.unit.node.machine_driver import CHANGES, MONO_START, Client, Cluster, Member
+from tests.unit.node.machine_driver import (
+    CHANGES,
+    MONO_START,
+    Client,
+    Cluster,
+    Member,
+    address,
+)
 
 FRAME_HEADER_BYTES = 4
 """The length prefix of an unsealed frame."""
@@ -164,9 +174,14 @@ class MachineTrace:
         )
         # A scenario whose output depends on the random draws says so by naming its seed.
         seed = int(options.pop("seed", "7" if self._seed is None else self._seed))
+        links = options.pop("links", "any")
+        if links not in ("any", "follow"):
+            raise ValueError("links=any (every message arrives) or links=follow (only over links)")
         if options:
             raise ValueError(f"unknown options {sorted(options)}")
-        self._cluster = Cluster(len(ids), timing=timing, seed=seed)
+        self._cluster = Cluster(
+            len(ids), timing=timing, seed=seed, links_follow_peers=links == "follow"
+        )
         self._cluster.blocked = self.blocked
         return [
             f"members={' '.join(ids)} tick={round(timing.tick_s * 1000)}ms"
@@ -197,6 +212,14 @@ class MachineTrace:
             raise ValueError(f"the election took longer than {ELECTED_BY_S}s")
         cluster.advance(settled_at - cluster.mono)
         return [f"clock: {ELECTED_BY_S}s after start"]
+
+    def cmd_join(self, args: list[str]) -> list[str]:
+        node = args[0]
+        if node in self.cluster.members:
+            raise ValueError(f"{node} is running already")
+        told = {m: address(m) for m in self.cluster.ids}
+        self.cluster.join(node, told)
+        return [f"{node} boots with --join, told of {' '.join(told)}"]
 
     def cmd_connect(self, args: list[str]) -> list[str]:
         name, node = args
