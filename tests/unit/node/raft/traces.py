@@ -19,7 +19,7 @@ Commands (a member is ``n1`` or just ``1``; ``[..]`` is optional)::
 
     new n1 n2 n3 [learners=n4,n5] [election=10] [heartbeat=1] [pre-vote=on|off]
         [check-quorum=on|off] [inflight=64] [max-bytes=N] [chunk=N] [seed=1]
-    campaign n1                 tick n1 until it campaigns
+    campaign n1                 tick n1 (a follower or candidate) until its timer fires
     tick n1 [n2 ...] [xN]       tick each N times (default 1); says who changed role
     process-ready [n1 ...]      persist, send and apply every Ready (default: all)
     deliver-msgs [n1 ...]       step the queued messages to these members (default: all);
@@ -233,9 +233,8 @@ class RaftTrace:
         return self.net.nodes[n]
 
     def targets(self, args: Sequence[str]) -> list[NodeId]:
-        if not args:
-            return sorted(self.net.nodes)
-        return [self.node_id(a) for a in args]
+        nodes = [self.node_id(a) for a in args if "=" not in a and "->" not in a]
+        return nodes or sorted(self.net.nodes)
 
     def roles(self) -> dict[NodeId, tuple[Role, int]]:
         return {n: (node.role, node.term) for n, node in self.net.nodes.items()}
