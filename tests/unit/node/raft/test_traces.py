@@ -65,3 +65,12 @@ def test_rewrite_mode_writes_the_actual_output(
 def test_a_command_without_its_separator_is_refused() -> None:
     with pytest.raises(ValueError, match="not followed by ----"):
         parse("campaign n1\nstatus n1\n----\nok\n")
+
+
+def test_two_leaders_in_one_term_stop_the_scenario() -> None:
+    trace = RaftTrace()
+    for command in ("new n1 n2 n3", "campaign n1", "stabilize"):
+        trace.execute(command)
+    trace._leaders[1] = "n2"  # as if n2 had led term 1 before
+    with pytest.raises(AssertionError, match="two leaders in term 1: n2 and n1"):
+        trace.execute("status n1")

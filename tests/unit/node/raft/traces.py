@@ -205,6 +205,8 @@ class RaftTrace:
         self._net: Net | None = None
         self._seed = seed
         """Overrides every scenario's seed: the outputs must not depend on it."""
+        self._leaders: dict[int, NodeId] = {}
+        """The leader seen in each term, to check election safety after every command."""
 
     @property
     def net(self) -> Net:
@@ -219,7 +221,17 @@ class RaftTrace:
         if handler is None:
             raise ValueError(f"unknown command {name!r}")
         lines: list[str] = handler(args)
+        self.check_election_safety()
         return "\n".join(lines)
+
+    def check_election_safety(self) -> None:
+        if self._net is None:
+            return
+        for n, node in self._net.nodes.items():
+            if node.role is Role.LEADER:
+                seen = self._leaders.setdefault(node.term, n)
+                if seen != n:
+                    raise AssertionError(f"two leaders in term {node.term}: {seen} and {n}")
 
     # -- helpers -----------------------------------------------------------
 
