@@ -55,6 +55,12 @@ unit: install-dev
 sim: install-dev
 	$(PY) -m pytest tests/sim
 
+# The Raft and node machine scenarios (testdata/*.txt); `make traces REWRITE=1` writes
+# the actual outputs back into the files (read the git diff before committing it).
+.PHONY: traces
+traces: install-dev
+	DLM_TRACES_REWRITE=$(REWRITE) $(PY) -m pytest -q tests/unit/node/raft/test_traces.py tests/unit/node/test_machine_traces.py
+
 cluster: install-dev
 	$(PY) -m pytest tests/cluster
 
