@@ -1,0 +1,97 @@
+"""The election timer's back-off: failed rounds widen the range the timeout is drawn from,
+a leader heard narrows it again, and the disk's latency lengthens it (issue 20, item 5).
+
+A round that fails only costs time; these are the rules that let rounds succeed when
+votes are slower than the configured timeout (a slow fsync, lost messages).
+"""
+
+from __future__ import annotations
+
+import random
+
+from dlm.node.raft.core import Config, RaftNode
+from dlm.node.raft.memory import MemoryStorage
+from dlm.node.raft.types import ConfState, Heartbeat, Role, VoteRequest
+
+VOTERS = ("n1", "n2", "n3")
+E = 10  # election_ticks
+
+
+def fresh(seed: int, **cfg: int) -> RaftNode:
+    options = {"election_ticks": E, **cfg}
+    config = Config("n1", VOTERS, pre_vote=False, check_quorum=False, **options)
+    return RaftNode(config, MemoryStorage(ConfState(VOTERS)), random.Random(seed))
+
+
+def ticks_until_next_term(node: RaftNode) -> int:
+    """Ticks until ``node`` starts its next election (nobody answers it)."""
+    term = node.term
+    for ticks in range(1, 10_000):
+        node.tick()
+        node.ready()  # what it sends goes nowhere: every round fails
+        if node.term > term:
+            return ticks
+    raise AssertionError("never campaigned")
+
+
+def test_the_first_timeout_after_start_is_drawn_from_the_configured_range() -> None:
+    firsts = {ticks_until_next_term(fresh(seed)) for seed in range(60)}
+    assert min(firsts) >= E and max(firsts) < 2 * E
+
+
+def test_each_failed_round_doubles_the_range_up_to_the_cap() -> None:
+    cap = 3
+    gaps: list[list[int]] = []
+    for seed in range(60):
+        node = fresh(seed, max_backoff_doublings=cap)
+        ticks_until_next_term(node)  # the first round starts
+        gaps.append([ticks_until_next_term(node) for _ in range(cap + 2)])
+    for round_no in range(cap + 2):
+        # Round 0's timeout was drawn before any round had failed.
+        doubled = E << min(round_no, cap)
+        seen = [g[round_no] for g in gaps]
+        assert min(seen) >= doubled, (round_no, seen)
+        assert max(seen) < 2 * doubled, (round_no, seen)
+        # Random within the range, not one fixed value (that would keep candidates colliding).
+        assert len(set(seen)) > 5
+
+
+def test_hearing_a_leader_resets_the_back_off() -> None:
+    for seed in range(30):
+        node = fresh(seed)
+        for _ in range(4):
+            ticks_until_next_term(node)
+        assert node.failed_rounds == 3
+        node.step(Heartbeat(group=0, term=node.term, src="n2", dst="n1", commit=0))
+        assert node.role is Role.FOLLOWER and node.failed_rounds == 0
+        assert E <= ticks_until_next_term(node) < 2 * E
+
+
+def test_a_vote_granted_in_a_round_that_found_no_leader_widens_the_next_timeout() -> None:
+    for seed in range(30):
+        node = fresh(seed)
+        node.step(
+            VoteRequest(group=0, term=2, src="n2", dst="n1", last_log_index=0, last_log_term=0)
+        )
+        assert node.vote == "n2"
+        assert E <= ticks_until_next_term(node) < 2 * E  # n2's round: no leader came of it
+        assert node.failed_rounds == 1
+        assert 2 * E <= ticks_until_next_term(node) < 4 * E
+
+
+def test_the_timeout_grows_by_two_writes_of_the_measured_disk_latency() -> None:
+    disk = 25  # ticks one write takes: a vote waits for the candidate's and the voter's
+    for seed in range(60):
+        node = fresh(seed)
+        node.set_disk_latency(disk)
+        assert node.election_timeout_range() == (E + 2 * disk, 2 * E + 2 * disk)
+        node.step(Heartbeat(group=0, term=1, src="n2", dst="n1", commit=0))  # redraws
+        ticks = ticks_until_next_term(node)
+        assert E + 2 * disk <= ticks < 2 * E + 2 * disk
+
+
+def test_a_fast_disk_again_brings_the_range_back() -> None:
+    node = fresh(1)
+    node.set_disk_latency(40)
+    node.set_disk_latency(0)
+    assert node.election_timeout_range() == (E, 2 * E)
