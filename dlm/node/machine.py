@@ -160,6 +160,12 @@ class Timing:
         return self.tick_s * self.election_ticks
 
 
+DISK_LATENCY_DECAY = 0.2
+"""How far each faster write pulls the disk-latency estimate down (a slower one sets it)."""
+DISK_LATENCY_MAX_S = 60.0
+"""The most the estimate lengthens election timeouts by (twice this, for two writes)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Quotas:
     """What one member agrees to hold; requests beyond get QUOTA_EXCEEDED.
@@ -323,6 +329,8 @@ class _Job:
     ready: Ready
     persisting: bool
     done: bool = False
+    handed_at: float = 0.0
+    """When it was handed to the disk (monotonic): how long votes wait is measured from it."""
 
 
 # ---------------------------------------------------------------------------
@@ -393,6 +401,9 @@ class NodeMachine:
         self._round_prefix = config.node_id.encode() + b"/" + rng.getrandbits(32).to_bytes(4)
         self._jobs: deque[tuple[int, _Job]] = deque()
         self._next_job = 1
+        self._disk_latency_s = 0.0
+        """How long a write takes here, from handing it out to hearing it is durable: a
+        slower write sets it at once, faster ones pull it down a fifth of the way each."""
         self._peer_versions: dict[NodeId, int] = {}
         self._peer_heard: dict[NodeId, float] = {}
         self._links_down: set[NodeId] = set()
@@ -668,10 +679,29 @@ class NodeMachine:
         for number, entry in self._jobs:
             if number == job:
                 entry.done = True
+                self._note_disk_latency(now.mono - entry.handed_at)
                 break
         self._finish_jobs(now)
         if pump:
             self._pump(now)
+
+    def _note_disk_latency(self, seconds: float) -> None:
+        """Tells the Raft core, in ticks, how long this member's writes take (a vote waits
+        for one on each side), so that its election timeouts outlast them."""
+        seconds = min(max(0.0, seconds), DISK_LATENCY_MAX_S)
+        estimate = self._disk_latency_s
+        if seconds >= estimate:
+            estimate = seconds
+        else:
+            estimate -= (estimate - seconds) * DISK_LATENCY_DECAY
+        self._disk_latency_s = estimate
+        ticks = int(estimate / self._timing.tick_s)  # a write within a tick changes nothing
+        self.raft.set_disk_latency(ticks)
+
+    @property
+    def disk_latency_s(self) -> float:
+        """The estimate of how long this member's writes take (see ``persisted``)."""
+        return self._disk_latency_s
 
     def _finish_jobs(self, now: Instant) -> None:
         jobs = self._jobs
@@ -704,7 +734,7 @@ class NodeMachine:
         if rd.messages_now:
             self._send_messages(rd.messages_now, now)
         persisting = bool(rd.entries) or rd.snapshot is not None or rd.hard_state is not None
-        job = _Job(rd, persisting, done=not persisting)
+        job = _Job(rd, persisting, done=not persisting, handed_at=now.mono)
         number = self._next_job
         self._next_job += 1
         self._jobs.append((number, job))
