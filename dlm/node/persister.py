@@ -52,6 +52,8 @@ class Persister:
         self.failure: BaseException | None = None
         self.stats = DiskStats()
         self.snapshot_write_s: dict[int, float] = {}
+        self.last_write_s = 0.0
+        """Seconds the latest write of log entries or hard state took (on either thread)."""
         """Seconds each snapshot took to write and compact behind, by index (read once)."""
 
     @property
@@ -123,6 +125,8 @@ class Persister:
         if hard_state is not None:
             # A commit-only change costs no disk write (commit is advisory).
             storage.set_hard_state(hard_state)
+        if entries or hard_state is not None:
+            self.last_write_s = time.perf_counter() - started
         if entries:
             self.stats.fsync.observe(time.perf_counter() - started)
             self.stats.batch.observe(len(entries))
