@@ -87,6 +87,7 @@ TIMING = Timing(
 )
 ELECTION_US = int(TIMING.tick_s * TIMING.election_ticks * 2 * US)
 """The longest election timeout (the core draws between one and two base timeouts)."""
+DEBUG_STEADY = False
 EXEC_GRACE_MS = 150
 """How long before its deadline the exec model's guard starts stopping the command."""
 
@@ -97,6 +98,7 @@ FAULT_KINDS = (
     "crash_leader",
     "pause",
     "fsync_stall",
+    "slow_disks",
     "lossy",
     "reorder",
     "client_cut",
@@ -111,6 +113,7 @@ DEFAULT_WEIGHTS: dict[str, int] = {
     "crash_leader": 3,
     "pause": 2,
     "fsync_stall": 2,
+    "slow_disks": 1,
     "lossy": 1,
     "reorder": 1,
     "client_cut": 3,
@@ -150,6 +153,11 @@ class NodeSimOptions:
     """Mutant: the client counts its lease from the reply instead of the send."""
     exec_kill_late_us: int = 0
     """Mutant: the exec guard kills this long after the deadline instead of before it."""
+    steady: str | None = None
+    """A fault that lasts from the start to the heal ("slow_disks": a majority of the
+    members, or all, write slower than an election timeout; "lossy_links": 30 % of the
+    peer messages on every link are lost), under which a client's request must still
+    succeed before the heal (the liveness check of issue 20, item 5)."""
 
 
 class SimFailure(AssertionError):
@@ -196,6 +204,9 @@ class SimMember:
         self.disk: deque[_DiskJob] = deque()
         self.disk_busy_until = 0
         self.stall_until = 0
+        self.slow_write_us = 0
+        """Each write (the jobs queued together, as the real disk thread groups them) takes
+        this long (the slow_disks fault); 0: the disk's normal latency."""
         self.timer_token = 0
         self.conns: dict[int, SimConn] = {}
         self.next_conn = 1
@@ -232,7 +243,9 @@ class SimConn:
 class SimClient:
     """One client library object (``Client``): a context, a connection, one flow at a time."""
 
-    def __init__(self, proc: ClientProc, name: str) -> None:
+    def __init__(
+        self, proc: ClientProc, name: str, *, timeout: float = 3.0, attempt_timeout: float = 0.5
+    ) -> None:
         self.proc = proc
         self.name = name
         sim = proc.sim
@@ -245,8 +258,8 @@ class SimClient:
             router=core.Router(addresses, rng.randrange(len(addresses))),
             backoff=core.Backoff(rng),
             clock=lambda: clock.mono(sim.world.now),
-            timeout=3.0,
-            attempt_timeout=0.5,
+            timeout=timeout,
+            attempt_timeout=attempt_timeout,
             client=f"{name}x{rng.randrange(10**6)}",
             seqs=core.Sequencer(rng.randrange(2**40)),
         )
@@ -701,11 +714,24 @@ class NodeSimulation:
         if self.world.now < member.stall_until:
             latency += ELECTION_US + self.net_rng.randint(0, ELECTION_US)
         generation = member.generation
-        self.world.after(latency, lambda: self._disk_done(member, generation))
+        group = 1
+        if member.slow_write_us:
+            # A slow disk writes what queued meanwhile with one fsync (persister.py): one
+            # job per fsync would never catch up with a leader's stream of appends.
+            latency += self.net_rng.randint(member.slow_write_us // 2, member.slow_write_us)
+            group = len(member.disk)
+        self.world.after(latency, lambda: self._disk_done(member, generation, group))
 
-    def _disk_done(self, member: SimMember, generation: int) -> None:
-        if member.generation != generation or not member.disk:
-            return
+    def _disk_done(self, member: SimMember, generation: int, group: int = 1) -> None:
+        for _ in range(group):
+            if member.generation != generation or not member.disk:
+                return
+            if not self._disk_write_one(member):
+                return
+        self._disk_next(member)
+
+    def _disk_write_one(self, member: SimMember) -> bool:
+        """Writes the first queued job; False if the member crashed in the middle."""
         job = member.disk.popleft()
         action = job.action
         storage = member.storage
@@ -733,10 +759,10 @@ class NodeSimulation:
         except SimulatedCrash:
             self.stats["crashes_mid_write"] += 1
             self.crash(member)
-            return
+            return False
         if isinstance(action, Persist):
             self.on_member(member, lambda m: m.persisted(action.job, self._now(member)))
-        self._disk_next(member)
+        return True
 
     def _now(self, member: SimMember) -> Any:
         return member.clock.instant(self.world.now)
@@ -1214,6 +1240,8 @@ class NodeSimulation:
             stalled = target or self.members[rng.choice(ids)]
             stalled.stall_until = end
             return
+        elif kind == "slow_disks":
+            undo = self._slow_disks(rng)
         elif kind == "lossy":
             extra = rng.choice((0.1, 0.3))
             self.extra_drop += extra
@@ -1258,6 +1286,24 @@ class NodeSimulation:
             raise ValueError(kind)
         self.world.at(end, undo)
 
+    def _slow_disks(self, rng: random.Random) -> Callable[[], None]:
+        """A majority of the members (or all) write slower than an election timeout: up to
+        one or three times its longest draw, as a 500 ms or 2 s fsync is to the real
+        300-600 ms (not longer: proposals time out after a second here)."""
+        ids = sorted(self.members)
+        count = rng.choice((majority(self.ids), len(ids)))
+        slowed = [self.members[n] for n in rng.sample(ids, min(count, len(ids)))]
+        write_us = rng.choice((ELECTION_US, 3 * ELECTION_US))
+        for member in slowed:
+            member.slow_write_us = write_us
+        self.trace(f"S{self.world.now}{','.join(m.id for m in slowed)}{write_us}")
+
+        def fast() -> None:
+            for member in slowed:
+                member.slow_write_us = 0
+
+        return fast
+
     def _cut(self, links: list[tuple[str, str]]) -> Callable[[], None]:
         for link in links:
             self.cuts[link] += 1
@@ -1278,6 +1324,7 @@ class NodeSimulation:
         self.extra_delay_us = 0
         for member in self.members.values():
             member.stall_until = 0
+            member.slow_write_us = 0
             self.backend.disarm(member.id)
             self.resume(member)
             self.restart(member)
@@ -1619,13 +1666,59 @@ class NodeSimulation:
         self.stats["probe_ms"] = (self.world.now - started) // MS
         self._probe_done = True
 
+    def _steady_probe(self, proc: ClientProc) -> Script:
+        """Under a fault that lasts until the heal, a client's write must still succeed."""
+        # Configured for a slow cluster (a write here may take over a second): the test is
+        # whether the cluster ever serves, not how fast.
+        client = SimClient(proc, "steady", timeout=self.heal_at / US, attempt_timeout=3.0)
+        started = self.world.now
+        while self.world.now < self.heal_at:
+            try:
+                yield RunFlow(client, core.open_lease_flow(client.ctx, 60_000))
+            except DlmError as exc:
+                self.trace(f"steady:{type(exc).__name__}")
+                if DEBUG_STEADY:
+                    print(self.world.now, repr(exc))
+                yield Sleep(0.05)
+                continue
+            self.stats["steady_ms"] = (self.world.now - started) // MS
+            self._steady_done = True
+            return
+
+    def _start_steady(self) -> None:
+        opts = self.options
+        self.faults[f"steady_{opts.steady}"] += 1
+        if opts.steady == "slow_disks":
+            self._slow_disks(self.fault_rng)
+        elif opts.steady == "lossy_links":
+            self.extra_drop += 0.3
+        else:
+            raise ValueError(opts.steady)
+        proc = ClientProc(self, "steady", "library")
+        self.procs.append(proc)
+        proc.spawn(self._steady_probe(proc), "steady")
+
+        def check() -> None:
+            if not self._steady_done:
+                raise Violation(
+                    "liveness",
+                    f"under {opts.steady} from the start, no write succeeded in "
+                    f"{self.heal_at / US:.0f}s (terms reached: "
+                    f"{max(m.machine.raft.term for m in self.members.values() if m.machine)})",
+                )
+
+        self.world.at(self.heal_at - 1, check)
+
     def run(self) -> NodeSimResult:
         opts = self.options
         try:
+            self._steady_done = False
             self._schedule_faults()
             self.world.after(ELECTION_US, self._stale_expires)
             for proc in self.procs:
                 proc.spawn(self._script(proc), proc.name)
+            if opts.steady is not None:
+                self._start_steady()
             if opts.membership:
                 admin = ClientProc(self, "admin", "library")
                 admin.spawn(self._admin(admin), "admin")

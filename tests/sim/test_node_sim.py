@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,10 +23,11 @@ from dlm.node.locks.machine import _Lease
 from dlm.node.machine import Instant, NodeMachine
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.quorum import quorum_index
+from dlm.node.raft.types import HeartbeatResponse, Ready
 
 from .conftest import SimTotals
 from .harness import DiskBackend, MemoryBackend
-from .nodesim import CLIENT_FAULTS, FAULT_KINDS, NodeSimOptions, NodeSimResult, run_node_seed
+from .nodesim import CLIENT_FAULTS, FAULT_KINDS, US, NodeSimOptions, NodeSimResult, run_node_seed
 
 ROOT = Path(__file__).resolve().parents[2]
 MIN_FAULTS = 10
@@ -49,6 +51,30 @@ def test_node_sim(sim_seeds: range, sim_totals: SimTotals) -> None:
         sections += result.stats["sections"]
         sim_totals.add("nodes", result)
     assert sections > 0, f"no client ever held a lock in seeds {sim_seeds}"
+
+
+STEADY_SEEDS = 12
+"""Seeds of each steady fault in `make test` (about a second each)."""
+STEADY_MUTANT_SEEDS = 20
+
+
+def steady_options(seed: int, steady: str, **overrides: object) -> NodeSimOptions:
+    """No scheduled faults: only ``steady``, from the start to the heal."""
+    # 12 s, healed at 8 s: the slowest seed of 40 served its first write after 4.5 s.
+    return options_for(
+        seed, steady=steady, fault_count=(0, 0), duration_us=12 * US, quiet_us=4 * US, **overrides
+    )
+
+
+@pytest.mark.parametrize("steady", ["slow_disks", "lossy_links"])
+def test_a_write_succeeds_under_a_steady_fault(steady: str, sim_totals: SimTotals) -> None:
+    """Issue 20, item 5: elections converge on slow disks (a majority or all of them slower
+    than an election timeout) and on lossy links (30 % of peer messages lost on every link),
+    and a client's write then succeeds, before the fault ends (the check is in nodesim)."""
+    for seed in range(STEADY_SEEDS):
+        result = run_node_seed(seed, steady_options(seed, steady))
+        assert result.faults[f"steady_{steady}"] == 1
+        sim_totals.add(f"steady {steady}", result)
 
 
 def test_fault_mix_includes_client_faults() -> None:
@@ -120,6 +146,39 @@ class CommitsBeforeItsOwnWriteIsDurable(NodeMachine):
     raft_class = CountsItselfBeforeDurable
 
 
+class FixedElectionTimeout(RaftNode):
+    """Draws every election timeout from [election_ticks, 2 * election_ticks): no back-off
+    after failed rounds, no allowance for the disk (what dlm did before issue 20)."""
+
+    def election_timeout_range(self) -> tuple[int, int]:
+        ticks = self._cfg.election_ticks
+        return ticks, 2 * ticks
+
+
+class ElectsWithAFixedTimeout(NodeMachine):
+    raft_class = FixedElectionTimeout
+
+
+class HeartbeatReplyAfterTheDisk(RaftNode):
+    """Holds its heartbeat replies until every earlier write is durable, as if they promised
+    something about the disk (they do not: invariant 7)."""
+
+    def ready(self) -> Ready:
+        rd = super().ready()
+        held = tuple(m for m in rd.messages_now if isinstance(m, HeartbeatResponse))
+        if not held:
+            return rd
+        now = tuple(m for m in rd.messages_now if not isinstance(m, HeartbeatResponse))
+        slower = replace(rd, messages=rd.messages + held, messages_now=now)
+        if self._unadvanced and self._unadvanced[-1] is rd:
+            self._unadvanced[-1] = slower
+        return slower
+
+
+class AnswersHeartbeatsAfterTheDisk(NodeMachine):
+    raft_class = HeartbeatReplyAfterTheDisk
+
+
 class RenewsDoomedLeases(NodeMachine):
     """Answers keep-alives of a lease whose Expire is already proposed."""
 
@@ -176,6 +235,18 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         lambda seed: options_for(seed, tracker_class=ShortensLeasesOnFailover),
         {"two-holders"},
         40,
+    ),
+    "election timeout fixed, however slow the disks": (
+        lambda seed: steady_options(seed, "slow_disks", machine_class=ElectsWithAFixedTimeout),
+        {"liveness"},
+        STEADY_MUTANT_SEEDS,
+    ),
+    "heartbeat replies wait for the disk": (
+        lambda seed: steady_options(
+            seed, "slow_disks", machine_class=AnswersHeartbeatsAfterTheDisk
+        ),
+        {"liveness"},
+        STEADY_MUTANT_SEEDS,
     ),
 }
 
