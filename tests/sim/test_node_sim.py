@@ -27,7 +27,7 @@ from dlm.node.raft.types import HeartbeatResponse, Ready
 
 from .conftest import SimTotals
 from .harness import DiskBackend, MemoryBackend
-from .nodesim import CLIENT_FAULTS, FAULT_KINDS, US, NodeSimOptions, NodeSimResult, run_node_seed
+from .nodesim import CLIENT_FAULTS, FAULT_KINDS, NodeSimOptions, NodeSimResult, run_node_seed
 from .world import US
 
 ROOT = Path(__file__).resolve().parents[2]
