@@ -88,6 +88,12 @@ TIMING = Timing(
 ELECTION_US = int(TIMING.tick_s * TIMING.election_ticks * 2 * US)
 """The longest election timeout (the core draws between one and two base timeouts)."""
 DEBUG_STEADY = False
+RETRANSMIT_US = ELECTION_US // 3
+"""TCP's first retransmission timeout: 200 ms is two thirds of the real members' shortest
+election timeout, and this of the simulated ones'."""
+MAX_RETRANSMITS = 4
+"""Losses in a row that one message suffers at most (it is then 15 timeouts late): beyond,
+a real member replaces the stalled connection (peers.py)."""
 EXEC_GRACE_MS = 150
 """How long before its deadline the exec model's guard starts stopping the command."""
 
@@ -156,8 +162,8 @@ class NodeSimOptions:
     steady: str | None = None
     """A fault that lasts from the start to the heal ("slow_disks": a majority of the
     members, or all, write slower than an election timeout; "lossy_links": 30 % of the
-    peer messages on every link are lost), under which a client's request must still
-    succeed before the heal (the liveness check of issue 20, item 5)."""
+    packets on every peer link are lost, see ``packet_loss``), under which a client's
+    request must still succeed before the heal (the liveness check of issue 20, item 5)."""
 
 
 class SimFailure(AssertionError):
@@ -452,6 +458,11 @@ class NodeSimulation:
         self.drop = self.rng.choice((0.0, 0.01, 0.02))
         self.extra_drop = 0.0
         self.extra_delay_us = 0
+        self.packet_loss = 0.0
+        """Packets lost on every peer link as TCP sees them (the steady lossy_links fault):
+        nothing is dropped, but each loss delays a message, and those behind it on its
+        link, by a retransmission timeout that doubles with each loss in a row."""
+        self._link_free_at: dict[tuple[str, str], int] = {}
         self.healed = False
         self.incarnations: dict[str, list[int]] = {}
         """Every incarnation each lease id has had, oldest first."""
@@ -781,6 +792,17 @@ class NodeSimulation:
         rng = self.net_rng
         if rng.random() < self.drop + self.extra_drop:
             self.stats["dropped"] += 1
+            return
+        if self.packet_loss:
+            delay = rng.randint(100, 1500)
+            losses = 0
+            while losses < MAX_RETRANSMITS and rng.random() < self.packet_loss:
+                losses += 1
+            delay += RETRANSMIT_US * ((1 << losses) - 1)
+            link = (msg.src, msg.dst)
+            at = max(self.world.now + delay, self._link_free_at.get(link, 0))
+            self._link_free_at[link] = at  # in order, as on one TCP connection
+            self.world.at(at, lambda: self._deliver_peer(msg))
             return
         copies = 2 if rng.random() < 0.01 else 1
         for _ in range(copies):
@@ -1322,6 +1344,7 @@ class NodeSimulation:
         self.slow.clear()
         self.extra_drop = 0.0
         self.extra_delay_us = 0
+        self.packet_loss = 0.0
         for member in self.members.values():
             member.stall_until = 0
             member.slow_write_us = 0
@@ -1691,7 +1714,7 @@ class NodeSimulation:
         if opts.steady == "slow_disks":
             self._slow_disks(self.fault_rng)
         elif opts.steady == "lossy_links":
-            self.extra_drop += 0.3
+            self.packet_loss = 0.3
         else:
             raise ValueError(opts.steady)
         proc = ClientProc(self, "steady", "library")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from dlm.node.raft.core import Config, RaftNode
+from dlm.node.raft.core import NARROW_AFTER, Config, RaftNode
 from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.types import ConfState, Heartbeat, Role, VoteRequest
 
@@ -56,15 +56,42 @@ def test_each_failed_round_doubles_the_range_up_to_the_cap() -> None:
         assert len(set(seen)) > 5
 
 
-def test_hearing_a_leader_resets_the_back_off() -> None:
-    for seed in range(30):
+def test_a_leader_heard_steadily_narrows_the_back_off_one_doubling_at_a_time() -> None:
+    for seed in range(10):
         node = fresh(seed)
         for _ in range(4):
             ticks_until_next_term(node)
         assert node.failed_rounds == 3
-        node.step(Heartbeat(group=0, term=node.term, src="n2", dst="n1", commit=0))
-        assert node.role is Role.FOLLOWER and node.failed_rounds == 0
-        assert E <= ticks_until_next_term(node) < 2 * E
+        term = node.term
+        steps: list[int] = []
+        ticks = 0
+        while node.failed_rounds and ticks < 10_000:
+            node.step(Heartbeat(group=0, term=term, src="n2", dst="n1", commit=0))
+            node.tick()
+            ticks += 1
+            if node.failed_rounds < 3 - len(steps):
+                steps.append(ticks)
+        assert node.role is Role.FOLLOWER and node.term == term  # it never stood meanwhile
+        # NARROW_AFTER base timeouts at each width: 8 x 80, then 8 x 40, then 8 x 20 ticks.
+        assert steps == [NARROW_AFTER * E * 8, NARROW_AFTER * E * 12, NARROW_AFTER * E * 14]
+        node.step(Heartbeat(group=0, term=term, src="n2", dst="n1", commit=0))
+        assert E <= ticks_until_next_term(node) < 2 * E  # the configured range again
+
+
+def test_a_lossy_moment_does_not_undo_the_back_off_at_once() -> None:
+    """A leader found after failed rounds keeps the widened timeouts for a while: on a lossy
+    network its heartbeats are late now and then, and the configured timeout would give it
+    up again at the first late one."""
+    node = fresh(3)
+    for _ in range(3):
+        ticks_until_next_term(node)
+    assert node.failed_rounds == 2
+    node.step(Heartbeat(group=0, term=node.term, src="n2", dst="n1", commit=0))
+    assert node.failed_rounds == 2
+    # Silent for longer than the configured range, but within the widened one: still a follower.
+    for _ in range(2 * E):
+        node.tick()
+    assert node.role is Role.FOLLOWER and node.leader == "n2"
 
 
 def test_a_vote_granted_in_a_round_that_found_no_leader_widens_the_next_timeout() -> None:
