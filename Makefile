@@ -104,7 +104,7 @@ CHAOS_PROFILE ?= long
 chaos: install-dev
 	$(PIP) 'matplotlib>=3.8'
 	$(PY) -m tests.chaos.run --seeds $(CHAOS_SEEDS) --profile $(CHAOS_PROFILE) --results chaos-results
-	$(PY) -m pytest tests/chaos/test_slow_elections.py -s
+	DLM_CHAOS_FULL=1 $(PY) -m pytest tests/chaos/test_slow_elections.py -s
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,7 +1,11 @@
 """Elections on slow disks, with real members: every member's fsync (votes and terms too)
 takes 500 ms or 2 s longer (DLM_TEST_FSYNC_DELAY_MS), far beyond the 300-600 ms election
 timeout. A leader must still be elected and requests served, at start-up and again after
-the leader is killed (issue 20, item 5). `make chaos` runs this file too.
+the leader is killed (issue 20, item 5). `make chaos` runs this file too, with the 2 s case.
+
+Measured on a loaded 2-core machine, first request / after killing the leader: 500 ms,
+5.6 s / 2.2 s (before: none in 40 s, terms 56-57); 2 s, 14.8 s / 10.2 s (before: none in
+90 s, terms 28-29).
 
 The bounds below are liveness bounds (how long we wait before calling it stuck), not
 performance figures; the times measured are printed (pytest -s shows them).
@@ -9,6 +13,7 @@ performance figures; the times measured are printed (pytest -s shows them).
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -34,7 +39,19 @@ def _first_success(cluster: Cluster, give_up_s: float) -> float | None:
     return time.monotonic() - started
 
 
-@pytest.mark.parametrize("fsync_ms", [500, 2000])
+@pytest.mark.parametrize(
+    "fsync_ms",
+    [
+        500,  # about 10 s: `make test` runs it
+        pytest.param(
+            2000,
+            marks=pytest.mark.skipif(
+                os.environ.get("DLM_CHAOS_FULL") != "1",
+                reason="about 30 s: `make chaos` runs it (DLM_CHAOS_FULL=1)",
+            ),
+        ),
+    ],
+)
 def test_members_with_slow_disks_elect_a_leader_and_serve(fsync_ms: int, tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, size=3, env={"DLM_TEST_FSYNC_DELAY_MS": str(fsync_ms)})
     give_up = GIVE_UP_S[fsync_ms]
