@@ -578,7 +578,8 @@ class RaftNode:
         if self._role is Role.FOLLOWER:
             if gone and peer == self._leader and self._id in self._voter_set:
                 ticks = self._cfg.election_ticks
-                self._election_elapsed = max(self._election_elapsed, ticks)
+                lease = ticks << self._failed_rounds  # as widened as _in_lease counts it
+                self._election_elapsed = max(self._election_elapsed, lease)
                 self._randomized_timeout = self._election_elapsed + self._rng.randrange(
                     1, ticks + 1
                 )

@@ -17,9 +17,9 @@ VOTERS = ("n1", "n2", "n3")
 E = 10  # election_ticks
 
 
-def fresh(seed: int, **cfg: int) -> RaftNode:
+def fresh(seed: int, *, check_quorum: bool = False, **cfg: int) -> RaftNode:
     options = {"election_ticks": E, **cfg}
-    config = Config("n1", VOTERS, pre_vote=False, check_quorum=False, **options)
+    config = Config("n1", VOTERS, pre_vote=False, check_quorum=check_quorum, **options)
     return RaftNode(config, MemoryStorage(ConfState(VOTERS)), random.Random(seed))
 
 
@@ -122,3 +122,22 @@ def test_a_fast_disk_again_brings_the_range_back() -> None:
     node.set_disk_latency(40)
     node.set_disk_latency(0)
     assert node.election_timeout_range() == (E, 2 * E)
+
+
+def test_a_leader_known_gone_frees_the_vote_at_once_even_after_failed_rounds() -> None:
+    """The runtime's word that the leader's process is gone ends the follower's lease,
+    widened or not: another candidate gets its vote at once, as without the back-off."""
+    for seed in range(20):
+        node = fresh(seed, check_quorum=True)
+        for _ in range(4):
+            ticks_until_next_term(node)
+        term = node.term
+        node.step(Heartbeat(group=0, term=term, src="n2", dst="n1", commit=0))
+        assert node.failed_rounds == 3
+        node.report_unreachable("n2", gone=True)
+        node.step(
+            VoteRequest(
+                group=0, term=term + 1, src="n3", dst="n1", last_log_index=0, last_log_term=0
+            )
+        )
+        assert node.term == term + 1 and node.vote == "n3"
