@@ -334,7 +334,8 @@ class RaftNode:
         self._heartbeat_elapsed = 0
         self._failed_rounds = 0
         self._in_round = False
-        """An election we stood in or voted in has started since we last heard a leader."""
+        """Since we last heard a leader, a round reached us (we granted a vote) or ours
+        reached another member (it answered)."""
         self._steady_ticks = 0
         """Ticks with a leader since the back-off last moved (it narrows after enough)."""
         self._disk_ticks = 0
@@ -1011,12 +1012,14 @@ class RaftNode:
         self._election_elapsed += 1
         if self._id in self._voter_set and self._election_elapsed >= self._randomized_timeout:
             if self._in_round:
-                # The last round (ours, or one we voted in) ended without a leader: widen
-                # the range the next timeouts are drawn from, so that members whose rounds
-                # keep colliding, or keep running out before slow votes arrive, spread out.
+                # The last round (ours, or one we voted in) reached others but ended without
+                # a leader: widen the range the next timeouts are drawn from, so that members
+                # whose rounds keep colliding, or keep running out before slow votes arrive,
+                # spread out. A round that reached nobody (we are cut off) widens nothing:
+                # the timeouts after the heal must still be short.
                 self._failed_rounds = min(self._failed_rounds + 1, self._cfg.max_backoff_doublings)
                 self._steady_ticks = 0
-            self._in_round = True
+                self._in_round = False
             self._campaign(pre_vote=self._cfg.pre_vote)
         elif self._leader is not None:
             self._narrow_back_off()
@@ -1141,6 +1144,7 @@ class RaftNode:
                 return
         elif role is not Role.CANDIDATE:
             return
+        self._in_round = True  # our round reached someone
         self._votes.setdefault(m.src, m.granted)
         result = vote_result(self._voters, self._votes)
         if result is VoteResult.WON:
