@@ -3,7 +3,7 @@ takes 500 ms or 2 s longer (DLM_TEST_FSYNC_DELAY_MS), far beyond the 300-600 ms 
 timeout. A leader must still be elected and requests served, at start-up and again after
 the leader is killed (issue 20, item 5). `make chaos` runs this file too, with the 2 s case.
 
-Measured on a loaded 2-core machine (three runs), from starting the members to the first
+Measured on a loaded 2-core machine (two or three runs), from starting the members to the first
 request served / from killing the leader to the next: 500 ms, 5.6-7.4 s / 2.2-2.5 s
 (before: none in 40 s, terms 56-57); 2 s, 14.8-16.8 s / 10.2-10.3 s (before: none in 90 s,
 terms 28-29).
