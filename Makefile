@@ -103,7 +103,8 @@ soak: install-dev
 # Fault schedules against real clusters on 127.0.0.1 (tests/chaos): CHAOS_SEEDS=START:COUNT
 # schedules (mixing 3- and 5-member clusters), a report and an availability plot per run under
 # chaos-results/. `make test` runs three short ones; this runs the long ones (about a minute each),
-# then the network-namespace cases of tests/chaos/test_netns.py (root, Linux; a few minutes).
+# then the network-namespace cases of tests/chaos/test_netns.py (root, Linux; a few minutes),
+# then elections on disks 500 ms and 2 s slow (tests/chaos/test_slow_elections.py, about a minute).
 CHAOS_SEEDS ?= 100:30
 CHAOS_PROFILE ?= long
 # The plots need matplotlib, which `make test` does without (its short runs skip the plot).
@@ -111,6 +112,7 @@ chaos: install-dev
 	$(PIP) 'matplotlib>=3.8'
 	$(PY) -m tests.chaos.run --seeds $(CHAOS_SEEDS) --profile $(CHAOS_PROFILE) --results chaos-results
 	DLM_CHAOS_NETNS=1 $(PY) -m pytest tests/chaos/test_netns.py -q -s
+	DLM_CHAOS_FULL=1 $(PY) -m pytest tests/chaos/test_slow_elections.py -s
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info .pytest_cache .mypy_cache .ruff_cache

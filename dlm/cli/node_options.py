@@ -124,6 +124,14 @@ NODE_OPTIONS = (
         "Serve Prometheus metrics at http://HOST:PORT/metrics. [default: off]",
     ),
     NodeOption(
+        "election_timeout",
+        "--election-timeout",
+        "DURATION",
+        "How long a follower goes without hearing a leader before it stands (each wait is "
+        "drawn between this and twice it, longer after failed elections and on a slow "
+        "disk); 150ms to 60s, rounded to 50ms. Give every member the same. [default: 300ms]",
+    ),
+    NodeOption(
         "max_leases",
         "--max-leases",
         "N",

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from dlm.cli.durations import DurationError, parse_duration
 from dlm.node.machine import Quotas, Timing
 from dlm.wire import format_addr, parse_addr
 
@@ -35,6 +36,9 @@ META_FORMAT = 3
 the members a joined one was told of, 3 adds ``listen`` (and ``advertise`` when given).
 Each release reads every earlier one, and ignores keys it does not know."""
 DEFAULT_MAX_CONNECTIONS = 8192
+ELECTION_TIMEOUT_MIN_S = 0.15
+"""Three ticks: a leader's heartbeats (one a tick) must be able to arrive twice within it."""
+ELECTION_TIMEOUT_MAX_S = 60.0
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -149,6 +153,7 @@ class NodeConfig:
             max_connections=_count(
                 settings.get("max_connections"), "--max-connections", DEFAULT_MAX_CONNECTIONS
             ),
+            timing=election_timing(settings.get("election_timeout")),
         )
 
     @classmethod
@@ -197,6 +202,25 @@ def _count(text: str | None, flag: str, default: int) -> int:
     if not text.isdigit() or not 0 < int(text) < 2**62:
         raise ConfigError(f"{flag} must be a positive whole number; got {text!r}")
     return int(text)
+
+
+def election_timing(text: str | None) -> Timing:
+    """The member's timing for ``--election-timeout`` (a duration, like 300ms or 1s).
+
+    The core draws each timeout between this and twice it (then widens and lengthens
+    it after failed rounds and on a slow disk); it counts in ticks, so the value is
+    rounded to the nearest tick (50 ms)."""
+    default = Timing()
+    if text is None or not text.strip():
+        return default
+    try:
+        seconds = parse_duration(text)
+    except DurationError as exc:
+        raise ConfigError(f"--election-timeout: {exc}") from None
+    if not ELECTION_TIMEOUT_MIN_S <= seconds <= ELECTION_TIMEOUT_MAX_S:
+        raise ConfigError(f"--election-timeout must be between 150ms and 60s; got {text.strip()!r}")
+    ticks = max(3, round(seconds / default.tick_s))
+    return replace(default, election_ticks=ticks)
 
 
 def check_id(value: str, flag: str) -> None:

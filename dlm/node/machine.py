@@ -173,6 +173,12 @@ class Timing:
         return self.tick_s * self.election_ticks
 
 
+DISK_LATENCY_DECAY = 0.2
+"""How far each faster write pulls the disk-latency estimate down (a slower one sets it)."""
+DISK_LATENCY_MAX_S = 60.0
+"""The most the estimate lengthens election timeouts by (twice this, for two writes)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Quotas:
     """What one member agrees to hold; requests beyond get QUOTA_EXCEEDED.
@@ -280,6 +286,9 @@ class NodeMachine:
         self.audit = Audit(self.out)
         # The audit's own map: _answer starts the clock of a wait where the audit stops it.
         self._queued_mono = self.audit.queued_at
+        self._disk_latency_s = 0.0
+        """How long a write takes here, from handing it out to hearing it is durable: a
+        slower write sets it at once, faster ones pull it down a fifth of the way each."""
         self._stopping = False
         self._stopped = False
         self.membership.announce(self.raft)
@@ -418,10 +427,30 @@ class NodeMachine:
         """Persist ``job`` is durable (jobs complete in the order they were handed out).
 
         ``pump=False`` leaves the work for a later ``pump`` (see ``client_frame``)."""
-        self.jobs.durable(job)
+        handed_at = self.jobs.durable(job)
+        if handed_at is not None:
+            self._note_disk_latency(now.mono - handed_at)
         self._finish_jobs(now)
         if pump:
             self.pump(now)
+
+    def _note_disk_latency(self, seconds: float) -> None:
+        """Tells the Raft core, in ticks, how long this member's writes take (a vote waits
+        for one on each side), so that its election timeouts outlast them."""
+        seconds = min(max(0.0, seconds), DISK_LATENCY_MAX_S)
+        estimate = self._disk_latency_s
+        if seconds >= estimate:
+            estimate = seconds
+        else:
+            estimate -= (estimate - seconds) * DISK_LATENCY_DECAY
+        self._disk_latency_s = estimate
+        ticks = int(estimate / self._timing.tick_s)  # a write within a tick changes nothing
+        self.raft.set_disk_latency(ticks)
+
+    @property
+    def disk_latency_s(self) -> float:
+        """The estimate of how long this member's writes take (see ``persisted``)."""
+        return self._disk_latency_s
 
     def _finish_jobs(self, now: Instant) -> None:
         for ready in self.jobs.finished():
@@ -449,7 +478,7 @@ class NodeMachine:
             self._on_soft_state(rd.soft_state.role, rd.soft_state.leader, rd.soft_state.term, now)
         if rd.messages_now:
             self.out.emit_all(self.health.batches(rd.messages_now, now))
-        number = self.jobs.hand_out(rd)
+        number = self.jobs.hand_out(rd, now.mono)
         if number is not None:
             self.stats.persist_jobs += 1
             self.stats.entries_persisted += len(rd.entries)

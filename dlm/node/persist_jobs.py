@@ -21,6 +21,8 @@ from dlm.node.raft.types import Ready
 class _Job:
     ready: Ready
     done: bool
+    handed_at: float
+    """When it was handed to the disk (monotonic): how long a write takes is measured from it."""
 
 
 class PersistJobs:
@@ -33,21 +35,23 @@ class PersistJobs:
     def __bool__(self) -> bool:
         return bool(self._jobs)
 
-    def hand_out(self, ready: Ready) -> int | None:
-        """Queues ``ready``: the number of its Persist job, or None if it has nothing to
-        persist (it is done, once the jobs before it are)."""
+    def hand_out(self, ready: Ready, now: float) -> int | None:
+        """Queues ``ready`` at monotonic time ``now``: the number of its Persist job, or None
+        if it has nothing to persist (it is done, once the jobs before it are)."""
         persisting = bool(ready.entries) or ready.snapshot is not None
         persisting = persisting or ready.hard_state is not None
         number = self._next
         self._next += 1
-        self._jobs.append((number, _Job(ready, done=not persisting)))
+        self._jobs.append((number, _Job(ready, done=not persisting, handed_at=now)))
         return number if persisting else None
 
-    def durable(self, job: int) -> None:
+    def durable(self, job: int) -> float | None:
+        """Marks ``job`` durable: when it was handed out (None for a job not queued)."""
         for number, entry in self._jobs:
             if number == job:
                 entry.done = True
-                break
+                return entry.handed_at
+        return None
 
     def finished(self) -> Iterator[Ready]:
         """Takes out, in order, the Readies whose job and every job before it are durable."""

@@ -41,15 +41,19 @@ class Persister:
         self._storage = storage
         self._loop = loop
         self._on_done = on_done
-        # Test-only (tests/chaos): a slow disk, this many ms more for every write of entries.
+        # Test-only (tests/chaos): a slow disk, this many ms more for every write that
+        # fsyncs: entries, and a term or vote (what a vote waits for).
         delay = os.environ.get("DLM_TEST_FSYNC_DELAY_MS", "").strip()
         self._test_delay_s = int(delay) / 1000.0 if delay.isdigit() else 0.0
+        self._written_term_vote: tuple[int, str | None] | None = None
         self._queue: queue.SimpleQueue[Persist | SaveSnapshot | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="dlm-persist", daemon=True)
         self._thread.start()
         self.failure: BaseException | None = None
         self.stats = DiskStats()
         self.snapshot_write_s: dict[int, float] = {}
+        self.last_write_s = 0.0
+        """Seconds the latest write of log entries or hard state took (on either thread)."""
         """Seconds each snapshot took to write and compact behind, by index (read once)."""
 
     @property
@@ -106,16 +110,23 @@ class Persister:
         if job.snapshot is not None:
             storage.apply_snapshot(job.snapshot)
         entries = merge_appends(persists)
-        if entries:
-            if self._test_delay_s:
-                time.sleep(self._test_delay_s)
-            storage.append(entries)
         hard_state = next(
             (j.hard_state for j in reversed(persists) if j.hard_state is not None), None
         )
+        if self._test_delay_s:
+            term_vote = None if hard_state is None else (hard_state.term, hard_state.vote)
+            moved = term_vote is not None and term_vote != self._written_term_vote
+            if entries or moved:
+                time.sleep(self._test_delay_s)  # the slow disk itself, not synchronisation
+            if moved:
+                self._written_term_vote = term_vote
+        if entries:
+            storage.append(entries)
         if hard_state is not None:
             # A commit-only change costs no disk write (commit is advisory).
             storage.set_hard_state(hard_state)
+        if entries or hard_state is not None:
+            self.last_write_s = time.perf_counter() - started
         if entries:
             self.stats.fsync.observe(time.perf_counter() - started)
             self.stats.batch.observe(len(entries))

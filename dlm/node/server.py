@@ -96,7 +96,8 @@ INLINE_SLOW_S = 0.02
 """A follower's write on the loop thread slower than this sends its next ones to the
 disk thread for a while (the loop must keep answering heartbeats)."""
 INLINE_PAUSE_S = 10.0
-"""How long the follower then keeps to the disk thread."""
+"""How long the follower then keeps to the disk thread, at least: it comes back only once
+a write there was fast again."""
 CLIENT_CHECK_EVERY = 0.5
 """Seconds between two looks for stalled and idle clients."""
 CLIENT_BUFFER_LIMIT = 16 * CLIENT_FRAME_LIMIT
@@ -459,8 +460,8 @@ class NodeServer:
         the disk thread, so that its appends and heartbeats leave while it writes
         (§10.2.1), and so do snapshots, which are large. A write on the loop blocks
         the loop, so after one slow fsync (``INLINE_SLOW_S``) the follower uses the
-        thread for ``INLINE_PAUSE_S``: a disk that stalls must not also keep the
-        follower from answering heartbeats.
+        thread for ``INLINE_PAUSE_S`` and until a write there is fast again: a disk
+        that stalls must not also keep the follower from answering heartbeats.
         """
         assert self._persister is not None
         if (
@@ -470,6 +471,9 @@ class NodeServer:
             or self.machine.role is not Role.FOLLOWER
             or self._persister.slowed  # the chaos tests' slow disk must not stall the loop
             or time.monotonic() < self._inline_paused_until
+            # A disk that is still slow would block the loop as long again (a 2 s fsync
+            # every 10 s cost a healthy leader its quorum): wait until a write is fast.
+            or self._persister.last_write_s > INLINE_SLOW_S
         ):
             return False
         self._inline.append(action)

@@ -108,6 +108,13 @@ TIMING = Timing(
 )
 ELECTION_US = int(TIMING.tick_s * TIMING.election_ticks * 2 * US)
 """The longest election timeout (the core draws between one and two base timeouts)."""
+DEBUG_STEADY = False
+RETRANSMIT_US = ELECTION_US // 3
+"""TCP's first retransmission timeout: 200 ms is two thirds of the real members' shortest
+election timeout, and this of the simulated ones'."""
+MAX_RETRANSMITS = 4
+"""Losses in a row that one message suffers at most (it is then 15 timeouts late): beyond,
+a real member replaces the stalled connection (peers.py)."""
 EXEC_GRACE_MS = 150
 """How long before its deadline the exec model's guard starts stopping the command."""
 STALL_AFTER_S = TIMING.election_timeout_s
@@ -122,6 +129,7 @@ FAULT_KINDS = (
     "crash_leader",
     "pause",
     "fsync_stall",
+    "slow_disks",
     "lossy",
     "reorder",
     "client_cut",
@@ -138,6 +146,7 @@ DEFAULT_WEIGHTS: dict[str, int] = {
     "crash_leader": 3,
     "pause": 2,
     "fsync_stall": 2,
+    "slow_disks": 1,
     "lossy": 1,
     "reorder": 1,
     "client_cut": 3,
@@ -197,6 +206,11 @@ class NodeSimOptions:
     """How often an exec client's command ends before its --min-hold is over."""
     min_hold_from_send: bool = False
     """Mutant: --min-hold counts from when the acquire was sent, not from its reply."""
+    steady: str | None = None
+    """A fault that lasts from the start to the heal ("slow_disks": a majority of the
+    members, or all, write slower than an election timeout; "lossy_links": 30 % of the
+    packets on every peer link are lost, see ``packet_loss``), under which a client's
+    request must still succeed before the heal (the liveness check of issue 20, item 5)."""
 
 
 class SimFailure(AssertionError):
@@ -243,6 +257,9 @@ class SimMember:
         self.disk: deque[_DiskJob] = deque()
         self.disk_busy_until = 0
         self.stall_until = 0
+        self.slow_write_us = 0
+        """Each write (the jobs queued together, as the real disk thread groups them) takes
+        this long (the slow_disks fault); 0: the disk's normal latency."""
         self.timer_token = 0
         self.conns: dict[int, SimConn] = {}
         self.next_conn = 1
@@ -304,7 +321,9 @@ class SimConn:
 class SimClient:
     """One client library object (``Client``): a context, a connection, one flow at a time."""
 
-    def __init__(self, proc: ClientProc, name: str) -> None:
+    def __init__(
+        self, proc: ClientProc, name: str, *, timeout: float = 3.0, attempt_timeout: float = 0.5
+    ) -> None:
         self.proc = proc
         self.name = name
         sim = proc.sim
@@ -317,8 +336,8 @@ class SimClient:
             router=core.Router(addresses, rng.randrange(len(addresses))),
             backoff=core.Backoff(rng),
             clock=lambda: clock.mono(sim.world.now),
-            timeout=3.0,
-            attempt_timeout=0.5,
+            timeout=timeout,
+            attempt_timeout=attempt_timeout,
             client=f"{name}x{rng.randrange(10**6)}",
             seqs=core.Sequencer(rng.randrange(2**40)),
         )
@@ -525,6 +544,11 @@ class NodeSimulation:
         self.drop = self.rng.choice((0.0, 0.01, 0.02))
         self.extra_drop = 0.0
         self.extra_delay_us = 0
+        self.packet_loss = 0.0
+        """Packets lost on every peer link as TCP sees them (the steady lossy_links fault):
+        nothing is dropped, but each loss delays a message, and those behind it on its
+        link, by a retransmission timeout that doubles with each loss in a row."""
+        self._link_free_at: dict[tuple[str, str], int] = {}
         self.healed = False
         self.incarnations: dict[str, list[int]] = {}
         """Every incarnation each lease id has had, oldest first."""
@@ -830,11 +854,24 @@ class NodeSimulation:
         if self.world.now < member.stall_until:
             latency += ELECTION_US + self.net_rng.randint(0, ELECTION_US)
         generation = member.generation
-        self.world.after(latency, lambda: self._disk_done(member, generation))
+        group = 1
+        if member.slow_write_us:
+            # A slow disk writes what queued meanwhile with one fsync (persister.py): one
+            # job per fsync would never catch up with a leader's stream of appends.
+            latency += self.net_rng.randint(member.slow_write_us // 2, member.slow_write_us)
+            group = len(member.disk)
+        self.world.after(latency, lambda: self._disk_done(member, generation, group))
 
-    def _disk_done(self, member: SimMember, generation: int) -> None:
-        if member.generation != generation or not member.disk:
-            return
+    def _disk_done(self, member: SimMember, generation: int, group: int = 1) -> None:
+        for _ in range(group):
+            if member.generation != generation or not member.disk:
+                return
+            if not self._disk_write_one(member):
+                return
+        self._disk_next(member)
+
+    def _disk_write_one(self, member: SimMember) -> bool:
+        """Writes the first queued job; False if the member crashed in the middle."""
         job = member.disk.popleft()
         action = job.action
         storage = member.storage
@@ -862,10 +899,10 @@ class NodeSimulation:
         except SimulatedCrash:
             self.stats["crashes_mid_write"] += 1
             self.crash(member)
-            return
+            return False
         if isinstance(action, Persist):
             self.on_member(member, lambda m: m.persisted(action.job, self._now(member)))
-        self._disk_next(member)
+        return True
 
     def _now(self, member: SimMember) -> Any:
         return member.clock.instant(self.world.now)
@@ -899,6 +936,17 @@ class NodeSimulation:
             self.stats["stalled"] += 1
             return
         conn, seq = link.conn, link.sent
+        if self.packet_loss:
+            delay = rng.randint(100, 1500)
+            losses = 0
+            while losses < MAX_RETRANSMITS and rng.random() < self.packet_loss:
+                losses += 1
+            delay += RETRANSMIT_US * ((1 << losses) - 1)
+            key = (msg.src, msg.dst)
+            at = max(self.world.now + delay, self._link_free_at.get(key, 0))
+            self._link_free_at[key] = at  # in order, as on one TCP connection
+            self.world.at(at, lambda: self._deliver_peer(msg, link, conn, seq))
+            return
         copies = 2 if rng.random() < 0.01 else 1
         for _ in range(copies):
             delay = rng.randint(100, 1500) + rng.randint(0, self.extra_delay_us)
@@ -1407,6 +1455,8 @@ class NodeSimulation:
             stalled = target or self.members[rng.choice(ids)]
             stalled.stall_until = end
             return
+        elif kind == "slow_disks":
+            undo = self._slow_disks(rng)
         elif kind == "lossy":
             extra = rng.choice((0.1, 0.3))
             self.extra_drop += extra
@@ -1465,6 +1515,24 @@ class NodeSimulation:
             raise ValueError(kind)
         self.world.at(end, undo)
 
+    def _slow_disks(self, rng: random.Random) -> Callable[[], None]:
+        """A majority of the members (or all) write slower than an election timeout: up to
+        one or three times its longest draw, as a 500 ms or 2 s fsync is to the real
+        300-600 ms (not longer: proposals time out after a second here)."""
+        ids = sorted(self.members)
+        count = rng.choice((majority(self.ids), len(ids)))
+        slowed = [self.members[n] for n in rng.sample(ids, min(count, len(ids)))]
+        write_us = rng.choice((ELECTION_US, 3 * ELECTION_US))
+        for member in slowed:
+            member.slow_write_us = write_us
+        self.trace(f"S{self.world.now}{','.join(m.id for m in slowed)}{write_us}")
+
+        def fast() -> None:
+            for member in slowed:
+                member.slow_write_us = 0
+
+        return fast
+
     def _cut(self, links: list[tuple[str, str]]) -> Callable[[], None]:
         for link in links:
             self.cuts[link] += 1
@@ -1483,8 +1551,10 @@ class NodeSimulation:
         self.slow.clear()
         self.extra_drop = 0.0
         self.extra_delay_us = 0
+        self.packet_loss = 0.0
         for member in self.members.values():
             member.stall_until = 0
+            member.slow_write_us = 0
             self.backend.disarm(member.id)
             self.resume(member)
             self.restart(member)
@@ -1965,13 +2035,59 @@ class NodeSimulation:
         self.stats["probe_ms"] = (self.world.now - started) // MS
         self._probe_done = True
 
+    def _steady_probe(self, proc: ClientProc) -> Script:
+        """Under a fault that lasts until the heal, a client's write must still succeed."""
+        # Configured for a slow cluster (a write here may take over a second): the test is
+        # whether the cluster ever serves, not how fast.
+        client = SimClient(proc, "steady", timeout=self.heal_at / US, attempt_timeout=3.0)
+        started = self.world.now
+        while self.world.now < self.heal_at:
+            try:
+                yield RunFlow(client, core.open_lease_flow(client.ctx, 60_000))
+            except DlmError as exc:
+                self.trace(f"steady:{type(exc).__name__}")
+                if DEBUG_STEADY:
+                    print(self.world.now, repr(exc))
+                yield Sleep(0.05)
+                continue
+            self.stats["steady_ms"] = (self.world.now - started) // MS
+            self._steady_done = True
+            return
+
+    def _start_steady(self) -> None:
+        opts = self.options
+        self.faults[f"steady_{opts.steady}"] += 1
+        if opts.steady == "slow_disks":
+            self._slow_disks(self.fault_rng)
+        elif opts.steady == "lossy_links":
+            self.packet_loss = 0.3
+        else:
+            raise ValueError(opts.steady)
+        proc = ClientProc(self, "steady", "library")
+        self.procs.append(proc)
+        proc.spawn(self._steady_probe(proc), "steady")
+
+        def check() -> None:
+            if not self._steady_done:
+                raise Violation(
+                    "liveness",
+                    f"under {opts.steady} from the start, no write succeeded in "
+                    f"{self.heal_at / US:.0f}s (terms reached: "
+                    f"{max(m.machine.raft.term for m in self.members.values() if m.machine)})",
+                )
+
+        self.world.at(self.heal_at - 1, check)
+
     def run(self) -> NodeSimResult:
         opts = self.options
         try:
+            self._steady_done = False
             self._schedule_faults()
             self.world.after(ELECTION_US, self._stale_expires)
             for proc in self.procs:
                 proc.spawn(self._script(proc), proc.name)
+            if opts.steady is not None:
+                self._start_steady()
             if opts.membership:
                 admin = ClientProc(self, "admin", "library")
                 admin.spawn(self._admin(admin), "admin")

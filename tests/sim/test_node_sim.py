@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from dlm.node.locks.machine import _Lease
 from dlm.node.machine import NodeMachine
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.quorum import quorum_index
+from dlm.node.raft.types import HeartbeatResponse, Ready
 from dlm.node.read_rounds import Read, ReadRounds
 
 from .bugs import (
@@ -34,6 +36,7 @@ from .bugs import (
 from .conftest import SimTotals
 from .harness import DiskBackend, MemoryBackend
 from .nodesim import CLIENT_FAULTS, FAULT_KINDS, NodeSimOptions, NodeSimResult, run_node_seed
+from .world import US
 
 ROOT = Path(__file__).resolve().parents[2]
 MIN_FAULTS = 10
@@ -57,6 +60,37 @@ def test_node_sim(sim_seeds: range, sim_totals: SimTotals) -> None:
         sections += result.stats["sections"]
         sim_totals.add("nodes", result)
     assert sections > 0, f"no client ever held a lock in seeds {sim_seeds}"
+
+
+STEADY_SEEDS = 12
+"""Seeds of each steady fault in `make test` (about a second each)."""
+STEADY_MUTANT_SEEDS = 40
+
+
+def steady_options(seed: int, steady: str, **overrides: object) -> NodeSimOptions:
+    """No scheduled faults: only ``steady``, from the start to the heal."""
+    # Healed at 8 s (12 s on lossy links): the slowest of 40 seeds served its first write
+    # after 4.5 s on slow disks, of 60 seeds 8.1 s on lossy links.
+    healed_at = 12 if steady == "lossy_links" else 8
+    return options_for(
+        seed,
+        steady=steady,
+        fault_count=(0, 0),
+        duration_us=(healed_at + 4) * US,
+        quiet_us=4 * US,
+        **overrides,
+    )
+
+
+@pytest.mark.parametrize("steady", ["slow_disks", "lossy_links"])
+def test_a_write_succeeds_under_a_steady_fault(steady: str, sim_totals: SimTotals) -> None:
+    """Issue 20, item 5: elections converge on slow disks (a majority or all of them slower
+    than an election timeout) and on lossy links (30 % of peer messages lost on every link),
+    and a client's write then succeeds, before the fault ends (the check is in nodesim)."""
+    for seed in range(STEADY_SEEDS):
+        result = run_node_seed(seed, steady_options(seed, steady))
+        assert result.faults[f"steady_{steady}"] == 1
+        sim_totals.add(f"steady {steady}", result)
 
 
 def test_fault_mix_includes_client_faults() -> None:
@@ -132,6 +166,39 @@ class CountsItselfBeforeDurable(RaftNode):
 
 class CommitsBeforeItsOwnWriteIsDurable(NodeMachine):
     raft_class = CountsItselfBeforeDurable
+
+
+class FixedElectionTimeout(RaftNode):
+    """Draws every election timeout from [election_ticks, 2 * election_ticks): no back-off
+    after failed rounds, no allowance for the disk (what dlm did before issue 20)."""
+
+    def election_timeout_range(self) -> tuple[int, int]:
+        ticks = self._cfg.election_ticks
+        return ticks, 2 * ticks
+
+
+class ElectsWithAFixedTimeout(NodeMachine):
+    raft_class = FixedElectionTimeout
+
+
+class HeartbeatReplyAfterTheDisk(RaftNode):
+    """Holds its heartbeat replies until every earlier write is durable, as if they promised
+    something about the disk (they do not: invariant 7)."""
+
+    def ready(self) -> Ready:
+        rd = super().ready()
+        held = tuple(m for m in rd.messages_now if isinstance(m, HeartbeatResponse))
+        if not held:
+            return rd
+        now = tuple(m for m in rd.messages_now if not isinstance(m, HeartbeatResponse))
+        slower = replace(rd, messages=rd.messages + held, messages_now=now)
+        if self._unadvanced and self._unadvanced[-1] is rd:
+            self._unadvanced[-1] = slower
+        return slower
+
+
+class AnswersHeartbeatsAfterTheDisk(NodeMachine):
+    raft_class = HeartbeatReplyAfterTheDisk
 
 
 class RenewsDoomedLeases(NodeMachine):
@@ -231,6 +298,18 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         lambda seed: options_for(seed, acceptance_class=AdmitsClientsWithoutTheProof),
         {"unauthenticated"},
         2,
+    ),
+    "election timeout fixed, however slow the disks": (
+        lambda seed: steady_options(seed, "slow_disks", machine_class=ElectsWithAFixedTimeout),
+        {"liveness"},
+        STEADY_MUTANT_SEEDS,
+    ),
+    "heartbeat replies wait for the disk": (
+        lambda seed: steady_options(
+            seed, "slow_disks", machine_class=AnswersHeartbeatsAfterTheDisk
+        ),
+        {"liveness"},
+        STEADY_MUTANT_SEEDS,
     ),
 }
 

@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from dlm.node import main
+from dlm.node.config import election_timing
 from dlm.store import StoreFull
 from dlm.store.disk import DiskStorage
 
@@ -118,3 +119,39 @@ def test_a_join_waits_its_turn_behind_another_membership_change(
     assert BusyCluster.attempts == 3
     assert joined.peers == {"n1": ("10.0.0.1", 7700)}
     assert joined.join_members == {"n1": ("10.0.0.1", 7700), "n4": ("10.0.0.4", 7700)}
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("10ms", "--election-timeout must be between 150ms and 60s; got '10ms'"),
+        ("2m", "--election-timeout must be between 150ms and 60s; got '2m'"),
+        ("soon", "--election-timeout: 'soon' is not a duration"),
+    ],
+)
+def test_a_bad_election_timeout_is_one_line_and_exit_2(
+    value: str, says: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    settings = {"node_id": "n1", "data": str(tmp_path / "d"), "election_timeout": value}
+    assert main.start_node(settings) == main.EXIT_USAGE == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dlm node: error: " + says) and err.count("\n") == 1
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize(("value", "ticks"), [(None, 6), ("300ms", 6), ("1s", 20), ("0.15", 3)])
+def test_the_election_timeout_becomes_ticks_of_the_member_timing(
+    value: str | None, ticks: int
+) -> None:
+    timing = election_timing(value)
+    assert timing.election_ticks == ticks
+    assert timing.election_timeout_s == pytest.approx(ticks * timing.tick_s)
+
+
+def test_the_election_timeout_comes_from_the_environment_too(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    flags = {"node_id": "n1", "data": str(tmp_path / "d")}
+    code = main.start_from_options(flags, {"DLM_NODE_ELECTION_TIMEOUT": "1h"})
+    assert code == 2
+    assert "(the value comes from DLM_NODE_ELECTION_TIMEOUT)" in capsys.readouterr().err

@@ -13,14 +13,15 @@ def _persisting(term: int) -> Ready:
 def test_a_job_finishes_only_when_it_and_every_earlier_one_are_durable() -> None:
     jobs = PersistJobs()
     first, nothing, last = _persisting(1), Ready(), _persisting(2)
-    a = jobs.hand_out(first)
-    assert jobs.hand_out(nothing) is None  # nothing to persist: no Persist job, yet it waits
-    c = jobs.hand_out(last)
+    a = jobs.hand_out(first, 1.0)
+    assert jobs.hand_out(nothing, 1.5) is None  # nothing to persist: no Persist job, yet it waits
+    c = jobs.hand_out(last, 2.0)
     assert a is not None and c is not None and a < c
-    jobs.durable(c)
+    assert jobs.durable(c) == 2.0  # when it was handed out: the disk's latency starts there
     assert list(jobs.finished()) == []
     assert jobs
-    jobs.durable(a)
+    assert jobs.durable(a) == 1.0
+    assert jobs.durable(999) is None
     assert list(jobs.finished()) == [first, nothing, last]
     assert not jobs
 
@@ -28,5 +29,5 @@ def test_a_job_finishes_only_when_it_and_every_earlier_one_are_durable() -> None
 def test_a_ready_with_nothing_to_persist_finishes_at_once_when_alone() -> None:
     jobs = PersistJobs()
     ready = Ready()
-    assert jobs.hand_out(ready) is None
+    assert jobs.hand_out(ready, 0.0) is None
     assert list(jobs.finished()) == [ready]

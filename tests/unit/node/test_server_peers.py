@@ -24,6 +24,7 @@ import anyio.to_thread
 import pytest
 
 from dlm import auth
+from dlm.node import server as server_module
 from dlm.node.log import Logger
 from dlm.node.peer_codec import decode_raft_frame, raft_frame
 from dlm.node.peers import PeerLink, bound_stalls, tcp_acknowledgements
@@ -224,8 +225,8 @@ class _SlowDisk(MemoryStorage):
     def __init__(self) -> None:
         super().__init__(ConfState(voters=("n1", "n2", "n3")))
         self.writers: list[str] = []
-        self.written = [threading.Event(), threading.Event()]
-        """Set as the first and the second append finish (from whichever thread wrote)."""
+        self.written = [threading.Event() for _ in range(3)]
+        """Set as the first, second and third append finish (from whichever thread wrote)."""
 
     def append(self, entries: Sequence[Entry]) -> None:
         time.sleep(2 * INLINE_SLOW_S)  # the disk's own slowness, not synchronisation
@@ -520,3 +521,29 @@ async def test_a_link_refused_after_the_handshake_backs_off_and_says_so_once() -
     text = stream.getvalue()
     assert text.count('"peer_refused"') == 1, text
     assert text.count('"peer_connected"') <= 1 and '"peer_disconnected"' not in text, text
+
+
+async def test_a_follower_keeps_to_the_disk_thread_while_its_disk_stays_slow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past the pause, a disk whose last write was slow still gets no write on the loop:
+    one more 2 s fsync there would stop the follower answering heartbeats for 2 s."""
+    monkeypatch.setattr(server_module, "INLINE_PAUSE_S", 0.0)
+    disk = _SlowDisk()
+    async with running_member(storage=disk, peers=others("n2", "n3"), elect=False) as (_, port):
+        wire = await _peer(port)
+        for index in (1, 2, 3):
+            append = AppendEntries(
+                group=0,
+                term=1,
+                src="n2",
+                dst="n1",
+                prev_index=index - 1,
+                prev_term=index - 1 and 1,
+                entries=(Entry(index, 1),),
+                commit=0,
+            )
+            await wire.send_bytes(raft_frame([append]))
+            assert await anyio.to_thread.run_sync(disk.written[index - 1].wait, WAIT)
+    assert disk.writers[0] != "dlm-persist"
+    assert disk.writers[1:] == ["dlm-persist", "dlm-persist"]

@@ -1,0 +1,158 @@
+"""The election timer's back-off: failed rounds widen the range the timeout is drawn from,
+a leader heard narrows it again, and the disk's latency lengthens it (issue 20, item 5).
+
+A round that fails only costs time; these are the rules that let rounds succeed when
+votes are slower than the configured timeout (a slow fsync, lost messages).
+"""
+
+from __future__ import annotations
+
+import random
+
+from dlm.node.raft.core import NARROW_AFTER, Config, RaftNode
+from dlm.node.raft.memory import MemoryStorage
+from dlm.node.raft.types import ConfState, Heartbeat, Role, VoteRequest, VoteResponse
+
+VOTERS = ("n1", "n2", "n3")
+E = 10  # election_ticks
+
+
+def fresh(seed: int, *, check_quorum: bool = False, **cfg: int) -> RaftNode:
+    options = {"election_ticks": E, **cfg}
+    config = Config("n1", VOTERS, pre_vote=False, check_quorum=check_quorum, **options)
+    return RaftNode(config, MemoryStorage(ConfState(VOTERS)), random.Random(seed))
+
+
+def ticks_until_next_term(node: RaftNode, *, answered: bool = True) -> int:
+    """Ticks until ``node`` starts its next election, which fails: n2 refuses its vote
+    (``answered``: the round reached someone) and n3 never answers."""
+    term = node.term
+    for ticks in range(1, 10_000):
+        node.tick()
+        node.ready()
+        if node.term > term:
+            if answered:
+                node.step(VoteResponse(group=0, term=node.term, src="n2", dst="n1", granted=False))
+                node.ready()
+            return ticks
+    raise AssertionError("never campaigned")
+
+
+def test_the_first_timeout_after_start_is_drawn_from_the_configured_range() -> None:
+    firsts = {ticks_until_next_term(fresh(seed)) for seed in range(60)}
+    assert min(firsts) >= E and max(firsts) < 2 * E
+
+
+def test_each_failed_round_doubles_the_range_up_to_the_cap() -> None:
+    cap = 3
+    gaps: list[list[int]] = []
+    for seed in range(60):
+        node = fresh(seed, max_backoff_doublings=cap)
+        ticks_until_next_term(node)  # the first round starts
+        gaps.append([ticks_until_next_term(node) for _ in range(cap + 2)])
+    for round_no in range(cap + 2):
+        # Round 0's timeout was drawn before any round had failed.
+        doubled = E << min(round_no, cap)
+        seen = [g[round_no] for g in gaps]
+        assert min(seen) >= doubled, (round_no, seen)
+        assert max(seen) < 2 * doubled, (round_no, seen)
+        # Random within the range, not one fixed value (that would keep candidates colliding).
+        assert len(set(seen)) > 5
+
+
+def test_a_leader_heard_steadily_narrows_the_back_off_one_doubling_at_a_time() -> None:
+    for seed in range(10):
+        node = fresh(seed)
+        for _ in range(4):
+            ticks_until_next_term(node)
+        assert node.failed_rounds == 3
+        term = node.term
+        steps: list[int] = []
+        ticks = 0
+        while node.failed_rounds and ticks < 10_000:
+            node.step(Heartbeat(group=0, term=term, src="n2", dst="n1", commit=0))
+            node.tick()
+            ticks += 1
+            if node.failed_rounds < 3 - len(steps):
+                steps.append(ticks)
+        assert node.role is Role.FOLLOWER and node.term == term  # it never stood meanwhile
+        # NARROW_AFTER base timeouts at each width: 8 x 80, then 8 x 40, then 8 x 20 ticks.
+        assert steps == [NARROW_AFTER * E * 8, NARROW_AFTER * E * 12, NARROW_AFTER * E * 14]
+        node.step(Heartbeat(group=0, term=term, src="n2", dst="n1", commit=0))
+        assert E <= ticks_until_next_term(node) < 2 * E  # the configured range again
+
+
+def test_a_lossy_moment_does_not_undo_the_back_off_at_once() -> None:
+    """A leader found after failed rounds keeps the widened timeouts for a while: on a lossy
+    network its heartbeats are late now and then, and the configured timeout would give it
+    up again at the first late one."""
+    node = fresh(3)
+    for _ in range(3):
+        ticks_until_next_term(node)
+    assert node.failed_rounds == 2
+    node.step(Heartbeat(group=0, term=node.term, src="n2", dst="n1", commit=0))
+    assert node.failed_rounds == 2
+    # Silent for longer than the configured range, but within the widened one: still a follower.
+    for _ in range(2 * E):
+        node.tick()
+    assert node.role is Role.FOLLOWER and node.leader == "n2"
+
+
+def test_a_vote_granted_in_a_round_that_found_no_leader_widens_the_next_timeout() -> None:
+    for seed in range(30):
+        node = fresh(seed)
+        node.step(
+            VoteRequest(group=0, term=2, src="n2", dst="n1", last_log_index=0, last_log_term=0)
+        )
+        assert node.vote == "n2"
+        assert E <= ticks_until_next_term(node) < 2 * E  # n2's round: no leader came of it
+        assert node.failed_rounds == 1
+        assert 2 * E <= ticks_until_next_term(node) < 4 * E
+
+
+def test_the_timeout_grows_by_two_writes_of_the_measured_disk_latency() -> None:
+    disk = 25  # ticks one write takes: a vote waits for the candidate's and the voter's
+    for seed in range(60):
+        node = fresh(seed)
+        node.set_disk_latency(disk)
+        assert node.election_timeout_range() == (E + 2 * disk, 2 * E + 2 * disk)
+        node.step(Heartbeat(group=0, term=1, src="n2", dst="n1", commit=0))  # redraws
+        ticks = ticks_until_next_term(node)
+        assert E + 2 * disk <= ticks < 2 * E + 2 * disk
+
+
+def test_a_fast_disk_again_brings_the_range_back() -> None:
+    node = fresh(1)
+    node.set_disk_latency(40)
+    node.set_disk_latency(0)
+    assert node.election_timeout_range() == (E, 2 * E)
+
+
+def test_a_leader_known_gone_frees_the_vote_at_once_even_after_failed_rounds() -> None:
+    """The runtime's word that the leader's process is gone ends the follower's lease,
+    widened or not: another candidate gets its vote at once, as without the back-off."""
+    for seed in range(20):
+        node = fresh(seed, check_quorum=True)
+        for _ in range(4):
+            ticks_until_next_term(node)
+        term = node.term
+        node.step(Heartbeat(group=0, term=term, src="n2", dst="n1", commit=0))
+        assert node.failed_rounds == 3
+        node.report_unreachable("n2", gone=True)
+        node.step(
+            VoteRequest(
+                group=0, term=term + 1, src="n3", dst="n1", last_log_index=0, last_log_term=0
+            )
+        )
+        assert node.term == term + 1 and node.vote == "n3"
+
+
+def test_rounds_that_reach_nobody_do_not_widen_the_range() -> None:
+    """A member cut off from the others fails every round, but nothing is colliding: its
+    timeouts stay short, so that it is quick to stand once the network heals."""
+    for seed in range(30):
+        node = fresh(seed)
+        for _ in range(6):
+            gap = ticks_until_next_term(node, answered=False)
+        assert node.failed_rounds == 0
+        assert E <= gap < 2 * E
