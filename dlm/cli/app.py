@@ -25,7 +25,6 @@ import typer
 
 from dlm.cli.connection_options import JsonOpt, remembers_options, with_settings
 from dlm.cli.exits import EXIT_CODE_HELP
-from dlm.cli.node_options import ALL_OPTIONS, NodeOption
 from dlm.cli.settings import (
     ACQUIRE_FORMAT,
     ACQUIRE_TTL,
@@ -36,6 +35,7 @@ from dlm.cli.settings import (
     GlobalOptions,
     Settings,
 )
+from dlm.node.runtime.config.options import ALL_OPTIONS, NodeOption
 
 _ROOT_HELP = f"""\
 dlm: distributed locks with fencing tokens, for cron jobs, CI and operators.
@@ -539,7 +539,9 @@ def node_start(**flags: str | bool | None) -> None:
     make no sense, 65 for a data directory of another member or cluster, 74 when its
     disk is full, 78 for secret or TLS files that cannot be used, 1 otherwise.
     """
-    from dlm.node.main import start_from_options  # anyio and the runtime: only this command pays
+    from dlm.node.runtime.main import (
+        start_from_options,  # anyio and the runtime: only this command pays
+    )
 
     # A switch not given is "not set" (None), so its variable or file key still counts.
     given = {
@@ -578,7 +580,7 @@ def _node_flag(option: NodeOption) -> inspect.Parameter:
     )
 
 
-# Its flags come from one table (dlm.cli.node_options), which also gives each its
+# Its flags come from one table (dlm.node.runtime.config.options), which also gives each its
 # environment variable and config-file key: typer reads this signature.
 node_start.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     [_node_flag(option) for option in ALL_OPTIONS]

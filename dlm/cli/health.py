@@ -23,7 +23,8 @@ HEALTHY, DEGRADED, NO_QUORUM = "healthy", "degraded", "no_quorum"
 
 MAX_BEHIND_ENTRIES = 1_000
 ELECTION_TIMEOUT_MS = 600
-"""The longest election timeout a member draws (dlm.node.config.Timing: 6 ticks of 50 ms, x2)."""
+"""The longest election timeout a member draws (Timing in
+dlm.node.runtime.config.node_config: 6 ticks of 50 ms, x2)."""
 SILENT_AFTER_MS = 2 * ELECTION_TIMEOUT_MS
 
 

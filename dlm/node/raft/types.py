@@ -2,7 +2,7 @@
 
 This module is the contract between four rooms: the pure core (core.py and its
 helpers), the durable store (dlm/store), the wire codec (dlm/wire.py) and the
-runtimes that drive the core (dlm/node/server.py and the simulator in
+runtimes that drive the core (dlm/node/runtime/server.py and the simulator in
 tests/sim). Everything here is an immutable value; nothing here does IO.
 
 Theory of operation

@@ -8,8 +8,8 @@ import pytest
 import typer
 
 from dlm.cli.app import app
-from dlm.cli.node_options import ALL_OPTIONS, NODE_OPTIONS, OptionError, resolve
-from dlm.node import main as node_main
+from dlm.node.runtime import main as node_main
+from dlm.node.runtime.config.options import ALL_OPTIONS, NODE_OPTIONS, OptionError, resolve
 
 NO_FLAGS: dict[str, str | None] = {option.param: None for option in ALL_OPTIONS}
 

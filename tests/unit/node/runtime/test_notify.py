@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dlm.node.notify import notify
+from dlm.node.runtime.notify import notify
 
 
 @pytest.fixture

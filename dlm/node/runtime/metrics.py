@@ -31,13 +31,13 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from dlm import __version__
-from dlm.node.log import Logger
 from dlm.node.raft.types import Role
+from dlm.node.runtime.log import Logger
 from dlm.node.stats import Histogram
 from dlm.wire import PROTOCOL_VERSION
 
 if TYPE_CHECKING:
-    from dlm.node.server import NodeServer
+    from dlm.node.runtime.server import NodeServer
 
 REQUEST_LIMIT = 8192
 """Bytes of request line and headers; a longer request gets 431."""

@@ -1,4 +1,4 @@
-"""The disk worker (dlm/node/persister.py): group commit keeps the meaning of separate appends."""
+"""The disk worker (runtime/persister.py): group commit keeps the meaning of separate appends."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlm.node.machine import Persist, SaveSnapshot
-from dlm.node.persister import Persister, merge_appends, persist_group
 from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.types import ConfState, Entry, HardState
+from dlm.node.runtime.persister import Persister, merge_appends, persist_group
 
 
 def _entries(first: int, count: int, term: int) -> tuple[Entry, ...]:

@@ -10,8 +10,8 @@ import sys
 import textwrap
 from typing import Any
 
-from dlm.node.log import Logger
-from dlm.node.quiet import ACCEPT_FAILED, QuietLog, loop_exception_handler
+from dlm.node.runtime.log import Logger
+from dlm.node.runtime.quiet import ACCEPT_FAILED, QuietLog, loop_exception_handler
 
 
 class Clock:
@@ -72,8 +72,8 @@ def test_the_loop_handler_turns_accept_errors_into_counted_lines() -> None:
 SERVER = textwrap.dedent(
     """
     import asyncio, resource, socket, sys, time
-    from dlm.node.log import Logger
-    from dlm.node.quiet import QuietLog, loop_exception_handler
+    from dlm.node.runtime.log import Logger
+    from dlm.node.runtime.quiet import QuietLog, loop_exception_handler
 
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 

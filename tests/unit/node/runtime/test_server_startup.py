@@ -22,17 +22,6 @@ from typing import Any
 import anyio
 import pytest
 
-from dlm.node.config import ConfigError, NodeConfig, check_data_dir, parse_peers, write_meta
-from dlm.node.log import Logger
-from dlm.node.main import (
-    EXIT_CONFIG,
-    EXIT_FAILURE,
-    EXIT_FOREIGN_DATA,
-    EXIT_OK,
-    EXIT_USAGE,
-    _settled,
-    start_node,
-)
 from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.types import (
     ConfChange,
@@ -43,7 +32,24 @@ from dlm.node.raft.types import (
     HardState,
     encode_conf_change,
 )
-from dlm.node.server import NodeServer
+from dlm.node.runtime.config.node_config import (
+    ConfigError,
+    NodeConfig,
+    check_data_dir,
+    parse_peers,
+    write_meta,
+)
+from dlm.node.runtime.log import Logger
+from dlm.node.runtime.main import (
+    EXIT_CONFIG,
+    EXIT_FAILURE,
+    EXIT_FOREIGN_DATA,
+    EXIT_OK,
+    EXIT_USAGE,
+    _settled,
+    start_node,
+)
+from dlm.node.runtime.server import NodeServer
 from dlm.store.disk import DiskStorage
 
 from .server_harness import WAIT, Wire, log_text, running_member

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dlm.node import rlimits
+from dlm.node.runtime import rlimits
 
 INF = resource.RLIM_INFINITY
 
@@ -59,7 +59,7 @@ def test_it_raises_the_real_limit_of_a_process() -> None:
         "import resource\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))\n"
-        "from dlm.node.rlimits import raise_open_files_limit\n"
+        "from dlm.node.runtime.rlimits import raise_open_files_limit\n"
         "result = raise_open_files_limit()\n"
         "print(result.before, result.after, *resource.getrlimit(resource.RLIMIT_NOFILE))\n"
     )

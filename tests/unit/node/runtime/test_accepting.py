@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dlm.node.accepting import FD_RESERVE, HANDSHAKE_ROOM, MAX_CONNECTIONS, Budget, Limits
+from dlm.node.runtime.accepting import FD_RESERVE, HANDSHAKE_ROOM, MAX_CONNECTIONS, Budget, Limits
 
 
 def test_a_large_limit_leaves_the_configured_cap() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
-from dlm.node import main
+from dlm.node.runtime import main
 from dlm.store import StoreFull
 from dlm.store.disk import DiskStorage
 
@@ -107,7 +107,7 @@ class BusyCluster:
 def test_a_join_waits_its_turn_behind_another_membership_change(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from dlm.node.config import NodeConfig
+    from dlm.node.runtime.config.node_config import NodeConfig
 
     monkeypatch.setattr("dlm.client.sync.Client", BusyCluster)
     monkeypatch.setattr(BusyCluster, "attempts", 0)

@@ -1,4 +1,4 @@
-"""A local 3-member cluster in the foreground, for trying dlm out: `python -m dlm.node.devcluster`.
+"""A local 3-member cluster in the foreground, for trying dlm out: `python -m dlm.devcluster`.
 
 Starts members n1..n3 on 127.0.0.1:7701-7703 (cluster id ``devcluster``) with their data
 in ./dlm-data/devcluster/n1..n3, so locks survive a restart of the dev cluster. A later
@@ -354,7 +354,7 @@ def watch(cluster: DevCluster, reported: set[str], poll: float = 0.2) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m dlm.node.devcluster",
+        prog="python -m dlm.devcluster",
         description="Run a local 3-member dlm cluster in the foreground (Ctrl-C stops it).",
     )
     parser.add_argument("--base-port", type=int, default=7700, help="members use +1..+3")

@@ -7,8 +7,8 @@ import struct
 import pytest
 
 from dlm.node.peer_codec import decode_raft_frame
-from dlm.node.peers import FRAME_BUDGET, dial_refused, encode_batches, split_first_frame
 from dlm.node.raft.types import AppendEntries, Entry, Heartbeat, Message
+from dlm.node.runtime.peers import FRAME_BUDGET, dial_refused, encode_batches, split_first_frame
 from dlm.wire import (
     CLIENT_FRAME_LIMIT,
     PEER_FRAME_LIMIT,

@@ -1,7 +1,7 @@
 """The settings of `dlm node start`, declared once: flag, environment variable, config-file key.
 
 Each ``NodeOption`` below becomes a flag of `dlm node start` (and of
-``python -m dlm.node.main``), an environment variable (``DLM_NODE_`` and the
+``python -m dlm.node.runtime.main``), an environment variable (``DLM_NODE_`` and the
 flag's name: ``--cluster-id`` is ``DLM_NODE_CLUSTER_ID``) and a key of the
 TOML file named by ``--config`` (the flag's name without the dashes:
 ``cluster-id = "prod"``). A new setting gets all three by one line in
@@ -33,7 +33,7 @@ class OptionError(Exception):
 
 
 class NodeOption:
-    """One setting: ``param`` is its keyword in dlm.node.main.start_node."""
+    """One setting: ``param`` is its keyword in dlm.node.runtime.main.start_node."""
 
     __slots__ = ("choices", "flag", "help", "is_flag", "metavar", "param")
 

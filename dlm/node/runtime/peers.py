@@ -65,10 +65,10 @@ import anyio
 
 from dlm.node.admission import Dialing, Failed, Refused
 from dlm.node.linkwatch import LinkWatch
-from dlm.node.log import Logger
 from dlm.node.machine import REMOVED
 from dlm.node.peer_codec import raft_frame
 from dlm.node.raft.types import AppendEntries, InstallSnapshot, Message
+from dlm.node.runtime.log import Logger
 from dlm.wire import (
     CLIENT_FRAME_LIMIT,
     PEER_FRAME_LIMIT,

@@ -50,14 +50,6 @@ import anyio
 import anyio.abc
 
 from dlm.node import locks
-from dlm.node.accepting import (
-    AcceptedConnection,
-    Budget,
-    ClientConnection,
-    Limits,
-)
-from dlm.node.config import NodeConfig
-from dlm.node.log import Logger
 from dlm.node.machine import (
     Action,
     CloseConnection,
@@ -72,14 +64,22 @@ from dlm.node.machine import (
     SendMessages,
     Stop,
 )
-from dlm.node.notify import notify
 from dlm.node.peer_codec import decode_raft_frame
-from dlm.node.peers import PeerLink
-from dlm.node.persister import Persister
-from dlm.node.quiet import QuietLog, loop_exception_handler
 from dlm.node.raft.types import Role, Storage
-from dlm.node.rlimits import raise_open_files_limit
-from dlm.node.security import NodeSecurity
+from dlm.node.runtime.accepting import (
+    AcceptedConnection,
+    Budget,
+    ClientConnection,
+    Limits,
+)
+from dlm.node.runtime.config.node_config import NodeConfig
+from dlm.node.runtime.log import Logger
+from dlm.node.runtime.notify import notify
+from dlm.node.runtime.peers import PeerLink
+from dlm.node.runtime.persister import Persister
+from dlm.node.runtime.quiet import QuietLog, loop_exception_handler
+from dlm.node.runtime.rlimits import raise_open_files_limit
+from dlm.node.runtime.security import NodeSecurity
 from dlm.node.stats import DiskStats
 from dlm.wire import (
     CLIENT_FRAME_LIMIT,
@@ -294,7 +294,7 @@ class NodeServer:
 
     async def _start_metrics(self, host: str, port: int) -> None:
         # prometheus-client is imported only by members that serve metrics.
-        from dlm.node.metrics import MetricsListener, registry_for
+        from dlm.node.runtime.metrics import MetricsListener, registry_for
 
         listener = MetricsListener(registry_for(self), log=self.log)
         try:

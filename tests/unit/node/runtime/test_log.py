@@ -11,7 +11,7 @@ from datetime import datetime
 
 import pytest
 
-from dlm.node.log import DEBUG, INFO, Logger, default_format, level_named, text_line
+from dlm.node.runtime.log import DEBUG, INFO, Logger, default_format, level_named, text_line
 
 
 @pytest.fixture

@@ -105,7 +105,7 @@ class NodeConfig:
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, str | None]) -> NodeConfig:
-        """The config for `dlm node start`'s settings (dlm.cli.node_options), by parameter."""
+        """The config for `dlm node start`'s settings (config/options.py), by parameter."""
         config = cls.from_flags(
             node_id=settings.get("node_id"),
             listen=settings.get("listen"),

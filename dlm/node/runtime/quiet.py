@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dlm.node.log import Logger
+from dlm.node.runtime.log import Logger
 
 INTERVAL_S = 1.0
 

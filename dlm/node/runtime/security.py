@@ -70,7 +70,7 @@ def truthy(value: str | None, flag: str) -> bool:
 
 
 def load(settings: Mapping[str, str | None], listen: tuple[str, int]) -> NodeSecurity:
-    """The member's security for its settings (dlm.cli.node_options names); SecurityError."""
+    """The member's security for its settings (config/options.py names); SecurityError."""
     peer_file = settings.get("peer_secret_file")
     client_file = settings.get("client_secret_file")
     tls_files = [settings.get(name) for name in ("tls_cert", "tls_key", "tls_ca")]

@@ -12,7 +12,7 @@ import struct
 import anyio
 import pytest
 
-from dlm.node.accepting import Limits
+from dlm.node.runtime.accepting import Limits
 from dlm.wire import CLIENT_FRAME_LIMIT, encode_frame
 
 from .server_harness import WAIT, Wire, running_member
@@ -240,7 +240,7 @@ def test_the_runtime_images_and_restores_the_lock_table_with_the_collector_pause
 
     from dlm.node import locks
     from dlm.node.locks.commands import ClusterVersionCommand, OpenLeaseCommand, Origin
-    from dlm.node.server import _Locks
+    from dlm.node.runtime.server import _Locks
 
     table = _Locks()
     table.apply_command(1, ClusterVersionCommand(2, 0))

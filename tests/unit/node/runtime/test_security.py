@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from dlm import auth
-from dlm.node import security
-from dlm.node.security import SecurityError, is_loopback, load
+from dlm.node.runtime import security
+from dlm.node.runtime.security import SecurityError, is_loopback, load
 
 LOOPBACK = ("127.0.0.1", 7700)
 REACHABLE = ("0.0.0.0", 7700)

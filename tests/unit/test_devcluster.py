@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dlm.node.devcluster import DevCluster, Member, is_replayed
+from dlm.devcluster import DevCluster, Member, is_replayed
 
 
 def write(data: Path, directory: str, **meta: object) -> None:

@@ -2,7 +2,7 @@
 
 ``start_from_options`` is what the CLI calls with the flags it was given: it
 merges them with the ``DLM_NODE_*`` environment and the ``--config`` file
-(dlm.cli.node_options) and hands them to ``start_node``, which returns the
+(dlm.node.runtime.config.options) and hands them to ``start_node``, which returns the
 process exit code and never lets a traceback reach the user: 0 after a clean
 shutdown (SIGTERM or Ctrl-C) or once this member knows it was removed from the
 cluster, 2 for settings that make no sense, 74 (EX_IOERR) when the data dir's
@@ -13,7 +13,7 @@ cluster, 1 for everything else the environment refused (busy port, unusable
 or corrupt data dir) and for crashes. A service manager restarts on 1 only:
 2, 65 and 78 are mistakes a restart cannot fix (docs/dlm.service).
 
-``python -m dlm.node.main --id n1 ...`` runs the same thing without the CLI.
+``python -m dlm.node.runtime.main --id n1 ...`` runs the same thing without the CLI.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from dlm.cli.node_options import ALL_OPTIONS, OptionError, Resolved, resolve
-from dlm.node.config import (
+from dlm.node.raft.types import ConfState
+from dlm.node.runtime.config.node_config import (
     META_FORMAT,
     ConfigError,
     DataDirMeta,
@@ -43,11 +43,11 @@ from dlm.node.config import (
     check_data_dir,
     write_meta,
 )
-from dlm.node.log import Logger, default_format, level_named
-from dlm.node.raft.types import ConfState
-from dlm.node.security import NodeSecurity, SecurityError
-from dlm.node.security import load as load_security
-from dlm.node.server import RemovedMember, run
+from dlm.node.runtime.config.options import ALL_OPTIONS, OptionError, Resolved, resolve
+from dlm.node.runtime.log import Logger, default_format, level_named
+from dlm.node.runtime.security import NodeSecurity, SecurityError
+from dlm.node.runtime.security import load as load_security
+from dlm.node.runtime.server import RemovedMember, run
 from dlm.store import StoreCorrupted, StoreError, StoreFull
 from dlm.store.disk import DiskStorage
 from dlm.wire import format_addr, parse_addr
@@ -94,7 +94,7 @@ def start_node(
 ) -> int:
     """Runs a member in the foreground until SIGTERM/SIGINT; returns the exit code.
 
-    ``settings`` are the values of dlm.cli.node_options.NODE_OPTIONS by parameter
+    ``settings`` are the values of dlm.node.runtime.config.options.NODE_OPTIONS by parameter
     name (missing or None: not set). ``resolved`` says where each came from, so an
     error about one names the variable or file that set it."""
     try:
@@ -402,7 +402,7 @@ async def _listen(config: NodeConfig) -> anyio.abc.Listener[Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m dlm.node.main", description="Run one dlm cluster member."
+        prog="python -m dlm.node.runtime.main", description="Run one dlm cluster member."
     )
     for option in ALL_OPTIONS:
         if option.is_flag:

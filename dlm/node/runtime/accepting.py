@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dlm.node.admission import Acceptance, Admit, Ask, Refuse, Send, hello_problem
-from dlm.node.config import NodeConfig
-from dlm.node.peers import split_first_frame
-from dlm.node.quiet import QuietLog
-from dlm.node.security import NodeSecurity
+from dlm.node.runtime.config.node_config import NodeConfig
+from dlm.node.runtime.peers import split_first_frame
+from dlm.node.runtime.quiet import QuietLog
+from dlm.node.runtime.security import NodeSecurity
 from dlm.wire import (
     PEER_FRAME_LIMIT,
     ErrorCode,
