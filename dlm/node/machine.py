@@ -59,24 +59,26 @@ from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.types import (
     AppendEntries,
     AppendEntriesResponse,
+    ConfChangeRefused,
+    Message,
+    NotLeader,
+    Ready,
+    Role,
+)
+from dlm.node.stats import Stats
+from dlm.records import (
     ConfChange,
     ConfChangeDecodeError,
     ConfChangeKind,
-    ConfChangeRefused,
     ConfState,
     Entry,
     EntryKind,
     HardState,
     LogStorage,
-    Message,
     NodeId,
-    NotLeader,
-    Ready,
-    Role,
     Snapshot,
     decode_conf_change,
 )
-from dlm.node.stats import Stats
 from dlm.wire import (
     PAGE_MAX,
     Acquire,

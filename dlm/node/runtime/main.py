@@ -33,7 +33,6 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from dlm.node.raft.types import ConfState
 from dlm.node.runtime.config.node_config import (
     META_FORMAT,
     ConfigError,
@@ -48,6 +47,7 @@ from dlm.node.runtime.log import Logger, default_format, level_named
 from dlm.node.runtime.security import NodeSecurity, SecurityError
 from dlm.node.runtime.security import load as load_security
 from dlm.node.runtime.server import RemovedMember, run
+from dlm.records import ConfState
 from dlm.store import StoreCorrupted, StoreError, StoreFull
 from dlm.store.disk import DiskStorage
 from dlm.wire import format_addr, parse_addr

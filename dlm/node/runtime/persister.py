@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 
 from dlm.node.machine import Persist, SaveSnapshot
-from dlm.node.raft.types import Entry, Storage
 from dlm.node.stats import DiskStats
+from dlm.records import Entry, Storage
 
 
 class Persister:

@@ -65,7 +65,7 @@ from dlm.node.machine import (
     Stop,
 )
 from dlm.node.peer_codec import decode_raft_frame
-from dlm.node.raft.types import Role, Storage
+from dlm.node.raft.types import Role
 from dlm.node.runtime.accepting import (
     AcceptedConnection,
     Budget,
@@ -81,6 +81,7 @@ from dlm.node.runtime.quiet import QuietLog, loop_exception_handler
 from dlm.node.runtime.rlimits import raise_open_files_limit
 from dlm.node.runtime.security import NodeSecurity
 from dlm.node.stats import DiskStats
+from dlm.records import Storage
 from dlm.wire import (
     CLIENT_FRAME_LIMIT,
     ErrorCode,

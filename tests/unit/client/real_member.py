@@ -32,11 +32,11 @@ import anyio.from_thread
 
 from dlm.node.machine import Instant, NodeMachine, Timing
 from dlm.node.raft.memory import MemoryStorage
-from dlm.node.raft.types import ConfState
 from dlm.node.runtime.accepting import Limits
 from dlm.node.runtime.config.node_config import NodeConfig
 from dlm.node.runtime.log import Logger
 from dlm.node.runtime.server import NodeServer
+from dlm.records import ConfState
 
 T = TypeVar("T")
 FAST = Timing(tick_s=0.01, election_ticks=3, heartbeat_ticks=1, expire_retry_s=0.2)

@@ -19,12 +19,12 @@ import anyio.abc
 
 from dlm.node.machine import Timing
 from dlm.node.raft.memory import MemoryStorage
-from dlm.node.raft.types import ConfState, Storage
 from dlm.node.runtime.accepting import Limits
 from dlm.node.runtime.config.node_config import NodeConfig
 from dlm.node.runtime.log import Logger
 from dlm.node.runtime.security import NodeSecurity
 from dlm.node.runtime.server import NodeServer
+from dlm.records import ConfState, Storage
 from dlm.wire import PEER_FRAME_LIMIT, FrameDecoder, encode_frame
 
 FAST = Timing(tick_s=0.01, election_ticks=3, heartbeat_ticks=1, expire_retry_s=0.2)

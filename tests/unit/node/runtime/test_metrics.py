@@ -20,12 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from dlm.node.raft.memory import MemoryStorage
-from dlm.node.raft.types import ConfState
 from dlm.node.runtime.config.node_config import NodeConfig
 from dlm.node.runtime.log import Logger
 from dlm.node.runtime.main import EXIT_FAILURE, start_node
 from dlm.node.runtime.metrics import METRIC_HELP, REQUEST_LIMIT, MetricsListener, registry_for
 from dlm.node.runtime.server import NodeServer
+from dlm.records import ConfState
 
 pytestmark = pytest.mark.anyio
 

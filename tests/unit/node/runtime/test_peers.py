@@ -7,8 +7,9 @@ import struct
 import pytest
 
 from dlm.node.peer_codec import decode_raft_frame
-from dlm.node.raft.types import AppendEntries, Entry, Heartbeat, Message
+from dlm.node.raft.types import AppendEntries, Heartbeat, Message
 from dlm.node.runtime.peers import FRAME_BUDGET, dial_refused, encode_batches, split_first_frame
+from dlm.records import Entry
 from dlm.wire import (
     CLIENT_FRAME_LIMIT,
     PEER_FRAME_LIMIT,

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from dlm.node.machine import Persist, SaveSnapshot
 from dlm.node.raft.memory import MemoryStorage
-from dlm.node.raft.types import ConfState, Entry, HardState
 from dlm.node.runtime.persister import Persister, merge_appends, persist_group
+from dlm.records import ConfState, Entry, HardState
 
 
 def _entries(first: int, count: int, term: int) -> tuple[Entry, ...]:
@@ -62,7 +62,7 @@ def test_a_snapshot_to_save_is_a_group_of_its_own() -> None:
 
 
 def test_a_snapshot_to_install_may_lead_a_group_but_never_join_one() -> None:
-    from dlm.node.raft.types import Snapshot, SnapshotMeta
+    from dlm.records import Snapshot, SnapshotMeta
 
     snapshot = Snapshot(SnapshotMeta(10, 1, ConfState()), b"image")
     install = Persist(1, snapshot, _entries(11, 1, 1), None)

@@ -26,11 +26,12 @@ import pytest
 from dlm import auth
 from dlm.node.peer_codec import decode_raft_frame, raft_frame
 from dlm.node.raft.memory import MemoryStorage
-from dlm.node.raft.types import AppendEntries, ConfState, Entry, Heartbeat
+from dlm.node.raft.types import AppendEntries, Heartbeat
 from dlm.node.runtime.log import Logger
 from dlm.node.runtime.peers import PeerLink, bound_stalls, tcp_acknowledgements
 from dlm.node.runtime.security import NodeSecurity
 from dlm.node.runtime.server import INLINE_SLOW_S
+from dlm.records import ConfState, Entry
 from dlm.wire import ErrorCode, Hello, HelloRole, encode_frame, error
 
 from .server_harness import WAIT, Wire, log_text, running_member

@@ -23,15 +23,6 @@ import anyio
 import pytest
 
 from dlm.node.raft.memory import MemoryStorage
-from dlm.node.raft.types import (
-    ConfChange,
-    ConfChangeKind,
-    ConfState,
-    Entry,
-    EntryKind,
-    HardState,
-    encode_conf_change,
-)
 from dlm.node.runtime.config.node_config import (
     ConfigError,
     NodeConfig,
@@ -50,6 +41,15 @@ from dlm.node.runtime.main import (
     start_node,
 )
 from dlm.node.runtime.server import NodeServer
+from dlm.records import (
+    ConfChange,
+    ConfChangeKind,
+    ConfState,
+    Entry,
+    EntryKind,
+    HardState,
+    encode_conf_change,
+)
 from dlm.store.disk import DiskStorage
 
 from .server_harness import WAIT, Wire, log_text, running_member
