@@ -539,16 +539,16 @@ def node_start(**flags: str | bool | None) -> None:
     make no sense, 65 for a data directory of another member or cluster, 74 when its
     disk is full, 78 for secret or TLS files that cannot be used, 1 otherwise.
     """
-    from dlm.node.runtime.main import (
-        start_from_options,  # anyio and the runtime: only this command pays
-    )
+    # anyio, the runtime and the client: only this command pays.
+    from dlm.cli.node_join import join_cluster
+    from dlm.node.runtime.main import start_from_options
 
     # A switch not given is "not set" (None), so its variable or file key still counts.
     given = {
         name: ("true" if value else None) if isinstance(value, bool) else value
         for name, value in flags.items()
     }
-    raise typer.Exit(start_from_options(given))
+    raise typer.Exit(start_from_options(given, join=join_cluster))
 
 
 def _node_flag(option: NodeOption) -> inspect.Parameter:

@@ -24,7 +24,6 @@ import gc
 import importlib.util
 import os
 import sys
-import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -50,7 +49,7 @@ from dlm.node.runtime.server import RemovedMember, run
 from dlm.records import ConfState
 from dlm.store import StoreCorrupted, StoreError, StoreFull
 from dlm.store.disk import DiskStorage
-from dlm.wire import format_addr, parse_addr
+from dlm.wire import format_addr
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -58,14 +57,18 @@ EXIT_USAGE = 2
 EXIT_FOREIGN_DATA = 65  # EX_DATAERR: the data dir belongs to another member or cluster
 EXIT_IOERR = 74
 EXIT_CONFIG = 78  # EX_CONFIG: the authentication or TLS settings cannot be used
-JOIN_TIMEOUT_S = 30.0
-"""How long `--join` keeps asking, through leader changes and other changes in progress."""
 GC_THRESHOLD = 35_000
 """New containers between two passes of the cyclic collector (Python's default: 700)."""
 
 
 class StartupError(Exception):
     """The node cannot start; the message is the one line we print."""
+
+
+Joiner = Callable[[NodeConfig, NodeSecurity | None], NodeConfig]
+"""Asks the running cluster (``--join``) to add this member; returns the config to boot
+with, or raises StartupError. It asks as a client, so the room above both the node and
+the client supplies it (dlm.cli.node_join): the runtime does not import the client."""
 
 
 def _fail(message: str, code: int) -> int:
@@ -75,7 +78,10 @@ def _fail(message: str, code: int) -> int:
 
 
 def start_from_options(
-    flags: Mapping[str, str | None], environ: Mapping[str, str] | None = None
+    flags: Mapping[str, str | None],
+    environ: Mapping[str, str] | None = None,
+    *,
+    join: Joiner | None = None,
 ) -> int:
     """Runs a member from its flags (None: not given), the DLM_NODE_* variables and the
     --config file, in that order of precedence; returns the exit code."""
@@ -83,7 +89,7 @@ def start_from_options(
         resolved = resolve(flags, os.environ if environ is None else environ)
     except OptionError as exc:
         return _fail(str(exc), EXIT_USAGE)
-    return start_node(resolved.values, resolved=resolved)
+    return start_node(resolved.values, resolved=resolved, join=join)
 
 
 def start_node(
@@ -91,6 +97,7 @@ def start_node(
     *,
     on_started: Callable[[Any], None] | None = None,
     resolved: Resolved | None = None,
+    join: Joiner | None = None,
 ) -> int:
     """Runs a member in the foreground until SIGTERM/SIGINT; returns the exit code.
 
@@ -138,7 +145,7 @@ def start_node(
     # grants took half again as long. Reference counting frees the rest as before.
     gc.set_threshold(GC_THRESHOLD, 10, 10)
     try:
-        return anyio.run(_main, config, log, on_started, security, backend="asyncio")
+        return anyio.run(_main, config, log, on_started, security, join, backend="asyncio")
     except StartupError as exc:
         return _fail(str(exc), EXIT_FAILURE)
     except ForeignDataDir as exc:
@@ -190,10 +197,13 @@ async def _main(
     log: Logger,
     on_started: Callable[[Any], None] | None,
     security: NodeSecurity | None = None,
+    join: Joiner | None = None,
 ) -> int:
     meta = check_data_dir(config)
     if meta is None and config.join:
-        config = await anyio.to_thread.run_sync(_join, config, security)
+        if join is None:
+            raise StartupError("--join needs `dlm node start`, which can ask the cluster")
+        config = await anyio.to_thread.run_sync(join, config, security)
         log.info("joined", cluster=config.cluster, first_members=sorted(config.peers))
     elif meta is not None:
         config = _settled(config, meta, log)
@@ -321,66 +331,6 @@ def _meta_outdated(config: NodeConfig, meta: DataDirMeta) -> bool:
         or meta.listen != config.listen
         or meta.advertise != config.advertise
     )
-
-
-def _join(config: NodeConfig, security: NodeSecurity | None) -> NodeConfig:
-    """Asks the running cluster (``--join``) to add this member as a learner; returns the
-    config with the cluster's first members, which this member must boot with. It asks as
-    a client, with the client secret and the TLS identity the member was given."""
-    from dlm.client.errors import BadRequest, ChangeInProgress, DlmError
-    from dlm.client.sync import Client
-
-    where = ",".join(config.join)
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    try:
-        with Client(
-            list(config.join),
-            timeout=JOIN_TIMEOUT_S,
-            secret=security.client_secret if security else None,
-            tls=security.peer_tls if security else None,
-        ) as client:
-            try:
-                for attempt in range(1_000):
-                    try:
-                        view = client.add_member(config.node_id, config.address)
-                        break
-                    except ChangeInProgress:
-                        # Another member joining, or a learner's promotion: it commits in
-                        # moments, and then it is our turn.
-                        if time.monotonic() > deadline:
-                            raise
-                        time.sleep(min(1.0, 0.02 * 2**attempt))
-                else:
-                    raise StartupError(f"cannot join {where}: the cluster stayed busy")
-            except BadRequest as exc:
-                if "already a member" not in str(exc):
-                    raise
-                # A retried join whose first attempt went through: fine if it is us.
-                view = client.members_view()
-                mine = [m for m in view.get("members", []) if m.get("id") == config.node_id]
-                if not mine or mine[0].get("address") != config.address:
-                    raise StartupError(
-                        f"cannot join {where}: {config.node_id} is already a member at another "
-                        "address; pick another --id"
-                    ) from None
-    except DlmError as exc:
-        raise StartupError(f"cannot join {where}: {exc}") from None
-    bootstrap = view.get("bootstrap")
-    if not isinstance(bootstrap, dict) or not bootstrap:
-        raise StartupError(
-            f"cannot join {where}: the member did not say who the first members were"
-        )
-    peers = {str(node): parse_addr(str(addr)) for node, addr in bootstrap.items()}
-    # The leader may be a member that joined after the first ones: until this member's log
-    # names the configuration, it knows where the others are only from this answer.
-    current: dict[str, tuple[str, int]] = {}
-    for member in view.get("members", []):
-        if isinstance(member, dict) and member.get("id") != config.node_id:
-            try:
-                current[str(member["id"])] = parse_addr(str(member["address"]))
-            except (KeyError, ValueError):
-                continue  # unknown address: the log will say it
-    return replace(config, peers=peers, join_members=current)
 
 
 async def _listen(config: NodeConfig) -> anyio.abc.Listener[Any]:

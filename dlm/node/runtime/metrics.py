@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
@@ -37,7 +37,37 @@ from dlm.node.stats import Histogram
 from dlm.wire import PROTOCOL_VERSION
 
 if TYPE_CHECKING:
-    from dlm.node.runtime.server import NodeServer
+    from dlm.node.machine import Instant, NodeMachine
+    from dlm.node.runtime.config.node_config import NodeConfig
+    from dlm.node.stats import DiskStats
+
+
+class _Refusals(Protocol):
+    @property
+    def connections_refused(self) -> int: ...
+
+
+class ObservedMember(Protocol):
+    """What the metrics read of a running member (runtime/server.py's NodeServer): named
+    here so that this room and the server do not import each other."""
+
+    @property
+    def machine(self) -> NodeMachine: ...
+
+    @property
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def counters(self) -> _Refusals: ...
+
+    @property
+    def client_count(self) -> int: ...
+
+    @property
+    def disk_stats(self) -> DiskStats: ...
+
+    def now(self) -> Instant: ...
+
 
 REQUEST_LIMIT = 8192
 """Bytes of request line and headers; a longer request gets 431."""
@@ -103,7 +133,7 @@ def _histogram(name: str, histogram: Histogram, labels: dict[str, str] | None = 
 class NodeCollector(Collector):
     """Reads the member's counters when Prometheus scrapes."""
 
-    def __init__(self, server: NodeServer) -> None:
+    def __init__(self, server: ObservedMember) -> None:
         self._server = server
 
     def collect(self) -> Iterator[Metric]:
@@ -194,7 +224,7 @@ class NodeCollector(Collector):
         yield contact
 
 
-def registry_for(server: NodeServer) -> CollectorRegistry:
+def registry_for(server: ObservedMember) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(NodeCollector(server))
     ProcessCollector(registry=registry)

@@ -1,5 +1,4 @@
-"""`dlm node start` on a full disk: exit 74 and one line naming the directory and the space;
-`--join` waiting its turn behind another membership change."""
+"""`dlm node start` on a full disk: exit 74 and one line naming the directory and the space."""
 
 from __future__ import annotations
 
@@ -72,49 +71,13 @@ def test_other_failures_still_exit_1(
     assert last.startswith("dlm node: error: stopped after an I/O error")
 
 
-class BusyCluster:
-    """Stands in for dlm.client.sync.Client: another change is pending for the first
-    ``busy`` attempts to add a member, then the member is added."""
-
-    busy = 2
-    attempts = 0
-
-    def __init__(self, members: list[str], timeout: float, secret: Any, tls: Any) -> None:
-        pass
-
-    def __enter__(self) -> BusyCluster:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        pass
-
-    def add_member(self, member: str, address: str) -> dict[str, Any]:
-        from dlm.client.errors import ChangeInProgress
-
-        BusyCluster.attempts += 1
-        if BusyCluster.attempts <= BusyCluster.busy:
-            raise ChangeInProgress("another membership change is in progress; retry")
-        return {
-            "members": [
-                {"id": "n1", "address": "10.0.0.1:7700"},
-                {"id": "n4", "address": "10.0.0.4:7700"},
-                {"id": member, "address": address},
-            ],
-            "bootstrap": {"n1": "10.0.0.1:7700"},
-        }
-
-
-def test_a_join_waits_its_turn_behind_another_membership_change(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+def test_join_without_the_command_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    from dlm.node.runtime.config.node_config import NodeConfig
-
-    monkeypatch.setattr("dlm.client.sync.Client", BusyCluster)
-    monkeypatch.setattr(BusyCluster, "attempts", 0)
-    config = NodeConfig.from_settings(
-        {"node_id": "n5", "listen": "10.0.0.5:7700", "data": str(tmp_path), "join": "10.0.0.1"}
-    )
-    joined = main._join(config, None)
-    assert BusyCluster.attempts == 3
-    assert joined.peers == {"n1": ("10.0.0.1", 7700)}
-    assert joined.join_members == {"n1": ("10.0.0.1", 7700), "n4": ("10.0.0.4", 7700)}
+    # The runtime cannot ask the cluster itself (it does not import the client): `dlm node
+    # start` hands it the way to; started without it, --join fails in one line.
+    settings = {"node_id": "n5", "listen": free_addr(), "data": str(tmp_path / "d")}
+    assert main.start_node({**settings, "join": "127.0.0.1:1"}) == main.EXIT_FAILURE
+    assert capsys.readouterr().err.splitlines() == [
+        "dlm node: error: --join needs `dlm node start`, which can ask the cluster"
+    ]

@@ -139,7 +139,7 @@ def test_typer_passes_a_switch_as_true_and_its_absence_as_unset(
 
     seen: list[dict[str, str | None]] = []
 
-    def start_from_options(given: dict[str, str | None]) -> int:
+    def start_from_options(given: dict[str, str | None], **_: object) -> int:
         seen.append(given)
         return 0
 
