@@ -66,7 +66,7 @@ cluster: install-dev
 
 # A local 3-node cluster in the foreground on 127.0.0.1:7701-7703; Ctrl-C stops it.
 run: install
-	$(PY) -m dlm.node.devcluster
+	$(PY) -m dlm.devcluster
 
 BENCH_ARGS ?=
 

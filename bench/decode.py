@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 from dlm import wire
 from dlm.node import peer_codec
-from dlm.node.raft.types import AppendEntries, Entry
+from dlm.node.raft.types import AppendEntries
+from dlm.records import Entry
 
 ROUNDS = 7
 

@@ -57,7 +57,7 @@ _SCAFFOLD = (
     "typer/",
     "dlm/__main__.py",
     "dlm/cli/",
-    "dlm/node/main.py",
+    "dlm/node/runtime/main.py",
     "anyio/_core/_eventloop.py",
     "anyio/_backends/_asyncio.py",
     "asyncio/runners.py",

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from dlm.node.raft.types import Entry
+from dlm.records import Entry
 from dlm.store.disk import DiskStorage
 
 SECONDS_EACH = 3.0

@@ -12,7 +12,7 @@ Speed notes: typer < 0.29 (0.29 routes every option through pydantic),
 ``pretty_exceptions_enable=False``. Shell completion (``--install-completion``)
 is typer's, on the root app only: typer imports its completion code anyway,
 and the fast path, which never loads typer, is untouched by it. Duration
-options are plain strings parsed by dlm.cli.durations, so a bad one gets our
+options are plain strings parsed by dlm.durations, so a bad one gets our
 one-line message.
 """
 
@@ -25,7 +25,6 @@ import typer
 
 from dlm.cli.connection_options import JsonOpt, remembers_options, with_settings
 from dlm.cli.exits import EXIT_CODE_HELP
-from dlm.cli.node_options import ALL_OPTIONS, NodeOption
 from dlm.cli.settings import (
     ACQUIRE_FORMAT,
     ACQUIRE_TTL,
@@ -36,6 +35,7 @@ from dlm.cli.settings import (
     GlobalOptions,
     Settings,
 )
+from dlm.node.runtime.config.options import ALL_OPTIONS, NodeOption
 
 _ROOT_HELP = f"""\
 dlm: distributed locks with fencing tokens, for cron jobs, CI and operators.
@@ -539,14 +539,16 @@ def node_start(**flags: str | bool | None) -> None:
     make no sense, 65 for a data directory of another member or cluster, 74 when its
     disk is full, 78 for secret or TLS files that cannot be used, 1 otherwise.
     """
-    from dlm.node.main import start_from_options  # anyio and the runtime: only this command pays
+    # anyio, the runtime and the client: only this command pays.
+    from dlm.cli.node_join import join_cluster
+    from dlm.node.runtime.main import start_from_options
 
     # A switch not given is "not set" (None), so its variable or file key still counts.
     given = {
         name: ("true" if value else None) if isinstance(value, bool) else value
         for name, value in flags.items()
     }
-    raise typer.Exit(start_from_options(given))
+    raise typer.Exit(start_from_options(given, join=join_cluster))
 
 
 def _node_flag(option: NodeOption) -> inspect.Parameter:
@@ -578,7 +580,7 @@ def _node_flag(option: NodeOption) -> inspect.Parameter:
     )
 
 
-# Its flags come from one table (dlm.cli.node_options), which also gives each its
+# Its flags come from one table (dlm.node.runtime.config.options), which also gives each its
 # environment variable and config-file key: typer reads this signature.
 node_start.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     [_node_flag(option) for option in ALL_OPTIONS]

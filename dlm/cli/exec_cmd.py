@@ -229,8 +229,8 @@ def conflict_is_silent(
 def kill_grace_option(text: str | None, ttl_ms: int) -> float:
     """Seconds between SIGTERM and the deadline: min(5 s, TTL/4) unless given; given, it
     must stay under TTL/2, or the lease would be spent before a renewal could save it."""
-    from dlm.cli.durations import format_ms
     from dlm.cli.guard import default_grace, grace_problem
+    from dlm.durations import format_ms
 
     if text is None:
         return default_grace(ttl_ms)
@@ -453,9 +453,9 @@ class _Session:
         (the lease then runs out by itself: closing it would end the hold at once), or
         None when the hold is over already and the lease is to be closed as usual.
         """
-        from dlm.cli.durations import format_ms
         from dlm.client.core import lease_deadline, min_hold_ttl_ms
         from dlm.client.errors import DlmError, LeaseLost
+        from dlm.durations import format_ms
 
         keeper.stop()  # renewals from here on could only lengthen the hold
         now = time.monotonic()

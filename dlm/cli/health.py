@@ -16,14 +16,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlm.cli.durations import format_ms
 from dlm.cli.output import escape
+from dlm.durations import format_ms
 
 HEALTHY, DEGRADED, NO_QUORUM = "healthy", "degraded", "no_quorum"
 
 MAX_BEHIND_ENTRIES = 1_000
 ELECTION_TIMEOUT_MS = 600
-"""The longest election timeout a member draws (dlm.node.config.Timing: 6 ticks of 50 ms, x2)."""
+"""The longest election timeout a member draws (Timing in
+dlm.node.runtime.config.node_config: 6 ticks of 50 ms, x2)."""
 SILENT_AFTER_MS = 2 * ELECTION_TIMEOUT_MS
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dlm.cli.durations import format_ms
 from dlm.cli.exits import usage_error
 from dlm.cli.output import (
     JSON,
@@ -33,6 +32,7 @@ from dlm.cli.output import (
     say,
 )
 from dlm.cli.settings import Settings
+from dlm.durations import format_ms
 
 if TYPE_CHECKING:
     from dlm.client.sync import Client

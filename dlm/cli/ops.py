@@ -13,10 +13,10 @@ import sys
 import threading
 
 from dlm import limits
-from dlm.cli.durations import DurationError, format_ms, parse_duration, parse_duration_ms
 from dlm.cli.exits import CHECK_FAILED, LOST, CliError, Interrupted, from_client_error, usage_error
 from dlm.cli.output import emit_json, escape, say
 from dlm.cli.settings import Settings
+from dlm.durations import DurationError, format_ms, parse_duration, parse_duration_ms
 
 # typing stays off the CLI's import path (milliseconds per run); mypy reads TYPE_CHECKING as true.
 TYPE_CHECKING = False

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import os
 
-from dlm.cli.durations import DurationError, parse_duration
 from dlm.cli.exits import usage_error
+from dlm.durations import DurationError, parse_duration
 
 # typing stays off the CLI's import path (milliseconds per run); mypy reads TYPE_CHECKING as true.
 TYPE_CHECKING = False

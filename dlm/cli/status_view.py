@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from dlm.cli import health
-from dlm.cli.durations import format_ms
 from dlm.cli.exits import CHECK_FAILED, OK, UNAVAILABLE, CliError, usage_error
 from dlm.cli.output import (
     JSON,
@@ -41,6 +40,7 @@ from dlm.cli.output import (
     stdout_is_terminal,
 )
 from dlm.cli.settings import Settings
+from dlm.durations import format_ms
 
 if TYPE_CHECKING:
     from rich.console import RenderableType

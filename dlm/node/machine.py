@@ -53,14 +53,14 @@ and read that arrived before it started.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 from dlm.node import locks
 from dlm.node.audit import Audit
 from dlm.node.clients import MAX_BAD_REQUESTS, ClientConn, Clients
 from dlm.node.leases import LeaseTracker
+from dlm.node.machine_config import PROTOCOL_SPOKEN, MachineConfig, Quotas, Timing
 from dlm.node.membership import PROMOTE_LAG, REMOVED, Membership
 from dlm.node.outbox import (
     Action,
@@ -80,20 +80,11 @@ from dlm.node.persist_jobs import PersistJobs
 from dlm.node.proposals import Proposal as _Proposal
 from dlm.node.proposals import Proposals
 from dlm.node.raft.core import Config, RaftNode
-from dlm.node.raft.types import (
-    AppendEntriesResponse,
-    Entry,
-    EntryKind,
-    LogStorage,
-    Message,
-    NodeId,
-    Ready,
-    Role,
-    Snapshot,
-)
+from dlm.node.raft.types import AppendEntriesResponse, Message, Ready, Role
 from dlm.node.read_rounds import Read, ReadRounds, renew_confirmed
 from dlm.node.snapshots import Snapshots, restore_image
 from dlm.node.stats import Stats
+from dlm.records import Entry, EntryKind, LogStorage, NodeId, Snapshot
 from dlm.wire import (
     PAGE_MAX,
     Acquire,
@@ -140,80 +131,6 @@ __all__ = [
     "Timing",
     "lease_gone",
 ]
-
-PROTOCOL_SPOKEN = 2
-"""The highest cluster version this release can run."""
-
-
-# ---------------------------------------------------------------------------
-# Configuration
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Timing:
-    """Clock settings of a member.
-
-    The election timeout is drawn by the core between ``election_ticks`` and
-    twice that, so 50 ms ticks and 6 ticks give 300-600 ms: a dead leader is
-    replaced well within a second, while a follower whose event loop stalls
-    for a few hundred milliseconds under load does not start an election.
-    """
-
-    tick_s: float = 0.05
-    election_ticks: int = 6
-    heartbeat_ticks: int = 1
-    request_timeout_s: float = 5.0
-    """A proposal or read not answered in this time gets TIMEOUT (the client retries)."""
-    expire_retry_s: float = 1.0
-    """A lease whose Expire was proposed but is still alive this long after is proposed again."""
-
-    @property
-    def election_timeout_s(self) -> float:
-        return self.tick_s * self.election_ticks
-
-
-DISK_LATENCY_DECAY = 0.2
-"""How far each faster write pulls the disk-latency estimate down (a slower one sets it)."""
-DISK_LATENCY_MAX_S = 60.0
-"""The most the estimate lengthens election timeouts by (twice this, for two writes)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Quotas:
-    """What one member agrees to hold; requests beyond get QUOTA_EXCEEDED.
-
-    The defaults are far beyond what a fleet of 5,000 hosts needs; they exist
-    so that a runaway client cannot make the leader run out of memory.
-    """
-
-    max_leases: int = 200_000
-    max_locks: int = 2_000_000
-    """Held slots plus queued waiters."""
-    max_meta_bytes: int = 4096
-    """Owner metadata of one lock or lease, names and values together."""
-
-
-@dataclass(frozen=True, slots=True)
-class MachineConfig:
-    node_id: NodeId
-    cluster: str
-    peers: Mapping[NodeId, str]
-    """The cluster's first members (its bootstrap configuration) and their addresses."""
-    timing: Timing = field(default_factory=Timing)
-    snapshot_every: int = 10_000
-    snapshot_keep: int = 1_000
-    quotas: Quotas = field(default_factory=Quotas)
-    max_version: int = PROTOCOL_SPOKEN
-    """The highest cluster version this member runs (tests lower it to play an old member)."""
-    auto_promote: bool = True
-    """The leader promotes a learner to voter once it is within PROMOTE_LAG entries."""
-    address: str = ""
-    """This member's own address (for a member that joined later, not in ``peers``)."""
-    join_members: Mapping[NodeId, str] = field(default_factory=dict)
-    """The members a joining member was told of when it joined, with their addresses: it
-    dials them until its own log names the configuration, so that it can answer a leader
-    that is not among the first members."""
 
 
 # ---------------------------------------------------------------------------
@@ -286,9 +203,6 @@ class NodeMachine:
         self.audit = Audit(self.out)
         # The audit's own map: _answer starts the clock of a wait where the audit stops it.
         self._queued_mono = self.audit.queued_at
-        self._disk_latency_s = 0.0
-        """How long a write takes here, from handing it out to hearing it is durable: a
-        slower write sets it at once, faster ones pull it down a fifth of the way each."""
         self._stopping = False
         self._stopped = False
         self.membership.announce(self.raft)
@@ -427,30 +341,13 @@ class NodeMachine:
         """Persist ``job`` is durable (jobs complete in the order they were handed out).
 
         ``pump=False`` leaves the work for a later ``pump`` (see ``client_frame``)."""
-        handed_at = self.jobs.durable(job)
-        if handed_at is not None:
-            self._note_disk_latency(now.mono - handed_at)
+        if self.jobs.durable(job, now.mono):
+            # A vote waits for one write on each side: the core's election timeouts must
+            # outlast them (in ticks; a write within a tick changes nothing).
+            self.raft.set_disk_latency(int(self.jobs.latency_s / self._timing.tick_s))
         self._finish_jobs(now)
         if pump:
             self.pump(now)
-
-    def _note_disk_latency(self, seconds: float) -> None:
-        """Tells the Raft core, in ticks, how long this member's writes take (a vote waits
-        for one on each side), so that its election timeouts outlast them."""
-        seconds = min(max(0.0, seconds), DISK_LATENCY_MAX_S)
-        estimate = self._disk_latency_s
-        if seconds >= estimate:
-            estimate = seconds
-        else:
-            estimate -= (estimate - seconds) * DISK_LATENCY_DECAY
-        self._disk_latency_s = estimate
-        ticks = int(estimate / self._timing.tick_s)  # a write within a tick changes nothing
-        self.raft.set_disk_latency(ticks)
-
-    @property
-    def disk_latency_s(self) -> float:
-        """The estimate of how long this member's writes take (see ``persisted``)."""
-        return self._disk_latency_s
 
     def _finish_jobs(self, now: Instant) -> None:
         for ready in self.jobs.finished():

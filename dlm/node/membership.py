@@ -19,17 +19,16 @@ from typing import TYPE_CHECKING, Any
 from dlm.node.outbox import Instant, NotLeaderReply, Outbox, PeersChanged
 from dlm.node.proposals import Refusal, upgrading
 from dlm.node.raft.core import RaftNode
-from dlm.node.raft.types import (
+from dlm.node.raft.types import ConfChangeRefused, NotLeader
+from dlm.records import (
     ConfChange,
     ConfChangeDecodeError,
     ConfChangeKind,
-    ConfChangeRefused,
     ConfState,
     Entry,
     EntryKind,
     LogStorage,
     NodeId,
-    NotLeader,
     decode_conf_change,
 )
 from dlm.wire import (
@@ -43,7 +42,7 @@ from dlm.wire import (
 )
 
 if TYPE_CHECKING:
-    from dlm.node.machine import MachineConfig
+    from dlm.node.machine_config import MachineConfig
 
 PROMOTE_LAG = 64
 """A learner this close to the leader's log (in entries) is caught up: it may vote."""

@@ -14,8 +14,9 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-from dlm.node.raft.types import ConfState, Entry, HardState, Message, NodeId, Snapshot
+from dlm.node.raft.types import Message
 from dlm.node.stats import Stats
+from dlm.records import ConfState, Entry, HardState, NodeId, Snapshot
 from dlm.wire import ClientRequest
 
 REJECT_LOG_EVERY = 1.0

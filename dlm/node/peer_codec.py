@@ -17,9 +17,6 @@ from typing import Any
 from dlm.node.raft.types import (
     AppendEntries,
     AppendEntriesResponse,
-    ConfState,
-    Entry,
-    EntryKind,
     Heartbeat,
     HeartbeatResponse,
     InstallSnapshot,
@@ -27,11 +24,11 @@ from dlm.node.raft.types import (
     Message,
     ReadIndexRequest,
     ReadIndexResponse,
-    SnapshotMeta,
     TimeoutNow,
     VoteRequest,
     VoteResponse,
 )
+from dlm.records import ConfState, Entry, EntryKind, SnapshotMeta
 from dlm.wire import INT_LIMIT, ProtocolError, as_map, encode_frame
 
 # ---------------------------------------------------------------------------

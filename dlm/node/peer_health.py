@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from dlm.node.outbox import Instant, SendMessages
-from dlm.node.raft.types import AppendEntries, Message, NodeId
+from dlm.node.raft.types import AppendEntries, Message
 from dlm.node.stats import Stats
+from dlm.records import NodeId
 
 APPEND_TIMES_KEPT = 256
 """Batches per peer whose departure is remembered for the round-trip figure."""

@@ -16,6 +16,11 @@ from dataclasses import dataclass
 
 from dlm.node.raft.types import Ready
 
+LATENCY_DECAY = 0.2
+"""How far each faster write pulls the write-latency estimate down (a slower one sets it)."""
+LATENCY_MAX_S = 60.0
+"""The most the estimate can say (election timeouts grow by twice it)."""
+
 
 @dataclass(slots=True)
 class _Job:
@@ -31,6 +36,9 @@ class PersistJobs:
     def __init__(self) -> None:
         self._jobs: deque[tuple[int, _Job]] = deque()
         self._next = 1
+        self.latency_s = 0.0
+        """How long a write takes here, from handing it out to hearing it is durable: a
+        slower write sets it at once, faster ones pull it down a fifth of the way each."""
 
     def __bool__(self) -> bool:
         return bool(self._jobs)
@@ -45,13 +53,22 @@ class PersistJobs:
         self._jobs.append((number, _Job(ready, done=not persisting, handed_at=now)))
         return number if persisting else None
 
-    def durable(self, job: int) -> float | None:
-        """Marks ``job`` durable: when it was handed out (None for a job not queued)."""
+    def durable(self, job: int, now: float) -> bool:
+        """Marks ``job`` durable at monotonic time ``now`` and counts how long it took into
+        ``latency_s``; False for a job that is not queued."""
         for number, entry in self._jobs:
             if number == job:
                 entry.done = True
-                return entry.handed_at
-        return None
+                self._measured(now - entry.handed_at)
+                return True
+        return False
+
+    def _measured(self, seconds: float) -> None:
+        seconds = min(max(0.0, seconds), LATENCY_MAX_S)
+        if seconds >= self.latency_s:
+            self.latency_s = seconds
+        else:
+            self.latency_s -= (self.latency_s - seconds) * LATENCY_DECAY
 
     def finished(self) -> Iterator[Ready]:
         """Takes out, in order, the Readies whose job and every job before it are durable."""

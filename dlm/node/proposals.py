@@ -34,7 +34,7 @@ from dlm.wire import (
 )
 
 if TYPE_CHECKING:
-    from dlm.node.machine import Quotas
+    from dlm.node.machine_config import Quotas
 
 
 @dataclass(slots=True)

@@ -2,7 +2,7 @@
 
 Pure (no clock, no IO, no metrics library): the node machine counts as it
 decides, the adapter counts what it does to sockets and the disk, and
-dlm/node/metrics.py turns both into Prometheus metrics when scraped. A
+dlm/node/runtime/metrics.py turns both into Prometheus metrics when scraped. A
 ``Histogram`` keeps fixed buckets, so its memory does not grow with traffic.
 """
 

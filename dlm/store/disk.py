@@ -28,7 +28,7 @@ import itertools
 import os
 from collections.abc import Sequence
 
-from dlm.node.raft.types import (
+from dlm.records import (
     ConfState,
     Entry,
     HardState,

@@ -26,7 +26,8 @@ from dlm.store.state import STATE_NAME, load_state
 from dlm.store.wal import replay, scan_dir
 
 OWNER_FILE = "node.json"
-"""Written by dlm.node.config.write_meta when a member first starts on the directory."""
+"""Written by write_meta (dlm.node.runtime.config.node_config) when a member first starts on
+the directory."""
 
 _MARKERS = (OWNER_FILE, STATE_NAME, WAL_DIR, SNAP_DIR)
 

@@ -26,7 +26,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from dlm.node.raft.types import ConfState, Snapshot, SnapshotMeta
+from dlm.records import ConfState, Snapshot, SnapshotMeta
 from dlm.store import StoreCorrupted, StoreError, out_of_range
 from dlm.store.fs import FileSystem
 from dlm.store.state import _Reader, pack_names, write_atomically

@@ -30,7 +30,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from dlm.node.raft.types import ConfState, HardState, NodeId
+from dlm.records import ConfState, HardState, NodeId
 from dlm.store import StoreCorrupted, StoreError, StoreFull, out_of_range
 from dlm.store.fs import FileSystem
 

@@ -76,7 +76,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dlm.node.raft.types import Entry, EntryKind
+from dlm.records import Entry, EntryKind
 from dlm.store import VALUE_LIMIT, StoreCorrupted, StoreError, StoreFull, out_of_range
 from dlm.store.fs import AppendFile, FileSystem
 

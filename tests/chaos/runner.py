@@ -4,7 +4,7 @@ Topology
 --------
 Every member of the first configuration reaches every other through a
 proxy of its own (``n1>n2`` carries what n1 sends n2: a member only *sends*
-on the connection it dials, see dlm/node/peers.py), by giving each member its
+on the connection it dials, see dlm/node/runtime/peers.py), by giving each member its
 own ``--peers`` in which the others' addresses are those proxies. So a
 one-way cut is one proxy cut, and a partition is the set of proxies between
 two groups. Two clients, the library worker ``w0`` and the exec lane ``x0``,

@@ -100,7 +100,7 @@ def _start(
     env.pop("DLM_NODE_LOG_FORMAT", None)
     with open(console or os.devnull, "ab") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dlm.node.devcluster", "--base-port", str(base),
+            [sys.executable, "-m", "dlm.devcluster", "--base-port", str(base),
              "--data", str(tmp_path / "data")],
             stdout=subprocess.PIPE, stderr=err, env=env, cwd=tmp_path,
         )  # fmt: skip

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dlm.node.metrics import METRIC_HELP
+from dlm.node.runtime.metrics import METRIC_HELP
 from tests.cluster.cli_harness import Dlm
 from tests.cluster.harness import Cluster, NodeProc, RawConn, free_ports, wait_for
 from tests.unit.test_docs import readme_metrics
@@ -154,7 +154,7 @@ def test_the_endpoint_serves_metrics_only(metered: Cluster) -> None:
 
 
 def test_a_flood_of_idle_connections_does_not_stop_a_scrape(metered: Cluster) -> None:
-    from dlm.node.metrics import MAX_CONNECTIONS
+    from dlm.node.runtime.metrics import MAX_CONNECTIONS
 
     node = metered_nodes(metered)[0]
     idle: list[socket.socket] = []

@@ -20,14 +20,8 @@ import pytest
 
 from dlm import auth
 from dlm.node.peer_codec import raft_frame, raft_to_wire
-from dlm.node.raft.types import (
-    AppendEntries,
-    ConfState,
-    Entry,
-    InstallSnapshot,
-    SnapshotMeta,
-    VoteRequest,
-)
+from dlm.node.raft.types import AppendEntries, InstallSnapshot, VoteRequest
+from dlm.records import ConfState, Entry, SnapshotMeta
 from tests.cluster.cli_harness import Dlm
 from tests.cluster.harness import Cluster, NodeProc, RawConn, wait_for
 

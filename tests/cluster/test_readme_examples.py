@@ -3,7 +3,7 @@
 Every fenced ``sh`` and ``console`` block of README.md is run here, unless the
 line right before its fence is a marker saying why it cannot be
 (``<!-- readme-test: skip: REASON -->``): so the README cannot drift from the
-program. Each block gets a fresh `make run` dev cluster (dlm.node.devcluster)
+program. Each block gets a fresh `make run` dev cluster (dlm.devcluster)
 on free ports and data of its own, and runs in a scratch directory where
 ``.venv/bin/dlm`` and ``dlm`` (on PATH) are this tree's, with the few
 substitutions a test needs and a reader does not:

@@ -20,7 +20,8 @@ from dlm.node.admission import (
 from dlm.node.linkwatch import LinkWatch
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.membership import check_change
-from dlm.node.raft.types import ConfChange, HardState, NodeId, Role
+from dlm.node.raft.types import Role
+from dlm.records import ConfChange, HardState, NodeId
 
 
 class CommitsPreviousTermByCounting(RaftNode):

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dlm.node.raft.types import Entry, LogCompacted, LogUnavailable, NodeId
+from dlm.records import Entry, LogCompacted, LogUnavailable, NodeId
 
 
 class Violation(AssertionError):

@@ -43,21 +43,23 @@ from typing import Protocol
 from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.types import (
+    ConfChangeRefused,
+    Message,
+    NotLeader,
+    Ready,
+    Role,
+    VoteRequest,
+    VoteResponse,
+)
+from dlm.records import (
     ConfChange,
     ConfChangeKind,
-    ConfChangeRefused,
     ConfState,
     Entry,
     EntryKind,
     HardState,
-    Message,
     NodeId,
-    NotLeader,
-    Ready,
-    Role,
     Storage,
-    VoteRequest,
-    VoteResponse,
     decode_conf_change,
 )
 from dlm.store.disk import DiskStorage

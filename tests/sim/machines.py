@@ -14,7 +14,7 @@ import struct
 from collections import deque
 from typing import Protocol
 
-from dlm.node.raft.types import Entry
+from dlm.records import Entry
 
 _RECENT = 12
 

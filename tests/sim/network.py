@@ -15,7 +15,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from dlm.node.raft.types import Message, NodeId
+from dlm.node.raft.types import Message
+from dlm.records import NodeId
 
 MessageFilter = Callable[[Message], "Message | None"]
 """A scripted test's hook: return the message (possibly rewritten) or None to drop it."""

@@ -79,16 +79,8 @@ from dlm.node.machine import (
     Timing,
 )
 from dlm.node.raft.quorum import majority
-from dlm.node.raft.types import (
-    Entry,
-    HardState,
-    Message,
-    NodeId,
-    Role,
-    Storage,
-    VoteRequest,
-    VoteResponse,
-)
+from dlm.node.raft.types import Message, Role, VoteRequest, VoteResponse
+from dlm.records import Entry, HardState, NodeId, Storage
 from dlm.store.fs import SimulatedCrash
 from dlm.wire import MemberAdd, MemberChange, MemberRemove
 

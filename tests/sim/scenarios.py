@@ -29,15 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dlm.node.raft.core import RaftNode
-from dlm.node.raft.types import (
-    AppendEntries,
-    ConfChange,
-    ConfChangeKind,
-    Heartbeat,
-    Message,
-    NodeId,
-    Role,
-)
+from dlm.node.raft.types import AppendEntries, Heartbeat, Message, Role
+from dlm.records import ConfChange, ConfChangeKind, NodeId
 
 from .checkers import Violation
 from .harness import SimNode, SimOptions, Simulation

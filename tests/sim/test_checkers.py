@@ -6,15 +6,8 @@ import random
 
 import pytest
 
-from dlm.node.raft.types import (
-    ConfState,
-    Entry,
-    HardState,
-    Heartbeat,
-    LogCompacted,
-    LogUnavailable,
-    Snapshot,
-)
+from dlm.node.raft.types import Heartbeat
+from dlm.records import ConfState, Entry, HardState, LogCompacted, LogUnavailable, Snapshot
 
 from .checkers import SafetyChecker, Violation
 from .conftest import parse_seed_range, seed_batches

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from dlm.cli.node_options import ALL_OPTIONS
-from dlm.node.metrics import METRIC_HELP
+from dlm.node.runtime.config.options import ALL_OPTIONS
+from dlm.node.runtime.metrics import METRIC_HELP
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -214,7 +214,7 @@ def unit_settings() -> dict[str, list[str]]:
 
 
 def test_the_systemd_unit_restarts_only_what_a_restart_can_fix() -> None:
-    from dlm.node.main import EXIT_CONFIG, EXIT_FAILURE, EXIT_FOREIGN_DATA, EXIT_USAGE
+    from dlm.node.runtime.main import EXIT_CONFIG, EXIT_FAILURE, EXIT_FOREIGN_DATA, EXIT_USAGE
 
     settings = unit_settings()
     assert settings["Restart"] == ["on-failure"]

@@ -31,14 +31,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dlm.node.raft.types import (
-    Entry,
-    LogCompacted,
-    LogStorage,
-    LogUnavailable,
-    Snapshot,
-    entry_size,
-)
+from dlm.records import Entry, LogCompacted, LogStorage, LogUnavailable, Snapshot, entry_size
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from dlm.node.raft.types import (
+from dlm.records import (
     ConfChange,
     ConfChangeKind,
     ConfState,

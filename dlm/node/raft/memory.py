@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dlm.node.raft.types import (
+from dlm.records import (
     ConfState,
     Entry,
     HardState,

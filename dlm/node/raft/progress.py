@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 
-from dlm.node.raft.types import Snapshot
+from dlm.records import Snapshot
 
 
 class ProgressState(enum.IntEnum):

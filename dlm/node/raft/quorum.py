@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Collection, Mapping
 
-from dlm.node.raft.types import NodeId
+from dlm.records import NodeId
 
 
 class VoteResult(enum.Enum):

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Set
 from dataclasses import dataclass, field
 
-from dlm.node.raft.types import NodeId
+from dlm.records import NodeId
 
 
 @dataclass(slots=True)

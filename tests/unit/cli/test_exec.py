@@ -530,8 +530,8 @@ def test_a_kill_grace_of_half_the_ttl_or_more_is_a_usage_error(
 def test_the_kill_grace_defaults_to_the_smaller_of_5s_and_a_quarter_ttl(
     ttl: str, grace: str | None, seconds: float
 ) -> None:
-    from dlm.cli.durations import parse_duration_ms
     from dlm.cli.exec_cmd import kill_grace_option
+    from dlm.durations import parse_duration_ms
 
     assert kill_grace_option(grace, parse_duration_ms(ttl)) == pytest.approx(seconds)
 

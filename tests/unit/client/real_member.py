@@ -1,7 +1,7 @@
 """A real member for the client tests: NodeServer, a one-member cluster, in a thread of its own.
 
 ``running_member()`` (behind the ``member`` fixture of conftest.py) starts
-``dlm.node.server.NodeServer`` on 127.0.0.1 port 0 with MemoryStorage, in a
+``dlm.node.runtime.server.NodeServer`` on 127.0.0.1 port 0 with MemoryStorage, in a
 background thread running its own event loop (an anyio blocking portal),
 waits until it leads and runs protocol version 2, and stops it after the
 test, every step bounded in time. The clients under
@@ -30,13 +30,13 @@ import anyio
 import anyio.abc
 import anyio.from_thread
 
-from dlm.node.accepting import Limits
-from dlm.node.config import NodeConfig
-from dlm.node.log import Logger
 from dlm.node.machine import Instant, NodeMachine, Timing
 from dlm.node.raft.memory import MemoryStorage
-from dlm.node.raft.types import ConfState
-from dlm.node.server import NodeServer
+from dlm.node.runtime.accepting import Limits
+from dlm.node.runtime.config.node_config import NodeConfig
+from dlm.node.runtime.log import Logger
+from dlm.node.runtime.server import NodeServer
+from dlm.records import ConfState
 
 T = TypeVar("T")
 FAST = Timing(tick_s=0.01, election_ticks=3, heartbeat_ticks=1, expire_retry_s=0.2)

@@ -50,9 +50,10 @@ from dlm.node.machine import (
     Stop,
     Timing,
 )
-from dlm.node.persister import write_job
 from dlm.node.raft.memory import MemoryStorage
-from dlm.node.raft.types import ConfState, EntryKind, Message, NodeId, Role
+from dlm.node.raft.types import Message, Role
+from dlm.node.runtime.persister import write_job
+from dlm.records import ConfState, EntryKind, NodeId
 
 NODE_IDS = ("n1", "n2", "n3")
 MONO_START = 100.0

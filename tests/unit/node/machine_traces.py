@@ -40,7 +40,8 @@ from typing import Any
 import cbor2
 
 from dlm.node.machine import Timing
-from dlm.node.raft.types import Message, NodeId
+from dlm.node.raft.types import Message
+from dlm.records import NodeId
 from dlm.wire import encode_frame
 from tests.unit.node.machine_driver import (
     CHANGES,

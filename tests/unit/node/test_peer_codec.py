@@ -16,8 +16,6 @@ from dlm.node import peer_codec
 from dlm.node.raft.types import (
     AppendEntries,
     AppendEntriesResponse,
-    ConfState,
-    Entry,
     Heartbeat,
     HeartbeatResponse,
     InstallSnapshot,
@@ -25,11 +23,11 @@ from dlm.node.raft.types import (
     Message,
     ReadIndexRequest,
     ReadIndexResponse,
-    SnapshotMeta,
     TimeoutNow,
     VoteRequest,
     VoteResponse,
 )
+from dlm.records import ConfState, Entry, SnapshotMeta
 from tests.unit.fuzz import BOUNDARY_INTS, FUZZ, decode_all, mutated
 
 

@@ -6,9 +6,10 @@ from typing import Any, cast
 
 from dlm.node.outbox import Instant, Outbox, SendFrame
 from dlm.node.raft.core import RaftNode
-from dlm.node.raft.types import NodeId, NotLeader, ReadState
+from dlm.node.raft.types import NotLeader, ReadState
 from dlm.node.read_rounds import Read, ReadRounds
 from dlm.node.stats import Stats
+from dlm.records import NodeId
 from dlm.wire import ClientRequest, Get
 
 NOW = Instant(10.0, 1_000)

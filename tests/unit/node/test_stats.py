@@ -20,8 +20,9 @@ from dlm.node.machine import (
     Timing,
 )
 from dlm.node.raft.memory import MemoryStorage
-from dlm.node.raft.types import ConfState, Role
+from dlm.node.raft.types import Role
 from dlm.node.stats import Histogram
+from dlm.records import ConfState
 
 # ---------------------------------------------------------------------------
 # Histogram

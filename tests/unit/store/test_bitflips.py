@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dlm.node.raft.types import ConfState, Entry, HardState
+from dlm.records import ConfState, Entry, HardState
 from dlm.store import StoreCorrupted
 from dlm.store.disk import SNAP_DIR, WAL_DIR, DiskStorage
 from dlm.store.inspect import inspect_store, inspect_store_json

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from dlm.node.raft.types import Entry, HardState
+from dlm.records import Entry, HardState
 from dlm.store import StoreFull
 from dlm.store.disk import WAL_DIR, DiskStorage
 from dlm.store.fs import CrashableFS, CrashMode, SimulatedCrash, Tear

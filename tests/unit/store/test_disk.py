@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlm.node.raft.types import (
+from dlm.records import (
     ConfState,
     Entry,
     HardState,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dlm.node import config as node_config
-from dlm.node.raft.types import ConfState, Entry, HardState
+from dlm.node.runtime.config import node_config
+from dlm.records import ConfState, Entry, HardState
 from dlm.store.disk import DiskStorage
 from dlm.store.inspect import OWNER_FILE, inspect_store, inspect_store_json
 

@@ -24,7 +24,7 @@ READ_TIMEOUT_S = 20.0
 
 CHILD = """
 import sys
-from dlm.node.raft.types import Entry
+from dlm.records import Entry
 from dlm.store.disk import DiskStorage
 
 store = DiskStorage.open(sys.argv[1], segment_bytes=8192)

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from dlm.node.raft.types import ConfState, Snapshot, SnapshotMeta
+from dlm.records import ConfState, Snapshot, SnapshotMeta
 from dlm.store import StoreCorrupted, StoreError, snapshot
 from dlm.store.disk import SNAP_DIR, DiskStorage
 from dlm.store.fs import CrashableFS

@@ -9,7 +9,7 @@ import zlib
 
 import pytest
 
-from dlm.node.raft.types import Entry, HardState
+from dlm.records import Entry, HardState
 from dlm.store import StoreCorrupted, StoreError
 from dlm.store.disk import DiskStorage
 from dlm.store.fs import CrashableFS

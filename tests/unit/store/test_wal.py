@@ -13,7 +13,7 @@ import zlib
 
 import pytest
 
-from dlm.node.raft.types import Entry, EntryKind, HardState
+from dlm.records import Entry, EntryKind, HardState
 from dlm.store import StoreCorrupted, StoreError
 from dlm.store.disk import WAL_DIR, DiskStorage
 from dlm.store.fs import CrashableFS, CrashMode

@@ -12,7 +12,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 
-from dlm.node.raft.types import Entry
+from dlm.records import Entry
 from dlm.store.wal import FLAG_RESET, REC_ENTRY, REC_HEADER, WAL_MAGIC
 
 _LEN = struct.Struct("<I")

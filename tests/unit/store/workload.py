@@ -11,7 +11,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from dlm.node.raft.types import ConfState, Entry, EntryKind, HardState, Snapshot, SnapshotMeta
+from dlm.records import ConfState, Entry, EntryKind, HardState, Snapshot, SnapshotMeta
 from dlm.store.disk import DiskStorage
 
 CONF = ConfState(("a", "b", "c"))

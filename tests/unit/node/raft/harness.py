@@ -18,16 +18,8 @@ from typing import TypedDict, TypeVar, Unpack
 
 from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.memory import MemoryStorage
-from dlm.node.raft.types import (
-    ConfState,
-    Entry,
-    Message,
-    NodeId,
-    ReadState,
-    Ready,
-    Role,
-    Snapshot,
-)
+from dlm.node.raft.types import Message, ReadState, Ready, Role
+from dlm.records import ConfState, Entry, NodeId, Snapshot
 
 
 class RaftOptions(TypedDict, total=False):

@@ -11,23 +11,25 @@ from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.types import (
     AppendEntries,
-    ConfChange,
-    ConfChangeKind,
     ConfChangeRefused,
-    ConfState,
-    Entry,
-    EntryKind,
-    HardState,
     HeartbeatResponse,
     InstallSnapshot,
     NotLeader,
     ReadState,
     Role,
-    Snapshot,
-    SnapshotMeta,
     TimeoutNow,
     VoteRequest,
     VoteResponse,
+)
+from dlm.records import (
+    ConfChange,
+    ConfChangeKind,
+    ConfState,
+    Entry,
+    EntryKind,
+    HardState,
+    Snapshot,
+    SnapshotMeta,
     encode_conf_change,
 )
 

@@ -17,21 +17,17 @@ from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.types import (
     AppendEntries,
     AppendEntriesResponse,
-    ConfState,
-    Entry,
-    HardState,
     Heartbeat,
     HeartbeatResponse,
     InstallSnapshot,
     Message,
     Ready,
     Role,
-    Snapshot,
-    SnapshotMeta,
     TimeoutNow,
     VoteRequest,
     VoteResponse,
 )
+from dlm.records import ConfState, Entry, HardState, Snapshot, SnapshotMeta
 
 from .harness import Net, of_type
 

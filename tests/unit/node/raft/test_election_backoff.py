@@ -11,7 +11,8 @@ import random
 
 from dlm.node.raft.core import NARROW_AFTER, Config, RaftNode
 from dlm.node.raft.memory import MemoryStorage
-from dlm.node.raft.types import ConfState, Heartbeat, Role, VoteRequest, VoteResponse
+from dlm.node.raft.types import Heartbeat, Role, VoteRequest, VoteResponse
+from dlm.records import ConfState
 
 VOTERS = ("n1", "n2", "n3")
 E = 10  # election_ticks

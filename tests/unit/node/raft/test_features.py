@@ -14,9 +14,6 @@ from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.types import (
     AppendEntries,
     AppendEntriesResponse,
-    ConfState,
-    Entry,
-    HardState,
     Heartbeat,
     HeartbeatResponse,
     InstallSnapshot,
@@ -32,6 +29,7 @@ from dlm.node.raft.types import (
     VoteRequest,
     VoteResponse,
 )
+from dlm.records import ConfState, Entry, HardState
 
 from .harness import Net, of_type
 
@@ -686,7 +684,7 @@ def test_snapshot_follower_answers_out_of_order_and_duplicate_chunks() -> None:
     follower = net["n3"]
     term = follower.term
     meta = net.storages["n1"].create_snapshot(1, ConfState(net.voters), b"").meta
-    from dlm.node.raft.types import SnapshotMeta
+    from dlm.records import SnapshotMeta
 
     meta = SnapshotMeta(50, term, ConfState(net.voters))
 

@@ -8,7 +8,7 @@ from dlm.node.raft.log import RaftLog
 from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.quorum import VoteResult, quorum_index, vote_result
 from dlm.node.raft.read_only import ReadOnly
-from dlm.node.raft.types import (
+from dlm.records import (
     ENTRY_OVERHEAD,
     ConfState,
     Entry,

@@ -11,14 +11,7 @@ from dlm.node.raft.membership import (
     conf_after_entry,
     includes,
 )
-from dlm.node.raft.types import (
-    ConfChange,
-    ConfChangeKind,
-    ConfState,
-    Entry,
-    EntryKind,
-    encode_conf_change,
-)
+from dlm.records import ConfChange, ConfChangeKind, ConfState, Entry, EntryKind, encode_conf_change
 
 ADD, PROMOTE, REMOVE = ConfChangeKind.ADD_LEARNER, ConfChangeKind.PROMOTE, ConfChangeKind.REMOVE
 CONF = ConfState(("a", "b", "c"), ("l",))

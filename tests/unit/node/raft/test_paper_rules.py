@@ -14,19 +14,16 @@ from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.types import (
     AppendEntries,
     AppendEntriesResponse,
-    ConfState,
-    Entry,
-    HardState,
     Heartbeat,
     HeartbeatResponse,
     InstallSnapshot,
     Message,
     Role,
-    SnapshotMeta,
     TimeoutNow,
     VoteRequest,
     VoteResponse,
 )
+from dlm.records import ConfState, Entry, HardState, SnapshotMeta
 
 from .harness import Net, RaftOptions, of_type
 

@@ -12,7 +12,8 @@ import random
 
 import pytest
 
-from dlm.node.raft.types import ConfState, Entry, Message, Role
+from dlm.node.raft.types import Message, Role
+from dlm.records import ConfState, Entry
 
 from .harness import Net
 

@@ -1,0 +1,77 @@
+"""`dlm node start --join`: the new member asks the running cluster, as a client, to add it.
+
+The member's runtime (dlm/node/runtime) must not import the client library, which sits
+beside it, so the command, above both, hands this to ``start_from_options``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from dlm.client.errors import BadRequest, ChangeInProgress, DlmError
+from dlm.client.sync import Client
+from dlm.node.runtime.config.node_config import NodeConfig
+from dlm.node.runtime.main import StartupError
+from dlm.node.runtime.security import NodeSecurity
+from dlm.wire import parse_addr
+
+JOIN_TIMEOUT_S = 30.0
+"""How long `--join` keeps asking, through leader changes and other changes in progress."""
+
+
+def join_cluster(config: NodeConfig, security: NodeSecurity | None) -> NodeConfig:
+    """Asks the running cluster (``--join``) to add this member as a learner; returns the
+    config with the cluster's first members, which this member must boot with. It asks as
+    a client, with the client secret and the TLS identity the member was given."""
+    where = ",".join(config.join)
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    try:
+        with Client(
+            list(config.join),
+            timeout=JOIN_TIMEOUT_S,
+            secret=security.client_secret if security else None,
+            tls=security.peer_tls if security else None,
+        ) as client:
+            try:
+                for attempt in range(1_000):
+                    try:
+                        view = client.add_member(config.node_id, config.address)
+                        break
+                    except ChangeInProgress:
+                        # Another member joining, or a learner's promotion: it commits in
+                        # moments, and then it is our turn.
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(min(1.0, 0.02 * 2**attempt))
+                else:
+                    raise StartupError(f"cannot join {where}: the cluster stayed busy")
+            except BadRequest as exc:
+                if "already a member" not in str(exc):
+                    raise
+                # A retried join whose first attempt went through: fine if it is us.
+                view = client.members_view()
+                mine = [m for m in view.get("members", []) if m.get("id") == config.node_id]
+                if not mine or mine[0].get("address") != config.address:
+                    raise StartupError(
+                        f"cannot join {where}: {config.node_id} is already a member at another "
+                        "address; pick another --id"
+                    ) from None
+    except DlmError as exc:
+        raise StartupError(f"cannot join {where}: {exc}") from None
+    bootstrap = view.get("bootstrap")
+    if not isinstance(bootstrap, dict) or not bootstrap:
+        raise StartupError(
+            f"cannot join {where}: the member did not say who the first members were"
+        )
+    peers = {str(node): parse_addr(str(addr)) for node, addr in bootstrap.items()}
+    # The leader may be a member that joined after the first ones: until this member's log
+    # names the configuration, it knows where the others are only from this answer.
+    current: dict[str, tuple[str, int]] = {}
+    for member in view.get("members", []):
+        if isinstance(member, dict) and member.get("id") != config.node_id:
+            try:
+                current[str(member["id"])] = parse_addr(str(member["address"]))
+            except (KeyError, ValueError):
+                continue  # unknown address: the log will say it
+    return replace(config, peers=peers, join_members=current)

@@ -1,0 +1,80 @@
+"""A member's settings as the node machine takes them: its timing, its quotas, who it is.
+
+A leaf of the pure side (dlm/node/): the machine and the rooms it is built of read these
+records, so they live apart from the machine, which imports those rooms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from dlm.records import NodeId
+
+PROTOCOL_SPOKEN = 2
+"""The highest cluster version this release can run."""
+
+
+# ---------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Clock settings of a member.
+
+    The election timeout is drawn by the core between ``election_ticks`` and
+    twice that, so 50 ms ticks and 6 ticks give 300-600 ms: a dead leader is
+    replaced well within a second, while a follower whose event loop stalls
+    for a few hundred milliseconds under load does not start an election.
+    """
+
+    tick_s: float = 0.05
+    election_ticks: int = 6
+    heartbeat_ticks: int = 1
+    request_timeout_s: float = 5.0
+    """A proposal or read not answered in this time gets TIMEOUT (the client retries)."""
+    expire_retry_s: float = 1.0
+    """A lease whose Expire was proposed but is still alive this long after is proposed again."""
+
+    @property
+    def election_timeout_s(self) -> float:
+        return self.tick_s * self.election_ticks
+
+
+@dataclass(frozen=True, slots=True)
+class Quotas:
+    """What one member agrees to hold; requests beyond get QUOTA_EXCEEDED.
+
+    The defaults are far beyond what a fleet of 5,000 hosts needs; they exist
+    so that a runaway client cannot make the leader run out of memory.
+    """
+
+    max_leases: int = 200_000
+    max_locks: int = 2_000_000
+    """Held slots plus queued waiters."""
+    max_meta_bytes: int = 4096
+    """Owner metadata of one lock or lease, names and values together."""
+
+
+@dataclass(frozen=True, slots=True)
+class MachineConfig:
+    node_id: NodeId
+    cluster: str
+    peers: Mapping[NodeId, str]
+    """The cluster's first members (its bootstrap configuration) and their addresses."""
+    timing: Timing = field(default_factory=Timing)
+    snapshot_every: int = 10_000
+    snapshot_keep: int = 1_000
+    quotas: Quotas = field(default_factory=Quotas)
+    max_version: int = PROTOCOL_SPOKEN
+    """The highest cluster version this member runs (tests lower it to play an old member)."""
+    auto_promote: bool = True
+    """The leader promotes a learner to voter once it is within PROMOTE_LAG entries."""
+    address: str = ""
+    """This member's own address (for a member that joined later, not in ``peers``)."""
+    join_members: Mapping[NodeId, str] = field(default_factory=dict)
+    """The members a joining member was told of when it joined, with their addresses: it
+    dials them until its own log names the configuration, so that it can answer a leader
+    that is not among the first members."""

@@ -1,0 +1,360 @@
+"""Prometheus metrics at ``/metrics``, served from the member's own event loop.
+
+``dlm node start --metrics-listen HOST:PORT`` turns it on. The registry and
+the text exposition are prometheus-client's; the HTTP side is a few lines of
+asyncio here rather than prometheus-client's server, which starts a thread
+per connection with no timeout: a scraper that connects and says nothing would
+hold a thread forever. Ours answers ``GET /metrics`` (and HEAD) and nothing
+else, reads at most ``REQUEST_LIMIT`` bytes within ``REQUEST_TIMEOUT`` seconds,
+and keeps at most ``MAX_CONNECTIONS`` open, evicting the oldest idle one for a
+newcomer, so neither a silent connection nor a flood of them stops a scrape.
+
+Every metric is computed when scraped from what the node machine
+(dlm/node/stats.py) and the adapter count, so nothing is updated on the hot
+path but plain integers. Names follow Prometheus conventions: ``dlm_`` prefix,
+``_total`` for counters, ``_seconds`` for durations. README.md lists them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from dlm import __version__
+from dlm.node.raft.types import Role
+from dlm.node.runtime.log import Logger
+from dlm.node.stats import Histogram
+from dlm.wire import PROTOCOL_VERSION
+
+if TYPE_CHECKING:
+    from dlm.node.machine import Instant, NodeMachine
+    from dlm.node.runtime.config.node_config import NodeConfig
+    from dlm.node.stats import DiskStats
+
+
+class _Refusals(Protocol):
+    @property
+    def connections_refused(self) -> int: ...
+
+
+class ObservedMember(Protocol):
+    """What the metrics read of a running member (runtime/server.py's NodeServer): named
+    here so that this room and the server do not import each other."""
+
+    @property
+    def machine(self) -> NodeMachine: ...
+
+    @property
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def counters(self) -> _Refusals: ...
+
+    @property
+    def client_count(self) -> int: ...
+
+    @property
+    def disk_stats(self) -> DiskStats: ...
+
+    def now(self) -> Instant: ...
+
+
+REQUEST_LIMIT = 8192
+"""Bytes of request line and headers; a longer request gets 431."""
+REQUEST_TIMEOUT = 5.0
+"""Seconds to send the request (and to take the answer); then the connection is closed."""
+MAX_CONNECTIONS = 64
+"""Connections served at once; one more evicts the oldest still sending its request."""
+CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+ROLES = tuple(role.value for role in Role)
+RELEASE_KINDS = ("released", "closed", "expired")
+
+METRIC_HELP: dict[str, str] = {
+    "dlm_requests_total": "Client requests this member answered, by type and result "
+    "(OK or the error code).",
+    "dlm_grants_total": "Locks granted (at once or to a waiter), as this member applied them.",
+    "dlm_releases_total": "Held locks that ended, by how: released, closed (with their lease) "
+    "or expired.",
+    "dlm_lease_expiries_total": "Leases ended by the leader because their TTL passed.",
+    "dlm_locks_lost_total": "Held locks freed because their holder's lease expired.",
+    "dlm_acquire_wait_seconds": "Time from queued to granted, for acquires that waited "
+    "(measured by the leader that queued them).",
+    "dlm_hold_seconds": "Time from granted to released, closed or expired.",
+    "dlm_sessions": "Live leases (sessions).",
+    "dlm_locks_held": "Held lock slots (a semaphore with three holders counts three).",
+    "dlm_waiters": "Leases queued for a lock.",
+    "dlm_raft_term": "This member's Raft term.",
+    "dlm_raft_role": "1 for this member's current Raft role, 0 for the others.",
+    "dlm_raft_commit_index": "Highest log index this member knows is committed.",
+    "dlm_raft_applied_index": "Highest log index applied to this member's lock table.",
+    "dlm_raft_leader_changes_total": "Times this member saw the leader or the term change.",
+    "dlm_raft_proposals_total": "Client commands this member proposed as leader.",
+    "dlm_fsync_seconds": "Time to write and fsync one batch of log entries.",
+    "dlm_fsync_batch_entries": "Log entries per fsync.",
+    "dlm_peer_append_rtt_seconds": "Leader: time from sending entries to a peer to its "
+    "acknowledgement.",
+    "dlm_peer_reachable": "Leader only: 1 if the peer answered within two election timeouts, "
+    "else 0.",
+    "dlm_peer_last_contact_seconds": "Time since this member last heard from the peer.",
+    "dlm_client_connections": "Open client connections.",
+    "dlm_connections_refused_total": "Client connections refused because the member had too many.",
+    "dlm_rejected_input_total": "Client requests and peer messages refused as malformed or "
+    "not allowed.",
+    "dlm_snapshots_total": "State-machine snapshots this member took.",
+    "dlm_cluster_version": "The protocol version the replicated log runs.",
+    "dlm_build_info": "Always 1; the labels say which release this member runs.",
+}
+"""Every metric a member serves (besides prometheus-client's process_* metrics), with
+its help text. README.md documents each; docs/grafana-dashboard.json uses only these."""
+
+
+def _help(name: str) -> str:
+    return METRIC_HELP[name]
+
+
+def _histogram(name: str, histogram: Histogram, labels: dict[str, str] | None = None) -> Metric:
+    family = HistogramMetricFamily(name, _help(name), labels=list(labels or {}))
+    family.add_metric(
+        list((labels or {}).values()), histogram.cumulative(), sum_value=histogram.sum
+    )
+    return family
+
+
+class NodeCollector(Collector):
+    """Reads the member's counters when Prometheus scrapes."""
+
+    def __init__(self, server: ObservedMember) -> None:
+        self._server = server
+
+    def collect(self) -> Iterator[Metric]:
+        server = self._server
+        machine = server.machine
+        stats = machine.stats
+        requests = CounterMetricFamily(
+            "dlm_requests", _help("dlm_requests_total"), labels=["type", "result"]
+        )
+        for (kind, outcome), count in sorted(stats.requests.items()):
+            requests.add_metric([kind, outcome], count)
+        yield requests
+        releases = CounterMetricFamily("dlm_releases", _help("dlm_releases_total"), labels=["how"])
+        for how in RELEASE_KINDS:
+            releases.add_metric([how], stats.releases.get(how, 0))
+        yield releases
+        for name, value in (
+            ("dlm_grants", stats.grants),
+            ("dlm_lease_expiries", stats.expiries),
+            ("dlm_locks_lost", stats.locks_lost),
+            ("dlm_raft_leader_changes", stats.leader_changes),
+            ("dlm_raft_proposals", stats.proposals),
+            ("dlm_connections_refused", server.counters.connections_refused),
+            ("dlm_rejected_input", stats.rejected_frames),
+            ("dlm_snapshots", stats.snapshots_taken),
+        ):
+            yield CounterMetricFamily(name, _help(name + "_total"), value=value)
+        yield _histogram("dlm_acquire_wait_seconds", stats.acquire_wait)
+        yield _histogram("dlm_hold_seconds", stats.hold_time)
+        counts = machine.locks.counts()
+        raft = machine.raft
+        for name, gauge_value in (
+            ("dlm_sessions", counts.sessions),
+            ("dlm_locks_held", counts.locks),
+            ("dlm_waiters", counts.waiters),
+            ("dlm_raft_term", raft.term),
+            ("dlm_raft_commit_index", raft.commit_index),
+            ("dlm_raft_applied_index", machine.locks.applied_index),
+            ("dlm_client_connections", server.client_count),
+            ("dlm_cluster_version", machine.locks.version),
+        ):
+            yield GaugeMetricFamily(name, _help(name), value=gauge_value)
+        role = GaugeMetricFamily("dlm_raft_role", _help("dlm_raft_role"), labels=["role"])
+        for name in ROLES:
+            role.add_metric([name], 1.0 if raft.role.value == name else 0.0)
+        yield role
+        yield _histogram("dlm_fsync_seconds", server.disk_stats.fsync)
+        yield _histogram("dlm_fsync_batch_entries", server.disk_stats.batch)
+        rtt = HistogramMetricFamily(
+            "dlm_peer_append_rtt_seconds", _help("dlm_peer_append_rtt_seconds"), labels=["peer"]
+        )
+        for peer, histogram in sorted(stats.append_rtt.items()):
+            rtt.add_metric([peer], histogram.cumulative(), sum_value=histogram.sum)
+        yield rtt
+        yield from self._peers()
+        build = GaugeMetricFamily(
+            "dlm_build_info", _help("dlm_build_info"), labels=["version", "protocol"]
+        )
+        build.add_metric([__version__, str(PROTOCOL_VERSION)], 1.0)
+        yield build
+
+    def _peers(self) -> Iterator[Metric]:
+        server = self._server
+        machine = server.machine
+        reachable = GaugeMetricFamily(
+            "dlm_peer_reachable", _help("dlm_peer_reachable"), labels=["peer"]
+        )
+        contact = GaugeMetricFamily(
+            "dlm_peer_last_contact_seconds",
+            _help("dlm_peer_last_contact_seconds"),
+            labels=["peer"],
+        )
+        # Only the leader hears from every member; a follower would call them all silent.
+        # Two of the longest election timeouts (a member draws one up to twice the base),
+        # as `dlm status --check` counts: a tick without an answer is not an outage.
+        leading = machine.role is Role.LEADER
+        silent_after_ms = 4 * machine.config.timing.election_timeout_s * 1000
+        for member in machine.members_view(server.now())["members"]:
+            if member["id"] == server.config.node_id:
+                continue
+            last = member["last_contact_ms"]
+            if leading:
+                heard = last is not None and last <= silent_after_ms
+                reachable.add_metric([member["id"]], 1.0 if heard else 0.0)
+            if last is not None:
+                contact.add_metric([member["id"]], last / 1000.0)
+        yield reachable
+        yield contact
+
+
+def registry_for(server: ObservedMember) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NodeCollector(server))
+    ProcessCollector(registry=registry)
+    return registry
+
+
+class MetricsListener:
+    """The /metrics endpoint: one asyncio server on the member's loop.
+
+    A connection gets ``request_timeout`` seconds to send a request of at most
+    ``request_limit`` bytes. At most ``max_connections`` are open at once; one
+    more evicts the oldest that is still sending its request, so a flood of idle
+    connections cannot lock the scraper out (its request comes at once, theirs
+    never does).
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        log: Logger | None = None,
+        request_timeout: float = REQUEST_TIMEOUT,
+        request_limit: int = REQUEST_LIMIT,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        self._registry = registry
+        self._log = log
+        self._request_timeout = request_timeout
+        self._request_limit = request_limit
+        self._max_connections = max_connections
+        self._server: asyncio.Server | None = None
+        self._open: dict[asyncio.StreamWriter, bool] = {}
+        """Open connections, oldest first: True while still reading the request."""
+        self.refused = 0
+        self.evicted = 0
+
+    async def start(self, host: str, port: int) -> None:
+        self._server = await asyncio.start_server(
+            self._serve, host, port, limit=self._request_limit
+        )
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._open):
+            writer.transport.abort()
+
+    def _admit(self, writer: asyncio.StreamWriter) -> bool:
+        if len(self._open) >= self._max_connections:
+            oldest = next((w for w, reading in self._open.items() if reading), None)
+            if oldest is None:
+                self.refused += 1
+                return False
+            del self._open[oldest]
+            oldest.transport.abort()
+            self.evicted += 1
+        self._open[writer] = True
+        return True
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self._admit(writer):
+            writer.transport.abort()
+            return
+        try:
+            try:
+                head = await asyncio.wait_for(
+                    reader.readuntil(b"\r\n\r\n"), timeout=self._request_timeout
+                )
+            except asyncio.LimitOverrunError:
+                head = None
+            except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+                return
+            if writer not in self._open:
+                return  # evicted meanwhile
+            self._open[writer] = False
+            writer.write(self._answer(head))
+            try:
+                await asyncio.wait_for(writer.drain(), timeout=self._request_timeout)
+            except (TimeoutError, ConnectionError):
+                pass
+        finally:
+            self._open.pop(writer, None)
+            writer.close()
+
+    def _answer(self, head: bytes | None) -> bytes:
+        if head is None:
+            return _response(431, b"request too large\n")
+        request_line = head.split(b"\r\n", 1)[0].split()
+        if len(request_line) != 3 or not request_line[2].startswith(b"HTTP/"):
+            return _response(400, b"not an HTTP request\n")
+        method, target = request_line[0], request_line[1]
+        if method not in (b"GET", b"HEAD"):
+            return _response(405, b"only GET /metrics is served here\n")
+        if target.split(b"?", 1)[0] != b"/metrics":
+            return _response(404, b"metrics are at /metrics\n")
+        try:
+            body = generate_latest(self._registry)
+        except Exception as exc:  # a bug in a collector: say so, keep serving
+            if self._log is not None:
+                self._log.error("metrics_failed", error=repr(exc))
+            return _response(500, f"collecting metrics failed: {exc!r}\n".encode())
+        response = _response(200, body, CONTENT_TYPE)
+        if method == b"HEAD":
+            return response[: len(response) - len(body)]
+        return response
+
+
+def _response(status: int, body: bytes, content_type: bytes = b"text/plain") -> bytes:
+    lines = [
+        b"HTTP/1.1 %d %s" % (status, _REASONS[status]),
+        b"Content-Type: " + content_type,
+        b"Content-Length: %d" % len(body),
+        b"Connection: close",
+    ]
+    if status == 405:
+        lines.append(b"Allow: GET, HEAD")
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+_REASONS = {
+    200: b"OK",
+    400: b"Bad Request",
+    404: b"Not Found",
+    405: b"Method Not Allowed",
+    431: b"Request Header Fields Too Large",
+    500: b"Internal Server Error",
+}

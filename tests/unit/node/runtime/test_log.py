@@ -1,0 +1,89 @@
+"""A node's log lines: JSON for collectors, one readable line per event for people."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import time
+from collections.abc import Iterator
+from datetime import datetime
+
+import pytest
+
+from dlm.node.runtime.log import DEBUG, INFO, Logger, default_format, level_named, text_line
+
+
+@pytest.fixture
+def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_json_lines_are_unchanged() -> None:
+    out = io.StringIO()
+    Logger("n1", level=INFO, stream=out).info("role_changed", role="leader", term=3)
+    record = json.loads(out.getvalue())
+    assert record["node"] == "n1" and record["event"] == "role_changed"
+    assert (record["level"], record["role"], record["term"]) == ("info", "leader", 3)
+
+
+def test_text_is_time_level_node_event_then_fields(utc: None) -> None:
+    line = text_line(1_700_000_000.123, "info", "n1", "role_changed", {"role": "leader", "term": 3})
+    assert line == "2023-11-14T22:13:20.123+00:00 INFO  n1 role_changed role=leader term=3"
+
+
+def test_text_quotes_what_would_break_the_line_or_the_terminal() -> None:
+    fields = {
+        "traceback": "Traceback:\n  boom",
+        "path": "/var/lib/dlm data",
+        "peer": None,
+        "ok": True,
+        "evil": "\x1b[2J",
+        "bidi": "a\u202eb",
+        "sizes": [1, 2],
+        "eq": "a=b",
+    }
+    line = text_line(0.0, "error", "n1", "node_crashed", fields)
+    assert "\n" not in line and "\x1b" not in line and "\u202e" not in line
+    assert 'traceback="Traceback:\\n  boom"' in line
+    assert 'path="/var/lib/dlm data"' in line
+    assert "peer=null ok=true" in line
+    assert 'evil="\\u001b[2J"' in line
+    assert 'bidi="a\\u202eb"' in line
+    assert "sizes=[1,2]" in line and 'eq="a=b"' in line
+
+
+def test_a_text_logger_writes_one_line_per_event() -> None:
+    out = io.StringIO()
+    log = Logger("n2", level=DEBUG, stream=out, format="text")
+    log.debug("tick", n=1)
+    log.error("node_crashed", traceback="a\nb\nc")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    assert re.match(r"\S+ DEBUG n2 tick n=1$", lines[0])
+    assert re.match(r'\S+ ERROR n2 node_crashed traceback="a\\nb\\nc"$', lines[1])
+
+
+def test_levels_and_formats() -> None:
+    assert level_named("warning") == 30
+    with pytest.raises(ValueError, match="unknown log level 'loud'"):
+        level_named("loud")
+    with pytest.raises(ValueError, match="unknown log format"):
+        Logger("n1", format="xml")
+    assert default_format(io.StringIO()) == "json"  # not a terminal
+
+
+@pytest.mark.parametrize("now", [1_700_000_000.0, 1_700_000_000.9996, 1_795_668_934.9655, 0.0015])
+def test_json_time_and_ts_are_the_same_millisecond(
+    monkeypatch: pytest.MonkeyPatch, now: float
+) -> None:
+    monkeypatch.setattr(time, "time", lambda: now)
+    out = io.StringIO()
+    Logger("n1", level=INFO, stream=out).info("lock_granted", key="k")
+    record = json.loads(out.getvalue())
+    stamp = datetime.fromisoformat(record["time"])
+    assert round(stamp.timestamp() * 1000) == round(record["ts"] * 1000)

@@ -1,0 +1,268 @@
+"""The adapter's client side over real sockets: hello, frame limits, deadlines, caps, routing.
+
+A one-member cluster on MemoryStorage in the test's own event loop
+(server_harness.py); the rules tested here are the transport's, the
+decisions behind them are test_machine.py's.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import anyio
+import pytest
+
+from dlm.node.runtime.accepting import Limits
+from dlm.wire import CLIENT_FRAME_LIMIT, encode_frame
+
+from .server_harness import WAIT, Wire, running_member
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+# ---------------------------------------------------------------------------
+# The hello
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("hello", "version"),
+    [
+        ({"version": 1}, 1),
+        ({"version": 1, "max_version": 2}, 2),
+        ({"version": 2}, 2),
+        ({"version": 1, "max_version": 9}, 2),
+    ],
+)
+async def test_the_welcome_speaks_the_lower_of_the_two_versions(
+    hello: dict[str, int], version: int
+) -> None:
+    async with running_member() as (_, port):
+        wire = await Wire.connect(port)
+        await wire.send({"t": "hello", "role": "client", **hello})
+        assert await wire.recv() == {
+            "t": "welcome",
+            "version": version,
+            "node": "n1",
+            "cluster": "unit",
+        }
+        assert (await wire.request("ping"))["t"] == "ok"
+
+
+async def test_a_client_of_another_cluster_is_refused() -> None:
+    async with running_member() as (_, port):
+        wire = await Wire.connect(port)
+        await wire.send({"t": "hello", "role": "client", "version": 1, "cluster": "prod"})
+        refusal = await wire.recv()
+        assert refusal["code"] == "BAD_REQUEST" and "'prod'" in refusal["message"]
+        await wire.closed()
+
+
+async def test_a_first_frame_that_is_not_a_hello_is_refused() -> None:
+    async with running_member() as (_, port):
+        wire = await Wire.connect(port)
+        await wire.send({"t": "status", "id": 1})
+        refusal = await wire.recv()
+        assert refusal["code"] == "BAD_REQUEST" and "hello" in refusal["message"]
+        await wire.closed()
+
+
+async def test_a_request_sent_behind_the_hello_is_answered_after_the_welcome() -> None:
+    async with running_member() as (_, port):
+        wire = await Wire.connect(port)
+        hello = {"t": "hello", "role": "client", "version": 1, "max_version": 2}
+        await wire.send_bytes(encode_frame(hello) + encode_frame({"t": "ping", "id": 7}))
+        assert (await wire.recv())["t"] == "welcome"
+        assert await wire.recv() == {"t": "ok", "id": 7}
+
+
+# ---------------------------------------------------------------------------
+# Frames
+# ---------------------------------------------------------------------------
+
+
+async def test_an_oversized_frame_gets_an_error_naming_the_limit_and_the_connection_closes() -> (
+    None
+):
+    async with running_member() as (_, port):
+        wire = await Wire.client(port)
+        await wire.send_bytes(struct.pack(">I", CLIENT_FRAME_LIMIT + 1) + b"\0" * 16)
+        refusal = await wire.recv()
+        assert refusal["code"] == "TOO_LARGE"
+        assert str(CLIENT_FRAME_LIMIT) in refusal["message"]
+        await wire.closed()
+        # The member goes on serving everyone else.
+        assert (await (await Wire.client(port)).request("ping"))["t"] == "ok"
+
+
+async def test_an_oversized_hello_is_told_this_port_speaks_dlm() -> None:
+    async with running_member() as (_, port):
+        wire = await Wire.connect(port)
+        await wire.send_bytes(b"GET / HTTP/1.1\r\n\r\n")
+        refusal = await wire.recv()
+        assert refusal["code"] == "TOO_LARGE" and "dlm protocol" in refusal["message"]
+        await wire.closed()
+
+
+async def test_a_frame_that_is_not_cbor_gets_an_error_and_the_connection_goes_on() -> None:
+    async with running_member() as (_, port):
+        wire = await Wire.client(port)
+        await wire.send_bytes(struct.pack(">I", 1) + b"\x1c")  # a reserved CBOR head
+        refusal = await wire.recv()
+        assert refusal["code"] == "BAD_REQUEST" and "CBOR" in refusal["message"]
+        assert (await wire.request("ping"))["t"] == "ok"
+
+
+async def test_an_oversized_length_gets_an_error_and_the_connection_closes() -> None:
+    async with running_member() as (_, port):
+        wire = await Wire.client(port)
+        await wire.send_bytes(struct.pack(">I", 1 << 30) + b"\xa0")
+        refusal = await wire.recv()
+        assert refusal["code"] == "TOO_LARGE"
+        await wire.closed()
+
+
+# ---------------------------------------------------------------------------
+# Deadlines and caps
+# ---------------------------------------------------------------------------
+
+
+async def test_a_client_that_stalls_half_way_through_a_frame_is_closed() -> None:
+    async with running_member(limits=Limits(frame_stall_timeout=0.2)) as (_, port):
+        wire = await Wire.client(port)
+        await wire.send_bytes(struct.pack(">I", 100) + b"\xa1")
+        with anyio.fail_after(2.0):
+            assert await wire.closed() == b""
+        # A client that finishes its frames in time is left alone.
+        steady = await Wire.client(port)
+        assert (await steady.request("ping"))["t"] == "ok"
+
+
+@pytest.mark.parametrize("sent", [b"", b"\x00\x00\x00\x40\xa1"], ids=["nothing", "half-a-hello"])
+async def test_a_connection_that_does_not_finish_its_hello_in_time_is_closed(sent: bytes) -> None:
+    async with running_member(limits=Limits(hello_timeout=0.2)) as (_, port):
+        wire = await Wire.connect(port)
+        await wire.send_bytes(sent)
+        with anyio.fail_after(2.0):
+            assert await wire.closed() == b""
+
+
+async def test_an_idle_client_is_closed_after_the_idle_timeout() -> None:
+    async with running_member(limits=Limits(idle_timeout=0.3)) as (_, port):
+        wire = await Wire.client(port)
+        assert (await wire.request("ping"))["t"] == "ok"
+        with anyio.fail_after(2.0):
+            await wire.closed()
+
+
+async def test_clients_beyond_the_connection_cap_are_refused_unavailable() -> None:
+    async with running_member(limits=Limits(max_connections=2)) as (server, port):
+        first, _second = await Wire.client(port), await Wire.client(port)
+        extra = await Wire.connect(port)
+        await extra.send({"t": "hello", "role": "client", "version": 1})
+        refusal = await extra.recv()
+        assert refusal["code"] == "UNAVAILABLE" and refusal["retry_after_ms"] > 0
+        await extra.closed()
+        assert server.counters.connections_refused == 1
+        await first.aclose()
+        with anyio.fail_after(WAIT):
+            while len(server._clients) >= 2:
+                await anyio.sleep(0.01)
+        assert (await (await Wire.client(port)).request("ping"))["t"] == "ok"
+
+
+async def test_a_client_that_does_not_read_its_replies_is_cut_off() -> None:
+    async with running_member() as (server, port):
+        setup = await Wire.client(port)
+        await setup.request("open_lease", lease="L", ttl_ms=60_000, client="c", seq=1)
+        meta = {f"m{i:02}": "x" * 250 for i in range(15)}  # ~3.8 KB per holder
+        for seq in range(2, 102):
+            key = f"k{seq:03}"
+            reply = await setup.request(
+                "acquire", lease="L", key=key, meta=meta, client="c", seq=seq
+            )
+            assert reply["result"] == "granted"
+        # Each listing is ~400 KB; the member's buffer for this client passes its cap long
+        # before 40 of them are out.
+        reader = await Wire.client(port)
+        sent = 0
+        try:
+            for rid in range(1, 41):
+                await reader.send({"t": "list", "id": rid})
+                sent += 1
+        except anyio.BrokenResourceError:
+            pass  # cut off already
+        received = await reader.closed()
+        assert len(received) < sent * 380_000
+        with anyio.fail_after(WAIT):
+            while len(server._clients) > 1:
+                await anyio.sleep(0.01)
+        assert (await setup.request("ping"))["t"] == "ok"
+
+
+# ---------------------------------------------------------------------------
+# Routing
+# ---------------------------------------------------------------------------
+
+
+async def test_replies_and_grant_pushes_go_to_the_connection_that_asked() -> None:
+    async with running_member() as (_, port):
+        holder, waiter = await Wire.client(port), await Wire.client(port)
+        await holder.request("open_lease", lease="a", ttl_ms=10_000, client="ca", seq=1)
+        await waiter.request("open_lease", lease="b", ttl_ms=10_000, client="cb", seq=1)
+        granted = await holder.request("acquire", lease="a", key="k", client="ca", seq=2)
+        queued = await waiter.request("acquire", lease="b", key="k", wait=True, client="cb", seq=2)
+        assert queued["result"] == "queued"
+        # Both connections pipeline requests with the same ids; each gets its own answers.
+        for wire in (holder, waiter):
+            for rid in (101, 102, 103):
+                await wire.send({"t": "status", "id": rid, "stale": True})
+        for wire, lease in ((holder, "a"), (waiter, "b")):
+            answers = [await wire.recv() for _ in range(3)]
+            assert sorted(a["id"] for a in answers) == [101, 102, 103]
+            assert all(a["t"] == "ok" for a in answers), lease
+        released = await holder.request("release", lease="a", key="k", client="ca", seq=3)
+        assert released["released"] == "lock"
+        push = await waiter.recv()
+        assert push == {"t": "grant", "lease": "b", "key": "k", "token": push["token"]}
+        assert push["token"] > granted["token"]
+        assert (await holder.request("ping"))["t"] == "ok"
+        assert holder.frames == []  # no push went to the holder
+
+
+def test_the_runtime_images_and_restores_the_lock_table_with_the_collector_paused() -> None:
+    import gc
+
+    from dlm.node import locks
+    from dlm.node.locks.commands import ClusterVersionCommand, OpenLeaseCommand, Origin
+    from dlm.node.runtime.server import _Locks
+
+    table = _Locks()
+    table.apply_command(1, ClusterVersionCommand(2, 0))
+    table.apply_command(2, OpenLeaseCommand("L1", 30_000, Origin("c1", 1, 0), 0))
+    seen: list[bool] = []
+    real = locks.LockStateMachine.snapshot
+
+    def spy(self: locks.LockStateMachine) -> bytes:
+        seen.append(gc.isenabled())
+        return real(self)
+
+    locks.LockStateMachine.snapshot = spy  # type: ignore[method-assign]
+    try:
+        image = table.snapshot()
+    finally:
+        locks.LockStateMachine.snapshot = real  # type: ignore[method-assign]
+    assert seen == [False] and gc.isenabled()
+    assert image == real(table)
+    assert _Locks.restore(image).snapshot() == image and gc.isenabled()
+    gc.disable()
+    try:
+        table.snapshot()
+        assert not gc.isenabled(), "a collector the caller had paused stays paused"
+    finally:
+        gc.enable()
