@@ -654,3 +654,29 @@ def test_a_peer_hello_carries_its_address_and_a_malformed_one_is_refused() -> No
     for bad in ("10.0.0.4:99999", "10.0.0.4:port", "x" * 400 + ":1", 7):
         with pytest.raises(wire.ProtocolError):
             wire.Hello.from_wire({**hello.to_wire(), "addr": bad})
+
+
+# ---------------------------------------------------------------------------
+# The request table
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", _concrete_requests(), ids=lambda c: c.__name__)
+def test_each_request_names_how_a_member_serves_it(cls: type[wire.Request]) -> None:
+    assert cls.ROUTE in {"local", "propose", "member", "confirm", "read"}
+    assert wire.REQUESTS[cls.TYPE] is cls
+    # A state change is proposed or is a membership change; nothing else is.
+    assert issubclass(cls, wire.Change) == (cls.ROUTE in {"propose", "member"})
+
+
+def test_a_request_is_built_only_from_its_named_fields() -> None:
+    with pytest.raises(TypeError, match="needs the keyword argument 'seq'"):
+        wire.Acquire(id=1, lease="L", key="k")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="has no field 'colour'"):
+        wire.Ping(id=1, colour="red")  # type: ignore[call-arg]
+    # Each default container is the request's own.
+    first, second = (
+        wire.Acquire(id=1, lease="L", seq=1, key="k"),
+        wire.OpenLease(id=1, lease="L", ttl_ms=1),
+    )
+    assert first.meta == second.meta == {} and first.meta is not second.meta
