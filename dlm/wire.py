@@ -35,7 +35,7 @@ from dlm import limits
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from typing import Any, ClassVar, Protocol, TypeAlias
+    from typing import Any, ClassVar, Protocol, Self, TypeAlias
 
     Check: TypeAlias = Callable[[dict[Any, Any], str], Any]
     """How a request field is decoded: the frame and the field's name in, the value out."""
@@ -668,23 +668,30 @@ class Field:
     ``origin`` fields (client, seq, acked) are decoded first and encoded last; ``early``
     ones are decoded before the remaining fields. Those two orders are the protocol's:
     they decide which of two bad fields an error names, and the bytes of every frame.
+    An ``envelope`` field is read before the record's kind is known (a request's ``id``);
+    an ``omit`` field is left out of the frame while None.
     """
 
-    __slots__ = ("check", "default", "early", "factory", "origin")
+    __slots__ = ("check", "default", "early", "envelope", "factory", "omit", "origin")
 
     def __init__(
         self,
         check: Check,
+        *,
         default: Any,
         factory: Callable[[], Any] | None,
         origin: bool,
         early: bool,
+        omit: bool,
+        envelope: bool,
     ) -> None:
         self.check = check
         self.default = default
         self.factory = factory
         self.origin = origin
         self.early = early
+        self.omit = omit
+        self.envelope = envelope
 
 
 def field(
@@ -694,9 +701,19 @@ def field(
     default_factory: Callable[[], Any] | None = None,
     origin: bool = False,
     early: bool = False,
+    omit: bool = False,
+    envelope: bool = False,
 ) -> Any:
-    """A request field (see Field); typed Any so that it stands for any field's value."""
-    return Field(check, default, default_factory, origin, early)
+    """A record field (see Field); typed Any so that it stands for any field's value."""
+    return Field(
+        check,
+        default=default,
+        factory=default_factory,
+        origin=origin,
+        early=early,
+        omit=omit,
+        envelope=envelope,
+    )
 
 
 def _dataclass_transform(**_: object) -> Callable[[type], type]:
@@ -709,13 +726,29 @@ else:
     dataclass_transform = _dataclass_transform
 
 
+def _build(record: Any, values: dict[str, Any]) -> None:
+    """A record's constructor: each field from ``values``, else its default."""
+    for name, default, factory in record._INIT:
+        if name in values:
+            value = values.pop(name)
+        elif factory is not None:
+            value = factory()
+        elif default is _MISSING:
+            raise TypeError(f"{type(record).__name__}() needs the keyword argument {name!r}")
+        else:
+            value = default
+        _set(record, name, value)
+    if values:
+        raise TypeError(f"{type(record).__name__}() has no field {sorted(values)[0]!r}")
+
+
 @dataclass_transform(kw_only_default=True, field_specifiers=(field,))
-class RequestSpec(type):
-    """Makes a request class from its table: slots, ``FIELDS`` (the frame's order), the
-    decoding steps and the constructor's defaults all follow from the ``field`` lines.
+class RecordSpec(type):
+    """Makes a request or reply class from its table: slots, ``FIELDS`` (the frame's
+    order), the decoding steps and the constructor's defaults follow from the ``field`` lines.
     mypy reads the same lines as a keyword-only dataclass (dataclass_transform)."""
 
-    def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any]) -> RequestSpec:
+    def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any]) -> RecordSpec:
         own = {k: v for k, v in namespace.items() if isinstance(v, Field)}
         table: dict[str, Field] = {}
         for base in reversed(bases):
@@ -728,17 +761,16 @@ class RequestSpec(type):
         origin = [k for k, f in table.items() if f.origin]
         namespace["FIELDS"] = tuple(plain + origin)
         namespace["_INIT"] = tuple((k, table[k].default, table[k].factory) for k in plain + origin)
-        # The frame's ``id`` is checked by decode_request before it knows the kind.
+        # Fields read before the kind is known (a request's ``id``) are no step of their own.
+        plain = [k for k in plain if not table[k].envelope]
         steps = (
-            origin
-            + [k for k in plain if table[k].early]
-            + [k for k in plain if not table[k].early and k != "id"]
+            origin + [k for k in plain if table[k].early] + [k for k in plain if not table[k].early]
         )
         namespace["_DECODE"] = tuple((k, table[k].check) for k in steps)
         return super().__new__(mcls, name, bases, namespace)
 
 
-class Request(Record, metaclass=RequestSpec):
+class Request(Record, metaclass=RecordSpec):
     """Base of every client request; ``id`` pairs a reply with its request.
 
     Fields are keyword-only, and ``to_wire`` gives the frame: ``t`` and the fields.
@@ -753,21 +785,10 @@ class Request(Record, metaclass=RequestSpec):
     _TABLE: ClassVar[dict[str, Field]]
     _INIT: ClassVar[tuple[tuple[str, Any, Callable[[], Any] | None], ...]]
     _DECODE: ClassVar[tuple[tuple[str, Check], ...]]
-    id: int = field(_id)
+    id: int = field(_id, envelope=True)
 
     def __init__(self, **values: Any) -> None:
-        for name, default, factory in self._INIT:
-            if name in values:
-                value = values.pop(name)
-            elif factory is not None:
-                value = factory()
-            elif default is _MISSING:
-                raise TypeError(f"{type(self).__name__}() needs the keyword argument {name!r}")
-            else:
-                value = default
-            _set(self, name, value)
-        if values:
-            raise TypeError(f"{type(self).__name__}() has no field {sorted(values)[0]!r}")
+        _build(self, values)
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"t": self.TYPE}
@@ -977,6 +998,283 @@ def decode_request(obj: Any) -> ClientRequest:
     for name, check in cls._DECODE:
         _set(request, name, check(msg, name))
     return request
+
+
+# ---------------------------------------------------------------------------
+# Replies: the ok bodies, as records
+# ---------------------------------------------------------------------------
+# A member builds these and sends ``frame(rid)``; a client reads the ones it acts on with
+# ``from_wire``, whose checks are the client's: they refuse what the client cannot act on
+# (BAD_REPLY there) and pass over what it ignores. Field order is the reply's byte order.
+
+
+def _reply_int(msg: dict[Any, Any], name: str) -> int:
+    value = msg.get(name)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ProtocolError(f"reply field {name!r} is missing or not an integer")
+    return value
+
+
+def _reply_opt_int(msg: dict[Any, Any], name: str) -> int | None:
+    value = msg.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _reply_text(msg: dict[Any, Any], name: str) -> str:
+    value = msg.get(name)
+    return value if isinstance(value, str) else ""
+
+
+def _reply_opt_text(msg: dict[Any, Any], name: str) -> str | None:
+    value = msg.get(name)
+    return value if isinstance(value, str) else None
+
+
+def _reply_texts(msg: dict[Any, Any], name: str) -> list[str]:
+    value = msg.get(name)
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _reply_true(msg: dict[Any, Any], name: str) -> bool:
+    return msg.get(name) is True
+
+
+def _released_what(msg: dict[Any, Any], name: str) -> str:
+    # A member of an early release said nothing: it released a lock.
+    value = msg.get(name, "lock")
+    return value if isinstance(value, str) else ""
+
+
+def _as_sent(msg: dict[Any, Any], name: str) -> Any:
+    """A field no client check reads (views shown as they came)."""
+    return msg.get(name)
+
+
+def _wire_value(value: Any) -> Any:
+    if isinstance(value, Reply):
+        return value.to_wire()
+    if isinstance(value, list):
+        return [_wire_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _wire_value(v) for k, v in value.items()}
+    return value
+
+
+class Reply(Record, metaclass=RecordSpec):
+    """Base of the reply records: an ok reply's body, or a part of one.
+
+    ``omit`` fields are left out of the frame while None (a member that does not lead
+    knows no lease clocks, so it says nothing of them).
+    """
+
+    _TABLE: ClassVar[dict[str, Field]]
+    _INIT: ClassVar[tuple[tuple[str, Any, Callable[[], Any] | None], ...]]
+    _DECODE: ClassVar[tuple[tuple[str, Check], ...]]
+
+    def __init__(self, **values: Any) -> None:
+        _build(self, values)
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        table = self._TABLE
+        for name in self.FIELDS:
+            value = getattr(self, name)
+            if value is None and table[name].omit:
+                continue
+            out[name] = _wire_value(value)
+        return out
+
+    def frame(self, rid: int) -> dict[str, Any]:
+        """The ok reply to request ``rid`` carrying this body."""
+        return ok(rid, **self.to_wire())
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> Self:
+        """The record a reply describes; ProtocolError naming a field the client needs
+        and cannot read."""
+        msg = as_map(obj)
+        record = cls.__new__(cls)
+        for name, check in cls._DECODE:
+            _set(record, name, check(msg, name))
+        return record
+
+
+class LeaseOpened(Reply):
+    """The answer to ``open_lease``."""
+
+    lease: str = field(_reply_text)
+    ttl_ms: int = field(_reply_int)
+    incarnation: int = field(_reply_opt_int, default=0)
+
+
+class LeaseTerms(Reply):
+    """The answer to ``keepalive`` and ``lease_update``: the TTL now counting."""
+
+    lease: str = field(_reply_text)
+    ttl_ms: int = field(_reply_int)
+
+
+class LeaseEnded(Reply):
+    """The answer to ``close_lease``: the keys the lease held."""
+
+    lease: str = field(_reply_text)
+    released: list[str] = field(_reply_texts, default_factory=list)
+
+
+class LockGranted(Reply):
+    """An ``acquire`` answered at once: the lock is held, under ``token``."""
+
+    result: str = field(_reply_text, default="granted")
+    key: str = field(_reply_text)
+    token: int = field(_reply_int)
+    lease: str = field(_reply_text)
+    ttl_ms: int = field(_reply_int)
+
+
+class LockQueued(Reply):
+    """An ``acquire`` with ``wait`` put in the queue; a ``grant`` push follows."""
+
+    result: str = field(_reply_text, default="queued")
+    key: str = field(_reply_text)
+    lease: str = field(_reply_text)
+    position: int | None = field(_reply_opt_int)
+
+
+class LockReleased(Reply):
+    """The answer to ``release``: a lock (``released="lock"``) or a queue place left."""
+
+    key: str = field(_reply_text)
+    released: str = field(_released_what)
+    token: int | None = field(_reply_opt_int)
+    lease_ended: bool = field(_reply_true)
+
+
+class HolderView(Reply):
+    """One holder of a lock; the lease terms only from the leader."""
+
+    lease: str = field(_as_sent)
+    token: int = field(_as_sent)
+    granted_at_ms: int = field(_as_sent)
+    held_ms: int = field(_as_sent)
+    meta: dict[str, str] = field(_as_sent)
+    ttl_ms: int | None = field(_as_sent, default=None, omit=True)
+    remaining_ms: int | None = field(_as_sent, default=None, omit=True)
+    finished_at_ms: int | None = field(_as_sent, default=None, omit=True)
+    hold_until_ms: int | None = field(_as_sent, default=None, omit=True)
+
+
+class WaiterView(Reply):
+    """One place in a lock's queue (``position`` 1 is next)."""
+
+    lease: str = field(_as_sent)
+    since_ms: int = field(_as_sent)
+    position: int = field(_as_sent)
+    meta: dict[str, str] = field(_as_sent)
+
+
+class LockState(Reply):
+    """The answer to ``get``, and one item of a ``list`` page."""
+
+    key: str = field(_as_sent)
+    limit: int = field(_as_sent)
+    holders: list[HolderView] = field(_as_sent)
+    waiters: list[WaiterView] = field(_as_sent)
+
+
+class LocksPage(Reply):
+    """The answer to ``list``; ``next`` is the cursor of the next page (None: the last)."""
+
+    locks: list[LockState] = field(_as_sent)
+    next: str | None = field(_as_sent)
+
+
+class LeaseState(Reply):
+    """The answer to ``lease_info``."""
+
+    lease: str = field(_as_sent)
+    ttl_ms: int = field(_as_sent)
+    remaining_ms: int | None = field(_as_sent)
+    keys: list[str] = field(_as_sent)
+    waiting: list[str] = field(_as_sent)
+
+
+class LeaseSummary(Reply):
+    """One item of a ``lease_list`` page; ``left_ms`` only from the leader."""
+
+    id: str = field(_as_sent)
+    ttl_ms: int = field(_as_sent)
+    left_ms: int | None = field(_as_sent)
+    holding: list[str] = field(_as_sent)
+    waiting: list[str] = field(_as_sent)
+    meta: dict[str, str] = field(_as_sent)
+
+
+class LeasesPage(Reply):
+    """The answer to ``lease_list``."""
+
+    leases: list[LeaseSummary] = field(_as_sent)
+    next: str | None = field(_as_sent)
+
+
+class MemberEntry(Reply):
+    """A member as a ``status`` lists it: its address and whether it votes."""
+
+    id: str = field(_as_sent)
+    address: str | None = field(_as_sent)
+    role: str = field(_as_sent)
+
+
+class Progress(Reply):
+    """The leader's view of one member's log."""
+
+    match: int = field(_as_sent)
+    next: int = field(_as_sent)
+    active: bool = field(_as_sent)
+    last_contact_ms: int | None = field(_as_sent)
+
+
+class StatusView(Reply):
+    """The answer to ``status``: one member's view of the cluster (``progress``: the
+    leader's only)."""
+
+    node: str = field(_as_sent)
+    address: str | None = field(_as_sent)
+    cluster: str = field(_as_sent)
+    role: str = field(_as_sent)
+    term: int = field(_as_sent)
+    leader: str | None = field(_as_sent)
+    leader_address: str | None = field(_as_sent)
+    commit: int = field(_as_sent)
+    applied: int = field(_as_sent)
+    first_index: int = field(_as_sent)
+    last_index: int = field(_as_sent)
+    members: list[MemberEntry] = field(_as_sent)
+    sessions: int = field(_as_sent)
+    locks: int = field(_as_sent)
+    waiters: int = field(_as_sent)
+    version: int = field(_as_sent)
+    cluster_version: int = field(_as_sent)
+    progress: dict[str, Progress] | None = field(_as_sent, default=None, omit=True)
+
+
+class MemberHealth(Reply):
+    """A member as ``members`` lists it: its role as this member sees it, and its log."""
+
+    id: str = field(_as_sent)
+    address: str | None = field(_as_sent)
+    role: str = field(_as_sent)
+    match: int | None = field(_as_sent)
+    lag: int | None = field(_as_sent)
+    reachable: bool = field(_as_sent)
+    last_contact_ms: int | None = field(_as_sent)
+
+
+class MembersView(Reply):
+    """The answer to ``members``; ``bootstrap``: the members the cluster started with."""
+
+    members: list[MemberHealth] = field(_as_sent)
+    leader: str | None = field(_as_sent)
+    bootstrap: dict[str, str] = field(_as_sent)
 
 
 def ok(rid: int, **body: Any) -> dict[str, Any]:
