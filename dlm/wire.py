@@ -669,7 +669,7 @@ class Field:
     ones are decoded before the remaining fields. Those two orders are the protocol's:
     they decide which of two bad fields an error names, and the bytes of every frame.
     An ``envelope`` field is read before the record's kind is known (a request's ``id``);
-    an ``omit`` field is left out of the frame while None.
+    an ``omit`` field is left out of the frame while None (or while the field it names is).
     """
 
     __slots__ = ("check", "default", "early", "envelope", "factory", "omit", "origin")
@@ -682,7 +682,7 @@ class Field:
         factory: Callable[[], Any] | None,
         origin: bool,
         early: bool,
-        omit: bool,
+        omit: bool | str,
         envelope: bool,
     ) -> None:
         self.check = check
@@ -701,7 +701,7 @@ def field(
     default_factory: Callable[[], Any] | None = None,
     origin: bool = False,
     early: bool = False,
-    omit: bool = False,
+    omit: bool | str = False,
     envelope: bool = False,
 ) -> Any:
     """A record field (see Field); typed Any so that it stands for any field's value."""
@@ -1063,8 +1063,9 @@ def _wire_value(value: Any) -> Any:
 class Reply(Record, metaclass=RecordSpec):
     """Base of the reply records: an ok reply's body, or a part of one.
 
-    ``omit`` fields are left out of the frame while None (a member that does not lead
-    knows no lease clocks, so it says nothing of them).
+    ``omit`` fields are left out of the frame while None, or while the field ``omit``
+    names is None (a member that does not lead knows no lease clocks, so it says nothing
+    of them).
     """
 
     _TABLE: ClassVar[dict[str, Field]]
@@ -1079,7 +1080,8 @@ class Reply(Record, metaclass=RecordSpec):
         table = self._TABLE
         for name in self.FIELDS:
             value = getattr(self, name)
-            if value is None and table[name].omit:
+            omit = table[name].omit
+            if omit and getattr(self, name if omit is True else omit) is None:
                 continue
             out[name] = _wire_value(value)
         return out
@@ -1158,7 +1160,7 @@ class HolderView(Reply):
     held_ms: int = field(_as_sent)
     meta: dict[str, str] = field(_as_sent)
     ttl_ms: int | None = field(_as_sent, default=None, omit=True)
-    remaining_ms: int | None = field(_as_sent, default=None, omit=True)
+    remaining_ms: int | None = field(_as_sent, default=None, omit="ttl_ms")
     finished_at_ms: int | None = field(_as_sent, default=None, omit=True)
     hold_until_ms: int | None = field(_as_sent, default=None, omit=True)
 

@@ -87,6 +87,7 @@ from dlm.wire import (
     FrameDecoder,
     Hello,
     ProtocolError,
+    StatusView,
     encode_frame,
     error,
     parse_addr,
@@ -742,7 +743,7 @@ class NodeServer:
             self._pump_soon()
         return True
 
-    def status_view(self) -> dict[str, Any]:
+    def status_view(self) -> StatusView:
         return self.machine.status_view(now())
 
     @staticmethod

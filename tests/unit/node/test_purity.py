@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[3] / "dlm"
 
 PURE_FILES = (
     ROOT / "node" / "machine.py",
+    ROOT / "node" / "replies.py",
     ROOT / "node" / "admission.py",
     ROOT / "node" / "leases.py",
     ROOT / "node" / "stats.py",
@@ -39,6 +40,7 @@ PURE_PACKAGES = (
     "dlm.node.raft",
     "dlm.node.locks",
     "dlm.node.machine",
+    "dlm.node.replies",
     "dlm.node.admission",
     "dlm.node.leases",
     "dlm.node.stats",
