@@ -1020,6 +1020,11 @@ def _reply_opt_int(msg: dict[Any, Any], name: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _reply_count(msg: dict[Any, Any], name: str) -> int:
+    """An integer a member of an earlier release may leave out (0 then)."""
+    return _reply_opt_int(msg, name) or 0
+
+
 def _reply_text(msg: dict[Any, Any], name: str) -> str:
     value = msg.get(name)
     return value if isinstance(value, str) else ""
@@ -1106,7 +1111,7 @@ class LeaseOpened(Reply):
 
     lease: str = field(_reply_text)
     ttl_ms: int = field(_reply_int)
-    incarnation: int = field(_reply_opt_int, default=0)
+    incarnation: int = field(_reply_count, default=0)
 
 
 class LeaseTerms(Reply):
