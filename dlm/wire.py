@@ -35,10 +35,11 @@ from dlm import limits
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from typing import Any, ClassVar, Protocol, Self, TypeAlias
+    from typing import Any, ClassVar, Protocol, Self, TypeAlias, TypeVar
 
     Check: TypeAlias = Callable[[dict[Any, Any], str], Any]
     """How a request field is decoded: the frame and the field's name in, the value out."""
+    R = TypeVar("R", bound="Reply")
 
     class FrameOpenerLike(Protocol):
         """dlm.auth.FrameOpener, named structurally: wire never imports dlm.auth."""
@@ -1044,6 +1045,11 @@ def _reply_true(msg: dict[Any, Any], name: str) -> bool:
     return msg.get(name) is True
 
 
+def _reply_not_false(msg: dict[Any, Any], name: str) -> bool:
+    # Only a member that says so is unreachable: one of an early release says nothing.
+    return msg.get(name) is not False
+
+
 def _released_what(msg: dict[Any, Any], name: str) -> str:
     # A member of an early release said nothing: it released a lock.
     value = msg.get(name, "lock")
@@ -1226,62 +1232,94 @@ class LeasesPage(Reply):
 class MemberEntry(Reply):
     """A member as a ``status`` lists it: its address and whether it votes."""
 
-    id: str = field(_as_sent)
-    address: str | None = field(_as_sent)
-    role: str = field(_as_sent)
+    id: str | None = field(_reply_opt_text)
+    address: str | None = field(_reply_opt_text)
+    role: str | None = field(_reply_opt_text)
 
 
 class Progress(Reply):
     """The leader's view of one member's log."""
 
-    match: int = field(_as_sent)
-    next: int = field(_as_sent)
-    active: bool = field(_as_sent)
-    last_contact_ms: int | None = field(_as_sent)
+    match: int | None = field(_reply_opt_int)
+    next: int | None = field(_reply_opt_int)
+    active: bool = field(_reply_true)
+    last_contact_ms: int | None = field(_reply_opt_int)
+
+
+def _reply_waiters(msg: dict[Any, Any], name: str) -> int | None:
+    # A count; a member of the first release listed the waiters instead.
+    value = msg.get(name)
+    return len(value) if isinstance(value, list) else _reply_opt_int(msg, name)
 
 
 class StatusView(Reply):
     """The answer to ``status``: one member's view of the cluster (``progress``: the
-    leader's only)."""
+    leader's only). Read back leniently: a member of an older release leaves fields out,
+    and ``dlm status`` shows what it can."""
 
-    node: str = field(_as_sent)
-    address: str | None = field(_as_sent)
-    cluster: str = field(_as_sent)
-    role: str = field(_as_sent)
-    term: int = field(_as_sent)
-    leader: str | None = field(_as_sent)
-    leader_address: str | None = field(_as_sent)
-    commit: int = field(_as_sent)
-    applied: int = field(_as_sent)
-    first_index: int = field(_as_sent)
-    last_index: int = field(_as_sent)
-    members: list[MemberEntry] = field(_as_sent)
-    sessions: int = field(_as_sent)
-    locks: int = field(_as_sent)
-    waiters: int = field(_as_sent)
-    version: int = field(_as_sent)
-    cluster_version: int = field(_as_sent)
-    progress: dict[str, Progress] | None = field(_as_sent, default=None, omit=True)
+    node: str | None = field(_reply_opt_text)
+    address: str | None = field(_reply_opt_text)
+    cluster: str | None = field(_reply_opt_text)
+    role: str | None = field(_reply_opt_text)
+    term: int | None = field(_reply_opt_int)
+    leader: str | None = field(_reply_opt_text)
+    leader_address: str | None = field(_reply_opt_text)
+    commit: int | None = field(_reply_opt_int)
+    applied: int | None = field(_reply_opt_int)
+    first_index: int | None = field(_reply_opt_int)
+    last_index: int | None = field(_reply_opt_int)
+    members: list[MemberEntry] = field(lambda msg, name: _reply_records(MemberEntry, msg, name))
+    sessions: int | None = field(_reply_opt_int)
+    locks: int | None = field(_reply_opt_int)
+    waiters: int | None = field(_reply_waiters)
+    version: int | None = field(_reply_opt_int)
+    cluster_version: int | None = field(_reply_opt_int)
+    progress: dict[str, Progress] | None = field(
+        lambda msg, name: _reply_record_map(Progress, msg, name), default=None, omit=True
+    )
 
 
 class MemberHealth(Reply):
     """A member as ``members`` lists it: its role as this member sees it, and its log."""
 
-    id: str = field(_as_sent)
-    address: str | None = field(_as_sent)
-    role: str = field(_as_sent)
-    match: int | None = field(_as_sent)
-    lag: int | None = field(_as_sent)
-    reachable: bool = field(_as_sent)
-    last_contact_ms: int | None = field(_as_sent)
+    id: str | None = field(_reply_opt_text)
+    address: str | None = field(_reply_opt_text)
+    role: str | None = field(_reply_opt_text)
+    match: int | None = field(_reply_opt_int)
+    lag: int | None = field(_reply_opt_int)
+    reachable: bool = field(_reply_not_false)
+    last_contact_ms: int | None = field(_reply_opt_int)
+
+
+def _reply_names(msg: dict[Any, Any], name: str) -> dict[str, str]:
+    value = msg.get(name)
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 class MembersView(Reply):
     """The answer to ``members``; ``bootstrap``: the members the cluster started with."""
 
-    members: list[MemberHealth] = field(_as_sent)
-    leader: str | None = field(_as_sent)
-    bootstrap: dict[str, str] = field(_as_sent)
+    members: list[MemberHealth] = field(lambda msg, name: _reply_records(MemberHealth, msg, name))
+    leader: str | None = field(_reply_opt_text)
+    bootstrap: dict[str, str] = field(_reply_names)
+
+
+def _reply_records(kind: type[R], msg: dict[Any, Any], name: str) -> list[R]:
+    """The maps of a list field as ``kind`` records; anything else in it is passed over."""
+    value = msg.get(name)
+    if not isinstance(value, list):
+        return []
+    return [kind.from_wire(item) for item in value if isinstance(item, dict)]
+
+
+def _reply_record_map(kind: type[R], msg: dict[Any, Any], name: str) -> dict[str, R] | None:
+    """A map field of records by name (None when absent or not a map)."""
+    value = msg.get(name)
+    if not isinstance(value, dict):
+        return None
+    return {k: kind.from_wire(v) for k, v in value.items() if isinstance(v, dict)}
 
 
 def ok(rid: int, **body: Any) -> dict[str, Any]:
