@@ -680,3 +680,63 @@ def test_a_request_is_built_only_from_its_named_fields() -> None:
         wire.OpenLease(id=1, lease="L", ttl_ms=1),
     )
     assert first.meta == second.meta == {} and first.meta is not second.meta
+
+
+REPLIES: list[wire.Reply] = [
+    wire.LeaseOpened(lease="L", ttl_ms=5000, incarnation=2),
+    wire.LeaseTerms(lease="L", ttl_ms=1),
+    wire.LeaseEnded(lease="L", released=["a", "b"]),
+    wire.LockGranted(key="k", token=9, lease="L", ttl_ms=5000),
+    wire.LockQueued(key="k", lease="L", position=2),
+    wire.LockReleased(key="k", released="queue", token=None, lease_ended=True),
+    wire.StatusView(
+        node="n1",
+        address="h:1",
+        cluster="c",
+        role="leader",
+        term=3,
+        leader="n1",
+        leader_address="h:1",
+        commit=9,
+        applied=9,
+        first_index=1,
+        last_index=9,
+        members=[wire.MemberEntry(id="n1", address="h:1", role="voter")],
+        sessions=1,
+        locks=2,
+        waiters=0,
+        version=2,
+        cluster_version=2,
+        progress={"n1": wire.Progress(match=9, next=10, active=True, last_contact_ms=0)},
+    ),
+    wire.MembersView(
+        members=[
+            wire.MemberHealth(
+                id="n1",
+                address="h:1",
+                role="leader",
+                match=9,
+                lag=0,
+                reachable=True,
+                last_contact_ms=0,
+            )
+        ],
+        leader="n1",
+        bootstrap={"n1": "h:1"},
+    ),
+]
+
+
+@pytest.mark.parametrize("reply", REPLIES, ids=lambda r: type(r).__name__)
+def test_a_reply_record_survives_the_wire(reply: wire.Reply) -> None:
+    frame = wire.decode_body(wire.encode_frame(reply.frame(5))[4:])
+    assert (frame["t"], frame["id"]) == ("ok", 5)
+    assert type(reply).from_wire(frame) == reply
+
+
+def test_a_holder_says_nothing_of_lease_clocks_it_does_not_know() -> None:
+    holder = wire.HolderView(lease="L", token=1, granted_at_ms=5, held_ms=0, meta={})
+    assert "ttl_ms" not in holder.to_wire() and "remaining_ms" not in holder.to_wire()
+    # From the leader: the TTL, and the time left even when it is unknown (null).
+    known = wire.HolderView(lease="L", token=1, granted_at_ms=5, held_ms=0, meta={}, ttl_ms=9)
+    assert known.to_wire()["remaining_ms"] is None
