@@ -33,7 +33,7 @@ from dlm.cli.output import (
     say,
 )
 from dlm.cli.settings import Settings
-from dlm.wire import MemberHealth, MembersView
+from dlm.views import MemberHealth, MembersView
 
 if TYPE_CHECKING:
     from dlm.client.sync import Client

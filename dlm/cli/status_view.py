@@ -41,7 +41,7 @@ from dlm.cli.output import (
     stdout_is_terminal,
 )
 from dlm.cli.settings import Settings
-from dlm.wire import MemberEntry, MemberHealth, Progress, StatusView
+from dlm.views import MemberEntry, MemberHealth, Progress, StatusView
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -78,6 +78,7 @@ from dlm.node.raft.types import (
 )
 from dlm.node.replies import Replies, lease_gone
 from dlm.node.stats import Stats
+from dlm.views import MembersView, StatusView
 from dlm.wire import (
     Acquire,
     BadFrame,
@@ -95,14 +96,12 @@ from dlm.wire import (
     MemberPromote,
     MemberRemove,
     Members,
-    MembersView,
     OpenLease,
     Ping,
     ProtocolError,
     Release,
     Renew,
     Status,
-    StatusView,
     UpdateLease,
     decode_request,
     error,

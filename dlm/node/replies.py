@@ -16,32 +16,34 @@ from dlm.node import locks
 from dlm.node.leases import LeaseTracker
 from dlm.node.raft.core import RaftStatus
 from dlm.node.raft.types import NodeId
-from dlm.wire import (
-    PAGE_MAX,
-    ErrorCode,
-    Get,
+from dlm.views import (
     HolderView,
-    LeaseEnded,
-    LeaseInfo,
-    LeaseOpened,
     LeasesPage,
     LeaseState,
     LeaseSummary,
-    LeaseTerms,
-    ListLeases,
-    ListLocks,
-    LockGranted,
-    LockQueued,
-    LockReleased,
     LocksPage,
     LockState,
     MemberEntry,
     MemberHealth,
     MembersView,
     Progress,
-    Request,
     StatusView,
     WaiterView,
+)
+from dlm.wire import (
+    PAGE_MAX,
+    ErrorCode,
+    Get,
+    LeaseEnded,
+    LeaseInfo,
+    LeaseOpened,
+    LeaseTerms,
+    ListLeases,
+    ListLocks,
+    LockGranted,
+    LockQueued,
+    LockReleased,
+    Request,
     error,
 )
 

@@ -81,13 +81,13 @@ from dlm.node.raft.types import Role, Storage
 from dlm.node.rlimits import raise_open_files_limit
 from dlm.node.security import NodeSecurity
 from dlm.node.stats import DiskStats
+from dlm.views import StatusView
 from dlm.wire import (
     CLIENT_FRAME_LIMIT,
     ErrorCode,
     FrameDecoder,
     Hello,
     ProtocolError,
-    StatusView,
     encode_frame,
     error,
     parse_addr,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dlm import wire
+from dlm import views, wire
 from tests.unit.fuzz import FUZZ, decode_all, hostile_values, mutated
 
 
@@ -689,7 +689,7 @@ REPLIES: list[wire.Reply] = [
     wire.LockGranted(key="k", token=9, lease="L", ttl_ms=5000),
     wire.LockQueued(key="k", lease="L", position=2),
     wire.LockReleased(key="k", released="queue", token=None, lease_ended=True),
-    wire.StatusView(
+    views.StatusView(
         node="n1",
         address="h:1",
         cluster="c",
@@ -701,17 +701,17 @@ REPLIES: list[wire.Reply] = [
         applied=9,
         first_index=1,
         last_index=9,
-        members=[wire.MemberEntry(id="n1", address="h:1", role="voter")],
+        members=[views.MemberEntry(id="n1", address="h:1", role="voter")],
         sessions=1,
         locks=2,
         waiters=0,
         version=2,
         cluster_version=2,
-        progress={"n1": wire.Progress(match=9, next=10, active=True, last_contact_ms=0)},
+        progress={"n1": views.Progress(match=9, next=10, active=True, last_contact_ms=0)},
     ),
-    wire.MembersView(
+    views.MembersView(
         members=[
-            wire.MemberHealth(
+            views.MemberHealth(
                 id="n1",
                 address="h:1",
                 role="leader",
@@ -735,8 +735,8 @@ def test_a_reply_record_survives_the_wire(reply: wire.Reply) -> None:
 
 
 def test_a_holder_says_nothing_of_lease_clocks_it_does_not_know() -> None:
-    holder = wire.HolderView(lease="L", token=1, granted_at_ms=5, held_ms=0, meta={})
+    holder = views.HolderView(lease="L", token=1, granted_at_ms=5, held_ms=0, meta={})
     assert "ttl_ms" not in holder.to_wire() and "remaining_ms" not in holder.to_wire()
     # From the leader: the TTL, and the time left even when it is unknown (null).
-    known = wire.HolderView(lease="L", token=1, granted_at_ms=5, held_ms=0, meta={}, ttl_ms=9)
+    known = views.HolderView(lease="L", token=1, granted_at_ms=5, held_ms=0, meta={}, ttl_ms=9)
     assert known.to_wire()["remaining_ms"] is None

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dlm import wire
+from dlm import views, wire
 from dlm.client import core
 from dlm.client.errors import (
     BadRequest,
@@ -769,11 +769,11 @@ def test_a_reply_is_read_as_the_record_the_member_built() -> None:
 
 
 def test_the_status_view_reads_back_what_a_member_of_any_release_sent() -> None:
-    view = wire.StatusView.from_wire(
+    view = views.StatusView.from_wire(
         {"node": "n1", "term": "7", "waiters": [{}, {}], "members": [{"id": "n1"}, 3]}
     )
     assert (view.node, view.term, view.waiters, view.progress) == ("n1", None, 2, None)
-    assert view.members == [wire.MemberEntry(id="n1", address=None, role=None)]
-    members = wire.MembersView.from_wire({"members": [{"id": "n2"}], "bootstrap": {"n1": 1}})
+    assert view.members == [views.MemberEntry(id="n1", address=None, role=None)]
+    members = views.MembersView.from_wire({"members": [{"id": "n2"}], "bootstrap": {"n1": 1}})
     assert members.members[0].reachable  # only a member that says so is unreachable
     assert members.bootstrap == {}

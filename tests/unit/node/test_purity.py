@@ -27,6 +27,7 @@ PURE_FILES = (
     ROOT / "node" / "stats.py",
     ROOT / "node" / "linkwatch.py",
     ROOT / "wire.py",
+    ROOT / "views.py",
     ROOT / "limits.py",
 )
 PURE_MODULES = sorted(
@@ -46,6 +47,7 @@ PURE_PACKAGES = (
     "dlm.node.stats",
     "dlm.node.linkwatch",
     "dlm.wire",
+    "dlm.views",
     "dlm.limits",
 )
 
