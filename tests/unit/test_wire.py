@@ -740,3 +740,28 @@ def test_a_holder_says_nothing_of_lease_clocks_it_does_not_know() -> None:
     # From the leader: the TTL, and the time left even when it is unknown (null).
     known = views.HolderView(lease="L", token=1, granted_at_ms=5, held_ms=0, meta={}, ttl_ms=9)
     assert known.to_wire()["remaining_ms"] is None
+
+
+_REPLY_KINDS: list[type[wire.Reply]] = sorted(
+    {type(r) for r in REPLIES}
+    | {views.HolderView, views.LockState, views.LocksPage, views.LeaseState, views.LeasesPage},
+    key=lambda c: c.__name__,
+)
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["lease", "ttl_ms", "members", "progress", "waiters", "bootstrap", "x"]),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+            lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=3), c),
+            max_leaves=12,
+        ),
+    )
+)
+def test_a_hostile_reply_is_read_or_refused_never_crashes_the_client(body: object) -> None:
+    for kind in _REPLY_KINDS:
+        try:
+            kind.from_wire(body)
+        except wire.ProtocolError:
+            pass
