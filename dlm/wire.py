@@ -34,8 +34,11 @@ from dlm import limits
 # milliseconds for names only the type checker reads. mypy takes any TYPE_CHECKING as true.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-    from typing import Any, ClassVar, Protocol
+    from collections.abc import Callable, Iterator
+    from typing import Any, ClassVar, Protocol, Self, TypeAlias
+
+    Check: TypeAlias = Callable[[dict[Any, Any], str], Any]
+    """How a request field is decoded: the frame and the field's name in, the value out."""
 
     class FrameOpenerLike(Protocol):
         """dlm.auth.FrameOpener, named structurally: wire never imports dlm.auth."""
@@ -547,45 +550,245 @@ def _checked(problem: str | None) -> None:
         raise ProtocolError(problem)
 
 
-def _lease(msg: dict[Any, Any]) -> str:
-    lease: str = _field(msg, "lease", str)
+# The checks a request's fields are decoded with: each takes the frame and the field's
+# name and returns the value, or raises ProtocolError with the sentence a client sees.
+
+
+def _id(msg: dict[Any, Any], name: str) -> int:
+    return _bounded(msg, name, 0, limits.INT_MAX)
+
+
+def _lease(msg: dict[Any, Any], name: str = "lease") -> str:
+    lease: str = _field(msg, name, str)
     _checked(limits.check_lease_id(lease))
     return lease
 
 
-def _key(msg: dict[Any, Any]) -> str:
-    key: str = _field(msg, "key", str)
+def _key(msg: dict[Any, Any], name: str = "key") -> str:
+    key: str = _field(msg, name, str)
     _checked(limits.check_key(key))
     return key
 
 
-def _origin(msg: dict[Any, Any]) -> tuple[str, int, int]:
-    """(client, seq, acked) of a state-changing request; client "" for a version-1 one."""
-    client = _field(msg, "client", str, optional=True) or ""
+def _client(msg: dict[Any, Any], name: str) -> str:
+    """A client id, or "" for a version-1 request that names none."""
+    client = _field(msg, name, str, optional=True) or ""
     if client:
         _checked(limits.check_client_id(client))
-    seq = _bounded(msg, "seq", 0, limits.INT_MAX)
-    acked = _opt_bounded(msg, "acked", 0, limits.INT_MAX, 0)
-    return client, seq, acked
+    return client
+
+
+def _count(msg: dict[Any, Any], name: str) -> int:
+    return _bounded(msg, name, 0, limits.INT_MAX)
+
+
+def _opt_count(msg: dict[Any, Any], name: str) -> int:
+    return _opt_bounded(msg, name, 0, limits.INT_MAX, 0)
 
 
 def _flag(msg: dict[Any, Any], name: str) -> bool:
     return bool(_field(msg, name, bool, optional=True))
 
 
-class Request(Record):
+def _meta(msg: dict[Any, Any], name: str) -> dict[str, str]:
+    meta = _str_map(msg, name)
+    _checked(limits.check_meta(meta))
+    return meta
+
+
+def _ttl(msg: dict[Any, Any], name: str) -> int:
+    return _bounded(msg, name, 0, limits.INT_MAX)
+
+
+def _limit(msg: dict[Any, Any], name: str) -> int:
+    return _opt_bounded(msg, name, 1, limits.LIMIT_MAX, 1)
+
+
+def _token(msg: dict[Any, Any], name: str) -> int | None:
+    return None if msg.get(name) is None else _bounded(msg, name, 1, limits.INT_MAX)
+
+
+def _prefix(msg: dict[Any, Any], name: str) -> str:
+    prefix: str = _field(msg, name, str, optional=True) or ""
+    if len(prefix.encode("utf-8", "surrogatepass")) > limits.KEY_MAX_BYTES:
+        raise ProtocolError(f"a prefix is at most {limits.KEY_MAX_BYTES} bytes")
+    return prefix
+
+
+def _after(msg: dict[Any, Any], name: str) -> str | None:
+    after: str | None = _field(msg, name, str, optional=True)
+    return after
+
+
+PAGE_MAX = 1000
+"""Most items one ``list`` or ``lease_list`` reply carries."""
+
+
+def _page_size(msg: dict[Any, Any], name: str) -> int:
+    return _opt_bounded(msg, name, 1, PAGE_MAX, PAGE_MAX)
+
+
+def _member_id(msg: dict[Any, Any], name: str) -> str:
+    member: str = _field(msg, name, str)
+    if not 1 <= len(member) <= 63 or member.strip(limits.LEASE_ID_ALPHABET + "."):
+        raise ProtocolError("a member id is 1-63 letters, digits, '_', '-' or '.'")
+    return member
+
+
+def _address(msg: dict[Any, Any], name: str) -> str:
+    address: str = _field(msg, name, str)
+    try:
+        parse_addr(address)
+    except ValueError as exc:
+        raise ProtocolError(f"bad member address: {exc}") from None
+    return address
+
+
+def _if_seq(check: Check, absent: object) -> Check:
+    """``check``, on a request whose origin is all or nothing: without ``seq`` (a
+    version-1 ``open_lease``) the field is ``absent`` whatever the frame says."""
+
+    def checked(msg: dict[Any, Any], name: str) -> Any:
+        return check(msg, name) if "seq" in msg else absent
+
+    return checked
+
+
+# ---------------------------------------------------------------------------
+# The request table: one class per request, one line per field
+# ---------------------------------------------------------------------------
+
+_MISSING: Any = object()
+
+
+class Field:
+    """One line of the request table: how a field is checked when decoded, its default
+    (none: the field is required), and where it stands in the frame.
+
+    ``origin`` fields (client, seq, acked) are decoded first and encoded last; ``early``
+    ones are decoded before the remaining fields. Those two orders are the protocol's:
+    they decide which of two bad fields an error names, and the bytes of every frame.
+    An ``envelope`` field is read before the record's kind is known (a request's ``id``);
+    an ``omit`` field is left out of the frame while None (or while the field it names is).
+    """
+
+    __slots__ = ("check", "default", "early", "envelope", "factory", "omit", "origin")
+
+    def __init__(
+        self,
+        check: Check,
+        *,
+        default: Any,
+        factory: Callable[[], Any] | None,
+        origin: bool,
+        early: bool,
+        omit: bool | str,
+        envelope: bool,
+    ) -> None:
+        self.check = check
+        self.default = default
+        self.factory = factory
+        self.origin = origin
+        self.early = early
+        self.omit = omit
+        self.envelope = envelope
+
+
+def field(
+    check: Check,
+    *,
+    default: Any = _MISSING,
+    default_factory: Callable[[], Any] | None = None,
+    origin: bool = False,
+    early: bool = False,
+    omit: bool | str = False,
+    envelope: bool = False,
+) -> Any:
+    """A record field (see Field); typed Any so that it stands for any field's value."""
+    return Field(
+        check,
+        default=default,
+        factory=default_factory,
+        origin=origin,
+        early=early,
+        omit=omit,
+        envelope=envelope,
+    )
+
+
+def _dataclass_transform(**_: object) -> Callable[[type], type]:
+    return lambda cls: cls
+
+
+if TYPE_CHECKING:
+    from typing import dataclass_transform
+else:
+    dataclass_transform = _dataclass_transform
+
+
+def _build(record: Any, values: dict[str, Any]) -> None:
+    """A record's constructor: each field from ``values``, else its default."""
+    for name, default, factory in record._INIT:
+        if name in values:
+            value = values.pop(name)
+        elif factory is not None:
+            value = factory()
+        elif default is _MISSING:
+            raise TypeError(f"{type(record).__name__}() needs the keyword argument {name!r}")
+        else:
+            value = default
+        _set(record, name, value)
+    if values:
+        raise TypeError(f"{type(record).__name__}() has no field {sorted(values)[0]!r}")
+
+
+@dataclass_transform(kw_only_default=True, field_specifiers=(field,))
+class RecordSpec(type):
+    """Makes a request or reply class from its table: slots, ``FIELDS`` (the frame's
+    order), the decoding steps and the constructor's defaults follow from the ``field`` lines.
+    mypy reads the same lines as a keyword-only dataclass (dataclass_transform)."""
+
+    def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any]) -> RecordSpec:
+        own = {k: v for k, v in namespace.items() if isinstance(v, Field)}
+        table: dict[str, Field] = {}
+        for base in reversed(bases):
+            table.update(getattr(base, "_TABLE", {}))
+        namespace = {k: v for k, v in namespace.items() if k not in own}
+        namespace["__slots__"] = tuple(k for k in own if k not in table)
+        table.update(own)
+        namespace["_TABLE"] = table
+        plain = [k for k, f in table.items() if not f.origin]
+        origin = [k for k, f in table.items() if f.origin]
+        namespace["FIELDS"] = tuple(plain + origin)
+        namespace["_INIT"] = tuple((k, table[k].default, table[k].factory) for k in plain + origin)
+        # Fields read before the kind is known (a request's ``id``) are no step of their own.
+        plain = [k for k in plain if not table[k].envelope]
+        steps = (
+            origin + [k for k in plain if table[k].early] + [k for k in plain if not table[k].early]
+        )
+        namespace["_DECODE"] = tuple((k, table[k].check) for k in steps)
+        return super().__new__(mcls, name, bases, namespace)
+
+
+class Request(Record, metaclass=RecordSpec):
     """Base of every client request; ``id`` pairs a reply with its request.
 
     Fields are keyword-only, and ``to_wire`` gives the frame: ``t`` and the fields.
+    ``ROUTE`` says how a member serves it: ``local`` (answered at once), ``propose``
+    (a lock or lease change, through the log), ``member`` (a membership change),
+    ``confirm`` (the leader confirms it leads before answering) or ``read`` (a read,
+    served locally when ``stale``, else after a read round).
     """
 
-    __slots__ = ("id",)
     TYPE: ClassVar[str] = ""
-    FIELDS: ClassVar[tuple[str, ...]] = ("id",)
-    id: int
+    ROUTE: ClassVar[str] = ""
+    _TABLE: ClassVar[dict[str, Field]]
+    _INIT: ClassVar[tuple[tuple[str, Any, Callable[[], Any] | None], ...]]
+    _DECODE: ClassVar[tuple[tuple[str, Check], ...]]
+    id: int = field(_id, envelope=True)
 
-    def __init__(self, *, id: int) -> None:
-        _set(self, "id", id)
+    def __init__(self, **values: Any) -> None:
+        _build(self, values)
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"t": self.TYPE}
@@ -597,44 +800,22 @@ class Request(Record):
 class Change(Request):
     """A request that changes replicated state: it names its client and seq (PROTOCOL.md)."""
 
-    __slots__ = ("acked", "client", "seq")
-    client: str
-    seq: int
-    acked: int
-
-    def _origin(self, client: str, seq: int, acked: int) -> None:
-        _set(self, "client", client)
-        _set(self, "seq", seq)
-        _set(self, "acked", acked)
+    client: str = field(_client, default="", origin=True)
+    seq: int = field(_count, origin=True)
+    acked: int = field(_opt_count, default=0, origin=True)
 
 
 class OpenLease(Change):
-    __slots__ = ("ephemeral", "lease", "meta", "ttl_ms")
     TYPE = "open_lease"
-    FIELDS = ("id", "lease", "ttl_ms", "ephemeral", "meta", "client", "seq", "acked")
-    lease: str
-    ttl_ms: int
-    ephemeral: bool
-    meta: dict[str, str]
-
-    def __init__(
-        self,
-        *,
-        id: int,
-        lease: str,
-        ttl_ms: int,
-        client: str = "",
-        seq: int = 0,
-        acked: int = 0,
-        ephemeral: bool = False,
-        meta: dict[str, str] | None = None,
-    ) -> None:
-        _set(self, "id", id)
-        _set(self, "lease", lease)
-        _set(self, "ttl_ms", ttl_ms)
-        _set(self, "ephemeral", ephemeral)
-        _set(self, "meta", {} if meta is None else meta)
-        self._origin(client, seq, acked)
+    ROUTE = "propose"
+    lease: str = field(_lease)
+    ttl_ms: int = field(_ttl)
+    ephemeral: bool = field(_flag, default=False)
+    meta: dict[str, str] = field(_meta, default_factory=dict, early=True)
+    # A version-1 open_lease names no origin at all.
+    client: str = field(_if_seq(_client, ""), default="", origin=True)
+    seq: int = field(_if_seq(_count, 0), default=0, origin=True)
+    acked: int = field(_if_seq(_opt_count, 0), default=0, origin=True)
 
 
 class Renew(Request):
@@ -644,273 +825,119 @@ class Renew(Request):
     cannot renew another lease that reuses the id.
     """
 
-    __slots__ = ("client", "incarnation", "lease", "seq")
     TYPE = "keepalive"
-    FIELDS = ("id", "lease", "incarnation", "client", "seq")
-    lease: str
-    incarnation: int
-    client: str
-    seq: int
-
-    def __init__(
-        self, *, id: int, lease: str, incarnation: int = 0, client: str = "", seq: int = 0
-    ) -> None:
-        _set(self, "id", id)
-        _set(self, "lease", lease)
-        _set(self, "incarnation", incarnation)
-        _set(self, "client", client)
-        _set(self, "seq", seq)
+    ROUTE = "confirm"
+    lease: str = field(_lease)
+    incarnation: int = field(_opt_count, default=0, early=True)
+    client: str = field(_client, default="", origin=True)
+    seq: int = field(_opt_count, default=0, origin=True)
 
 
 class CloseLease(Change):
-    __slots__ = ("lease",)
     TYPE = "close_lease"
-    FIELDS = ("id", "lease", "client", "seq", "acked")
-    lease: str
-
-    def __init__(self, *, id: int, lease: str, seq: int, client: str = "", acked: int = 0) -> None:
-        _set(self, "id", id)
-        _set(self, "lease", lease)
-        self._origin(client, seq, acked)
+    ROUTE = "propose"
+    lease: str = field(_lease)
 
 
 class UpdateLease(Change):
     """Sets a lease's TTL (its clock restarts); ``finished``: the guarded command ended."""
 
-    __slots__ = ("finished", "lease", "ttl_ms")
     TYPE = "lease_update"
-    FIELDS = ("id", "lease", "ttl_ms", "finished", "client", "seq", "acked")
-    lease: str
-    ttl_ms: int
-    finished: bool
-
-    def __init__(
-        self,
-        *,
-        id: int,
-        lease: str,
-        ttl_ms: int,
-        seq: int,
-        finished: bool = False,
-        client: str = "",
-        acked: int = 0,
-    ) -> None:
-        _set(self, "id", id)
-        _set(self, "lease", lease)
-        _set(self, "ttl_ms", ttl_ms)
-        _set(self, "finished", finished)
-        self._origin(client, seq, acked)
+    ROUTE = "propose"
+    lease: str = field(_lease)
+    ttl_ms: int = field(_ttl)
+    finished: bool = field(_flag, default=False)
 
 
 class Acquire(Change):
-    __slots__ = ("key", "lease", "limit", "meta", "wait")
     TYPE = "acquire"
-    FIELDS = ("id", "lease", "key", "wait", "limit", "meta", "client", "seq", "acked")
-    lease: str
-    key: str
-    wait: bool
-    limit: int
-    meta: dict[str, str]
-
-    def __init__(
-        self,
-        *,
-        id: int,
-        lease: str,
-        seq: int,
-        key: str,
-        wait: bool = False,
-        limit: int = 1,
-        meta: dict[str, str] | None = None,
-        client: str = "",
-        acked: int = 0,
-    ) -> None:
-        _set(self, "id", id)
-        _set(self, "lease", lease)
-        _set(self, "key", key)
-        _set(self, "wait", wait)
-        _set(self, "limit", limit)
-        _set(self, "meta", {} if meta is None else meta)
-        self._origin(client, seq, acked)
+    ROUTE = "propose"
+    lease: str = field(_lease)
+    key: str = field(_key)
+    wait: bool = field(_flag, default=False)
+    limit: int = field(_limit, default=1)
+    meta: dict[str, str] = field(_meta, default_factory=dict, early=True)
 
 
 class Release(Change):
     """Releases a held lock (only the grant ``token`` names, if given), or leaves the queue."""
 
-    __slots__ = ("keep_lease", "key", "lease", "token")
     TYPE = "release"
-    FIELDS = ("id", "lease", "key", "token", "keep_lease", "client", "seq", "acked")
-    lease: str
-    key: str
-    token: int | None
-    keep_lease: bool
-
-    def __init__(
-        self,
-        *,
-        id: int,
-        lease: str,
-        seq: int,
-        key: str,
-        token: int | None = None,
-        keep_lease: bool = False,
-        client: str = "",
-        acked: int = 0,
-    ) -> None:
-        _set(self, "id", id)
-        _set(self, "lease", lease)
-        _set(self, "key", key)
-        _set(self, "token", token)
-        _set(self, "keep_lease", keep_lease)
-        self._origin(client, seq, acked)
+    ROUTE = "propose"
+    lease: str = field(_lease)
+    key: str = field(_key)
+    token: int | None = field(_token, default=None, early=True)
+    keep_lease: bool = field(_flag, default=False)
 
 
 class Get(Request):
-    __slots__ = ("key", "stale")
     TYPE = "get"
-    FIELDS = ("id", "key", "stale")
-    key: str
-    stale: bool
-
-    def __init__(self, *, id: int, key: str, stale: bool = False) -> None:
-        _set(self, "id", id)
-        _set(self, "key", key)
-        _set(self, "stale", stale)
-
-
-PAGE_MAX = 1000
-"""Most items one ``list`` or ``lease_list`` reply carries."""
+    ROUTE = "read"
+    key: str = field(_key)
+    stale: bool = field(_flag, default=False)
 
 
 class ListLocks(Request):
-    __slots__ = ("after", "max", "prefix", "stale")
     TYPE = "list"
-    FIELDS = ("id", "prefix", "stale", "after", "max")
-    prefix: str
-    stale: bool
-    after: str | None
-    max: int
-
-    def __init__(
-        self,
-        *,
-        id: int,
-        prefix: str = "",
-        stale: bool = False,
-        after: str | None = None,
-        max: int = PAGE_MAX,
-    ) -> None:
-        _set(self, "id", id)
-        _set(self, "prefix", prefix)
-        _set(self, "stale", stale)
-        _set(self, "after", after)
-        _set(self, "max", max)
+    ROUTE = "read"
+    prefix: str = field(_prefix, default="")
+    stale: bool = field(_flag, default=False)
+    after: str | None = field(_after, default=None, early=True)
+    max: int = field(_page_size, default=PAGE_MAX, early=True)
 
 
 class LeaseInfo(Request):
-    __slots__ = ("lease",)
     TYPE = "lease_info"
-    FIELDS = ("id", "lease")
-    lease: str
-
-    def __init__(self, *, id: int, lease: str) -> None:
-        _set(self, "id", id)
-        _set(self, "lease", lease)
+    ROUTE = "confirm"
+    lease: str = field(_lease)
 
 
 class ListLeases(Request):
-    __slots__ = ("after", "max", "stale")
     TYPE = "lease_list"
-    FIELDS = ("id", "stale", "after", "max")
-    stale: bool
-    after: str | None
-    max: int
-
-    def __init__(
-        self, *, id: int, stale: bool = False, after: str | None = None, max: int = PAGE_MAX
-    ) -> None:
-        _set(self, "id", id)
-        _set(self, "stale", stale)
-        _set(self, "after", after)
-        _set(self, "max", max)
+    ROUTE = "read"
+    stale: bool = field(_flag, default=False)
+    after: str | None = field(_after, default=None, early=True)
+    max: int = field(_page_size, default=PAGE_MAX, early=True)
 
 
 class Status(Request):
     """This member's view: role, term, indexes, and the leader's view of its peers."""
 
-    __slots__ = ("stale",)
     TYPE = "status"
-    FIELDS = ("id", "stale")
-    stale: bool
-
-    def __init__(self, *, id: int, stale: bool = False) -> None:
-        _set(self, "id", id)
-        _set(self, "stale", stale)
+    ROUTE = "read"
+    stale: bool = field(_flag, default=False)
 
 
 class Ping(Request):
     """Keeps an idle connection open (a member closes one silent for 2 minutes)."""
 
-    __slots__ = ()
     TYPE = "ping"
-    FIELDS = ("id",)
+    ROUTE = "local"
 
 
 class Members(Request):
-    __slots__ = ()
     TYPE = "members"
-    FIELDS = ("id",)
+    ROUTE = "confirm"
 
 
 class MemberAdd(Change):
-    __slots__ = ("address", "member")
     TYPE = "member_add"
-    FIELDS = ("id", "member", "address", "client", "seq", "acked")
-    member: str
-    address: str
-
-    def __init__(
-        self, *, id: int, member: str, address: str, seq: int, client: str = "", acked: int = 0
-    ) -> None:
-        _set(self, "id", id)
-        _set(self, "member", member)
-        _set(self, "address", address)
-        self._origin(client, seq, acked)
+    ROUTE = "member"
+    member: str = field(_member_id)
+    address: str = field(_address)
 
 
 class MemberRemove(Change):
-    __slots__ = ("force", "member")
     TYPE = "member_remove"
-    FIELDS = ("id", "member", "force", "client", "seq", "acked")
-    member: str
-    force: bool
-
-    def __init__(
-        self,
-        *,
-        id: int,
-        member: str,
-        seq: int,
-        force: bool = False,
-        client: str = "",
-        acked: int = 0,
-    ) -> None:
-        _set(self, "id", id)
-        _set(self, "member", member)
-        _set(self, "force", force)
-        self._origin(client, seq, acked)
+    ROUTE = "member"
+    member: str = field(_member_id)
+    force: bool = field(_flag, default=False)
 
 
 class MemberPromote(Change):
-    __slots__ = ("member",)
     TYPE = "member_promote"
-    FIELDS = ("id", "member", "client", "seq", "acked")
-    member: str
-
-    def __init__(self, *, id: int, member: str, seq: int, client: str = "", acked: int = 0) -> None:
-        _set(self, "id", id)
-        _set(self, "member", member)
-        self._origin(client, seq, acked)
+    ROUTE = "member"
+    member: str = field(_member_id)
 
 
 ClientRequest = (
@@ -934,129 +961,199 @@ ClientRequest = (
 LockChange = OpenLease | CloseLease | UpdateLease | Acquire | Release
 MemberChange = MemberAdd | MemberRemove | MemberPromote
 
-
-def _member_id(msg: dict[Any, Any]) -> str:
-    member: str = _field(msg, "member", str)
-    if not 1 <= len(member) <= 63 or member.strip(limits.LEASE_ID_ALPHABET + "."):
-        raise ProtocolError("a member id is 1-63 letters, digits, '_', '-' or '.'")
-    return member
-
-
-def _page(msg: dict[Any, Any]) -> tuple[str | None, int]:
-    after = _field(msg, "after", str, optional=True)
-    return after, _opt_bounded(msg, "max", 1, PAGE_MAX, PAGE_MAX)
+REQUESTS: dict[str, type[ClientRequest]] = {
+    cls.TYPE: cls
+    for cls in (
+        OpenLease,
+        Renew,
+        CloseLease,
+        UpdateLease,
+        Acquire,
+        Release,
+        Get,
+        ListLocks,
+        LeaseInfo,
+        ListLeases,
+        Status,
+        Ping,
+        Members,
+        MemberAdd,
+        MemberRemove,
+        MemberPromote,
+    )
+}
+"""Each request class by its wire type ``t``."""
 
 
 def decode_request(obj: Any) -> ClientRequest:
     """Validates one client frame; raises ProtocolError naming what is wrong."""
     msg = as_map(obj)
     kind = msg.get("t")
-    rid = _bounded(msg, "id", 0, limits.INT_MAX)
-    if kind == "acquire":
-        client, seq, acked = _origin(msg)
-        meta = _str_map(msg, "meta")
-        _checked(limits.check_meta(meta))
-        return Acquire(
-            id=rid,
-            lease=_lease(msg),
-            key=_key(msg),
-            wait=_flag(msg, "wait"),
-            limit=_opt_bounded(msg, "limit", 1, limits.LIMIT_MAX, 1),
-            meta=meta,
-            client=client,
-            seq=seq,
-            acked=acked,
-        )
-    if kind == "release":
-        client, seq, acked = _origin(msg)
-        token = None if msg.get("token") is None else _bounded(msg, "token", 1, limits.INT_MAX)
-        return Release(
-            id=rid,
-            lease=_lease(msg),
-            key=_key(msg),
-            token=token,
-            keep_lease=_flag(msg, "keep_lease"),
-            client=client,
-            seq=seq,
-            acked=acked,
-        )
-    if kind == "keepalive":
-        client = _field(msg, "client", str, optional=True) or ""
-        if client:
-            _checked(limits.check_client_id(client))
-        seq = _opt_bounded(msg, "seq", 0, limits.INT_MAX, 0)
-        incarnation = _opt_bounded(msg, "incarnation", 0, limits.INT_MAX, 0)
-        return Renew(id=rid, lease=_lease(msg), incarnation=incarnation, client=client, seq=seq)
-    if kind == "open_lease":
-        client, seq, acked = _origin(msg) if "seq" in msg else ("", 0, 0)
-        meta = _str_map(msg, "meta")
-        _checked(limits.check_meta(meta))
-        return OpenLease(
-            id=rid,
-            lease=_lease(msg),
-            ttl_ms=_bounded(msg, "ttl_ms", 0, limits.INT_MAX),
-            ephemeral=_flag(msg, "ephemeral"),
-            meta=meta,
-            client=client,
-            seq=seq,
-            acked=acked,
-        )
-    if kind == "close_lease":
-        client, seq, acked = _origin(msg)
-        return CloseLease(id=rid, lease=_lease(msg), client=client, seq=seq, acked=acked)
-    if kind == "lease_update":
-        client, seq, acked = _origin(msg)
-        return UpdateLease(
-            id=rid,
-            lease=_lease(msg),
-            ttl_ms=_bounded(msg, "ttl_ms", 0, limits.INT_MAX),
-            finished=_flag(msg, "finished"),
-            client=client,
-            seq=seq,
-            acked=acked,
-        )
-    if kind == "get":
-        return Get(id=rid, key=_key(msg), stale=_flag(msg, "stale"))
-    if kind == "list":
-        after, page = _page(msg)
-        prefix = _field(msg, "prefix", str, optional=True) or ""
-        if len(prefix.encode("utf-8", "surrogatepass")) > limits.KEY_MAX_BYTES:
-            raise ProtocolError(f"a prefix is at most {limits.KEY_MAX_BYTES} bytes")
-        return ListLocks(id=rid, prefix=prefix, stale=_flag(msg, "stale"), after=after, max=page)
-    if kind == "lease_info":
-        return LeaseInfo(id=rid, lease=_lease(msg))
-    if kind == "lease_list":
-        after, page = _page(msg)
-        return ListLeases(id=rid, stale=_flag(msg, "stale"), after=after, max=page)
-    if kind == "status":
-        return Status(id=rid, stale=_flag(msg, "stale"))
-    if kind == "ping":
-        return Ping(id=rid)
-    if kind == "members":
-        return Members(id=rid)
-    if kind in ("member_add", "member_remove", "member_promote"):
-        client, seq, acked = _origin(msg)
-        member = _member_id(msg)
-        if kind == "member_add":
-            address: str = _field(msg, "address", str)
-            try:
-                parse_addr(address)
-            except ValueError as exc:
-                raise ProtocolError(f"bad member address: {exc}") from None
-            return MemberAdd(
-                id=rid, member=member, address=address, client=client, seq=seq, acked=acked
-            )
-        if kind == "member_remove":
-            return MemberRemove(
-                id=rid,
-                member=member,
-                force=_flag(msg, "force"),
-                client=client,
-                seq=seq,
-                acked=acked,
-            )
-        return MemberPromote(id=rid, member=member, client=client, seq=seq, acked=acked)
-    raise ProtocolError(f"unknown request type {str(kind)[:40]!r}")
+    rid = _id(msg, "id")
+    cls = REQUESTS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown request type {str(kind)[:40]!r}")
+    request = cls.__new__(cls)
+    _set(request, "id", rid)
+    for name, check in cls._DECODE:
+        _set(request, name, check(msg, name))
+    return request
+
+
+# ---------------------------------------------------------------------------
+# Replies: the ok bodies, as records
+# ---------------------------------------------------------------------------
+# A member builds these and sends ``frame(rid)``; a client reads the ones it acts on with
+# ``from_wire``, whose checks are the client's: they refuse what the client cannot act on
+# (BAD_REPLY there) and pass over what it ignores. Field order is the reply's byte order.
+
+
+def _reply_int(msg: dict[Any, Any], name: str) -> int:
+    value = msg.get(name)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ProtocolError(f"reply field {name!r} is missing or not an integer")
+    return value
+
+
+def _reply_opt_int(msg: dict[Any, Any], name: str) -> int | None:
+    value = msg.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _reply_count(msg: dict[Any, Any], name: str) -> int:
+    """An integer a member of an earlier release may leave out (0 then)."""
+    return _reply_opt_int(msg, name) or 0
+
+
+def _reply_text(msg: dict[Any, Any], name: str) -> str:
+    value = msg.get(name)
+    return value if isinstance(value, str) else ""
+
+
+def _reply_opt_text(msg: dict[Any, Any], name: str) -> str | None:
+    value = msg.get(name)
+    return value if isinstance(value, str) else None
+
+
+def _reply_texts(msg: dict[Any, Any], name: str) -> list[str]:
+    value = msg.get(name)
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _reply_true(msg: dict[Any, Any], name: str) -> bool:
+    return msg.get(name) is True
+
+
+def _released_what(msg: dict[Any, Any], name: str) -> str:
+    # A member of an early release said nothing: it released a lock.
+    value = msg.get(name, "lock")
+    return value if isinstance(value, str) else ""
+
+
+def _as_sent(msg: dict[Any, Any], name: str) -> Any:
+    """A field no client check reads (views shown as they came)."""
+    return msg.get(name)
+
+
+def _wire_value(value: Any) -> Any:
+    if isinstance(value, Reply):
+        return value.to_wire()
+    if isinstance(value, list):
+        return [_wire_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _wire_value(v) for k, v in value.items()}
+    return value
+
+
+class Reply(Record, metaclass=RecordSpec):
+    """Base of the reply records: an ok reply's body, or a part of one.
+
+    ``omit`` fields are left out of the frame while None, or while the field ``omit``
+    names is None (a member that does not lead knows no lease clocks, so it says nothing
+    of them).
+    """
+
+    _TABLE: ClassVar[dict[str, Field]]
+    _INIT: ClassVar[tuple[tuple[str, Any, Callable[[], Any] | None], ...]]
+    _DECODE: ClassVar[tuple[tuple[str, Check], ...]]
+
+    def __init__(self, **values: Any) -> None:
+        _build(self, values)
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        table = self._TABLE
+        for name in self.FIELDS:
+            value = getattr(self, name)
+            omit = table[name].omit
+            if omit and getattr(self, name if omit is True else omit) is None:
+                continue
+            out[name] = _wire_value(value)
+        return out
+
+    def frame(self, rid: int) -> dict[str, Any]:
+        """The ok reply to request ``rid`` carrying this body."""
+        return ok(rid, **self.to_wire())
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> Self:
+        """The record a reply describes; ProtocolError naming a field the client needs
+        and cannot read."""
+        msg = as_map(obj)
+        record = cls.__new__(cls)
+        for name, check in cls._DECODE:
+            _set(record, name, check(msg, name))
+        return record
+
+
+class LeaseOpened(Reply):
+    """The answer to ``open_lease``."""
+
+    lease: str = field(_reply_text)
+    ttl_ms: int = field(_reply_int)
+    incarnation: int = field(_reply_count, default=0)
+
+
+class LeaseTerms(Reply):
+    """The answer to ``keepalive`` and ``lease_update``: the TTL now counting."""
+
+    lease: str = field(_reply_text)
+    ttl_ms: int = field(_reply_int)
+
+
+class LeaseEnded(Reply):
+    """The answer to ``close_lease``: the keys the lease held."""
+
+    lease: str = field(_reply_text)
+    released: list[str] = field(_reply_texts, default_factory=list)
+
+
+class LockGranted(Reply):
+    """An ``acquire`` answered at once: the lock is held, under ``token``."""
+
+    result: str = field(_reply_text, default="granted")
+    key: str = field(_reply_text)
+    token: int = field(_reply_int)
+    lease: str = field(_reply_text)
+    ttl_ms: int = field(_reply_int)
+
+
+class LockQueued(Reply):
+    """An ``acquire`` with ``wait`` put in the queue; a ``grant`` push follows."""
+
+    result: str = field(_reply_text, default="queued")
+    key: str = field(_reply_text)
+    lease: str = field(_reply_text)
+    position: int | None = field(_reply_opt_int)
+
+
+class LockReleased(Reply):
+    """The answer to ``release``: a lock (``released="lock"``) or a queue place left."""
+
+    key: str = field(_reply_text)
+    released: str = field(_released_what)
+    token: int | None = field(_reply_opt_int)
+    lease_ended: bool = field(_reply_true)
 
 
 def ok(rid: int, **body: Any) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from dlm.cli.output import (
 )
 from dlm.cli.settings import Settings
 from dlm.durations import format_ms
+from dlm.views import MemberHealth, MembersView
 
 if TYPE_CHECKING:
     from dlm.client.sync import Client
@@ -78,31 +79,27 @@ def check_address(address: str) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def member_rows(client: Client, view: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
+def member_rows(client: Client, view: MembersView, timeout: float) -> list[dict[str, Any]]:
     """One row per member of the leader's ``view``, each completed with the member's own
     account of its role (asked directly, in parallel, within ``timeout``)."""
     from dlm.cli.status_view import gather_members
 
-    listed = [m for m in view.get("members") or [] if isinstance(m, dict)]
+    listed = view.members
     seen = gather_members(client, listed, timeout)
     return [member_row(member, own) for member, own in zip(listed, seen, strict=True)]
 
 
-def member_row(listed: dict[str, Any], seen: dict[str, Any]) -> dict[str, Any]:
+def member_row(listed: MemberHealth, seen: dict[str, Any]) -> dict[str, Any]:
     """A member as the leader lists it (``listed``) and as it answered us (``seen``, a row of
     dlm.cli.status_view.gather_members: its own role, and whether it answered). The role is
     the member's own word, so a member cut off from the leader shows as a candidate."""
     from dlm.cli.status_view import human_role
 
-    learner = listed.get("role") == "learner"
+    learner = listed.role == "learner"
     answered = bool(seen.get("reachable"))
     # Reachable: it answers us, and the leader hears from it (one the leader cannot reach
     # takes no part in the cluster, and often says so: it campaigns).
-    reachable = answered and listed.get("reachable") is not False
+    reachable = answered and listed.reachable
     role = human_role(seen.get("role")) if answered else "unknown"
     if learner:
         role = "learner"  # the leader's configuration decides, whatever the member knows yet
@@ -111,14 +108,14 @@ def member_row(listed: dict[str, Any], seen: dict[str, Any]) -> dict[str, Any]:
     if role not in ROLES:
         role = "unknown"
     return {
-        "id": listed.get("id") if isinstance(listed.get("id"), str) else None,
-        "address": listed.get("address") if isinstance(listed.get("address"), str) else None,
+        "id": listed.id,
+        "address": listed.address,
         "role": role,
         "voter": not learner,
         "reachable": reachable,
-        "match": _int(listed.get("match")),
-        "lag": _int(listed.get("lag")) if reachable else None,
-        "last_contact_ms": _int(listed.get("last_contact_ms")),
+        "match": listed.match,
+        "lag": listed.lag if reachable else None,
+        "last_contact_ms": listed.last_contact_ms,
     }
 
 
@@ -199,7 +196,7 @@ def show(
 def list_members(settings: Settings, output_format: str) -> None:
     client = settings.connect()
     try:
-        view = client.members_view()
+        view = MembersView.from_wire(client.members_view())
         rows = member_rows(client, view, min(MEMBER_TIMEOUT, settings.timeout))
     finally:
         client.close()
@@ -254,17 +251,16 @@ def promote(settings: Settings, member: str, output_format: str) -> None:
     )
 
 
-def _change(settings: Settings, make: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _change(settings: Settings, make: Any) -> tuple[MembersView, list[dict[str, Any]]]:
     """Makes the change; the leader's view of the new membership and its rows."""
     client = settings.connect()
     try:
-        view: dict[str, Any] = make(client)
+        view = MembersView.from_wire(make(client))
         rows = member_rows(client, view, min(MEMBER_TIMEOUT, settings.timeout))
     finally:
         client.close()
     return view, rows
 
 
-def _leader(view: dict[str, Any]) -> str | None:
-    leader = view.get("leader")
-    return leader if isinstance(leader, str) else None
+def _leader(view: MembersView) -> str | None:
+    return view.leader

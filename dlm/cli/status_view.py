@@ -41,8 +41,11 @@ from dlm.cli.output import (
 )
 from dlm.cli.settings import Settings
 from dlm.durations import format_ms
+from dlm.views import MemberEntry, MemberHealth, Progress, StatusView
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from rich.console import RenderableType
 
     from dlm.client.sync import Client
@@ -99,117 +102,108 @@ def _dash(value: Any) -> str:
 
 
 def gather_members(
-    client: Client, members: list[dict[str, Any]], timeout: float
+    client: Client, members: Sequence[MemberEntry | MemberHealth], timeout: float
 ) -> list[dict[str, Any]]:
     """Asks every member for its own view, in parallel; keeps the given order."""
     return gather_views(client, members, timeout)[0]
 
 
 def gather_views(
-    client: Client, members: list[dict[str, Any]], timeout: float
-) -> tuple[list[dict[str, Any]], list[dict[str, Any] | None]]:
+    client: Client, members: Sequence[MemberEntry | MemberHealth], timeout: float
+) -> tuple[list[dict[str, Any]], list[StatusView | None]]:
     """The members table and each member's own view (None: it did not answer)."""
-    addresses = [str(m.get("address") or "") for m in members]
+    addresses = [m.address or "" for m in members]
 
-    def ask(addr: str) -> dict[str, Any] | None:
-        return client.member_status(addr, timeout) if addr else None
+    def ask(addr: str) -> StatusView | None:
+        view = client.member_status(addr, timeout) if addr else None
+        return None if view is None else StatusView.from_wire(view)
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(addresses), 8))) as pool:
         views = list(pool.map(ask, addresses))
     return [merge_member(m, v) for m, v in zip(members, views, strict=True)], views
 
 
-def merge_member(member: dict[str, Any], view: dict[str, Any] | None) -> dict[str, Any]:
+def merge_member(member: MemberEntry | MemberHealth, view: StatusView | None) -> dict[str, Any]:
     """One row of the members table: what the leader listed plus what the member said."""
     row: dict[str, Any] = dict.fromkeys(MEMBER_FIELDS)
-    row["id"] = _str(member.get("id")) or (_member_id(view) if view else None)
-    row["address"] = _str(member.get("address"))
+    row["id"] = member.id or (view.node if view else None)
+    row["address"] = member.address
     row["reachable"] = view is not None
     # The list the status reply carries (version 2) says who votes; a learner that was
     # promoted a moment ago may not know it yet. Without a list, the member's own account.
-    listed = member.get("role")
-    if isinstance(listed, str):
-        row["voter"] = listed != "learner"
+    if member.role is not None:
+        row["voter"] = member.role != "learner"
     else:
-        row["voter"] = (view or {}).get("role") != "learner"
+        row["voter"] = (view.role if view else None) != "learner"
     if view is not None:
-        row["role"] = _str(view.get("role"))
-        row["term"] = _int(view.get("term"))
-        row["commit"] = _int(view.get("commit"))
-        row["applied"] = _int(view.get("applied"))
+        row["role"] = view.role
+        row["term"] = view.term
+        row["commit"] = view.commit
+        row["applied"] = view.applied
     return row
 
 
 def fill_progress(
     rows: list[dict[str, Any]],
     reference: int | None,
-    progress: Any = None,
+    progress: dict[str, Progress] | None = None,
     leader_last: int | None = None,
 ) -> None:
     """lag: how far each member is behind the leader, in entries: the committed entries it
     has yet to apply (against ``reference``) or, from the leader's progress, the entries it
     has yet to receive, whichever is more. last_contact_ms: from the leader's progress."""
-    progress = progress if isinstance(progress, dict) else {}
     for row in rows:
         lags = []
         if reference is not None and row["applied"] is not None:
             lags.append(max(0, reference - row["applied"]))
-        seen = progress.get(row["id"])
-        if isinstance(seen, dict):
-            match = _int(seen.get("match"))
-            if match is not None and leader_last is not None:
-                lags.append(max(0, leader_last - match))
-            row["last_contact_ms"] = _int(seen.get("last_contact_ms"))
+        seen = (progress or {}).get(row["id"])
+        if seen is not None:
+            if seen.match is not None and leader_last is not None:
+                lags.append(max(0, leader_last - seen.match))
+            row["last_contact_ms"] = seen.last_contact_ms
         row["lag"] = max(lags) if lags else None
 
 
-def _member_id(view: dict[str, Any]) -> str | None:
-    # A status reply names its member in "node" ("id" is the request id, and
-    # the client strips it).
-    return _str(view.get("node"))
-
-
-def summarize(client: Client, view: dict[str, Any], member_timeout: float) -> dict[str, Any]:
+def summarize(client: Client, reply: dict[str, Any], member_timeout: float) -> dict[str, Any]:
     """The `dlm status --json` object, from the leader's view and every member's own."""
-    members = [m for m in view.get("members") or [] if isinstance(m, dict)]
-    if not members:
-        members = [{"id": _member_id(view), "address": view.get("address")}]
+    view = StatusView.from_wire(reply)
+    members = view.members or [MemberEntry(id=view.node, address=view.address, role=None)]
     rows, views = gather_views(client, members, member_timeout)
-    leader = _str(view.get("leader"))
+    leader = view.leader
     # The leader's own commit index is the reference; the answering member's if the
     # leader did not answer us directly.
     leader_commit = next(
         (row["commit"] for row in rows if row["id"] == leader and row["commit"] is not None),
-        _int(view.get("commit")),
+        view.commit,
     )
     # Progress (each member's match and last contact) is the leader's to tell: from the
     # view that answered if the leader gave it, else from the leader's own view.
-    leader_view = view if view.get("role") == "leader" else None
+    leader_view = view if view.role == "leader" else None
     if leader_view is None:
         leader_view = next(
             (
                 v
                 for row, v in zip(rows, views, strict=True)
-                if v is not None and row["id"] == leader and v.get("role") == "leader"
+                if v is not None and row["id"] == leader and v.role == "leader"
             ),
             None,
         )
     fill_progress(
         rows,
         leader_commit,
-        leader_view.get("progress") if leader_view is not None else None,
-        _int(leader_view.get("last_index")) if leader_view is not None else None,
+        leader_view.progress if leader_view is not None else None,
+        leader_view.last_index if leader_view is not None else None,
     )
     return {
-        "cluster": _str(view.get("cluster")),
+        "cluster": view.cluster,
         "leader": leader,
-        "leader_address": _str(view.get("leader_address")),
-        "term": _int(view.get("term")),
+        "leader_address": view.leader_address,
+        "term": view.term,
         "commit": leader_commit,
         "members": rows,
-        "sessions": _int(view.get("sessions")),
-        "locks": _int(view.get("locks")),
-        "waiters": waiter_count(view.get("waiters")),
+        "sessions": view.sessions,
+        "locks": view.locks,
+        "waiters": view.waiters,
         "health": health.assess(rows, leader),
     }
 
@@ -223,7 +217,7 @@ def collect(settings: Settings, client: Client) -> dict[str, Any]:
     try:
         view = client.status()
     except ClusterUnavailable as exc:
-        members = [{"id": None, "address": addr} for addr in settings.members]
+        members = [MemberEntry(id=None, address=addr, role=None) for addr in settings.members]
         rows = gather_members(client, members, member_timeout)
         reference = max((r["commit"] for r in rows if r["commit"] is not None), default=None)
         fill_progress(rows, reference)

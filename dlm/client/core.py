@@ -51,14 +51,20 @@ from dlm.wire import (
     CloseLease,
     ErrorCode,
     Get,
+    LeaseEnded,
     LeaseInfo,
+    LeaseOpened,
+    LeaseTerms,
     ListLeases,
     ListLocks,
+    LockGranted,
+    LockReleased,
     MemberAdd,
     MemberPromote,
     MemberRemove,
     Members,
     OpenLease,
+    ProtocolError,
     Record,
     Release,
     Renew,
@@ -73,7 +79,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import random
     from collections.abc import Callable, Generator, Mapping, Sequence
-    from typing import Any
+    from typing import Any, TypeVar
+
+    from dlm.wire import Reply as ReplyRecord
+
+    R = TypeVar("R", bound=ReplyRecord)
 
     Clock = Callable[[], float]
     Reply = dict[Any, Any]
@@ -698,8 +708,8 @@ def open_lease_flow(
     budget = min(s.timeout, OPEN_RETRY_MAX_S)
     request = OpenLease(id=0, lease=lid, ttl_ms=ttl_ms, ephemeral=ephemeral, meta=dict(meta or {}))
     _, reply = yield from change(s, request, timeout=budget)
-    incarnation = _opt_int(reply, "incarnation") or 0
-    return Lease(lid, reply_int(reply, "ttl_ms"), confirmed_at=sent, incarnation=incarnation)
+    opened = read_reply(LeaseOpened, reply)
+    return Lease(lid, opened.ttl_ms, confirmed_at=sent, incarnation=opened.incarnation)
 
 
 def keepalive_flow(
@@ -718,7 +728,7 @@ def keepalive_flow(
         Renew(id=0, lease=lease, incarnation=incarnation, client=s.client, seq=seq)
     )
     _, reply = yield from call(s, request, timeout=timeout)
-    return reply_int(reply, "ttl_ms")
+    return read_reply(LeaseTerms, reply).ttl_ms
 
 
 def close_lease_flow(
@@ -735,8 +745,7 @@ def close_lease_flow(
         if must_exist:
             raise
         return []
-    released = reply.get("released")
-    return [k for k in released if isinstance(k, str)] if isinstance(released, list) else []
+    return read_reply(LeaseEnded, reply).released
 
 
 def update_lease_flow(
@@ -751,7 +760,7 @@ def update_lease_flow(
     re-sending it (default: the client's)."""
     request = UpdateLease(id=0, lease=lease, ttl_ms=ttl_ms, finished=finished, seq=0)
     _, reply = yield from change(s, request, timeout=timeout)
-    return reply_int(reply, "ttl_ms")
+    return read_reply(LeaseTerms, reply).ttl_ms
 
 
 def acquire_flow(
@@ -839,13 +848,8 @@ def release_flow(
     """Releases ``key`` (only the grant ``token`` names, if given), or leaves its queue."""
     request = Release(id=0, lease=lease, seq=0, key=key, token=token, keep_lease=keep_lease)
     _, reply = yield from change(s, request)
-    ended = reply.get("lease_ended")
-    return ReleaseOutcome(
-        key,
-        reply.get("released", "lock") == "lock",
-        _opt_int(reply, "token"),
-        ended is True,
-    )
+    answer = read_reply(LockReleased, reply)
+    return ReleaseOutcome(key, answer.released == "lock", answer.token, answer.lease_ended)
 
 
 def read_flow(
@@ -1179,18 +1183,13 @@ def _opt_int(reply: Mapping[Any, Any], name: str) -> int | None:
     return None
 
 
-def reply_int(reply: Mapping[Any, Any], name: str) -> int:
-    value = _opt_int(reply, name)
-    if value is None:
-        raise ServerError("BAD_REPLY", f"reply field {name!r} is missing or not an integer")
-    return value
-
-
-def reply_str(reply: Mapping[Any, Any], name: str) -> str:
-    value = reply.get(name)
-    if not isinstance(value, str):
-        raise ServerError("BAD_REPLY", f"reply field {name!r} is missing or not a string")
-    return value
+def read_reply(kind: type[R], reply: Mapping[Any, Any]) -> R:
+    """An ok reply as the record its request is answered with (dlm.wire's reply section);
+    BAD_REPLY when it lacks a field this client acts on."""
+    try:
+        return kind.from_wire(reply)
+    except ProtocolError as exc:
+        raise ServerError("BAD_REPLY", str(exc)) from None
 
 
 def reply_list(reply: Mapping[Any, Any], name: str) -> list[Any]:
@@ -1213,9 +1212,8 @@ def is_reply_to(frame: Mapping[Any, Any], rid: int) -> bool:
 
 def grant_from_reply(reply: Mapping[Any, Any], lease: str, key: str) -> Grant:
     # The key and lease are ours; the server's echo adds nothing we could trust more.
-    return Grant(
-        key=key, token=reply_int(reply, "token"), lease=lease, ttl_ms=reply_int(reply, "ttl_ms")
-    )
+    granted = read_reply(LockGranted, reply)
+    return Grant(key=key, token=granted.token, lease=lease, ttl_ms=granted.ttl_ms)
 
 
 def _holders(reply: Mapping[Any, Any]) -> list[dict[str, Any]]:

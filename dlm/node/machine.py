@@ -56,7 +56,7 @@ import random
 from collections.abc import Iterable
 from typing import Any
 
-from dlm.node import locks
+from dlm.node import locks, replies
 from dlm.node.audit import Audit
 from dlm.node.clients import MAX_BAD_REQUESTS, ClientConn, Clients
 from dlm.node.leases import LeaseTracker
@@ -82,11 +82,12 @@ from dlm.node.proposals import Proposals
 from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.types import AppendEntriesResponse, Message, Ready, Role
 from dlm.node.read_rounds import Read, ReadRounds, renew_confirmed
+from dlm.node.replies import Replies, lease_gone
 from dlm.node.snapshots import Snapshots, restore_image
 from dlm.node.stats import Stats
 from dlm.records import Entry, EntryKind, LogStorage, NodeId, Snapshot
+from dlm.views import MembersView, StatusView
 from dlm.wire import (
-    PAGE_MAX,
     Acquire,
     BadFrame,
     ClientRequest,
@@ -443,7 +444,7 @@ class NodeMachine:
                             entry,
                             self.raft,
                             lambda conn, req: self._answer_request(
-                                conn, req.TYPE, ok(req.id, **self.members_view(now))
+                                conn, req.TYPE, self.members_view(now).frame(req.id)
                             ),
                         )
                         if self.raft.removed and not self._stopped:
@@ -577,131 +578,18 @@ class NodeMachine:
 
     def _answer(self, proposal: _Proposal, result: locks.Result, now: Instant) -> None:
         conn, req = proposal.conn, proposal.request
-        rid, kind = req.id, req.TYPE
-        if isinstance(result, locks.Granted):
-            info = self.locks.lease_terms(result.lease)
-            self._answer_request(
-                conn,
-                kind,
-                ok(
-                    rid,
-                    result="granted",
-                    key=result.key,
-                    token=result.token,
-                    lease=result.lease,
-                    ttl_ms=info.ttl_ms if info is not None else 0,
-                ),
-            )
-        elif isinstance(result, locks.Queued):
+        if isinstance(result, locks.Queued):
             assert isinstance(req, Acquire)
             self._register_waiter(conn, req.lease, result.key)
             self._queued_mono.setdefault((req.lease, result.key), now.mono)
-            self._answer_request(
-                conn,
-                kind,
-                ok(rid, result="queued", key=result.key, lease=req.lease, position=result.position),
-            )
-        elif isinstance(result, locks.Released):
-            self._answer_request(
-                conn,
-                kind,
-                ok(
-                    rid,
-                    key=result.key,
-                    released="lock" if result.held else "queue",
-                    token=result.token,
-                    lease_ended=result.lease_ended,
-                ),
-            )
-        elif isinstance(result, locks.LeaseOpened):
-            if result.joined and self._doomed(result.lease):
-                # The lease is doomed by an Expire already in the log: a client that counted
-                # a fresh TTL from its request would outlive it.
-                self._answer_request(
-                    conn,
-                    kind,
-                    error(
-                        rid,
-                        ErrorCode.SESSION_EXPIRED,
-                        f"lease {result.lease!r} is being expired: open a new lease",
-                        ended=locks.LEASE_EXPIRED,
-                    ),
-                )
-                return
-            self._answer_request(
-                conn,
-                kind,
-                ok(rid, lease=result.lease, ttl_ms=result.ttl_ms, incarnation=result.incarnation),
-            )
-        elif isinstance(result, locks.LeaseClosed):
-            self._answer_request(
-                conn, kind, ok(rid, lease=result.lease, released=list(result.released))
-            )
-        elif isinstance(result, locks.LeaseUpdated):
-            self._answer_request(conn, kind, ok(rid, lease=result.lease, ttl_ms=result.ttl_ms))
-        elif isinstance(result, locks.Locked):
-            self._answer_request(
-                conn,
-                kind,
-                error(
-                    rid,
-                    ErrorCode.LOCKED,
-                    f"{result.key!r} is held",
-                    key=result.key,
-                    holders=self._holders(result.holders, now),
-                    retry_after_ms=result.retry_after_ms,
-                ),
-            )
-        elif isinstance(result, locks.NotHeld):
-            self._answer_request(
-                conn,
-                kind,
-                error(
-                    rid,
-                    ErrorCode.NOT_HOLDER,
-                    f"this lease does not hold or wait for {result.key!r}",
-                    key=result.key,
-                    holders=self._holders(result.holders, now),
-                ),
-            )
-        elif isinstance(result, locks.LeaseGone):
-            self._answer_request(conn, kind, lease_gone(rid, result.lease, result.ended))
-        elif isinstance(result, locks.StaleRequest):
-            self._answer_request(
-                conn,
-                kind,
-                error(
-                    rid,
-                    ErrorCode.STALE_REQUEST,
-                    f"request {result.seq} was answered before and is not run again",
-                ),
-            )
-        elif isinstance(result, locks.Invalid):
-            self._answer_request(conn, kind, error(rid, ErrorCode.BAD_REQUEST, result.message))
+        doomed = (
+            isinstance(result, locks.LeaseOpened) and result.joined and self._doomed(result.lease)
+        )
+        self._answer_request(conn, req.TYPE, self._replies(now).answer(req, result, doomed=doomed))
 
-    def _holders(self, holders: Iterable[locks.Holder], now: Instant) -> list[dict[str, Any]]:
-        leading = self.tracker.leading
-        out = []
-        for h in holders:
-            item: dict[str, Any] = {
-                "lease": h.lease,
-                "token": h.token,
-                "granted_at_ms": h.granted_at_ms,
-                "held_ms": max(0, now.wall_ms - h.granted_at_ms),
-                "meta": dict(h.meta),
-            }
-            if leading:
-                info = self.locks.lease_terms(h.lease)
-                remaining = self.tracker.remaining_ms(h.lease, now.mono)
-                if info is not None:
-                    item["ttl_ms"] = info.ttl_ms
-                    item["remaining_ms"] = remaining
-                    if info.finished_at_ms is not None:
-                        item["finished_at_ms"] = info.finished_at_ms
-                        if remaining is not None:
-                            item["hold_until_ms"] = now.wall_ms + remaining
-            out.append(item)
-        return out
+    def _replies(self, now: Instant) -> Replies:
+        """What this member answers at ``now`` (dlm/node/replies.py)."""
+        return Replies(self.locks, self.tracker, now.mono, now.wall_ms)
 
     def _reply_not_leader(
         self, conn: int, req: ClientRequest, leader: NodeId | None = None
@@ -749,17 +637,17 @@ class NodeMachine:
             else:
                 self._answer_request(conn, req.TYPE, lease_gone(req.id, req.lease, renewed))
         elif isinstance(req, Get):
-            self._answer_request(conn, req.TYPE, self._get_reply(req, now))
+            self._answer_request(conn, req.TYPE, self._replies(now).lock(req).frame(req.id))
         elif isinstance(req, ListLocks):
-            self._answer_request(conn, req.TYPE, self._list_reply(req, now))
+            self._answer_request(conn, req.TYPE, self._replies(now).locks_page(req).frame(req.id))
         elif isinstance(req, LeaseInfo):
-            self._answer_request(conn, req.TYPE, self._lease_info_reply(req, now))
+            self._answer_request(conn, req.TYPE, self._replies(now).lease_info(req))
         elif isinstance(req, ListLeases):
-            self._answer_request(conn, req.TYPE, self._list_leases_reply(req, now))
+            self._answer_request(conn, req.TYPE, self._replies(now).leases_page(req).frame(req.id))
         elif isinstance(req, Status):
-            self._answer_request(conn, req.TYPE, ok(req.id, **self.status_view(now)))
+            self._answer_request(conn, req.TYPE, self.status_view(now).frame(req.id))
         elif isinstance(req, Members):
-            self._answer_request(conn, req.TYPE, ok(req.id, **self.members_view(now)))
+            self._answer_request(conn, req.TYPE, self.members_view(now).frame(req.id))
 
     def _doomed(self, lease: str) -> bool:
         """The leader proposed an Expire for ``lease``: no client may count on it any more.
@@ -768,143 +656,28 @@ class NodeMachine:
         """
         return self.tracker.is_expiring(lease)
 
-    def _waiters_view(self, waiters: Iterable[locks.Waiter]) -> list[dict[str, Any]]:
-        return [
-            {"lease": w.lease, "since_ms": w.since_ms, "position": i, "meta": dict(w.meta)}
-            for i, w in enumerate(waiters, start=1)
-        ]
-
-    def _get_reply(self, req: Get, now: Instant) -> dict[str, Any]:
-        state = self.locks.get(req.key)
-        if state is None:
-            return ok(req.id, key=req.key, limit=1, holders=[], waiters=[])
-        return ok(
-            req.id,
-            key=req.key,
-            limit=state.limit,
-            holders=self._holders(state.holders, now),
-            waiters=self._waiters_view(state.waiters),
+    def status_view(self, now: Instant) -> StatusView:
+        return replies.status_view(
+            self.raft.status(),
+            learners=self.raft.learners,
+            counts=self.locks.counts(),
+            applied=self.locks.applied_index,
+            cluster=self.config.cluster,
+            version=self.config.max_version,
+            cluster_version=self.locks.version,
+            address_of=self.address_of,
+            last_contact_ms=lambda member: self._last_contact_ms(member, now),
         )
 
-    def _list_reply(self, req: ListLocks, now: Instant) -> dict[str, Any]:
-        views, cursor = self.locks.list_locks(req.prefix, after=req.after, limit=req.max)
-        return ok(
-            req.id,
-            locks=[
-                {
-                    "key": v.key,
-                    "limit": v.limit,
-                    "holders": self._holders(v.holders, now),
-                    "waiters": self._waiters_view(v.waiters),
-                }
-                for v in views
-            ],
-            next=cursor,
+    def members_view(self, now: Instant) -> MembersView:
+        return replies.members_view(
+            self.raft.status(),
+            learners=self.raft.learners,
+            bootstrap=dict(self.config.peers),
+            address_of=self.address_of,
+            answers=lambda member: self._answers(member, now),
+            last_contact_ms=lambda member: self._last_contact_ms(member, now),
         )
-
-    def _lease_info_reply(self, req: LeaseInfo, now: Instant) -> dict[str, Any]:
-        info = self.locks.lease(req.lease)
-        if info is None:
-            return lease_gone(req.id, req.lease, self.locks.lease_ending(req.lease))
-        remaining = self.tracker.remaining_ms(req.lease, now.mono) if self.tracker.leading else None
-        return ok(
-            req.id,
-            lease=req.lease,
-            ttl_ms=info.ttl_ms,
-            remaining_ms=remaining,
-            keys=list(info.holding),
-            waiting=list(info.waiting),
-        )
-
-    def _list_leases_reply(self, req: ListLeases, now: Instant) -> dict[str, Any]:
-        views, cursor = self.locks.list_leases(after=req.after, limit=min(req.max, PAGE_MAX))
-        leading = self.tracker.leading
-        return ok(
-            req.id,
-            leases=[
-                {
-                    "id": v.lease,
-                    "ttl_ms": v.ttl_ms,
-                    "left_ms": self.tracker.remaining_ms(v.lease, now.mono) if leading else None,
-                    "holding": list(v.holding),
-                    "waiting": list(v.waiting),
-                    "meta": dict(v.meta),
-                }
-                for v in views
-            ],
-            next=cursor,
-        )
-
-    def status_view(self, now: Instant) -> dict[str, Any]:
-        st = self.raft.status()
-        counts = self.locks.counts()
-        learners = set(self.raft.learners)
-        view: dict[str, Any] = {
-            "node": st.id,
-            "address": self.address_of(st.id),
-            "cluster": self.config.cluster,
-            "role": st.role.value,
-            "term": st.term,
-            "leader": st.leader,
-            "leader_address": self.address_of(st.leader),
-            "commit": st.commit,
-            "applied": self.locks.applied_index,
-            "first_index": st.first_index,
-            "last_index": st.last_index,
-            "members": [
-                {
-                    "id": member,
-                    "address": self.address_of(member),
-                    "role": "learner" if member in learners else "voter",
-                }
-                for member in (*st.voters, *sorted(learners))
-            ],
-            "sessions": counts.sessions,
-            "locks": counts.locks,
-            "waiters": counts.waiters,
-            "version": self.config.max_version,
-            "cluster_version": self.locks.version,
-        }
-        if st.progress:
-            view["progress"] = {
-                member: {
-                    "match": p.match,
-                    "next": p.next,
-                    "active": p.recent_active,
-                    "last_contact_ms": self._last_contact_ms(member, now),
-                }
-                for member, p in st.progress.items()
-            }
-        return view
-
-    def members_view(self, now: Instant) -> dict[str, Any]:
-        st = self.raft.status()
-        learners = set(self.raft.learners)
-        last = st.last_index
-        members = []
-        for member in (*st.voters, *sorted(learners)):
-            progress = st.progress.get(member)
-            if member == st.leader:
-                role = "leader"
-            elif member in learners:
-                role = "learner"
-            else:
-                role = "follower"
-            reachable = self._answers(member, now)
-            if not reachable and role == "follower":
-                role = "unknown"
-            members.append(
-                {
-                    "id": member,
-                    "address": self.address_of(member),
-                    "role": role,
-                    "match": progress.match if progress is not None else None,
-                    "lag": last - progress.match if progress is not None and reachable else None,
-                    "reachable": reachable,
-                    "last_contact_ms": self._last_contact_ms(member, now),
-                }
-            )
-        return {"members": members, "leader": st.leader, "bootstrap": dict(self.config.peers)}
 
     def _answers(self, member: NodeId, now: Instant) -> bool:
         """Whether ``member`` answers (peer_health.py)."""
@@ -937,27 +710,6 @@ class NodeMachine:
         """Answer whatever is still pending: the member stops now."""
         self.proposals.shut_down()
         self.reads.shut_down()
-
-
-_LEASE_GONE_MESSAGES = {
-    locks.LEASE_EXPIRED: "has expired",
-    locks.LEASE_CLOSED: "was closed (released or revoked)",
-    locks.LEASE_UNKNOWN: "does not exist (never opened, or ended longer ago than ended "
-    "leases are remembered)",
-}
-
-
-def lease_gone(rid: int, lease: str, ended: str) -> dict[str, Any]:
-    """The SESSION_EXPIRED reply for a lease that is not live, saying how it ended.
-
-    ``ended`` (locks.LEASE_*) goes in a field of its own: a client of the previous
-    release ignores it and keeps its own words, a newer client words its message by it,
-    and a reply without it (from a member of the previous release) says nothing either way.
-    """
-    said = _LEASE_GONE_MESSAGES.get(ended)
-    if said is None:
-        return error(rid, ErrorCode.SESSION_EXPIRED, f"lease {lease!r} is not live")
-    return error(rid, ErrorCode.SESSION_EXPIRED, f"lease {lease!r} {said}", ended=ended)
 
 
 def _role_name(role: Role) -> str:

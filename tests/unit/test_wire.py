@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dlm import wire
+from dlm import views, wire
 from tests.unit.fuzz import FUZZ, decode_all, hostile_values, mutated
 
 
@@ -654,3 +654,114 @@ def test_a_peer_hello_carries_its_address_and_a_malformed_one_is_refused() -> No
     for bad in ("10.0.0.4:99999", "10.0.0.4:port", "x" * 400 + ":1", 7):
         with pytest.raises(wire.ProtocolError):
             wire.Hello.from_wire({**hello.to_wire(), "addr": bad})
+
+
+# ---------------------------------------------------------------------------
+# The request table
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", _concrete_requests(), ids=lambda c: c.__name__)
+def test_each_request_names_how_a_member_serves_it(cls: type[wire.Request]) -> None:
+    assert cls.ROUTE in {"local", "propose", "member", "confirm", "read"}
+    assert wire.REQUESTS[cls.TYPE] is cls
+    # A state change is proposed or is a membership change; nothing else is.
+    assert issubclass(cls, wire.Change) == (cls.ROUTE in {"propose", "member"})
+
+
+def test_a_request_is_built_only_from_its_named_fields() -> None:
+    with pytest.raises(TypeError, match="needs the keyword argument 'seq'"):
+        wire.Acquire(id=1, lease="L", key="k")  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="has no field 'colour'"):
+        wire.Ping(id=1, colour="red")  # type: ignore[call-arg]
+    # Each default container is the request's own.
+    first, second = (
+        wire.Acquire(id=1, lease="L", seq=1, key="k"),
+        wire.OpenLease(id=1, lease="L", ttl_ms=1),
+    )
+    assert first.meta == second.meta == {} and first.meta is not second.meta
+
+
+REPLIES: list[wire.Reply] = [
+    wire.LeaseOpened(lease="L", ttl_ms=5000, incarnation=2),
+    wire.LeaseTerms(lease="L", ttl_ms=1),
+    wire.LeaseEnded(lease="L", released=["a", "b"]),
+    wire.LockGranted(key="k", token=9, lease="L", ttl_ms=5000),
+    wire.LockQueued(key="k", lease="L", position=2),
+    wire.LockReleased(key="k", released="queue", token=None, lease_ended=True),
+    views.StatusView(
+        node="n1",
+        address="h:1",
+        cluster="c",
+        role="leader",
+        term=3,
+        leader="n1",
+        leader_address="h:1",
+        commit=9,
+        applied=9,
+        first_index=1,
+        last_index=9,
+        members=[views.MemberEntry(id="n1", address="h:1", role="voter")],
+        sessions=1,
+        locks=2,
+        waiters=0,
+        version=2,
+        cluster_version=2,
+        progress={"n1": views.Progress(match=9, next=10, active=True, last_contact_ms=0)},
+    ),
+    views.MembersView(
+        members=[
+            views.MemberHealth(
+                id="n1",
+                address="h:1",
+                role="leader",
+                match=9,
+                lag=0,
+                reachable=True,
+                last_contact_ms=0,
+            )
+        ],
+        leader="n1",
+        bootstrap={"n1": "h:1"},
+    ),
+]
+
+
+@pytest.mark.parametrize("reply", REPLIES, ids=lambda r: type(r).__name__)
+def test_a_reply_record_survives_the_wire(reply: wire.Reply) -> None:
+    frame = wire.decode_body(wire.encode_frame(reply.frame(5))[4:])
+    assert (frame["t"], frame["id"]) == ("ok", 5)
+    assert type(reply).from_wire(frame) == reply
+
+
+def test_a_holder_says_nothing_of_lease_clocks_it_does_not_know() -> None:
+    holder = views.HolderView(lease="L", token=1, granted_at_ms=5, held_ms=0, meta={})
+    assert "ttl_ms" not in holder.to_wire() and "remaining_ms" not in holder.to_wire()
+    # From the leader: the TTL, and the time left even when it is unknown (null).
+    known = views.HolderView(lease="L", token=1, granted_at_ms=5, held_ms=0, meta={}, ttl_ms=9)
+    assert known.to_wire()["remaining_ms"] is None
+
+
+_REPLY_KINDS: list[type[wire.Reply]] = sorted(
+    {type(r) for r in REPLIES}
+    | {views.HolderView, views.LockState, views.LocksPage, views.LeaseState, views.LeasesPage},
+    key=lambda c: c.__name__,
+)
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["lease", "ttl_ms", "members", "progress", "waiters", "bootstrap", "x"]),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+            lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=3), c),
+            max_leaves=12,
+        ),
+    )
+)
+def test_a_hostile_reply_is_read_or_refused_never_crashes_the_client(body: object) -> None:
+    for kind in _REPLY_KINDS:
+        try:
+            kind.from_wire(body)
+        except wire.ProtocolError:
+            pass

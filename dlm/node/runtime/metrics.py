@@ -211,15 +211,16 @@ class NodeCollector(Collector):
         # as `dlm status --check` counts: a tick without an answer is not an outage.
         leading = machine.role is Role.LEADER
         silent_after_ms = 4 * machine.config.timing.election_timeout_s * 1000
-        for member in machine.members_view(server.now())["members"]:
-            if member["id"] == server.config.node_id:
+        for member in machine.members_view(server.now()).members:
+            peer = member.id
+            if peer is None or peer == server.config.node_id:
                 continue
-            last = member["last_contact_ms"]
+            last = member.last_contact_ms
             if leading:
                 heard = last is not None and last <= silent_after_ms
-                reachable.add_metric([member["id"]], 1.0 if heard else 0.0)
+                reachable.add_metric([peer], 1.0 if heard else 0.0)
             if last is not None:
-                contact.add_metric([member["id"]], last / 1000.0)
+                contact.add_metric([peer], last / 1000.0)
         yield reachable
         yield contact
 

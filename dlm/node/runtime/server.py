@@ -82,6 +82,7 @@ from dlm.node.runtime.rlimits import raise_open_files_limit
 from dlm.node.runtime.security import NodeSecurity
 from dlm.node.stats import DiskStats
 from dlm.records import Storage
+from dlm.views import StatusView
 from dlm.wire import (
     CLIENT_FRAME_LIMIT,
     ErrorCode,
@@ -747,7 +748,7 @@ class NodeServer:
             self._pump_soon()
         return True
 
-    def status_view(self) -> dict[str, Any]:
+    def status_view(self) -> StatusView:
         return self.machine.status_view(now())
 
     @staticmethod

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dlm import wire
+from dlm import views, wire
 from dlm.client import core
 from dlm.client.errors import (
     BadRequest,
@@ -876,3 +876,30 @@ def test_update_lease_is_retried_for_the_timeout_it_is_given() -> None:
     assert {(r["ttl_ms"], r["finished"], r["seq"]) for r in sends} == {
         (2500, True, sends[0]["seq"])
     }
+
+
+# ---------------------------------------------------------------------------
+# Replies read as records
+# ---------------------------------------------------------------------------
+
+
+def test_a_reply_is_read_as_the_record_the_member_built() -> None:
+    sent = wire.LeaseOpened(lease="L", ttl_ms=5000, incarnation=3)
+    assert core.read_reply(wire.LeaseOpened, sent.frame(7)) == sent
+    # A member of an earlier release names no incarnation: 0, "any".
+    assert core.read_reply(wire.LeaseOpened, ok(7, lease="L", ttl_ms=5000)).incarnation == 0
+    # What the client ignores may be missing; what it acts on may not.
+    assert core.read_reply(wire.LockReleased, ok(1, key="k")).released == "lock"
+    with pytest.raises(ServerError, match="reply field 'ttl_ms' is missing or not an integer"):
+        core.read_reply(wire.LeaseTerms, ok(1, lease="L", ttl_ms=True))
+
+
+def test_the_status_view_reads_back_what_a_member_of_any_release_sent() -> None:
+    view = views.StatusView.from_wire(
+        {"node": "n1", "term": "7", "waiters": [{}, {}], "members": [{"id": "n1"}, 3]}
+    )
+    assert (view.node, view.term, view.waiters, view.progress) == ("n1", None, 2, None)
+    assert view.members == [views.MemberEntry(id="n1", address=None, role=None)]
+    members = views.MembersView.from_wire({"members": [{"id": "n2"}], "bootstrap": {"n1": 1}})
+    assert members.members[0].reachable  # only a member that says so is unreachable
+    assert members.bootstrap == {}

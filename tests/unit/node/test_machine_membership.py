@@ -234,7 +234,7 @@ def test_members_that_answered_a_moment_ago_are_reachable_through_a_check_quorum
         cluster.advance(cluster.timing.tick_s)
         assert leader.role is Role.LEADER
         view = leader.machine.members_view(cluster.now())
-        assert [(m["id"], m["reachable"], m["role"]) for m in view["members"]] == [
+        assert [(m.id, m.reachable, m.role) for m in view.members] == [
             ("n1", True, "leader"),
             ("n2", True, "follower"),
             ("n3", True, "follower"),
@@ -250,14 +250,14 @@ def test_a_member_whose_link_dropped_does_not_count_for_a_removal_even_if_heard_
     leader.machine.peer_unreachable("n3", cluster.now())  # killed: its connection closed
     cluster.settle(leader)
     view = leader.machine.members_view(cluster.now())
-    assert [(m["id"], m["reachable"]) for m in view["members"]][2] == ("n3", False)
+    assert [(m.id, m.reachable) for m in view.members][2] == ("n3", False)
     reply = cluster.connect("n1").call("member_remove", member="n2")
     assert reply["code"] == "UNSAFE" and "n3" in reply["message"]
     # Heard from again: it counts again.
     cluster.blocked = lambda msg: False
     cluster.advance(cluster.timing.tick_s * 2)
     view = leader.machine.members_view(cluster.now())
-    assert all(m["reachable"] for m in view["members"])
+    assert all(m.reachable for m in view.members)
 
 
 # ---------------------------------------------------------------------------

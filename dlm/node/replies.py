@@ -1,0 +1,351 @@
+"""What a member answers: lock results, reads and views turned into reply records.
+
+The node machine decides *when* a client is answered (a proposal applied, a read round
+confirmed); this room decides *what* it is told. Everything here is a function of the
+lock state, the leader's lease clocks and the time passed in, so it is pure: no IO, no
+clock, no randomness. The records themselves (dlm.wire's reply section) are shared with
+the client, which reads the same fields back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from dlm.node import locks
+from dlm.node.leases import LeaseTracker
+from dlm.node.raft.core import RaftStatus
+from dlm.records import NodeId
+from dlm.views import (
+    HolderView,
+    LeasesPage,
+    LeaseState,
+    LeaseSummary,
+    LocksPage,
+    LockState,
+    MemberEntry,
+    MemberHealth,
+    MembersView,
+    Progress,
+    StatusView,
+    WaiterView,
+)
+from dlm.wire import (
+    PAGE_MAX,
+    ErrorCode,
+    Get,
+    LeaseEnded,
+    LeaseInfo,
+    LeaseOpened,
+    LeaseTerms,
+    ListLeases,
+    ListLocks,
+    LockGranted,
+    LockQueued,
+    LockReleased,
+    Request,
+    error,
+)
+
+_LEASE_GONE_MESSAGES = {
+    locks.LEASE_EXPIRED: "has expired",
+    locks.LEASE_CLOSED: "was closed (released or revoked)",
+    locks.LEASE_UNKNOWN: "does not exist (never opened, or ended longer ago than ended "
+    "leases are remembered)",
+}
+
+
+def lease_gone(rid: int, lease: str, ended: str) -> dict[str, Any]:
+    """The SESSION_EXPIRED reply for a lease that is not live, saying how it ended.
+
+    ``ended`` (locks.LEASE_*) goes in a field of its own: a client of the previous
+    release ignores it and keeps its own words, a newer client words its message by it,
+    and a reply without it (from a member of the previous release) says nothing either way.
+    """
+    said = _LEASE_GONE_MESSAGES.get(ended)
+    if said is None:
+        return error(rid, ErrorCode.SESSION_EXPIRED, f"lease {lease!r} is not live")
+    return error(rid, ErrorCode.SESSION_EXPIRED, f"lease {lease!r} {said}", ended=ended)
+
+
+class Replies:
+    """The replies of one member at one instant: ``mono`` for the leader's lease clocks,
+    ``wall_ms`` for how long a lock has been held."""
+
+    __slots__ = ("_locks", "_mono", "_tracker", "_wall_ms")
+
+    def __init__(
+        self, lock_state: locks.LockStateMachine, tracker: LeaseTracker, mono: float, wall_ms: int
+    ) -> None:
+        self._locks = lock_state
+        self._tracker = tracker
+        self._mono = mono
+        self._wall_ms = wall_ms
+
+    # -- results of applied changes -------------------------------------------
+
+    def answer(self, req: Request, result: locks.Result, *, doomed: bool = False) -> dict[str, Any]:
+        """The frame answering ``req`` with the result of applying it; ``doomed``: the
+        lease it opened or joined is being expired already."""
+        rid = req.id
+        if isinstance(result, locks.Granted):
+            info = self._locks.lease_terms(result.lease)
+            return LockGranted(
+                key=result.key,
+                token=result.token,
+                lease=result.lease,
+                ttl_ms=info.ttl_ms if info is not None else 0,
+            ).frame(rid)
+        if isinstance(result, locks.Queued):
+            lease = getattr(req, "lease", "")
+            return LockQueued(key=result.key, lease=lease, position=result.position).frame(rid)
+        if isinstance(result, locks.Released):
+            return LockReleased(
+                key=result.key,
+                released="lock" if result.held else "queue",
+                token=result.token,
+                lease_ended=result.lease_ended,
+            ).frame(rid)
+        if isinstance(result, locks.LeaseOpened):
+            if result.joined and doomed:
+                # An Expire for the lease is in the log already: a client that counted a
+                # fresh TTL from its request would outlive it.
+                return error(
+                    rid,
+                    ErrorCode.SESSION_EXPIRED,
+                    f"lease {result.lease!r} is being expired: open a new lease",
+                    ended=locks.LEASE_EXPIRED,
+                )
+            return LeaseOpened(
+                lease=result.lease, ttl_ms=result.ttl_ms, incarnation=result.incarnation
+            ).frame(rid)
+        if isinstance(result, locks.LeaseClosed):
+            return LeaseEnded(lease=result.lease, released=list(result.released)).frame(rid)
+        if isinstance(result, locks.LeaseUpdated):
+            return LeaseTerms(lease=result.lease, ttl_ms=result.ttl_ms).frame(rid)
+        if isinstance(result, locks.Locked):
+            return error(
+                rid,
+                ErrorCode.LOCKED,
+                f"{result.key!r} is held",
+                key=result.key,
+                holders=self._holders_wire(result.holders),
+                retry_after_ms=result.retry_after_ms,
+            )
+        if isinstance(result, locks.NotHeld):
+            return error(
+                rid,
+                ErrorCode.NOT_HOLDER,
+                f"this lease does not hold or wait for {result.key!r}",
+                key=result.key,
+                holders=self._holders_wire(result.holders),
+            )
+        if isinstance(result, locks.LeaseGone):
+            return lease_gone(rid, result.lease, result.ended)
+        if isinstance(result, locks.StaleRequest):
+            return error(
+                rid,
+                ErrorCode.STALE_REQUEST,
+                f"request {result.seq} was answered before and is not run again",
+            )
+        assert isinstance(result, locks.Invalid)
+        return error(rid, ErrorCode.BAD_REQUEST, result.message)
+
+    # -- reads ----------------------------------------------------------------------
+
+    def holders(self, holders: Iterable[locks.Holder]) -> list[HolderView]:
+        """A lock's holders; the lease terms and clocks only where this member leads."""
+        leading = self._tracker.leading
+        wall_ms = self._wall_ms
+        out = []
+        for h in holders:
+            ttl_ms = remaining = finished_at = hold_until = None
+            if leading:
+                info = self._locks.lease_terms(h.lease)
+                if info is not None:
+                    ttl_ms = info.ttl_ms
+                    remaining = self._tracker.remaining_ms(h.lease, self._mono)
+                    if info.finished_at_ms is not None:
+                        finished_at = info.finished_at_ms
+                        if remaining is not None:
+                            hold_until = wall_ms + remaining
+            out.append(
+                HolderView(
+                    lease=h.lease,
+                    token=h.token,
+                    granted_at_ms=h.granted_at_ms,
+                    held_ms=max(0, wall_ms - h.granted_at_ms),
+                    meta=dict(h.meta),
+                    ttl_ms=ttl_ms,
+                    remaining_ms=remaining,
+                    finished_at_ms=finished_at,
+                    hold_until_ms=hold_until,
+                )
+            )
+        return out
+
+    def _holders_wire(self, holders: Iterable[locks.Holder]) -> list[dict[str, Any]]:
+        return [h.to_wire() for h in self.holders(holders)]
+
+    @staticmethod
+    def waiters(waiters: Iterable[locks.Waiter]) -> list[WaiterView]:
+        return [
+            WaiterView(lease=w.lease, since_ms=w.since_ms, position=i, meta=dict(w.meta))
+            for i, w in enumerate(waiters, start=1)
+        ]
+
+    def lock(self, req: Get) -> LockState:
+        state = self._locks.get(req.key)
+        if state is None:
+            return LockState(key=req.key, limit=1, holders=[], waiters=[])
+        return LockState(
+            key=req.key,
+            limit=state.limit,
+            holders=self.holders(state.holders),
+            waiters=self.waiters(state.waiters),
+        )
+
+    def locks_page(self, req: ListLocks) -> LocksPage:
+        views, cursor = self._locks.list_locks(req.prefix, after=req.after, limit=req.max)
+        return LocksPage(
+            locks=[
+                LockState(
+                    key=v.key,
+                    limit=v.limit,
+                    holders=self.holders(v.holders),
+                    waiters=self.waiters(v.waiters),
+                )
+                for v in views
+            ],
+            next=cursor,
+        )
+
+    def lease_info(self, req: LeaseInfo) -> dict[str, Any]:
+        info = self._locks.lease(req.lease)
+        if info is None:
+            return lease_gone(req.id, req.lease, self._locks.lease_ending(req.lease))
+        tracker = self._tracker
+        remaining = tracker.remaining_ms(req.lease, self._mono) if tracker.leading else None
+        return LeaseState(
+            lease=req.lease,
+            ttl_ms=info.ttl_ms,
+            remaining_ms=remaining,
+            keys=list(info.holding),
+            waiting=list(info.waiting),
+        ).frame(req.id)
+
+    def leases_page(self, req: ListLeases) -> LeasesPage:
+        views, cursor = self._locks.list_leases(after=req.after, limit=min(req.max, PAGE_MAX))
+        tracker = self._tracker
+        leading = tracker.leading
+        return LeasesPage(
+            leases=[
+                LeaseSummary(
+                    id=v.lease,
+                    ttl_ms=v.ttl_ms,
+                    left_ms=tracker.remaining_ms(v.lease, self._mono) if leading else None,
+                    holding=list(v.holding),
+                    waiting=list(v.waiting),
+                    meta=dict(v.meta),
+                )
+                for v in views
+            ],
+            next=cursor,
+        )
+
+
+# -- views of the member and the cluster ---------------------------------------------
+
+AddressOf = Callable[[NodeId | None], str | None]
+LastContact = Callable[[NodeId], int | None]
+
+
+def status_view(
+    st: RaftStatus,
+    *,
+    learners: Iterable[NodeId],
+    counts: locks.Counts,
+    applied: int,
+    cluster: str,
+    version: int,
+    cluster_version: int,
+    address_of: AddressOf,
+    last_contact_ms: LastContact,
+) -> StatusView:
+    """What ``status`` answers: this member's view (``progress`` only from the leader)."""
+    learner_set = set(learners)
+    return StatusView(
+        node=st.id,
+        address=address_of(st.id),
+        cluster=cluster,
+        role=st.role.value,
+        term=st.term,
+        leader=st.leader,
+        leader_address=address_of(st.leader),
+        commit=st.commit,
+        applied=applied,
+        first_index=st.first_index,
+        last_index=st.last_index,
+        members=[
+            MemberEntry(
+                id=member,
+                address=address_of(member),
+                role="learner" if member in learner_set else "voter",
+            )
+            for member in (*st.voters, *sorted(learner_set))
+        ],
+        sessions=counts.sessions,
+        locks=counts.locks,
+        waiters=counts.waiters,
+        version=version,
+        cluster_version=cluster_version,
+        progress={
+            member: Progress(
+                match=p.match,
+                next=p.next,
+                active=p.recent_active,
+                last_contact_ms=last_contact_ms(member),
+            )
+            for member, p in st.progress.items()
+        }
+        if st.progress
+        else None,
+    )
+
+
+def members_view(
+    st: RaftStatus,
+    *,
+    learners: Iterable[NodeId],
+    bootstrap: dict[str, str],
+    address_of: AddressOf,
+    answers: Callable[[NodeId], bool],
+    last_contact_ms: LastContact,
+) -> MembersView:
+    """What ``members`` answers: each member's role as this one sees it, and its log."""
+    learner_set = set(learners)
+    last = st.last_index
+    members = []
+    for member in (*st.voters, *sorted(learner_set)):
+        progress = st.progress.get(member)
+        if member == st.leader:
+            role = "leader"
+        elif member in learner_set:
+            role = "learner"
+        else:
+            role = "follower"
+        reachable = answers(member)
+        if not reachable and role == "follower":
+            role = "unknown"
+        members.append(
+            MemberHealth(
+                id=member,
+                address=address_of(member),
+                role=role,
+                match=progress.match if progress is not None else None,
+                lag=last - progress.match if progress is not None and reachable else None,
+                reachable=reachable,
+                last_contact_ms=last_contact_ms(member),
+            )
+        )
+    return MembersView(members=members, leader=st.leader, bootstrap=bootstrap)
