@@ -21,6 +21,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("dlm.client", "dlm.node.runtime"),
     ("dlm.node",),
     ("dlm.node.raft", "dlm.node.locks", "dlm.store"),
+    ("dlm.views",),
     ("dlm.wire", "dlm.auth", "dlm.tls"),
     ("dlm.limits", "dlm.records"),
     ("dlm",),
