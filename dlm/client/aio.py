@@ -28,6 +28,7 @@ import anyio
 import anyio.abc
 
 from dlm.client import core
+from dlm.client.clock import RECHECK_S, lease_clock
 from dlm.client.core import (
     AwaitGrant,
     ConnectionBroken,
@@ -496,7 +497,7 @@ class AsyncClient:
             members=self.members,
             router=core.Router(self.members, start),
             backoff=core.Backoff(rng),
-            clock=time.monotonic,
+            clock=lease_clock,
             timeout=timeout,
             attempt_timeout=attempt_timeout or core.default_attempt_timeout(timeout),
         )
@@ -799,7 +800,7 @@ class AsyncKeepAlive:
 
     @property
     def deadline(self) -> float:
-        """Monotonic time after which the lease must be presumed lost."""
+        """When (``lease_clock``) the lease must be presumed lost."""
         return self._clock.deadline
 
     def _interval(self) -> float:
@@ -818,29 +819,30 @@ class AsyncKeepAlive:
 
     async def _watch(self) -> None:
         while not self.lost.is_set():
-            left = self.deadline - time.monotonic()
+            left = self.deadline - lease_clock()
             if left <= 0:
                 self._mark_lost(
                     f"lease {self.lease} could not be renewed before its deadline "
                     f"({self.ttl_ms} ms after the last confirmed renewal)"
                 )
                 return
-            await anyio.sleep(left)
+            # A suspend stops the sleep's clock, not the lease's: look again soon.
+            await anyio.sleep(min(left, RECHECK_S))
 
     async def _renew_loop(self) -> None:
         next_at = self._clock.last_sent + self._interval()
         while not self.lost.is_set():
-            wait = next_at - time.monotonic()
+            wait = next_at - lease_clock()
             if wait > 0:
                 await anyio.sleep(wait)
-            sent = time.monotonic()
+            sent = lease_clock()
             left = self.deadline - sent
             if left <= 0:
                 return
             try:
                 with anyio.move_on_after(left):
                     ttl = await self._client.keepalive(self.lease, timeout=left)
-                    if not self._clock.confirmed(sent, ttl, time.monotonic()):
+                    if not self._clock.confirmed(sent, ttl, lease_clock()):
                         return  # too late to count: the watcher reports the loss
                     self.renewals += 1
                     next_at = sent + self._interval()
@@ -850,7 +852,7 @@ class AsyncKeepAlive:
                 return
             except (DlmError, ValueError) as exc:
                 self.last_error = exc
-            next_at = time.monotonic() + min(self._interval() / 4, 0.25)
+            next_at = lease_clock() + min(self._interval() / 4, 0.25)
 
 
 def _incarnation(lease: LeaseRef) -> int:

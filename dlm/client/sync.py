@@ -30,6 +30,7 @@ import time
 from collections import deque
 
 from dlm.client import core
+from dlm.client.clock import RECHECK_S, lease_clock
 from dlm.client.core import (
     AwaitGrant,
     ConnectionBroken,
@@ -385,7 +386,7 @@ class Client:
             members=self.members,
             router=core.Router(self.members, start),
             backoff=core.Backoff(rng),
-            clock=time.monotonic,
+            clock=lease_clock,
             timeout=timeout,
             attempt_timeout=attempt_timeout or core.default_attempt_timeout(timeout),
             dial_timeout=dial_timeout,
@@ -693,13 +694,14 @@ class Client:
 class KeepAlive:
     """Renews a lease in the background and says when it can no longer be trusted.
 
-    The client-side deadline is (monotonic time the last *confirmed* renewal was
-    sent) + TTL, less a margin for clock rates (``core.lease_deadline``); the first one
-    counts from ``confirmed_at``, when the
-    open_lease or acquire was sent. ``deadline_of(sent, ttl_ms)`` may set it
-    earlier (dlm exec gives up at the moment it must stop its command). A
-    renewal is attempted about every TTL/3 from a daemon thread with its own
-    connection; a second thread watches the deadline with a timer, so a renewal
+    The client-side deadline is (when the last *confirmed* renewal was sent, on
+    ``dlm.client.clock.lease_clock``, which runs on while the host is suspended)
+    + TTL, less a margin for clock rates (``core.lease_deadline``); the first one
+    counts from ``confirmed_at``, when the open_lease or acquire was sent.
+    ``deadline_of(sent, ttl_ms)`` may set it earlier (dlm exec gives up at the
+    moment it must stop its command). A renewal is attempted about every TTL/3
+    from a daemon thread with its own connection; a second thread watches the
+    deadline with a timer (waking at least every ``RECHECK_S``), so a renewal
     that hangs (members SIGSTOPped) cannot delay the verdict. ``lost`` is set,
     and ``on_lost(reason)`` called once, on SESSION_EXPIRED or when the
     deadline passes unconfirmed. A renewal confirmed after the deadline counts
@@ -752,13 +754,13 @@ class KeepAlive:
 
     @property
     def deadline(self) -> float:
-        """Monotonic time after which the lease must be presumed lost."""
+        """When (``lease_clock``) the lease must be presumed lost."""
         with self._cond:
             return self._deadline
 
     @property
     def confirmed_at(self) -> float:
-        """Monotonic time the last renewal that counted was sent."""
+        """When (``lease_clock``) the last renewal that counted was sent."""
         with self._cond:
             return self._confirmed_at
 
@@ -766,7 +768,7 @@ class KeepAlive:
         """Records a renewal the caller made itself (sent at ``sent``, answered with
         ``ttl_ms``); False if it came too late to count."""
         with self._cond:
-            if self._lost_marked or self._stopping.is_set() or time.monotonic() >= self._deadline:
+            if self._lost_marked or self._stopping.is_set() or lease_clock() >= self._deadline:
                 return False
             self.ttl_ms = ttl_ms
             self._confirmed_at = max(self._confirmed_at, sent)
@@ -841,10 +843,11 @@ class KeepAlive:
     def _watch(self) -> None:
         with self._cond:
             while not self._stopping.is_set() and not self._lost_marked:
-                left = self._deadline - time.monotonic()
+                left = self._deadline - lease_clock()
                 if left <= 0:
                     break
-                self._cond.wait(left)
+                # A suspend stops the wait's clock, not the lease's: look again soon.
+                self._cond.wait(min(left, RECHECK_S))
             if self._stopping.is_set() or self._lost_marked:
                 return
         self._mark_lost(
@@ -855,7 +858,7 @@ class KeepAlive:
     def _renew_loop(self) -> None:
         next_at = self._confirmed_at + self._interval()
         while not self._stopping.is_set() and not self._lost_marked:
-            wait = next_at - time.monotonic()
+            wait = next_at - lease_clock()
             if wait > core.PING_EVERY_S:
                 # Long TTLs leave the connection idle for long: keep it open.
                 if self._stopping.wait(core.PING_EVERY_S):
@@ -864,7 +867,7 @@ class KeepAlive:
                 continue
             if wait > 0 and self._stopping.wait(wait):
                 return
-            sent = time.monotonic()
+            sent = lease_clock()
             left = self.deadline - sent
             if left <= 0:
                 return  # the watcher reports it
@@ -875,7 +878,7 @@ class KeepAlive:
                 return
             except (DlmError, ValueError) as exc:
                 self.last_error = exc
-                next_at = time.monotonic() + min(self._interval() / 4, 0.25)
+                next_at = lease_clock() + min(self._interval() / 4, 0.25)
                 continue
             if not self.confirmed(sent, ttl):
                 return  # confirmed too late: the watcher reports the loss

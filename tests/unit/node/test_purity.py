@@ -1,8 +1,9 @@
 """The node machine and what it is built of must not do IO, read a clock or draw randomness.
 
 That is the Raft core, the lock state machine, the leader's lease tracker, the
-node machine that owns them (machine.py), and the protocol rules they use
-(wire.py, limits.py): the simulator drives exactly these.
+node machine that owns them (machine.py), the protocol rules they use
+(wire.py, limits.py), and `dlm exec`'s decisions (cli/exec_rules.py: its
+guard's and its supervisor's): the simulator drives exactly these.
 
 We check every import statement of those modules against an allow-list, so a
 stray `import time` or `from socket import ...` fails here rather than as a
@@ -24,6 +25,7 @@ PURE_FILES = (
     ROOT / "node" / "stats.py",
     ROOT / "wire.py",
     ROOT / "limits.py",
+    ROOT / "cli" / "exec_rules.py",
 )
 PURE_MODULES = sorted(
     [
@@ -40,6 +42,7 @@ PURE_PACKAGES = (
     "dlm.node.stats",
     "dlm.wire",
     "dlm.limits",
+    "dlm.cli.exec_rules",
 )
 
 # Standard-library modules that compute without touching the outside world.
