@@ -9,6 +9,10 @@ moment one of these fails:
   of N). A section starts when the client learns its grant and ends when it
   sends its release, or at its client-side deadline, whichever comes first; a
   ``dlm exec`` section ends when the guard has killed the command;
+* **no CMD after a later grant**: a ``dlm exec`` command (a section marked
+  ``cmd``) never starts, and never runs, once the cluster committed a later
+  grant of its exclusive key to another lease; a command frozen with its
+  host (a suspend) is not running until the host resumes;
 * **tokens rise**: the fencing tokens clients learn for an exclusive key
   strictly increase in the order they learn them;
 * **grants are real**: every grant a client was told about is a grant in the
@@ -47,6 +51,8 @@ class Section:
     """The real time at which the section ends unless released first (the client's
     deadline, or the exec guard's kill time), as it stands now."""
     released: int | None = None
+    cmd: bool = False
+    """A `dlm exec` command: checked against later grants as well."""
 
     def active_at(self, t: int) -> bool:
         if self.released is not None and self.released <= t:
@@ -87,6 +93,8 @@ class LockChecker:
         self.max_token: dict[str, int] = {}
         self.told: dict[tuple[str, int], tuple[str, str]] = {}
         """(key, token) -> (client, lease) for every grant a client learned."""
+        self.latest_grant: dict[str, tuple[int, str]] = {}
+        """key -> (token, lease) of the highest grant of each exclusive key committed so far."""
         self.granted: dict[tuple[int, str], str] = {}
         """Committed history: (token, key) -> lease of each grant (one entry can grant
         several keys: a lease that ends frees all it held)."""
@@ -114,6 +122,19 @@ class LockChecker:
                 f"{self.max_token[key]} was handed out",
             )
         self.max_token[key] = max(self.max_token.get(key, 0), section.token)
+        latest = self.latest_grant.get(key)
+        if (
+            section.cmd
+            and latest is not None
+            and latest[0] > section.token
+            and latest[1] != section.lease
+        ):
+            raise Violation(
+                "cmd-after-grant",
+                f"{section.client} started CMD on {key} with token {section.token} at "
+                f"{now / 1e6:.3f}s, after the cluster granted {key} to lease {latest[1]} "
+                f"with token {latest[0]}",
+            )
         self.told[(key, section.token)] = (section.client, section.lease)
         limit = self.limits[key]
         active = [s for s in self.sections[key] if s.active_at(now)]
@@ -138,7 +159,19 @@ class LockChecker:
 
     # -- the replicated history -----------------------------------------------
 
-    def grant_committed(self, index: int, key: str, lease: str) -> None:
+    def grant_committed(self, index: int, key: str, lease: str, now: int | None = None) -> None:
+        if now is not None and self.limits.get(key) == 1:
+            latest = self.latest_grant.get(key)
+            if latest is None or latest[0] < index:
+                self.latest_grant[key] = (index, lease)
+            for s in self.sections.get(key, []):
+                if s.cmd and s.lease != lease and s.token < index and s.active_at(now):
+                    raise Violation(
+                        "cmd-after-grant",
+                        f"{s.client}'s CMD on {key} (token {s.token}) still ran at "
+                        f"{now / 1e6:.3f}s, when the cluster granted {key} to lease {lease} "
+                        f"with token {index}",
+                    )
         known = self.granted.setdefault((index, key), lease)
         if known != lease:
             raise Violation(
