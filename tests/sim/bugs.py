@@ -1,7 +1,12 @@
-"""Known Raft bugs, switched on through the core's test seams, to prove the checkers can fail."""
+"""Known bugs, switched on through test seams, to prove the checkers can fail.
+
+Raft bugs (subclasses of the core), and `dlm exec`'s hole 4 (subclasses of the
+CLI's pure exec rules that start CMD without looking at the clock).
+"""
 
 from __future__ import annotations
 
+from dlm.cli.exec_rules import GuardRules, StartGate
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.membership import check_change
 from dlm.node.raft.types import ConfChange, HardState, NodeId, Role
@@ -54,3 +59,23 @@ class ChangesMembershipBeforeCommittingInTerm(RaftNode):
         if self._conf_history.latest_index > self._log.committed:
             return "an earlier configuration change is not committed yet"
         return check_change(self._conf_history.latest, change)
+
+
+class SpawnsWithoutLooking(GuardRules):
+    """A guard that starts CMD whenever told to, past its deadline too, and gives a CMD
+    started late the usual SIGTERM and grace (hole 4 of issue 20)."""
+
+    def may_spawn(self, now: float, deadline: float) -> bool:
+        self.offer(deadline)
+        return True
+
+    def spawned(self, now: float) -> bool:
+        return True
+
+
+class OrdersSpawnWithoutLooking(StartGate):
+    """A supervisor that orders the spawn without comparing its deadline with the clock
+    after its confirmation (a pause in between goes unnoticed: hole 4 of issue 20)."""
+
+    def may_order_spawn(self, now: float, deadline: float) -> bool:
+        return True

@@ -109,19 +109,6 @@ class LockChecker:
 
     def enter(self, section: Section, now: int) -> None:
         key = section.key
-        again = self.told.get((key, section.token))
-        if again is not None and again[1] == section.lease:
-            # A re-entrant acquire under the same lease: the same hold, learned again.
-            pass
-        elif self.limits[key] == 1 and section.token <= self.max_token.get(key, 0):
-            # (Semaphore slots are taken concurrently, so their grants may be learned in
-            # any order; a fenced store is for exclusive locks.)
-            raise Violation(
-                "token-order",
-                f"{section.client} learned token {section.token} for {key} after token "
-                f"{self.max_token[key]} was handed out",
-            )
-        self.max_token[key] = max(self.max_token.get(key, 0), section.token)
         latest = self.latest_grant.get(key)
         if (
             section.cmd
@@ -135,6 +122,19 @@ class LockChecker:
                 f"{now / 1e6:.3f}s, after the cluster granted {key} to lease {latest[1]} "
                 f"with token {latest[0]}",
             )
+        again = self.told.get((key, section.token))
+        if again is not None and again[1] == section.lease:
+            # A re-entrant acquire under the same lease: the same hold, learned again.
+            pass
+        elif self.limits[key] == 1 and section.token <= self.max_token.get(key, 0):
+            # (Semaphore slots are taken concurrently, so their grants may be learned in
+            # any order; a fenced store is for exclusive locks.)
+            raise Violation(
+                "token-order",
+                f"{section.client} learned token {section.token} for {key} after token "
+                f"{self.max_token[key]} was handed out",
+            )
+        self.max_token[key] = max(self.max_token.get(key, 0), section.token)
         self.told[(key, section.token)] = (section.client, section.lease)
         limit = self.limits[key]
         active = [s for s in self.sections[key] if s.active_at(now)]
@@ -152,6 +152,23 @@ class LockChecker:
         # Sections that ended long ago are of no further use.
         self.sections[key] = [*active, section]
         self.sections_checked += 1
+
+    def cmd_resumed(self, section: Section, now: int) -> None:
+        """A command frozen with its host (a suspend) runs again, unless its guard, woken
+        first, has just killed it: it must not, if its key went to another lease since."""
+        latest = self.latest_grant.get(section.key)
+        if (
+            section.active_at(now)
+            and latest is not None
+            and latest[0] > section.token
+            and latest[1] != section.lease
+        ):
+            raise Violation(
+                "cmd-after-grant",
+                f"{section.client}'s CMD on {section.key} (token {section.token}) ran again "
+                f"at {now / 1e6:.3f}s after a suspend, though the cluster had granted "
+                f"{section.key} to lease {latest[1]} with token {latest[0]}",
+            )
 
     def leave(self, section: Section, now: int) -> None:
         if section.released is None:

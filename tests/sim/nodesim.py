@@ -1346,6 +1346,9 @@ class NodeSimulation:
         # The guard first: its timer expired during the suspend, and it looks at once.
         if proc.guard is not None:
             self.resume_client(proc.guard)
+        run = proc.cmd
+        if run is not None and run.section is not None and run.ended_at is None:
+            self.checker.cmd_resumed(run.section, self.world.now)
         self.resume_client(proc)
 
     def _cut(self, links: list[tuple[str, str]]) -> Callable[[], None]:
@@ -1588,7 +1591,7 @@ class NodeSimulation:
             if not clock.confirmed(sent, ttl, proc.mono()):
                 return False
             self.stats["exec_renewed_first"] += 1
-            yield from self._maybe_pause(proc)
+        yield from self._maybe_pause(proc)
         if not gate.may_order_spawn(proc.mono(), clock.deadline):
             self.stats["exec_not_ordered"] += 1
             return False

@@ -23,6 +23,7 @@ from dlm.node.machine import Instant, NodeMachine
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.quorum import quorum_index
 
+from .bugs import OrdersSpawnWithoutLooking, SpawnsWithoutLooking
 from .conftest import SimTotals
 from .harness import DiskBackend, MemoryBackend
 from .nodesim import CLIENT_FAULTS, FAULT_KINDS, NodeSimOptions, NodeSimResult, run_node_seed
@@ -160,6 +161,20 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     "exec guard kills after the deadline": (
         lambda seed: options_for(seed, exec_kill_late_us=300_000),
         {"two-holders"},
+        40,
+    ),
+    "exec starts CMD without comparing its deadline with the clock (hole 4)": (
+        lambda seed: options_for(
+            seed,
+            guard_rules_class=SpawnsWithoutLooking,
+            start_gate_class=OrdersSpawnWithoutLooking,
+        ),
+        {"cmd-after-grant", "two-holders"},
+        40,
+    ),
+    "exec guard counts on a clock that stops in a suspend": (
+        lambda seed: options_for(seed, guard_clock_stops_in_suspend=True),
+        {"cmd-after-grant", "two-holders"},
         40,
     ),
     "expire ignores the incarnation": (
