@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from dlm.cli.exec_rules import KILL, RENEW, TOO_LATE, GuardRules, StartGate
+from dlm.cli.exec_rules import KILL, KILL_LEAD_S, RENEW, TOO_LATE, GuardRules, StartGate
 from dlm.client import core
 from dlm.client.errors import ClusterUnavailable, DlmError, LeaseLost, LockHeld, NotHolder
 from dlm.node import locks
@@ -1616,7 +1616,7 @@ class NodeSimulation:
 
         class KillsLate(opts.guard_rules_class):  # type: ignore[name-defined,misc]
             def kill_at(self) -> float:
-                return float(super().kill_at() + late)
+                return float(super().kill_at() + KILL_LEAD_S + late)
 
         return KillsLate(grace)
 

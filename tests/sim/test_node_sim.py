@@ -145,8 +145,8 @@ class ShortensLeasesOnFailover(LeaseTracker):
 MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     "client counts its lease from the reply": (
         lambda seed: options_for(seed, lease_clock_from_reply=True),
-        {"two-holders"},
-        40,
+        {"two-holders", "cmd-after-grant"},
+        80,
     ),
     "read served before applying to the read index": (
         lambda seed: options_for(seed, machine_class=ServesReadsBeforeApplying),
@@ -160,7 +160,7 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     ),
     "exec guard kills after the deadline": (
         lambda seed: options_for(seed, exec_kill_late_us=300_000),
-        {"two-holders"},
+        {"two-holders", "cmd-after-grant"},
         40,
     ),
     "exec starts CMD without comparing its deadline with the clock (hole 4)": (
