@@ -132,6 +132,8 @@ CLIENT_FAULTS = frozenset(
 )
 SUPERVISOR_PAUSE_P = 0.08
 """Chance that an exec supervisor is paused (SIGSTOP, swap) at each step boundary."""
+GUARD_STALL_P = 0.05
+"""Chance that an exec guard is starved while a spawn order waits in its pipe."""
 FOREVER = 2**62
 
 
@@ -1645,6 +1647,17 @@ class NodeSimulation:
     def _order_spawn(self, proc: ClientProc, grant: core.Grant, deadline: float) -> CmdRun:
         guard = self._guard_of(proc)
         run = proc.cmd = CmdRun(self._guard_rules())
+        rng = self.fault_rng
+        if self.world.now < self.heal_at and rng.random() < GUARD_STALL_P:
+            # The guard is starved (an overloaded host) while the order waits in the pipe.
+            # (Never between its look at the clock and the spawn: nothing could keep CMD
+            # from starting then; the guard SIGKILLs it at once, tests/unit/cli/test_guard.)
+            self.faults["guard_stall"] += 1
+            self.pause_client(guard)
+            length = rng.randint(20 * MS, 2000 * MS)
+            self.world.at(
+                min(self.heal_at, self.world.now + length), lambda: self.resume_client(guard)
+            )
         guard.after(PIPE_S, lambda: self._guard_spawn(proc, guard, run, grant, deadline))
         return run
 
