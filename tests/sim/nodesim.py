@@ -468,6 +468,8 @@ class CmdRun:
         self.stop_sent = False
         self.watch_epoch = 0
         self.section: Section | None = None
+        self.long = False
+        """A command that runs for seconds (past its lease, if nothing renews it)."""
         self.done = Flag()
 
 
@@ -1439,8 +1441,11 @@ class NodeSimulation:
             )
             zombie = rng.random() < 0.15
             handover = not zombie and rng.random() < 0.1
+            # dlm exec's zombie: the supervisor stopped (SIGSTOP) for longer than its lease
+            # while CMD runs on; only the guard then ends CMD in time.
+            frozen_supervisor = zombie and proc.kind == "exec"
             if proc.kind == "exec":
-                zombie = handover = False  # dlm exec runs one command, then gives the lock back
+                zombie = handover = False
             for _ in range(rng.randint(1, 4)):
                 if lost.is_set() or proc.stopping.is_set():
                     break
@@ -1474,7 +1479,9 @@ class NodeSimulation:
                 self.stats["grants"] += 1
                 if proc.kind == "exec":
                     try:
-                        ran = yield from self._supervise(proc, main, lease, clock, lost, grant)
+                        ran = yield from self._supervise(
+                            proc, main, lease, clock, lost, grant, frozen=frozen_supervisor
+                        )
                     except _Cancelled:
                         break
                     if not ran:
@@ -1564,6 +1571,8 @@ class NodeSimulation:
         clock: core.LeaseClock,
         lost: Flag,
         grant: core.Grant,
+        *,
+        frozen: bool = False,
     ) -> Generator[RunFlow | Sleep, Any, bool]:
         """``dlm exec`` after its grant (exec_cmd._Session): the CLI's StartGate decides,
         then the guard is told to spawn. True when CMD ran and ended with the lease held
@@ -1597,7 +1606,15 @@ class NodeSimulation:
         if not gate.may_order_spawn(proc.mono(), clock.deadline):
             self.stats["exec_not_ordered"] += 1
             return False
-        run = self._order_spawn(proc, grant, clock.deadline)
+        run = self._order_spawn(proc, grant, clock.deadline, long=frozen)
+        if frozen and self.world.now < self.heal_at:
+            self.faults["supervisor_frozen"] += 1
+            self.pause_client(proc)
+            length = int(clock.ttl_ms * MS * self.fault_rng.uniform(1.0, 3.0))
+            self.world.at(
+                min(self.heal_at, self.world.now + length), lambda: self.resume_client(proc)
+            )
+            yield Sleep(0.0)
         yield from self._maybe_pause(proc)
         while not run.done.is_set():
             if not run.stop_sent and (lost.is_set() or clock.expired(proc.mono())):
@@ -1644,9 +1661,12 @@ class NodeSimulation:
 
         guard.after(PIPE_S, read)
 
-    def _order_spawn(self, proc: ClientProc, grant: core.Grant, deadline: float) -> CmdRun:
+    def _order_spawn(
+        self, proc: ClientProc, grant: core.Grant, deadline: float, *, long: bool
+    ) -> CmdRun:
         guard = self._guard_of(proc)
         run = proc.cmd = CmdRun(self._guard_rules())
+        run.long = long
         rng = self.fault_rng
         if self.world.now < self.heal_at and rng.random() < GUARD_STALL_P:
             # The guard is starved (an overloaded host) while the order waits in the pipe.
@@ -1732,7 +1752,7 @@ class NodeSimulation:
         rng = guard.rng
         # Mostly short; now and then one that outlasts several renewals (and its lease, if
         # those fail), which only the guard then stops.
-        long = rng.random() < 0.3
+        long = run.long or rng.random() < 0.3
         for _ in range(rng.randint(3, 12) if long else rng.randint(1, 3)):
             yield Sleep(rng.uniform(0.1, 0.4) if long else rng.uniform(0.01, 0.25))
             if run.ended_at is not None:
