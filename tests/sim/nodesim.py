@@ -1445,7 +1445,7 @@ class NodeSimulation:
             # while CMD runs on; only the guard then ends CMD in time.
             frozen_supervisor = zombie and proc.kind == "exec"
             if proc.kind == "exec":
-                zombie = handover = False
+                zombie = False
             for _ in range(rng.randint(1, 4)):
                 if lost.is_set() or proc.stopping.is_set():
                     break
@@ -1477,7 +1477,9 @@ class NodeSimulation:
                     self.stats["late_grants"] += 1
                     break
                 self.stats["grants"] += 1
-                if proc.kind == "exec":
+                if proc.kind == "exec" and not handover:
+                    # (A handover is a job's steps passing one lease on, as `dlm acquire`
+                    # does: the library's flow below, for exec clients too.)
                     try:
                         ran = yield from self._supervise(
                             proc, main, lease, clock, lost, grant, frozen=frozen_supervisor

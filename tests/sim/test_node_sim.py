@@ -144,9 +144,12 @@ class ShortensLeasesOnFailover(LeaseTracker):
 
 MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     "client counts its lease from the reply": (
+        # A weak mutant: its deadline is late only by one reply's latency. The parent
+        # commit caught it at seed 0 and at no other of seeds 0-59; with the exec and
+        # host faults' draws in the schedule, the first seed that does is 101.
         lambda seed: options_for(seed, lease_clock_from_reply=True),
         {"two-holders", "cmd-after-grant"},
-        80,
+        120,
     ),
     "read served before applying to the read index": (
         lambda seed: options_for(seed, machine_class=ServesReadsBeforeApplying),
@@ -155,7 +158,7 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     ),
     "keep-alive of a lease being expired": (
         lambda seed: options_for(seed, machine_class=RenewsDoomedLeases),
-        {"two-holders"},
+        {"two-holders", "cmd-after-grant"},
         120,
     ),
     "exec guard kills after the deadline": (
@@ -179,7 +182,7 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     ),
     "expire ignores the incarnation": (
         lambda seed: options_for(seed, lock_machine_class=ExpiresAnyIncarnation),
-        {"two-holders", "lost-grant"},
+        {"two-holders", "lost-grant", "cmd-after-grant"},
         120,
     ),
     "leader counts its own write before it is durable": (
@@ -189,7 +192,7 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     ),
     "new leader shortens leases": (
         lambda seed: options_for(seed, tracker_class=ShortensLeasesOnFailover),
-        {"two-holders"},
+        {"two-holders", "cmd-after-grant"},
         40,
     ),
 }
