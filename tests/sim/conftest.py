@@ -124,6 +124,12 @@ class SimTotals:
                 "conf_remove",
                 "conf_refused",
                 "removal_noticed",
+                "cmds",
+                "cmds_killed",
+                "cmd_started_late",
+                "exec_too_late",
+                "exec_not_ordered",
+                "exec_not_started",
             )
             out.append("  totals: " + ", ".join(f"{k} {stats[k]}" for k in keys if stats[k]))
         out.extend(f"sim: {note}" for note in self.notes)
