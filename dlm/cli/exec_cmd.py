@@ -18,7 +18,14 @@ and CMD, which the guard starts and stops.
 4. If less than a renewal interval is left before CMD would have to be
    stopped (a long wait, a slow acquire), renew once more first; if that is
    not confirmed, CMD does not start.
-5. The guard starts CMD (no shell, a new session, fds 0-2, the DLM_*
+5. Right before it orders the spawn, dlm compares D with its clock once more
+   (no round trip; it may have been paused since the renewal): past CMD's
+   SIGTERM time, CMD does not start and dlm exits 77. The guard compares
+   again right before it spawns (the order may have waited in the pipe), and
+   SIGKILLs at once a CMD whose spawn returned past that time. Both decisions
+   are dlm.cli.exec_rules (pure), on dlm.client.clock.lease_clock, which runs
+   on while the host is suspended.
+   The guard starts CMD (no shell, a new session, fds 0-2, the DLM_*
    variables; under ``--json`` CMD's stdout is dlm's stderr, so dlm's stdout
    carries only its JSON object). From then on the guard alone enforces the
    deadline: SIGTERM to CMD's group and descendants at D - grace, SIGKILL
@@ -58,6 +65,7 @@ import time
 from collections.abc import Sequence
 
 from dlm.cli import exits
+from dlm.cli.exec_rules import StartGate
 from dlm.cli.exits import CliError, Interrupted, usage_error
 from dlm.cli.ops import conflict_error, duration_option, owner_meta, ttl_option, wait_option
 from dlm.cli.output import complain, emit_json, iso_local
@@ -229,7 +237,7 @@ def conflict_is_silent(
 def kill_grace_option(text: str | None, ttl_ms: int) -> float:
     """Seconds between SIGTERM and the deadline: min(5 s, TTL/4) unless given; given, it
     must stay under TTL/2, or the lease would be spent before a renewal could save it."""
-    from dlm.cli.guard import default_grace, grace_problem
+    from dlm.cli.exec_rules import default_grace, grace_problem
     from dlm.durations import format_ms
 
     if text is None:
@@ -317,6 +325,12 @@ def _hold_until(held_ms: int | None) -> str | None:
     return iso_local(int(time.time() * 1000) + held_ms, "milliseconds")
 
 
+_TOO_LATE_TO_START = (
+    "its lease's time ran out before the command could start (dlm was paused or starved "
+    "after its last renewal)"
+)
+
+
 def _lost_error(reason: str | None, key: str, *, ran: bool) -> CliError:
     what = "stopped the command" if ran else "the command was not started"
     return CliError(
@@ -346,6 +360,7 @@ class _Session:
         self.guard = guard
         self.grace = grace
         self.hold = hold
+        self.gate = StartGate(grace)
         self.cmd_started = False
         self.cmd_gone = False  # the guard saw CMD and every process it left end
 
@@ -358,7 +373,8 @@ class _Session:
         conflict_code: int,
         quiet_conflict: bool,
     ) -> int:
-        from dlm.cli.guard import term_time
+        from dlm.cli.exec_rules import term_time
+        from dlm.client.clock import lease_clock
         from dlm.client.core import lease_deadline
         from dlm.client.errors import ClusterUnavailable, LeaseLost, LockHeld
         from dlm.client.sync import KeepAlive
@@ -387,7 +403,7 @@ class _Session:
                 grant = client.acquire(lease, self.key, wait=wait_s, limit=limit, meta=meta)
                 # The reply is in, so the grant happened before this: a hold counted from
                 # here cannot end early.
-                granted_by = time.monotonic()
+                granted_by = lease_clock()
             except LockHeld as exc:
                 show = self.settings.json or not quiet_conflict
                 error = conflict_error(
@@ -453,12 +469,13 @@ class _Session:
         (the lease then runs out by itself: closing it would end the hold at once), or
         None when the hold is over already and the lease is to be closed as usual.
         """
+        from dlm.client.clock import lease_clock
         from dlm.client.core import lease_deadline, min_hold_ttl_ms
         from dlm.client.errors import DlmError, LeaseLost
         from dlm.durations import format_ms
 
         keeper.stop()  # renewals from here on could only lengthen the hold
-        now = time.monotonic()
+        now = lease_clock()
         hold_ms = min_hold_ttl_ms(granted_by, hold, now)
         if hold_ms <= 0:
             return None
@@ -496,16 +513,19 @@ class _Session:
 
     def _confirm_before_start(self, client: Client, keeper: KeepAlive, lease: Lease) -> None:
         """Renews first if CMD would have less than a renewal interval before its SIGTERM."""
-        from dlm.cli.guard import term_time
+        from dlm.cli.exec_rules import START, TOO_LATE
+        from dlm.client.clock import lease_clock
         from dlm.client.core import lease_deadline
         from dlm.client.errors import ClusterUnavailable, LeaseLost
 
         interval = keeper.ttl_ms / 3000.0
-        stop_at = term_time(lease_deadline(keeper.confirmed_at, keeper.ttl_ms), self.grace)
-        sent = time.monotonic()
-        if stop_at - sent >= interval:
+        deadline = lease_deadline(keeper.confirmed_at, keeper.ttl_ms)
+        stop_at = self.gate.stop_time(deadline)
+        sent = lease_clock()
+        step = self.gate.before_start(sent, deadline, interval)
+        if step == START:
             return
-        if stop_at <= sent:
+        if step == TOO_LATE:
             raise _lost_error(keeper.reason or "its time ran out", self.key, ran=False)
         try:
             ttl = client.keepalive(lease, timeout=stop_at - sent)
@@ -525,17 +545,23 @@ class _Session:
     def _supervise(self, grant: Grant, keeper: KeepAlive, signals: _Signals, wake_fd: int) -> int:
         """Has the guard run CMD under the lock; returns dlm's exit code."""
         from dlm.cli import guard as lifeline
+        from dlm.client.clock import lease_clock
         from dlm.client.core import lease_deadline
 
         guard = self.guard
         signals.phase = signals.STARTING
-        guard.spawn(
-            child_env(grant, keeper.ttl_ms),
-            lease_deadline(keeper.confirmed_at, keeper.ttl_ms),
-        )
+        deadline = lease_deadline(keeper.confirmed_at, keeper.ttl_ms)
+        # The last look before the order, without another round trip: dlm may have been
+        # paused (SIGSTOP, swap, an overloaded host) since its renewal was confirmed.
+        if not self.gate.may_order_spawn(lease_clock(), deadline):
+            signals.phase = signals.DONE
+            raise _lost_error(_TOO_LATE_TO_START, self.key, ran=False)
+        guard.spawn(child_env(grant, keeper.ttl_ms), deadline)
         report = guard.next_report()
         if report is None or report[0] != lifeline.STARTED:
             signals.phase = signals.DONE
+            if report is not None and report[0] == lifeline.NOT_STARTED:
+                raise _lost_error(_TOO_LATE_TO_START, self.key, ran=False)
             if report is not None and report[0] == lifeline.SPAWN_FAILED:
                 number = int(report[1])
                 exit_code = exits.NOT_FOUND if number == errno.ENOENT else exits.NOT_EXECUTABLE
@@ -550,7 +576,7 @@ class _Session:
         code: int | None = None
         give_up_at: float | None = None
         while code is None:
-            timeout = None if give_up_at is None else max(0.0, give_up_at - time.monotonic())
+            timeout = None if give_up_at is None else max(0.0, give_up_at - lease_clock())
             if guard.pending:
                 timeout = 0.0
             ready, _, _ = select.select([guard.reports, wake_fd], [], [], timeout)
@@ -563,7 +589,7 @@ class _Session:
                 if kind == lifeline.DEADLINE and lost is None:
                     lost = (
                         f"lease {grant.lease} was not renewed in time "
-                        f"(last confirmed {time.monotonic() - keeper.confirmed_at:.1f}s ago)"
+                        f"(last confirmed {lease_clock() - keeper.confirmed_at:.1f}s ago)"
                     )
                 elif kind == lifeline.LEFTOVERS:
                     complain(
@@ -576,8 +602,8 @@ class _Session:
                 signals.phase = signals.DONE
                 self._guard_died(cmd_pid)
             if lost is not None and give_up_at is None:
-                give_up_at = max(time.monotonic(), guard.deadline) + SETTLE_SECONDS
-            if code is None and give_up_at is not None and time.monotonic() >= give_up_at:
+                give_up_at = max(lease_clock(), guard.deadline) + SETTLE_SECONDS
+            if code is None and give_up_at is not None and lease_clock() >= give_up_at:
                 complain(
                     f"a process of {self.command[0]} survived SIGKILL (uninterruptible "
                     f"sleep?); dlm's guard (pid {guard.pid}) keeps killing it"

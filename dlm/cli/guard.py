@@ -12,6 +12,11 @@ guard needs nothing from the supervisor to keep the promise:
 - it spawns CMD (a new session, only fds 0-2 inherited) and is its parent and
   its child subreaper, so every descendant of CMD, a ``setsid`` daemon whose
   parent exited included, is the guard's child or beneath one;
+- it starts CMD only if the clock, read right before the spawn, is before
+  CMD's SIGTERM time (the supervisor checked too, but may have been paused
+  since), and SIGKILLs at once a CMD whose spawn returned past that time (the
+  guard itself paused in between); a CMD not started is reported, and dlm
+  exits 77 (the lock may be someone else's by then);
 - it SIGTERMs CMD's group and every descendant at D - grace and SIGKILLs them
   at D - KILL_LEAD_S, unless a later D arrived before the SIGTERM went out (one
   that arrives after it changes nothing);
@@ -22,25 +27,24 @@ guard needs nothing from the supervisor to keep the promise:
 - it reports CMD's exit status (128+N after signal N) and exits once it has no
   child left.
 
-D is a CLOCK_MONOTONIC instant (time.monotonic), the same clock in every
-process of a host. The guard ignores the signals a terminal or a service
-manager sends (dlm forwards those to CMD), sits in its own process group,
-lowers its OOM score where it may, has no threads, and imports only the
-standard library. What it cannot survive is what freezes it too: a frozen host
-or container (cgroup freezer, suspend) or its own SIGKILL; against those only
-the fencing token protects the data.
+D is an instant of ``dlm.client.clock.lease_clock`` (CLOCK_BOOTTIME on Linux),
+the clock of every process of a host, which runs on while the host is
+suspended; select's timeouts do not, so while CMD runs the guard reads the
+clock at least every RECHECK_S (100 ms), and a deadline that passed during a
+suspend stops CMD within that long of the resume. The guard ignores the
+signals a terminal or a service manager sends (dlm forwards those to CMD),
+sits in its own process group, lowers its OOM score where it may, has no
+threads, and imports only the standard library and dlm's pure rules. What it
+cannot survive is what freezes it too: a frozen host or container (cgroup
+freezer, suspend: CMD is frozen with it, and runs up to RECHECK_S after the
+resume) or its own SIGKILL; against those only the fencing token protects the
+data.
 
-Timing rules (the pure functions below; ``sent`` is when the last confirmed
-renewal was sent, ``stop`` when an immediate stop was asked for)::
-
-    D        = sent + TTL - (2 * 0.5% * TTL + 50 ms)         dlm.client.core.lease_deadline
-    SIGTERM  at min(D - max(grace, KILL_LEAD_S), stop)        term_time
-    SIGKILL  at min(D - KILL_LEAD_S, stop + grace)            kill_time
-
-The margin (why D is a little before ``sent + TTL``) is the client library's
-rule, ``dlm.client.core.lease_deadline``, so every holder counts alike.
-KILL_LEAD_S is the guard's own allowance to wake up on a loaded host, find
-every descendant and have the kernel deliver SIGKILL before D.
+Its decisions (spawn or not, which signal when) are ``exec_rules.GuardRules``,
+pure, so the whole-node simulator drives them too; the timing rules are
+documented there. The margin (why D is a little before ``sent + TTL``) is
+the client library's rule, ``dlm.client.core.lease_deadline``, so every
+holder counts alike.
 """
 
 from __future__ import annotations
@@ -49,7 +53,9 @@ import errno
 import os
 import select
 import signal
-import time
+
+from dlm.cli.exec_rules import RECHECK_S, GuardRules
+from dlm.client.clock import lease_clock
 
 # typing stays off the CLI's import path (milliseconds per run); mypy reads TYPE_CHECKING as true.
 TYPE_CHECKING = False
@@ -57,15 +63,9 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from types import FrameType
 
-KILL_LEAD_S = 0.2
-"""SIGKILL goes out this long before D: time to wake, find every descendant, deliver."""
-MAX_DEFAULT_GRACE_S = 5.0
-KILL_REPEAT_S = 0.01
-"""After SIGKILL, look for (and kill) late descendants this often until none is left ..."""
-KILL_REPEAT_SLOW_S = 0.5
-"""... and this often once a second has passed (a process in uninterruptible sleep)."""
-IDLE_WAKE_S = 5.0
-"""Longest sleep of the guard's loop: a lost wake-up could never stall it for longer."""
+IDLE_WAKE_S = RECHECK_S
+"""Longest sleep of the guard's loop once CMD runs: a lost wake-up could never stall it
+for longer, and a deadline that passed while the host was suspended is seen this soon."""
 
 # Python ignores these itself; CMD gets them back at their defaults, as from subprocess.
 PYTHON_IGNORES = tuple(
@@ -80,6 +80,7 @@ GUARD_IGNORES = tuple(
                  "SIGUSR1", "SIGUSR2")
     if hasattr(signal, name)
 ) + PYTHON_IGNORES  # fmt: skip
+_SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 _PR_SET_CHILD_SUBREAPER = 36
 _EXIT_GUARD_FAILED = 70
 
@@ -87,54 +88,6 @@ _EXIT_GUARD_FAILED = 70
 # ---------------------------------------------------------------------------
 # Timing rules (pure)
 # ---------------------------------------------------------------------------
-
-
-def default_grace(ttl_ms: int) -> float:
-    """--kill-grace when not given: min(5 s, TTL/4)."""
-    return min(MAX_DEFAULT_GRACE_S, ttl_ms / 4000.0)
-
-
-def grace_problem(grace: float, ttl_ms: int) -> str | None:
-    """Why an explicit --kill-grace cannot work with this TTL, or None if it can.
-
-    SIGTERM goes out at D - grace; with half the TTL or more, a lease renewed every
-    TTL/3 would be spent before its renewal had a chance.
-    """
-    if grace * 2000.0 >= ttl_ms:
-        return "it must be less than half the TTL"
-    return None
-
-
-def term_time(deadline: float, grace: float, stop_at: float | None = None) -> float:
-    """When CMD's processes get SIGTERM."""
-    at = deadline - max(grace, KILL_LEAD_S)
-    return at if stop_at is None else min(at, stop_at)
-
-
-def kill_time(deadline: float, grace: float, stop_at: float | None = None) -> float:
-    """When CMD's processes get SIGKILL: before D whatever happens."""
-    at = deadline - KILL_LEAD_S
-    return at if stop_at is None else min(at, stop_at + grace)
-
-
-def extended(deadline: float, offered: float, term_sent: bool) -> float:
-    """The deadline after a renewal offers ``offered``: later only, and never once
-    SIGTERM is out (a renewal confirmed late takes back nothing already sent)."""
-    return deadline if term_sent else max(deadline, offered)
-
-
-def next_signal(
-    now: float, deadline: float, grace: float, stop_at: float | None, term_sent: bool
-) -> tuple[int | None, float]:
-    """The signal due at ``now`` (SIGKILL, SIGTERM or None) and when to look again."""
-    kill_at = kill_time(deadline, grace, stop_at)
-    if now >= kill_at:
-        repeat = KILL_REPEAT_S if now < kill_at + 1.0 else KILL_REPEAT_SLOW_S
-        return signal.SIGKILL, now + repeat
-    term_at = term_time(deadline, grace, stop_at)
-    if now >= term_at:
-        return (None if term_sent else signal.SIGTERM), kill_at
-    return None, term_at
 
 
 def exit_code_of(returncode: int) -> int:
@@ -146,8 +99,9 @@ def exit_code_of(returncode: int) -> int:
 # The supervisor's side
 # ---------------------------------------------------------------------------
 
-STARTED, SPAWN_FAILED, DEADLINE, LEFTOVERS, DONE = "p", "e", "t", "l", "r"
-"""Reports from the guard: CMD's pid; spawn errno; the deadline passed unrenewed (the
+STARTED, SPAWN_FAILED, NOT_STARTED, DEADLINE, LEFTOVERS, DONE = "p", "e", "n", "t", "l", "r"
+"""Reports from the guard: CMD's pid; spawn errno; CMD not started, its SIGTERM time had
+passed when the order came (the lock may be lost); the deadline passed unrenewed (the
 lock is lost); CMD ended but left processes (being stopped); everything is gone, CMD's
 exit code."""
 
@@ -333,6 +287,11 @@ def spawn(
         return proc.pid
 
 
+_spawn_seam = spawn
+"""What the guard calls to start CMD: a test replaces it (before the fork) to stand for
+a guard paused between its last look at the clock and the spawn."""
+
+
 def _no_inheritable_fds() -> None:
     for where in ("/proc/self/fd", "/dev/fd"):
         try:
@@ -482,13 +441,9 @@ class _Keeper:
         self.reports = reports
         self.program = program
         self.argv = argv
-        self.grace = grace
-        self.deadline = 0.0
+        self.rules = GuardRules(grace)
         self.leader: int | None = None  # CMD's pid, which is also its process group
         self.leader_code: int | None = None  # set once CMD is reaped
-        self.stop_at: float | None = None
-        self.term_sent = False
-        self.deadline_reported = False
         self.hung_up = False
         self.defaults: list[int] = []  # signals CMD gets back at their default action
         self._buffer = b""
@@ -551,7 +506,7 @@ class _Keeper:
             for i, line in enumerate(lines):
                 kind, _, arg = line.partition(" ")
                 if kind == "d":
-                    self.deadline = max(self.deadline, float(arg))
+                    self.rules.offer(float(arg))
                 elif kind == "s":
                     if not self._spawn(arg):
                         return False
@@ -561,19 +516,26 @@ class _Keeper:
 
     def _spawn(self, arg: str) -> bool:
         deadline, *pairs = arg.split()
-        self.deadline = max(self.deadline, float(deadline))
         env = dict(os.environ)
         for pair in pairs:
             name, _, value = pair.partition("=")
             env[bytes.fromhex(name).decode()] = bytes.fromhex(value).decode()
+        # The last look at the clock before CMD exists: the supervisor checked too, but
+        # it may have been paused (SIGSTOP, swap) between its check and its order.
+        if not self.rules.may_spawn(lease_clock(), float(deadline)):
+            self._report(NOT_STARTED)
+            return False
         try:
-            self.leader = spawn(self.program, self.argv, env, self.defaults)
+            self.leader = _spawn_seam(self.program, self.argv, env, self.defaults)
         except OSError as exc:
             self._report(SPAWN_FAILED, exc.errno or errno.ENOEXEC)
             return False
         except ValueError:  # an argument or variable with a NUL byte in it
             self._report(SPAWN_FAILED, errno.EINVAL)
             return False
+        # Paused between that look and the spawn? Then CMD started past its SIGTERM time:
+        # the first pass of the watch SIGKILLs it, before anything else.
+        self.rules.spawned(lease_clock())
         # After the spawn, so that CMD keeps the score it would have had without us.
         _lower_oom_score()
         self._report(STARTED, self.leader)
@@ -586,18 +548,17 @@ class _Keeper:
                 if not children_left:
                     self._report(DONE, self.leader_code)
                     return
-                if self.stop_at is None:
-                    self.stop_at = time.monotonic()
+                if self.rules.stop_at is None:
+                    self.rules.stop(lease_clock())
                     self._report(LEFTOVERS)
-            now = time.monotonic()
-            if not self.deadline_reported and now >= term_time(self.deadline, self.grace):
-                self.deadline_reported = True
+            now = lease_clock()
+            if self.rules.deadline_passed(now):
                 self._report(DEADLINE)
-            due, wake_at = next_signal(now, self.deadline, self.grace, self.stop_at, self.term_sent)
+            due, wake_at = self.rules.next_signal(now)
             if due is not None:
-                self._signal_all(due)
-                self.term_sent = True
-            timeout = min(IDLE_WAKE_S, max(0.0, wake_at - time.monotonic()))
+                self._signal_all(_SIGNALS[due])
+            # Never longer than IDLE_WAKE_S: select's timeout stops in a suspend, D does not.
+            timeout = min(IDLE_WAKE_S, max(0.0, wake_at - lease_clock()))
             watched = [self.wake_r] if self.hung_up else [self.wake_r, self.control]
             ready, _, _ = select.select(watched, [], [], timeout)
             if self.wake_r in ready:
@@ -609,13 +570,13 @@ class _Keeper:
         for line in lines:
             kind, _, arg = line.partition(" ")
             if kind == "d":
-                self.deadline = extended(self.deadline, float(arg), self.term_sent)
+                self.rules.offer(float(arg))
             elif kind == "k":
                 self._forward(int(arg))
-            elif kind == "x" and self.stop_at is None:
-                self.stop_at = time.monotonic()
-        if self.hung_up and self.stop_at is None:
-            self.stop_at = time.monotonic()  # the supervisor died: nobody renews any more
+            elif kind == "x":
+                self.rules.stop(lease_clock())
+        if self.hung_up:
+            self.rules.stop(lease_clock())  # the supervisor died: nobody renews any more
 
     def _drain_wake(self) -> None:
         try:

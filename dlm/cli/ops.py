@@ -392,11 +392,10 @@ def _keep_alive(client: Client, lease: str, *, announce: bool) -> tuple[int, int
     ``announce`` prints one line once the first renewal is confirmed, so a script
     (or a test) can tell the keep-alive is really running.
     """
-    import time
-
+    from dlm.client.clock import lease_clock
     from dlm.client.sync import KeepAlive
 
-    sent = time.monotonic()
+    sent = lease_clock()
     ttl_ms = client.keepalive(lease)
     if announce:
         say(

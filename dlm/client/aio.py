@@ -28,6 +28,7 @@ import anyio
 import anyio.abc
 
 from dlm.client import core
+from dlm.client.clock import RECHECK_S, lease_clock
 from dlm.client.core import (
     AwaitGrant,
     ConnectionBroken,
@@ -496,7 +497,7 @@ class AsyncClient:
             members=self.members,
             router=core.Router(self.members, start),
             backoff=core.Backoff(rng),
-            clock=time.monotonic,
+            clock=lease_clock,
             timeout=timeout,
             attempt_timeout=attempt_timeout or core.default_attempt_timeout(timeout),
         )
@@ -818,17 +819,17 @@ class AsyncKeepAlive:
 
     @property
     def deadline(self) -> float:
-        """Monotonic time after which the lease must be presumed lost."""
+        """When (``lease_clock``) the lease must be presumed lost."""
         return self._clock.deadline
 
     def update_sent(self, ttl_ms: int) -> int:
         """A TTL update of this lease is about to be sent (``AsyncClient.update_lease``)."""
-        ticket = self._clock.update_sent(time.monotonic(), ttl_ms)
+        ticket = self._clock.update_sent(lease_clock(), ttl_ms)
         self._wake()
         return ticket
 
     def update_settled(self, ticket: int, ttl_ms: int | None, *, applied: bool | None) -> None:
-        self._clock.update_settled(ticket, ttl_ms, time.monotonic(), applied=applied)
+        self._clock.update_settled(ticket, ttl_ms, lease_clock(), applied=applied)
         self._wake()
 
     def _wake(self) -> None:
@@ -856,14 +857,15 @@ class AsyncKeepAlive:
 
     async def _watch(self) -> None:
         while not self.lost.is_set():
-            left = self.deadline - time.monotonic()
+            left = self.deadline - lease_clock()
             if left <= 0:
                 self._mark_lost(
                     f"lease {self.lease} could not be renewed before its deadline "
                     f"({self.ttl_ms} ms after the last confirmed renewal)"
                 )
                 return
-            await self._sleep(left)
+            # A suspend stops the sleep's clock, not the lease's: look again soon.
+            await self._sleep(min(left, RECHECK_S))
 
     async def _renew_loop(self) -> None:
         retry_at: float | None = None
@@ -871,11 +873,11 @@ class AsyncKeepAlive:
             next_at = self._clock.last_sent + self._interval()
             if retry_at is not None:
                 next_at = min(next_at, retry_at)
-            wait = next_at - time.monotonic()
+            wait = next_at - lease_clock()
             if wait > 0:
                 await self._sleep(wait)
                 continue  # recomputed: a TTL update may bring the renewal forward
-            sent = time.monotonic()
+            sent = lease_clock()
             left = self.deadline - sent
             if left <= 0:
                 return
@@ -883,7 +885,7 @@ class AsyncKeepAlive:
                 with anyio.move_on_after(left):
                     ttl = await self._client.keepalive(self.lease, timeout=left)
                     counts = self._clock.counts(sent)
-                    if not self._clock.confirmed(sent, ttl, time.monotonic()):
+                    if not self._clock.confirmed(sent, ttl, lease_clock()):
                         return  # too late to count: the watcher reports the loss
                     self.renewals += counts
                     retry_at = None
@@ -893,7 +895,7 @@ class AsyncKeepAlive:
                 return
             except (DlmError, ValueError) as exc:
                 self.last_error = exc
-            retry_at = time.monotonic() + min(self._interval() / 4, 0.25)
+            retry_at = lease_clock() + min(self._interval() / 4, 0.25)
 
 
 def _incarnation(lease: LeaseRef) -> int:

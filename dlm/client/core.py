@@ -116,7 +116,7 @@ _set = object.__setattr__
 
 
 class Lease(Record):
-    """An open lease. ``confirmed_at`` is the monotonic time the open_lease request was first
+    """An open lease. ``confirmed_at`` is the time (``s.clock``) the open_lease request was first
     sent: the client-side deadline ``confirmed_at + ttl_ms`` falls before the server's.
     ``incarnation`` tells this lease from a later one that reuses the id (0: unknown).
     Two leases are equal when their id and TTL are (``confirmed_at`` is not compared)."""
@@ -918,8 +918,8 @@ LEASE_SLACK_S = 0.05
 
 
 def lease_deadline(sent: float, ttl_ms: int) -> float:
-    """The last instant a lease last confirmed by a request sent at ``sent`` (our monotonic
-    seconds) may be counted on: the cluster gives its locks to no one else before it.
+    """The last instant a lease last confirmed by a request sent at ``sent`` (our lease
+    clock's seconds) may be counted on: the cluster gives its locks to no one else before it.
 
     The leader counts the TTL from when it *received* the request, after we sent it,
     so ``sent + TTL`` would do with perfect clocks. If each clock runs within
@@ -935,7 +935,7 @@ def min_hold_ttl_ms(granted_by: float, hold_s: float, now: float) -> int:
     """The TTL to give a lease at ``now`` so that the cluster keeps it until at least
     ``hold_s`` after the grant; 0 when no time is left to hold.
 
-    ``granted_by`` is a moment (our monotonic seconds) at or after the grant: when
+    ``granted_by`` is a moment (our lease clock's seconds) at or after the grant: when
     the reply that reported it arrived. Counting from there, never from when the
     acquire was sent, is what keeps the hold from ending early. The leader counts
     the TTL from when the request reaches it, after ``now``, so every delay in
@@ -984,7 +984,7 @@ class LeaseClock:
     Once the deadline has passed the lease is lost for good: a confirmation
     that arrives later (a slow reply, a process that was paused) extends
     nothing, because the cluster may already have expired the lease and given
-    its locks away. Times are the client's monotonic clock, in seconds.
+    its locks away. Times are the client's lease clock (dlm.client.clock), in seconds.
     """
 
     __slots__ = (

@@ -30,6 +30,7 @@ import time
 from collections import deque
 
 from dlm.client import core
+from dlm.client.clock import RECHECK_S, lease_clock
 from dlm.client.core import (
     AwaitGrant,
     ConnectionBroken,
@@ -390,7 +391,7 @@ class Client:
             members=self.members,
             router=core.Router(self.members, start),
             backoff=core.Backoff(rng),
-            clock=time.monotonic,
+            clock=lease_clock,
             timeout=timeout,
             attempt_timeout=attempt_timeout or core.default_attempt_timeout(timeout),
             dial_timeout=dial_timeout,
@@ -717,21 +718,23 @@ class Client:
 class KeepAlive:
     """Renews a lease in the background and says when it can no longer be trusted.
 
-    The client-side deadline is (monotonic time the last *confirmed* renewal was
-    sent) + TTL, less a margin for clock rates (``core.lease_deadline``); the first
-    one counts from ``confirmed_at``, when the open_lease or acquire was sent.
+    The client-side deadline is (when the last *confirmed* renewal was sent, on
+    ``dlm.client.clock.lease_clock``, which runs on while the host is suspended)
+    + TTL, less a margin for clock rates (``core.lease_deadline``); the first one
+    counts from ``confirmed_at``, when the open_lease or acquire was sent.
     ``deadline_of(sent, ttl_ms)`` may set it earlier (dlm exec gives up at the
     moment it must stop its command). The rules are ``core.LeaseClock``'s: a TTL
     update sent through ``client`` (or a client spawned from it) lowers the
     deadline the moment it is sent, and a reply to a renewal sent before it moves
     nothing. A renewal is attempted about every TTL/3 (of the shortest TTL the
     leader may be using) from a daemon thread with its own connection; a second
-    thread watches the deadline with a timer, so a renewal that hangs (members
-    SIGSTOPped) cannot delay the verdict. ``lost`` is set, and ``on_lost(reason)``
-    called once, on SESSION_EXPIRED or when the deadline passes unconfirmed. A
-    renewal confirmed after the deadline counts for nothing. ``on_renewed(sent,
-    ttl_ms)`` is called after each renewal that counted, from the renewing thread,
-    with the TTL it counts with (capped by any update it may predate).
+    thread watches the deadline with a timer (waking at least every ``RECHECK_S``),
+    so a renewal that hangs (members SIGSTOPped) cannot delay the verdict.
+    ``lost`` is set, and ``on_lost(reason)`` called once, on SESSION_EXPIRED or
+    when the deadline passes unconfirmed. A renewal confirmed after the deadline
+    counts for nothing. ``on_renewed(sent, ttl_ms)`` is called after each renewal
+    that counted, from the renewing thread, with the TTL it counts with (capped
+    by any update it may predate).
     """
 
     def __init__(
@@ -777,13 +780,13 @@ class KeepAlive:
 
     @property
     def deadline(self) -> float:
-        """Monotonic time after which the lease must be presumed lost."""
+        """When (``lease_clock``) the lease must be presumed lost."""
         with self._cond:
             return self._clock.deadline
 
     @property
     def confirmed_at(self) -> float:
-        """Monotonic time the last renewal that counted was sent."""
+        """When (``lease_clock``) the last renewal that counted was sent."""
         with self._cond:
             return self._clock.last_sent
 
@@ -801,7 +804,7 @@ class KeepAlive:
             if self._lost_marked or self._stopping.is_set():
                 return False
             counts = self._clock.counts(sent)
-            if not self._clock.confirmed(sent, ttl_ms, time.monotonic()):
+            if not self._clock.confirmed(sent, ttl_ms, lease_clock()):
                 return False
             if counts:
                 self.renewals += 1
@@ -820,14 +823,14 @@ class KeepAlive:
         this): the deadline drops to what ``ttl_ms`` allows from now, and renewals pace
         by it. Returns the ticket for ``update_settled``."""
         with self._cond:
-            ticket = self._clock.update_sent(time.monotonic(), ttl_ms)
+            ticket = self._clock.update_sent(lease_clock(), ttl_ms)
             self._cond.notify_all()  # the watcher and the renewer re-read their times
             return ticket
 
     def update_settled(self, ticket: int, ttl_ms: int | None, *, applied: bool | None) -> None:
         """What became of the update ``ticket`` (``core.LeaseClock.update_settled``)."""
         with self._cond:
-            self._clock.update_settled(ticket, ttl_ms, time.monotonic(), applied=applied)
+            self._clock.update_settled(ticket, ttl_ms, lease_clock(), applied=applied)
             self._cond.notify_all()
 
     def _interval(self) -> float:
@@ -894,10 +897,11 @@ class KeepAlive:
         with self._cond:
             while not self._stopping.is_set() and not self._lost_marked:
                 # Re-read after every wake-up: a TTL update may have moved it earlier.
-                left = self._clock.deadline - time.monotonic()
+                left = self._clock.deadline - lease_clock()
                 if left <= 0:
                     break
-                self._cond.wait(left)
+                # A suspend stops the wait's clock, not the lease's: look again soon.
+                self._cond.wait(min(left, RECHECK_S))
             if self._stopping.is_set() or self._lost_marked:
                 return
             ttl_ms = self._clock.ttl_ms
@@ -908,12 +912,12 @@ class KeepAlive:
 
     def _renew_loop(self) -> None:
         retry_at: float | None = None
-        idle_since = time.monotonic()
+        idle_since = lease_clock()
         while True:
             with self._cond:
                 if self._stopping.is_set() or self._lost_marked:
                     return
-                now = time.monotonic()
+                now = lease_clock()
                 # Recomputed after every wake-up: a TTL update may bring the renewal forward.
                 next_at = self._clock.last_sent + self._interval()
                 if retry_at is not None:
@@ -926,9 +930,9 @@ class KeepAlive:
             if now < next_at:
                 # Long TTLs leave the connection idle for long: keep it open.
                 self._client.ping()
-                idle_since = time.monotonic()
+                idle_since = lease_clock()
                 continue
-            sent = time.monotonic()
+            sent = lease_clock()
             left = deadline - sent
             if left <= 0:
                 return  # the watcher reports it
@@ -939,10 +943,10 @@ class KeepAlive:
                 return
             except (DlmError, ValueError) as exc:
                 self.last_error = exc
-                idle_since = time.monotonic()
+                idle_since = lease_clock()
                 retry_at = idle_since + min(self._interval() / 4, 0.25)
                 continue
-            idle_since = time.monotonic()
+            idle_since = lease_clock()
             retry_at = None
             if not self.confirmed(sent, ttl):
                 return  # confirmed too late: the watcher reports the loss

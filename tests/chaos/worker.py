@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from dlm.client import ClusterUnavailable, DlmError, KeepAlive, LeaseLost, LockHeld, NotHolder
+from dlm.client.clock import lease_clock
 from dlm.client.core import new_lease_id
 from dlm.client.sync import Client
 from tests.chaos.record import Recorder
@@ -140,7 +141,7 @@ class LockWorker:
             self.rec.ret(op, outcome, detail=detail)
             return
         self.rec.ret(op, "ok", token=grant.token)
-        if keeper.lost.is_set() or time.monotonic() >= keeper.deadline:
+        if keeper.lost.is_set() or lease_clock() >= keeper.deadline:
             return  # the grant came too late to count on: close the lease, unused
         self._status(True)
         try:
@@ -149,9 +150,7 @@ class LockWorker:
                 time.sleep(self.rng.uniform(*self.work))
                 # A careful client looks at its deadline right before the write; the
                 # careless one writes anyway (a pause between the two makes it a zombie).
-                if self.careless or (
-                    not keeper.lost.is_set() and time.monotonic() < keeper.deadline
-                ):
+                if self.careless or (not keeper.lost.is_set() and lease_clock() < keeper.deadline):
                     self._store("write", key, lease, grant.token, value)
         finally:
             self._status(False)

@@ -1,11 +1,13 @@
 """Known bugs, switched on through test seams, to prove the checkers can fail: the Raft
-core's, LinkWatch's, the client library's lease clock, and the admission holes of issue 20
-(driven by the whole-node simulator)."""
+core's, LinkWatch's, the client library's lease clock, the admission holes of issue 20
+(driven by the whole-node simulator), and `dlm exec`'s hole 4 (subclasses of the CLI's pure
+exec rules that start CMD without looking at the clock)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from dlm.cli.exec_rules import GuardRules, StartGate
 from dlm.client.core import LeaseClock, lease_deadline
 from dlm.node.admission import (
     Acceptance,
@@ -144,4 +146,24 @@ class OutlivesShortenedLeases(LeaseClock):
         self.reported_ttl_ms = ttl_ms
         self.last_sent = max(self.last_sent, sent_at)
         self.deadline = max(self.deadline, lease_deadline(sent_at, ttl_ms))
+        return True
+
+
+class SpawnsWithoutLooking(GuardRules):
+    """A guard that starts CMD whenever told to, past its deadline too, and gives a CMD
+    started late the usual SIGTERM and grace (hole 4 of issue 20)."""
+
+    def may_spawn(self, now: float, deadline: float) -> bool:
+        self.offer(deadline)
+        return True
+
+    def spawned(self, now: float) -> bool:
+        return True
+
+
+class OrdersSpawnWithoutLooking(StartGate):
+    """A supervisor that orders the spawn without comparing its deadline with the clock
+    after its confirmation (a pause in between goes unnoticed: hole 4 of issue 20)."""
+
+    def may_order_spawn(self, now: float, deadline: float) -> bool:
         return True

@@ -125,6 +125,12 @@ class SimTotals:
                 "conf_refused",
                 "removal_noticed",
                 "links_replaced",
+                "cmds",
+                "cmds_killed",
+                "cmd_started_late",
+                "exec_too_late",
+                "exec_not_ordered",
+                "exec_not_started",
             )
             out.append("  totals: " + ", ".join(f"{k} {stats[k]}" for k in keys if stats[k]))
             stranger = sorted(k for k in stats if k.startswith("stranger_") and stats[k])

@@ -13,6 +13,10 @@ moment one of these fails:
   rest of its hold to the cluster (and had it confirmed while its lease lasted),
   nobody else enters the key before the hold is over, counted from when the
   grant's reply arrived (a semaphore's other slots stay open);
+* **no CMD after a later grant**: a ``dlm exec`` command (a section marked
+  ``cmd``) never starts, and never runs, once the cluster committed a later
+  grant of its exclusive key to another lease; a command frozen with its
+  host (a suspend) is not running until the host resumes;
 * **tokens rise**: the fencing tokens clients learn for an exclusive key
   strictly increase in the order they learn them;
 * **grants are real**: every grant a client was told about is a grant in the
@@ -51,6 +55,8 @@ class Section:
     """The real time at which the section ends unless released first (the client's
     deadline, or the exec guard's kill time), as it stands now."""
     released: int | None = None
+    cmd: bool = False
+    """A `dlm exec` command: checked against later grants as well."""
 
     def active_at(self, t: int) -> bool:
         if self.released is not None and self.released <= t:
@@ -91,6 +97,8 @@ class LockChecker:
         self.max_token: dict[str, int] = {}
         self.told: dict[tuple[str, int], tuple[str, str]] = {}
         """(key, token) -> (client, lease) for every grant a client learned."""
+        self.latest_grant: dict[str, tuple[int, str]] = {}
+        """key -> (token, lease) of the highest grant of each exclusive key committed so far."""
         self.granted: dict[tuple[int, str], str] = {}
         """Committed history: (token, key) -> lease of each grant (one entry can grant
         several keys: a lease that ends frees all it held)."""
@@ -107,6 +115,19 @@ class LockChecker:
 
     def enter(self, section: Section, now: int) -> None:
         key = section.key
+        latest = self.latest_grant.get(key)
+        if (
+            section.cmd
+            and latest is not None
+            and latest[0] > section.token
+            and latest[1] != section.lease
+        ):
+            raise Violation(
+                "cmd-after-grant",
+                f"{section.client} started CMD on {key} with token {section.token} at "
+                f"{now / 1e6:.3f}s, after the cluster granted {key} to lease {latest[1]} "
+                f"with token {latest[0]}",
+            )
         again = self.told.get((key, section.token))
         if again is not None and again[1] == section.lease:
             # A re-entrant acquire under the same lease: the same hold, learned again.
@@ -156,13 +177,42 @@ class LockChecker:
         """``lease`` keeps ``key`` (granted with ``token``) taken until real time ``until``."""
         self.holds[key].append((lease, token, until))
 
+    def cmd_resumed(self, section: Section, now: int) -> None:
+        """A command frozen with its host (a suspend) runs again, unless its guard, woken
+        first, has just killed it: it must not, if its key went to another lease since."""
+        latest = self.latest_grant.get(section.key)
+        if (
+            section.active_at(now)
+            and latest is not None
+            and latest[0] > section.token
+            and latest[1] != section.lease
+        ):
+            raise Violation(
+                "cmd-after-grant",
+                f"{section.client}'s CMD on {section.key} (token {section.token}) ran again "
+                f"at {now / 1e6:.3f}s after a suspend, though the cluster had granted "
+                f"{section.key} to lease {latest[1]} with token {latest[0]}",
+            )
+
     def leave(self, section: Section, now: int) -> None:
         if section.released is None:
             section.released = now
 
     # -- the replicated history -----------------------------------------------
 
-    def grant_committed(self, index: int, key: str, lease: str) -> None:
+    def grant_committed(self, index: int, key: str, lease: str, now: int | None = None) -> None:
+        if now is not None and self.limits.get(key) == 1:
+            latest = self.latest_grant.get(key)
+            if latest is None or latest[0] < index:
+                self.latest_grant[key] = (index, lease)
+            for s in self.sections.get(key, []):
+                if s.cmd and s.lease != lease and s.token < index and s.active_at(now):
+                    raise Violation(
+                        "cmd-after-grant",
+                        f"{s.client}'s CMD on {key} (token {s.token}) still ran at "
+                        f"{now / 1e6:.3f}s, when the cluster granted {key} to lease {lease} "
+                        f"with token {index}",
+                    )
         known = self.granted.setdefault((index, key), lease)
         if known != lease:
             raise Violation(

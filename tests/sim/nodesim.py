@@ -24,14 +24,19 @@ events in simulated real time (world.py), driven by one seed:
   with latency on the link. A library client opens a lease, keeps it alive
   from a second connection (as ``KeepAlive`` does), takes keys, writes to a
   fenced store while it holds them, and releases by token; an exec client
-  does the same with ``dlm exec``'s rule: its guard kills the command before
-  the client-side deadline. Clients get cut off, paused (a GC pause, longer
-  than their TTL at times) and resumed.
-  A library client now and then changes its lease's
-  TTL while it holds a key, shorter or longer (``Client.update_lease``: its
-  keeper hears of it before it is sent), and holds on; an exec client's
-  command now and then ends before its ``--min-hold``, and it hands the rest
-  of the hold to the cluster as the lease's last TTL.
+  runs ``dlm exec``'s flow: its supervisor decides with the CLI's own
+  ``StartGate`` whether to order the spawn, and its guard (a process of its
+  own on the same host, sharing the host's clock) decides with the CLI's own
+  ``GuardRules`` whether to start the command and when to kill it. Clients
+  get cut off, paused (a GC pause, longer than their TTL at times) and
+  resumed; an exec supervisor is paused between any two of its steps (its
+  guard and command run on); a client host is suspended (every process on it
+  frozen, its CLOCK_MONOTONIC stopped, real time and CLOCK_BOOTTIME running
+  on). A library client now and then changes its lease's TTL while it holds a
+  key, shorter or longer (``Client.update_lease``: its keeper hears of it
+  before it is sent), and holds on; an exec client's command now and then
+  ends before its ``--min-hold``, and it hands the rest of the hold to the
+  cluster as the lease's last TTL.
 * **a stranger** (stranger.py) on the network, without the members' peer
   secret, sends frames before and instead of a proof: spoofed refusals,
   spoofed hellos with real member ids, replays of recorded handshakes. It goes
@@ -59,6 +64,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from dlm.cli.exec_rules import KILL, KILL_LEAD_S, RENEW, TOO_LATE, GuardRules, StartGate
 from dlm.client import core
 from dlm.client.errors import ClusterUnavailable, DlmError, LeaseLost, LockHeld, NotHolder
 from dlm.node import locks
@@ -130,6 +136,7 @@ FAULT_KINDS = (
     "client_slow",
     "one_way",
     "stall",
+    "host_suspend",
 )
 DEFAULT_WEIGHTS: dict[str, int] = {
     "partition": 3,
@@ -147,8 +154,16 @@ DEFAULT_WEIGHTS: dict[str, int] = {
     "client_slow": 4,
     "one_way": 2,
     "stall": 2,
+    "host_suspend": 2,
 }
-CLIENT_FAULTS = frozenset({"client_cut", "client_cut_leader", "client_pause", "client_slow"})
+CLIENT_FAULTS = frozenset(
+    {"client_cut", "client_cut_leader", "client_pause", "client_slow", "host_suspend"}
+)
+SUPERVISOR_PAUSE_P = 0.08
+"""Chance that an exec supervisor is paused (SIGSTOP, swap) at each step boundary."""
+GUARD_STALL_P = 0.05
+"""Chance that an exec guard is starved while a spawn order waits in its pipe."""
+FOREVER = 2**62
 
 
 @dataclass
@@ -203,6 +218,10 @@ class NodeSimOptions:
     members, or all, write slower than an election timeout; "lossy_links": 30 % of the
     packets on every peer link are lost, see ``packet_loss``), under which a client's
     request must still succeed before the heal (the liveness check of issue 20, item 5)."""
+    guard_rules_class: type[GuardRules] = GuardRules
+    start_gate_class: type[StartGate] = StartGate
+    guard_clock_stops_in_suspend: bool = False
+    """Mutant: the guard reads CLOCK_MONOTONIC, which stops while its host is suspended."""
 
 
 class SimFailure(AssertionError):
@@ -464,14 +483,29 @@ class Flag:
 
 
 class ClientProc:
-    """A client process: a drifting clock, tasks, and pauses that defer everything."""
+    """A client process: a drifting clock, tasks, and pauses that defer everything.
 
-    def __init__(self, sim: NodeSimulation, name: str, kind: str) -> None:
+    ``clock`` is its host's CLOCK_BOOTTIME; ``suspended_us`` and
+    ``suspended_since`` record the host's suspends, which CLOCK_MONOTONIC
+    (``stopping_mono``) does not count. A guard shares its supervisor's host.
+    """
+
+    def __init__(
+        self, sim: NodeSimulation, name: str, kind: str, host: ClientProc | None = None
+    ) -> None:
         self.sim = sim
         self.name = name
-        self.kind = kind  # "library" or "exec"
+        self.kind = kind  # "library", "exec" or "guard"
         self.rng = sim.rng_for(f"proc-{name}")
-        self.clock = Clock(self.rng)
+        self.host = host or self
+        self.clock: Clock = Clock(self.rng) if host is None else host.clock
+        self.suspended_us = 0
+        self.suspended_since: int | None = None
+        self.guard: ClientProc | None = None
+        """An exec supervisor's guard process (made on first use)."""
+        self.cmd: CmdRun | None = None
+        """The command an exec supervisor's guard runs now."""
+        self.pauses = 0
         self.paused = False
         self.deferred: list[Callable[[], None]] = []
         self.tasks: list[Task] = []
@@ -502,6 +536,36 @@ class ClientProc:
 
     def mono(self) -> float:
         return self.clock.mono(self.sim.world.now)
+
+    def stopping_mono(self) -> float:
+        """CLOCK_MONOTONIC: the host's clock less the time it spent suspended."""
+        host, now = self.host, self.sim.world.now
+        asleep = host.suspended_us + (
+            0 if host.suspended_since is None else now - host.suspended_since
+        )
+        return self.clock.mono(now) - self.clock.rate * asleep / US
+
+
+PIPE_S = 0.0005
+"""How long a line takes down the pipe between an exec supervisor and its guard."""
+
+
+class CmdRun:
+    """One `dlm exec` command under its guard: the guard's rules and what it reported."""
+
+    def __init__(self, rules: GuardRules) -> None:
+        self.rules = rules
+        self.started = False
+        self.ended_at: int | None = None
+        """Real time CMD's last process ended (killed or exited)."""
+        self.killed = False
+        self.deadline_passed = False
+        self.stop_sent = False
+        self.watch_epoch = 0
+        self.section: Section | None = None
+        self.long = False
+        """A command that runs for seconds (past its lease, if nothing renews it)."""
+        self.done = Flag()
 
 
 # ---------------------------------------------------------------------------
@@ -699,9 +763,11 @@ class NodeSimulation:
             self._check_outlived(expire)
         result = outcome.result
         if isinstance(result, locks.Granted) and result.token == outcome.index:
-            self.checker.grant_committed(outcome.index, result.key, result.lease)
+            self.checker.grant_committed(outcome.index, result.key, result.lease, self.world.now)
         for promotion in outcome.promotions:
-            self.checker.grant_committed(promotion.token, promotion.key, promotion.lease)
+            self.checker.grant_committed(
+                promotion.token, promotion.key, promotion.lease, self.world.now
+            )
 
     def _check_outlived(self, expire: locks.ExpireCommand) -> None:
         """The cluster expired a lease: no client may still count on it (its deadline
@@ -1328,10 +1394,12 @@ class NodeSimulation:
         self._arm_timer(member)
 
     def pause_client(self, proc: ClientProc) -> None:
+        proc.pauses += 1
         proc.paused = True
 
-    def resume_client(self, proc: ClientProc) -> None:
-        if not proc.paused:
+    def resume_client(self, proc: ClientProc, *, force: bool = False) -> None:
+        proc.pauses = 0 if force else max(0, proc.pauses - 1)
+        if not proc.paused or proc.pauses:
             return
         proc.paused = False
         deferred, proc.deferred = proc.deferred, []
@@ -1503,6 +1571,15 @@ class NodeSimulation:
             # Sometimes longer than the lease: the GC-pause zombie of fencing fame.
             end = min(self.heal_at, self.world.now + rng.randint(200 * MS, 4000 * MS))
             undo = lambda: self.resume_client(proc)  # noqa: E731
+        elif kind == "host_suspend":
+            awake = [p for p in self.procs if p.suspended_since is None]
+            if not awake:
+                return
+            proc = rng.choice(awake)
+            # A laptop's lid closed, a VM hibernated: sometimes far longer than any TTL.
+            end = min(self.heal_at, self.world.now + rng.randint(300 * MS, 5000 * MS))
+            self._suspend_host(proc)
+            undo = lambda: self._wake_host(proc)  # noqa: E731
         else:
             raise ValueError(kind)
         self.world.at(end, undo)
@@ -1524,6 +1601,25 @@ class NodeSimulation:
                 member.slow_write_us = 0
 
         return fast
+
+    def _suspend_host(self, proc: ClientProc) -> None:
+        proc.suspended_since = self.world.now
+        self.pause_client(proc)
+        if proc.guard is not None:
+            self.pause_client(proc.guard)
+
+    def _wake_host(self, proc: ClientProc) -> None:
+        if proc.suspended_since is None:
+            return
+        proc.suspended_us += self.world.now - proc.suspended_since
+        proc.suspended_since = None
+        # The guard first: its timer expired during the suspend, and it looks at once.
+        if proc.guard is not None:
+            self.resume_client(proc.guard)
+        run = proc.cmd
+        if run is not None and run.section is not None and run.ended_at is None:
+            self.checker.cmd_resumed(run.section, self.world.now)
+        self.resume_client(proc)
 
     def _cut(self, links: list[tuple[str, str]]) -> Callable[[], None]:
         for link in links:
@@ -1551,25 +1647,21 @@ class NodeSimulation:
             self.resume(member)
             self.restart(member)
         for proc in self.procs:
-            self.resume_client(proc)
+            self._wake_host(proc)
+            self.resume_client(proc, force=True)
+            if proc.guard is not None:
+                self.resume_client(proc.guard, force=True)
             proc.stopping.set()
         self.trace(f"H{self.world.now}")
 
     # -- the workload --------------------------------------------------------------------
 
     def _enter(self, proc: ClientProc, grant: core.Grant, clock: core.LeaseClock) -> Section:
+        """A library client's section: it lasts until its release or its deadline."""
         now = self.world.now
-        if proc.kind == "exec":
-            late = self.options.exec_kill_late_us
 
-            def ends_by() -> int:
-                kill = proc.clock.real_us(clock.deadline) - EXEC_GRACE_MS * MS // 3
-                return kill + late
-
-        else:
-
-            def ends_by() -> int:
-                return proc.clock.real_us(clock.deadline)
+        def ends_by() -> int:
+            return proc.clock.real_us(clock.deadline)
 
         section = Section(proc.name, grant.key, grant.token, grant.lease, now, ends_by)
         self.checker.enter(section, now)
@@ -1618,6 +1710,11 @@ class NodeSimulation:
             )
             zombie = rng.random() < 0.15
             handover = not zombie and rng.random() < 0.1
+            # dlm exec's zombie: the supervisor stopped (SIGSTOP) for longer than its lease
+            # while CMD runs on; only the guard then ends CMD in time.
+            frozen_supervisor = zombie and proc.kind == "exec"
+            if proc.kind == "exec":
+                zombie = False
             for _ in range(rng.randint(1, 4)):
                 if lost.is_set() or proc.stopping.is_set():
                     break
@@ -1651,6 +1748,37 @@ class NodeSimulation:
                     self.stats["late_grants"] += 1
                     break
                 self.stats["grants"] += 1
+                if proc.kind == "exec" and not handover:
+                    # (A handover is a job's steps passing one lease on, as `dlm acquire`
+                    # does: the library's flow below, for exec clients too.)
+                    try:
+                        ran = yield from self._supervise(
+                            proc, main, lease, clock, lost, grant, frozen=frozen_supervisor
+                        )
+                    except _Cancelled:
+                        break
+                    if not ran:
+                        break  # the lease ran out (dlm exits 77): nothing to release
+                    if proc.update_rng.random() < self.options.min_holds:
+                        # `dlm exec --min-hold`: CMD ended before the hold is over; the rest
+                        # of it goes to the cluster as the lease's last TTL, and dlm exits.
+                        holder.cancel(_Cancelled())
+                        yield from self._hand_over_hold(
+                            proc, main, lease, clock, grant=grant, granted_by=granted_by
+                        )
+                        lost.set()  # the lease is left to run out: never closed
+                        handover = True  # nor opened again by id
+                        break
+                    try:
+                        yield RunFlow(
+                            main,
+                            core.release_flow(main.ctx, lease.id, key, token=grant.token),
+                        )
+                    except (NotHolder, LeaseLost, _Cancelled):
+                        pass
+                    except DlmError:
+                        self.stats["release_failed"] += 1
+                    continue
                 section = self._enter(proc, grant, clock)
                 for _ in range(rng.randint(1, 3)):
                     yield Sleep(rng.uniform(0.01, 0.25))
@@ -1661,21 +1789,6 @@ class NodeSimulation:
                     )
                 if zombie:
                     break  # stops renewing below and vanishes without releasing
-                if (
-                    proc.kind == "exec"
-                    and not handover
-                    and proc.update_rng.random() < self.options.min_holds
-                ):
-                    # `dlm exec --min-hold`: CMD ended before the hold is over; the rest of
-                    # it goes to the cluster as the lease's last TTL, and dlm exits.
-                    self.checker.leave(section, self.world.now)
-                    holder.cancel(_Cancelled())
-                    yield from self._hand_over_hold(
-                        proc, main, lease, clock, grant=grant, granted_by=granted_by
-                    )
-                    lost.set()  # the lease is left to run out: never closed
-                    handover = True  # nor opened again by id
-                    break
                 if handover:
                     # A CI job's next step takes over the lease (and so the lock) by
                     # joining it, as late as the moment the cluster expires it.
@@ -1799,6 +1912,227 @@ class NodeSimulation:
             return
         until = proc.clock.real_us(granted_by) + int(hold * US)
         self.checker.held_until(grant.key, grant.lease, grant.token, until)
+
+    # -- dlm exec: the supervisor, its guard and CMD ----------------------------------
+
+    def _maybe_pause(self, proc: ClientProc) -> Script:
+        """Between two steps of the supervisor: now and then it is stopped for a while
+        (SIGSTOP, swap, an overloaded host), sometimes for longer than its TTL; its guard
+        and its command run on."""
+        rng = self.fault_rng
+        if self.world.now >= self.heal_at or rng.random() >= SUPERVISOR_PAUSE_P:
+            return
+        short, long = rng.randint(20 * MS, 300 * MS), rng.randint(500 * MS, 3000 * MS)
+        length = short if rng.random() < 0.5 else long
+        self.faults["supervisor_pause"] += 1
+        self.trace(f"S{self.world.now}{proc.name}")
+        self.pause_client(proc)
+        self.world.at(min(self.heal_at, self.world.now + length), lambda: self.resume_client(proc))
+        yield Sleep(0.0)
+
+    def _supervise(  # noqa: PLR0917
+        self,
+        proc: ClientProc,
+        client: SimClient,
+        lease: core.Lease,
+        clock: core.LeaseClock,
+        lost: Flag,
+        grant: core.Grant,
+        *,
+        frozen: bool = False,
+    ) -> Generator[RunFlow | Sleep, Any, bool]:
+        """``dlm exec`` after its grant (exec_cmd._Session): the CLI's StartGate decides,
+        then the guard is told to spawn. True when CMD ran and ended with the lease held
+        (the lock is then released); False when the lease ran out (exit 77)."""
+        gate = self.options.start_gate_class(EXEC_GRACE_MS / 1000)
+        yield from self._maybe_pause(proc)
+        if lost.is_set():
+            return False
+        step = gate.before_start(proc.mono(), clock.deadline, clock.interval())
+        if step == TOO_LATE:
+            self.stats["exec_too_late"] += 1
+            return False
+        if step == RENEW:
+            sent = proc.mono()
+            try:
+                ttl = yield RunFlow(
+                    client,
+                    core.keepalive_flow(
+                        client.ctx,
+                        lease.id,
+                        incarnation=lease.incarnation,
+                        timeout=max(0.001, gate.stop_time(clock.deadline) - sent),
+                    ),
+                )
+            except DlmError:
+                return False
+            if not clock.confirmed(sent, ttl, proc.mono()):
+                return False
+            self.stats["exec_renewed_first"] += 1
+        yield from self._maybe_pause(proc)
+        if not gate.may_order_spawn(proc.mono(), clock.deadline):
+            self.stats["exec_not_ordered"] += 1
+            return False
+        run = self._order_spawn(proc, grant, clock.deadline, long=frozen)
+        if frozen and self.world.now < self.heal_at:
+            self.faults["supervisor_frozen"] += 1
+            self.pause_client(proc)
+            length = int(clock.ttl_ms * MS * self.fault_rng.uniform(1.0, 3.0))
+            self.world.at(
+                min(self.heal_at, self.world.now + length), lambda: self.resume_client(proc)
+            )
+            yield Sleep(0.0)
+        yield from self._maybe_pause(proc)
+        while not run.done.is_set():
+            if not run.stop_sent and (lost.is_set() or clock.expired(proc.mono())):
+                run.stop_sent = True
+                self._tell_guard(proc, lambda r, now: r.rules.stop(now))
+            yield Sleep(0.02)
+        proc.cmd = None
+        if not run.started:
+            return False
+        return not (run.killed or run.deadline_passed or lost.is_set())
+
+    def _guard_rules(self) -> GuardRules:
+        opts = self.options
+        grace = EXEC_GRACE_MS / 1000
+        if not opts.exec_kill_late_us:
+            return opts.guard_rules_class(grace)
+        late = opts.exec_kill_late_us / US
+
+        class KillsLate(opts.guard_rules_class):  # type: ignore[name-defined,misc]
+            def kill_at(self) -> float:
+                return float(super().kill_at() + KILL_LEAD_S + late)
+
+        return KillsLate(grace)
+
+    def _guard_clock(self, guard: ClientProc) -> float:
+        if self.options.guard_clock_stops_in_suspend:
+            return guard.stopping_mono()
+        return guard.mono()
+
+    def _guard_of(self, proc: ClientProc) -> ClientProc:
+        if proc.guard is None:
+            proc.guard = ClientProc(self, f"{proc.name}g", "guard", host=proc)
+        return proc.guard
+
+    def _tell_guard(self, proc: ClientProc, fn: Callable[[CmdRun, float], None]) -> None:
+        """A line down the pipe to the guard: read when the guard next runs."""
+        run, guard = proc.cmd, self._guard_of(proc)
+        if run is None:
+            return
+
+        def read() -> None:
+            fn(run, self._guard_clock(guard))
+            self._guard_watch(guard, run)
+
+        guard.after(PIPE_S, read)
+
+    def _order_spawn(
+        self, proc: ClientProc, grant: core.Grant, deadline: float, *, long: bool
+    ) -> CmdRun:
+        guard = self._guard_of(proc)
+        run = proc.cmd = CmdRun(self._guard_rules())
+        run.long = long
+        rng = self.fault_rng
+        if self.world.now < self.heal_at and rng.random() < GUARD_STALL_P:
+            # The guard is starved (an overloaded host) while the order waits in the pipe.
+            # (Never between its look at the clock and the spawn: nothing could keep CMD
+            # from starting then; the guard SIGKILLs it at once, tests/unit/cli/test_guard.)
+            self.faults["guard_stall"] += 1
+            self.pause_client(guard)
+            length = rng.randint(20 * MS, 2000 * MS)
+            self.world.at(
+                min(self.heal_at, self.world.now + length), lambda: self.resume_client(guard)
+            )
+        guard.after(PIPE_S, lambda: self._guard_spawn(proc, guard, run, grant, deadline))
+        return run
+
+    def _guard_spawn(
+        self, proc: ClientProc, guard: ClientProc, run: CmdRun, grant: core.Grant, deadline: float
+    ) -> None:
+        if not run.rules.may_spawn(self._guard_clock(guard), deadline):
+            self.stats["exec_not_started"] += 1
+            run.done.set()
+            return
+        run.started = True
+        section = Section(
+            proc.name,
+            grant.key,
+            grant.token,
+            grant.lease,
+            self.world.now,
+            lambda: self._cmd_end(proc, run),
+            cmd=True,
+        )
+        run.section = section
+        self.checker.enter(section, self.world.now)
+        self.stats["sections"] += 1
+        self.stats["cmds"] += 1
+        if not run.rules.spawned(self._guard_clock(guard)):
+            self.stats["cmd_started_late"] += 1
+        guard.spawn(self._cmd(proc, guard, run), f"{proc.name}-cmd")
+        self._guard_watch(guard, run)
+
+    def _cmd_end(self, proc: ClientProc, run: CmdRun) -> int:
+        """Until when CMD runs, as it stands now: its end, or the start of the suspend that
+        froze it, or not yet known."""
+        if run.ended_at is not None:
+            return run.ended_at
+        if proc.suspended_since is not None:
+            return proc.suspended_since
+        return FOREVER
+
+    def _guard_watch(self, guard: ClientProc, run: CmdRun) -> None:
+        """One wake-up of the guard's loop: the CLI's GuardRules say what is due."""
+        if run.ended_at is not None:
+            return
+        run.watch_epoch += 1
+        epoch = run.watch_epoch
+        now = self._guard_clock(guard)
+        if run.rules.deadline_passed(now):
+            run.deadline_passed = True
+        due, wake_at = run.rules.next_signal(now)
+        if due == KILL:  # (SIGTERM changes nothing: these commands ignore it)
+            self._cmd_ended(run, killed=True)
+            return
+
+        def again() -> None:
+            if epoch == run.watch_epoch:
+                self._guard_watch(guard, run)
+
+        guard.after(max(0.0, wake_at - now), again)
+
+    def _cmd_ended(self, run: CmdRun, *, killed: bool) -> None:
+        if run.ended_at is not None:
+            return
+        run.ended_at = self.world.now
+        run.killed = killed
+        if run.section is not None:
+            self.checker.leave(run.section, self.world.now)
+        if killed:
+            self.stats["cmds_killed"] += 1
+        run.done.set()
+
+    def _cmd(self, proc: ClientProc, guard: ClientProc, run: CmdRun) -> Script:
+        """CMD: writes to the fenced store with its token now and then, then exits."""
+        rng = guard.rng
+        # Mostly short; now and then one that outlasts several renewals (and its lease, if
+        # those fail), which only the guard then stops.
+        long = run.long or rng.random() < 0.3
+        for _ in range(rng.randint(3, 12) if long else rng.randint(1, 3)):
+            yield Sleep(rng.uniform(0.1, 0.4) if long else rng.uniform(0.01, 0.25))
+            if run.ended_at is not None:
+                return
+            section = run.section
+            assert section is not None
+
+            def land(section: Section = section) -> None:
+                zombie = self.world.now >= section.ends_by()
+                self.checker.store.write(section.key, section.token, zombie=zombie)
+
+            guard.after(0.002, land)
+        self._cmd_ended(run, killed=False)
 
     def _spawn_successor(
         self, proc: ClientProc, lease: core.Lease, clock: core.LeaseClock, grant: core.Grant
@@ -1964,6 +2298,9 @@ class NodeSimulation:
                 client.drop()
                 return
             self.stats["renewals"] += 1
+            if proc.kind == "exec":  # the supervisor tells its guard each new D
+                deadline = clock.deadline
+                self._tell_guard(proc, partial(_offer, deadline))
 
     # -- the end -----------------------------------------------------------------------
 
@@ -2144,6 +2481,10 @@ class _LogView:
 
     def last_index(self) -> int:
         return self._log.last_index()
+
+
+def _offer(deadline: float, run: CmdRun, _now: float) -> None:
+    run.rules.offer(deadline)
 
 
 def _lease_id(rng: random.Random) -> str:

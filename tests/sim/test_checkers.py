@@ -222,3 +222,48 @@ def test_a_minimum_hold_keeps_the_key_taken_and_a_semaphore_slot_only() -> None:
         checker.enter(Section("c", "sem", 9, "C", 600, lambda: 5_000), 600)
     # Once the hold is over, the key is free.
     checker.enter(Section("b", "k", 10, "B", 1_000, lambda: 5_000), 1_000)
+
+
+# ---------------------------------------------------------------------------
+# The lock-level checker: a `dlm exec` command against later grants
+# ---------------------------------------------------------------------------
+
+
+def _cmd(token: int, lease: str, ends: list[int]) -> Section:
+    return Section("c1", "k0", token, lease, 0, lambda: ends[0], cmd=True)
+
+
+def test_a_cmd_that_starts_after_a_later_grant_is_flagged() -> None:
+    checker = LockChecker({"k0": 1})
+    checker.grant_committed(10, "k0", "other", now=5)
+    with pytest.raises(Violation) as caught:
+        checker.enter(_cmd(7, "mine", [10**9]), now=6)
+    assert caught.value.kind == "cmd-after-grant"
+
+
+def test_a_cmd_still_running_when_a_later_grant_commits_is_flagged() -> None:
+    checker = LockChecker({"k0": 1})
+    checker.enter(_cmd(7, "mine", [10**9]), now=1)
+    with pytest.raises(Violation) as caught:
+        checker.grant_committed(10, "k0", "other", now=5)
+    assert caught.value.kind == "cmd-after-grant"
+
+
+def test_a_cmd_frozen_in_a_suspend_is_not_running_until_it_resumes() -> None:
+    checker = LockChecker({"k0": 1})
+    ends = [4]  # its host was suspended at 4: frozen since
+    section = _cmd(7, "mine", ends)
+    checker.enter(section, now=1)
+    checker.grant_committed(10, "k0", "other", now=5)
+    ends[0] = 10**9  # the host resumed and nothing killed it
+    with pytest.raises(Violation) as caught:
+        checker.cmd_resumed(section, now=8)
+    assert caught.value.kind == "cmd-after-grant"
+
+
+def test_a_cmd_killed_before_the_later_grant_is_fine() -> None:
+    checker = LockChecker({"k0": 1})
+    section = _cmd(7, "mine", [3])
+    checker.enter(section, now=1)
+    checker.grant_committed(10, "k0", "other", now=5)
+    checker.grant_committed(11, "k0", "mine", now=6)  # a grant to its own lease, later

@@ -8,13 +8,13 @@ opened. Tests against real nodes live in tests/cluster/test_cli_*.py.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from dlm.cli.settings import Settings
+from dlm.client.clock import lease_clock
 from dlm.client.core import Grant, Lease, ReleaseOutcome
 
 
@@ -50,7 +50,7 @@ class FakeClient:
         meta: dict[str, str] | None = None,
     ) -> Lease:
         self._call("open_lease", ttl_ms, ephemeral=ephemeral, meta=meta)
-        return Lease(id=lease or "fakelease0000001", ttl_ms=ttl_ms, confirmed_at=time.monotonic())
+        return Lease(id=lease or "fakelease0000001", ttl_ms=ttl_ms, confirmed_at=lease_clock())
 
     def acquire(
         self, lease: Any, key: str, *, wait: float | None, limit: int, meta: dict[str, str]
@@ -141,7 +141,7 @@ class FakeKeepAlive:
         self.lease = lease.id if isinstance(lease, Lease) else lease
         self.ttl_ms = ttl_ms or (lease.ttl_ms if isinstance(lease, Lease) else 30000)
         if confirmed_at is None:
-            confirmed_at = lease.confirmed_at if isinstance(lease, Lease) else time.monotonic()
+            confirmed_at = lease.confirmed_at if isinstance(lease, Lease) else lease_clock()
         self.confirmed_at = confirmed_at
         self.on_lost = on_lost
         self.on_renewed = on_renewed

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from dlm.cli.main import run
+from dlm.client.clock import lease_clock
 from dlm.client.errors import LockHeld
 from tests.unit.cli.conftest import FakeClient, FakeKeepAlive
 
@@ -549,7 +550,7 @@ def _lease_confirmed_long_ago(monkeypatch: pytest.MonkeyPatch, ago: float) -> No
         self: FakeClient, ttl_ms: int, lease: str | None = None, **options: Any
     ) -> Lease:
         self._call("open_lease", ttl_ms, **options)
-        return Lease("fakelease0000001", ttl_ms, confirmed_at=time.monotonic() - ago)
+        return Lease("fakelease0000001", ttl_ms, confirmed_at=lease_clock() - ago)
 
     monkeypatch.setattr(FakeClient, "open_lease", open_lease)
 
@@ -600,6 +601,41 @@ def test_cmd_does_not_start_once_its_stop_time_has_passed(
     assert not marker.exists()
     assert "the command was not started" in capsys.readouterr().err
     assert "close_lease" not in calls(FakeClient.instances[0])
+
+
+def test_a_supervisor_paused_after_its_last_renewal_does_not_start_cmd(
+    tmp_path: Path, capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # dlm checked its lease (plenty of time), then was paused (SIGSTOP, swap) past CMD's
+    # SIGTERM time before it ordered the spawn: played by ageing the last confirmation,
+    # which is all a pause changes from dlm's point of view.
+    from dlm.cli import exec_cmd
+
+    real_confirm = exec_cmd._Session._confirm_before_start
+
+    def confirm_then_pause(self: Any, client: Any, keeper: Any, lease: Any) -> None:
+        real_confirm(self, client, keeper, lease)
+        keeper.confirmed_at -= 29.0  # of a 30 s TTL: D - grace is long gone
+
+    monkeypatch.setattr(exec_cmd._Session, "_confirm_before_start", confirm_then_pause)
+    from dlm.cli.guard import Guard
+
+    orders: list[float] = []
+    real_spawn = Guard.spawn
+
+    def spawn(self: Guard, env: dict[str, str], deadline: float) -> None:
+        orders.append(deadline)
+        real_spawn(self, env, deadline)
+
+    monkeypatch.setattr(Guard, "spawn", spawn)
+    marker = tmp_path / "ran"
+    assert run(["exec", "--lock", "job", "--", "touch", str(marker)]) == 77
+    assert not marker.exists()
+    assert orders == []  # the supervisor's own look, not the guard's, stopped it
+    err = capsys.readouterr().err
+    assert "lost the lock on 'job'" in err
+    assert "time ran out before the command could start" in err
+    assert "the command was not started" in err
 
 
 def test_a_setsid_daemon_cmd_leaves_behind_is_stopped_before_the_lock_is_released(

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from dlm.client import Client, KeepAlive, core
+from dlm.client.clock import lease_clock
 from dlm.node.machine import NodeMachine
 
 from .doubles import silent_member
@@ -49,7 +50,7 @@ def test_sets_lost_when_the_member_stops_answering(member: RunningMember) -> Non
             assert "deadline" in (ka.reason or "")
             assert reasons == [ka.reason]
             # Lost means: no confirmed renewal within the TTL before now.
-            assert time.monotonic() >= ka.deadline
+            assert lease_clock() >= ka.deadline
         finally:
             ka.stop()
 
@@ -69,7 +70,7 @@ def test_sets_lost_when_the_lease_is_gone(member: RunningMember) -> None:
 def test_stop_is_prompt_while_a_renewal_hangs() -> None:
     with silent_member() as double, Client(double.addr, timeout=30.0) as c:
         ka = KeepAlive(
-            c, "some-lease", ttl_ms=60_000, confirmed_at=time.monotonic(), interval=0.01
+            c, "some-lease", ttl_ms=60_000, confirmed_at=lease_clock(), interval=0.01
         ).start()
         double.wait_for("keepalive")
         ka.stop(timeout=WAIT)
@@ -80,7 +81,7 @@ def test_stop_is_prompt_while_a_renewal_hangs() -> None:
 def test_needs_the_ttl_and_the_confirmation_time() -> None:
     with Client("127.0.0.1:1") as c:  # never connects
         with pytest.raises(ValueError, match="ttl_ms"):
-            KeepAlive(c, "some-lease", confirmed_at=time.monotonic())
+            KeepAlive(c, "some-lease", confirmed_at=lease_clock())
         with pytest.raises(ValueError, match="confirmed_at"):
             KeepAlive(c, "some-lease", ttl_ms=1000)
 
@@ -116,7 +117,7 @@ def test_a_renewal_confirmed_after_the_deadline_counts_for_nothing() -> None:
             c,
             "L",
             ttl_ms=60_000,
-            confirmed_at=time.monotonic(),
+            confirmed_at=lease_clock(),
             on_renewed=lambda *r: heard.append(r),
         )
         assert ka.confirmed(time.monotonic(), 60_000)
@@ -125,7 +126,7 @@ def test_a_renewal_confirmed_after_the_deadline_counts_for_nothing() -> None:
             c,
             "L",
             ttl_ms=60_000,
-            confirmed_at=time.monotonic() - 61.0,
+            confirmed_at=lease_clock() - 61.0,
             on_renewed=lambda *r: heard.append(r),
         )
         before = late.deadline
@@ -192,3 +193,25 @@ def test_an_update_sent_through_another_client_reaches_only_its_family(
             assert c._watchers.of(lease.id) == []  # a stopped KeepAlive hears nothing more
         finally:
             sibling.close()
+
+
+def test_a_deadline_that_passed_during_a_suspend_is_noticed_within_100ms_of_the_resume(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A suspend, as the keep-alive sees it: its waits (on CLOCK_MONOTONIC) stood still
+    # while the lease clock (CLOCK_BOOTTIME) ran on. Played by moving the lease clock an
+    # hour on under a watcher that is waiting for a deadline a minute away.
+    import dlm.client.sync as sync_module
+
+    slept = [0.0]
+    monkeypatch.setattr(sync_module, "lease_clock", lambda: lease_clock() + slept[0])
+    with silent_member() as double, Client(double.addr, timeout=30.0) as c:
+        ka = KeepAlive(c, "some-lease", ttl_ms=60_000, confirmed_at=lease_clock())
+        ka.start()
+        try:
+            slept[0] = 3600.0
+            # Without the 100 ms bound on its waits, the watcher would sleep ~59 s more.
+            assert ka.lost.wait(WAIT)
+            assert "deadline" in (ka.reason or "")
+        finally:
+            ka.stop(timeout=WAIT)
