@@ -604,7 +604,9 @@ class NodeSimulation:
         """Packets lost on every peer link as TCP sees them (the steady lossy_links fault):
         nothing is dropped, but each loss delays a message, and those behind it on its
         link, by a retransmission timeout that doubles with each loss in a row."""
-        self._link_free_at: dict[tuple[str, str], int] = {}
+        self._link_free_at: dict[tuple[str, str, int], int] = {}
+        """When each connection (by sender, receiver and which connection) next delivers:
+        in order, as TCP does; a replacement connection starts with no backlog."""
         self.healed = False
         self.incarnations: dict[str, list[int]] = {}
         """Every incarnation each lease id has had, oldest first."""
@@ -1000,7 +1002,7 @@ class NodeSimulation:
             while losses < MAX_RETRANSMITS and rng.random() < self.packet_loss:
                 losses += 1
             delay += RETRANSMIT_US * ((1 << losses) - 1)
-            key = (msg.src, msg.dst)
+            key = (msg.src, msg.dst, conn)
             at = max(self.world.now + delay, self._link_free_at.get(key, 0))
             self._link_free_at[key] = at  # in order, as on one TCP connection
             self.world.at(at, lambda: self._deliver_peer(msg, link, conn, seq))
