@@ -78,7 +78,7 @@ from dlm.node.outbox import (
 from dlm.node.peer_health import PeerHealth
 from dlm.node.persist_jobs import PersistJobs
 from dlm.node.proposals import Proposal as _Proposal
-from dlm.node.proposals import Proposals
+from dlm.node.proposals import Proposals, being_expired
 from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.types import (
     AppendEntriesResponse,
@@ -691,16 +691,7 @@ class NodeMachine:
             if result.joined and self._doomed(result.lease):
                 # The lease is doomed by an Expire already in the log: a client that counted
                 # a fresh TTL from its request would outlive it.
-                self._answer_request(
-                    conn,
-                    kind,
-                    error(
-                        rid,
-                        ErrorCode.SESSION_EXPIRED,
-                        f"lease {result.lease!r} is being expired: open a new lease",
-                        ended=locks.LEASE_EXPIRED,
-                    ),
-                )
+                self._answer_request(conn, kind, being_expired(result.lease).reply(rid))
                 return
             self._answer_request(
                 conn,
@@ -712,6 +703,13 @@ class NodeMachine:
                 conn, kind, ok(rid, lease=result.lease, released=list(result.released))
             )
         elif isinstance(result, locks.LeaseUpdated):
+            if self._doomed(result.lease):
+                # Proposed before the leader proposed the lease's Expire, applied after: the
+                # tracker kept the doomed clock (leases.py, arm), so the new TTL ends when
+                # the Expire commits. Confirming it would promise time the lease does not
+                # have (`dlm exec --min-hold` would report its hold handed over).
+                self._answer_request(conn, kind, being_expired(result.lease).reply(rid))
+                return
             self._answer_request(conn, kind, ok(rid, lease=result.lease, ttl_ms=result.ttl_ms))
         elif isinstance(result, locks.Locked):
             self._answer_request(
