@@ -1,12 +1,13 @@
 """Known bugs, switched on through test seams, to prove the checkers can fail: the Raft
-core's, LinkWatch's, the client library's lease clock, and the admission holes of issue 20
-(driven by the whole-node simulator)."""
+core's, LinkWatch's, the client library's lease clock, the node machine's answers, and the
+admission holes of issue 20 (driven by the whole-node simulator)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from dlm.client.core import LeaseClock, lease_deadline
+from dlm.node import locks
 from dlm.node.admission import (
     Acceptance,
     Ask,
@@ -18,9 +19,13 @@ from dlm.node.admission import (
     Send,
 )
 from dlm.node.linkwatch import LinkWatch
+from dlm.node.machine import NodeMachine
+from dlm.node.outbox import Instant
+from dlm.node.proposals import Proposal
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.membership import check_change
 from dlm.node.raft.types import ConfChange, HardState, NodeId, Role
+from dlm.wire import ok
 
 
 class CommitsPreviousTermByCounting(RaftNode):
@@ -144,3 +149,16 @@ class OutlivesShortenedLeases(LeaseClock):
         self.last_sent = max(self.last_sent, sent_at)
         self.deadline = max(self.deadline, lease_deadline(sent_at, ttl_ms))
         return True
+
+
+class ConfirmsUpdatesOfDoomedLeases(NodeMachine):
+    """Confirms a TTL update applied after the leader proposed the lease's Expire (the
+    update was in the log first): the lease's clock did not restart, and it expires anyway
+    right after, so ``dlm exec --min-hold`` reports a hold handed over that does not last."""
+
+    def _answer(self, proposal: Proposal, result: locks.Result, now: Instant) -> None:
+        if isinstance(result, locks.LeaseUpdated):
+            reply = ok(proposal.request.id, lease=result.lease, ttl_ms=result.ttl_ms)
+            self._answer_request(proposal.conn, proposal.request.TYPE, reply)
+            return
+        super()._answer(proposal, result, now)
