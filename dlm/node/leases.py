@@ -23,7 +23,8 @@ made-up times.
   Expire proposal. A lease is reported once, then again only if it is still
   tracked ``expire_retry`` seconds later (the first proposal was lost, say, in
   a leadership blip). Once reported, a lease is doomed: ``renew`` and ``arm``
-  refuse it, and the node refuses to let a client join it.
+  refuse it, and the node refuses to let a client join it, update its TTL or
+  acquire with it (machine.py, proposals.py).
 * ``leave_office()``: this node stopped leading; forget everything.
 """
 

@@ -582,9 +582,13 @@ class NodeMachine:
             assert isinstance(req, Acquire)
             self._register_waiter(conn, req.lease, result.key)
             self._queued_mono.setdefault((req.lease, result.key), now.mono)
+        # An Expire for the lease is in the log already: a join must not count a fresh TTL,
+        # and an update proposed before the Expire and applied after would promise time
+        # the lease does not have (its clock was not restarted: leases.py, arm).
         doomed = (
-            isinstance(result, locks.LeaseOpened) and result.joined and self._doomed(result.lease)
-        )
+            (isinstance(result, locks.LeaseOpened) and result.joined)
+            or isinstance(result, locks.LeaseUpdated)
+        ) and self._doomed(result.lease)
         self._answer_request(conn, req.TYPE, self._replies(now).answer(req, result, doomed=doomed))
 
     def _replies(self, now: Instant) -> Replies:

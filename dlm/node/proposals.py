@@ -30,6 +30,7 @@ from dlm.wire import (
     LockChange,
     OpenLease,
     Release,
+    UpdateLease,
     error,
 )
 
@@ -180,13 +181,12 @@ def command_for(
     else:
         origin = locks.Origin(locks.LEGACY_CLIENT, req.seq)
     at_ms = now.wall_ms
+    if isinstance(req, OpenLease | UpdateLease | Acquire) and doomed(req.lease):
+        # Joining or updating a lease restarts its clock, and an acquire's grant would
+        # last only until the Expire already in the log: none is worth proposing.
+        # (Closing or releasing still is: that is what the client wants anyway.)
+        raise being_expired(req.lease)
     if isinstance(req, OpenLease):
-        if doomed(req.lease):
-            raise Refusal(
-                ErrorCode.SESSION_EXPIRED,
-                f"lease {req.lease!r} is being expired: open a new lease",
-                ended=locks.LEASE_EXPIRED,
-            )
         if machine.lease_terms(req.lease) is None:
             if machine.counts().sessions >= quotas.max_leases:
                 raise _quota(f"this cluster holds {quotas.max_leases} leases", "max_leases")
@@ -221,6 +221,16 @@ def command_for(
     if not v2:
         raise upgrading("lease_update")
     return locks.UpdateLeaseCommand(req.lease, req.ttl_ms, req.finished, origin, at_ms)
+
+
+def being_expired(lease: str) -> Refusal:
+    """The answer for a lease the leader has proposed to expire: it may not be counted on
+    any longer, so nothing that would extend it or build on it is confirmed."""
+    return Refusal(
+        ErrorCode.SESSION_EXPIRED,
+        f"lease {lease!r} is being expired: open a new lease",
+        ended=locks.LEASE_EXPIRED,
+    )
 
 
 def _quota(what: str, limit: str) -> Refusal:

@@ -14,6 +14,7 @@ from typing import Any
 
 from dlm.node import locks
 from dlm.node.leases import LeaseTracker
+from dlm.node.proposals import being_expired
 from dlm.node.raft.core import RaftStatus
 from dlm.records import NodeId
 from dlm.views import (
@@ -86,7 +87,7 @@ class Replies:
 
     def answer(self, req: Request, result: locks.Result, *, doomed: bool = False) -> dict[str, Any]:
         """The frame answering ``req`` with the result of applying it; ``doomed``: the
-        lease it opened or joined is being expired already."""
+        lease it joined or whose TTL it updated is being expired already."""
         rid = req.id
         if isinstance(result, locks.Granted):
             info = self._locks.lease_terms(result.lease)
@@ -106,16 +107,11 @@ class Replies:
                 token=result.token,
                 lease_ended=result.lease_ended,
             ).frame(rid)
+        if doomed and isinstance(result, locks.LeaseOpened | locks.LeaseUpdated):
+            # An Expire for the lease is in the log already: a client that counted a fresh
+            # TTL from its join, or the new TTL of its update, would outlive the lease.
+            return being_expired(result.lease).reply(rid)
         if isinstance(result, locks.LeaseOpened):
-            if result.joined and doomed:
-                # An Expire for the lease is in the log already: a client that counted a
-                # fresh TTL from its request would outlive it.
-                return error(
-                    rid,
-                    ErrorCode.SESSION_EXPIRED,
-                    f"lease {result.lease!r} is being expired: open a new lease",
-                    ended=locks.LEASE_EXPIRED,
-                )
             return LeaseOpened(
                 lease=result.lease, ttl_ms=result.ttl_ms, incarnation=result.incarnation
             ).frame(rid)

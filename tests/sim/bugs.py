@@ -1,7 +1,7 @@
 """Known bugs, switched on through test seams, to prove the checkers can fail: the Raft
-core's, LinkWatch's, the client library's lease clock, the admission holes of issue 20
-(driven by the whole-node simulator), and `dlm exec`'s hole 4 (subclasses of the CLI's pure
-exec rules that start CMD without looking at the clock)."""
+core's, LinkWatch's, the client library's lease clock, the node machine's answers, the
+admission holes of issue 20 (driven by the whole-node simulator), and `dlm exec`'s hole 4
+(subclasses of the CLI's pure exec rules that start CMD without looking at the clock)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 from dlm.cli.exec_rules import GuardRules, StartGate
 from dlm.client.core import LeaseClock, lease_deadline
+from dlm.node import locks
 from dlm.node.admission import (
     Acceptance,
     Ask,
@@ -20,10 +21,14 @@ from dlm.node.admission import (
     Send,
 )
 from dlm.node.linkwatch import LinkWatch
+from dlm.node.machine import NodeMachine
+from dlm.node.outbox import Instant
+from dlm.node.proposals import Proposal
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.membership import check_change
 from dlm.node.raft.types import Role
 from dlm.records import ConfChange, HardState, NodeId
+from dlm.wire import ok
 
 
 class CommitsPreviousTermByCounting(RaftNode):
@@ -167,3 +172,16 @@ class OrdersSpawnWithoutLooking(StartGate):
 
     def may_order_spawn(self, now: float, deadline: float) -> bool:
         return True
+
+
+class ConfirmsUpdatesOfDoomedLeases(NodeMachine):
+    """Confirms a TTL update applied after the leader proposed the lease's Expire (the
+    update was in the log first): the lease's clock did not restart, and it expires anyway
+    right after, so ``dlm exec --min-hold`` reports a hold handed over that does not last."""
+
+    def _answer(self, proposal: Proposal, result: locks.Result, now: Instant) -> None:
+        if isinstance(result, locks.LeaseUpdated):
+            reply = ok(proposal.request.id, lease=result.lease, ttl_ms=result.ttl_ms)
+            self._answer_request(proposal.conn, proposal.request.TYPE, reply)
+            return
+        super()._answer(proposal, result, now)

@@ -30,6 +30,7 @@ from .bugs import (
     AdmitsClientsWithoutTheProof,
     AsksTheMemberBeforeTheProof,
     BelievesRefusalsBeforeTheProof,
+    ConfirmsUpdatesOfDoomedLeases,
     NeverReplacesLinks,
     OrdersSpawnWithoutLooking,
     OutlivesShortenedLeases,
@@ -233,18 +234,21 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         {"two-holders", "lease-outlived", "cmd-after-grant"},
         120,
     ),
-    # Issue 20, hole 3: caught after 2 seeds (seed 1) as lease-outlived, and after 2 as
-    # two-holders by the holder check alone.
+    # Issue 20, hole 3: caught after 1 seed (seed 0) as lease-outlived, and after 1 by the
+    # holder check alone (since the late handovers; 2 and 2 before).
     "client outlives a shortened lease": (
         lambda seed: options_for(seed, lease_clock_class=OutlivesShortenedLeases),
         {"lease-outlived", "two-holders"},
         20,
     ),
+    # Seen by the holder check: as two holders, or as a semaphore slot taken while both
+    # others are held, one by a minimum hold and one by a client outliving its lease
+    # (min-hold: seed 0, once the late handovers went in).
     "client outlives a shortened lease (two holders seen)": (
         lambda seed: options_for(
             seed, lease_clock_class=OutlivesShortenedLeases, check_outlived=False
         ),
-        {"two-holders"},
+        {"two-holders", "min-hold"},
         20,
     ),
     "read served before applying to the read index": (
@@ -257,7 +261,13 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         {"two-holders", "lease-outlived", "cmd-after-grant"},
         120,
     ),
-    # Caught after 3 seeds (seed 2).
+    # Caught after 6 seeds (seed 5), by the late handovers (NodeSimOptions.late_handovers).
+    "a TTL update of a lease being expired is confirmed": (
+        lambda seed: options_for(seed, machine_class=ConfirmsUpdatesOfDoomedLeases),
+        {"min-hold"},
+        30,
+    ),
+    # Caught after 4 seeds (seed 3; 3 before the late handovers).
     "--min-hold counted from the acquire's send": (
         lambda seed: options_for(seed, min_hold_from_send=True),
         {"min-hold"},

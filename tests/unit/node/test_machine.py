@@ -364,6 +364,52 @@ def test_a_keepalive_for_a_lease_whose_expire_is_proposed_is_refused() -> None:
     assert client.call("open_lease", lease="L", ttl_ms=1_000)["code"] == "SESSION_EXPIRED"
 
 
+@pytest.mark.parametrize("finished", [False, True], ids=["update", "finished"])
+def test_a_ttl_update_applied_after_the_leases_expire_is_proposed_is_refused(
+    finished: bool,
+) -> None:
+    """The update is in the log before the Expire, so it is applied (the lease is still
+    live) but cannot restart the lease's clock: confirming it would promise a TTL that
+    ends when the Expire commits, right after (``dlm exec --min-hold`` would report a
+    hold handed over that does not last)."""
+    cluster = started(3)
+    leader = cluster["n1"]
+    client = cluster.connect("n1")
+    client.call("open_lease", lease="L", ttl_ms=1_000)
+    cluster.blocked = appends_with_entries  # nothing commits; heartbeats still flow
+    cluster.advance(0.9)
+    rid = client.send("lease_update", lease="L", ttl_ms=5_000, finished=finished)
+    cluster.advance(0.2)
+    assert "lease_deadline_passed" in leader.event_names()  # the Expire is proposed
+    assert client.reply(rid) is None
+    cluster.blocked = lambda m: False
+    answer = client.wait(rid)
+    assert answer.get("code") == "SESSION_EXPIRED", answer  # not "ok"
+    assert answer["ended"] == "expired"
+    cluster.run_until(lambda: leader.machine.locks.lease("L") is None, 2.0, "L expires")
+    # A copy of the update sent now finds the lease gone.
+    assert client.call("lease_update", lease="L", ttl_ms=5_000)["code"] == "SESSION_EXPIRED"
+
+
+def test_a_ttl_update_of_a_lease_whose_expire_is_proposed_is_refused_unproposed() -> None:
+    cluster = started(3)
+    leader = cluster["n1"]
+    client = cluster.connect("n1")
+    client.call("open_lease", lease="L", ttl_ms=1_000)
+    cluster.blocked = appends_with_entries
+    cluster.advance(1.1)
+    assert "lease_deadline_passed" in leader.event_names()
+    last = leader.machine.raft.last_index
+    for request, fields in (
+        ("lease_update", {"ttl_ms": 5_000, "finished": True}),
+        ("acquire", {"key": "k"}),
+    ):
+        answer = client.call(request, lease="L", **fields)
+        assert answer.get("code") == "SESSION_EXPIRED", (request, answer)
+        assert answer["ended"] == "expired"
+    assert leader.machine.raft.last_index == last  # nothing proposed for a doomed lease
+
+
 # ---------------------------------------------------------------------------
 # The leader's lease clock
 # ---------------------------------------------------------------------------
