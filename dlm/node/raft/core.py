@@ -86,10 +86,21 @@ members must be swapped atomically, which dlm never needs. The rules:
 * Start-up rebuilds the configuration from the snapshot's ConfState (or the
   bootstrap voters of ``Config``) plus every CONF_CHANGE entry after it.
 
-Test seams: ``_maybe_commit``, ``_log_is_up_to_date``, ``_on_higher_term``,
-``_hard_state`` and ``_refuse_conf_change`` are small protected methods that
-the real logic calls; the simulator's bug-injection tests override them in
-subclasses.
+Rooms
+-----
+``RaftNode`` keeps the state, the inputs, ``ready``/``advance`` and the
+configuration; what a message or a tick does depends on the role, and
+``roles.RULES[role]`` says it (one step function per role, as etcd-io/raft
+swaps its ``step``), looked up after the term rules above. The leader's half is
+leader.py, the follower's follower.py, elections election.py; they see the node
+as a ``member.RaftMember``. Voters, learners, the quorum, the leader's progress
+per member and the vote tally are ``tracker.ProgressTracker``'s.
+
+Test seams: ``_maybe_commit``, ``_quorum_match_index``, ``_log_is_up_to_date``,
+``_on_higher_term``, ``_hard_state``, ``_refuse_conf_change`` and
+``election_timeout_range`` are small methods that the real logic (in every
+role room too) calls on the node; the simulator's bug-injection tests override
+them in subclasses.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ Functions over the ``RaftMember`` they are given (its own room, split out by rol
 as etcd-io/raft keeps ``stepLeader``): ``step_leader`` is what a message does to
 a leader, ``tick_leader`` what a tick does. Sends are coalesced: handlers only
 mark followers dirty, and ``flush`` (called from ``has_ready``/``ready``) turns
-the marks into messages. The core's test seams (``_maybe_commit``,
-``_quorum_match_index``) are always called through the node, so that the
-simulator's mutants that override them are heard. Pure: no IO, no clock.
+the marks into messages. The core's test seam ``_maybe_commit`` (which asks
+``_quorum_match_index``) is always called through the node, so that the
+simulator's mutants that override either are heard. Pure: no IO, no clock.
 """
 
 from __future__ import annotations
