@@ -109,10 +109,17 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from dlm.node.raft import leader
 from dlm.node.raft.config import Config as Config  # noqa: PLC0414 (re-exported)
 from dlm.node.raft.follower import NARROW_AFTER as NARROW_AFTER  # noqa: PLC0414 (re-exported)
 from dlm.node.raft.follower import answer_stale_term, in_lease
+from dlm.node.raft.leader import (
+    after_committed_conf,
+    append_entry,
+    flush,
+    leader_read,
+    on_commit_advanced,
+    send_timeout_now,
+)
 from dlm.node.raft.log import RaftLog
 from dlm.node.raft.member import SnapshotReceipt
 from dlm.node.raft.membership import (
@@ -435,7 +442,7 @@ class RaftNode:
         if self._lead_transferee is not None:
             return NotLeader(self._lead_transferee)
         # Even a lone voter commits only after advance() reports its own copy durable.
-        return leader.append_entry(self, data)
+        return append_entry(self, data)
 
     def propose_conf_change(self, change: ConfChange) -> int | NotLeader | ConfChangeRefused:
         """Append a single-member configuration change; it takes effect at once (see above).
@@ -458,7 +465,7 @@ class RaftNode:
         except ValueError as error:
             return ConfChangeRefused(str(error))
         conf = apply_change(self._conf_history.latest, change)
-        index = leader.append_entry(self, data, EntryKind.CONF_CHANGE)
+        index = append_entry(self, data, EntryKind.CONF_CHANGE)
         self._conf_history.push(index, conf)
         self._apply_conf(conf)
         return index
@@ -472,7 +479,7 @@ class RaftNode:
         runtime needs a deadline for each read.
         """
         if self._role is Role.LEADER:
-            leader.leader_read(self, ctx, self._id)
+            leader_read(self, ctx, self._id)
             return None
         if self._leader is None:
             return NotLeader(None)
@@ -497,7 +504,7 @@ class RaftNode:
         self._election_elapsed = 0  # the transfer's deadline
         pr = self._tracker.progress[to]
         if pr.match == self._log.last_index():
-            leader.send_timeout_now(self, to)
+            send_timeout_now(self, to)
         else:
             self._pending_append.add(to)
         return None
@@ -551,7 +558,7 @@ class RaftNode:
         if self._role is Role.LEADER and (
             self._append_all or self._commit_bcast or self._heartbeat_due or self._pending_append
         ):
-            leader.flush(self)
+            flush(self)
         if self._msgs or self._read_states or self._log.has_work():
             return True
         prev = self._prev_soft
@@ -568,7 +575,7 @@ class RaftNode:
         if self._role is Role.LEADER and (
             self._append_all or self._commit_bcast or self._heartbeat_due or self._pending_append
         ):
-            leader.flush(self)
+            flush(self)
         log = self._log
         hard = self._changed_hard_state()
         if hard is not None:
@@ -663,7 +670,7 @@ class RaftNode:
                 # Our own copy now counts towards a quorum (section 10.2.1).
                 me.match = durable
                 if self._maybe_commit():
-                    leader.on_commit_advanced(self)
+                    on_commit_advanced(self)
                     checked = self._conf_checked
                     if log.committed > checked and self._conf_history.latest_index > checked:
                         self._check_committed_conf()
@@ -767,7 +774,7 @@ class RaftNode:
             tracker.track_members(self._log.last_index() + 1, self._cfg.max_inflight)
             # (No transfer can be under way: proposals, this one too, wait until it is over.)
             if self._maybe_commit():  # fewer voters may already hold a quorum
-                leader.on_commit_advanced(self)
+                on_commit_advanced(self)
         else:
             self._role = Role.FOLLOWER if tracker.is_voter(self._id) else Role.LEARNER
 
@@ -784,7 +791,7 @@ class RaftNode:
                 self._removed = True
         self._conf_checked = committed
         if self._role is Role.LEADER and self._conf_history.latest_index <= committed:
-            leader.after_committed_conf(self)
+            after_committed_conf(self)
 
     def _reset(self, term: int) -> None:
         if term != self._term:
