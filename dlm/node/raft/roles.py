@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dlm.node.raft import leader
-from dlm.node.raft.election import campaign, on_timeout_now, on_vote_response, tick_election
+from dlm.node.raft.election import on_timeout_now, on_vote_response, tick_election
 from dlm.node.raft.follower import (
     on_leader_message,
     on_read_index_response,
@@ -36,11 +36,11 @@ from dlm.node.raft.types import (
 )
 from dlm.records import NodeId
 
-__all__ = ["RULES", "RoleRules", "campaign"]
-
 
 @dataclass(frozen=True, slots=True)
 class RoleRules:
+    """What an input does to a member in one role."""
+
     step: Callable[[RaftMember, Message], None]
     tick: Callable[[RaftMember], None]
     unreachable: Callable[[RaftMember, NodeId, bool], None]
@@ -116,6 +116,7 @@ def _leader_unreachable(node: RaftMember, peer: NodeId, gone: bool) -> None:
 
 
 def _nothing(node: RaftMember, peer: NodeId, gone: bool) -> None:
+    """A learner or a campaigning member counts on no leader's lease and sends no appends."""
     return
 
 
