@@ -691,7 +691,7 @@ class NodeSimulation:
                 before = self._log.committed
                 moved: bool = super()._maybe_commit()
                 if moved:
-                    sim._committed_under(self._log, before, self._voters)
+                    sim._committed_under(self._log, before, self.voters)
                 return moved
 
         class SimNodeMachine(base):  # type: ignore[valid-type,misc]

@@ -162,9 +162,10 @@ class CountsItselfBeforeDurable(RaftNode):
     write is durable (what Raft dissertation 10.2.1 forbids)."""
 
     def _quorum_match_index(self) -> int:
-        matches = {v: self._progress[v].match for v in self._voters if v in self._progress}
+        progress = self._tracker.progress
+        matches = {v: progress[v].match for v in self.voters if v in progress}
         matches[self._id] = self._log.last_index()
-        return quorum_index(self._voters, matches)
+        return quorum_index(self.voters, matches)
 
 
 class CommitsBeforeItsOwnWriteIsDurable(NodeMachine):

@@ -86,21 +86,42 @@ members must be swapped atomically, which dlm never needs. The rules:
 * Start-up rebuilds the configuration from the snapshot's ConfState (or the
   bootstrap voters of ``Config``) plus every CONF_CHANGE entry after it.
 
-Test seams: ``_maybe_commit``, ``_log_is_up_to_date``, ``_on_higher_term``,
-``_hard_state`` and ``_refuse_conf_change`` are small protected methods that
-the real logic calls; the simulator's bug-injection tests override them in
-subclasses.
+Rooms
+-----
+``RaftNode`` keeps the state, the inputs, ``ready``/``advance`` and the
+configuration; what a message or a tick does depends on the role, and
+``roles.RULES[role]`` says it (one step function per role, as etcd-io/raft
+swaps its ``step``), looked up after the term rules above. The leader's half is
+leader.py, the follower's follower.py, elections election.py; they see the node
+as a ``member.RaftMember``. Voters, learners, the quorum, the leader's progress
+per member and the vote tally are ``tracker.ProgressTracker``'s.
+
+Test seams: ``_maybe_commit``, ``_quorum_match_index``, ``_log_is_up_to_date``,
+``_on_higher_term``, ``_hard_state``, ``_refuse_conf_change`` and
+``election_timeout_range`` are small methods that the real logic (in every
+role room too) calls on the node; the simulator's bug-injection tests override
+them in subclasses.
 """
 
 from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
+from dlm.node.raft.config import Config as Config  # noqa: PLC0414 (re-exported)
+from dlm.node.raft.follower import NARROW_AFTER as NARROW_AFTER  # noqa: PLC0414 (re-exported)
+from dlm.node.raft.follower import answer_stale_term, in_lease
+from dlm.node.raft.leader import (
+    after_committed_conf,
+    append_entry,
+    flush,
+    leader_read,
+    on_commit_advanced,
+    send_timeout_now,
+)
 from dlm.node.raft.log import RaftLog
+from dlm.node.raft.member import SnapshotReceipt
 from dlm.node.raft.membership import (
     ConfHistory,
     apply_change,
@@ -108,9 +129,10 @@ from dlm.node.raft.membership import (
     conf_after_entry,
     includes,
 )
-from dlm.node.raft.progress import Progress, ProgressState
-from dlm.node.raft.quorum import VoteResult, majority, quorum_index, vote_result
+from dlm.node.raft.progress import ProgressState
 from dlm.node.raft.read_only import ReadOnly
+from dlm.node.raft.roles import RULES
+from dlm.node.raft.tracker import ProgressTracker
 from dlm.node.raft.types import (
     AppendEntries,
     AppendEntriesResponse,
@@ -134,60 +156,12 @@ from dlm.node.raft.types import (
 from dlm.records import (
     ConfChange,
     ConfState,
-    Entry,
     EntryKind,
     HardState,
-    LogCompacted,
     LogStorage,
-    LogUnavailable,
     NodeId,
-    Snapshot,
-    SnapshotMeta,
     encode_conf_change,
 )
-
-STALL_ROUNDS = 3
-"""Heartbeat answers without progress after which the leader assumes its appends were lost."""
-
-
-@dataclass(frozen=True, slots=True)
-class Config:
-    id: NodeId
-    voters: tuple[NodeId, ...]
-    """Bootstrap voters: the configuration at log index 0.
-
-    Used only when storage.initial_state() has an empty ConfState. Every member
-    the cluster ever has, including one added later, must be started with the
-    same bootstrap voters, because the log's configuration changes are relative
-    to it (a member added later is not among them, and stays passive until its
-    log or a snapshot makes it a member). A member id must never be reused.
-    """
-    group: int = 0
-    election_ticks: int = 10
-    """Followers time out after a random draw from [election_ticks, 2 * election_ticks),
-    widened after failed rounds and lengthened by the disk's latency (``election_timeout``)."""
-    max_backoff_doublings: int = 3
-    """How many times failed rounds in a row may double the election timeout's range."""
-    heartbeat_ticks: int = 1
-    pre_vote: bool = True
-    check_quorum: bool = True
-    max_inflight: int = 64
-    """Unacknowledged AppendEntries messages allowed per follower in replicate mode."""
-    max_entries_bytes: int = 1 << 20
-    """Payload budget of one AppendEntries (one entry is always sent, however big)."""
-    snapshot_chunk_bytes: int = 1 << 16
-
-    def validate(self) -> None:
-        if self.heartbeat_ticks < 1:
-            raise ValueError("heartbeat_ticks must be >= 1")
-        if self.election_ticks <= self.heartbeat_ticks:
-            raise ValueError("election_ticks must exceed heartbeat_ticks")
-        if not 0 <= self.max_backoff_doublings <= 10:
-            raise ValueError("max_backoff_doublings must be between 0 and 10")
-        if self.max_inflight < 1:
-            raise ValueError("max_inflight must be >= 1")
-        if self.max_entries_bytes < 1 or self.snapshot_chunk_bytes < 1:
-            raise ValueError("message budgets must be positive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,23 +192,23 @@ class RaftStatus:
     """Per-member replication state (the leader itself and learners too); empty unless leader."""
 
 
-@dataclass(slots=True)
-class _SnapshotReceipt:
-    """A snapshot a follower is reassembling from chunks."""
-
-    src: NodeId
-    term: int
-    meta: SnapshotMeta
-    chunks: list[bytes]
-    size: int = 0
-
-
 _LEADER_MESSAGES = (AppendEntries, Heartbeat, InstallSnapshot)
 
-NARROW_AFTER = 8
-"""Widened election timeouts (their base) that must pass with a leader before the back-off
-narrows by one doubling: from the widest back to the configured range takes about 34 s at
-dlm's 300 ms (8 x (2.4 + 1.2 + 0.6) s)."""
+_KNOWN_MESSAGES = frozenset(
+    {
+        VoteRequest,
+        VoteResponse,
+        AppendEntries,
+        AppendEntriesResponse,
+        Heartbeat,
+        HeartbeatResponse,
+        InstallSnapshot,
+        InstallSnapshotResponse,
+        TimeoutNow,
+        ReadIndexRequest,
+        ReadIndexResponse,
+    }
+)
 
 _SEND_NOW = frozenset(
     {
@@ -261,7 +235,6 @@ class RaftNode:
         "_conf_checked",
         "_conf_history",
         "_disk_ticks",
-        "_dispatch",
         "_durable_term",
         "_durable_vote",
         "_election_elapsed",
@@ -273,14 +246,11 @@ class RaftNode:
         "_in_round",
         "_lead_transferee",
         "_leader",
-        "_learners",
         "_log",
         "_msgs",
         "_pending_append",
         "_prev_hard",
         "_prev_soft",
-        "_progress",
-        "_quorum",
         "_randomized_timeout",
         "_read_only",
         "_read_states",
@@ -291,11 +261,9 @@ class RaftNode:
         "_snap_receipt",
         "_steady_ticks",
         "_term",
+        "_tracker",
         "_unadvanced",
         "_vote",
-        "_voter_set",
-        "_voters",
-        "_votes",
         "_was_member",
     )
 
@@ -308,10 +276,7 @@ class RaftNode:
         self._log = RaftLog(storage)
         hard, conf = storage.initial_state()
         self._role = Role.FOLLOWER
-        self._voters: tuple[NodeId, ...] = ()
-        self._voter_set: frozenset[NodeId] = frozenset()
-        self._learners: tuple[NodeId, ...] = ()
-        self._quorum = 1
+        self._tracker = ProgressTracker()
         if not conf.voters:
             conf = ConfState(voters=config.voters, learners=conf.learners)
         self._conf_history = _replay_conf_changes(storage, conf)
@@ -330,8 +295,6 @@ class RaftNode:
         self._durable_vote: NodeId | None = hard.vote
         self._unadvanced: deque[Ready] = deque()
         self._leader: NodeId | None = None
-        self._votes: dict[NodeId, bool] = {}
-        self._progress: dict[NodeId, Progress] = {}
         self._election_elapsed = 0
         self._heartbeat_elapsed = 0
         self._failed_rounds = 0
@@ -348,7 +311,7 @@ class RaftNode:
         self._read_states: list[ReadState] = []
         self._read_only = ReadOnly()
         self._reads_waiting_commit: list[tuple[bytes, NodeId]] = []
-        self._snap_receipt: _SnapshotReceipt | None = None
+        self._snap_receipt: SnapshotReceipt | None = None
         self._append_all = False
         self._commit_bcast = False
         self._heartbeat_due = False
@@ -356,20 +319,7 @@ class RaftNode:
         self._become_follower(self._term, None)
         self._check_committed_conf()
         self._prev_hard = hard
-        self._prev_soft = self._soft_state()
-        self._dispatch: dict[type[Any], Callable[[Any], None]] = {
-            VoteRequest: self._on_vote_request,
-            VoteResponse: self._on_vote_response,
-            AppendEntries: self._on_append_entries,
-            AppendEntriesResponse: self._on_append_response,
-            Heartbeat: self._on_heartbeat,
-            HeartbeatResponse: self._on_heartbeat_response,
-            InstallSnapshot: self._on_install_snapshot,
-            InstallSnapshotResponse: self._on_install_snapshot_response,
-            TimeoutNow: self._on_timeout_now,
-            ReadIndexRequest: self._on_read_index_request,
-            ReadIndexResponse: self._on_read_index_response,
-        }
+        self._prev_soft = SoftState(self._role, self._leader, self._term)
 
     def __repr__(self) -> str:
         return (
@@ -415,11 +365,11 @@ class RaftNode:
 
     @property
     def voters(self) -> tuple[NodeId, ...]:
-        return self._voters
+        return self._tracker.voters
 
     @property
     def learners(self) -> tuple[NodeId, ...]:
-        return self._learners
+        return self._tracker.learners
 
     @property
     def conf_state(self) -> ConfState:
@@ -455,22 +405,18 @@ class RaftNode:
     # ------------------------------------------------------------------
 
     def tick(self) -> None:
-        if self._role is Role.LEADER:
-            self._tick_leader()
-        else:
-            self._tick_election()
+        RULES[self._role].tick(self)
 
     def step(self, msg: Message) -> None:
         """Feed one message from a peer. Messages for another group or member are ignored."""
         if msg.group != self._group or msg.dst != self._id:
             return
-        handler = self._dispatch.get(type(msg))
-        if handler is None:
+        if type(msg) not in _KNOWN_MESSAGES:
             return
         term = msg.term
         if term > self._term:
             if isinstance(msg, VoteRequest):
-                if not msg.transfer and self._in_lease():
+                if not msg.transfer and in_lease(self):
                     # A live leader is in touch with us: this candidate would only disrupt it.
                     return
                 if not msg.pre_vote:
@@ -481,9 +427,10 @@ class RaftNode:
                 leader = msg.src if isinstance(msg, _LEADER_MESSAGES) else None
                 self._on_higher_term(term, leader)
         elif term < self._term:
-            self._on_stale_term(msg)
+            answer_stale_term(self, msg)
             return
-        handler(msg)
+        # Looked up after the term rules, which may have made us a follower.
+        RULES[self._role].step(self, msg)
         checked = self._conf_checked
         if self._log.committed > checked and self._conf_history.latest_index > checked:
             self._check_committed_conf()
@@ -495,7 +442,7 @@ class RaftNode:
         if self._lead_transferee is not None:
             return NotLeader(self._lead_transferee)
         # Even a lone voter commits only after advance() reports its own copy durable.
-        return self._append_entry(data)
+        return append_entry(self, data)
 
     def propose_conf_change(self, change: ConfChange) -> int | NotLeader | ConfChangeRefused:
         """Append a single-member configuration change; it takes effect at once (see above).
@@ -518,7 +465,7 @@ class RaftNode:
         except ValueError as error:
             return ConfChangeRefused(str(error))
         conf = apply_change(self._conf_history.latest, change)
-        index = self._append_entry(data, EntryKind.CONF_CHANGE)
+        index = append_entry(self, data, EntryKind.CONF_CHANGE)
         self._conf_history.push(index, conf)
         self._apply_conf(conf)
         return index
@@ -532,7 +479,7 @@ class RaftNode:
         runtime needs a deadline for each read.
         """
         if self._role is Role.LEADER:
-            self._leader_read(ctx, self._id)
+            leader_read(self, ctx, self._id)
             return None
         if self._leader is None:
             return NotLeader(None)
@@ -551,13 +498,13 @@ class RaftNode:
         """
         if self._role is not Role.LEADER:
             return NotLeader(self._leader)
-        if to == self._id or to not in self._voter_set or self._lead_transferee == to:
+        if to == self._id or not self._tracker.is_voter(to) or self._lead_transferee == to:
             return None
         self._lead_transferee = to
         self._election_elapsed = 0  # the transfer's deadline
-        pr = self._progress[to]
+        pr = self._tracker.progress[to]
         if pr.match == self._log.last_index():
-            self._send_timeout_now(to)
+            send_timeout_now(self, to)
         else:
             self._pending_append.add(to)
         return None
@@ -578,20 +525,7 @@ class RaftNode:
         """
         if peer == self._id:
             return
-        if self._role is Role.FOLLOWER:
-            if gone and peer == self._leader and self._id in self._voter_set:
-                ticks = self._cfg.election_ticks
-                lease = ticks << self._failed_rounds  # as widened as _in_lease counts it
-                self._election_elapsed = max(self._election_elapsed, lease)
-                self._randomized_timeout = self._election_elapsed + self._rng.randrange(
-                    1, ticks + 1
-                )
-            return
-        if self._role is not Role.LEADER:
-            return
-        pr = self._progress.get(peer)
-        if pr is not None and pr.state is ProgressState.REPLICATE:
-            pr.become_probe()
+        RULES[self._role].unreachable(self, peer, gone)
 
     def set_disk_latency(self, ticks: int) -> None:
         """How many ticks this member's writes take now, as the runtime measures them.
@@ -621,8 +555,10 @@ class RaftNode:
     # ------------------------------------------------------------------
 
     def has_ready(self) -> bool:
-        if self._append_all or self._commit_bcast or self._heartbeat_due or self._pending_append:
-            self._flush()
+        if self._role is Role.LEADER and (
+            self._append_all or self._commit_bcast or self._heartbeat_due or self._pending_append
+        ):
+            flush(self)
         if self._msgs or self._read_states or self._log.has_work():
             return True
         prev = self._prev_soft
@@ -636,8 +572,10 @@ class RaftNode:
         Each piece of work is handed out once, so ``step``/``tick``/``ready`` may go on
         while earlier Readys are being persisted; ``advance`` each, in order, when it is.
         """
-        if self._append_all or self._commit_bcast or self._heartbeat_due or self._pending_append:
-            self._flush()
+        if self._role is Role.LEADER and (
+            self._append_all or self._commit_bcast or self._heartbeat_due or self._pending_append
+        ):
+            flush(self)
         log = self._log
         hard = self._changed_hard_state()
         if hard is not None:
@@ -693,7 +631,7 @@ class RaftNode:
         prev = self._prev_soft
         if prev.role is self._role and prev.leader == self._leader and prev.term == self._term:
             return None
-        return self._soft_state()
+        return SoftState(self._role, self._leader, self._term)
 
     def advance(self, ready: Ready) -> None:
         """The runtime persisted, sent and applied ``ready``.
@@ -726,13 +664,13 @@ class RaftNode:
                 # The runtime's next snapshot lies at or after the compaction point.
                 history.forget_before(min(log.applied, log.first_index() - 1))
         if (entries or snapshot is not None) and self._role is Role.LEADER:
-            me = self._progress[self._id]
+            me = self._tracker.progress[self._id]
             durable = log.durable_index()
             if durable > me.match:
                 # Our own copy now counts towards a quorum (section 10.2.1).
                 me.match = durable
                 if self._maybe_commit():
-                    self._on_commit_advanced()
+                    on_commit_advanced(self)
                     checked = self._conf_checked
                     if log.committed > checked and self._conf_history.latest_index > checked:
                         self._check_committed_conf()
@@ -741,7 +679,7 @@ class RaftNode:
         log = self._log
         progress: dict[NodeId, FollowerProgress] = {}
         if self._role is Role.LEADER:
-            voters = self._voter_set
+            voters = self._tracker.voter_set
             progress = {
                 peer: FollowerProgress(
                     match=pr.match,
@@ -750,7 +688,7 @@ class RaftNode:
                     snapshot_pending=pr.state is ProgressState.SNAPSHOT,
                     is_learner=peer not in voters,
                 )
-                for peer, pr in self._progress.items()
+                for peer, pr in self._tracker.progress.items()
             }
         return RaftStatus(
             id=self._id,
@@ -762,8 +700,8 @@ class RaftNode:
             applied=log.applied,
             first_index=log.first_index(),
             last_index=log.last_index(),
-            voters=self._voters,
-            learners=self._learners,
+            voters=self._tracker.voters,
+            learners=self._tracker.learners,
             removed=self._removed,
             progress=progress,
         )
@@ -816,43 +754,29 @@ class RaftNode:
             return "an earlier configuration change is not committed yet"
         return check_change(self._conf_history.latest, change)
 
+    def _quorum_match_index(self) -> int:
+        """Test seam. The highest index a quorum of voters holds (leader only)."""
+        return self._tracker.quorum_match_index()
+
     # ------------------------------------------------------------------
-    # Role changes
+    # Configuration and role changes
     # ------------------------------------------------------------------
 
     def _apply_conf(self, conf: ConfState) -> None:
         """Switch to ``conf``: the one place the configuration in force changes."""
-        voter_set = frozenset(conf.voters)
-        self._voters = tuple(conf.voters)
-        self._voter_set = voter_set
-        self._learners = tuple(n for n in conf.learners if n not in voter_set)
-        self._quorum = majority(self._voters)
+        tracker = self._tracker
+        tracker.apply_conf(conf)
         # A (pre-)candidate's configuration changes only through a leader's message, which
         # makes it a follower first; a leader's only through its own proposals.
         if self._role is Role.LEADER:
-            self._sync_progress()
+            # A member that left keeps its progress (and keeps receiving the log) until
+            # the change that removed it commits, so that it can learn of its removal.
+            tracker.track_members(self._log.last_index() + 1, self._cfg.max_inflight)
+            # (No transfer can be under way: proposals, this one too, wait until it is over.)
+            if self._maybe_commit():  # fewer voters may already hold a quorum
+                on_commit_advanced(self)
         else:
-            self._role = Role.FOLLOWER if self._id in voter_set else Role.LEARNER
-
-    def _sync_progress(self) -> None:
-        """A leader's configuration changed: track new members, count with the new quorum.
-
-        A member that left keeps its progress (and keeps receiving the log) until
-        the change that removed it commits, so that it can learn of its removal.
-        """
-        progress = self._progress
-        next_index = self._log.last_index() + 1
-        max_inflight = self._cfg.max_inflight
-        for peer in (*self._voters, *self._learners):
-            pr = progress.get(peer)
-            if pr is None:
-                progress[peer] = Progress(next_index, max_inflight, is_learner=True)
-        voters = self._voter_set
-        for peer, pr in progress.items():
-            pr.is_learner = peer not in voters
-        # (No transfer can be under way: proposals, this one too, wait until it is over.)
-        if self._maybe_commit():  # fewer voters may already hold a quorum
-            self._on_commit_advanced()
+            self._role = Role.FOLLOWER if tracker.is_voter(self._id) else Role.LEARNER
 
     def _check_committed_conf(self) -> None:
         """Configurations up to the commit index are committed: note removals, prune, step down."""
@@ -866,55 +790,8 @@ class RaftNode:
             elif self._was_member:
                 self._removed = True
         self._conf_checked = committed
-        if self._role is not Role.LEADER or self._conf_history.latest_index > committed:
-            return
-        if me not in self._voter_set:
-            self._step_down_removed()
-            return
-        members = self._voter_set.union(self._learners)
-        for peer in [p for p in self._progress if p != me and p not in members]:
-            self._send_farewell(peer, self._progress.pop(peer))
-
-    def _send_farewell(self, peer: NodeId, pr: Progress) -> None:
-        """A member's removal committed: send it the log from its match on, with the commit.
-
-        Best effort (it may be lost, or the entries compacted): it lets the member
-        see its own removal committed, and so stop campaigning and report ``removed``.
-        """
-        log = self._log
-        try:
-            prev_term = log.term(pr.match)
-            entries = log.entries(pr.match + 1, log.last_index() + 1, self._cfg.max_entries_bytes)
-        except (LogCompacted, LogUnavailable):
-            return
-        self._send(
-            AppendEntries(
-                group=self._group,
-                term=self._term,
-                src=self._id,
-                dst=peer,
-                prev_index=pr.match,
-                prev_term=prev_term,
-                entries=tuple(entries),
-                commit=log.committed,
-            )
-        )
-
-    def _step_down_removed(self) -> None:
-        """Our own removal committed: hand over to the most caught-up voter and step down."""
-        last = self._log.last_index()
-        best = max(
-            (p for p in self._voters if p in self._progress),
-            key=lambda p: self._progress[p].match,
-            default=None,
-        )
-        if best is not None and self._progress[best].match == last:
-            self._send_timeout_now(best)
-        self._flush()  # the commit news, so that the others learn the removal took effect
-        self._become_follower(self._term, None)
-
-    def _soft_state(self) -> SoftState:
-        return SoftState(self._role, self._leader, self._term)
+        if self._role is Role.LEADER and self._conf_history.latest_index <= committed:
+            after_committed_conf(self)
 
     def _reset(self, term: int) -> None:
         if term != self._term:
@@ -925,7 +802,7 @@ class RaftNode:
         self._heartbeat_elapsed = 0
         low, high = self.election_timeout_range()
         self._randomized_timeout = self._rng.randrange(low, high)
-        self._votes = {}
+        self._tracker.votes = {}
         self._lead_transferee = None
         self._read_only.clear()
         self._reads_waiting_commit.clear()
@@ -935,704 +812,11 @@ class RaftNode:
     def _become_follower(self, term: int, leader: NodeId | None) -> None:
         self._reset(term)
         self._leader = leader
-        self._role = Role.FOLLOWER if self._id in self._voter_set else Role.LEARNER
-        self._progress = {}
-
-    def _campaign(self, pre_vote: bool, transfer: bool = False) -> None:
-        if pre_vote:
-            self._reset(self._term)
-            self._role = Role.PRE_CANDIDATE
-            vote_term = self._term + 1
-        else:
-            self._reset(self._term + 1)
-            self._role = Role.CANDIDATE
-            self._vote = self._id
-            vote_term = self._term
-        self._votes[self._id] = True
-        if vote_result(self._voters, self._votes) is VoteResult.WON:
-            self._won_election(pre_vote)
-            return
-        log = self._log
-        last_index = log.last_index()
-        last_term = log.last_term()
-        for peer in self._voters:
-            if peer != self._id:
-                self._send(
-                    VoteRequest(
-                        group=self._group,
-                        term=vote_term,
-                        src=self._id,
-                        dst=peer,
-                        last_log_index=last_index,
-                        last_log_term=last_term,
-                        pre_vote=pre_vote,
-                        transfer=transfer,
-                    )
-                )
-
-    def _won_election(self, pre_vote: bool) -> None:
-        if pre_vote:
-            self._campaign(pre_vote=False)
-        else:
-            self._become_leader()
-
-    def _become_leader(self) -> None:
-        self._in_round = False
-        self._reset(self._term)
-        self._role = Role.LEADER
-        self._leader = self._id
-        self._committed_in_term = False
-        log = self._log
-        next_index = log.last_index() + 1
-        max_inflight = self._cfg.max_inflight
-        voters = self._voter_set
-        self._progress = {
-            peer: Progress(next_index, max_inflight, is_learner=peer not in voters)
-            for peer in (*self._voters, *self._learners)
-        }
-        me = self._progress[self._id]  # only a voter campaigns
-        # Only what is already on our disk counts; the rest counts as advance() reports it.
-        me.match = log.durable_index()
-        me.recent_active = True
-        # Raft 8: a no-op of our own term lets us commit (and learn) what earlier terms left.
-        self._append_entry(b"")
-
-    def _in_lease(self) -> bool:
-        """Whether we heard from a live leader within the election timeout (check-quorum lease)."""
-        return (
-            self._cfg.check_quorum
-            and self._leader is not None
-            # As widened as our own timeout: while we would not stand, nor may others.
-            and self._election_elapsed < self._cfg.election_ticks << self._failed_rounds
-        )
-
-    # ------------------------------------------------------------------
-    # Timers
-    # ------------------------------------------------------------------
-
-    def _tick_election(self) -> None:
-        self._election_elapsed += 1
-        if self._id in self._voter_set and self._election_elapsed >= self._randomized_timeout:
-            if self._in_round:
-                # The last round (ours, or one we voted in) reached others but ended without
-                # a leader: widen the range the next timeouts are drawn from, so that members
-                # whose rounds keep colliding, or keep running out before slow votes arrive,
-                # spread out. A round that reached nobody (we are cut off) widens nothing:
-                # the timeouts after the heal must still be short.
-                self._failed_rounds = min(self._failed_rounds + 1, self._cfg.max_backoff_doublings)
-                self._steady_ticks = 0
-                self._in_round = False
-            self._campaign(pre_vote=self._cfg.pre_vote)
-        elif self._leader is not None:
-            self._narrow_back_off()
-
-    def _narrow_back_off(self) -> None:
-        """One tick with a leader: after ``NARROW_AFTER`` of its base timeouts in a row,
-        the back-off narrows by one doubling. Not at once: on a lossy network the leader
-        a round found is heard late now and then, and the configured timeout would give
-        it up again, round after round (terms 4 to 16 in 20 s at 30 % packet loss)."""
-        if not self._failed_rounds:
-            return
-        self._steady_ticks += 1
-        if self._steady_ticks >= NARROW_AFTER * (self._cfg.election_ticks << self._failed_rounds):
-            self._steady_ticks = 0
-            self._failed_rounds -= 1
-            if self._role is not Role.LEADER:
-                low, high = self.election_timeout_range()
-                self._randomized_timeout = self._rng.randrange(low, high)
-
-    def _tick_leader(self) -> None:
-        self._election_elapsed += 1
-        self._heartbeat_elapsed += 1
-        cfg = self._cfg
-        self._narrow_back_off()
-        # Give followers as long to answer as they give us: the same widened timeout.
-        if self._election_elapsed >= cfg.election_ticks << self._failed_rounds:
-            self._election_elapsed = 0
-            if cfg.check_quorum:
-                if not self._quorum_active():
-                    self._become_follower(self._term, None)
-                    return
-                for peer, pr in self._progress.items():
-                    if peer != self._id:
-                        pr.recent_active = False
-            self._lead_transferee = None  # a transfer that has not happened by now is abandoned
-        if self._heartbeat_elapsed >= cfg.heartbeat_ticks:
-            self._heartbeat_elapsed = 0
-            self._heartbeat_due = True
-
-    def _quorum_active(self) -> bool:
-        active = 0
-        for voter in self._voters:
-            if voter == self._id:
-                active += 1
-            else:
-                pr = self._progress.get(voter)
-                if pr is not None and pr.recent_active:
-                    active += 1
-        return active >= self._quorum
-
-    # ------------------------------------------------------------------
-    # Message handlers
-    # ------------------------------------------------------------------
+        self._role = Role.FOLLOWER if self._tracker.is_voter(self._id) else Role.LEARNER
+        self._tracker.progress = {}
 
     def _send(self, msg: Message) -> None:
         self._msgs.append(msg)
-
-    def _on_stale_term(self, msg: Message) -> None:
-        """A message from an older term. Answer only where that helps its sender catch up."""
-        if isinstance(msg, AppendEntries):
-            # Figure 2: reply false, with our term, so a deposed leader steps down. Under
-            # check-quorum it may never see a higher-term vote (we refuse those in lease).
-            self._send_append_response(msg.src, reject=True, index=msg.prev_index)
-        elif isinstance(msg, (Heartbeat, InstallSnapshot)):
-            self._send(
-                HeartbeatResponse(group=self._group, term=self._term, src=self._id, dst=msg.src)
-            )
-        elif isinstance(msg, VoteRequest) and msg.pre_vote:
-            self._send(
-                VoteResponse(
-                    group=self._group,
-                    term=self._term,
-                    src=self._id,
-                    dst=msg.src,
-                    granted=False,
-                    pre_vote=True,
-                )
-            )
-
-    def _on_vote_request(self, m: VoteRequest) -> None:
-        # Whatever our own configuration says, we answer: a candidate counts only the
-        # voters of its configuration, and one that lists us may know of a promotion we
-        # have not seen yet (refusing could leave the cluster leaderless). Only a member
-        # whose removal is committed is sure never to be needed again.
-        can_vote = not self._removed and (
-            self._vote == m.src
-            or (self._vote is None and self._leader is None)
-            or (m.pre_vote and m.term > self._term)
-        )
-        granted = can_vote and self._log_is_up_to_date(m.last_log_index, m.last_log_term)
-        if granted:
-            self._in_round = True
-        if granted and not m.pre_vote:
-            self._vote = m.src
-            self._election_elapsed = 0
-        elif granted and self._role is Role.FOLLOWER:
-            # A follower that would vote for this candidate holds its own campaign for one
-            # randomized timeout, long enough for the candidate's real election to end.
-            # Otherwise every follower whose timer fires within one pre-vote round trip of
-            # another's also wins its pre-vote, they all stand, and with four or more
-            # voters the votes can split round after round when latency is a sizeable
-            # part of the election timeout. The leader is forgotten too: we judged it
-            # gone, and keeping it would make the restarted timer look like its lease.
-            self._leader = None
-            self._election_elapsed = 0
-        self._send(
-            VoteResponse(
-                group=self._group,
-                # A granted pre-vote answers in the term it was asked about.
-                term=m.term if granted and m.pre_vote else self._term,
-                src=self._id,
-                dst=m.src,
-                granted=granted,
-                pre_vote=m.pre_vote,
-            )
-        )
-
-    def _on_vote_response(self, m: VoteResponse) -> None:
-        role = self._role
-        if m.pre_vote:
-            if role is not Role.PRE_CANDIDATE:
-                return
-        elif role is not Role.CANDIDATE:
-            return
-        self._in_round = True  # our round reached someone
-        self._votes.setdefault(m.src, m.granted)
-        result = vote_result(self._voters, self._votes)
-        if result is VoteResult.WON:
-            self._won_election(m.pre_vote)
-        elif result is VoteResult.LOST:
-            self._become_follower(self._term, None)
-
-    def _follow(self, m: AppendEntries | Heartbeat | InstallSnapshot) -> bool:
-        """What every leader message at our term does first: accept the leader, reset the timer."""
-        role = self._role
-        if role is Role.LEADER:
-            return False  # two leaders in one term cannot happen; drop it
-        if role is Role.CANDIDATE or role is Role.PRE_CANDIDATE:
-            self._become_follower(self._term, m.src)
-        else:
-            self._leader = m.src
-        self._election_elapsed = 0
-        self._in_round = False
-        return True
-
-    def _on_append_entries(self, m: AppendEntries) -> None:
-        if not self._follow(m):
-            return
-        log = self._log
-        if m.prev_index < log.committed:
-            # Everything up to our commit matches the leader already (and may be compacted).
-            self._send_append_response(m.src, reject=False, index=log.committed)
-            return
-        appended = log.maybe_append(m.prev_index, m.prev_term, m.commit, m.entries)
-        if appended is not None:
-            last_new, written_from = appended
-            if written_from:
-                self._log_rewritten(written_from, m.entries)
-            self._send_append_response(m.src, reject=False, index=last_new)
-            return
-        last = log.last_index()
-        if m.prev_index > last:
-            hint_index, hint_term = last, 0
-        else:
-            hint_index, hint_term = log.find_conflict_by_term(m.prev_index, m.prev_term)
-        self._send_append_response(
-            m.src, reject=True, index=m.prev_index, hint_index=hint_index, hint_term=hint_term
-        )
-
-    def _log_rewritten(self, first: int, entries: tuple[Entry, ...]) -> None:
-        """Our log holds ``entries`` from index ``first`` on: follow the configurations in them."""
-        history = self._conf_history
-        changed = history.latest_index >= first and history.truncate(first)
-        conf = history.latest
-        for entry in entries[first - entries[0].index :]:
-            if entry.kind is EntryKind.CONF_CHANGE:
-                new = conf_after_entry(conf, entry)
-                if new is not None:
-                    history.push(entry.index, new)
-                    conf = new
-                    changed = True
-        if changed:
-            self._apply_conf(conf)
-
-    def _send_append_response(
-        self, to: NodeId, reject: bool, index: int, hint_index: int = 0, hint_term: int = 0
-    ) -> None:
-        self._send(
-            AppendEntriesResponse(
-                group=self._group,
-                term=self._term,
-                src=self._id,
-                dst=to,
-                reject=reject,
-                index=index,
-                hint_index=hint_index,
-                hint_term=hint_term,
-            )
-        )
-
-    def _on_heartbeat(self, m: Heartbeat) -> None:
-        if not self._follow(m):
-            return
-        # The leader sends min(commit, our match), which we are known to hold.
-        self._log.commit_to(m.commit)
-        self._send(
-            HeartbeatResponse(
-                group=self._group, term=self._term, src=self._id, dst=m.src, ctx=m.ctx
-            )
-        )
-
-    def _on_timeout_now(self, m: TimeoutNow) -> None:
-        if self._role is Role.LEADER or self._id not in self._voter_set:
-            return
-        # The leader asked for it: skip pre-vote and tell voters to ignore their lease.
-        self._campaign(pre_vote=False, transfer=True)
-
-    def _on_read_index_request(self, m: ReadIndexRequest) -> None:
-        if self._role is Role.LEADER:
-            self._leader_read(m.ctx, m.src)
-        else:
-            self._send(
-                ReadIndexResponse(
-                    group=self._group, term=self._term, src=self._id, dst=m.src, ctx=m.ctx, index=0
-                )
-            )
-
-    def _on_read_index_response(self, m: ReadIndexResponse) -> None:
-        # index 0 is a refusal; reporting it as ReadState(ctx, 0) would invite a stale read.
-        if m.index > 0 and self._role is not Role.LEADER:
-            self._read_states.append(ReadState(m.ctx, m.index))
-
-    # -- snapshots, follower side ---------------------------------------
-
-    def _on_install_snapshot(self, m: InstallSnapshot) -> None:
-        if not self._follow(m):
-            return
-        log = self._log
-        meta = m.meta
-        end = m.offset + len(m.data)
-        if meta.index <= log.committed:
-            # Already covered (a retransmission after we installed it): report done.
-            self._snap_receipt = None
-            self._send_snapshot_response(m.src, log.committed, end)
-            return
-        receipt = self._snap_receipt
-        same = (
-            receipt is not None
-            and receipt.src == m.src
-            and receipt.term == m.term
-            and receipt.meta == meta
-        )
-        if m.offset == 0:
-            if receipt is not None and same and receipt.size > 0:
-                self._send_snapshot_response(m.src, meta.index, receipt.size)
-                return
-            receipt = self._snap_receipt = _SnapshotReceipt(m.src, m.term, meta, [])
-        elif receipt is None or not same or m.offset > receipt.size:
-            self._snap_receipt = None
-            self._send_snapshot_response(m.src, meta.index, 0, reject=True)
-            return
-        elif m.offset < receipt.size:
-            self._send_snapshot_response(m.src, meta.index, receipt.size)
-            return
-        receipt.chunks.append(m.data)
-        receipt.size = end
-        if not m.done:
-            self._send_snapshot_response(m.src, meta.index, end)
-            return
-        self._snap_receipt = None
-        if log.match_term(meta.index, meta.term):
-            # Our log already holds the snapshot's last entry: just fast-forward the commit.
-            log.commit_to(meta.index)
-        else:
-            committed = log.committed
-            log.restore(Snapshot(meta, b"".join(receipt.chunks)))
-            history = self._conf_history
-            conf = meta.conf if meta.conf.voters else history.latest
-            # Keep the committed part: the runtime may still be applying (and taking
-            # snapshots of) committed entries handed out before this snapshot.
-            history.truncate(committed + 1)
-            history.push(meta.index, conf)
-            self._apply_conf(conf)
-        self._send_snapshot_response(m.src, meta.index, end)
-
-    def _send_snapshot_response(
-        self, to: NodeId, index: int, next_offset: int, reject: bool = False
-    ) -> None:
-        self._send(
-            InstallSnapshotResponse(
-                group=self._group,
-                term=self._term,
-                src=self._id,
-                dst=to,
-                index=index,
-                next_offset=next_offset,
-                reject=reject,
-            )
-        )
-
-    # -- leader side ------------------------------------------------------
-
-    def _follower(self, peer: NodeId) -> Progress | None:
-        if self._role is not Role.LEADER or peer == self._id:
-            return None
-        return self._progress.get(peer)
-
-    def _on_append_response(self, m: AppendEntriesResponse) -> None:
-        pr = self._follower(m.src)
-        if pr is None:
-            return
-        pr.recent_active = True
-        log = self._log
-        if m.reject:
-            if not self._accept_rejection(pr, m):
-                return
-            self._pending_append.add(m.src)
-            return
-        if m.index > log.last_index():
-            return  # acknowledges entries we never had: not from our term
-        if not pr.maybe_update(m.index):
-            if pr.state is ProgressState.PROBE and m.index == pr.next - 1 == pr.match:
-                # An empty probe confirmed where the follower's log ends: start streaming.
-                pr.become_replicate()
-                self._pending_append.add(m.src)
-            return
-        state = pr.state
-        if state is ProgressState.PROBE:
-            pr.become_replicate()
-        elif state is ProgressState.SNAPSHOT:
-            if pr.match >= pr.pending_snapshot:
-                pr.become_replicate()
-        else:
-            pr.free_to(m.index)
-        if self._maybe_commit():
-            self._on_commit_advanced()
-        self._pending_append.add(m.src)
-        if m.src == self._lead_transferee and pr.match == log.last_index():
-            self._send_timeout_now(m.src)
-
-    def _accept_rejection(self, pr: Progress, m: AppendEntriesResponse) -> bool:
-        """Move ``next`` back after a rejection, skipping a whole conflicting term at once."""
-        rejected = m.index
-        if pr.state is ProgressState.REPLICATE:
-            if rejected <= pr.match:
-                return False  # stale: we know it matches there
-        elif pr.state is ProgressState.PROBE:
-            if rejected != pr.next - 1:
-                return False  # an answer to an older probe
-        else:
-            return False
-        if m.hint_term > 0:
-            probe, _ = self._log.find_conflict_by_term(m.hint_index, m.hint_term)
-        else:
-            probe = m.hint_index
-        new_next = max(min(rejected, probe + 1), pr.match + 1)
-        pr.become_probe()
-        pr.next = new_next
-        return True
-
-    def _on_heartbeat_response(self, m: HeartbeatResponse) -> None:
-        pr = self._follower(m.src)
-        if pr is None:
-            return
-        pr.recent_active = True
-        pr.probe_sent = False
-        if pr.match < self._log.last_index():
-            if pr.match == pr.hb_match:
-                pr.stall += 1
-            else:
-                pr.hb_match = pr.match
-                pr.stall = 0
-            if pr.stall >= STALL_ROUNDS:
-                # Nothing we sent has been acknowledged for several round trips: assume
-                # it was lost and start again from what the follower surely has.
-                pr.stall = 0
-                if pr.state is ProgressState.REPLICATE:
-                    pr.become_probe()
-                elif pr.state is ProgressState.SNAPSHOT:
-                    pr.snap_need_send = True
-            self._pending_append.add(m.src)
-        else:
-            pr.stall = 0
-            if m.src == self._lead_transferee:
-                self._send_timeout_now(m.src)  # the first one may have been lost
-        voters = self._voter_set
-        if m.ctx and m.src in voters:
-            acks = self._read_only.ack(m.ctx, m.src)
-            # Only voters of the configuration in force count, the leader too if it is one.
-            count = sum(1 for v in acks if v in voters) + (1 if self._id in voters else 0)
-            if count >= self._quorum:
-                for req in self._read_only.confirm(m.ctx):
-                    self._deliver_read(req.ctx, req.index, req.requester)
-
-    def _on_install_snapshot_response(self, m: InstallSnapshotResponse) -> None:
-        pr = self._follower(m.src)
-        if pr is None:
-            return
-        pr.recent_active = True
-        snap = pr.snapshot
-        if pr.state is not ProgressState.SNAPSHOT or snap is None:
-            return
-        if m.reject:
-            pr.snap_offset = 0
-            pr.snap_need_send = True
-        elif m.index >= snap.meta.index and (
-            m.next_offset >= len(snap.data) or m.index > snap.meta.index
-        ):
-            # Installed, or the follower's commit already covers the snapshot.
-            if m.index <= self._log.last_index():
-                pr.maybe_update(m.index)
-            pr.become_probe()
-        elif m.index == snap.meta.index and m.next_offset > pr.snap_offset:
-            pr.snap_offset = m.next_offset
-            pr.snap_need_send = True
-            pr.stall = 0
-        else:
-            return
-        self._pending_append.add(m.src)
-
-    def _send_timeout_now(self, to: NodeId) -> None:
-        self._send(TimeoutNow(group=self._group, term=self._term, src=self._id, dst=to))
-
-    # ------------------------------------------------------------------
-    # Leader machinery
-    # ------------------------------------------------------------------
-
-    def _append_entry(self, data: bytes, kind: EntryKind = EntryKind.NORMAL) -> int:
-        """Append to the leader's log; its own copy counts once advance() says it is durable."""
-        log = self._log
-        index = log.last_index() + 1
-        log.append(Entry(index, self._term, data, kind))
-        self._append_all = True
-        return index
-
-    def _quorum_match_index(self) -> int:
-        """The highest index a quorum of voters holds (leader only)."""
-        progress = self._progress
-        return quorum_index(
-            self._voters, {v: progress[v].match for v in self._voters if v in progress}
-        )
-
-    def _on_commit_advanced(self) -> None:
-        self._commit_bcast = True
-        log = self._log
-        if not self._committed_in_term and log.term_or_none(log.committed) == self._term:
-            self._committed_in_term = True
-            waiting = self._reads_waiting_commit
-            self._reads_waiting_commit = []
-            for ctx, requester in waiting:
-                self._leader_read(ctx, requester)
-
-    def _leader_read(self, ctx: bytes, requester: NodeId) -> None:
-        commit = self._log.committed
-        if not self._committed_in_term:
-            # Until an entry of our term commits, our commit index may lag the cluster's
-            # (even a lone voter's: it commits only what its disk confirmed).
-            self._reads_waiting_commit.append((ctx, requester))
-        elif self._quorum == 1 and self._id in self._voter_set:
-            self._deliver_read(ctx, commit, requester)
-        elif self._read_only.add(ctx, commit, requester):
-            self._heartbeat_due = True
-
-    def _deliver_read(self, ctx: bytes, index: int, requester: NodeId) -> None:
-        if requester == self._id:
-            self._read_states.append(ReadState(ctx, index))
-        else:
-            self._send(
-                ReadIndexResponse(
-                    group=self._group,
-                    term=self._term,
-                    src=self._id,
-                    dst=requester,
-                    ctx=ctx,
-                    index=index,
-                )
-            )
-
-    def _flush(self) -> None:
-        """Turn the pending sends of a leader into messages (coalescing proposals)."""
-        if self._role is not Role.LEADER:
-            return
-        if self._heartbeat_due:
-            self._heartbeat_due = False
-            self._broadcast_heartbeat()
-        append_all = self._append_all
-        commit = self._commit_bcast
-        pending = self._pending_append
-        if not (append_all or commit or pending):
-            return
-        everyone = append_all or commit
-        for peer, pr in self._progress.items():
-            if peer != self._id and (everyone or peer in pending):
-                self._send_appends(peer, pr, send_empty=commit)
-        self._append_all = self._commit_bcast = False
-        pending.clear()
-
-    def _broadcast_heartbeat(self) -> None:
-        ctx = self._read_only.last_ctx()
-        commit = self._log.committed
-        for peer, pr in self._progress.items():
-            if peer != self._id:
-                self._send(
-                    Heartbeat(
-                        group=self._group,
-                        term=self._term,
-                        src=self._id,
-                        dst=peer,
-                        commit=min(commit, pr.match),
-                        ctx=ctx,
-                    )
-                )
-
-    def _send_appends(self, peer: NodeId, pr: Progress, send_empty: bool) -> None:
-        if pr.state is ProgressState.SNAPSHOT:
-            if pr.snap_need_send:
-                self._send_snapshot_chunk(peer, pr)
-            return
-        if not self._send_append(peer, pr, send_empty):
-            return
-        last = self._log.last_index()
-        # Pipeline the rest of a long backlog, up to the in-flight window.
-        while pr.state is ProgressState.REPLICATE and pr.next <= last and not pr.is_paused():
-            if not self._send_append(peer, pr, False):
-                break
-
-    def _send_append(self, peer: NodeId, pr: Progress, send_empty: bool) -> bool:
-        if pr.is_paused():
-            return False
-        log = self._log
-        last = log.last_index()
-        if pr.next > last and pr.state is ProgressState.REPLICATE:
-            if not send_empty:
-                return False
-            # Commit news only. Anchor it at match, which the follower surely holds, so
-            # that it cannot be refused while our earlier appends are still in flight.
-            anchor_term = log.term_or_none(pr.match)
-            if anchor_term is None:
-                return False  # compacted: the next heartbeat carries the commit instead
-            self._send(
-                AppendEntries(
-                    group=self._group,
-                    term=self._term,
-                    src=self._id,
-                    dst=peer,
-                    prev_index=pr.match,
-                    prev_term=anchor_term,
-                    entries=(),
-                    commit=log.committed,
-                )
-            )
-            return True
-        prev_index = pr.next - 1
-        try:
-            prev_term = log.term(prev_index)
-            entries = (
-                log.entries(pr.next, last + 1, self._cfg.max_entries_bytes)
-                if pr.next <= last
-                else []
-            )
-        except LogCompacted:
-            return self._start_snapshot(peer, pr)
-        except LogUnavailable:
-            pr.next = last + 1  # beyond our log: only a confused ack leads here
-            return False
-        self._send(
-            AppendEntries(
-                group=self._group,
-                term=self._term,
-                src=self._id,
-                dst=peer,
-                prev_index=prev_index,
-                prev_term=prev_term,
-                entries=tuple(entries),
-                commit=log.committed,
-            )
-        )
-        if entries:
-            pr.sent_entries(entries[-1].index)
-        elif pr.state is ProgressState.PROBE:
-            pr.probe_sent = True
-        return True
-
-    def _start_snapshot(self, peer: NodeId, pr: Progress) -> bool:
-        snap = self._log.snapshot()
-        if snap is None:
-            return False
-        pr.become_snapshot(snap)
-        self._send_snapshot_chunk(peer, pr)
-        return True
-
-    def _send_snapshot_chunk(self, peer: NodeId, pr: Progress) -> None:
-        snap = pr.snapshot
-        if snap is None:
-            return
-        data = snap.data
-        offset = min(pr.snap_offset, len(data))
-        end = min(offset + self._cfg.snapshot_chunk_bytes, len(data))
-        pr.snap_need_send = False
-        self._send(
-            InstallSnapshot(
-                group=self._group,
-                term=self._term,
-                src=self._id,
-                dst=peer,
-                meta=snap.meta,
-                offset=offset,
-                data=data[offset:end],
-                done=end >= len(data),
-            )
-        )
 
 
 def _sort_messages(pending: list[Message]) -> tuple[tuple[Message, ...], tuple[Message, ...]]:

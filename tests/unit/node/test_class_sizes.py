@@ -15,9 +15,7 @@ ROOT = Path(__file__).resolve().parents[3] / "dlm"
 NODE = ROOT / "node"
 MAX_METHODS = 45
 
-OVER_THE_LIMIT = {
-    "raft/core.py:RaftNode": 84,
-}
+OVER_THE_LIMIT: dict[str, int] = {}
 """Classes over MAX_METHODS, by file (relative to dlm/node) and name, with the count they
 may not exceed. Lower a count when a split lands; remove the line once under the limit."""
 
