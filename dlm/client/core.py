@@ -64,6 +64,7 @@ from dlm.wire import (
     MemberRemove,
     Members,
     OpenLease,
+    Ping,
     ProtocolError,
     Record,
     Release,
@@ -1122,6 +1123,118 @@ class LeaseClock:
 
 
 _NEVER = float("inf")
+
+
+class RenewAt(Record):
+    """Renew the lease at ``at`` (now or earlier: at once)."""
+
+    __slots__ = ("at",)
+    FIELDS = ("at",)
+    at: float
+
+    def __init__(self, at: float) -> None:
+        _set(self, "at", at)
+
+
+class PingAt(Record):
+    """Ping the renewing connection at ``at``, unless something else is due first."""
+
+    __slots__ = ("at",)
+    FIELDS = ("at",)
+    at: float
+
+    def __init__(self, at: float) -> None:
+        _set(self, "at", at)
+
+
+class Lost(Record):
+    """The lease can no longer be counted on: stop renewing."""
+
+    __slots__ = ()
+    FIELDS = ()
+
+
+class Renewer:
+    """What a kept-alive lease does next: renew at t, ping at t, or stop, it is lost.
+
+    The drivers (sync.KeepAlive, aio.AsyncKeepAlive, the simulator's keeper) ask
+    ``next_step(now)``, sleep until its time (waking early when a TTL update may have
+    moved it), perform it and report back: ``renewed``, ``renewal_failed``, ``pinged``.
+    The deadline rules are ``LeaseClock``'s (``clock``). Renewals come every
+    ``interval`` (a third of the TTL) after the last one that counted; a failed one is
+    retried after a quarter of that, 250 ms at most. Between renewals the connection
+    pings every ``PING_EVERY_S`` (PROTOCOL.md: a member closes a connection silent for
+    two minutes), so a lease whose TTL is longer does not reconnect at each renewal.
+    Times are the lease clock's seconds.
+    """
+
+    __slots__ = ("_fixed_interval", "_idle_since", "_retry_at", "clock", "renewals")
+
+    def __init__(self, clock: LeaseClock, now: float, *, interval: float | None = None) -> None:
+        self.clock = clock
+        self._fixed_interval = interval
+        self._retry_at: float | None = None
+        self._idle_since = now
+        """When the renewing connection last carried a request (or the keeper started)."""
+        self.renewals = 0
+        """Renewals that moved the deadline."""
+
+    def interval(self) -> float:
+        return self._fixed_interval or self.clock.interval()
+
+    def next_step(self, now: float) -> RenewAt | PingAt | Lost:
+        """The step due next. Asked again after every wake-up: a TTL update may have
+        brought the renewal (or the deadline) forward."""
+        if self.clock.lost or now >= self.clock.deadline:
+            return Lost()
+        renew_at = self.clock.last_sent + self.interval()
+        if self._retry_at is not None:
+            renew_at = min(renew_at, self._retry_at)
+        ping_at = self._idle_since + PING_EVERY_S
+        if renew_at <= now:
+            return RenewAt(renew_at)  # a ping due too would be redundant
+        if ping_at <= now or ping_at < renew_at:
+            return PingAt(ping_at)
+        return RenewAt(renew_at)
+
+    def pinged(self, now: float) -> None:
+        self._idle_since = now
+
+    def renewal_failed(self, now: float) -> None:
+        """A renewal got no answer that counts (the cluster was unreachable, say): retry soon."""
+        self._idle_since = now
+        self._retry_at = now + min(self.interval() / 4, 0.25)
+
+    def renewed(self, sent: float, ttl_ms: int, now: float) -> int | None:
+        """A renewal sent at ``sent`` was answered at ``now`` with ``ttl_ms``. Returns the
+        TTL it counts with (no more than an update it may predate), 0 when it moved
+        nothing (it was sent before the last update or the last renewal that counted),
+        None when it came too late: the lease is lost."""
+        self._idle_since = now
+        self._retry_at = None
+        return self.confirmed(sent, ttl_ms, now)
+
+    def confirmed(self, sent: float, ttl_ms: int, now: float) -> int | None:
+        """As ``renewed``, for a renewal made elsewhere (not on the renewing connection)."""
+        counts = self.clock.counts(sent)
+        if not self.clock.confirmed(sent, ttl_ms, now):
+            return None
+        if not counts:
+            return 0
+        self.renewals += 1
+        return self.clock.reported_ttl_ms
+
+    def lost_reason(self, lease: str) -> str:
+        """Why the lease was given up when its deadline passed unconfirmed."""
+        return (
+            f"lease {lease} could not be renewed before its deadline "
+            f"({self.clock.ttl_ms} ms after the last confirmed renewal)"
+        )
+
+
+def ping_request() -> dict[str, Any]:
+    """A ping's frame without its ``id`` (the connection numbers it)."""
+    return without_id(Ping(id=0))
 
 
 class LeaseWatchers:
