@@ -733,8 +733,11 @@ class AsyncClient:
         ttl_ms: int | None = None,
         on_lost: Callable[[str], None] | None = None,
         interval: float | None = None,
+        deadline_of: Callable[[float, int], float] | None = None,
+        on_renewed: Callable[[float, int], None] | None = None,
     ) -> AsyncIterator[AsyncKeepAlive]:
-        """Renews ``lease`` in the background for the duration of the block."""
+        """Renews ``lease`` in the background for the duration of the block, from a
+        client of its own (the arguments are sync.KeepAlive's)."""
         keeper = AsyncKeepAlive(
             self.spawn(),
             lease,
@@ -742,6 +745,8 @@ class AsyncClient:
             ttl_ms=ttl_ms,
             on_lost=on_lost,
             interval=interval,
+            deadline_of=deadline_of,
+            on_renewed=on_renewed,
         )
         self._watchers.watch(keeper.lease, keeper)
         try:
@@ -835,11 +840,14 @@ class AsyncKeepAlive:
         client: AsyncClient,
         lease: LeaseRef,
         *,
-        confirmed_at: float | None,
-        ttl_ms: int | None,
-        on_lost: Callable[[str], None] | None,
-        interval: float | None,
+        confirmed_at: float | None = None,
+        ttl_ms: int | None = None,
+        on_lost: Callable[[str], None] | None = None,
+        interval: float | None = None,
+        deadline_of: Callable[[float, int], float] | None = None,
+        on_renewed: Callable[[float, int], None] | None = None,
     ) -> None:
+        """As sync.KeepAlive's; ``client`` is the one it renews from, all its own."""
         if isinstance(lease, Lease):
             ttl_ms = lease.ttl_ms if ttl_ms is None else ttl_ms
             confirmed_at = lease.confirmed_at if confirmed_at is None else confirmed_at
@@ -851,10 +859,11 @@ class AsyncKeepAlive:
         self.lost = anyio.Event()
         self.reason: str | None = None
         self.last_error: BaseException | None = None
-        self._clock = LeaseClock(ttl_ms, confirmed_at)
+        self._clock = LeaseClock(ttl_ms, confirmed_at, deadline_of or core.lease_deadline)
         self._renewer = core.Renewer(self._clock, lease_clock(), interval=interval)
         self._client = client
         self._on_lost = on_lost
+        self._on_renewed = on_renewed
         self._changed = anyio.Event()
         """Set (and replaced) when a TTL update moves the deadline or the renewal time."""
 
@@ -872,6 +881,31 @@ class AsyncKeepAlive:
     def deadline(self) -> float:
         """When (``lease_clock``) the lease must be presumed lost."""
         return self._clock.deadline
+
+    @property
+    def confirmed_at(self) -> float:
+        """When (``lease_clock``) the last renewal that counted was sent."""
+        return self._clock.last_sent
+
+    def confirmed(self, sent: float, ttl_ms: int) -> bool:
+        """Records a renewal the caller made itself (sent at ``sent``, answered with
+        ``ttl_ms``); False if it came too late to count (sync.KeepAlive.confirmed)."""
+        return self._record(sent, ttl_ms, renewing=False)
+
+    def _record(self, sent: float, ttl_ms: int, *, renewing: bool) -> bool:
+        if self.lost.is_set():
+            return False
+        record = self._renewer.renewed if renewing else self._renewer.confirmed
+        counted_ms = record(sent, ttl_ms, lease_clock())
+        if counted_ms is None:
+            return False
+        self._wake()
+        if counted_ms and self._on_renewed is not None:
+            try:
+                self._on_renewed(sent, counted_ms)
+            except Exception as exc:  # the callback's failure must not stop the renewals
+                self.last_error = exc
+        return True
 
     def update_sent(self, ttl_ms: int) -> int:
         """A TTL update of this lease is about to be sent (``AsyncClient.update_lease``)."""
@@ -935,7 +969,7 @@ class AsyncKeepAlive:
             try:
                 with anyio.move_on_after(left):
                     ttl = await self._client.keepalive(self.lease, timeout=left)
-                    if self._renewer.renewed(sent, ttl, lease_clock()) is None:
+                    if not self._record(sent, ttl, renewing=True):
                         return  # too late to count: the watcher reports the loss
                     continue
             except LeaseLost as exc:

@@ -1162,7 +1162,9 @@ class Renewer:
     moved it), perform it and report back: ``renewed``, ``renewal_failed``, ``pinged``.
     The deadline rules are ``LeaseClock``'s (``clock``). Renewals come every
     ``interval`` (a third of the TTL) after the last one that counted; a failed one is
-    retried after a quarter of that, 250 ms at most. Between renewals the connection
+    retried no later than a quarter of that (250 ms at most) after it failed, which in
+    practice is at once: the renewal it follows was due already (its own flow retried
+    until its time ran out). Between renewals the connection
     pings every ``PING_EVERY_S`` (PROTOCOL.md: a member closes a connection silent for
     two minutes), so a lease whose TTL is longer does not reconnect at each renewal.
     Times are the lease clock's seconds.

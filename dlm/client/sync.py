@@ -653,6 +653,32 @@ class Client:
             return None
         return payload(reply)
 
+    # -- keeping a lease alive --------------------------------------------------
+
+    def keep_alive(
+        self,
+        lease: LeaseRef,
+        *,
+        confirmed_at: float | None = None,
+        ttl_ms: int | None = None,
+        on_lost: Callable[[str], None] | None = None,
+        interval: float | None = None,
+        deadline_of: Callable[[float, int], float] | None = None,
+        on_renewed: Callable[[float, int], None] | None = None,
+    ) -> KeepAlive:
+        """A KeepAlive of ``lease`` from this client, started by ``with`` (or ``start``):
+        ``with client.keep_alive(lease) as keeper:``, as the async client's."""
+        return KeepAlive(
+            self,
+            lease,
+            confirmed_at=confirmed_at,
+            ttl_ms=ttl_ms,
+            on_lost=on_lost,
+            interval=interval,
+            deadline_of=deadline_of,
+            on_renewed=on_renewed,
+        )
+
     # -- the driver -------------------------------------------------------------
 
     def _run(self, flow: core.Flow) -> Any:
