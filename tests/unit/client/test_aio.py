@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
-from dlm.client import aio, core
+from dlm.client import aio, core, renewal
 from dlm.client.aio import AsyncClient
 from dlm.client.errors import DlmError, LockHeld, NotHolder
 
@@ -169,7 +169,7 @@ def test_keep_alive_hears_of_a_shorter_ttl_before_the_update_is_sent(
 def test_keep_alive_pings_its_idle_connection_between_long_renewals(
     member: RunningMember, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(core, "PING_EVERY_S", 0.05)  # members drop connections idle for 2 min
+    monkeypatch.setattr(renewal, "PING_EVERY_S", 0.05)  # members drop connections idle for 2 min
 
     async def main() -> None:
         async with AsyncClient(member.addr, timeout=2.0) as c:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from dlm.client import Client, KeepAlive, core
+from dlm.client import Client, KeepAlive, core, renewal
 from dlm.client.clock import lease_clock
 from dlm.node.machine import NodeMachine
 
@@ -220,7 +220,7 @@ def test_a_deadline_that_passed_during_a_suspend_is_noticed_within_100ms_of_the_
 def test_pings_its_idle_connection_between_long_renewals(
     member: RunningMember, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(core, "PING_EVERY_S", 0.05)  # members drop connections idle for 2 min
+    monkeypatch.setattr(renewal, "PING_EVERY_S", 0.05)  # members drop connections idle for 2 min
     with Client(member.addr, timeout=2.0) as c:
         lease = c.open_lease(60_000)
         # Confirmed 19.9 s ago: the first renewal (every 20 s) is due at once, the next one
