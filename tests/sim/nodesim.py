@@ -22,7 +22,8 @@ events in simulated real time (world.py), driven by one seed:
   (``dlm.client.core``: redirects, retries, backoff, request identity, the
   client-side lease clock), each over one connection at a time to a member,
   with latency on the link. A library client opens a lease, keeps it alive
-  from a second connection (as ``KeepAlive`` does), takes keys, writes to a
+  from a second connection with the keep-alives' own ``core.Renewer`` (as
+  ``KeepAlive`` does), takes keys, writes to a
   fenced store while it holds them, and releases by token; an exec client
   runs ``dlm exec``'s flow: its supervisor decides with the CLI's own
   ``StartGate`` whether to order the spawn, and its guard (a process of its
