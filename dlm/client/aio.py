@@ -50,6 +50,9 @@ from dlm.wire import (
     FrameDecoder,
     Hello,
     HelloRole,
+    MemberAdd,
+    MemberPromote,
+    MemberRemove,
     ProtocolError,
     Status,
     encode_frame,
@@ -212,7 +215,7 @@ class _StreamConnection:
                     frame = await self.read()
                 if frame is None:
                     # Idle connections are closed after two minutes: keep this one wanted.
-                    await self.send({"t": "ping", "id": self._ids.next()})
+                    await self.send({**core.ping_request(), "id": self._ids.next()})
                     continue
                 if frame.get("t") == "grant" and "id" not in frame:
                     self._pushes.append(frame)
@@ -426,7 +429,7 @@ class _AsyncioConnection:
                 if slice_end >= deadline:
                     return None
                 # Idle connections are closed after two minutes: keep this one wanted.
-                await self.send({"t": "ping", "id": self._ids.next()}, deadline)
+                await self.send({**core.ping_request(), "id": self._ids.next()}, deadline)
                 continue
             if frame.get("t") == "grant" and "id" not in frame:
                 self._pushes.append(frame)
@@ -482,11 +485,14 @@ class AsyncClient:
         timeout: float = 10.0,
         rng: random.Random | None = None,
         attempt_timeout: float | None = None,
+        dial_timeout: float | None = None,
         secret: bytes | None = None,
         tls: Any = None,
     ) -> None:
-        """``secret``: the cluster's client secret, when its members require one; ``tls``:
-        an ssl.SSLContext (dlm.tls.client_context) to connect with TLS."""
+        """As the blocking client's: ``dial_timeout``: give a call up once this long has
+        passed without any member answering at all (None: keep trying for the whole
+        ``timeout``); ``secret``: the cluster's client secret, when its members require
+        one; ``tls``: an ssl.SSLContext (dlm.tls.client_context) to connect with TLS."""
         self.members = core.parse_members(members)
         self.timeout = timeout
         self._secret = secret
@@ -500,6 +506,7 @@ class AsyncClient:
             clock=lease_clock,
             timeout=timeout,
             attempt_timeout=attempt_timeout or core.default_attempt_timeout(timeout),
+            dial_timeout=dial_timeout,
         )
         # asyncio's Lock takes no checkpoint when free; anyio's is the portable fallback.
         self._lock: asyncio.Lock | anyio.Lock | None = None
@@ -539,6 +546,7 @@ class AsyncClient:
             timeout=self.timeout,
             rng=rng,
             attempt_timeout=self._ctx.attempt_timeout,
+            dial_timeout=self._ctx.dial_timeout,
             secret=self._secret,
             tls=self._tls,
         )
@@ -658,6 +666,41 @@ class AsyncClient:
         view: dict[str, Any] = await self._run(core.status_flow(self._ctx, stale=stale))
         return view
 
+    async def members_view(self) -> dict[str, Any]:
+        """The leader's view of the membership: ``members`` and ``leader``."""
+        view: dict[str, Any] = await self._run(core.members_flow(self._ctx))
+        return view
+
+    async def add_member(self, member: str, address: str) -> dict[str, Any]:
+        request = MemberAdd(id=0, member=member, address=address, seq=0)
+        view: dict[str, Any] = await self._run(core.member_change_flow(self._ctx, request))
+        return view
+
+    async def remove_member(self, member: str, *, force: bool = False) -> dict[str, Any]:
+        request = MemberRemove(id=0, member=member, force=force, seq=0)
+        view: dict[str, Any] = await self._run(core.member_change_flow(self._ctx, request))
+        return view
+
+    async def promote_member(self, member: str) -> dict[str, Any]:
+        request = MemberPromote(id=0, member=member, seq=0)
+        view: dict[str, Any] = await self._run(core.member_change_flow(self._ctx, request))
+        return view
+
+    async def ping(self) -> bool:
+        """Tells the member this idle connection is still wanted; False if there is none
+        (nothing is connected then, and nothing is opened for it)."""
+        lock = self._call_lock()
+        async with lock:
+            conn = self._conn
+            if conn is None or self._closed:
+                return False
+            try:
+                reply = await conn.request(core.ping_request(), 2.0)
+            except ConnectionBroken:
+                await self._drop_connection()
+                return False
+            return reply is not None and reply.get("t") == "ok"
+
     async def member_status(self, addr: str, timeout: float = 2.0) -> dict[str, Any] | None:
         deadline = time.monotonic() + timeout
         try:
@@ -690,8 +733,11 @@ class AsyncClient:
         ttl_ms: int | None = None,
         on_lost: Callable[[str], None] | None = None,
         interval: float | None = None,
+        deadline_of: Callable[[float, int], float] | None = None,
+        on_renewed: Callable[[float, int], None] | None = None,
     ) -> AsyncIterator[AsyncKeepAlive]:
-        """Renews ``lease`` in the background for the duration of the block."""
+        """Renews ``lease`` in the background for the duration of the block, from a
+        client of its own (the arguments are sync.KeepAlive's)."""
         keeper = AsyncKeepAlive(
             self.spawn(),
             lease,
@@ -699,6 +745,8 @@ class AsyncClient:
             ttl_ms=ttl_ms,
             on_lost=on_lost,
             interval=interval,
+            deadline_of=deadline_of,
+            on_renewed=on_renewed,
         )
         self._watchers.watch(keeper.lease, keeper)
         try:
@@ -715,11 +763,14 @@ class AsyncClient:
 
     # -- the driver -------------------------------------------------------------
 
-    async def _run(self, flow: core.Flow) -> Any:
+    def _call_lock(self) -> asyncio.Lock | anyio.Lock:
         lock = self._lock
         if lock is None:
             lock = self._lock = asyncio.Lock() if _on_asyncio() else anyio.Lock()
-        async with lock:
+        return lock
+
+    async def _run(self, flow: core.Flow) -> Any:
+        async with self._call_lock():
             try:
                 action: Action = next(flow)
                 while True:
@@ -789,11 +840,14 @@ class AsyncKeepAlive:
         client: AsyncClient,
         lease: LeaseRef,
         *,
-        confirmed_at: float | None,
-        ttl_ms: int | None,
-        on_lost: Callable[[str], None] | None,
-        interval: float | None,
+        confirmed_at: float | None = None,
+        ttl_ms: int | None = None,
+        on_lost: Callable[[str], None] | None = None,
+        interval: float | None = None,
+        deadline_of: Callable[[float, int], float] | None = None,
+        on_renewed: Callable[[float, int], None] | None = None,
     ) -> None:
+        """As sync.KeepAlive's; ``client`` is the one it renews from, all its own."""
         if isinstance(lease, Lease):
             ttl_ms = lease.ttl_ms if ttl_ms is None else ttl_ms
             confirmed_at = lease.confirmed_at if confirmed_at is None else confirmed_at
@@ -804,23 +858,54 @@ class AsyncKeepAlive:
         self.lease = lease_id(lease)
         self.lost = anyio.Event()
         self.reason: str | None = None
-        self.renewals = 0
         self.last_error: BaseException | None = None
-        self._clock = LeaseClock(ttl_ms, confirmed_at)
+        self._clock = LeaseClock(ttl_ms, confirmed_at, deadline_of or core.lease_deadline)
+        self._renewer = core.Renewer(self._clock, lease_clock(), interval=interval)
         self._client = client
         self._on_lost = on_lost
-        self._fixed_interval = interval
+        self._on_renewed = on_renewed
         self._changed = anyio.Event()
         """Set (and replaced) when a TTL update moves the deadline or the renewal time."""
 
     @property
+    def renewals(self) -> int:
+        """Renewals that moved the deadline."""
+        return self._renewer.renewals
+
+    @property
     def ttl_ms(self) -> int:
+        """The shortest TTL the leader may be counting the lease with (renewals pace by it)."""
         return self._clock.ttl_ms
 
     @property
     def deadline(self) -> float:
         """When (``lease_clock``) the lease must be presumed lost."""
         return self._clock.deadline
+
+    @property
+    def confirmed_at(self) -> float:
+        """When (``lease_clock``) the last renewal that counted was sent."""
+        return self._clock.last_sent
+
+    def confirmed(self, sent: float, ttl_ms: int) -> bool:
+        """Records a renewal the caller made itself (sent at ``sent``, answered with
+        ``ttl_ms``); False if it came too late to count (sync.KeepAlive.confirmed)."""
+        return self._record(sent, ttl_ms, renewing=False)
+
+    def _record(self, sent: float, ttl_ms: int, *, renewing: bool) -> bool:
+        if self.lost.is_set():
+            return False
+        record = self._renewer.renewed if renewing else self._renewer.confirmed
+        counted_ms = record(sent, ttl_ms, lease_clock())
+        if counted_ms is None:
+            return False
+        self._wake()
+        if counted_ms and self._on_renewed is not None:
+            try:
+                self._on_renewed(sent, counted_ms)
+            except Exception as exc:  # the callback's failure must not stop the renewals
+                self.last_error = exc
+        return True
 
     def update_sent(self, ttl_ms: int) -> int:
         """A TTL update of this lease is about to be sent (``AsyncClient.update_lease``)."""
@@ -841,9 +926,6 @@ class AsyncKeepAlive:
         with anyio.move_on_after(seconds):
             await self._changed.wait()
 
-    def _interval(self) -> float:
-        return self._fixed_interval or self._clock.interval()
-
     def _mark_lost(self, reason: str) -> None:
         if self.lost.is_set():
             return
@@ -859,24 +941,27 @@ class AsyncKeepAlive:
         while not self.lost.is_set():
             left = self.deadline - lease_clock()
             if left <= 0:
-                self._mark_lost(
-                    f"lease {self.lease} could not be renewed before its deadline "
-                    f"({self.ttl_ms} ms after the last confirmed renewal)"
-                )
+                self._mark_lost(self._renewer.lost_reason(self.lease))
                 return
             # A suspend stops the sleep's clock, not the lease's: look again soon.
             await self._sleep(min(left, RECHECK_S))
 
     async def _renew_loop(self) -> None:
-        retry_at: float | None = None
+        """Performs what ``core.Renewer`` says, on the spawned client's connection."""
+        self._renewer.pinged(lease_clock())  # the idle time counts from the start
         while not self.lost.is_set():
-            next_at = self._clock.last_sent + self._interval()
-            if retry_at is not None:
-                next_at = min(next_at, retry_at)
-            wait = next_at - lease_clock()
-            if wait > 0:
-                await self._sleep(wait)
-                continue  # recomputed: a TTL update may bring the renewal forward
+            now = lease_clock()
+            step = self._renewer.next_step(now)
+            if isinstance(step, core.Lost):
+                return  # the watcher reports it
+            if now < step.at:
+                await self._sleep(step.at - now)
+                continue  # asked again: a TTL update may bring the renewal forward
+            if isinstance(step, core.PingAt):
+                # Long TTLs leave the connection idle for long: keep it open.
+                await self._client.ping()
+                self._renewer.pinged(lease_clock())
+                continue
             sent = lease_clock()
             left = self.deadline - sent
             if left <= 0:
@@ -884,18 +969,15 @@ class AsyncKeepAlive:
             try:
                 with anyio.move_on_after(left):
                     ttl = await self._client.keepalive(self.lease, timeout=left)
-                    counts = self._clock.counts(sent)
-                    if not self._clock.confirmed(sent, ttl, lease_clock()):
+                    if not self._record(sent, ttl, renewing=True):
                         return  # too late to count: the watcher reports the loss
-                    self.renewals += counts
-                    retry_at = None
                     continue
             except LeaseLost as exc:
                 self._mark_lost(exc.message)
                 return
             except (DlmError, ValueError) as exc:
                 self.last_error = exc
-            retry_at = lease_clock() + min(self._interval() / 4, 0.25)
+            self._renewer.renewal_failed(lease_clock())
 
 
 def _incarnation(lease: LeaseRef) -> int:

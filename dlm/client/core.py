@@ -45,7 +45,20 @@ from dlm.client.errors import (
     ServerError,
     UnsafeChange,
 )
-from dlm.limits import HOLD_MAX_MS
+
+# The lease rules live in a pure room of their own; the client's users know them from here.
+from dlm.client.renewal import (
+    CLOCK_RATE_BOUND,
+    LEASE_SLACK_S,
+    PING_EVERY_S,
+    LeaseClock,
+    Lost,
+    PingAt,
+    RenewAt,
+    Renewer,
+    lease_deadline,
+    min_hold_ttl_ms,
+)
 from dlm.wire import (
     Acquire,
     CloseLease,
@@ -64,6 +77,7 @@ from dlm.wire import (
     MemberRemove,
     Members,
     OpenLease,
+    Ping,
     ProtocolError,
     Record,
     Release,
@@ -88,9 +102,79 @@ if TYPE_CHECKING:
     Clock = Callable[[], float]
     Reply = dict[Any, Any]
 
-PING_EVERY_S = 30.0
-"""An idle connection (waiting for a grant, or between long renewals) pings this often;
-members close connections silent for two minutes."""
+# Every public name, the lease rules re-exported from renewal.py among them.
+__all__ = [
+    "CLOCK_RATE_BOUND",
+    "LEASE_ENDINGS",
+    "LEASE_SLACK_S",
+    "MAX_REDIRECT_HOPS",
+    "NOT_A_MEMBER",
+    "OPEN_RETRY_MAX_S",
+    "PING_EVERY_S",
+    "RETRYABLE_CODES",
+    "SECRET_HINT",
+    "TLS_HINT",
+    "AwaitGrant",
+    "Backoff",
+    "ConnectionBroken",
+    "Context",
+    "Failed",
+    "Grant",
+    "Lease",
+    "LeaseClock",
+    "LeaseRef",
+    "LeaseWatchers",
+    "Lost",
+    "PingAt",
+    "ReleaseOutcome",
+    "RenewAt",
+    "Renewer",
+    "RequestIds",
+    "Router",
+    "Send",
+    "Sequencer",
+    "Sleep",
+    "VoterRoll",
+    "acquire_flow",
+    "call",
+    "change",
+    "close_lease_flow",
+    "default_attempt_timeout",
+    "describe_holders",
+    "error_from_reply",
+    "get_flow",
+    "grant_from_reply",
+    "is_reply_to",
+    "keepalive_flow",
+    "lease_deadline",
+    "lease_gone_text",
+    "lease_id",
+    "lease_info_flow",
+    "list_leases_flow",
+    "list_locks_flow",
+    "member_change_flow",
+    "members_flow",
+    "min_hold_ttl_ms",
+    "new_lease_id",
+    "new_seq",
+    "normalise_addr",
+    "open_lease_flow",
+    "paged_flow",
+    "parse_members",
+    "payload",
+    "ping_request",
+    "proof_failed",
+    "read_flow",
+    "read_reply",
+    "release_flow",
+    "reply_list",
+    "status_flow",
+    "tls_failed",
+    "update_applied",
+    "update_lease_flow",
+    "without_id",
+]
+
 OPEN_RETRY_MAX_S = 60.0
 """An open_lease is re-sent for at most this long, whatever --timeout says (PROTOCOL.md)."""
 
@@ -911,217 +995,9 @@ def member_change_flow(
     return payload(reply)
 
 
-CLOCK_RATE_BOUND = 0.005
-"""How far the rate of any clock, ours or the leader's, may stray from real time (±0.5%)."""
-LEASE_SLACK_S = 0.05
-"""What rates do not cover: timer and scheduling jitter, on the leader and here."""
-
-
-def lease_deadline(sent: float, ttl_ms: int) -> float:
-    """The last instant a lease last confirmed by a request sent at ``sent`` (our lease
-    clock's seconds) may be counted on: the cluster gives its locks to no one else before it.
-
-    The leader counts the TTL from when it *received* the request, after we sent it,
-    so ``sent + TTL`` would do with perfect clocks. If each clock runs within
-    ``CLOCK_RATE_BOUND`` of true time, the leader's TTL lasts at least
-    TTL x 0.995 / 1.005 > TTL x (1 - 2 x CLOCK_RATE_BOUND) of ours; the slack covers
-    jitter. (NTP keeps real clocks ten times tighter than the bound.)
-    """
-    ttl = ttl_ms / 1000.0
-    return sent + ttl - (2 * CLOCK_RATE_BOUND * ttl + LEASE_SLACK_S)
-
-
-def min_hold_ttl_ms(granted_by: float, hold_s: float, now: float) -> int:
-    """The TTL to give a lease at ``now`` so that the cluster keeps it until at least
-    ``hold_s`` after the grant; 0 when no time is left to hold.
-
-    ``granted_by`` is a moment (our lease clock's seconds) at or after the grant: when
-    the reply that reported it arrived. Counting from there, never from when the
-    acquire was sent, is what keeps the hold from ending early. The leader counts
-    the TTL from when the request reaches it, after ``now``, so every delay in
-    between lengthens the hold. Clock rates are the remaining error: if ours runs
-    ``CLOCK_RATE_BOUND`` fast we overstate the time already held, and if the
-    leader's does, its TTL passes that much sooner; asking for (1 + bound) x
-    ``hold_s`` less the time held by our clock covers both (the mirror image of
-    ``lease_deadline``, which bounds a lease from above).
-    """
-    needed_s = (1 + CLOCK_RATE_BOUND) * hold_s - (now - granted_by)
-    if needed_s <= 0:
-        return 0
-    needed_ms = needed_s * 1000
-    whole_ms = int(needed_ms)
-    return min(HOLD_MAX_MS, whole_ms + (whole_ms < needed_ms))  # rounded up
-
-
-class LeaseClock:
-    """When a held lease must be presumed lost, from this client's side.
-
-    The deadline is the *send* time of the last confirmed renewal plus the TTL,
-    less a margin for clock rates (``lease_deadline``): the leader started (or
-    restarted) the lease's clock when the request reached it, later than we
-    sent it, so our deadline passes first (ARCHITECTURE.md, invariant 4).
-    Counting from the reply instead would let the server's deadline pass first.
-
-    TTL updates. The leader's deadline moves *earlier* in one way: an entry
-    that re-arms the lease (``update_lease``) restarts its clock at apply + the
-    new TTL. So:
-
-    * the deadline follows the latest confirmation by send time, not the
-      latest deadline: a renewal (or update) sent at s and confirmed with TTL T
-      sets it to ``lease_deadline(s, T)``, lower than before if T shrank;
-    * an update counts from the moment it is sent (``update_sent``): it may be
-      applied as soon as it arrives, so the deadline drops at once to
-      ``lease_deadline(sent, new TTL)``;
-    * a reply to anything sent before the last update moves nothing;
-    * a renewal sent at s after an update p counts with at most p's TTL if p
-      was not confirmed by s: the renewal may have been served before p was
-      applied (its reply then carries the old TTL) and p re-armed the lease
-      later. An update that got no answer may be applied still, by a later
-      leader: it caps every renewal for good;
-    * the renewal interval follows the shortest TTL the leader may be using,
-      from the moment an update is sent.
-
-    Once the deadline has passed the lease is lost for good: a confirmation
-    that arrives later (a slow reply, a process that was paused) extends
-    nothing, because the cluster may already have expired the lease and given
-    its locks away. Times are the client's lease clock (dlm.client.clock), in seconds.
-    """
-
-    __slots__ = (
-        "_deadline_of",
-        "_tickets",
-        "_updates",
-        "deadline",
-        "floor",
-        "last_sent",
-        "lost",
-        "reported_ttl_ms",
-    )
-
-    def __init__(
-        self,
-        ttl_ms: int,
-        confirmed_at: float,
-        deadline_of: Callable[[float, int], float] = lease_deadline,
-    ) -> None:
-        self._deadline_of = deadline_of
-        self.reported_ttl_ms = ttl_ms
-        """The TTL the deadline counts with (what the last confirmation that counted
-        reported, capped by the updates that could still re-arm the lease after it)."""
-        self.last_sent = confirmed_at
-        """When the confirmation the deadline counts from was sent."""
-        self.floor = confirmed_at
-        """Replies to requests sent before this count for nothing: the send time of the
-        last update, or of the last confirmation that counted."""
-        self._updates: dict[int, tuple[float, float, int]] = {}
-        """ticket -> (sent, confirmed at or +inf while it may still be applied, ttl_ms)."""
-        self._tickets = 0
-        self.deadline = deadline_of(confirmed_at, ttl_ms)
-        self.lost = False
-
-    @property
-    def ttl_ms(self) -> int:
-        """The shortest TTL the leader may be counting this lease with: renewals pace by it."""
-        pending = [ttl for _, settled, ttl in self._updates.values() if settled == _NEVER]
-        return min([self.reported_ttl_ms, *pending])
-
-    def expired(self, now: float) -> bool:
-        """Whether the deadline has passed (and so the lease is lost for good)."""
-        if now >= self.deadline:
-            self.lost = True
-        return self.lost
-
-    def counts(self, sent_at: float) -> bool:
-        """Whether a reply to a request sent at ``sent_at`` may still move the deadline."""
-        return not self.lost and sent_at >= self.floor
-
-    def _ttl_at(self, sent_at: float, ttl_ms: int) -> int:
-        """The TTL a renewal sent at ``sent_at`` and answered with ``ttl_ms`` counts with:
-        no more than any update sent before it and not yet confirmed when it was sent."""
-        for sent, settled, asked_ms in self._updates.values():
-            if sent <= sent_at < settled:
-                ttl_ms = min(ttl_ms, asked_ms)
-        return ttl_ms
-
-    def _recount(self) -> float:
-        """The deadline the last counted confirmation and the pending updates allow."""
-        since = self.last_sent
-        deadline = self._deadline_of(since, self.reported_ttl_ms)
-        for sent, settled, ttl_ms in self._updates.values():
-            if settled == _NEVER:
-                # Applied at or after its send, and perhaps after the confirmation counted.
-                deadline = min(deadline, self._deadline_of(max(since, sent), ttl_ms))
-        return deadline
-
-    def _counted(self, sent_at: float, ttl_ms: int) -> None:
-        self.floor = self.last_sent = sent_at
-        self.reported_ttl_ms = ttl_ms
-        # A confirmed update matters to renewals sent before its confirmation; none
-        # sent before this one will count again.
-        for ticket, (_, settled, _) in list(self._updates.items()):
-            if settled <= sent_at:
-                del self._updates[ticket]
-        self.deadline = self._recount()
-
-    def confirmed(self, sent_at: float, ttl_ms: int, now: float) -> bool:
-        """A renewal sent at ``sent_at`` was confirmed with ``ttl_ms``, and the answer
-        arrived at ``now``. False when it came too late to count (the lease is lost);
-        True otherwise, even when it moved nothing because it was sent before the
-        last update or the last confirmation that counted (see ``counts``)."""
-        if self.expired(now):
-            return False
-        if self.counts(sent_at):
-            self._counted(sent_at, self._ttl_at(sent_at, ttl_ms))
-        return True
-
-    def update_sent(self, sent_at: float, ttl_ms: int) -> int:
-        """A TTL update (``update_lease``) is sent at ``sent_at`` (call it before the
-        first attempt): the deadline drops to what the new TTL allows, at once.
-        Returns the ticket to settle it with."""
-        self._tickets += 1
-        ticket = self._tickets
-        self._updates[ticket] = (sent_at, _NEVER, ttl_ms)
-        self.floor = max(self.floor, sent_at)
-        if not self.lost:
-            self.deadline = min(self.deadline, self._deadline_of(sent_at, ttl_ms))
-        return ticket
-
-    def update_settled(
-        self, ticket: int, ttl_ms: int | None, now: float, *, applied: bool | None
-    ) -> bool:
-        """What became of the update ``ticket``, learned at ``now``: ``applied`` True
-        (confirmed with ``ttl_ms``), False (refused: it will never be applied), or None
-        (no answer: it may be applied still, so it keeps capping). False when the lease
-        is lost."""
-        known = self._updates.get(ticket)
-        if applied is None or known is None or known[1] != _NEVER:
-            return not self.expired(now)
-        sent, _, asked_ms = known
-        if not applied:
-            del self._updates[ticket]
-            return not self.expired(now)
-        confirmed_ms = asked_ms if ttl_ms is None else ttl_ms
-        self._updates[ticket] = (sent, now, confirmed_ms)
-        if self.expired(now):
-            return False
-        if self.counts(sent):
-            # The update is itself a confirmation: the leader re-armed the lease after
-            # ``sent`` with this TTL.
-            self._counted(sent, self._ttl_at(sent, confirmed_ms))
-        else:
-            # Renewals sent after it counted already, capped by it while it was pending.
-            self.deadline = min(self.deadline, self._recount())
-        return True
-
-    def interval(self) -> float:
-        """Renew every third of the TTL: two renewals may fail before the deadline."""
-        return self.ttl_ms / 3000.0
-
-    def next_renewal(self) -> float:
-        return self.last_sent + self.interval()
-
-
-_NEVER = float("inf")
+def ping_request() -> dict[str, Any]:
+    """A ping's frame without its ``id`` (the connection numbers it)."""
+    return without_id(Ping(id=0))
 
 
 class LeaseWatchers:

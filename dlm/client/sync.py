@@ -285,7 +285,7 @@ class _Connection:
             if frame is None:
                 if slice_end >= deadline:
                     return None
-                self.send({"t": "ping", "id": self._ids.next()}, deadline)
+                self.send({**core.ping_request(), "id": self._ids.next()}, deadline)
                 continue
             if frame.get("t") == "grant" and "id" not in frame:
                 self._pushes.append(frame)
@@ -626,7 +626,7 @@ class Client:
             if conn is None:
                 return False
             try:
-                reply = conn.request({"t": "ping"}, time.monotonic() + 2.0)
+                reply = conn.request(core.ping_request(), time.monotonic() + 2.0)
             except ConnectionBroken:
                 self._drop_connection()
                 return False
@@ -652,6 +652,32 @@ class Client:
         if reply is None or reply.get("t") != "ok":
             return None
         return payload(reply)
+
+    # -- keeping a lease alive --------------------------------------------------
+
+    def keep_alive(
+        self,
+        lease: LeaseRef,
+        *,
+        confirmed_at: float | None = None,
+        ttl_ms: int | None = None,
+        on_lost: Callable[[str], None] | None = None,
+        interval: float | None = None,
+        deadline_of: Callable[[float, int], float] | None = None,
+        on_renewed: Callable[[float, int], None] | None = None,
+    ) -> KeepAlive:
+        """A KeepAlive of ``lease`` from this client, started by ``with`` (or ``start``):
+        ``with client.keep_alive(lease) as keeper:``, as the async client's."""
+        return KeepAlive(
+            self,
+            lease,
+            confirmed_at=confirmed_at,
+            ttl_ms=ttl_ms,
+            on_lost=on_lost,
+            interval=interval,
+            deadline_of=deadline_of,
+            on_renewed=on_renewed,
+        )
 
     # -- the driver -------------------------------------------------------------
 
@@ -759,14 +785,13 @@ class KeepAlive:
         self.lease = lease_id(lease)
         self.lost = threading.Event()
         self.reason: str | None = None
-        self.renewals = 0
         self.last_error: BaseException | None = None
         self._watchers = client._watchers
         self._client = client.spawn()
         self._on_lost = on_lost
         self._on_renewed = on_renewed
-        self._fixed_interval = interval
         self._clock = core.LeaseClock(ttl_ms, confirmed_at, deadline_of or core.lease_deadline)
+        self._renewer = core.Renewer(self._clock, lease_clock(), interval=interval)
         self._cond = threading.Condition()
         self._stopping = threading.Event()
         self._threads = [
@@ -777,6 +802,11 @@ class KeepAlive:
         ]
         self._started = False
         self._lost_marked = False
+
+    @property
+    def renewals(self) -> int:
+        """Renewals that moved the deadline."""
+        return self._renewer.renewals
 
     @property
     def deadline(self) -> float:
@@ -800,20 +830,21 @@ class KeepAlive:
         """Records a renewal the caller made itself (sent at ``sent``, answered with
         ``ttl_ms``); False if it came too late to count. A renewal sent before the
         last TTL update (or the last renewal that counted) moves nothing."""
+        return self._record(sent, ttl_ms, renewing=False)
+
+    def _record(self, sent: float, ttl_ms: int, *, renewing: bool) -> bool:
+        """``confirmed``; ``renewing``: the renewal went over the renewing connection."""
         with self._cond:
             if self._lost_marked or self._stopping.is_set():
                 return False
-            counts = self._clock.counts(sent)
-            if not self._clock.confirmed(sent, ttl_ms, lease_clock()):
+            record = self._renewer.renewed if renewing else self._renewer.confirmed
+            counted_ms = record(sent, ttl_ms, lease_clock())
+            if counted_ms is None:
                 return False
-            if counts:
-                self.renewals += 1
-                # What the renewal counts with: no more than an update it may predate.
-                ttl_ms = self._clock.reported_ttl_ms
             self._cond.notify_all()
-        if counts and self._on_renewed is not None:
+        if counted_ms and self._on_renewed is not None:
             try:
-                self._on_renewed(sent, ttl_ms)
+                self._on_renewed(sent, counted_ms)
             except Exception as exc:  # the callback's failure must not stop the renewals
                 self.last_error = exc
         return True
@@ -832,9 +863,6 @@ class KeepAlive:
         with self._cond:
             self._clock.update_settled(ticket, ttl_ms, lease_clock(), applied=applied)
             self._cond.notify_all()
-
-    def _interval(self) -> float:
-        return self._fixed_interval or self._clock.interval()
 
     def start(self) -> KeepAlive:
         if not self._started:
@@ -904,33 +932,31 @@ class KeepAlive:
                 self._cond.wait(min(left, RECHECK_S))
             if self._stopping.is_set() or self._lost_marked:
                 return
-            ttl_ms = self._clock.ttl_ms
-        self._mark_lost(
-            f"lease {self.lease} could not be renewed before its deadline "
-            f"({ttl_ms} ms after the last confirmed renewal)"
-        )
+            reason = self._renewer.lost_reason(self.lease)
+        self._mark_lost(reason)
 
     def _renew_loop(self) -> None:
-        retry_at: float | None = None
-        idle_since = lease_clock()
+        """Performs what ``core.Renewer`` says, on the spawned client's connection."""
+        with self._cond:
+            self._renewer.pinged(lease_clock())  # the idle time counts from the start
         while True:
             with self._cond:
                 if self._stopping.is_set() or self._lost_marked:
                     return
                 now = lease_clock()
-                # Recomputed after every wake-up: a TTL update may bring the renewal forward.
-                next_at = self._clock.last_sent + self._interval()
-                if retry_at is not None:
-                    next_at = min(next_at, retry_at)
-                ping_at = idle_since + core.PING_EVERY_S
-                if now < next_at and now < ping_at:
-                    self._cond.wait(min(next_at, ping_at) - now)
+                step = self._renewer.next_step(now)
+                if isinstance(step, core.Lost):
+                    return  # the watcher reports it
+                if now < step.at:
+                    # Woken early by a TTL update: the step is asked for again.
+                    self._cond.wait(step.at - now)
                     continue
                 deadline = self._clock.deadline
-            if now < next_at:
+            if isinstance(step, core.PingAt):
                 # Long TTLs leave the connection idle for long: keep it open.
                 self._client.ping()
-                idle_since = lease_clock()
+                with self._cond:
+                    self._renewer.pinged(lease_clock())
                 continue
             sent = lease_clock()
             left = deadline - sent
@@ -943,12 +969,10 @@ class KeepAlive:
                 return
             except (DlmError, ValueError) as exc:
                 self.last_error = exc
-                idle_since = lease_clock()
-                retry_at = idle_since + min(self._interval() / 4, 0.25)
+                with self._cond:
+                    self._renewer.renewal_failed(lease_clock())
                 continue
-            idle_since = lease_clock()
-            retry_at = None
-            if not self.confirmed(sent, ttl):
+            if not self._record(sent, ttl, renewing=True):
                 return  # confirmed too late: the watcher reports the loss
 
 

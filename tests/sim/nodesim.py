@@ -22,7 +22,8 @@ events in simulated real time (world.py), driven by one seed:
   (``dlm.client.core``: redirects, retries, backoff, request identity, the
   client-side lease clock), each over one connection at a time to a member,
   with latency on the link. A library client opens a lease, keeps it alive
-  from a second connection (as ``KeepAlive`` does), takes keys, writes to a
+  from a second connection with the keep-alives' own ``core.Renewer`` (as
+  ``KeepAlive`` does), takes keys, writes to a
   fenced store while it holds them, and releases by token; an exec client
   runs ``dlm exec``'s flow: its supervisor decides with the CLI's own
   ``StartGate`` whether to order the spawn, and its guard (a process of its
@@ -2275,13 +2276,16 @@ class NodeSimulation:
         clock: core.LeaseClock,
         lost: Flag,
     ) -> Script:
-        """KeepAlive's logic: renew every TTL/3 from its own connection until the deadline."""
-        retry_at: float | None = None
+        """KeepAlive's driver: performs what ``core.Renewer`` (the keep-alives' own logic)
+        says, renew or ping, from its own connection until the lease is lost."""
+        renewer = core.Renewer(clock, proc.mono())
         while True:
-            next_at = clock.next_renewal()
-            if retry_at is not None:
-                next_at = min(next_at, retry_at)
-            wait = next_at - proc.mono()
+            step = renewer.next_step(proc.mono())
+            if isinstance(step, core.Lost):
+                lost.set()
+                client.drop()
+                return
+            wait = step.at - proc.mono()
             if wait > 0:
                 try:
                     nudged = yield Sleep(wait)
@@ -2290,6 +2294,16 @@ class NodeSimulation:
                     return
                 if nudged:
                     continue  # a TTL update: the renewal may be due earlier now
+            if isinstance(step, core.PingAt):
+                conn = client.conn
+                if conn is not None and not conn.broken:
+                    try:
+                        yield RunFlow(client, _ping_flow(f"{conn.member.id}:7700"))
+                    except _Cancelled:
+                        client.drop()
+                        return
+                renewer.pinged(proc.mono())
+                continue
             sent = proc.mono()
             if sent >= clock.deadline:
                 lost.set()
@@ -2314,12 +2328,11 @@ class NodeSimulation:
                 return
             except (ClusterUnavailable, DlmError):
                 self.stats["renew_failed"] += 1
-                retry_at = proc.mono() + min(clock.interval() / 4, 0.25)
+                renewer.renewal_failed(proc.mono())
                 continue
-            retry_at = None
             now = proc.mono()
             confirmed_at = now if self.options.lease_clock_from_reply else sent
-            if not clock.confirmed(confirmed_at, ttl, now):
+            if renewer.renewed(confirmed_at, ttl, now) is None:
                 lost.set()
                 self.stats["late_confirmations"] += 1
                 client.drop()
@@ -2525,3 +2538,9 @@ def _node_of(addr: str) -> str:
 
 def run_node_seed(seed: int, options: NodeSimOptions | None = None) -> NodeSimResult:
     return NodeSimulation(seed, options).run()
+
+
+def _ping_flow(addr: str) -> Generator[core.Send, Any, None]:
+    """One ping on the connection to ``addr`` (the keeper's idle connection): its answer,
+    or its failure, changes nothing."""
+    yield core.Send(addr, core.ping_request(), 2.0)

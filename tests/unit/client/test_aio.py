@@ -10,9 +10,9 @@ from typing import Any
 import anyio
 import pytest
 
-from dlm.client import aio, core
+from dlm.client import aio, core, renewal
 from dlm.client.aio import AsyncClient
-from dlm.client.errors import LockHeld, NotHolder
+from dlm.client.errors import DlmError, LockHeld, NotHolder
 
 from .doubles import cutting_proxy, redirecting_member, silent_member
 from .real_member import WAIT, RunningMember
@@ -162,5 +162,44 @@ def test_keep_alive_hears_of_a_shorter_ttl_before_the_update_is_sent(
                 assert keeper._clock.last_sent >= before
                 assert keeper.deadline == core.lease_deadline(keeper._clock.last_sent, 1_000)
                 assert not keeper.lost.is_set()
+
+    run(main)
+
+
+def test_keep_alive_pings_its_idle_connection_between_long_renewals(
+    member: RunningMember, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(renewal, "PING_EVERY_S", 0.05)  # members drop connections idle for 2 min
+
+    async def main() -> None:
+        async with AsyncClient(member.addr, timeout=2.0) as c:
+            lease = await c.open_lease(60_000)
+            # Confirmed 19.9 s ago: the first renewal (every 20 s) is due at once, the next
+            # one in 20 s; pings keep its connection wanted meanwhile.
+            since = lease.confirmed_at - 19.9
+            async with c.keep_alive(lease, confirmed_at=since) as keeper:
+                await anyio.to_thread.run_sync(member.wait_for, "keepalive", 1)
+                await anyio.to_thread.run_sync(member.wait_for, "ping", 2)
+                assert keeper.renewals == 1 and not keeper.lost.is_set()
+            assert set(member.conns_of("ping")) <= set(member.conns_of("keepalive"))
+
+    run(main)
+
+
+def test_the_membership_calls_and_ping(member: RunningMember) -> None:
+    async def main() -> None:
+        async with AsyncClient(member.addr, timeout=2.0) as c:
+            assert not await c.ping()  # nothing connected: nothing to keep
+            view = await c.members_view()
+            assert view["leader"] == "n1" and view["members"]
+            assert await c.ping()
+            with pytest.raises(DlmError):
+                await c.remove_member("n1")  # the only voter stays
+            with pytest.raises(DlmError):
+                await c.promote_member("nobody")
+            added = await c.add_member("n2", "127.0.0.1:1")
+            assert any(m.get("id") == "n2" for m in added["members"])
+            removed = await c.remove_member("n2")
+            assert not any(m.get("id") == "n2" for m in removed["members"])
 
     run(main)

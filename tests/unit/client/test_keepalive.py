@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from dlm.client import Client, KeepAlive, core
+from dlm.client import Client, KeepAlive, core, renewal
 from dlm.client.clock import lease_clock
 from dlm.node.machine import NodeMachine
 
@@ -215,3 +215,18 @@ def test_a_deadline_that_passed_during_a_suspend_is_noticed_within_100ms_of_the_
             assert "deadline" in (ka.reason or "")
         finally:
             ka.stop(timeout=WAIT)
+
+
+def test_pings_its_idle_connection_between_long_renewals(
+    member: RunningMember, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(renewal, "PING_EVERY_S", 0.05)  # members drop connections idle for 2 min
+    with Client(member.addr, timeout=2.0) as c:
+        lease = c.open_lease(60_000)
+        # Confirmed 19.9 s ago: the first renewal (every 20 s) is due at once, the next one
+        # in 20 s; pings keep its connection wanted meanwhile.
+        with c.keep_alive(lease, confirmed_at=lease.confirmed_at - 19.9) as ka:
+            member.wait_for("keepalive")
+            member.wait_for("ping", count=2)
+            assert not ka.lost.is_set()
+        assert set(member.conns_of("ping")) <= set(member.conns_of("keepalive"))

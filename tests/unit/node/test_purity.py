@@ -29,9 +29,10 @@ PURE_LEAVES = (
     ROOT / "limits.py",
     ROOT / "records.py",
     ROOT / "cli" / "exec_rules.py",
+    ROOT / "client" / "renewal.py",
 )
-"""The leaves the pure side stands on, and `dlm exec`'s decisions (its guard's and its
-supervisor's), which the simulator drives too."""
+"""The leaves the pure side stands on, `dlm exec`'s decisions (its guard's and its
+supervisor's) and a kept-alive lease's (client/renewal.py), which the simulator drives too."""
 PURE_MODULES = sorted([*(p for folder in PURE_FOLDERS for p in folder.glob("*.py")), *PURE_LEAVES])
 
 

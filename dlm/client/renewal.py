@@ -1,0 +1,348 @@
+"""A kept-alive lease's rules, without IO: when it must be presumed lost, when it is
+renewed, when its idle connection pings.
+
+``LeaseClock`` holds the deadline (the send time of the last confirmed renewal plus the
+TTL, less a margin for clock rates, and what TTL updates do to it); ``Renewer`` says what
+a keeper does next: "renew at t", "ping at t" or "lost". The blocking KeepAlive
+(sync.py), the async one (aio.py) and the whole-node simulator's keeper (tests/sim)
+only sleep and perform what it says. Times are passed in (the client's lease clock,
+dlm.client.clock, in seconds): nothing here reads a clock. dlm.client.core re-exports
+every name.
+"""
+
+from __future__ import annotations
+
+from dlm.limits import HOLD_MAX_MS
+from dlm.wire import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+_set = object.__setattr__
+
+PING_EVERY_S = 30.0
+"""An idle connection (waiting for a grant, or between long renewals) pings this often;
+members close connections silent for two minutes."""
+
+
+CLOCK_RATE_BOUND = 0.005
+"""How far the rate of any clock, ours or the leader's, may stray from real time (±0.5%)."""
+LEASE_SLACK_S = 0.05
+"""What rates do not cover: timer and scheduling jitter, on the leader and here."""
+
+
+def lease_deadline(sent: float, ttl_ms: int) -> float:
+    """The last instant a lease last confirmed by a request sent at ``sent`` (our lease
+    clock's seconds) may be counted on: the cluster gives its locks to no one else before it.
+
+    The leader counts the TTL from when it *received* the request, after we sent it,
+    so ``sent + TTL`` would do with perfect clocks. If each clock runs within
+    ``CLOCK_RATE_BOUND`` of true time, the leader's TTL lasts at least
+    TTL x 0.995 / 1.005 > TTL x (1 - 2 x CLOCK_RATE_BOUND) of ours; the slack covers
+    jitter. (NTP keeps real clocks ten times tighter than the bound.)
+    """
+    ttl = ttl_ms / 1000.0
+    return sent + ttl - (2 * CLOCK_RATE_BOUND * ttl + LEASE_SLACK_S)
+
+
+def min_hold_ttl_ms(granted_by: float, hold_s: float, now: float) -> int:
+    """The TTL to give a lease at ``now`` so that the cluster keeps it until at least
+    ``hold_s`` after the grant; 0 when no time is left to hold.
+
+    ``granted_by`` is a moment (our lease clock's seconds) at or after the grant: when
+    the reply that reported it arrived. Counting from there, never from when the
+    acquire was sent, is what keeps the hold from ending early. The leader counts
+    the TTL from when the request reaches it, after ``now``, so every delay in
+    between lengthens the hold. Clock rates are the remaining error: if ours runs
+    ``CLOCK_RATE_BOUND`` fast we overstate the time already held, and if the
+    leader's does, its TTL passes that much sooner; asking for (1 + bound) x
+    ``hold_s`` less the time held by our clock covers both (the mirror image of
+    ``lease_deadline``, which bounds a lease from above).
+    """
+    needed_s = (1 + CLOCK_RATE_BOUND) * hold_s - (now - granted_by)
+    if needed_s <= 0:
+        return 0
+    needed_ms = needed_s * 1000
+    whole_ms = int(needed_ms)
+    return min(HOLD_MAX_MS, whole_ms + (whole_ms < needed_ms))  # rounded up
+
+
+class LeaseClock:
+    """When a held lease must be presumed lost, from this client's side.
+
+    The deadline is the *send* time of the last confirmed renewal plus the TTL,
+    less a margin for clock rates (``lease_deadline``): the leader started (or
+    restarted) the lease's clock when the request reached it, later than we
+    sent it, so our deadline passes first (ARCHITECTURE.md, invariant 4).
+    Counting from the reply instead would let the server's deadline pass first.
+
+    TTL updates. The leader's deadline moves *earlier* in one way: an entry
+    that re-arms the lease (``update_lease``) restarts its clock at apply + the
+    new TTL. So:
+
+    * the deadline follows the latest confirmation by send time, not the
+      latest deadline: a renewal (or update) sent at s and confirmed with TTL T
+      sets it to ``lease_deadline(s, T)``, lower than before if T shrank;
+    * an update counts from the moment it is sent (``update_sent``): it may be
+      applied as soon as it arrives, so the deadline drops at once to
+      ``lease_deadline(sent, new TTL)``;
+    * a reply to anything sent before the last update moves nothing;
+    * a renewal sent at s after an update p counts with at most p's TTL if p
+      was not confirmed by s: the renewal may have been served before p was
+      applied (its reply then carries the old TTL) and p re-armed the lease
+      later. An update that got no answer may be applied still, by a later
+      leader: it caps every renewal for good;
+    * the renewal interval follows the shortest TTL the leader may be using,
+      from the moment an update is sent.
+
+    Once the deadline has passed the lease is lost for good: a confirmation
+    that arrives later (a slow reply, a process that was paused) extends
+    nothing, because the cluster may already have expired the lease and given
+    its locks away. Times are the client's lease clock (dlm.client.clock), in seconds.
+    """
+
+    __slots__ = (
+        "_deadline_of",
+        "_tickets",
+        "_updates",
+        "deadline",
+        "floor",
+        "last_sent",
+        "lost",
+        "reported_ttl_ms",
+    )
+
+    def __init__(
+        self,
+        ttl_ms: int,
+        confirmed_at: float,
+        deadline_of: Callable[[float, int], float] = lease_deadline,
+    ) -> None:
+        self._deadline_of = deadline_of
+        self.reported_ttl_ms = ttl_ms
+        """The TTL the deadline counts with (what the last confirmation that counted
+        reported, capped by the updates that could still re-arm the lease after it)."""
+        self.last_sent = confirmed_at
+        """When the confirmation the deadline counts from was sent."""
+        self.floor = confirmed_at
+        """Replies to requests sent before this count for nothing: the send time of the
+        last update, or of the last confirmation that counted."""
+        self._updates: dict[int, tuple[float, float, int]] = {}
+        """ticket -> (sent, confirmed at or +inf while it may still be applied, ttl_ms)."""
+        self._tickets = 0
+        self.deadline = deadline_of(confirmed_at, ttl_ms)
+        self.lost = False
+
+    @property
+    def ttl_ms(self) -> int:
+        """The shortest TTL the leader may be counting this lease with: renewals pace by it."""
+        pending = [ttl for _, settled, ttl in self._updates.values() if settled == _NEVER]
+        return min([self.reported_ttl_ms, *pending])
+
+    def expired(self, now: float) -> bool:
+        """Whether the deadline has passed (and so the lease is lost for good)."""
+        if now >= self.deadline:
+            self.lost = True
+        return self.lost
+
+    def counts(self, sent_at: float) -> bool:
+        """Whether a reply to a request sent at ``sent_at`` may still move the deadline."""
+        return not self.lost and sent_at >= self.floor
+
+    def _ttl_at(self, sent_at: float, ttl_ms: int) -> int:
+        """The TTL a renewal sent at ``sent_at`` and answered with ``ttl_ms`` counts with:
+        no more than any update sent before it and not yet confirmed when it was sent."""
+        for sent, settled, asked_ms in self._updates.values():
+            if sent <= sent_at < settled:
+                ttl_ms = min(ttl_ms, asked_ms)
+        return ttl_ms
+
+    def _recount(self) -> float:
+        """The deadline the last counted confirmation and the pending updates allow."""
+        since = self.last_sent
+        deadline = self._deadline_of(since, self.reported_ttl_ms)
+        for sent, settled, ttl_ms in self._updates.values():
+            if settled == _NEVER:
+                # Applied at or after its send, and perhaps after the confirmation counted.
+                deadline = min(deadline, self._deadline_of(max(since, sent), ttl_ms))
+        return deadline
+
+    def _counted(self, sent_at: float, ttl_ms: int) -> None:
+        self.floor = self.last_sent = sent_at
+        self.reported_ttl_ms = ttl_ms
+        # A confirmed update matters to renewals sent before its confirmation; none
+        # sent before this one will count again.
+        for ticket, (_, settled, _) in list(self._updates.items()):
+            if settled <= sent_at:
+                del self._updates[ticket]
+        self.deadline = self._recount()
+
+    def confirmed(self, sent_at: float, ttl_ms: int, now: float) -> bool:
+        """A renewal sent at ``sent_at`` was confirmed with ``ttl_ms``, and the answer
+        arrived at ``now``. False when it came too late to count (the lease is lost);
+        True otherwise, even when it moved nothing because it was sent before the
+        last update or the last confirmation that counted (see ``counts``)."""
+        if self.expired(now):
+            return False
+        if self.counts(sent_at):
+            self._counted(sent_at, self._ttl_at(sent_at, ttl_ms))
+        return True
+
+    def update_sent(self, sent_at: float, ttl_ms: int) -> int:
+        """A TTL update (``update_lease``) is sent at ``sent_at`` (call it before the
+        first attempt): the deadline drops to what the new TTL allows, at once.
+        Returns the ticket to settle it with."""
+        self._tickets += 1
+        ticket = self._tickets
+        self._updates[ticket] = (sent_at, _NEVER, ttl_ms)
+        self.floor = max(self.floor, sent_at)
+        if not self.lost:
+            self.deadline = min(self.deadline, self._deadline_of(sent_at, ttl_ms))
+        return ticket
+
+    def update_settled(
+        self, ticket: int, ttl_ms: int | None, now: float, *, applied: bool | None
+    ) -> bool:
+        """What became of the update ``ticket``, learned at ``now``: ``applied`` True
+        (confirmed with ``ttl_ms``), False (refused: it will never be applied), or None
+        (no answer: it may be applied still, so it keeps capping). False when the lease
+        is lost."""
+        known = self._updates.get(ticket)
+        if applied is None or known is None or known[1] != _NEVER:
+            return not self.expired(now)
+        sent, _, asked_ms = known
+        if not applied:
+            del self._updates[ticket]
+            return not self.expired(now)
+        confirmed_ms = asked_ms if ttl_ms is None else ttl_ms
+        self._updates[ticket] = (sent, now, confirmed_ms)
+        if self.expired(now):
+            return False
+        if self.counts(sent):
+            # The update is itself a confirmation: the leader re-armed the lease after
+            # ``sent`` with this TTL.
+            self._counted(sent, self._ttl_at(sent, confirmed_ms))
+        else:
+            # Renewals sent after it counted already, capped by it while it was pending.
+            self.deadline = min(self.deadline, self._recount())
+        return True
+
+    def interval(self) -> float:
+        """Renew every third of the TTL: two renewals may fail before the deadline."""
+        return self.ttl_ms / 3000.0
+
+    def next_renewal(self) -> float:
+        return self.last_sent + self.interval()
+
+
+_NEVER = float("inf")
+
+
+class RenewAt(Record):
+    """Renew the lease at ``at`` (now or earlier: at once)."""
+
+    __slots__ = ("at",)
+    FIELDS = ("at",)
+    at: float
+
+    def __init__(self, at: float) -> None:
+        _set(self, "at", at)
+
+
+class PingAt(Record):
+    """Ping the renewing connection at ``at``, unless something else is due first."""
+
+    __slots__ = ("at",)
+    FIELDS = ("at",)
+    at: float
+
+    def __init__(self, at: float) -> None:
+        _set(self, "at", at)
+
+
+class Lost(Record):
+    """The lease can no longer be counted on: stop renewing."""
+
+    __slots__ = ()
+    FIELDS = ()
+
+
+class Renewer:
+    """What a kept-alive lease does next: renew at t, ping at t, or stop, it is lost.
+
+    The drivers (sync.KeepAlive, aio.AsyncKeepAlive, the simulator's keeper) ask
+    ``next_step(now)``, sleep until its time (waking early when a TTL update may have
+    moved it), perform it and report back: ``renewed``, ``renewal_failed``, ``pinged``.
+    The deadline rules are ``LeaseClock``'s (``clock``). Renewals come every
+    ``interval`` (a third of the TTL) after the last one that counted; a failed one is
+    retried no later than a quarter of that (250 ms at most) after it failed, which in
+    practice is at once: the renewal it follows was due already (its own flow retried
+    until its time ran out). Between renewals the connection
+    pings every ``PING_EVERY_S`` (PROTOCOL.md: a member closes a connection silent for
+    two minutes), so a lease whose TTL is longer does not reconnect at each renewal.
+    Times are the lease clock's seconds.
+    """
+
+    __slots__ = ("_fixed_interval", "_idle_since", "_retry_at", "clock", "renewals")
+
+    def __init__(self, clock: LeaseClock, now: float, *, interval: float | None = None) -> None:
+        self.clock = clock
+        self._fixed_interval = interval
+        self._retry_at: float | None = None
+        self._idle_since = now
+        """When the renewing connection last carried a request (or the keeper started)."""
+        self.renewals = 0
+        """Renewals that moved the deadline."""
+
+    def interval(self) -> float:
+        return self._fixed_interval or self.clock.interval()
+
+    def next_step(self, now: float) -> RenewAt | PingAt | Lost:
+        """The step due next. Asked again after every wake-up: a TTL update may have
+        brought the renewal (or the deadline) forward."""
+        if self.clock.lost or now >= self.clock.deadline:
+            return Lost()
+        renew_at = self.clock.last_sent + self.interval()
+        if self._retry_at is not None:
+            renew_at = min(renew_at, self._retry_at)
+        ping_at = self._idle_since + PING_EVERY_S
+        if renew_at <= now:
+            return RenewAt(renew_at)  # a ping due too would be redundant
+        if ping_at <= now or ping_at < renew_at:
+            return PingAt(ping_at)
+        return RenewAt(renew_at)
+
+    def pinged(self, now: float) -> None:
+        self._idle_since = now
+
+    def renewal_failed(self, now: float) -> None:
+        """A renewal got no answer that counts (the cluster was unreachable, say): retry soon."""
+        self._idle_since = now
+        self._retry_at = now + min(self.interval() / 4, 0.25)
+
+    def renewed(self, sent: float, ttl_ms: int, now: float) -> int | None:
+        """A renewal sent at ``sent`` was answered at ``now`` with ``ttl_ms``. Returns the
+        TTL it counts with (no more than an update it may predate), 0 when it moved
+        nothing (it was sent before the last update or the last renewal that counted),
+        None when it came too late: the lease is lost."""
+        self._idle_since = now
+        self._retry_at = None
+        return self.confirmed(sent, ttl_ms, now)
+
+    def confirmed(self, sent: float, ttl_ms: int, now: float) -> int | None:
+        """As ``renewed``, for a renewal made elsewhere (not on the renewing connection)."""
+        counts = self.clock.counts(sent)
+        if not self.clock.confirmed(sent, ttl_ms, now):
+            return None
+        if not counts:
+            return 0
+        self.renewals += 1
+        return self.clock.reported_ttl_ms
+
+    def lost_reason(self, lease: str) -> str:
+        """Why the lease was given up when its deadline passed unconfirmed."""
+        return (
+            f"lease {lease} could not be renewed before its deadline "
+            f"({self.clock.ttl_ms} ms after the last confirmed renewal)"
+        )
