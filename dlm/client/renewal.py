@@ -305,7 +305,9 @@ class Renewer:
             return Lost()
         renew_at = self.clock.last_sent + self.interval()
         if self._retry_at is not None:
-            renew_at = min(renew_at, self._retry_at)
+            # After a failure the regular time is overdue: the retry waits its pause, or an
+            # error that retrying cannot mend would have the loop send without a pause.
+            renew_at = self._retry_at
         ping_at = self._idle_since + PING_EVERY_S
         if renew_at <= now:
             return RenewAt(renew_at)  # a ping due too would be redundant

@@ -34,19 +34,22 @@ def test_a_fixed_interval_overrides_the_third() -> None:
 
 def test_a_failed_renewal_is_retried_within_a_quarter_interval_at_most_250ms() -> None:
     r = renewer(3_000)
-    # The renewal was due at 1.0 and failed: it is due still, so it goes again at once.
+    # The renewal was due at 1.0 and failed at 1.1: it goes again after a pause, not at
+    # once (an error that retrying cannot mend would otherwise have it resent in a loop).
     r.renewal_failed(1.1)
-    assert r.next_step(1.1) == core.RenewAt(1.0)
-    # A renewal made elsewhere moves the regular time on; the retry stays due.
-    assert r.confirmed(1.2, 3_000, now=1.3) == 3_000
-    assert renew_time(r, 1.3) == pytest.approx(1.35)
+    assert renew_time(r, 1.1) == pytest.approx(1.35)
+    r.renewal_failed(1.35)
+    assert renew_time(r, 1.35) == pytest.approx(1.6)
+    # A renewal made elsewhere counts; the retry stays where it was.
+    assert r.confirmed(1.5, 3_000, now=1.55) == 3_000
+    assert renew_time(r, 1.55) == pytest.approx(1.6)
     short = renewer(300)
     short.confirmed(0.09, 300, now=0.095)
     short.renewal_failed(0.1)
     assert renew_time(short, 0.1) == pytest.approx(0.1 + 0.025)
     # A success forgets the retry.
-    assert r.renewed(1.35, 3_000, now=1.4) == 3_000
-    assert renew_time(r, 1.4) == pytest.approx(2.35)
+    assert r.renewed(1.6, 3_000, now=1.65) == 3_000
+    assert renew_time(r, 1.65) == pytest.approx(2.6)
 
 
 def test_an_idle_connection_pings_between_long_renewals() -> None:
