@@ -134,13 +134,12 @@ from dlm.node.raft.read_only import ReadOnly
 from dlm.node.raft.roles import RULES
 from dlm.node.raft.tracker import ProgressTracker
 from dlm.node.raft.types import (
+    MESSAGE_TYPES,
     AppendEntries,
-    AppendEntriesResponse,
     ConfChangeRefused,
     Heartbeat,
     HeartbeatResponse,
     InstallSnapshot,
-    InstallSnapshotResponse,
     Message,
     NotLeader,
     ReadIndexRequest,
@@ -194,21 +193,7 @@ class RaftStatus:
 
 _LEADER_MESSAGES = (AppendEntries, Heartbeat, InstallSnapshot)
 
-_KNOWN_MESSAGES = frozenset(
-    {
-        VoteRequest,
-        VoteResponse,
-        AppendEntries,
-        AppendEntriesResponse,
-        Heartbeat,
-        HeartbeatResponse,
-        InstallSnapshot,
-        InstallSnapshotResponse,
-        TimeoutNow,
-        ReadIndexRequest,
-        ReadIndexResponse,
-    }
-)
+_KNOWN_MESSAGES = frozenset(MESSAGE_TYPES)
 
 _SEND_NOW = frozenset(
     {
