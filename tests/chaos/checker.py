@@ -647,9 +647,25 @@ def _describe(op: Op) -> str:
     return f"{what} [{op.call:.3f}, {ret}] -> {how}"
 
 
+def _left_the_queue(ops: list[Op]) -> dict[str, float]:
+    """Leases whose waiting acquire of this key ran out: the client then releases the key
+    (the grant may have raced in while it waited, say with its member cut off), so from
+    that acquire's return on the lease cannot hold the key, until it takes it again; by
+    lease, when. A lease that later acquires the key again is left out, so as not to
+    free its later hold."""
+    left: dict[str, float] = {}
+    for op in ops:
+        waited_out = op.f == ACQUIRE and op.wait and op.outcome == FAIL and op.detail == HELD
+        if waited_out and op.lease is not None:
+            left[op.lease] = min(left.get(op.lease, INF), op.ret)
+    for op in ops:
+        if op.f == ACQUIRE and op.outcome == OK and op.lease in left and op.call >= left[op.lease]:
+            del left[op.lease]
+    return left
+
+
 def check_linearizable(history: History, verdict: Verdict, budget: int = SEARCH_BUDGET) -> None:
     free = {lease: free_after(facts) for lease, facts in history.leases.items()}
-    model = LockModel(free)
     per_key: dict[str, list[Op]] = defaultdict(list)
     for op in history.ops:
         if op.f in (ACQUIRE, RELEASE, GET) and op.key is not None:
@@ -665,6 +681,8 @@ def check_linearizable(history: History, verdict: Verdict, budget: int = SEARCH_
                 per_key[key].append(op)
     for key in sorted(per_key):
         ops = per_key[key]
+        left = _left_the_queue(ops)
+        model = LockModel({**free, **{k: min(t, free.get(k, INF)) for k, t in left.items()}})
         result = linearize(ops, model.step, frozenset({INIT}), budget)
         verdict.stats["linearizability_steps"] += result.steps
         verdict.stats["lock_ops_checked"] += len(ops)

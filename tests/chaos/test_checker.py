@@ -122,6 +122,42 @@ def test_a_lock_freed_by_expiry_after_the_holders_deadline_passes() -> None:
     assert kinds(history) == []
 
 
+def test_a_wait_that_ran_out_after_its_grant_raced_in_releases_it() -> None:
+    # a waits for k with its member cut off; the grant (token 5) is committed elsewhere and
+    # a reader sees it; a's wait runs out and its cleanup release frees k, so b, queued
+    # behind, is granted (token 7) before a even closes its lease (seen in make test).
+    history = History(
+        ops=[
+            op("a", ACQUIRE, 0.0, 3.0, FAIL, detail=HELD, wait=True),
+            op("r", GET, 1.0, 1.1, holder=("a", 5), lease=None),
+            op("b", ACQUIRE, 0.5, 3.001, token=7, wait=True),
+            op("a", CLOSE, 3.002, 3.01),
+        ],
+        leases={
+            "a": library("a", 0.0, 0.6, 1.2, 1.8, 2.4),
+            "b": library("b", 0.5, 1.1, 1.7, 2.3, 2.9),
+        },
+    )
+    assert kinds(history) == []
+
+
+def test_a_lease_holds_nothing_after_its_wait_ran_out_until_it_acquires_again() -> None:
+    # The same wait, and then b's grant before the reader still sees a holding: not
+    # linearizable (a's cleanup release came before b's grant).
+    history = History(
+        ops=[
+            op("a", ACQUIRE, 0.0, 3.0, FAIL, detail=HELD, wait=True),
+            op("b", ACQUIRE, 0.5, 3.001, token=7, wait=True),
+            op("r", GET, 3.1, 3.2, holder=("a", 5), lease=None),
+        ],
+        leases={
+            "a": library("a", 0.0, 0.6, 1.2, 1.8, 2.4, 3.0),
+            "b": library("b", 0.5, 1.1, 1.7, 2.3, 2.9),
+        },
+    )
+    assert kinds(history) == ["not-linearizable"]
+
+
 def test_a_zombie_write_refused_by_the_store_passes() -> None:
     deadline = lease_deadline(0.0, TTL)
     zombie = op("a", WRITE, 3.0, 3.01, FAIL, token=5, detail="refused")
