@@ -1778,15 +1778,7 @@ class NodeSimulation:
                         lost.set()  # the lease is left to run out: never closed
                         handover = True  # nor opened again by id
                         break
-                    try:
-                        yield RunFlow(
-                            main,
-                            core.release_flow(main.ctx, lease.id, key, token=grant.token),
-                        )
-                    except (NotHolder, LeaseLost, _Cancelled):
-                        pass
-                    except DlmError:
-                        self.stats["release_failed"] += 1
+                    yield from self._release(main, lease, key, grant)
                     continue
                 section = self._enter(proc, grant, clock)
                 for _ in range(rng.randint(1, 3)):
@@ -1809,15 +1801,7 @@ class NodeSimulation:
                 self.checker.leave(section, self.world.now)
                 if lost.is_set():
                     break
-                try:
-                    yield RunFlow(
-                        main,
-                        core.release_flow(main.ctx, lease.id, key, token=grant.token),
-                    )
-                except (NotHolder, LeaseLost, _Cancelled):
-                    pass
-                except DlmError:
-                    self.stats["release_failed"] += 1
+                yield from self._release(main, lease, key, grant)
             if zombie:
                 holder.cancel(_Cancelled())
                 opts_tombstone_us = self.options.tombstone_ms * MS
@@ -1841,6 +1825,15 @@ class NodeSimulation:
             if not handover and rng.random() < 0.1:
                 proc.reopen = (lease.id, self.world.now)  # a tombstone answers, or a new lease
         main.drop()
+
+    def _release(self, main: SimClient, lease: core.Lease, key: str, grant: core.Grant) -> Script:
+        """Releases ``key`` by its token; a lock already gone (lost, expired) is no error."""
+        try:
+            yield RunFlow(main, core.release_flow(main.ctx, lease.id, key, token=grant.token))
+        except (NotHolder, LeaseLost, _Cancelled):
+            pass
+        except DlmError:
+            self.stats["release_failed"] += 1
 
     def _update_ttl(
         self,
