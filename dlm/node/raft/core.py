@@ -529,11 +529,22 @@ class RaftNode:
         return self._failed_rounds
 
     def election_timeout_range(self) -> tuple[int, int]:
-        """The ticks the next election timeout is drawn from: [low, high)."""
+        """The ticks the next election timeout is drawn from: [low, high).
+
+        Failed rounds widen the range: rounds that keep colliding need their
+        timeouts spread apart. A member that follows a leader also has its floor
+        raised as far, so that on a lossy network a leader heard late now and then
+        is not given up at the first late heartbeat. One with no leader keeps the
+        configured floor: when the fault that failed the rounds heals, somebody
+        must stand soon (with the floor raised, nobody stood for 8 election
+        timeouts after a partition healed). The disk's latency raises the floor
+        too: a round must outlast two fsyncs.
+        """
         cfg = self._cfg
-        base = cfg.election_ticks << self._failed_rounds
-        low = base + 2 * self._disk_ticks
-        return low, low + base
+        width = cfg.election_ticks << self._failed_rounds
+        floor = width if self._leader is not None else cfg.election_ticks
+        low = floor + 2 * self._disk_ticks
+        return low, low + width
 
     # ------------------------------------------------------------------
     # Output

@@ -38,6 +38,12 @@ def on_leader_message(node: RaftMember, m: AppendEntries | Heartbeat | InstallSn
     """A leader's message at our term, once we follow its sender (timer reset)."""
     node._election_elapsed = 0
     node._in_round = False
+    if node._failed_rounds:
+        # A leader found after failed rounds: the timeout drawn while there was none
+        # may be short; redraw it from the range a follower keeps (election_timeout_range).
+        low, high = node.election_timeout_range()
+        if node._randomized_timeout < low:
+            node._randomized_timeout = node._rng.randrange(low, high)
     if isinstance(m, AppendEntries):
         _on_append_entries(node, m)
     elif isinstance(m, Heartbeat):
