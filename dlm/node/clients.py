@@ -93,6 +93,24 @@ class Clients:
             if state is not None:
                 state.waiting.discard((lease, key))
 
+    def left_office(self, out: Outbox) -> None:
+        """This member stopped leading: close every connection waiting for a grant.
+
+        Only the leader queues a waiter, and a member that lost office may never apply
+        the grant (cut off from the others, it stepped down for want of a quorum):
+        its waiters would sit out their whole wait while another member's commit
+        granted them the lock. A closed connection is what every client already
+        handles: it re-sends the same acquire, and the new leader answers from its
+        state (granted, or queued there).
+        """
+        if not self.waiters:
+            return
+        self.waiters = {}
+        for state in self.conns.values():
+            if state.waiting:
+                state.waiting.clear()
+                out.emit(CloseConnection(state.conn, "stopped leading: re-send the acquire"))
+
     def forget_lease(self, lease: str) -> None:
         if not self.waiters:
             return

@@ -409,6 +409,7 @@ class NodeMachine:
         elif was_leader and role is not Role.LEADER:
             self.tracker.leave_office()
             self.proposals.fail_all()
+            self.clients.left_office(self.out)
             self.membership.fail_proposals()
             self.reads.leadership_lost()
 

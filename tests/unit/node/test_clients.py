@@ -53,3 +53,20 @@ def test_a_connection_is_closed_after_too_many_bad_requests() -> None:
     actions = out.take()
     assert sum(isinstance(a, SendFrame) for a in actions) == MAX_BAD_REQUESTS + 1
     assert isinstance(actions[-1], CloseConnection)
+
+
+def test_a_member_that_stops_leading_closes_only_the_connections_waiting_for_a_grant() -> None:
+    """Cut off, the old leader never applies the grant the new leader commits: its waiters
+    must re-send their acquire elsewhere rather than sit out their wait (chaos seed 0)."""
+    clients, out = _room()
+    for conn in (1, 2, 3):
+        clients.connected(conn, f"127.0.0.1:{conn}")
+    clients.register_waiter(1, "L", "k")
+    clients.register_waiter(2, "M", "j")
+    clients.register_waiter(2, "M", "k")
+    clients.left_office(out)
+    closed = [a.conn for a in out.take() if isinstance(a, CloseConnection)]
+    assert closed == [1, 2]
+    assert not clients.waiters and 3 in clients.conns
+    clients.left_office(out)
+    assert out.take() == []

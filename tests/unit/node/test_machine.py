@@ -497,6 +497,27 @@ def test_no_grant_is_pushed_to_a_connection_that_closed() -> None:
     assert (answer["result"], answer["token"]) == ("granted", state.holders[0].token)
 
 
+def test_a_leader_cut_off_from_the_others_closes_its_waiters_so_they_ask_the_new_one() -> None:
+    """Chaos seed 0: n1 queued a waiter, then lost the others. The new leader's commit grants
+    the lock, which n1 never applies: unless n1 sends its waiter away when it steps down,
+    the client waits out its whole wait while it holds the lock elsewhere."""
+    cluster = started(3)
+    holder, waiter = _holder_and_waiter(cluster)
+    cluster.blocked = lambda msg: "n1" in (msg.src, msg.dst)
+    cluster.run_until(lambda: cluster["n1"].role is not Role.LEADER, 10.0, "n1 steps down")
+    assert waiter.closed and not holder.closed
+    assert waiter.pushes == []
+    cluster.run_until(
+        lambda: any(cluster[n].role is Role.LEADER for n in ("n2", "n3")), 10.0, "a new leader"
+    )
+    new_leader = next(n for n in ("n2", "n3") if cluster[n].role is Role.LEADER)
+    again = Client(cluster, cluster[new_leader], 99)
+    answer = again.call(
+        "acquire", lease="b", key="k", wait=True, client=waiter.client_id, seq=WAITER_SEQ
+    )
+    assert answer["result"] == "queued"  # the re-sent acquire keeps its place
+
+
 # ---------------------------------------------------------------------------
 # Reads
 # ---------------------------------------------------------------------------
