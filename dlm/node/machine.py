@@ -254,6 +254,7 @@ class NodeMachine:
             raft.tick()
             if self.tracker.leading:
                 self.proposals.expire_due(self.tracker, raft, now)
+                self.proposals.say_quarantine_end(self.tracker, self.locks, raft, now)
                 if self._role is Role.LEADER:
                     me, versions = self.config.node_id, self.health.versions
                     self.proposals.raise_version(

@@ -119,6 +119,16 @@ class Replies:
             return LeaseEnded(lease=result.lease, released=list(result.released)).frame(rid)
         if isinstance(result, locks.LeaseUpdated):
             return LeaseTerms(lease=result.lease, ttl_ms=result.ttl_ms).frame(rid)
+        if isinstance(result, locks.Locked) and result.quarantined_until_ms is not None:
+            return error(
+                rid,
+                ErrorCode.LOCKED,
+                f"{result.key!r} is quarantined: the cluster was restored or recovered",
+                key=result.key,
+                holders=self._holders_wire(result.holders),
+                retry_after_ms=result.retry_after_ms,
+                quarantined_until_ms=result.quarantined_until_ms,
+            )
         if isinstance(result, locks.Locked):
             return error(
                 rid,

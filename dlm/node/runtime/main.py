@@ -266,6 +266,7 @@ def _settled(config: NodeConfig, meta: DataDirMeta, log: Logger) -> NodeConfig:
         )
     if meta.join_members:
         config = replace(config, join_members=meta.join_members)
+    config = replace(config, incarnation=meta.incarnation)
     if meta.peers is not None:
         # (None: a directory of format 1 recorded none, and --peers says them, as it did.)
         if config.peers_given and meta.peers != config.peers:

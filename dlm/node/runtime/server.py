@@ -187,6 +187,7 @@ class NodeServer:
             MachineConfig(
                 node_id=config.node_id,
                 cluster=config.cluster,
+                incarnation=config.incarnation,
                 peers={node: _addr_text(addr) for node, addr in sorted(config.peers.items())},
                 address=config.address,
                 join_members={n: _addr_text(a) for n, a in sorted(config.join_members.items())},
