@@ -116,7 +116,7 @@ def new_incarnation(
             f"the cluster recorded ({longest / 1000:g}s): a holder of the old cluster may "
             "still hold its lock when the new cluster grants it"
         )
-    locks.start_incarnation(machine, index, max(1, quarantine_ms))
+    locks.start_incarnation(machine, index, quarantine_ms)
     image = bytes(
         cbor2.dumps(
             {

@@ -954,13 +954,13 @@ def start_incarnation(machine: LockStateMachine, index: int, quarantine_ms: int)
     """Make ``machine`` (restored from a backup's image or a survivor's state) the first
     state of a new incarnation (``dlm node restore`` and ``recover``): applied up to
     ``index``, at cluster version 3 at least, granting nothing until a leader has been in
-    office for ``quarantine_ms`` (at least 1), and remembering the longest live TTL."""
-    if index < machine.applied_index or quarantine_ms < 1:
+    office for ``quarantine_ms`` (0: no quarantine), and remembering the longest live TTL."""
+    if index < machine.applied_index or quarantine_ms < 0:
         raise ValueError("a new incarnation starts at or above the image's index")
     machine.max_ttl_ms = longest_ttl_ms(machine)
     machine._applied = index
     machine._version = max(machine._version, 3)
-    machine.quarantine = Quarantine(quarantine_ms, index)
+    machine.quarantine = Quarantine(quarantine_ms, index) if quarantine_ms else None
 
 
 def _int(value: object) -> int:
