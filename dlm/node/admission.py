@@ -320,10 +320,12 @@ class Dialing:
             # --peers names the wrong address for it: its messages would all be dropped.
             return Failed("peer_refused", f"the member there says it is {raw.get('node')!r}")
         theirs = raw.get("incarnation", 0)
-        if theirs != self._incarnation:
-            # A member that does not check incarnations (an earlier release) welcomed us.
+        theirs = theirs if isinstance(theirs, int) and not isinstance(theirs, bool) else -1
+        if theirs < self._incarnation:
+            # An older incarnation welcomed us (a member of an earlier release, which does
+            # not check). When theirs is newer we go on: that member refuses us after our
+            # proof, sealed, which tells this member, believably, that it is the old one.
             local = str(self.hello.get("node", ""))
-            theirs = theirs if isinstance(theirs, int) and not isinstance(theirs, bool) else -1
             return Failed(
                 "peer_refused",
                 incarnation_mismatch(local, self._incarnation, self._peer_id, theirs),
