@@ -1196,6 +1196,7 @@ def error_from_reply(
                 "and grants no lock before then; try again later, or wait for it (--wait)",
                 holders=holders,
                 retry_after_ms=_opt_int(reply, "retry_after_ms"),
+                quarantined_until_ms=until,
             )
         return LockHeld(
             f"{what} is {describe_holders(holders)}: try again later, or wait for it (--wait)",

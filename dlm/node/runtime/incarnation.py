@@ -86,7 +86,8 @@ def restore_member(
     )
     cluster = config.cluster
     conf = ConfState(voters=tuple(sorted(config.peers)))
-    _build(target, replace(config, incarnation=new.index), new, backup.term, conf)
+    made = replace(config, incarnation=new.index, made_by="restored")
+    _build(target, made, new, backup.term, conf)
     return Built(
         target,
         config.node_id,
@@ -142,6 +143,7 @@ def recover_member(data_dir: str, *, bump: int, quarantine_ms: int | None) -> Bu
         peers={config.node_id: _addr_of(config)},
         join_members={},
         incarnation=new.index,
+        made_by="recovered",
     )
     building = _build(target, one_voter, new, term, conf, rename=False)
     os.rename(target, kept)

@@ -93,6 +93,8 @@ class NodeConfig:
     """Which incarnation of the cluster this member belongs to: 0 for one never restored,
     else the index its restored or recovered log starts after (dlm/node/incarnation.py).
     Members of different incarnations refuse each other's links."""
+    made_by: str = ""
+    """``restored`` or ``recovered`` for a directory `dlm node restore`/`recover` built."""
 
     @property
     def address(self) -> str:
@@ -287,6 +289,8 @@ class DataDirMeta:
     """The --advertise it was last given, if any (format 3)."""
     incarnation: int = 0
     """The cluster incarnation the directory belongs to (format 4; 0 before)."""
+    made_by: str = ""
+    """What built it: ``restored``, ``recovered``, or "" (`dlm node start`)."""
 
 
 def check_data_dir(config: NodeConfig) -> DataDirMeta | None:
@@ -321,6 +325,7 @@ def check_data_dir(config: NodeConfig) -> DataDirMeta | None:
         incarnation = meta.get("incarnation", 0)
         if type(incarnation) is not int or not 0 <= incarnation < 2**63:
             raise TypeError
+        made_by = str(meta.get("made_by", ""))
     except (ValueError, KeyError, TypeError):
         raise ConfigError(
             f"{path} is damaged: it should name the node and cluster this data dir belongs to"
@@ -331,7 +336,9 @@ def check_data_dir(config: NodeConfig) -> DataDirMeta | None:
             f"not node {config.node_id!r} of cluster {config.cluster!r}: "
             "start with the matching --id/--cluster-id or use another --data"
         )
-    return DataDirMeta(node, cluster, peers, version, joined, listen, advertise, incarnation)
+    return DataDirMeta(
+        node, cluster, peers, version, joined, listen, advertise, incarnation, made_by
+    )
 
 
 def _recorded_addr(raw: object) -> tuple[str, int] | None:
@@ -357,6 +364,8 @@ def write_meta(config: NodeConfig) -> None:
         "listen": format_addr(*config.listen),
         "incarnation": config.incarnation,
     }
+    if config.made_by:
+        meta["made_by"] = config.made_by
     if config.advertise is not None:
         meta["advertise"] = format_addr(*config.advertise)
     if config.join_members:
