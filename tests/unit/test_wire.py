@@ -765,3 +765,17 @@ def test_a_hostile_reply_is_read_or_refused_never_crashes_the_client(body: objec
             kind.from_wire(body)
         except wire.ProtocolError:
             pass
+
+
+def test_a_peer_hello_says_its_incarnation_only_when_restored() -> None:
+    plain = wire.Hello(wire.HelloRole.PEER, cluster="c", node="n1").to_wire()
+    assert "incarnation" not in plain  # a cluster never restored keeps its hello's bytes
+    hello = wire.Hello(wire.HelloRole.PEER, cluster="c", node="n1", incarnation=2**32 + 7)
+    frame = hello.to_wire()
+    assert frame["incarnation"] == 2**32 + 7
+    assert wire.Hello.from_wire(frame).incarnation == 2**32 + 7
+    assert wire.Hello.from_wire(plain).incarnation == 0
+    with pytest.raises(wire.ProtocolError, match="incarnation"):
+        wire.Hello.from_wire({**frame, "incarnation": -1})
+    assert wire.welcome("n1", "c", 3, 9)["incarnation"] == 9
+    assert "incarnation" not in wire.welcome("n1", "c", 3)
