@@ -137,6 +137,12 @@ class StatusView(Reply):
     waiters: int | None = field(_reply_waiters)
     version: int | None = field(_reply_opt_int)
     cluster_version: int | None = field(_reply_opt_int)
+    incarnation: int | None = field(_reply_opt_int, default=None, omit=True)
+    """The cluster incarnation (0: never restored or recovered; None: an older member)."""
+    quarantine_ms: int | None = field(_reply_opt_int, default=None, omit=True)
+    """While quarantined after a restore or recovery: its length (else left out)."""
+    quarantined_until_ms: int | None = field(_reply_opt_int, default=None, omit=True)
+    """While quarantined: when it ends, as its leader said (0: not said yet)."""
     progress: dict[str, Progress] | None = field(
         lambda msg, name: _reply_record_map(Progress, msg, name), default=None, omit=True
     )
@@ -167,6 +173,8 @@ class MembersView(Reply):
     members: list[MemberHealth] = field(lambda msg, name: _reply_records(MemberHealth, msg, name))
     leader: str | None = field(_reply_opt_text)
     bootstrap: dict[str, str] = field(_reply_names)
+    incarnation: int | None = field(_reply_opt_int, default=None, omit=True)
+    """The cluster incarnation: a member that joins takes it (None: an older member)."""
 
 
 def _reply_records(kind: type[R], msg: dict[Any, Any], name: str) -> list[R]:

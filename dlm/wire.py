@@ -51,7 +51,7 @@ if TYPE_CHECKING:
         def seal(self, body: bytes) -> bytes: ...
 
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 CLIENT_FRAME_LIMIT = 64 * 1024
 PEER_FRAME_LIMIT = 4 * 1024 * 1024
 DEFAULT_PORT = 7700
@@ -443,9 +443,9 @@ class Hello(Record):
     ``version`` is 1, so our clients and members send 1 there.
     """
 
-    __slots__ = ("addr", "cluster", "max_version", "node", "role", "version")
-    FIELDS = ("role", "version", "cluster", "node", "max_version", "addr")
-    __match_args__ = ("role", "version", "cluster", "node", "max_version", "addr")
+    __slots__ = ("addr", "cluster", "incarnation", "max_version", "node", "role", "version")
+    FIELDS = ("role", "version", "cluster", "node", "max_version", "addr", "incarnation")
+    __match_args__ = ("role", "version", "cluster", "node", "max_version", "addr", "incarnation")
     role: HelloRole
     version: int
     cluster: str
@@ -454,6 +454,10 @@ class Hello(Record):
     addr: str
     """A peer's own address (HOST:PORT, its --advertise), so that a member whose log does
     not name it yet can still answer it; empty from clients and older members."""
+    incarnation: int
+    """A peer's cluster incarnation (0, and left out, for a cluster never restored or
+    recovered; else the index its new log started after). Peers of different
+    incarnations refuse each other."""
 
     def __init__(
         self,
@@ -464,6 +468,7 @@ class Hello(Record):
         max_version: int = PROTOCOL_VERSION,
         *,
         addr: str = "",
+        incarnation: int = 0,
     ) -> None:
         _set(self, "role", role)
         _set(self, "version", version)
@@ -471,6 +476,7 @@ class Hello(Record):
         _set(self, "node", node)
         _set(self, "max_version", max_version)
         _set(self, "addr", addr)
+        _set(self, "incarnation", incarnation)
 
     @property
     def speaks(self) -> int:
@@ -488,6 +494,8 @@ class Hello(Record):
         }
         if self.addr:
             frame["addr"] = self.addr
+        if self.incarnation:
+            frame["incarnation"] = self.incarnation
         return frame
 
     @classmethod
@@ -507,6 +515,7 @@ class Hello(Record):
             node=_field(msg, "node", str, optional=True) or "",
             max_version=version if max_version is None else min(max(max_version, 1), 1 << 16),
             addr=_hello_addr(msg),
+            incarnation=_opt_bounded(msg, "incarnation", 0, limits.INT_MAX, 0),
         )
 
 
@@ -523,8 +532,32 @@ def _hello_addr(msg: dict[Any, Any]) -> str:
         raise ProtocolError("field 'addr' must be HOST:PORT") from None
 
 
-def welcome(node: str, cluster: str, version: int = PROTOCOL_VERSION) -> dict[str, Any]:
-    return {"t": "welcome", "version": version, "node": node, "cluster": cluster}
+def welcome(
+    node: str, cluster: str, version: int = PROTOCOL_VERSION, incarnation: int = 0
+) -> dict[str, Any]:
+    frame: dict[str, Any] = {"t": "welcome", "version": version, "node": node, "cluster": cluster}
+    if incarnation:
+        frame["incarnation"] = incarnation
+    return frame
+
+
+OTHER_INCARNATION = "cluster incarnation mismatch"
+
+
+def incarnation_mismatch(local: str, mine: int, peer: str, theirs: int) -> str:
+    """The one line both members of different cluster incarnations log (on the
+    accepting side it is also the refusal's message)."""
+
+    def name(incarnation: int) -> str:
+        return f"incarnation {incarnation}" if incarnation else "the original incarnation (0)"
+
+    old = peer if theirs < mine else local
+    return (
+        f"{OTHER_INCARNATION}: member {local} is in {name(mine)}, member {peer} in "
+        f"{name(theirs)}; the cluster was restored or recovered, so {old} belongs to the "
+        f"old cluster: stop it (to bring {old} back, remove its data directory and start it "
+        "with --join)"
+    )
 
 
 # ---------------------------------------------------------------------------

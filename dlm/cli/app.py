@@ -587,6 +587,122 @@ node_start.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
 )
 node_app.command("start")(node_start)
 
+BumpOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--bump",
+        metavar="N",
+        help="How far the new log starts above the old one, so every new fencing token is "
+        "higher than any the old cluster handed out (default 4294967296, 2**32).",
+        show_default=False,
+    ),
+]
+QuarantineOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--quarantine",
+        metavar="DURATION",
+        help="Grant no lock until the first leader has been in office this long (default: "
+        "the longest lease TTL the cluster recorded, at least 30s).",
+        show_default=False,
+    ),
+]
+
+
+@node_app.command("restore")
+def node_restore(
+    *,
+    ctx: typer.Context,
+    backup_file: Annotated[
+        str, typer.Argument(metavar="FILE", help="A backup made by dlm snapshot save.")
+    ],
+    data: Annotated[
+        str,
+        typer.Option(
+            "--data",
+            metavar="DIR",
+            help="The new member's data directory (new).",
+            show_default=False,
+        ),
+    ],
+    node_id: Annotated[
+        str, typer.Option("--id", metavar="ID", help="This member's id.", show_default=False)
+    ],
+    peers: Annotated[
+        str,
+        typer.Option(
+            "--peers",
+            metavar="ID=HOST:PORT,...",
+            help="Every member of the restored cluster (the same on each).",
+            show_default=False,
+        ),
+    ],
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            "--cluster-id", metavar="NAME", help="Default: the backup's.", show_default=False
+        ),
+    ] = None,
+    bump: BumpOpt = None,
+    quarantine: QuarantineOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Build a member's data directory of a new cluster incarnation from a backup (run once
+    per member, from the same file, with every member of the old cluster stopped).
+
+    Exits 0 when built, 1 for a file that is not an intact backup, 2 for anything to
+    change first (flags, a --data directory that is not empty).
+    """
+    from dlm.cli import restore
+
+    top = ctx.find_root().obj
+    restore.restore(
+        backup_file,
+        data=data,
+        node_id=node_id,
+        peers=peers,
+        cluster=cluster,
+        bump=bump,
+        quarantine=quarantine,
+        as_json=json or (isinstance(top, GlobalOptions) and top.json),
+    )
+
+
+@node_app.command("recover")
+def node_recover(
+    *,
+    ctx: typer.Context,
+    data: Annotated[
+        str,
+        typer.Option(
+            "--data", metavar="DIR", help="The survivor's data directory.", show_default=False
+        ),
+    ],
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Do it: the old cluster's other members must all be stopped."),
+    ] = False,
+    bump: BumpOpt = None,
+    quarantine: QuarantineOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """Majority lost: turn one stopped survivor into the only voter of a new cluster
+    incarnation, from everything its log holds; the others then join it with --join.
+
+    Exits 0 when done, 1 for a damaged data directory, 2 without --force or for anything
+    else to change first.
+    """
+    from dlm.cli import restore
+
+    top = ctx.find_root().obj
+    restore.recover(
+        data=data,
+        force=force,
+        bump=bump,
+        quarantine=quarantine,
+        as_json=json or (isinstance(top, GlobalOptions) and top.json),
+    )
+
 
 @store_app.command("inspect")
 def store_inspect(

@@ -31,9 +31,11 @@ Exit codes:
 
 \b
   0   success (for exec: CMD exited 0)
-  1   status --check: the cluster is degraded (store inspect: damaged data)
+  1   status --check: the cluster is degraded (store inspect: damaged data;
+      node restore: not an intact backup file)
   2   usage error (members: an id or address in use, an unknown id, the last
-      voter, a removal that would leave no quorum of answering voters)
+      voter, a removal that would leave no quorum of answering voters; node
+      recover without --force)
   69  cluster unavailable: no member answered within --dial-timeout, or no
       quorum within --timeout
   70  internal error (a bug in dlm: please report it)

@@ -74,4 +74,9 @@ def join_cluster(config: NodeConfig, security: NodeSecurity | None) -> NodeConfi
                 current[str(member["id"])] = parse_addr(str(member["address"]))
             except (KeyError, ValueError):
                 continue  # unknown address: the log will say it
-    return replace(config, peers=peers, join_members=current)
+    # A restored or recovered cluster is a new incarnation: its members talk only to
+    # members of the same one, so this member takes it (recorded in node.json).
+    incarnation = view.get("incarnation", 0)
+    if type(incarnation) is not int or not 0 <= incarnation < 2**63:
+        incarnation = 0
+    return replace(config, peers=peers, join_members=current, incarnation=incarnation)

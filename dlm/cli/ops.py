@@ -216,6 +216,17 @@ def conflict_error(
     ``client`` (when given) asks who holds it now. ``next_step`` ends the line.
     """
     holders = exc.holders
+    until = exc.quarantined_until_ms
+    if until is not None and not waited:
+        from dlm.client.core import quarantined_until
+
+        error = from_client_error(exc)
+        error.details["quarantined_until_ms"] = until
+        error.message = (
+            f"{key!r} is {quarantined_until(until)}: the cluster was restored or recovered and "
+            f"grants no lock before then{next_step}"
+        )
+        return error
     if not holders and client is not None:
         holders = _holders_now(client, key)
     error = from_client_error(exc)

@@ -204,6 +204,10 @@ def summarize(client: Client, reply: dict[str, Any], member_timeout: float) -> d
         "sessions": view.sessions,
         "locks": view.locks,
         "waiters": view.waiters,
+        "incarnation": view.incarnation,
+        "quarantine": None
+        if view.quarantine_ms is None
+        else {"ms": view.quarantine_ms, "until_ms": view.quarantined_until_ms or 0},
         "health": health.assess(rows, leader),
     }
 
@@ -351,6 +355,12 @@ def cluster_renderable(result: dict[str, Any], width: int, *, stamp: bool = Fals
                 f"{_dash(result.get('waiters'))} waiters"
             )
         )
+        incarnation = result.get("incarnation")
+        if incarnation:
+            lines.append(Text(f"incarnation {incarnation} (restored or recovered)"))
+        quarantine = result.get("quarantine")
+        if quarantine:
+            lines.append(Text(quarantine_line(quarantine), style="bold yellow"))
         style = HEALTH_STYLES.get(verdict["state"], "")
         if verdict["state"] == health.DEGRADED:
             lines.append(Text(f"degraded: {verdict['reason']}", style=style))
@@ -359,6 +369,17 @@ def cluster_renderable(result: dict[str, Any], width: int, *, stamp: bool = Fals
             lines.append(Text(f"healthy: {health.tolerance_line(verdict)}", style=style))
     lines.append(members_table(result["members"], result.get("leader"), width))
     return Group(*lines)
+
+
+def quarantine_line(quarantine: dict[str, Any]) -> str:
+    """``quarantined until T: ...`` for a restored or recovered cluster."""
+    until = _int(quarantine.get("until_ms")) or 0
+    if until > 0:
+        when = f"until {iso_local(until)}"
+    else:
+        length = (_int(quarantine.get("ms")) or 0) / 1000
+        when = f"until a leader has been in office for {length:g}s"
+    return f"quarantined {when}: no lock is granted before then (the cluster was restored)"
 
 
 def members_table(rows: list[dict[str, Any]], leader: str | None, width: int) -> Any:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from dlm.client.errors import (
     AuthFailed,
@@ -1165,6 +1166,15 @@ def lease_gone_text(lease: str | None, ended: str | None) -> str:
     return f"{which} is not live (ended, or never opened)"  # a member that does not say
 
 
+def quarantined_until(until_ms: int) -> str:
+    """``quarantined until 2026-11-27T18:30:05Z`` (a quarantine's end as its leader said;
+    0: no leader has said yet)."""
+    if until_ms <= 0:
+        return "quarantined until a leader has been in office for the quarantine"
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until_ms / 1000))
+    return f"quarantined until {when}"
+
+
 def error_from_reply(
     reply: Mapping[Any, Any], request: Mapping[str, Any] | None = None
 ) -> DlmError:
@@ -1179,6 +1189,15 @@ def error_from_reply(
     which_lease = f"lease {lease}" if isinstance(lease, str) else "the lease"
     if code == ErrorCode.LOCKED.value:
         holders = _holders(reply)
+        until = _opt_int(reply, "quarantined_until_ms")
+        if until is not None:
+            return LockHeld(
+                f"{what} is {quarantined_until(until)}: the cluster was restored or recovered "
+                "and grants no lock before then; try again later, or wait for it (--wait)",
+                holders=holders,
+                retry_after_ms=_opt_int(reply, "retry_after_ms"),
+                quarantined_until_ms=until,
+            )
         return LockHeld(
             f"{what} is {describe_holders(holders)}: try again later, or wait for it (--wait)",
             holders=holders,

@@ -47,10 +47,14 @@ class LockHeld(DlmError):
         *,
         holders: list[dict[str, Any]] | None = None,
         retry_after_ms: int | None = None,
+        quarantined_until_ms: int | None = None,
     ) -> None:
         super().__init__("LOCKED", message)
         self.holders: list[dict[str, Any]] = list(holders or [])
         self.retry_after_ms = retry_after_ms
+        self.quarantined_until_ms = quarantined_until_ms
+        """Set when the cluster is quarantined after a restore or recovery: when it ends
+        (ms since the epoch; 0 when no leader has said yet)."""
 
 
 class LeaseLost(DlmError):

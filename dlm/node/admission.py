@@ -42,6 +42,7 @@ from dlm.wire import (
     ProtocolError,
     as_map,
     error,
+    incarnation_mismatch,
     welcome,
 )
 
@@ -66,7 +67,9 @@ class Refuse:
     """Send ``frame`` (sealed by ``sealer`` when there is one) and close.
 
     ``why``: "hello" (not a usable hello), "auth" (a proof or certificate failed),
-    "cluster" (another cluster), "member" (the member refused it)."""
+    "cluster" (another cluster), "incarnation" (another incarnation of this cluster:
+    restored or recovered; sealed once the peer proved itself), "member" (the member
+    refused it)."""
 
     frame: dict[str, Any]
     why: str
@@ -108,6 +111,7 @@ class Acceptance:
         "_cluster",
         "_greeted",
         "_hello",
+        "_incarnation",
         "_node_id",
         "_opener",
         "_peer_identity",
@@ -124,9 +128,11 @@ class Acceptance:
         cluster: str,
         responder_for: Callable[[HelloRole], Any],
         peer_identity: Callable[[str], str | None] | None = None,
+        incarnation: int = 0,
     ) -> None:
         self._node_id = node_id
         self._cluster = cluster
+        self._incarnation = incarnation
         self._responder_for = responder_for
         self._peer_identity = peer_identity
         self._responder: Any = None
@@ -176,9 +182,12 @@ class Acceptance:
             return Refuse(error(None, ErrorCode.BAD_REQUEST, message), "cluster")
         responder = self._responder_for(hello.role)
         if responder is None:
+            other = self._other_incarnation(hello)
+            if other is not None:
+                return other
             self._state = "verdict"
             return Ask(hello)
-        greeting = welcome(self._node_id, cluster, min(hello.speaks, PROTOCOL_VERSION))
+        greeting = self._welcome(hello)
         try:
             greeting.update(responder.welcome_fields(raw))
         except ValueError as exc:  # dlm.auth.AuthError
@@ -198,8 +207,29 @@ class Acceptance:
         except (ProtocolError, ValueError) as exc:  # ValueError: dlm.auth.AuthError
             return Refuse(error(None, ErrorCode.AUTH_FAILED, str(exc)), "auth")
         assert self._hello is not None
+        # After the proof, so the refusal is sealed: the peer may believe it (and a member
+        # of the old incarnation stops: NodeMachine.peer_refused).
+        other = self._other_incarnation(self._hello)
+        if other is not None:
+            return other
         self._state = "verdict"
         return Ask(self._hello)
+
+    def _other_incarnation(self, hello: Hello) -> Refuse | None:
+        if hello.role is not HelloRole.PEER or hello.incarnation == self._incarnation:
+            return None
+        message = incarnation_mismatch(
+            self._node_id, self._incarnation, hello.node, hello.incarnation
+        )
+        return Refuse(error(None, ErrorCode.BAD_REQUEST, message), "incarnation", self._sealer)
+
+    def _welcome(self, hello: Hello) -> dict[str, Any]:
+        return welcome(
+            self._node_id,
+            self._cluster,
+            min(hello.speaks, PROTOCOL_VERSION),
+            self._incarnation if hello.role is HelloRole.PEER else 0,
+        )
 
     def verdict(self, refusal: dict[str, Any] | None) -> Admit | Refuse:
         """The member's answer to ``Ask``: the error frame that refuses the connection, or
@@ -213,7 +243,7 @@ class Acceptance:
         assert hello is not None
         greeting = None
         if not self._greeted:
-            greeting = welcome(self._node_id, self._cluster, min(hello.speaks, PROTOCOL_VERSION))
+            greeting = self._welcome(hello)
         return Admit(hello, greeting, self._sealer, self._opener)
 
 
@@ -252,12 +282,19 @@ class Dialing:
     ``tls``: the connection runs over TLS that verified the peer's certificate.
     """
 
-    __slots__ = ("_initiator", "_peer_id", "_tls", "_welcomed", "hello")
+    __slots__ = ("_incarnation", "_initiator", "_peer_id", "_tls", "_welcomed", "hello")
 
     def __init__(
-        self, *, peer_id: str, hello: dict[str, Any], initiator: Any = None, tls: bool = False
+        self,
+        *,
+        peer_id: str,
+        hello: dict[str, Any],
+        initiator: Any = None,
+        tls: bool = False,
+        incarnation: int = 0,
     ) -> None:
         self._peer_id = peer_id
+        self._incarnation = incarnation
         self._initiator = initiator
         self._tls = tls
         self._welcomed = False
@@ -282,6 +319,17 @@ class Dialing:
         if raw.get("node") != self._peer_id:
             # --peers names the wrong address for it: its messages would all be dropped.
             return Failed("peer_refused", f"the member there says it is {raw.get('node')!r}")
+        theirs = raw.get("incarnation", 0)
+        theirs = theirs if isinstance(theirs, int) and not isinstance(theirs, bool) else -1
+        if theirs < self._incarnation:
+            # An older incarnation welcomed us (a member of an earlier release, which does
+            # not check). When theirs is newer we go on: that member refuses us after our
+            # proof, sealed, which tells this member, believably, that it is the old one.
+            local = str(self.hello.get("node", ""))
+            return Failed(
+                "peer_refused",
+                incarnation_mismatch(local, self._incarnation, self._peer_id, theirs),
+            )
         auth_frame = sealer = opener = None
         if self._initiator is not None:
             try:

@@ -39,7 +39,17 @@ class Audit:
         cmd = outcome.command
         result = outcome.result
         stats, log = self._stats, self._out.log
-        if isinstance(cmd, locks.ExpireCommand) and isinstance(result, locks.LeaseClosed):
+        if outcome.quarantine_ended:
+            stats.quarantines_ended += 1
+            log(
+                "info",
+                "quarantine_ended",
+                index=outcome.index,
+                granted=len(outcome.promotions),
+            )
+        elif isinstance(cmd, locks.QuarantineCommand):
+            log("info", "quarantine_until", until_ms=cmd.until_ms, index=outcome.index)
+        elif isinstance(cmd, locks.ExpireCommand) and isinstance(result, locks.LeaseClosed):
             stats.expiries += 1
             stats.locks_lost += len(result.released)
             log(

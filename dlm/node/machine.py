@@ -88,6 +88,7 @@ from dlm.node.stats import Stats
 from dlm.records import Entry, EntryKind, LogStorage, NodeId, Snapshot
 from dlm.views import MembersView, StatusView
 from dlm.wire import (
+    OTHER_INCARNATION,
     Acquire,
     BadFrame,
     ClientRequest,
@@ -110,6 +111,10 @@ from dlm.wire import (
     error,
     ok,
 )
+
+EXIT_OLD_INCARNATION = 65
+"""A member told (with proof) that the cluster was restored or recovered without it
+exits with this code, as `dlm node start` does for another cluster's data directory."""
 
 __all__ = [
     "MAX_BAD_REQUESTS",
@@ -254,6 +259,7 @@ class NodeMachine:
             raft.tick()
             if self.tracker.leading:
                 self.proposals.expire_due(self.tracker, raft, now)
+                self.proposals.say_quarantine_end(self.tracker, self.locks, raft, now)
                 if self._role is Role.LEADER:
                     me, versions = self.config.node_id, self.health.versions
                     self.proposals.raise_version(
@@ -294,6 +300,12 @@ class NodeMachine:
         """A member refused our link, and proved it wrote the refusal (sealed after the
         handshake, or over TLS: admission.py decides, and nothing unproved gets here);
         if it says we were removed, we stop (exit 0)."""
+        old = f"so {self.config.node_id} belongs to the old cluster"
+        if OTHER_INCARNATION in message and old in message and not self._stopped:
+            # The cluster was restored or recovered without this member's data directory.
+            self._stopped = True
+            self.out.log("warning", "old_incarnation", told_by=node)
+            self.out.emit(Stop(message, EXIT_OLD_INCARNATION))
         if REMOVED in message and not self._stopped:
             self._stopped = True
             self.out.log("warning", "removed", told_by=node)
@@ -672,6 +684,8 @@ class NodeMachine:
             cluster_version=self.locks.version,
             address_of=self.address_of,
             last_contact_ms=lambda member: self._last_contact_ms(member, now),
+            incarnation=self.config.incarnation,
+            quarantine=self.locks.quarantine,
         )
 
     def members_view(self, now: Instant) -> MembersView:
@@ -679,6 +693,7 @@ class NodeMachine:
             self.raft.status(),
             learners=self.raft.learners,
             bootstrap=dict(self.config.peers),
+            incarnation=self.config.incarnation,
             address_of=self.address_of,
             answers=lambda member: self._answers(member, now),
             last_contact_ms=lambda member: self._last_contact_ms(member, now),

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from dlm.records import NodeId
 
-PROTOCOL_SPOKEN = 2
+PROTOCOL_SPOKEN = 3
 """The highest cluster version this release can run."""
 
 
@@ -74,6 +74,9 @@ class MachineConfig:
     """The leader promotes a learner to voter once it is within PROMOTE_LAG entries."""
     address: str = ""
     """This member's own address (for a member that joined later, not in ``peers``)."""
+    incarnation: int = 0
+    """The cluster incarnation this member belongs to (0: never restored or recovered):
+    its peer hello says it, and a peer of another incarnation is refused."""
     join_members: Mapping[NodeId, str] = field(default_factory=dict)
     """The members a joining member was told of when it joined, with their addresses: it
     dials them until its own log names the configuration, so that it can answer a leader

@@ -73,6 +73,7 @@ class Proposals:
         self._quotas = quotas
         self.pending: dict[int, Proposal] = {}
         self._version_proposed_at = -1.0e9
+        self._quarantine_said = False
 
     def propose(
         self,
@@ -133,6 +134,27 @@ class Proposals:
 
     def took_office(self) -> None:
         self._version_proposed_at = -1.0e9
+        self._quarantine_said = False
+
+    def say_quarantine_end(
+        self,
+        tracker: LeaseTracker,
+        machine: locks.LockStateMachine,
+        raft: RaftNode,
+        now: Instant,
+    ) -> None:
+        """A leader of a quarantined cluster says once, through the log, when by its clock
+        the quarantine ends (for `dlm status` and the LOCKED reply; the end itself is the
+        Expire of the quarantine's lease, proposed when its deadline passes)."""
+        if self._quarantine_said or machine.quarantine is None:
+            return
+        remaining = tracker.remaining_ms(locks.QUARANTINE_LEASE, now.mono)
+        if remaining is None:
+            return
+        cmd = locks.QuarantineCommand(now.wall_ms + remaining, now.wall_ms)
+        if not isinstance(raft.propose(locks.encode_command(cmd)), NotLeader):
+            self._quarantine_said = True
+            self._out.log("info", "quarantine_until_proposed", until_ms=cmd.until_ms)
 
     def expire_due(self, tracker: LeaseTracker, raft: RaftNode, now: Instant) -> None:
         """The leader proposes the expiry of every lease whose deadline passed."""

@@ -119,6 +119,16 @@ class Replies:
             return LeaseEnded(lease=result.lease, released=list(result.released)).frame(rid)
         if isinstance(result, locks.LeaseUpdated):
             return LeaseTerms(lease=result.lease, ttl_ms=result.ttl_ms).frame(rid)
+        if isinstance(result, locks.Locked) and result.quarantined_until_ms is not None:
+            return error(
+                rid,
+                ErrorCode.LOCKED,
+                f"{result.key!r} is quarantined: the cluster was restored or recovered",
+                key=result.key,
+                holders=self._holders_wire(result.holders),
+                retry_after_ms=result.retry_after_ms,
+                quarantined_until_ms=result.quarantined_until_ms,
+            )
         if isinstance(result, locks.Locked):
             return error(
                 rid,
@@ -267,6 +277,8 @@ def status_view(
     cluster_version: int,
     address_of: AddressOf,
     last_contact_ms: LastContact,
+    incarnation: int = 0,
+    quarantine: locks.Quarantine | None = None,
 ) -> StatusView:
     """What ``status`` answers: this member's view (``progress`` only from the leader)."""
     learner_set = set(learners)
@@ -295,6 +307,9 @@ def status_view(
         waiters=counts.waiters,
         version=version,
         cluster_version=cluster_version,
+        incarnation=incarnation,
+        quarantine_ms=None if quarantine is None else quarantine.ttl_ms,
+        quarantined_until_ms=None if quarantine is None else quarantine.until_ms,
         progress={
             member: Progress(
                 match=p.match,
@@ -314,6 +329,7 @@ def members_view(
     *,
     learners: Iterable[NodeId],
     bootstrap: dict[str, str],
+    incarnation: int = 0,
     address_of: AddressOf,
     answers: Callable[[NodeId], bool],
     last_contact_ms: LastContact,
@@ -344,4 +360,6 @@ def members_view(
                 last_contact_ms=last_contact_ms(member),
             )
         )
-    return MembersView(members=members, leader=st.leader, bootstrap=bootstrap)
+    return MembersView(
+        members=members, leader=st.leader, bootstrap=bootstrap, incarnation=incarnation
+    )

@@ -70,6 +70,8 @@ class Stats:
     releases: dict[str, int] = field(default_factory=dict)
     """How a held lock ended ("released", "closed" with its lease, "expired") -> count."""
     expiries: int = 0
+    quarantines_ended: int = 0
+    """Quarantines of a restored or recovered cluster this member saw end (0 or 1)."""
     locks_lost: int = 0
     """Locks whose lease expired while holding them (the holder lost them)."""
     leader_changes: int = 0

@@ -59,7 +59,11 @@ def read_owner(fs: FileSystem, root: str) -> tuple[dict[str, Any] | None, str | 
             raise TypeError
     except (OSError, ValueError, KeyError, TypeError):
         return None, f"{path} is damaged: it should name the member and cluster of this directory"
-    return {"id": node, "cluster": cluster}, None
+    incarnation = meta.get("incarnation", 0)
+    owner: dict[str, Any] = {"id": node, "cluster": cluster}
+    if isinstance(incarnation, int) and incarnation:
+        owner["incarnation"] = incarnation  # restored or recovered (dlm node restore)
+    return owner, None
 
 
 def inspect_store_json(
@@ -213,6 +217,7 @@ def inspect_store_json(
             report["index_range"] = {
                 "first": log.base_index + 1,
                 "last": last,
+                "last_term": log.entries[-1].term if log.entries else log.base_term,
                 "snapshot_index": snap_index,
                 "entries": len(log.entries),
             }
@@ -288,13 +293,16 @@ def inspect_store(path: str | os.PathLike[str], fs: FileSystem | None = None) ->
     if rng is not None:
         lines.append(
             f"log: indexes {rng['first']}..{rng['last']} ({rng['entries']} entries), "
-            f"snapshot at {rng['snapshot_index']}"
+            f"snapshot at {rng['snapshot_index']}; last entry: index {rng['last']} "
+            f"term {rng['last_term']}"
         )
         lines.append(
             _note(
                 "the entries this member has persisted, committed or not; those up to the "
                 "snapshot index were compacted into the snapshot (a fencing token is the "
-                "index of the entry that granted the lock)"
+                "index of the entry that granted the lock). After losing a majority, recover "
+                "the survivor whose last entry has the highest term, then the highest index "
+                "(dlm node recover)"
             )
         )
     if r["torn_tail"] is not None:

@@ -481,7 +481,7 @@ def test_a_hello_with_max_version_2_speaks_2_and_names_its_peer() -> None:
 def test_our_hello_says_version_1_for_old_members_and_max_version_for_new_ones() -> None:
     frame = wire.Hello(wire.HelloRole.CLIENT).to_wire()
     assert (frame["t"], frame["role"], frame["version"]) == ("hello", "client", 1)
-    assert frame["max_version"] == wire.PROTOCOL_VERSION == 2
+    assert frame["max_version"] == wire.PROTOCOL_VERSION == 3
     assert wire.Hello.from_wire(frame).speaks == wire.PROTOCOL_VERSION
 
 
@@ -765,3 +765,17 @@ def test_a_hostile_reply_is_read_or_refused_never_crashes_the_client(body: objec
             kind.from_wire(body)
         except wire.ProtocolError:
             pass
+
+
+def test_a_peer_hello_says_its_incarnation_only_when_restored() -> None:
+    plain = wire.Hello(wire.HelloRole.PEER, cluster="c", node="n1").to_wire()
+    assert "incarnation" not in plain  # a cluster never restored keeps its hello's bytes
+    hello = wire.Hello(wire.HelloRole.PEER, cluster="c", node="n1", incarnation=2**32 + 7)
+    frame = hello.to_wire()
+    assert frame["incarnation"] == 2**32 + 7
+    assert wire.Hello.from_wire(frame).incarnation == 2**32 + 7
+    assert wire.Hello.from_wire(plain).incarnation == 0
+    with pytest.raises(wire.ProtocolError, match="incarnation"):
+        wire.Hello.from_wire({**frame, "incarnation": -1})
+    assert wire.welcome("n1", "c", 3, 9)["incarnation"] == 9
+    assert "incarnation" not in wire.welcome("n1", "c", 3)

@@ -31,6 +31,7 @@ a lease other than the one it was meant for.
 from dlm.node.locks.commands import (
     COMMAND_MAX_BYTES,
     LEGACY_CLIENT,
+    QUARANTINE_LEASE,
     AcquireCommand,
     ClientCommand,
     CloseLeaseCommand,
@@ -41,6 +42,7 @@ from dlm.node.locks.commands import (
     LeaseCommand,
     OpenLeaseCommand,
     Origin,
+    QuarantineCommand,
     ReleaseCommand,
     UpdateLeaseCommand,
     decode_command,
@@ -58,6 +60,9 @@ from dlm.node.locks.machine import (
     LeaseTerms,
     LeaseView,
     LockStateMachine,
+    Quarantine,
+    longest_ttl_ms,
+    start_incarnation,
 )
 from dlm.node.locks.results import (
     LEASE_CLOSED,
@@ -88,6 +93,7 @@ __all__ = [
     "LEASE_UNKNOWN",
     "LEGACY_CLIENT",
     "MAX_UNANSWERED",
+    "QUARANTINE_LEASE",
     "TOMBSTONES",
     "TOMBSTONE_MS",
     "AcquireCommand",
@@ -116,6 +122,8 @@ __all__ = [
     "OpenLeaseCommand",
     "Origin",
     "Promotion",
+    "Quarantine",
+    "QuarantineCommand",
     "Queued",
     "ReleaseCommand",
     "Released",
@@ -126,6 +134,8 @@ __all__ = [
     "decode_command",
     "encode_command",
     "is_legacy",
+    "longest_ttl_ms",
     "result_from_dict",
+    "start_incarnation",
     "validate_command",
 ]

@@ -159,6 +159,21 @@ class ClusterVersionCommand:
     at_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class QuarantineCommand:
+    """Proposed by a leader of a quarantined (restored or recovered) cluster when it takes
+    office: the quarantine ends, by its clock, at ``until_ms`` (wall clock, for display
+    only: the end itself is an Expire of ``QUARANTINE_LEASE``). Cluster version 3."""
+
+    until_ms: int
+    at_ms: int
+
+
+QUARANTINE_LEASE = "~quarantine"
+"""The lease id under which a quarantine is tracked by the leader's lease deadlines; no
+client can name it (``~`` is not in a lease id's alphabet), so only an Expire ends it."""
+
+
 LeaseCommand = (
     OpenLeaseCommand
     | CloseLeaseCommand
@@ -167,7 +182,7 @@ LeaseCommand = (
     | UpdateLeaseCommand
     | ExpireCommand
 )
-Command = LeaseCommand | ClusterVersionCommand
+Command = LeaseCommand | ClusterVersionCommand | QuarantineCommand
 ClientCommand = (
     OpenLeaseCommand | CloseLeaseCommand | AcquireCommand | ReleaseCommand | UpdateLeaseCommand
 )
@@ -273,6 +288,8 @@ def _to_item(cmd: Command) -> list[Any]:
             return ["expire2", cmd.lease, cmd.incarnation, cmd.at_ms]
         case ClusterVersionCommand():
             return ["version", cmd.version, cmd.at_ms]
+        case QuarantineCommand():
+            return ["quarantine3", cmd.until_ms, cmd.at_ms]
 
 
 # ---------------------------------------------------------------------------
@@ -292,6 +309,7 @@ _ARITY = {
     "update2": 7,
     "expire2": 3,
     "version": 2,
+    "quarantine3": 2,
 }
 
 
@@ -384,6 +402,8 @@ def decode_command(data: bytes) -> Command:
             return ExpireCommand(
                 _str(f[0], "lease"), _int(f[1], "incarnation"), _int(f[2], "at_ms")
             )
+        case "quarantine3":
+            return QuarantineCommand(_int(f[0], "until_ms"), _int(f[1], "at_ms"))
         case _:  # "version"
             return ClusterVersionCommand(_int(f[0], "version"), _int(f[1], "at_ms"))
 
@@ -410,7 +430,11 @@ def validate_command(cmd: Command) -> str | None:
     if not 0 <= cmd.at_ms <= INT_MAX:
         return "at_ms must be a non-negative wall-clock time in milliseconds"
     if isinstance(cmd, ClusterVersionCommand):
-        return None if cmd.version in (1, 2) else f"unknown cluster version {cmd.version}"
+        return None if cmd.version in (1, 2, 3) else f"unknown cluster version {cmd.version}"
+    if isinstance(cmd, QuarantineCommand):
+        return None if 0 <= cmd.until_ms <= INT_MAX else "until_ms out of range"
+    if isinstance(cmd, ExpireCommand) and cmd.lease == QUARANTINE_LEASE:
+        return None if 0 <= cmd.incarnation <= INT_MAX else "incarnation out of range"
     problem = check_lease_id(cmd.lease)
     if problem is not None:
         return problem

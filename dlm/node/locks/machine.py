@@ -50,6 +50,7 @@ from typing import Any, NamedTuple, Self
 import cbor2
 
 from dlm.node.locks.commands import (
+    QUARANTINE_LEASE,
     AcquireCommand,
     ClientCommand,
     CloseLeaseCommand,
@@ -59,6 +60,7 @@ from dlm.node.locks.commands import (
     ExpireCommand,
     OpenLeaseCommand,
     Origin,
+    QuarantineCommand,
     ReleaseCommand,
     UpdateLeaseCommand,
     decode_command,
@@ -90,6 +92,7 @@ from dlm.node.locks.results import (
 
 SNAPSHOT_V1 = 1
 SNAPSHOT_V2 = 2
+SNAPSHOT_V3 = 3
 LEGACY_RECENT = 32
 """Results a lease remembers for version-1 (random-seq) requests, as the previous release did."""
 MAX_UNANSWERED = 1024
@@ -126,6 +129,7 @@ class ApplyOutcome:
     armed: tuple[tuple[str, int, int], ...] = ()
     ended: tuple[str, ...] = ()
     expired: tuple[str, ...] = ()
+    quarantine_ended: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +228,17 @@ class _Tombstone:
 
 
 @dataclass(slots=True)
+class Quarantine:
+    """A restored or recovered cluster grants nothing until its leader expires this."""
+
+    ttl_ms: int
+    incarnation: int
+    """The index it was set at: its Expire names it, as a lease's does."""
+    until_ms: int = 0
+    """When the leader said it ends (wall clock, for display; 0: not said yet)."""
+
+
+@dataclass(slots=True)
 class _Step:
     """Side effects collected while one entry is applied."""
 
@@ -233,6 +248,7 @@ class _Step:
     armed: list[tuple[str, int, int]] = field(default_factory=list)
     ended: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
+    quarantine_ended: bool = False
 
 
 class LockStateMachine:
@@ -253,6 +269,11 @@ class LockStateMachine:
         self._last_stamp_ms = 0
         """The ``at_ms`` of the last entry applied at version 2 or later (whichever way it
         moved log time: forward, not at all, or by the bound)."""
+        self.max_ttl_ms = 0
+        """The longest TTL a lease was given since the cluster reached version 3 (opened,
+        joined or updated: ``--min-hold`` holds included). Read-only outside this module."""
+        self.quarantine: Quarantine | None = None
+        """Set in a restored or recovered cluster until a leader ends it. Read-only."""
         self._held = 0
         self._queued = 0
         # Sorted views for paging, rebuilt only after a key or lease came or went.
@@ -311,8 +332,15 @@ class LockStateMachine:
             # Versions only rise: a stale proposal of an older version changes nothing.
             self._version = max(self._version, cmd.version)
             return ApplyOutcome(index, None, cmd)
+        if isinstance(cmd, QuarantineCommand):
+            if self.quarantine is not None:
+                self.quarantine.until_ms = cmd.until_ms
+            return ApplyOutcome(index, None, cmd)
         step = _Step(index, cmd.at_ms)
         result = self._dispatch(cmd, step)
+        if self._version >= 3:
+            for _lease, ttl_ms, _incarnation in step.armed:
+                self.max_ttl_ms = max(self.max_ttl_ms, ttl_ms)
         return ApplyOutcome(
             index,
             result,
@@ -321,6 +349,7 @@ class LockStateMachine:
             tuple(step.armed),
             tuple(step.ended),
             tuple(step.expired),
+            step.quarantine_ended,
         )
 
     def _tick_log_clock(self, at_ms: int) -> None:
@@ -332,7 +361,7 @@ class LockStateMachine:
             self._log_ms += min(stepped, self.max_stamp_step_ms)
 
     def _dispatch(self, cmd: Command, step: _Step) -> Result:
-        assert not isinstance(cmd, ClusterVersionCommand)
+        assert not isinstance(cmd, ClusterVersionCommand | QuarantineCommand)
         if isinstance(cmd, ExpireCommand):
             return self._expire(cmd, step)
         lease = self._leases.get(cmd.lease)
@@ -478,6 +507,17 @@ class LockStateMachine:
         return result
 
     def _expire(self, cmd: ExpireCommand, step: _Step) -> Result:
+        q = self.quarantine
+        if cmd.lease == QUARANTINE_LEASE:
+            if q is None or q.incarnation != cmd.incarnation:
+                return LeaseGone(cmd.lease)
+            self.quarantine = None
+            step.quarantine_ended = True
+            step.ended.append(QUARANTINE_LEASE)
+            # Sorted, so every replica grants in the same order.
+            for key in sorted(self._keys):
+                self._grant_waiters(key, self._keys[key], step)
+            return LeaseClosed(cmd.lease, ())
         lease = self._leases.get(cmd.lease)
         if lease is None or not self._is_incarnation(lease, cmd.incarnation):
             return LeaseGone(cmd.lease)
@@ -527,6 +567,19 @@ class LockStateMachine:
             entry = _Key(limit=cmd.limit)
             self._keys[cmd.key] = entry
             self._sorted_keys = None
+        quarantine = self.quarantine
+        if quarantine is not None:
+            # As if the key were held: no grant, a place in its queue under --wait.
+            if cmd.wait:
+                entry.waiters[cmd.lease] = _Wait(step.at_ms, dict(cmd.meta))
+                lease.waiting.add(cmd.key)
+                self._queued += 1
+                return Queued(cmd.key, len(entry.waiters))
+            retry = max(1, min(quarantine.ttl_ms, RETRY_AFTER_MAX_MS))
+            if entry.holders:
+                retry = self._retry_after(entry)
+            self._forget_if_idle(cmd.key, entry)
+            return Locked(cmd.key, self._holders(entry), retry, quarantine.until_ms)
         if self._has_room(entry):
             entry.holders[cmd.lease] = _Hold(step.index, step.at_ms, dict(cmd.meta))
             lease.holding.add(cmd.key)
@@ -550,15 +603,11 @@ class LockStateMachine:
                 return NotHeld(cmd.key, self._holders(entry))
             token = hold.token
             self._drop_holder(cmd.key, entry, cmd.lease, lease, step)
-            return Released(cmd.key, True, token, self._idle_ephemeral(cmd, lease))
+            return Released(cmd.key, True, token, _idle_ephemeral(cmd, lease))
         if cmd.lease in entry.waiters and cmd.token is None:
             self._drop_waiter(cmd.key, entry, cmd.lease, lease)
-            return Released(cmd.key, False, None, self._idle_ephemeral(cmd, lease))
+            return Released(cmd.key, False, None, _idle_ephemeral(cmd, lease))
         return NotHeld(cmd.key, self._holders(entry))
-
-    @staticmethod
-    def _idle_ephemeral(cmd: ReleaseCommand, lease: _Lease) -> bool:
-        return lease.ephemeral and not cmd.keep_lease and not lease.holding and not lease.waiting
 
     def _drop_holder(
         self, key: str, entry: _Key, lease_id: str, lease: _Lease, step: _Step
@@ -566,6 +615,11 @@ class LockStateMachine:
         del entry.holders[lease_id]
         lease.holding.discard(key)
         self._held -= 1
+        if self.quarantine is None:
+            self._grant_waiters(key, entry, step)
+        self._forget_if_idle(key, entry)
+
+    def _grant_waiters(self, key: str, entry: _Key, step: _Step) -> None:
         while entry.waiters and self._has_room(entry):
             next_id = self._next_waiter(entry)
             wait = entry.waiters.pop(next_id)
@@ -576,7 +630,6 @@ class LockStateMachine:
             waiter_lease.waiting.discard(key)
             waiter_lease.holding.add(key)
             step.promotions.append(Promotion(next_id, key, step.index, step.at_ms))
-        self._forget_if_idle(key, entry)
 
     def _drop_waiter(self, key: str, entry: _Key, lease_id: str, lease: _Lease) -> None:
         del entry.waiters[lease_id]
@@ -656,11 +709,17 @@ class LockStateMachine:
         return out, None
 
     def leases(self) -> list[tuple[str, int, int]]:
-        """(lease id, ttl_ms, incarnation) of every live lease, sorted by id."""
-        return [
+        """(lease id, ttl_ms, incarnation) of every live lease, sorted by id, and last the
+        quarantine while there is one (``QUARANTINE_LEASE``: the leader's lease deadlines
+        end it as they end a lease, a full TTL after each new leader takes office)."""
+        live = [
             (lease_id, self._leases[lease_id].ttl_ms, self._leases[lease_id].incarnation)
             for lease_id in sorted(self._leases)
         ]
+        q = self.quarantine
+        if q is not None:
+            live.append((QUARANTINE_LEASE, q.ttl_ms, q.incarnation))
+        return live
 
     def lease(self, lease_id: str) -> LeaseView | None:
         lease = self._leases.get(lease_id)
@@ -781,6 +840,11 @@ class LockStateMachine:
             ]
             clock = [self._log_ms, self._last_stamp_ms]
             image = [SNAPSHOT_V2, self._applied, self._version, leases, keys, stones, clock]
+            if self._version >= 3:
+                q = self.quarantine
+                image[0] = SNAPSHOT_V3
+                image.append(self.max_ttl_ms)
+                image.append(None if q is None else [q.ttl_ms, q.incarnation, q.until_ms])
         return bytes(cbor2.dumps(image, canonical=True))
 
     @classmethod
@@ -809,10 +873,20 @@ class LockStateMachine:
                     for seq, result in recent:
                         record.results[_int(seq)] = result_from_dict(result)
                 machine._leases[_str(lease_id)] = lease
-        elif item[0] == SNAPSHOT_V2 and len(item) == 7:
+        elif (item[0] == SNAPSHOT_V2 and len(item) == 7) or (
+            item[0] == SNAPSHOT_V3 and len(item) == 9
+        ):
             # (Version 2 is this release's own: no released member wrote a version-2 image
-            # of another layout, so there is none to convert.)
-            _, applied, version, leases, keys, stones, clock = item
+            # of another layout, so there is none to convert.) Version 3 adds the longest
+            # TTL given and the quarantine.
+            _, applied, version, leases, keys, stones, clock = item[:7]
+            if item[0] == SNAPSHOT_V3:
+                machine.max_ttl_ms = _int(item[7])
+                q = item[8]
+                if q is not None:
+                    ttl_ms, incarnation, until_ms = q
+                    machine.quarantine = Quarantine(_int(ttl_ms), _int(incarnation))
+                    machine.quarantine.until_ms = _int(until_ms)
             machine._version = _int(version)
             for row in leases:
                 lease_id, ttl_ms, opened_at_ms, incarnation, ephemeral, meta, finished, clients = (
@@ -851,16 +925,42 @@ class LockStateMachine:
                 entry.waiters[_str(lease_id)] = _Wait(_int(since_ms), str_map(meta))
                 machine._leases[lease_id].waiting.add(key)
             full = len(entry.holders) == entry.limit
+            # While quarantined, a key's waiters wait for its end, free slots or not.
+            quarantined = machine.quarantine is not None
             if (
-                not entry.holders
+                (not entry.holders and not (quarantined and entry.waiters))
                 or len(entry.holders) > entry.limit
-                or (entry.waiters and not full)
+                or (entry.waiters and not full and not quarantined)
             ):
                 raise ValueError(f"lock snapshot has an impossible entry for key {key!r}")
             machine._keys[_str(key)] = entry
             machine._held += len(entry.holders)
             machine._queued += len(entry.waiters)
         return machine
+
+
+def _idle_ephemeral(cmd: ReleaseCommand, lease: _Lease) -> bool:
+    return lease.ephemeral and not cmd.keep_lease and not lease.holding and not lease.waiting
+
+
+def longest_ttl_ms(machine: LockStateMachine) -> int:
+    """The longest TTL the state records (``max_ttl_ms``) or any live lease has: what a
+    quarantine must cover for every holder of the old incarnation to have lost its lock."""
+    live = max((lease.ttl_ms for lease in machine._leases.values()), default=0)
+    return max(machine.max_ttl_ms, live)
+
+
+def start_incarnation(machine: LockStateMachine, index: int, quarantine_ms: int) -> None:
+    """Make ``machine`` (restored from a backup's image or a survivor's state) the first
+    state of a new incarnation (``dlm node restore`` and ``recover``): applied up to
+    ``index``, at cluster version 3 at least, granting nothing until a leader has been in
+    office for ``quarantine_ms`` (0: no quarantine), and remembering the longest live TTL."""
+    if index < machine.applied_index or quarantine_ms < 0:
+        raise ValueError("a new incarnation starts at or above the image's index")
+    machine.max_ttl_ms = longest_ttl_ms(machine)
+    machine._applied = index
+    machine._version = max(machine._version, 3)
+    machine.quarantine = Quarantine(quarantine_ms, index) if quarantine_ms else None
 
 
 def _int(value: object) -> int:

@@ -100,6 +100,16 @@ class Locked(_Result):
     key: str
     holders: tuple[Holder, ...]
     retry_after_ms: int
+    quarantined_until_ms: int | None = None
+    """Set while the cluster is quarantined (restored or recovered, cluster version 3): no
+    key is granted until then (wall clock; 0 when no leader has said when yet)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = _Result.to_dict(self)
+        if self.quarantined_until_ms is None:
+            # As before version 3, so images of version-2 clusters keep their bytes.
+            del out["quarantined_until_ms"]
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +230,13 @@ def result_from_dict(d: Mapping[str, Any]) -> Result:
             case "queued":
                 return Queued(_s(d["key"]), _i(d["position"]))
             case "locked":
-                return Locked(_s(d["key"]), _holders(d["holders"]), _i(d["retry_after_ms"]))
+                until = d.get("quarantined_until_ms")
+                return Locked(
+                    _s(d["key"]),
+                    _holders(d["holders"]),
+                    _i(d["retry_after_ms"]),
+                    None if until is None else _i(until),
+                )
             case "released":
                 token = d.get("token")
                 return Released(

@@ -113,6 +113,8 @@ class Admissions(Protocol):
     quiet: QuietLog
     config: NodeConfig
     security: NodeSecurity
+    other_incarnations: set[str]
+    """Members of another cluster incarnation refused so far (each is said once)."""
 
     def connection_opened(self, conn: AcceptedConnection, transport: asyncio.Transport) -> None:
         """Counts a new connection (and may shed the oldest one still saying hello)."""
@@ -271,6 +273,7 @@ class AcceptedConnection(asyncio.Protocol):
             cluster=config.cluster,
             responder_for=responder_for,
             peer_identity=peer_identity,
+            incarnation=config.incarnation,
         )
 
     def _step(self, outcome: Send | Ask | Refuse, rest: bytes) -> None:
@@ -325,6 +328,11 @@ class AcceptedConnection(asyncio.Protocol):
             server.auth_failed(role, where, node, refusal.reason)
         elif refusal.why == "hello":
             server.quiet.warning("bad_hello", remote=where, error=refusal.reason)
+        elif refusal.why == "incarnation":
+            # Said once per member: it redials for as long as its operator lets it run.
+            if node not in server.other_incarnations:
+                server.other_incarnations.add(node)
+                server.quiet.warning("peer_refused", remote=where, peer=node, reason=refusal.reason)
         elif hello is not None and hello.role is HelloRole.PEER:
             server.quiet.warning("peer_refused", remote=where, peer=node, reason=refusal.reason)
         self._transport.write(encode_frame(refusal.frame, refusal.sealer))

@@ -223,6 +223,14 @@ async def _main(
             raise StartupError(str(exc)) from None
         except OSError as exc:
             raise StartupError(f"cannot use data dir {config.data_dir}: {exc}") from None
+        if meta is not None and meta.made_by and storage.last_index() == meta.incarnation:
+            # The first start of a restored or recovered member (nothing written since).
+            log.info(
+                meta.made_by,
+                incarnation=meta.incarnation,
+                first_index=meta.incarnation + 1,
+                voters=list(storage.initial_state()[1].voters),
+            )
         try:
             if meta is None or _meta_outdated(config, meta):
                 # A new directory, one of an earlier release, or a new --listen: record the
@@ -266,6 +274,7 @@ def _settled(config: NodeConfig, meta: DataDirMeta, log: Logger) -> NodeConfig:
         )
     if meta.join_members:
         config = replace(config, join_members=meta.join_members)
+    config = replace(config, incarnation=meta.incarnation, made_by=meta.made_by)
     if meta.peers is not None:
         # (None: a directory of format 1 recorded none, and --peers says them, as it did.)
         if config.peers_given and meta.peers != config.peers:

@@ -111,6 +111,12 @@ METRIC_HELP: dict[str, str] = {
     "dlm_rejected_input_total": "Client requests and peer messages refused as malformed or "
     "not allowed.",
     "dlm_snapshots_total": "State-machine snapshots this member took.",
+    "dlm_quarantines_ended_total": "Quarantines of a restored or recovered cluster that "
+    "this member saw end.",
+    "dlm_quarantined": "1 while the cluster is quarantined after a restore or recovery "
+    "(it grants no lock), else 0.",
+    "dlm_incarnation": "The cluster incarnation this member belongs to (0: never restored or "
+    "recovered; else the index its new log started after).",
     "dlm_cluster_version": "The protocol version the replicated log runs.",
     "dlm_build_info": "Always 1; the labels say which release this member runs.",
 }
@@ -159,6 +165,7 @@ class NodeCollector(Collector):
             ("dlm_connections_refused", server.counters.connections_refused),
             ("dlm_rejected_input", stats.rejected_frames),
             ("dlm_snapshots", stats.snapshots_taken),
+            ("dlm_quarantines_ended", stats.quarantines_ended),
         ):
             yield CounterMetricFamily(name, _help(name + "_total"), value=value)
         yield _histogram("dlm_acquire_wait_seconds", stats.acquire_wait)
@@ -174,6 +181,8 @@ class NodeCollector(Collector):
             ("dlm_raft_applied_index", machine.locks.applied_index),
             ("dlm_client_connections", server.client_count),
             ("dlm_cluster_version", machine.locks.version),
+            ("dlm_quarantined", int(machine.locks.quarantine is not None)),
+            ("dlm_incarnation", machine.config.incarnation),
         ):
             yield GaugeMetricFamily(name, _help(name), value=gauge_value)
         role = GaugeMetricFamily("dlm_raft_role", _help("dlm_raft_role"), labels=["role"])

@@ -295,6 +295,7 @@ class PeerLink:
         cluster: str,
         log: Logger,
         on_down: Callable[[str, bool], None],
+        incarnation: int = 0,
         on_welcome: Callable[[str, int], None] | None = None,
         on_refused: Callable[[str, str], None] | None = None,
         rng: random.Random | None = None,
@@ -313,8 +314,13 @@ class PeerLink:
         self.address = address
         self._local_id = local_id
         self._cluster = cluster
+        self._incarnation = incarnation
         self._hello = Hello(
-            role=HelloRole.PEER, cluster=cluster, node=local_id, addr=advertise
+            role=HelloRole.PEER,
+            cluster=cluster,
+            node=local_id,
+            addr=advertise,
+            incarnation=incarnation,
         ).to_wire()
         self._secret = secret
         self._tls = tls
@@ -542,7 +548,11 @@ class PeerLink:
                 self._secret, new_nonce(), role="peer", cluster=self._cluster, node=self._local_id
             )
         dialing = Dialing(
-            peer_id=self.peer_id, hello=self._hello, initiator=initiator, tls=bool(tls)
+            peer_id=self.peer_id,
+            hello=self._hello,
+            initiator=initiator,
+            tls=bool(tls),
+            incarnation=self._incarnation,
         )
         try:
             transport.write(encode_frame(dialing.hello))

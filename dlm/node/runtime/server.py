@@ -187,6 +187,7 @@ class NodeServer:
             MachineConfig(
                 node_id=config.node_id,
                 cluster=config.cluster,
+                incarnation=config.incarnation,
                 peers={node: _addr_text(addr) for node, addr in sorted(config.peers.items())},
                 address=config.address,
                 join_members={n: _addr_text(a) for n, a in sorted(config.join_members.items())},
@@ -202,6 +203,8 @@ class NodeServer:
         )
         self.counters = Counters()
         self.exit_code = 0
+        self.other_incarnations: set[str] = set()
+        """Members of another cluster incarnation that dialled us (each said once)."""
         self.stopped = anyio.Event()
         self.leader_seen = anyio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -580,6 +583,7 @@ class NodeServer:
                 peer_id=peer_id,
                 address=host_port,
                 cluster=self.config.cluster,
+                incarnation=self.config.incarnation,
                 log=self.log,
                 on_down=self._peer_down,
                 on_welcome=self._peer_welcomed,

@@ -174,3 +174,53 @@ def test_with_tls_a_peer_whose_certificate_names_another_member_is_refused_at_on
         node_id="n1", cluster="c", responder_for=lambda role: None, peer_identity=lambda node: None
     )
     assert isinstance(accept.hello(peer_hello("n2")), Ask)  # TLS proved it: ask at once
+
+
+# ---------------------------------------------------------------------------
+# Cluster incarnations (issue 24): a restored or recovered cluster and its old members
+# ---------------------------------------------------------------------------
+
+
+def incarnated(incarnation: int, secret: bytes | None = SECRET) -> Acceptance:
+    def responder_for(role: HelloRole) -> Any:
+        return None if secret is None else auth.Responder(secret, nonce(7), node="n1")
+
+    return Acceptance(
+        node_id="n1", cluster="c", responder_for=responder_for, incarnation=incarnation
+    )
+
+
+def test_without_a_secret_a_peer_of_another_incarnation_is_refused_at_its_hello() -> None:
+    refused = incarnated(4_294_967_338, None).hello(peer_hello())
+    assert isinstance(refused, Refuse) and refused.why == "incarnation"
+    assert "\n" not in refused.reason
+    assert refused.reason.startswith("cluster incarnation mismatch: member n1 is in ")
+    assert "so n2 belongs to the old cluster: stop it" in refused.reason
+
+
+def test_with_a_secret_the_refusal_comes_after_the_proof_and_is_sealed() -> None:
+    old = Dialing(
+        peer_id="n1",
+        hello=peer_hello(),
+        initiator=auth.Initiator(SECRET, nonce(3), role="peer", cluster="c", node="n2"),
+    )
+    accept = incarnated(77)
+    sent = accept.hello(old.hello)
+    assert isinstance(sent, Send) and sent.frame["incarnation"] == 77
+    connected = old.reply(sent.frame)  # a newer incarnation: go on, to be refused with proof
+    assert isinstance(connected, Connected) and connected.auth_frame is not None
+    refused = accept.proof(connected.auth_frame)
+    assert isinstance(refused, Refuse) and refused.why == "incarnation"
+    assert refused.sealer is not None
+
+
+def test_a_member_of_the_same_incarnation_is_asked_as_before() -> None:
+    hello = peer_hello(incarnation=77)
+    assert isinstance(incarnated(77, None).hello(hello), Ask)
+    assert isinstance(incarnated(0, None).hello(peer_hello()), Ask)
+
+
+def test_the_dialer_of_a_newer_incarnation_gives_up_on_an_older_welcome() -> None:
+    new = Dialing(peer_id="n1", hello=peer_hello(incarnation=77), incarnation=77)
+    failed = new.reply(welcome("n1", "c"))
+    assert isinstance(failed, Failed) and "so n1 belongs to the old cluster" in failed.problem

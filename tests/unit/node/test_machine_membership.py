@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlm.node.machine import EXIT_OLD_INCARNATION
 from dlm.node.raft.types import AppendEntriesResponse, Message, Role
+from dlm.wire import incarnation_mismatch
 
 from .machine_driver import Client, Cluster, Member, address
 
@@ -279,3 +281,19 @@ def test_a_member_told_it_was_removed_stops_with_exit_0_saying_what_to_do() -> N
     assert stop.code == 0
     assert "was removed from this cluster (told by n1)" in stop.reason
     assert "remove its data directory and start it with --join and a new --id" in stop.reason
+
+
+def test_a_member_told_with_proof_it_is_of_the_old_incarnation_stops_with_65() -> None:
+    cluster = Cluster(3)
+    cluster.elect("n1")
+    n3 = cluster["n3"]
+    n3.machine.peer_refused("n1", incarnation_mismatch("n1", 9, "n1", 0))  # names n1: not us
+    cluster.settle(n3)
+    assert n3.stops == []
+    told = incarnation_mismatch("n1", 4_294_967_300, "n3", 0)
+    n3.machine.peer_refused("n1", told)
+    n3.machine.peer_refused("n2", told)
+    cluster.settle(n3)
+    [stop] = n3.stops
+    assert stop.code == EXIT_OLD_INCARNATION == 65
+    assert stop.reason == told

@@ -31,9 +31,10 @@ DEFAULT_PORT = 7700
 DEFAULT_DATA_DIR = "dlm-data"
 DEFAULT_CLUSTER = "dlm"
 META_FILE = "node.json"
-META_FORMAT = 3
+META_FORMAT = 4
 """node.json's layout: 1 names the member and cluster, 2 adds the first members and
-the members a joined one was told of, 3 adds ``listen`` (and ``advertise`` when given).
+the members a joined one was told of, 3 adds ``listen`` (and ``advertise`` when given),
+4 adds ``incarnation`` (0 for a cluster never restored or recovered: docs/ARCHITECTURE.md).
 Each release reads every earlier one, and ignores keys it does not know."""
 DEFAULT_MAX_CONNECTIONS = 8192
 ELECTION_TIMEOUT_MIN_S = 0.15
@@ -88,6 +89,12 @@ class NodeConfig:
     """Client connections served at once (the runtime lowers it to fit the open-files limit)."""
     listen_given: bool = False
     """Whether --listen was given: when not, a data directory that recorded one listens there."""
+    incarnation: int = 0
+    """Which incarnation of the cluster this member belongs to: 0 for one never restored,
+    else the index its restored or recovered log starts after (dlm/node/incarnation.py).
+    Members of different incarnations refuse each other's links."""
+    made_by: str = ""
+    """``restored`` or ``recovered`` for a directory `dlm node restore`/`recover` built."""
 
     @property
     def address(self) -> str:
@@ -280,6 +287,10 @@ class DataDirMeta:
     """Where the member listened when it last started (None before format 3)."""
     advertise: tuple[str, int] | None = None
     """The --advertise it was last given, if any (format 3)."""
+    incarnation: int = 0
+    """The cluster incarnation the directory belongs to (format 4; 0 before)."""
+    made_by: str = ""
+    """What built it: ``restored``, ``recovered``, or "" (`dlm node start`)."""
 
 
 def check_data_dir(config: NodeConfig) -> DataDirMeta | None:
@@ -311,6 +322,10 @@ def check_data_dir(config: NodeConfig) -> DataDirMeta | None:
         version = int(meta.get("format", 1))
         listen = _recorded_addr(meta.get("listen"))
         advertise = _recorded_addr(meta.get("advertise"))
+        incarnation = meta.get("incarnation", 0)
+        if type(incarnation) is not int or not 0 <= incarnation < 2**63:
+            raise TypeError
+        made_by = str(meta.get("made_by", ""))
     except (ValueError, KeyError, TypeError):
         raise ConfigError(
             f"{path} is damaged: it should name the node and cluster this data dir belongs to"
@@ -321,7 +336,9 @@ def check_data_dir(config: NodeConfig) -> DataDirMeta | None:
             f"not node {config.node_id!r} of cluster {config.cluster!r}: "
             "start with the matching --id/--cluster-id or use another --data"
         )
-    return DataDirMeta(node, cluster, peers, version, joined, listen, advertise)
+    return DataDirMeta(
+        node, cluster, peers, version, joined, listen, advertise, incarnation, made_by
+    )
 
 
 def _recorded_addr(raw: object) -> tuple[str, int] | None:
@@ -345,7 +362,10 @@ def write_meta(config: NodeConfig) -> None:
         "cluster": config.cluster,
         "peers": {k: format_addr(*v) for k, v in sorted(config.peers.items())},
         "listen": format_addr(*config.listen),
+        "incarnation": config.incarnation,
     }
+    if config.made_by:
+        meta["made_by"] = config.made_by
     if config.advertise is not None:
         meta["advertise"] = format_addr(*config.advertise)
     if config.join_members:

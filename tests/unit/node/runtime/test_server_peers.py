@@ -33,7 +33,7 @@ from dlm.node.runtime.peers import PeerLink, bound_stalls, tcp_acknowledgements
 from dlm.node.runtime.security import NodeSecurity
 from dlm.node.runtime.server import INLINE_SLOW_S
 from dlm.records import ConfState, Entry
-from dlm.wire import ErrorCode, Hello, HelloRole, encode_frame, error
+from dlm.wire import PROTOCOL_VERSION, ErrorCode, Hello, HelloRole, encode_frame, error
 
 from .server_harness import WAIT, Wire, log_text, running_member
 
@@ -145,7 +145,7 @@ async def test_the_member_dials_each_peer_with_a_peer_hello_and_then_sends_raft_
             link = Wire(stream)
             hello = Hello.from_wire(await link.recv())
             assert (hello.role, hello.node, hello.cluster) == (HelloRole.PEER, "n1", "unit")
-            assert (hello.version, hello.max_version) == (1, 2)
+            assert (hello.version, hello.max_version) == (1, PROTOCOL_VERSION)
             await link.send({"t": "welcome", "version": 2, "node": "n2", "cluster": "unit"})
             # n1 cannot win alone; it asks n2 for its vote over this link.
             messages = decode_raft_frame(await link.recv())
