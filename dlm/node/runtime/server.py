@@ -251,8 +251,9 @@ class NodeServer:
         self.imager: ForkImager | None = None
         """Builds snapshot and backup images in a forked child (imaging.py)."""
         self.backup_stats = BackupStats()
-        self._image_s: dict[int, float] = {}
-        """Seconds each periodic image took to build off the loop, by index (read once)."""
+        self._image_s: dict[int, tuple[float, float]] = {}
+        """Seconds each periodic image took to build off the loop, and its fork held the
+        loop, by index (read once)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -547,7 +548,14 @@ class NodeServer:
                     index=job.index,
                     bytes=len(job.data),
                     ms=round(seconds * 1e3),
-                    **({} if built is None else {"image_ms": round(built * 1e3)}),
+                    **(
+                        {}
+                        if built is None
+                        else {
+                            "image_ms": round(built[0] * 1e3),
+                            "fork_ms": round(built[1] * 1e3, 1),
+                        }
+                    ),
                 )
         self._pump_soon()
 
@@ -573,7 +581,7 @@ class NodeServer:
                 return
             if self.failure is not None or self._persister is None or self.stopped.is_set():
                 return
-            self._image_s[action.index] = pending.seconds
+            self._image_s[action.index] = (pending.seconds, pending.fork_s)
             self._disk_jobs += 1
             self._persister.submit(dataclasses.replace(action, data=image, pending=None))
             self.machine.image_built()
@@ -630,6 +638,7 @@ class NodeServer:
                             term=header["term"],
                             bytes=len(image),
                             ms=round(seconds * 1e3),
+                            fork_ms=fork_ms,
                             remote=remote,
                         )
                         return
@@ -640,6 +649,7 @@ class NodeServer:
             more()
 
         image = action.image
+        fork_ms = round(image.fork_s * 1e3, 1) if isinstance(image, ChildImage) else 0.0
         if isinstance(image, bytes):
             send(image, None)
         else:
