@@ -8,7 +8,10 @@ sees the table as it was at the fork, in copy-on-write memory, builds the image,
 writes it down a pipe and leaves with ``os._exit``; it does nothing else (no event
 loop, no log, no disk), so no lock another thread held at the fork can trap it. The
 parent pays for the fork (page tables: about 10 ms at 250 MB) and for the pages it
-writes to while the child runs, and reads the pipe on its loop in bounded slices.
+writes to while the child runs, and reads the pipe on its loop in bounded slices. So
+that it writes to few, the cyclic collector's view of every object that exists at the
+fork is frozen (``gc.freeze``) until the last child is done: a full collection in the
+parent meanwhile would otherwise touch, and so copy, every page of the lock table.
 
 A child that fails or outlives ``timeout_s`` is reported as failed (and killed);
 the periodic snapshot is then taken at a later index, and a backup's client is told.
@@ -91,11 +94,14 @@ class ForkImager:
             return build()
         read_fd, write_fd = os.pipe()
         started = time.monotonic()
+        gc.freeze()
         try:
             pid = os.fork()
         except OSError:
             os.close(read_fd)
             os.close(write_fd)
+            if not self.running:
+                gc.unfreeze()
             return build()  # no memory for a child: the loop pays, as before
         if pid == 0:  # pragma: no cover - the child; it leaves through os._exit
             _child(build, read_fd, write_fd)
@@ -139,6 +145,8 @@ class ForkImager:
             error = f"the child building the image exited with status {status}"
         child.seconds = time.monotonic() - child.started
         self.running.pop(child.purpose, None)
+        if not self.running:
+            gc.unfreeze()
         image = None if error is not None else bytes(child.buffer)
         child.buffer = bytearray()
         child._finish(image, error)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 from collections.abc import Callable
@@ -43,13 +44,14 @@ def test_the_image_is_the_state_at_the_fork_and_arrives_whole() -> None:
         made = imager(lambda: b"".join(table["rows"]), "periodic")
         assert isinstance(made, ChildImage) and made.fork_s >= 0
         table["rows"] = [b"changed"]  # after the fork: the child does not see it
+        assert gc.get_freeze_count() > 0, "the parent's collector leaves the pages alone"
         assert imager(lambda: b"", "periodic") is None, "one child per purpose"
         other = imager(lambda: b"other", "backup")
         assert isinstance(other, ChildImage)
         image, problem = await _result(made)
         assert problem is None and image == b"x" * 3_000_000
         assert await _result(other) == (b"other", None)
-        assert imager.running == {}
+        assert imager.running == {} and gc.get_freeze_count() == 0
         assert _no_child_left(made.pid) and _no_child_left(other.pid)
 
     asyncio.run(main())
