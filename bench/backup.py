@@ -45,6 +45,7 @@ SMALL = 10_000
 LARGE = 100_000
 STALL_BEFORE_S = 1.0
 STALL_AFTER_S = 3.0
+CHURN_LIMIT_S = 180.0
 
 
 class _Members(DlmCluster):
@@ -73,6 +74,12 @@ class SizeFigures:
     snapshot_fork_ms: float | None = None
     snapshot_stall_ms: float = 0.0
     probe_p99_during_fill_ms: float = 0.0
+    quiet_snapshot_index: int = 0
+    quiet_snapshot_stall_ms: float = 0.0
+    """The probe's longest answer around a periodic snapshot taken while one client takes
+    and releases a lock in a loop (no fill load)."""
+    probe_p99_quiet_ms: float = 0.0
+    quiet_snapshot_fork_ms: float | None = None
     backup_stall_ms: float | None = None
     backup_seconds: float | None = None
     backup_bytes: int | None = None
@@ -105,6 +112,24 @@ def _drain(results: Any, into: list[tuple[float, float]]) -> None:
             into.extend(results.get_nowait())
         except Exception:
             return
+
+
+def _churn_until_snapshot(address: str, log: str, since: float) -> dict[str, Any] | None:
+    """One client takes and releases a lock in a loop at the leader until its log says it
+    took a snapshot (at most CHURN_LIMIT_S); that ``snapshot_taken`` event."""
+    from dlm.client import Client
+
+    deadline = time.monotonic() + CHURN_LIMIT_S
+    with Client([address], timeout=30.0) as client:
+        lease = client.open_lease(60_000)
+        while time.monotonic() < deadline:
+            for _ in range(100):
+                client.acquire(lease, "bench/churn")
+                client.release(lease, "bench/churn")
+            taken = [e for e in _log_events(log, "snapshot_taken") if e["ts"] >= since]
+            if taken:
+                return taken[0]
+    return None
 
 
 def run(args: argparse.Namespace, base_dir: str) -> Figures:
@@ -180,6 +205,12 @@ def run(args: argparse.Namespace, base_dir: str) -> Figures:
                 else:
                     out.backup_error = (proc.stderr or proc.stdout).strip()[:300]
                 time.sleep(1.0)
+            quiet_started = time.time()
+            leader_now_log = os.path.join(cluster.base_dir, f"{cluster.names[leader]}.log")
+            quiet_taken = _churn_until_snapshot(
+                cluster.addrs[leader], leader_now_log, quiet_started
+            )
+            time.sleep(STALL_AFTER_S)
             # The probe reports its samples when stopped: restart it (at the leader) to read them.
             probe_stop.set()
             samples.extend(probe_results.get(timeout=60))
@@ -214,6 +245,17 @@ def run(args: argparse.Namespace, base_dir: str) -> Figures:
                             out.snapshot_image_ms = None if image_ms is None else float(image_ms)
                             fork_ms = written.get("fork_ms")
                             out.snapshot_fork_ms = None if fork_ms is None else float(fork_ms)
+            if quiet_taken is not None:
+                out.quiet_snapshot_index = int(quiet_taken["index"])
+                at = float(quiet_taken["ts"])
+                out.quiet_snapshot_stall_ms = _window_max(
+                    samples, at - STALL_BEFORE_S, at + STALL_AFTER_S
+                )
+                quiet = sorted(lat for wall, lat in samples if quiet_started <= wall <= at - 1.0)
+                out.probe_p99_quiet_ms = percentile(quiet, 0.99) * 1e3 if quiet else 0.0
+                for written in _log_events(leader_now_log, "snapshot_written"):
+                    if written.get("index") == out.quiet_snapshot_index and "fork_ms" in written:
+                        out.quiet_snapshot_fork_ms = float(written["fork_ms"])
             fill = sorted(lat for wall, lat in samples if fill_started <= wall <= fill_ended)
             out.probe_p99_during_fill_ms = percentile(fill, 0.99) * 1e3 if fill else 0.0
             print(f"  {asdict(out)}", flush=True)
@@ -235,11 +277,12 @@ def render(figures: Figures) -> str:
         f"members' code: {figures.code}; load average {figures.load_before[0]:.1f} before, "
         f"{figures.load_after[0]:.1f} after; elections: {figures.elections}",
         "",
-        "| locks | elections during the fill | periodic snapshot: longest probe answer "
-        "| probe p99 during the fill "
+        "| locks | elections during the fill | periodic snapshot during the fill: longest "
+        "probe answer | probe p99 during the fill | periodic snapshot, one client: longest "
+        "probe answer (fork) | probe p99, one client "
         "| image built off the loop in (fork) | snapshot bytes | backup: longest probe answer "
         "(fork) | backup time | backup bytes |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in figures.sizes:
         image = (
@@ -258,10 +301,17 @@ def render(figures: Figures) -> str:
                 f"{(s.backup_bytes or 0) / 1e6:.1f} MB",
             )
         moved = " (leader changed: a follower's)" if s.leader_changed else ""
+        quiet_fork = (
+            "on the loop"
+            if s.quiet_snapshot_fork_ms is None
+            else f"fork {s.quiet_snapshot_fork_ms:.1f} ms"
+        )
         lines.append(
             f"| {s.locks:,} | {s.elections_during_fill} "
             f"| {s.snapshot_stall_ms:,.0f} ms (index {s.snapshot_index:,}){moved} "
-            f"| {s.probe_p99_during_fill_ms:,.1f} ms | {image} "
+            f"| {s.probe_p99_during_fill_ms:,.1f} ms "
+            f"| {s.quiet_snapshot_stall_ms:,.0f} ms ({quiet_fork}, index "
+            f"{s.quiet_snapshot_index:,}) | {s.probe_p99_quiet_ms:,.1f} ms | {image} "
             f"| {s.snapshot_bytes / 1e6:.1f} MB | {backup[0]} | {backup[1]} | {backup[2]} |"
         )
     return "\n".join(lines)

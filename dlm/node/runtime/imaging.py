@@ -27,6 +27,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Callable
 
 READ_SLICE_BYTES = 1 << 20
@@ -96,7 +97,11 @@ class ForkImager:
         started = time.monotonic()
         gc.freeze()
         try:
-            pid = os.fork()
+            with warnings.catch_warnings():
+                # Python 3.12 warns that a child of a process with threads may deadlock on a
+                # lock another thread held: this one takes none (see the module docstring).
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
         except OSError:
             os.close(read_fd)
             os.close(write_fd)
