@@ -29,6 +29,13 @@ def test_the_blocking_client_takes_a_backup_in_several_chunks(member: RunningMem
     contents = describe_image(image, header.index)
     assert (contents.locks, contents.highest_token) == (KEYS, tokens[-1])
     assert member.wait_for("snapshot_save")
+    # The member built the image in a forked child (its loop paid only for the fork), and
+    # counted the backup once its last chunk was out.
+    server = member._server
+    assert server is not None
+    stats = server.backup_stats
+    assert stats.image_fork_seconds.count >= 1
+    assert (stats.backups, stats.backup_bytes) == (1, len(image))
 
 
 def test_the_async_client_takes_a_backup_too(member: RunningMember) -> None:
