@@ -229,7 +229,9 @@ def run(args: argparse.Namespace, base_dir: str) -> Figures:
                     if saved.get("index") == out.backup_index and "fork_ms" in saved:
                         out.backup_fork_ms = float(saved["fork_ms"])
             snaps = [
-                e for e in _log_events(leader_log, "snapshot_taken") if e["ts"] >= fill_started
+                e
+                for e in _log_events(leader_log, "snapshot_taken")
+                if fill_started <= e["ts"] <= fill_ended
             ]
             if snaps:
                 last = snaps[-1]
@@ -251,7 +253,7 @@ def run(args: argparse.Namespace, base_dir: str) -> Figures:
                 out.quiet_snapshot_stall_ms = _window_max(
                     samples, at - STALL_BEFORE_S, at + STALL_AFTER_S
                 )
-                quiet = sorted(lat for wall, lat in samples if quiet_started <= wall <= at - 1.0)
+                quiet = sorted(lat for wall, lat in samples if quiet_started <= wall < at)
                 out.probe_p99_quiet_ms = percentile(quiet, 0.99) * 1e3 if quiet else 0.0
                 for written in _log_events(leader_now_log, "snapshot_written"):
                     if written.get("index") == out.quiet_snapshot_index and "fork_ms" in written:
