@@ -119,13 +119,18 @@ def _churn_until_snapshot(address: str, log: str, since: float) -> dict[str, Any
     took a snapshot (at most CHURN_LIMIT_S); that ``snapshot_taken`` event."""
     from dlm.client import Client
 
+    from dlm.client.errors import DlmError
+
     deadline = time.monotonic() + CHURN_LIMIT_S
     with Client([address], timeout=30.0) as client:
-        lease = client.open_lease(60_000)
+        lease = client.open_lease(600_000)
         while time.monotonic() < deadline:
-            for _ in range(100):
-                client.acquire(lease, "bench/churn")
-                client.release(lease, "bench/churn")
+            try:
+                for _ in range(100):
+                    client.acquire(lease, "bench/churn")
+                    client.release(lease, "bench/churn")
+            except DlmError:
+                lease = client.open_lease(600_000)  # lost in an election the stall caused
             taken = [e for e in _log_events(log, "snapshot_taken") if e["ts"] >= since]
             if taken:
                 return taken[0]
