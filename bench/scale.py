@@ -17,7 +17,7 @@ take ``--locks`` locks, each with 100 bytes of owner metadata, under a
 hundred long leases. Measured: the leader's resident memory per held lock;
 a follower's restart with a log of about 100,000 entries and no snapshot
 (killed just before the table reaches 100,000 and restarted); the
-snapshot's size and write time (the ``snapshot_saved`` log event) and how
+snapshot's size and write time (the ``snapshot_written`` log event) and how
 long the leader stops answering while it builds the image (a probe process
 pings the leader every few milliseconds); a follower's restart from that
 snapshot; a new member's catch-up (``dlm node start --join``); and how long
@@ -492,7 +492,8 @@ def bench_locks(args: argparse.Namespace, base_dir: str) -> LockFigures:
         leader_log = os.path.join(cluster.base_dir, f"{cluster.names[leader]}.log")
         deadline = time.monotonic() + 60
         while (
-            not (saved := _log_events(leader_log, "snapshot_saved")) and time.monotonic() < deadline
+            not (saved := _log_events(leader_log, "snapshot_written"))
+            and time.monotonic() < deadline
         ):
             time.sleep(0.2)
         time.sleep(1.0)

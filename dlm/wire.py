@@ -953,6 +953,20 @@ class Members(Request):
     ROUTE = "confirm"
 
 
+class SnapshotSave(Request):
+    """An image of the replicated state at a committed index, for a backup file
+    (``dlm snapshot save``). The leader answers once a read round confirmed it leads, so
+    the image holds every change acknowledged before the request: a ``SnapshotHeader``
+    reply, then the image in ``SnapshotChunk`` frames of at most ``BACKUP_CHUNK_BYTES``
+    with the same ``id``. Busy (UNAVAILABLE) while another backup is being taken."""
+
+    TYPE = "snapshot_save"
+    ROUTE = "confirm"
+    PERMISSION = "admin"
+    """Backups are admin-only once identities exist (issue 23); until then any client
+    the member admits."""
+
+
 class MemberAdd(Change):
     TYPE = "member_add"
     ROUTE = "member"
@@ -987,6 +1001,7 @@ ClientRequest = (
     | Status
     | Ping
     | Members
+    | SnapshotSave
     | MemberAdd
     | MemberRemove
     | MemberPromote
@@ -1010,6 +1025,7 @@ REQUESTS: dict[str, type[ClientRequest]] = {
         Status,
         Ping,
         Members,
+        SnapshotSave,
         MemberAdd,
         MemberRemove,
         MemberPromote,
@@ -1187,6 +1203,82 @@ class LockReleased(Reply):
     released: str = field(_released_what)
     token: int | None = field(_reply_opt_int)
     lease_ended: bool = field(_reply_true)
+
+
+BACKUP_CHUNK_BYTES = 256 * 1024
+"""The most image bytes in one ``snapshot_save`` chunk frame: well inside the 4 MiB a
+client reads in one frame, and small enough that a member writes the next one only
+once the client has taken most of the last (the member's buffer per client is 1 MiB)."""
+BACKUP_MAX_BYTES = 1 << 40
+"""The largest image a client accepts (more is a bad reply)."""
+
+
+def _reply_names(msg: dict[Any, Any], name: str) -> list[str]:
+    value = msg.get(name)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ProtocolError(f"reply field {name!r} is missing or not a list of names")
+    return value
+
+
+def _reply_index(msg: dict[Any, Any], name: str) -> int:
+    value = _reply_int(msg, name)
+    if not 0 <= value < INT_LIMIT:
+        raise ProtocolError(f"reply field {name!r} is {value}, outside [0, 2**63)")
+    return value
+
+
+def _reply_offset(msg: dict[Any, Any], name: str) -> int:
+    value = _reply_int(msg, name)
+    if not 0 <= value <= BACKUP_MAX_BYTES:
+        raise ProtocolError(f"reply field {name!r} is {value}, outside [0, {BACKUP_MAX_BYTES}]")
+    return value
+
+
+def _reply_chunk(msg: dict[Any, Any], name: str) -> bytes:
+    value = msg.get(name)
+    if not isinstance(value, bytes) or len(value) > BACKUP_CHUNK_BYTES:
+        raise ProtocolError(
+            f"reply field {name!r} is missing, not bytes or over {BACKUP_CHUNK_BYTES} bytes"
+        )
+    return value
+
+
+class SnapshotHeader(Reply):
+    """The first answer to ``snapshot_save``, sent as soon as the image is started: where
+    it stands (a committed index and the term of its entry), the configuration in force
+    there, the member serving it and its wall clock then. Chunks follow."""
+
+    cluster: str = field(_reply_text)
+    index: int = field(_reply_index)
+    term: int = field(_reply_index)
+    voters: list[str] = field(_reply_names)
+    learners: list[str] = field(_reply_names)
+    leader: str = field(_reply_text)
+    taken_at_ms: int = field(_reply_index)
+
+
+class SnapshotChunk(Reply):
+    """One piece of the image, in order (``t`` is ``chunk``): ``offset`` is where its bytes
+    start, and ``last`` marks the end of the image."""
+
+    offset: int = field(_reply_offset)
+    data: bytes = field(_reply_chunk)
+    last: bool = field(_reply_true, default=False)
+
+
+def backup_chunk_frames(rid: int, image: bytes) -> Iterator[dict[str, Any]]:
+    """The frames that carry ``image`` after the header of ``snapshot_save`` ``rid``
+    (a runtime sends them as its client takes them; the simulator all at once)."""
+    view = memoryview(image)
+    offset = 0
+    while True:
+        chunk = bytes(view[offset : offset + BACKUP_CHUNK_BYTES])
+        last = offset + len(chunk) >= len(image)
+        body = SnapshotChunk(offset=offset, data=chunk, last=last).to_wire()
+        yield {"t": "chunk", **body, "id": rid}
+        if last:
+            return
+        offset += len(chunk)
 
 
 def ok(rid: int, **body: Any) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Scripts branch on these numbers, so they are a contract (README, `dlm --help`):
 they follow sysexits.h where a code there fits. 1 means one thing only, a
 check that found something wrong (`dlm status --check`: degraded; `dlm store
-inspect`: a damaged data directory), so a bug in dlm is 70, never 1, which a
+inspect`: a damaged data directory; `dlm snapshot inspect`: not an intact backup),
+so a bug in dlm is 70, never 1, which a
 command run by `dlm exec` uses for its own failures.
 """
 
@@ -15,10 +16,11 @@ if TYPE_CHECKING:
     from typing import Any
 
 OK = 0
-CHECK_FAILED = 1  # status --check: degraded; store inspect: problems found
+CHECK_FAILED = 1  # status --check: degraded; store/snapshot inspect: problems found
 USAGE = 2
 UNAVAILABLE = 69  # EX_UNAVAILABLE
 INTERNAL = 70  # EX_SOFTWARE: a bug in dlm, or a reply it does not understand
+CANT_CREATE = 73  # EX_CANTCREAT: snapshot save cannot write its FILE
 CONFLICT = 75  # EX_TEMPFAIL: try again later
 LOST = 77  # EX_NOPERM: not (or no longer) the holder
 CONFIG = 78  # EX_CONFIG: the secret or TLS files do not work with the cluster
@@ -32,13 +34,14 @@ Exit codes:
 \b
   0   success (for exec: CMD exited 0)
   1   status --check: the cluster is degraded (store inspect: damaged data;
-      node restore: not an intact backup file)
+      snapshot inspect, node restore: not an intact backup)
   2   usage error (members: an id or address in use, an unknown id, the last
       voter, a removal that would leave no quorum of answering voters; node
       recover without --force)
   69  cluster unavailable: no member answered within --dial-timeout, or no
       quorum within --timeout
   70  internal error (a bug in dlm: please report it)
+  73  snapshot save: FILE cannot be written (no permission, disk full)
   75  lock held by someone else and not obtained (immediately, or within --wait);
       members: another membership change is still pending (retry)
   77  lease lost, or not the holder (renew or release of an expired lease,

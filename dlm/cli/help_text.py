@@ -36,13 +36,14 @@ TOP_LEVEL_HELP = (
     '\n'
     '    0   success (for exec: CMD exited 0)\n'
     '    1   status --check: the cluster is degraded (store inspect: damaged data;\n'
-    '        node restore: not an intact backup file)\n'
+    '        snapshot inspect, node restore: not an intact backup)\n'
     '    2   usage error (members: an id or address in use, an unknown id, the last\n'
     '        voter, a removal that would leave no quorum of answering voters; node\n'
     '        recover without --force)\n'
     '    69  cluster unavailable: no member answered within --dial-timeout, or no\n'
     '        quorum within --timeout\n'
     '    70  internal error (a bug in dlm: please report it)\n'
+    '    73  snapshot save: FILE cannot be written (no permission, disk full)\n'
     '    75  lock held by someone else and not obtained (immediately, or within --wait);\n'
     '        members: another membership change is still pending (retry)\n'
     '    77  lease lost, or not the holder (renew or release of an expired lease,\n'
@@ -77,17 +78,18 @@ TOP_LEVEL_HELP = (
     '  -h, --help                Show this message and exit.\n'
     '\n'
     'Commands:\n'
-    '  acquire  Take a lock and print its key, fencing token, lease id and TTL.\n'
-    '  renew    Renew a lease once, or keep it alive (--keep-alive).\n'
-    '  release  Give a lock back.\n'
-    '  exec     Run CMD (no shell) only while holding the lock; exit with...\n'
-    '  status   Show the cluster: members, roles, lag, last contact, and the...\n'
-    '  locks    List the held locks, one line each.\n'
-    '  node     Run a cluster member.\n'
-    "  members  Look at and change the cluster's members, one at a time.\n"
-    "  store    Look into a member's data directory.\n"
-    "  lease    Look at and end leases (an operator's tools).\n"
-    '  secret   Make the shared secret members and clients authenticate with.\n'
+    '  acquire   Take a lock and print its key, fencing token, lease id and TTL.\n'
+    '  renew     Renew a lease once, or keep it alive (--keep-alive).\n'
+    '  release   Give a lock back.\n'
+    '  exec      Run CMD (no shell) only while holding the lock; exit with...\n'
+    '  status    Show the cluster: members, roles, lag, last contact, and the...\n'
+    '  locks     List the held locks, one line each.\n'
+    '  node      Run a cluster member.\n'
+    "  members   Look at and change the cluster's members, one at a time.\n"
+    "  store     Look into a member's data directory.\n"
+    "  lease     Look at and end leases (an operator's tools).\n"
+    '  secret    Make the shared secret members and clients authenticate with.\n'
+    "  snapshot  Back up the cluster's replicated state to a file, and look...\n"
 )  # fmt: skip
 
 

@@ -44,7 +44,7 @@ from dlm.client.core import (
     payload,
     without_id,
 )
-from dlm.client.errors import AuthFailed, ClusterUnavailable, DlmError, LeaseLost
+from dlm.client.errors import AuthFailed, ClusterUnavailable, DlmError, LeaseLost, ServerError
 from dlm.wire import (
     PEER_FRAME_LIMIT,
     FrameDecoder,
@@ -54,6 +54,7 @@ from dlm.wire import (
     MemberPromote,
     MemberRemove,
     ProtocolError,
+    SnapshotHeader,
     Status,
     encode_frame,
     format_addr,
@@ -686,6 +687,35 @@ class AsyncClient:
         view: dict[str, Any] = await self._run(core.member_change_flow(self._ctx, request))
         return view
 
+    async def save_snapshot(self, *, image_timeout: float = 600.0) -> tuple[SnapshotHeader, bytes]:
+        """A backup from the leader, as ``Client.save_snapshot``: the header, and the image
+        at its committed index, each chunk within ``image_timeout`` of the last."""
+        reply = (await self._run(core.snapshot_save_flow(self._ctx)))[1]
+        header = core.read_reply(SnapshotHeader, reply)
+        rid = reply.get("id")
+        if not isinstance(rid, int) or isinstance(rid, bool):
+            raise ServerError("BAD_REPLY", "the backup header has no request id")
+        assembly = core.ImageAssembly(rid)
+        async with self._call_lock():
+            conn = self._conn
+            if conn is None:
+                raise ClusterUnavailable("the connection closed before the image came")
+            try:
+                while not assembly.done:
+                    frame = await _next_frame(conn, image_timeout)
+                    if frame is None:
+                        raise ClusterUnavailable(
+                            f"no part of the image came within {image_timeout:g}s"
+                        )
+                    assembly.take(frame)  # a grant push or a late reply is passed over
+            except ConnectionBroken as exc:
+                await self._drop_connection()
+                raise ClusterUnavailable(f"the connection broke during the image: {exc}") from None
+            except BaseException:
+                await self._drop_connection()
+                raise
+        return header, assembly.image()
+
     async def ping(self) -> bool:
         """Tells the member this idle connection is still wanted; False if there is none
         (nothing is connected then, and nothing is opened for it)."""
@@ -829,6 +859,15 @@ class AsyncClient:
         conn, self._conn = self._conn, None
         if conn is not None:
             await conn.aclose()
+
+
+async def _next_frame(conn: _AnyConnection, timeout: float) -> dict[Any, Any] | None:
+    """The connection's next frame, or None when none came within ``timeout``."""
+    if isinstance(conn, _AsyncioConnection):
+        return await conn.read(time.monotonic() + timeout)
+    with anyio.move_on_after(timeout):
+        return await conn.read()
+    return None
 
 
 class AsyncKeepAlive:

@@ -61,6 +61,7 @@ from dlm.client.renewal import (
     min_hold_ttl_ms,
 )
 from dlm.wire import (
+    BACKUP_MAX_BYTES,
     Acquire,
     CloseLease,
     ErrorCode,
@@ -83,6 +84,8 @@ from dlm.wire import (
     Record,
     Release,
     Renew,
+    SnapshotChunk,
+    SnapshotSave,
     Status,
     UpdateLease,
     format_addr,
@@ -959,6 +962,48 @@ def status_flow(s: Context, *, stale: bool = False) -> Flow:
 
 def members_flow(s: Context) -> Flow:
     return read_flow(s, Members(id=0))
+
+
+def snapshot_save_flow(s: Context) -> Generator[Action, Outcome, tuple[str, Reply]]:
+    """The header of a backup from the leader: (address, the ok reply, its ``id`` kept so
+    that the chunks that follow on the same connection can be told apart)."""
+    return (yield from call(s, without_id(SnapshotSave(id=0))))
+
+
+class ImageAssembly:
+    """The chunks of one backup image, checked as they come: in order, bounded, ended."""
+
+    def __init__(self, rid: int, limit: int = BACKUP_MAX_BYTES) -> None:
+        self.rid = rid
+        self.limit = limit
+        self.parts: list[bytes] = []
+        self.received = 0
+        self.done = False
+
+    def take(self, frame: Mapping[Any, Any]) -> bool:
+        """Takes ``frame`` if it belongs to this image (True); raises ServerError for an
+        error reply or a chunk out of order, and BAD_REPLY for a malformed one."""
+        if not is_reply_to(frame, self.rid):
+            return False
+        kind = frame.get("t")
+        if kind == "error":
+            raise error_from_reply(frame)
+        if kind != "chunk":
+            raise ServerError("BAD_REPLY", f"expected an image chunk, got {str(kind)[:20]!r}")
+        chunk = read_reply(SnapshotChunk, frame)
+        if chunk.offset != self.received:
+            raise ServerError(
+                "BAD_REPLY", f"image chunk at byte {chunk.offset}, expected {self.received}"
+            )
+        if self.received + len(chunk.data) > self.limit:
+            raise ServerError("BAD_REPLY", f"image larger than {self.limit} bytes")
+        self.parts.append(chunk.data)
+        self.received += len(chunk.data)
+        self.done = chunk.last
+        return True
+
+    def image(self) -> bytes:
+        return b"".join(self.parts)
 
 
 def paged_flow(

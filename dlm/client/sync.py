@@ -45,7 +45,7 @@ from dlm.client.core import (
     payload,
     without_id,
 )
-from dlm.client.errors import AuthFailed, ClusterUnavailable, DlmError, LeaseLost
+from dlm.client.errors import AuthFailed, ClusterUnavailable, DlmError, LeaseLost, ServerError
 from dlm.wire import (
     PEER_FRAME_LIMIT,
     FrameDecoder,
@@ -55,6 +55,7 @@ from dlm.wire import (
     MemberPromote,
     MemberRemove,
     ProtocolError,
+    SnapshotHeader,
     Status,
     encode_frame,
     format_addr,
@@ -617,6 +618,37 @@ class Client:
         request = MemberPromote(id=0, member=member, seq=0)
         view: dict[str, Any] = self._run(core.member_change_flow(self._ctx, request))
         return view
+
+    def save_snapshot(self, *, image_timeout: float = 600.0) -> tuple[SnapshotHeader, bytes]:
+        """A backup from the leader (``dlm snapshot save``): the header, and the image of
+        the replicated state at the header's committed index. The image arrives in chunks
+        after the header; each must come within ``image_timeout`` of the last (the first
+        waits for the leader to build the image)."""
+        reply = self._run(core.snapshot_save_flow(self._ctx))[1]
+        header = core.read_reply(SnapshotHeader, reply)
+        rid = reply.get("id")
+        if not isinstance(rid, int) or isinstance(rid, bool):
+            raise ServerError("BAD_REPLY", "the backup header has no request id")
+        assembly = core.ImageAssembly(rid)
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise ClusterUnavailable("the connection closed before the image came")
+            try:
+                while not assembly.done:
+                    frame = conn.read(time.monotonic() + image_timeout)
+                    if frame is None:
+                        raise ClusterUnavailable(
+                            f"no part of the image came within {image_timeout:g}s"
+                        )
+                    assembly.take(frame)  # a grant push or a late reply is passed over
+            except ConnectionBroken as exc:
+                self._drop_connection()
+                raise ClusterUnavailable(f"the connection broke during the image: {exc}") from None
+            except BaseException:
+                self._drop_connection()  # the rest of the image must not meet a later request
+                raise
+        return header, assembly.image()
 
     def ping(self) -> bool:
         """Tells the member this idle connection is still wanted; False if there is none

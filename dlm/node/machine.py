@@ -71,6 +71,7 @@ from dlm.node.outbox import (
     PeersChanged,
     Persist,
     SaveSnapshot,
+    SendBackup,
     SendFrame,
     SendMessages,
     Stop,
@@ -105,6 +106,7 @@ from dlm.wire import (
     ProtocolError,
     Release,
     Renew,
+    SnapshotSave,
     Status,
     UpdateLease,
     decode_request,
@@ -131,6 +133,7 @@ __all__ = [
     "Persist",
     "Quotas",
     "SaveSnapshot",
+    "SendBackup",
     "SendFrame",
     "SendMessages",
     "Stop",
@@ -367,6 +370,14 @@ class NodeMachine:
             if ready.messages:
                 self.out.emit_all(self.health.batches(ready.messages, now))
             self.raft.advance(ready)
+
+    # ------------------------------------------------------------------ inputs: images
+
+    def image_built(self) -> None:
+        """An image the runtime built off its loop is done: a periodic snapshot that came
+        due meanwhile (the imager said "not now") is taken at the applied index now,
+        rather than at the next entry, which may be long in coming."""
+        self.snapshots.take_if_due(self.locks, self.raft, self.membership)
 
     # ------------------------------------------------------------------ the Ready loop
 
@@ -665,6 +676,41 @@ class NodeMachine:
             self._answer_request(conn, req.TYPE, self.status_view(now).frame(req.id))
         elif isinstance(req, Members):
             self._answer_request(conn, req.TYPE, self.members_view(now).frame(req.id))
+        elif isinstance(req, SnapshotSave):
+            self._serve_backup(conn, req, now)
+
+    def _serve_backup(self, conn: int, req: SnapshotSave, now: Instant) -> None:
+        """An image of the applied state for ``dlm snapshot save``. The read round that
+        led here confirmed we led when it started, so the image holds every change
+        acknowledged before the request; its index is committed, as every applied one is."""
+        if self._role is not Role.LEADER:
+            self._reply_not_leader(conn, req)
+            return
+        taken = self.snapshots.backup(self.locks, self.raft, self.membership)
+        if taken is None:
+            self._answer_request(
+                conn,
+                req.TYPE,
+                error(
+                    req.id,
+                    ErrorCode.UNAVAILABLE,
+                    "another backup is being taken on this member; try again when it is done",
+                    retry_after_ms=1000,
+                ),
+            )
+            return
+        index, term, conf, image = taken
+        header = {
+            "cluster": self.config.cluster,
+            "index": index,
+            "term": term,
+            "voters": list(conf.voters),
+            "learners": list(conf.learners),
+            "leader": self.config.node_id,
+            "taken_at_ms": now.wall_ms,
+        }
+        self.stats.count(req.TYPE, "OK")
+        self.out.emit(SendBackup(conn, req.id, header, image))
 
     def _doomed(self, lease: str) -> bool:
         """The leader proposed an Expire for ``lease``: no client may count on it any more.

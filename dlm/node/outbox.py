@@ -65,15 +65,44 @@ class Persist:
     hard_state: HardState | None
 
 
+class PendingImage(Protocol):
+    """An image of the applied state that the runtime builds off its event loop (a forked
+    child: runtime/imaging.py). The machine only passes it on; ``purpose`` is
+    ``snapshots.PERIODIC`` or ``snapshots.BACKUP``."""
+
+    @property
+    def purpose(self) -> str: ...
+
+
 @dataclass(frozen=True, slots=True)
 class SaveSnapshot:
     """Record this image of the applied state (after every earlier Persist), then drop
-    log entries up to ``compact_to`` (nothing when 0)."""
+    log entries up to ``compact_to`` (nothing when 0).
+
+    ``pending``: the image is still being built (``data`` is empty until then); the
+    runtime submits the job once it has the bytes, after the Persist jobs handed out
+    meanwhile, which is as good (the image holds only committed entries, and the
+    log it compacts still has them)."""
 
     index: int
     conf: ConfState
     data: bytes
     compact_to: int
+    pending: PendingImage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SendBackup:
+    """Send connection ``conn`` the image of the applied state at ``index`` (committed) in
+    answer to its ``snapshot_save`` request ``request_id``: the ``header`` (an ok frame's
+    body, wire.SnapshotHeader) at once, then the image in chunks
+    (wire.backup_chunk_frames) as the client takes them. ``image`` is the bytes, or an
+    image being built off the event loop."""
+
+    conn: int
+    request_id: int
+    header: dict[str, Any]
+    image: bytes | PendingImage
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +136,7 @@ Action = (
     | SendMessages
     | Persist
     | SaveSnapshot
+    | SendBackup
     | LogEvent
     | PeersChanged
     | Stop

@@ -110,3 +110,18 @@ class DiskStats:
     """Seconds per persistence job (write and fsync)."""
     batch: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
     """Entries per persistence job."""
+
+
+@dataclass(slots=True)
+class BackupStats:
+    """What the adapter measured of the backups it served (``dlm snapshot save``) and of
+    the images it built off its event loop."""
+
+    backups: int = 0
+    """Backups sent whole to their client."""
+    backup_bytes: int = 0
+    """Image bytes of those backups."""
+    backup_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
+    """From the request's read point to the last chunk handed to the connection."""
+    image_fork_seconds: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS_S))
+    """How long each fork held the event loop (periodic snapshots and backups alike)."""

@@ -189,8 +189,7 @@ def test_five_members_lose_three_and_the_best_survivor_is_recovered(tmp_path: Pa
         joiner.start()
         wait_for(
             lambda: any(
-                m["id"] == "n6" and m["voter"]
-                for m in dlm.json("members", "list")["members"]
+                m["id"] == "n6" and m["voter"] for m in dlm.json("members", "list")["members"]
             ),
             60.0,
             "n6 to join and be promoted",

@@ -20,15 +20,18 @@ from dlm.node.admission import (
     Refused,
     Send,
 )
+from dlm.node.clients import ClientConn
 from dlm.node.linkwatch import LinkWatch
 from dlm.node.machine import NodeMachine
+from dlm.node.membership import Membership
 from dlm.node.outbox import Instant
 from dlm.node.proposals import Proposal
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.membership import check_change
 from dlm.node.raft.types import Role
+from dlm.node.snapshots import BackupImage
 from dlm.records import ConfChange, HardState, NodeId
-from dlm.wire import ok
+from dlm.wire import ClientRequest, SnapshotSave, ok
 
 
 class CommitsPreviousTermByCounting(RaftNode):
@@ -185,3 +188,35 @@ class ConfirmsUpdatesOfDoomedLeases(NodeMachine):
             self._answer_request(proposal.conn, proposal.request.TYPE, reply)
             return
         super()._answer(proposal, result, now)
+
+
+class LabelsBackupsWithTheLastIndex(NodeMachine):
+    """Labels a backup with the last index of its log (proposed, perhaps not committed)
+    instead of the index its image was taken at."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        taken_at_applied = self.snapshots.backup
+
+        def backup(
+            machine: locks.LockStateMachine, raft: RaftNode, membership: Membership
+        ) -> BackupImage | None:
+            taken = taken_at_applied(machine, raft, membership)
+            if taken is None:
+                return None
+            _, _, conf, image = taken
+            last = raft.last_index
+            return BackupImage((last, raft.term_at(last), conf, image))
+
+        self.snapshots.backup = backup  # type: ignore[method-assign]
+
+
+class ServesBackupsWithoutARound(NodeMachine):
+    """Serves a backup from its own state at once, without a read round confirming that
+    it still leads: a deposed leader cut off from the others hands out an old state."""
+
+    def _handle_request(self, state: ClientConn, req: ClientRequest, now: Instant) -> None:
+        if isinstance(req, SnapshotSave) and self.role is Role.LEADER:
+            self._serve_backup(state.conn, req, now)
+            return
+        super()._handle_request(state, req, now)

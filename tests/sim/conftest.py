@@ -104,6 +104,9 @@ class SimTotals:
             keys = (
                 "snapshot_installs",
                 "snapshots_taken",
+                "backups_checked",
+                "backups_refused",
+                "backups_cut_off",
                 "elections",
                 "crashes",
                 "crashes_mid_write",

@@ -72,6 +72,7 @@ from dlm.client import core
 from dlm.client.errors import ClusterUnavailable, DlmError, LeaseLost, LockHeld, NotHolder
 from dlm.node import locks
 from dlm.node.admission import Acceptance, Dialing
+from dlm.node.incarnation import DEFAULT_BUMP, new_incarnation
 from dlm.node.leases import LeaseTracker
 from dlm.node.linkwatch import LinkWatch
 from dlm.node.machine import (
@@ -82,19 +83,20 @@ from dlm.node.machine import (
     PeersChanged,
     Persist,
     SaveSnapshot,
+    SendBackup,
     SendFrame,
     SendMessages,
     Stop,
     Timing,
 )
+from dlm.node.machine_config import PROTOCOL_SPOKEN
 from dlm.node.raft.quorum import majority
 from dlm.node.raft.types import Message, Role, VoteRequest, VoteResponse
-from dlm.node.incarnation import DEFAULT_BUMP, new_incarnation
-from dlm.node.machine_config import PROTOCOL_SPOKEN
 from dlm.records import ConfState, Entry, HardState, NodeId, Snapshot, SnapshotMeta, Storage
 from dlm.store.fs import SimulatedCrash
-from dlm.wire import MemberAdd, MemberChange, MemberRemove
+from dlm.wire import MemberAdd, MemberChange, MemberRemove, SnapshotHeader, backup_chunk_frames
 
+from .backupcheck import BackupChecker
 from .checkers import SafetyChecker, Violation
 from .harness import MemoryBackend, StorageBackend
 from .lockcheck import LockChecker, Section
@@ -197,6 +199,9 @@ class NodeSimOptions:
     tracker_class: type[LeaseTracker] | None = None
     membership: bool = True
     """Add, promote and remove members (the leader too) while everything else goes on."""
+    backups: bool = True
+    """An operator takes backups (``dlm snapshot save``'s flow) now and then, each checked
+    by backupcheck.py."""
     peer_version: int = PROTOCOL_SPOKEN
     """The protocol version the members tell each other (1: a cluster mid-upgrade)."""
     lease_clock_from_reply: bool = False
@@ -377,6 +382,8 @@ class SimClient:
         """(request id, resume) of the request in flight."""
         self.grant_wait: tuple[str, str, Callable[[Any], None]] | None = None
         self.pushes: list[dict[str, Any]] = []
+        self.chunks: list[dict[str, Any]] = []
+        """Image chunks of a backup (``snapshot_save``), as they arrive."""
         self.wait_token = 0
 
     def drop(self) -> None:
@@ -608,6 +615,9 @@ class NodeSimulation:
         self._spares = iter(SPARE_NAMES)
         self.world = World()
         self.raft_checker = SafetyChecker()
+        self.backups = BackupChecker(
+            self.raft_checker, _replay_class(opts.lock_machine_class, opts)
+        )
         self._commit_voters: dict[tuple[int, int], tuple[NodeId, ...]] = {}
         self.checker = LockChecker(dict(LIMITS))
         self.stats: Counter[str] = Counter()
@@ -724,6 +734,8 @@ class NodeSimulation:
         term = log.term(index)
         if data is not None:
             self.raft_checker.observe_apply(member.id, Entry(index, term, data))
+        else:
+            self.backups.skipped(index, term)
         # An entry commits under the configuration its leader used, the latest in the leader's
         # log: the one at the entry or one change after it, which a follower may not have yet.
         # A majority of that configuration, recorded when the leader counted, is what counts.
@@ -905,6 +917,14 @@ class NodeSimulation:
             elif isinstance(action, Stop):
                 self._removed(member, action.reason)
                 return
+            elif isinstance(action, SendBackup):
+                conn = member.conns.get(action.conn)
+                image = action.image
+                assert isinstance(image, bytes), "the members build images on the spot here"
+                if conn is not None:
+                    self._to_client(conn, {**action.header, "t": "ok", "id": action.request_id})
+                    for frame in backup_chunk_frames(action.request_id, image):
+                        self._to_client(conn, frame)
             elif isinstance(action, LogEvent | PeersChanged):
                 pass
         self._check_member(member)
@@ -1163,6 +1183,9 @@ class NodeSimulation:
             client.pushes.append(frame)
             self._check_grant_wait(client)
             return
+        if frame.get("t") == "chunk":
+            client.chunks.append(frame)
+            return
         waiting = client.waiting
         if waiting is not None and frame.get("id") == waiting[0]:
             client.waiting = None
@@ -1344,6 +1367,35 @@ class NodeSimulation:
                 yield RunFlow(admin, core.member_change_flow(admin.ctx, request))
             except DlmError:
                 self.stats["member_changes_refused"] += 1
+
+    def _backup_taker(self, proc: ClientProc) -> Script:
+        """An operator running ``dlm snapshot save`` now and then, through the client's own
+        flow and image assembly; each finished backup is checked (backupcheck.py)."""
+        rng = proc.rng
+        client = SimClient(proc, "backup")
+        while self.world.now < self.heal_at:
+            yield Sleep(rng.uniform(0.5, 2.5))
+            floor = self.backups.floor()
+            client.chunks = []
+            try:
+                _, reply = yield RunFlow(client, core.snapshot_save_flow(client.ctx))
+                header = core.read_reply(SnapshotHeader, reply)
+                assembly = core.ImageAssembly(reply["id"])
+                for _ in range(400):  # bounded: the chunks follow the header on its link
+                    while client.chunks and not assembly.done:
+                        assembly.take(client.chunks.pop(0))
+                    if assembly.done or client.conn is None or client.conn.broken:
+                        break
+                    yield Sleep(0.01)
+            except DlmError:
+                self.stats["backups_refused"] += 1
+                continue
+            if not assembly.done:
+                self.stats["backups_cut_off"] += 1
+                continue
+            self.trace(f"B{self.world.now}{header.index}")
+            self.backups.check(floor, header, assembly.image())
+            self.stats["backups_checked"] += 1
 
     def _spawn_member(self, node_id: NodeId) -> None:
         member = SimMember(self, node_id, self.backend.fresh(node_id))
@@ -2536,6 +2588,9 @@ class NodeSimulation:
             if opts.membership:
                 admin = ClientProc(self, "admin", "library")
                 admin.spawn(self._admin(admin), "admin")
+            if opts.backups:
+                taker = ClientProc(self, "backups", "library")
+                taker.spawn(self._backup_taker(taker), "backups")
             self.world.at(self.heal_at, self.heal)
             self._recovered = False
             self.world.at(self.heal_at, self._start_recovery_probe)
@@ -2620,3 +2675,16 @@ def _ping_flow(addr: str) -> Generator[core.Send, Any, None]:
     """One ping on the connection to ``addr`` (the keeper's idle connection): its answer,
     or its failure, changes nothing."""
     yield core.Send(addr, core.ping_request(), 2.0)
+
+
+def _replay_class(
+    lock_base: type[locks.LockStateMachine] | None, opts: NodeSimOptions
+) -> type[locks.LockStateMachine]:
+    """The members' lock machine (any injected bug included) with their settings, and
+    without the simulator's instruments: what the backup checker replays entries on."""
+
+    class ReplayLocks(lock_base or locks.LockStateMachine):  # type: ignore[misc]
+        tombstone_ms = opts.tombstone_ms
+        max_stamp_step_ms = opts.max_stamp_step_ms
+
+    return ReplayLocks

@@ -31,9 +31,11 @@ from .bugs import (
     AsksTheMemberBeforeTheProof,
     BelievesRefusalsBeforeTheProof,
     ConfirmsUpdatesOfDoomedLeases,
+    LabelsBackupsWithTheLastIndex,
     NeverReplacesLinks,
     OrdersSpawnWithoutLooking,
     OutlivesShortenedLeases,
+    ServesBackupsWithoutARound,
     SpawnsWithoutLooking,
 )
 from .conftest import SimTotals
@@ -330,6 +332,19 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         lambda seed: options_for(seed, acceptance_class=AdmitsClientsWithoutTheProof),
         {"unauthenticated"},
         2,
+    ),
+    # Caught after 2 seeds (seed 1).
+    "a backup labelled with the log's last index, not its image's": (
+        lambda seed: options_for(seed, machine_class=LabelsBackupsWithTheLastIndex),
+        {"backup-uncommitted", "backup-inconsistent"},
+        10,
+    ),
+    # Caught after 51 seeds (seed 50): it needs a leader cut off while the backup's client
+    # still reaches it.
+    "a backup served without a read round": (
+        lambda seed: options_for(seed, machine_class=ServesBackupsWithoutARound),
+        {"backup-stale"},
+        120,
     ),
     "election timeout fixed, however slow the disks": (
         lambda seed: steady_options(seed, "slow_disks", machine_class=ElectsWithAFixedTimeout),

@@ -260,6 +260,7 @@ def test_every_request_type_of_the_protocol_has_a_class() -> None:
         "member_add",
         "member_remove",
         "member_promote",
+        "snapshot_save",
     }
     assert {cls.TYPE for cls in _concrete_requests() if issubclass(cls, wire.Change)} == {
         "open_lease",
@@ -411,6 +412,7 @@ DECODED: list[tuple[dict[str, object], wire.Request]] = [
         {"t": "member_promote", "id": 16, "member": "n4", **ORIGIN},
         wire.MemberPromote(id=16, member="n4", client="c-1", seq=7, acked=6),
     ),
+    ({"t": "snapshot_save", "id": 17}, wire.SnapshotSave(id=17)),
 ]
 
 

@@ -44,6 +44,7 @@ FRAMES: list[dict[str, Any]] = [
     {"t": "member_add", "id": 14, "member": "n4", "address": "10.0.0.4:7700", **ORIGIN},
     {"t": "member_remove", "id": 15, "member": "n4", "force": True, **ORIGIN},
     {"t": "member_promote", "id": 16, "member": "n4", **ORIGIN},
+    {"t": "snapshot_save", "id": 17},
 ]
 
 # Values a hostile or careless client puts in a field; most are wrong for every field.
@@ -129,6 +130,7 @@ def built_encodings() -> list[str]:
         wire.MemberAdd(id=14, member="n4", address="h:1", seq=8),
         wire.MemberRemove(id=15, member="n4", seq=9),
         wire.MemberPromote(id=16, member="n4", seq=10),
+        wire.SnapshotSave(id=17),
     ]
     return [f"{r!r} -> {wire.encode_frame(r.to_wire()).hex()}" for r in requests]
 
@@ -162,6 +164,35 @@ def test_damage_to_two_fields_at_once_gets_the_golden_verdicts() -> None:
     # Which of two bad fields is named first is part of the protocol's behaviour.
     golden = json.loads(GOLDEN.read_text())
     assert current()["pair_edits_sha256"] == golden["pair_edits_sha256"]
+
+
+def test_the_backup_reply_frames_are_pinned() -> None:
+    """The header and chunk frames that answer ``snapshot_save``, byte for byte."""
+    header = wire.SnapshotHeader(
+        cluster="prod",
+        index=9,
+        term=2,
+        voters=["n1", "n2", "n3"],
+        learners=[],
+        leader="n1",
+        taken_at_ms=1_790_000_000_000,
+    )
+    assert wire.encode_frame(header.frame(17)).hex() == (
+        "0000005ea96174626f6b67636c75737465726470726f6465696e64657809647465726d0266766f7465"
+        "727383626e31626e32626e33686c6561726e65727380666c6561646572626e316b74616b656e5f6174"
+        "5f6d731b000001a0c4506c0062696411"
+    )
+    image = bytes(range(256)) * (wire.BACKUP_CHUNK_BYTES // 256) + b"tail"
+    frames = list(wire.backup_chunk_frames(17, image))
+    assert [(f["offset"], len(f["data"]), f["last"]) for f in frames] == [
+        (0, wire.BACKUP_CHUNK_BYTES, False),
+        (wire.BACKUP_CHUNK_BYTES, 4, True),
+    ]
+    assert wire.encode_frame(frames[1]).hex() == (
+        "00000029a56174656368756e6b666f66667365741a000400006464617461447461696c646c617374f562696411"
+    )
+    assert wire.SnapshotHeader.from_wire(header.frame(17)) == header
+    assert wire.SnapshotChunk.from_wire(frames[1]).data == b"tail"
 
 
 if __name__ == "__main__":

@@ -385,6 +385,11 @@ class RaftNode:
             raise ValueError(f"index {index} is beyond the log's end {self._log.last_index()}")
         return self._conf_history.at(index)
 
+    def term_at(self, index: int) -> int:
+        """The term of the entry at log ``index`` (from the compaction point on): what a
+        snapshot or backup taken there records."""
+        return self._log.term(index)
+
     # ------------------------------------------------------------------
     # Inputs
     # ------------------------------------------------------------------

@@ -39,7 +39,7 @@ from dlm.wire import PROTOCOL_VERSION
 if TYPE_CHECKING:
     from dlm.node.machine import Instant, NodeMachine
     from dlm.node.runtime.config.node_config import NodeConfig
-    from dlm.node.stats import DiskStats
+    from dlm.node.stats import BackupStats, DiskStats
 
 
 class _Refusals(Protocol):
@@ -65,6 +65,9 @@ class ObservedMember(Protocol):
 
     @property
     def disk_stats(self) -> DiskStats: ...
+
+    @property
+    def backup_stats(self) -> BackupStats: ...
 
     def now(self) -> Instant: ...
 
@@ -117,6 +120,11 @@ METRIC_HELP: dict[str, str] = {
     "(it grants no lock), else 0.",
     "dlm_incarnation": "The cluster incarnation this member belongs to (0: never restored or "
     "recovered; else the index its new log started after).",
+    "dlm_backups_total": "Backups (dlm snapshot save) this member sent whole.",
+    "dlm_backup_bytes_total": "Image bytes of the backups this member sent.",
+    "dlm_backup_seconds": "Time to take and send one backup.",
+    "dlm_image_fork_seconds": "Time the event loop spent forking the child that builds a "
+    "snapshot or backup image.",
     "dlm_cluster_version": "The protocol version the replicated log runs.",
     "dlm_build_info": "Always 1; the labels say which release this member runs.",
 }
@@ -166,6 +174,8 @@ class NodeCollector(Collector):
             ("dlm_rejected_input", stats.rejected_frames),
             ("dlm_snapshots", stats.snapshots_taken),
             ("dlm_quarantines_ended", stats.quarantines_ended),
+            ("dlm_backups", server.backup_stats.backups),
+            ("dlm_backup_bytes", server.backup_stats.backup_bytes),
         ):
             yield CounterMetricFamily(name, _help(name + "_total"), value=value)
         yield _histogram("dlm_acquire_wait_seconds", stats.acquire_wait)
@@ -191,6 +201,8 @@ class NodeCollector(Collector):
         yield role
         yield _histogram("dlm_fsync_seconds", server.disk_stats.fsync)
         yield _histogram("dlm_fsync_batch_entries", server.disk_stats.batch)
+        yield _histogram("dlm_backup_seconds", server.backup_stats.backup_seconds)
+        yield _histogram("dlm_image_fork_seconds", server.backup_stats.image_fork_seconds)
         rtt = HistogramMetricFamily(
             "dlm_peer_append_rtt_seconds", _help("dlm_peer_append_rtt_seconds"), labels=["peer"]
         )

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import os
 import random
@@ -64,6 +65,7 @@ from dlm.node.machine import (
     SendMessages,
     Stop,
 )
+from dlm.node.outbox import SendBackup
 from dlm.node.peer_codec import decode_raft_frame
 from dlm.node.raft.types import Role
 from dlm.node.runtime.accepting import (
@@ -73,6 +75,7 @@ from dlm.node.runtime.accepting import (
     Limits,
 )
 from dlm.node.runtime.config.node_config import NodeConfig
+from dlm.node.runtime.imaging import ChildImage, ForkImager
 from dlm.node.runtime.log import Logger
 from dlm.node.runtime.notify import notify
 from dlm.node.runtime.peers import PeerLink
@@ -80,15 +83,18 @@ from dlm.node.runtime.persister import Persister
 from dlm.node.runtime.quiet import QuietLog, loop_exception_handler
 from dlm.node.runtime.rlimits import raise_open_files_limit
 from dlm.node.runtime.security import NodeSecurity
-from dlm.node.stats import DiskStats
+from dlm.node.snapshots import PERIODIC
+from dlm.node.stats import BackupStats, DiskStats
 from dlm.records import Storage
 from dlm.views import StatusView
 from dlm.wire import (
+    BACKUP_CHUNK_BYTES,
     CLIENT_FRAME_LIMIT,
     ErrorCode,
     FrameDecoder,
     Hello,
     ProtocolError,
+    backup_chunk_frames,
     encode_frame,
     error,
     parse_addr,
@@ -104,6 +110,11 @@ CLIENT_CHECK_EVERY = 0.5
 """Seconds between two looks for stalled and idle clients."""
 CLIENT_BUFFER_LIMIT = 16 * CLIENT_FRAME_LIMIT
 """Unsent reply bytes beyond which a client that does not read is cut off."""
+BACKUP_BUFFERED = 2 * BACKUP_CHUNK_BYTES
+"""A backup's next chunk is written only while less than this is unsent to its client
+(with the chunk, the buffer stays inside CLIENT_BUFFER_LIMIT)."""
+BACKUP_POLL_S = 0.002
+"""How often a backup whose client has not taken its last chunks looks again."""
 
 
 class RemovedMember(Exception):
@@ -240,6 +251,12 @@ class NodeServer:
         """Why the machine asked the member to stop (removed from the cluster), if it did."""
         self.metrics: Any = None
         """The /metrics listener, when --metrics-listen is given."""
+        self.imager: ForkImager | None = None
+        """Builds snapshot and backup images in a forked child (imaging.py)."""
+        self.backup_stats = BackupStats()
+        self._image_s: dict[int, tuple[float, float]] = {}
+        """Seconds each periodic image took to build off the loop, and its fork held the
+        loop, by index (read once)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -250,6 +267,8 @@ class NodeServer:
         previous_handler = loop.get_exception_handler()
         loop.set_exception_handler(loop_exception_handler(self.quiet))
         self._persister = Persister(self.storage, loop, self._persisted)
+        self.imager = ForkImager(loop)
+        self.machine.snapshots.imager = self._image
         self.budget = Budget.for_process(len(self.config.peers), self.limits.max_connections)
         tls = self.security.server_tls
         for sock in _raw_sockets(listener):
@@ -295,6 +314,7 @@ class NodeServer:
                     for transport in list(self._transports):
                         transport.abort()
         finally:
+            self.imager.close()
             self._persister.stop()
             loop.set_exception_handler(previous_handler)
 
@@ -329,6 +349,13 @@ class NodeServer:
         self._run_actions()
         deadline = time.monotonic() + self.config.shutdown_grace_s
         while time.monotonic() < deadline and (not machine.idle or machine.transferring):
+            await anyio.sleep(0.01)
+        # A snapshot being built is worth its wait: a restart replays less of the log.
+        while (
+            time.monotonic() < deadline
+            and self.imager is not None
+            and PERIODIC in self.imager.running
+        ):
             await anyio.sleep(0.01)
         machine.finish_shutdown()
         self._run_actions()
@@ -435,6 +462,10 @@ class NodeServer:
                 for msg in action.messages:
                     link.send(msg)
                 touched.add(link)
+        elif type(action) is SaveSnapshot and action.pending is not None:
+            self._save_when_built(action)
+        elif isinstance(action, SendBackup):
+            self._send_backup(action)
         elif isinstance(action, Persist | SaveSnapshot):
             assert self._persister is not None
             if self.failure is not None:
@@ -514,10 +545,119 @@ class NodeServer:
                 self.machine.persisted(job.job, instant, pump=False)
             elif self._persister is not None:
                 seconds = self._persister.snapshot_write_s.pop(job.index, 0.0)
+                built = self._image_s.pop(job.index, None)
                 self.log.info(
-                    "snapshot_saved", index=job.index, bytes=len(job.data), ms=round(seconds * 1e3)
+                    "snapshot_written",
+                    index=job.index,
+                    bytes=len(job.data),
+                    ms=round(seconds * 1e3),
+                    **(
+                        {}
+                        if built is None
+                        else {
+                            "image_ms": round(built[0] * 1e3),
+                            "fork_ms": round(built[1] * 1e3, 1),
+                        }
+                    ),
                 )
         self._pump_soon()
+
+    # ------------------------------------------------------------------ images
+
+    def _image(self, build: Callable[[], bytes], purpose: str) -> bytes | ChildImage | None:
+        """The machine's imager: a forked child builds the image (imaging.py)."""
+        assert self.imager is not None
+        made = self.imager(build, purpose)
+        if isinstance(made, ChildImage):
+            self.backup_stats.image_fork_seconds.observe(made.fork_s)
+        return made
+
+    def _save_when_built(self, action: SaveSnapshot) -> None:
+        """Hands a periodic snapshot to the disk thread once its child has built the image
+        (after the jobs handed out meanwhile: see SaveSnapshot)."""
+        pending = action.pending
+        assert isinstance(pending, ChildImage)
+
+        def built(image: bytes | None, problem: str | None) -> None:
+            if image is None:
+                self.log.warning("snapshot_failed", index=action.index, error=problem)
+                return
+            if self.failure is not None or self._persister is None or self.stopped.is_set():
+                return
+            self._image_s[action.index] = (pending.seconds, pending.fork_s)
+            self._disk_jobs += 1
+            self._persister.submit(dataclasses.replace(action, data=image, pending=None))
+            self.machine.image_built()
+            self._run_actions()
+
+        pending.add_done_callback(built)
+
+    def _send_backup(self, action: SendBackup) -> None:
+        """The header now; the image's chunks once it is built, as fast as the client
+        takes them (never more than BACKUP_BUFFERED unsent); then the audit line."""
+        client = self._clients.get(action.conn)
+        if client is None:
+            return  # the client left; a child still building the image finishes unread
+        self._write(client, {**action.header, "t": "ok", "id": action.request_id})
+        started = time.monotonic()
+        header = action.header
+        conn = self.machine.clients.conns.get(action.conn)
+        remote = conn.remote if conn is not None else ""
+
+        def send(image: bytes | None, problem: str | None) -> None:
+            live = self._clients.get(action.conn)
+            if live is not client:
+                return
+            if image is None:
+                self.log.warning(
+                    "snapshot_save_failed", index=header["index"], remote=remote, error=problem
+                )
+                self._write(
+                    client,
+                    error(
+                        action.request_id,
+                        ErrorCode.UNAVAILABLE,
+                        f"the member could not build the image: {problem}",
+                    ),
+                )
+                return
+            frames = backup_chunk_frames(action.request_id, image)
+
+            def more() -> None:
+                if self._clients.get(action.conn) is not client or client.transport.is_closing():
+                    return
+                transport = client.transport
+                while transport.get_write_buffer_size() < BACKUP_BUFFERED:
+                    frame = next(frames, None)
+                    if frame is None:
+                        seconds = time.monotonic() - started
+                        stats = self.backup_stats
+                        stats.backups += 1
+                        stats.backup_bytes += len(image)
+                        stats.backup_seconds.observe(seconds)
+                        self.log.info(
+                            "snapshot_saved",
+                            index=header["index"],
+                            term=header["term"],
+                            bytes=len(image),
+                            ms=round(seconds * 1e3),
+                            fork_ms=fork_ms,
+                            remote=remote,
+                        )
+                        return
+                    self._write(client, frame)
+                assert self._loop is not None
+                self._loop.call_later(BACKUP_POLL_S, more)
+
+            more()
+
+        image = action.image
+        fork_ms = round(image.fork_s * 1e3, 1) if isinstance(image, ChildImage) else 0.0
+        if isinstance(image, bytes):
+            send(image, None)
+        else:
+            assert isinstance(image, ChildImage)
+            image.add_done_callback(send)
 
     def _write(self, client: ClientConnection, frame: dict[str, Any]) -> None:
         transport = client.transport

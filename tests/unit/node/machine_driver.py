@@ -10,6 +10,8 @@ Everything runs in the calling thread, in an order the test chooses:
   ``deliver``, which hands each one to its destination unless ``blocked``
   (a predicate the test sets) says it is lost; lost ones are kept in
   ``dropped``. Every message a member sent is also kept in its ``sent``.
+* **backups**: a ``SendBackup``'s header lands in the client's frames, and the action
+  itself (its image) in the member's ``backups``.
 * **the disk**: ``Persist`` and ``SaveSnapshot`` go to a member's queue and
   are written to its MemoryStorage in order, at once, unless the member's
   ``hold_disk`` is set; then the test completes them with ``write_disk``.
@@ -45,6 +47,7 @@ from dlm.node.machine import (
     Persist,
     Quotas,
     SaveSnapshot,
+    SendBackup,
     SendFrame,
     SendMessages,
     Stop,
@@ -93,6 +96,8 @@ class Member:
     events: list[LogEvent] = field(default_factory=list)
     persists: list[Persist] = field(default_factory=list)
     snapshots: list[SaveSnapshot] = field(default_factory=list)
+    backups: list[SendBackup] = field(default_factory=list)
+    """Backups the member sent (their header frame is in ``frames`` too)."""
     stops: list[Stop] = field(default_factory=list)
     peers: dict[NodeId, str] = field(default_factory=dict)
     """The links the member keeps: its last PeersChanged."""
@@ -292,6 +297,10 @@ class Cluster:
             member.events.append(action)
         elif isinstance(action, Stop):
             member.stops.append(action)
+        elif isinstance(action, SendBackup):
+            member.backups.append(action)
+            header = {**action.header, "t": "ok", "id": action.request_id}
+            member.frames.setdefault(action.conn, []).append(header)
         else:
             assert isinstance(action, PeersChanged)
             member.peers = dict(action.peers)

@@ -263,6 +263,10 @@ async def test_a_restarted_member_serves_what_its_snapshot_and_log_hold() -> Non
             await c.request("acquire", lease="a", key="k", client="c", seq=seq)
             await c.request("release", lease="a", key="k", client="c", seq=seq + 1)
         kept = await c.request("acquire", lease="a", key="kept", client="c", seq=999)
+        # Images are built in a forked child, one at a time: wait for one past 40.
+        with anyio.fail_after(WAIT):
+            while (taken := storage.snapshot()) is None or taken.meta.index < 40:
+                await anyio.sleep(0.01)
     snap = storage.snapshot()
     assert snap is not None and snap.meta.index >= 40
     assert storage.first_index() > 1

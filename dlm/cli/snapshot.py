@@ -1,0 +1,177 @@
+"""`dlm snapshot save` and `dlm snapshot inspect`: backup files of the replicated state.
+
+``save`` asks the leader for an image at a committed index (the ``snapshot_save``
+request: a header, then the image in chunks), and writes the backup file
+atomically (dlm/store/backup.py): a file with the final name is always whole.
+``inspect`` reads one back, checks it end to end (checksum, format, the image
+itself), and says what it holds; any file that is not an intact backup exits 1
+with one line naming the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from dlm.cli.exits import CANT_CREATE, CHECK_FAILED, USAGE, CliError, from_client_error
+from dlm.cli.output import emit_json, say
+from dlm.cli.settings import Settings
+from dlm.store import format_bytes
+
+IMAGE_TIMEOUT_S = 600.0
+"""How long to wait for each part of the image (the first waits for the leader to build it)."""
+
+
+def _writable_destination(path: str) -> str:
+    """The directory ``path`` goes in, checked before the cluster is asked for anything."""
+    if not path or path.endswith(os.sep):
+        raise CliError("USAGE", f"FILE {path!r} must name a file, not a directory", USAGE)
+    if os.path.isdir(path):
+        raise CliError("USAGE", f"{path} is a directory; name the backup file to write", USAGE)
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise CliError("USAGE", f"cannot write {path}: directory {directory} does not exist", USAGE)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise CliError(
+            "CANT_CREATE",
+            f"cannot write {path}: no permission to write in {directory}",
+            CANT_CREATE,
+        )
+    return directory
+
+
+def save(settings: Settings, path: str) -> None:
+    from dlm.client.errors import DlmError
+    from dlm.store.backup import Backup, describe_write_error, write_backup
+
+    _writable_destination(path)
+    started = time.monotonic()
+    client = settings.connect()
+    try:
+        header, image = client.save_snapshot(image_timeout=max(IMAGE_TIMEOUT_S, settings.timeout))
+    except DlmError as exc:
+        raise from_client_error(exc) from None
+    finally:
+        client.close()
+    backup = Backup(
+        cluster=header.cluster,
+        index=header.index,
+        term=header.term,
+        taken_at_ms=header.taken_at_ms,
+        voters=tuple(header.voters),
+        learners=tuple(header.learners),
+        image=image,
+        leader=header.leader,
+    )
+    try:
+        size = write_backup(path, backup)
+    except ValueError as exc:
+        raise CliError("BAD_REPLY", f"the leader's backup cannot be written: {exc}", 70) from None
+    except OSError as exc:
+        raise CliError("CANT_CREATE", describe_write_error(path, exc), CANT_CREATE) from None
+    seconds = time.monotonic() - started
+    if settings.json:
+        emit_json(
+            {
+                "file": path,
+                "cluster": backup.cluster,
+                "index": backup.index,
+                "term": backup.term,
+                "taken_at": _iso(backup.taken_at_ms),
+                "taken_at_ms": backup.taken_at_ms,
+                "leader": backup.leader,
+                "bytes": size,
+                "seconds": round(seconds, 3),
+            }
+        )
+    else:
+        say(
+            f"saved a backup of cluster {backup.cluster} at index {backup.index} "
+            f"(term {backup.term}, from {backup.leader}) to {path}: "
+            f"{format_bytes(size)} in {seconds:.1f}s"
+        )
+
+
+def inspect(path: str, as_json: bool) -> None:
+    from dlm.node.snapshots import describe_image
+    from dlm.store.backup import BackupError, read_backup
+
+    try:
+        backup = read_backup(path)
+        try:
+            contents = describe_image(backup.image, backup.index)
+        except ValueError as exc:
+            raise BackupError(path, f"corrupt: {exc}") from None
+    except BackupError as exc:
+        raise CliError(
+            "BACKUP_DAMAGED", f"not an intact backup: {exc}", CHECK_FAILED, file=path, intact=False
+        ) from None
+    size = os.path.getsize(path)
+    report: dict[str, Any] = {
+        "file": path,
+        "intact": True,
+        "format": backup.format,
+        "bytes": size,
+        "cluster": backup.cluster,
+        "index": backup.index,
+        "term": backup.term,
+        "taken_at": _iso(backup.taken_at_ms),
+        "taken_at_ms": backup.taken_at_ms,
+        "leader": backup.leader,
+        "voters": list(backup.voters),
+        "learners": list(backup.learners),
+        "addresses": contents.addresses,
+        "cluster_version": contents.cluster_version,
+        "leases": contents.leases,
+        "locks": contents.locks,
+        "waiters": contents.waiters,
+        "highest_token": contents.highest_token,
+        "longest_ttl_ms": contents.longest_ttl_ms,
+        "longest_ttl_source": contents.longest_ttl_source,
+    }
+    if as_json:
+        emit_json(report)
+        return
+    members = ", ".join(
+        f"{m}{' (' + contents.addresses[m] + ')' if m in contents.addresses else ''}"
+        for m in backup.voters
+    )
+    learners = ", ".join(
+        f"{m}{' (' + contents.addresses[m] + ')' if m in contents.addresses else ''}"
+        for m in backup.learners
+    )
+    source = (
+        "the longest TTL the cluster recorded granting"
+        if contents.longest_ttl_source == "recorded"
+        else "the longest TTL among the leases in the backup; the cluster recorded none"
+    )
+    lines = [
+        f"backup {path}: intact (format {backup.format}, {format_bytes(size)})",
+        f"  cluster        {backup.cluster}",
+        f"  index          {backup.index} (term {backup.term}; committed)",
+        f"  taken at       {_iso(backup.taken_at_ms)} by {backup.leader or 'unknown'}",
+        f"  voters         {members}",
+        f"  learners       {learners or '-'}",
+        f"  leases         {contents.leases}",
+        f"  locks          {contents.locks} held, {contents.waiters} waiting",
+        f"  highest token  {contents.highest_token}",
+        f"  longest TTL    {_duration(contents.longest_ttl_ms)} ({source})",
+    ]
+    say("\n".join(lines))
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def _duration(ms: int) -> str:
+    if ms % 1000:
+        return f"{ms}ms"
+    seconds = ms // 1000
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds // 3600}h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds // 60}m"
+    return f"{seconds}s"
