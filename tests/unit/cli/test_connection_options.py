@@ -15,7 +15,14 @@ from dlm.cli.settings import Credentials, Settings
 
 CONNECTION_NAMES = [parameter.name for parameter in CONNECTION_PARAMETERS]
 # The commands that never talk to the cluster through a client.
-OFFLINE = {"node start", "store inspect", "secret new", "snapshot inspect"}
+OFFLINE = {
+    "node start",
+    "node restore",
+    "node recover",
+    "store inspect",
+    "secret new",
+    "snapshot inspect",
+}
 
 
 def leaf_commands(group: Any, path: str = "") -> Iterator[tuple[str, Any]]:
