@@ -23,7 +23,7 @@ class Config:
     election_ticks: int = 10
     """Followers time out after a random draw from [election_ticks, 2 * election_ticks),
     widened after failed rounds and lengthened by the disk's latency (``election_timeout``)."""
-    max_backoff_doublings: int = 3
+    max_backoff_doublings: int = 2
     """How many times failed rounds in a row may double the election timeout's range."""
     heartbeat_ticks: int = 1
     pre_vote: bool = True

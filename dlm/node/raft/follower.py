@@ -30,8 +30,8 @@ from dlm.records import Entry, EntryKind, NodeId, Snapshot
 
 NARROW_AFTER = 8
 """Widened election timeouts (their base) that must pass with a leader before the back-off
-narrows by one doubling: from the widest back to the configured range takes about 34 s at
-dlm's 300 ms (8 x (2.4 + 1.2 + 0.6) s)."""
+narrows by one doubling: from the widest back to the configured range takes about 14 s at
+dlm's 300 ms (8 x (1.2 + 0.6) s)."""
 
 
 def on_leader_message(node: RaftMember, m: AppendEntries | Heartbeat | InstallSnapshot) -> None:
