@@ -72,6 +72,7 @@ from dlm.client import core
 from dlm.client.errors import ClusterUnavailable, DlmError, LeaseLost, LockHeld, NotHolder
 from dlm.node import locks
 from dlm.node.admission import Acceptance, Dialing
+from dlm.node.incarnation import DEFAULT_BUMP, new_incarnation
 from dlm.node.leases import LeaseTracker
 from dlm.node.linkwatch import LinkWatch
 from dlm.node.machine import (
@@ -87,10 +88,9 @@ from dlm.node.machine import (
     Stop,
     Timing,
 )
+from dlm.node.machine_config import PROTOCOL_SPOKEN
 from dlm.node.raft.quorum import majority
 from dlm.node.raft.types import Message, Role, VoteRequest, VoteResponse
-from dlm.node.incarnation import DEFAULT_BUMP, new_incarnation
-from dlm.node.machine_config import PROTOCOL_SPOKEN
 from dlm.records import ConfState, Entry, HardState, NodeId, Snapshot, SnapshotMeta, Storage
 from dlm.store.fs import SimulatedCrash
 from dlm.wire import MemberAdd, MemberChange, MemberRemove
@@ -171,6 +171,8 @@ SUPERVISOR_PAUSE_P = 0.08
 """Chance that an exec supervisor is paused (SIGSTOP, swap) at each step boundary."""
 GUARD_STALL_P = 0.05
 """Chance that an exec guard is starved while a spawn order waits in its pipe."""
+RESTORE_QUARANTINE_MS = 5_000
+"""The restore fault's quarantine at least: above any TTL or hold the simulated clients use."""
 FOREVER = 2**62
 
 
@@ -1386,7 +1388,7 @@ class NodeSimulation:
         """A backup of the most advanced member's applied state (as `dlm snapshot save`
         takes one from the leader), restored at ``end`` after every member and its data is
         lost (once a run, and early enough for the quarantine to pass before the heal)."""
-        if self.stats["restores"] or self.world.now > self.heal_at // 3:
+        if self.stats["restores"] or self.world.now > self.heal_at // 2:
             return
         running = [m for m in self.members.values() if m.machine is not None and not m.removed]
         if not running:
@@ -1404,17 +1406,22 @@ class NodeSimulation:
         quarantine), as `dlm node restore` builds them, and started."""
         ids = self.current_ids()
         members = {n: f"{n}:7700" for n in ids}
+        machine = locks.LockStateMachine.restore(lock_image)
+        # As the runbook says: a quarantine that covers the longest TTL any client uses
+        # (here the simulated clients' longest lease or hold, not the 30 s floor).
+        quarantine_ms = max(locks.longest_ttl_ms(machine), RESTORE_QUARANTINE_MS)
         new = new_incarnation(
-            locks.LockStateMachine.restore(lock_image),
+            machine,
             last_index=index,
             bump=self.options.restore_bump,
             members=members,
-            quarantine_ms=None if self.options.restore_quarantine else 0,
+            quarantine_ms=quarantine_ms if self.options.restore_quarantine else 0,
         )
         self.trace(f"B{self.world.now}{new.index}")
         term = max([term, *(self.members[n].promised_term for n in ids)])
         term = max([term, *(self.members[n].acked_hard_state.term for n in ids)])
         conf = ConfState(voters=tuple(sorted(ids)))
+        self.checker.new_incarnation(max(m.storage.last_index() for m in self.members.values()))
         for node_id in ids:
             member = self.members[node_id]
             self.crash(member)
@@ -1431,6 +1438,9 @@ class NodeSimulation:
         self._commit_voters.clear()
         self.checker.executed.clear()
         self.checker.renewals.clear()
+        # The old incarnation's leases: their clients may count on a TTL set after the
+        # backup, which the restored lease does not have; the quarantine covers them.
+        self.lease_views.clear()
         for node_id in ids:
             self.restart(self.members[node_id])
 
