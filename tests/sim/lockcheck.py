@@ -101,7 +101,9 @@ class LockChecker:
         """(key, token) -> (client, lease) for every grant a client learned."""
         self.latest_grant: dict[str, tuple[int, str]] = {}
         """key -> (token, lease) of the highest grant of each exclusive key committed so far."""
-        self.granted: dict[tuple[int, str], str] = {}
+        self.granted: dict[tuple[int, str], set[str]] = {}
+        """The leases each entry granted a key to: one, or (the entry that ends a restored
+        cluster's quarantine) up to a semaphore's limit of its waiters at once."""
         """Committed history: (token, key) -> lease of each grant (one entry can grant
         several keys: a lease that ends frees all it held)."""
         self.executed: dict[tuple[str, int], int] = {}
@@ -228,11 +230,13 @@ class LockChecker:
                         f"{now / 1e6:.3f}s, when the cluster granted {key} to lease {lease} "
                         f"with token {index}",
                     )
-        known = self.granted.setdefault((index, key), lease)
-        if known != lease:
+        known = self.granted.setdefault((index, key), set())
+        known.add(lease)
+        if len(known) > self.limits.get(key, 1):
             raise Violation(
                 "history",
-                f"index {index} granted {key} to {known} on one member and to {lease} on another",
+                f"index {index} granted {key} to {', '.join(sorted(known))}: more than its "
+                "limit, so members applied different entries there",
             )
 
     def executed_request(self, client: str, seq: int, index: int) -> None:
@@ -259,8 +263,8 @@ class LockChecker:
     def check_history(self) -> None:
         """Every grant a client learned is a committed grant of that key to that lease."""
         for (key, token), (client, lease) in self.told.items():
-            committed = self.granted.get((token, key))
-            if committed != lease:
+            committed = self.granted.get((token, key), set())
+            if lease not in committed:
                 raise Violation(
                     "lost-grant",
                     f"{client} was told it holds {key} with token {token} (lease {lease}), but "

@@ -72,7 +72,7 @@ from dlm.client import core
 from dlm.client.errors import ClusterUnavailable, DlmError, LeaseLost, LockHeld, NotHolder
 from dlm.node import locks
 from dlm.node.admission import Acceptance, Dialing
-from dlm.node.incarnation import DEFAULT_BUMP, new_incarnation
+from dlm.node.incarnation import DEFAULT_BUMP, lock_machine_of, new_incarnation
 from dlm.node.leases import LeaseTracker
 from dlm.node.linkwatch import LinkWatch
 from dlm.node.machine import (
@@ -91,7 +91,16 @@ from dlm.node.machine import (
 from dlm.node.machine_config import PROTOCOL_SPOKEN
 from dlm.node.raft.quorum import majority
 from dlm.node.raft.types import Message, Role, VoteRequest, VoteResponse
-from dlm.records import ConfState, Entry, HardState, NodeId, Snapshot, SnapshotMeta, Storage
+from dlm.records import (
+    ConfState,
+    Entry,
+    EntryKind,
+    HardState,
+    NodeId,
+    Snapshot,
+    SnapshotMeta,
+    Storage,
+)
 from dlm.store.fs import SimulatedCrash
 from dlm.wire import MemberAdd, MemberChange, MemberRemove
 
@@ -145,6 +154,9 @@ FAULT_KINDS = (
     # A backup is taken; at the fault's end every member and its data is lost and the
     # cluster is restored from it (issue 24). Not in DEFAULT_WEIGHTS: its test asks for it.
     "restore",
+    # Every member stops; the one whose log goes furthest is recovered (`dlm node recover`:
+    # everything its log holds, committed or not) and the others rebuilt from it.
+    "recover",
 )
 DEFAULT_WEIGHTS: dict[str, int] = {
     "partition": 3,
@@ -1400,6 +1412,30 @@ class NodeSimulation:
         self.stats["restores"] += 1
         self.world.at(end, partial(self._restore, *backup))
 
+    def _recover(self) -> None:
+        """Majority lost: from the survivor whose log goes furthest (highest last term, then
+        index), everything its log holds, committed or not, as `dlm node recover` does."""
+        ids = self.current_ids()
+
+        def last(member: SimMember) -> tuple[int, int]:
+            storage = member.storage
+            index = storage.last_index()
+            return storage.term(index), index
+
+        best = max((self.members[n] for n in ids), key=last)
+        storage = best.storage
+        snap = storage.snapshot()
+        machine = lock_machine_of(snap.data) if snap is not None else locks.LockStateMachine()
+        index = storage.last_index()
+        first = max(storage.first_index(), machine.applied_index + 1)
+        for entry in storage.entries(first, index + 1) if index >= first else []:
+            if entry.kind is EntryKind.NORMAL:
+                machine.apply(entry.index, entry.data)
+            else:
+                machine.skip(entry.index)
+        self.stats["recoveries"] += 1
+        self._restore(index, storage.term(index), machine.snapshot())
+
     def _restore(self, index: int, term: int, lock_image: bytes) -> None:
         """Every member stops and loses its data; each is rebuilt from the backup as a
         member of a new incarnation (dlm/node/incarnation.py: the token jump, the
@@ -1588,6 +1624,11 @@ class NodeSimulation:
             return
         elif kind == "restore":
             self._take_backup(end)
+            return
+        elif kind == "recover":
+            if not self.stats["restores"] and self.world.now <= self.heal_at // 2:
+                self.stats["restores"] += 1
+                self.world.at(end, self._recover)
             return
         elif kind == "pause":
             running = [m for m in self.members.values() if m.machine is not None]
