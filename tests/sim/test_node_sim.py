@@ -355,8 +355,8 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         RESTORE_MUTANT_SEEDS,
     ),
     # Without the token jump, the restored log continues at the backup's index: grants below
-    # what the old cluster wrote (caught after 3 seeds as tokens-rise). (With the quarantine on, the entries of
-    # its 5 s usually carry the log past the old one before anything is granted.)
+    # what the old cluster wrote (caught after 3 seeds as tokens-rise). (With the quarantine
+    # on, the entries of its 5 s usually carry the log past the old one before any grant.)
     "a restored log continues at the backup's index (no bump, no quarantine)": (
         lambda seed: restore_options(seed, restore_quarantine=False, restore_bump=0),
         {"tokens-rise", "two-holders", "min-hold", "cmd-after-grant", "history"},
