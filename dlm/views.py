@@ -138,7 +138,8 @@ class StatusView(Reply):
     version: int | None = field(_reply_opt_int)
     cluster_version: int | None = field(_reply_opt_int)
     incarnation: int | None = field(_reply_opt_int, default=None, omit=True)
-    """The cluster incarnation (0: never restored or recovered; None: an older member)."""
+    """The cluster incarnation (left out, None, for a cluster never restored or recovered,
+    and by older members)."""
     quarantine_ms: int | None = field(_reply_opt_int, default=None, omit=True)
     """While quarantined after a restore or recovery: its length (else left out)."""
     quarantined_until_ms: int | None = field(_reply_opt_int, default=None, omit=True)
@@ -174,7 +175,7 @@ class MembersView(Reply):
     leader: str | None = field(_reply_opt_text)
     bootstrap: dict[str, str] = field(_reply_names)
     incarnation: int | None = field(_reply_opt_int, default=None, omit=True)
-    """The cluster incarnation: a member that joins takes it (None: an older member)."""
+    """The cluster incarnation: a member that joins takes it (left out: 0)."""
 
 
 def _reply_records(kind: type[R], msg: dict[Any, Any], name: str) -> list[R]:

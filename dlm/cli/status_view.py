@@ -204,7 +204,7 @@ def summarize(client: Client, reply: dict[str, Any], member_timeout: float) -> d
         "sessions": view.sessions,
         "locks": view.locks,
         "waiters": view.waiters,
-        "incarnation": view.incarnation,
+        "incarnation": view.incarnation or 0,
         "quarantine": None
         if view.quarantine_ms is None
         else {"ms": view.quarantine_ms, "until_ms": view.quarantined_until_ms or 0},

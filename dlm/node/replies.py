@@ -307,7 +307,7 @@ def status_view(
         waiters=counts.waiters,
         version=version,
         cluster_version=cluster_version,
-        incarnation=incarnation,
+        incarnation=incarnation or None,  # left out for a cluster never restored
         quarantine_ms=None if quarantine is None else quarantine.ttl_ms,
         quarantined_until_ms=None if quarantine is None else quarantine.until_ms,
         progress={
@@ -361,5 +361,5 @@ def members_view(
             )
         )
     return MembersView(
-        members=members, leader=st.leader, bootstrap=bootstrap, incarnation=incarnation
+        members=members, leader=st.leader, bootstrap=bootstrap, incarnation=incarnation or None
     )

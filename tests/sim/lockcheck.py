@@ -18,7 +18,9 @@ moment one of these fails:
   grant of its exclusive key to another lease; a command frozen with its
   host (a suspend) is not running until the host resumes;
 * **tokens rise**: the fencing tokens clients learn for an exclusive key
-  strictly increase in the order they learn them;
+  strictly increase in the order they learn them; and across a restore (a new
+  incarnation, issue 24), every grant of the new cluster has a token above every
+  index the old cluster's members had written (``new_incarnation``);
 * **grants are real**: every grant a client was told about is a grant in the
   committed history (checked at the end);
 * **at most once**: each client request (client, seq) runs at most once in
@@ -99,10 +101,14 @@ class LockChecker:
         """(key, token) -> (client, lease) for every grant a client learned."""
         self.latest_grant: dict[str, tuple[int, str]] = {}
         """key -> (token, lease) of the highest grant of each exclusive key committed so far."""
-        self.granted: dict[tuple[int, str], str] = {}
+        self.granted: dict[tuple[int, str], set[str]] = {}
+        """The leases each entry granted a key to: one, or (the entry that ends a restored
+        cluster's quarantine) up to a semaphore's limit of its waiters at once."""
         """Committed history: (token, key) -> lease of each grant (one entry can grant
         several keys: a lease that ends frees all it held)."""
         self.executed: dict[tuple[str, int], int] = {}
+        self.token_floor = 0
+        """Grants must have tokens above this: the old incarnation's highest index."""
         """(client, seq) -> index of the entry that ran it."""
         self.renewals: dict[tuple[str, int, str, str, int], int] = {}
         self.holds: dict[str, list[tuple[str, int, int]]] = {key: [] for key in limits}
@@ -200,7 +206,18 @@ class LockChecker:
 
     # -- the replicated history -----------------------------------------------
 
+    def new_incarnation(self, old_last_index: int) -> None:
+        """The cluster was restored: ``old_last_index`` is the highest index any member of
+        the old incarnation had written (a token it may have handed out)."""
+        self.token_floor = max(self.token_floor, old_last_index)
+
     def grant_committed(self, index: int, key: str, lease: str, now: int | None = None) -> None:
+        if index <= self.token_floor:
+            raise Violation(
+                "tokens-rise",
+                f"the restored cluster granted {key} to {lease} with token {index}, not above "
+                f"index {self.token_floor}, which the old cluster may have handed out",
+            )
         if now is not None and self.limits.get(key) == 1:
             latest = self.latest_grant.get(key)
             if latest is None or latest[0] < index:
@@ -213,11 +230,13 @@ class LockChecker:
                         f"{now / 1e6:.3f}s, when the cluster granted {key} to lease {lease} "
                         f"with token {index}",
                     )
-        known = self.granted.setdefault((index, key), lease)
-        if known != lease:
+        known = self.granted.setdefault((index, key), set())
+        known.add(lease)
+        if len(known) > self.limits.get(key, 1):
             raise Violation(
                 "history",
-                f"index {index} granted {key} to {known} on one member and to {lease} on another",
+                f"index {index} granted {key} to {', '.join(sorted(known))}: more than its "
+                "limit, so members applied different entries there",
             )
 
     def executed_request(self, client: str, seq: int, index: int) -> None:
@@ -244,8 +263,8 @@ class LockChecker:
     def check_history(self) -> None:
         """Every grant a client learned is a committed grant of that key to that lease."""
         for (key, token), (client, lease) in self.told.items():
-            committed = self.granted.get((token, key))
-            if committed != lease:
+            committed = self.granted.get((token, key), set())
+            if lease not in committed:
                 raise Violation(
                     "lost-grant",
                     f"{client} was told it holds {key} with token {token} (lease {lease}), but "

@@ -72,7 +72,7 @@ from dlm.client import core
 from dlm.client.errors import ClusterUnavailable, DlmError, LeaseLost, LockHeld, NotHolder
 from dlm.node import locks
 from dlm.node.admission import Acceptance, Dialing
-from dlm.node.incarnation import DEFAULT_BUMP, new_incarnation
+from dlm.node.incarnation import DEFAULT_BUMP, lock_machine_of, new_incarnation
 from dlm.node.leases import LeaseTracker
 from dlm.node.linkwatch import LinkWatch
 from dlm.node.machine import (
@@ -92,7 +92,16 @@ from dlm.node.machine import (
 from dlm.node.machine_config import PROTOCOL_SPOKEN
 from dlm.node.raft.quorum import majority
 from dlm.node.raft.types import Message, Role, VoteRequest, VoteResponse
-from dlm.records import ConfState, Entry, HardState, NodeId, Snapshot, SnapshotMeta, Storage
+from dlm.records import (
+    ConfState,
+    Entry,
+    EntryKind,
+    HardState,
+    NodeId,
+    Snapshot,
+    SnapshotMeta,
+    Storage,
+)
 from dlm.store.fs import SimulatedCrash
 from dlm.wire import MemberAdd, MemberChange, MemberRemove, SnapshotHeader, backup_chunk_frames
 
@@ -147,6 +156,9 @@ FAULT_KINDS = (
     # A backup is taken; at the fault's end every member and its data is lost and the
     # cluster is restored from it (issue 24). Not in DEFAULT_WEIGHTS: its test asks for it.
     "restore",
+    # Every member stops; the one whose log goes furthest is recovered (`dlm node recover`:
+    # everything its log holds, committed or not) and the others rebuilt from it.
+    "recover",
 )
 DEFAULT_WEIGHTS: dict[str, int] = {
     "partition": 3,
@@ -173,6 +185,8 @@ SUPERVISOR_PAUSE_P = 0.08
 """Chance that an exec supervisor is paused (SIGSTOP, swap) at each step boundary."""
 GUARD_STALL_P = 0.05
 """Chance that an exec guard is starved while a spawn order waits in its pipe."""
+RESTORE_QUARANTINE_MS = 5_000
+"""The restore fault's quarantine at least: above any TTL or hold the simulated clients use."""
 FOREVER = 2**62
 
 
@@ -1438,7 +1452,7 @@ class NodeSimulation:
         """A backup of the most advanced member's applied state (as `dlm snapshot save`
         takes one from the leader), restored at ``end`` after every member and its data is
         lost (once a run, and early enough for the quarantine to pass before the heal)."""
-        if self.stats["restores"] or self.world.now > self.heal_at // 3:
+        if self.stats["restores"] or self.world.now > self.heal_at // 2:
             return
         running = [m for m in self.members.values() if m.machine is not None and not m.removed]
         if not running:
@@ -1450,23 +1464,52 @@ class NodeSimulation:
         self.stats["restores"] += 1
         self.world.at(end, partial(self._restore, *backup))
 
+    def _recover(self) -> None:
+        """Majority lost: from the survivor whose log goes furthest (highest last term, then
+        index), everything its log holds, committed or not, as `dlm node recover` does."""
+        ids = self.current_ids()
+
+        def last(member: SimMember) -> tuple[int, int]:
+            storage = member.storage
+            index = storage.last_index()
+            return storage.term(index), index
+
+        best = max((self.members[n] for n in ids), key=last)
+        storage = best.storage
+        snap = storage.snapshot()
+        machine = lock_machine_of(snap.data) if snap is not None else locks.LockStateMachine()
+        index = storage.last_index()
+        first = max(storage.first_index(), machine.applied_index + 1)
+        for entry in storage.entries(first, index + 1) if index >= first else []:
+            if entry.kind is EntryKind.NORMAL:
+                machine.apply(entry.index, entry.data)
+            else:
+                machine.skip(entry.index)
+        self.stats["recoveries"] += 1
+        self._restore(index, storage.term(index), machine.snapshot())
+
     def _restore(self, index: int, term: int, lock_image: bytes) -> None:
         """Every member stops and loses its data; each is rebuilt from the backup as a
         member of a new incarnation (dlm/node/incarnation.py: the token jump, the
         quarantine), as `dlm node restore` builds them, and started."""
         ids = self.current_ids()
         members = {n: f"{n}:7700" for n in ids}
+        machine = locks.LockStateMachine.restore(lock_image)
+        # As the runbook says: a quarantine that covers the longest TTL any client uses
+        # (here the simulated clients' longest lease or hold, not the 30 s floor).
+        quarantine_ms = max(locks.longest_ttl_ms(machine), RESTORE_QUARANTINE_MS)
         new = new_incarnation(
-            locks.LockStateMachine.restore(lock_image),
+            machine,
             last_index=index,
             bump=self.options.restore_bump,
             members=members,
-            quarantine_ms=None if self.options.restore_quarantine else 0,
+            quarantine_ms=quarantine_ms if self.options.restore_quarantine else 0,
         )
         self.trace(f"B{self.world.now}{new.index}")
         term = max([term, *(self.members[n].promised_term for n in ids)])
         term = max([term, *(self.members[n].acked_hard_state.term for n in ids)])
         conf = ConfState(voters=tuple(sorted(ids)))
+        self.checker.new_incarnation(max(m.storage.last_index() for m in self.members.values()))
         for node_id in ids:
             member = self.members[node_id]
             self.crash(member)
@@ -1483,6 +1526,9 @@ class NodeSimulation:
         self._commit_voters.clear()
         self.checker.executed.clear()
         self.checker.renewals.clear()
+        # The old incarnation's leases: their clients may count on a TTL set after the
+        # backup, which the restored lease does not have; the quarantine covers them.
+        self.lease_views.clear()
         for node_id in ids:
             self.restart(self.members[node_id])
 
@@ -1630,6 +1676,11 @@ class NodeSimulation:
             return
         elif kind == "restore":
             self._take_backup(end)
+            return
+        elif kind == "recover":
+            if not self.stats["restores"] and self.world.now <= self.heal_at // 2:
+                self.stats["restores"] += 1
+                self.world.at(end, self._recover)
             return
         elif kind == "pause":
             running = [m for m in self.members.values() if m.machine is not None]

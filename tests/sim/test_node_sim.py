@@ -40,7 +40,14 @@ from .bugs import (
 )
 from .conftest import SimTotals
 from .harness import DiskBackend, MemoryBackend
-from .nodesim import CLIENT_FAULTS, FAULT_KINDS, NodeSimOptions, NodeSimResult, run_node_seed
+from .nodesim import (
+    CLIENT_FAULTS,
+    DEFAULT_WEIGHTS,
+    FAULT_KINDS,
+    NodeSimOptions,
+    NodeSimResult,
+    run_node_seed,
+)
 from .world import US
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,6 +77,9 @@ def test_node_sim(sim_seeds: range, sim_totals: SimTotals) -> None:
 STEADY_SEEDS = 12
 """Seeds of each steady fault in `make test` (about a second each)."""
 STEADY_MUTANT_SEEDS = 40
+RESTORE_SEEDS = 12
+"""Seeds of the restore fault in `make test` (about 2 s each)."""
+RESTORE_MUTANT_SEEDS = 12
 
 
 def steady_options(seed: int, steady: str, **overrides: object) -> NodeSimOptions:
@@ -351,6 +361,22 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         {"liveness"},
         STEADY_MUTANT_SEEDS,
     ),
+    # Issue 24: a restore (or a recovery) is one more fault. Without the quarantine, a holder
+    # of the old cluster still holds when the restored one grants its key (caught after 7
+    # seeds, seed 6, as two-holders; with restores alone, after 4 as min-hold).
+    "a restored cluster grants at once (no quarantine)": (
+        lambda seed: restore_options(seed, restore_quarantine=False),
+        {"two-holders", "min-hold", "cmd-after-grant"},
+        RESTORE_MUTANT_SEEDS,
+    ),
+    # Without the token jump, the restored log continues at the backup's index: grants below
+    # what the old cluster wrote (caught after 3 seeds as tokens-rise). (With the quarantine
+    # on, the entries of its 5 s usually carry the log past the old one before any grant.)
+    "a restored log continues at the backup's index (no bump, no quarantine)": (
+        lambda seed: restore_options(seed, restore_quarantine=False, restore_bump=0),
+        {"tokens-rise", "two-holders", "min-hold", "cmd-after-grant", "history"},
+        RESTORE_MUTANT_SEEDS,
+    ),
     "heartbeat replies wait for the disk": (
         lambda seed: steady_options(
             seed, "slow_disks", machine_class=AnswersHeartbeatsAfterTheDisk
@@ -359,6 +385,33 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         STEADY_MUTANT_SEEDS,
     ),
 }
+
+
+def restore_options(seed: int, **overrides: object) -> NodeSimOptions:
+    """The usual run, with the restore fault drawn often enough that most seeds have one."""
+    weights = dict(DEFAULT_WEIGHTS)
+    weights["restore"] = 3
+    weights["recover"] = 3
+    return options_for(seed, fault_weights=weights, **overrides)
+
+
+def test_a_restore_is_one_more_fault_and_the_checkers_hold_across_it(
+    sim_totals: SimTotals,
+) -> None:
+    """Issue 24: a backup is taken, every member and its data is lost and the cluster is
+    restored from the backup (dlm/node/incarnation.py, as `dlm node restore` builds it), or
+    the survivor whose log goes furthest is recovered (`dlm node recover`) and the others
+    rebuilt from it, while clients and the old cluster's holders run on: one holder at a
+    time in real time, tokens rising per key (and above every index of the old
+    incarnation), through it."""
+    restored = recovered = 0
+    for seed in range(RESTORE_SEEDS):
+        result = run_node_seed(seed, restore_options(seed))
+        restored += result.stats["restores"]
+        recovered += result.stats["recoveries"]
+        sim_totals.add("restore", result)
+    assert restored >= RESTORE_SEEDS // 3, f"only {restored} of {RESTORE_SEEDS} seeds restored"
+    assert recovered > 0, "no seed recovered a survivor"
 
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
