@@ -141,6 +141,7 @@ def watch_until_free(
     raise AssertionError(f"{key!r} still taken {timeout}s on")
 
 
+@pytest.mark.serial  # it times `dlm exec` against half the hold
 def test_exec_exits_when_cmd_ends_and_the_lock_stays_taken_until_the_hold_ends(
     dlm: Dlm, shared: Cluster
 ) -> None:

@@ -22,7 +22,8 @@ import pytest
 
 from tests.cluster.harness import REPO, wait_for
 
-pytestmark = pytest.mark.cluster
+# serial: its ports are chosen by probing, which a parallel test could race.
+pytestmark = [pytest.mark.cluster, pytest.mark.serial]
 
 UP_TIMEOUT = 30.0
 
