@@ -125,7 +125,7 @@ def watch_until_free(
         while time.monotonic() < deadline:
             time.sleep(POLL_S)
             try:
-                holders = client.get(key)["holders"]
+                holders = client.get(key).holders
             except DlmError:
                 continue  # no leader for a moment: that proves nothing either way
             answered_ms = time.time() * 1000
