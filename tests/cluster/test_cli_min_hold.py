@@ -59,6 +59,7 @@ def test_the_schedule_leaves_each_tick_a_host_after_the_previous_hold() -> None:
         assert max(skews[tick + 1]) + PERIOD_S - hold_ends > 0.8, tick
 
 
+@pytest.mark.serial  # a fleet of hosts playing cron on a schedule of fractions of a second
 def test_min_hold_gives_one_run_per_tick_across_a_fleet_and_without_it_some_ticks_run_twice(
     dlm: Dlm, tmp_path: Path
 ) -> None:
