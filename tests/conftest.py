@@ -7,7 +7,8 @@ together on one worker, by xdist_group:
 
 - those marked ``serial`` run one after another on a worker of their own group: they use
   fixed ports or machine-wide resources (network namespaces), load the whole machine
-  (floods, chaos schedules), or time what they do against a bound;
+  (floods, chaos schedules), or time what they do against a bound; ``serial("name")``
+  makes a group of its own, for tests that only race each other (the dev clusters' ports);
 - those that share a fixture wider than a test (a module's cluster of three members, a
   built zipapp) run on the worker that made it, so it is made once, not once per worker.
 """
@@ -39,8 +40,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
-        if item.get_closest_marker("serial") is not None:
-            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
+        serial = item.get_closest_marker("serial")
+        if serial is not None:
+            # serial("name"): a group of its own, for tests that only race each other.
+            group = f"{SERIAL_GROUP}-{serial.args[0]}" if serial.args else SERIAL_GROUP
+            item.add_marker(pytest.mark.xdist_group(group))
         elif _shares_a_wide_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 

@@ -23,7 +23,7 @@ import pytest
 from tests.cluster.harness import REPO, wait_for
 
 # serial: its ports are chosen by probing, which a parallel test could race.
-pytestmark = [pytest.mark.cluster, pytest.mark.serial]
+pytestmark = [pytest.mark.cluster, pytest.mark.serial("probed-ports")]
 
 UP_TIMEOUT = 30.0
 

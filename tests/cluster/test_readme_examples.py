@@ -56,7 +56,7 @@ from tests.cluster.test_devcluster import (
 
 # serial: each example's dev cluster takes ports chosen by probing (test_devcluster.py),
 # which a parallel test could race.
-pytestmark = pytest.mark.serial
+pytestmark = pytest.mark.serial("probed-ports")
 
 README = REPO / "README.md"
 FENCE = re.compile(r"^```(\w*)\s*$")
