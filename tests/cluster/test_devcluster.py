@@ -30,8 +30,15 @@ UP_TIMEOUT = 30.0
 
 def _three_free_ports_after() -> int:
     """A base port whose next three ports are free on 127.0.0.1, and the one after them
-    (for a fourth member)."""
-    for base in range(27100, 27900, 10):
+    (for a fourth member).
+
+    The search starts at a place of this process's own (its PID), so that test runs side
+    by side (xdist workers, other checkouts on the machine) do not all probe, and take,
+    the first free base: one could take the ports another probed before it binds them."""
+    bases = range(27100, 27900, 10)
+    start = os.getpid() % len(bases)
+    order: list[int] = [*bases[start:], *bases[:start]]
+    for base in order:
         socks = []
         try:
             for port in range(base + 1, base + 5):
