@@ -15,7 +15,8 @@ BENCH_STAMP := $(VENV)/.bench-installed-stamp
 install: $(STAMP)
 	@$(PY) -m compileall -q dlm
 
-# What the checks need besides (`make test` and friends): pytest, hypothesis, mypy, ruff.
+# What the checks need besides (`make test` and friends): pytest, pytest-xdist, hypothesis,
+# mypy, ruff.
 install-dev: $(DEV_STAMP)
 
 # Re-installs only when pyproject.toml changes, so repeated `make test` is quick.
@@ -46,8 +47,11 @@ lint: install-dev
 typecheck: install-dev
 	$(VENV)/bin/mypy dlm tests tools
 
+# On 4 pytest-xdist workers (most tests wait on processes and sockets); tests/conftest.py
+# keeps the ones that cannot share the machine, or share a module's cluster, together.
+PYTEST_WORKERS ?= 4
 test: lint typecheck
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -n $(PYTEST_WORKERS) --dist loadgroup
 
 unit: install-dev
 	$(PY) -m pytest tests/unit

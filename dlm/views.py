@@ -1,21 +1,31 @@
 """The read replies and views, as records: what ``get``, ``list``, ``lease_info``,
 ``lease_list``, ``status`` and ``members`` answer.
 
-They are reply records like those in dlm.wire (built by dlm/node/replies.py, read back
-by ``dlm status`` and ``dlm members``), kept in a room of their own so that the commands
-that never read them (``dlm acquire``, ``dlm exec``) do not pay for defining them at
-start-up. Read back leniently: a member of an older release leaves fields out, and the
-commands show what they can.
+They are reply records like those in dlm.wire: built by dlm/node/replies.py, read back
+once, where a reply arrives, by the clients' reads (``Client.get``, ``list_locks``,
+``lease_info``, ``list_leases``) and by ``dlm status`` and ``dlm members``. They are kept
+in a room of their own so that the commands that never read them (``dlm acquire``, ``dlm
+exec``) do not pay for defining them at start-up. Read back leniently: a member of an
+older release leaves fields out (None then), and the commands show what they can; a
+field a command cannot do without (a page's items) is refused, BAD_REPLY.
 """
 
 from __future__ import annotations
 
-from dlm.wire import Reply, _as_sent, _reply_opt_int, _reply_opt_text, _reply_true, field
+from dlm.wire import (
+    ProtocolError,
+    Reply,
+    _reply_opt_int,
+    _reply_opt_text,
+    _reply_texts,
+    _reply_true,
+    field,
+)
 
 # typing stays off the import path of `dlm status` (see wire.py).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, TypeVar
+    from typing import Any, Self, TypeVar
 
     R = TypeVar("R", bound=Reply)
 
@@ -25,71 +35,116 @@ def _reply_not_false(msg: dict[Any, Any], name: str) -> bool:
     return msg.get(name) is not False
 
 
-class HolderView(Reply):
+def _reply_names(msg: dict[Any, Any], name: str) -> dict[str, str]:
+    """A map of strings (metadata, addresses); other entries are passed over."""
+    value = msg.get(name)
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+class SentView(Reply):
+    """A view a command may show as JSON, exactly as the member sent it.
+
+    Read back (``from_wire``), it keeps the map it was read from, and ``to_wire`` gives
+    that map back: ``--json`` shows what the cluster said (a field an older member left
+    out stays out, one a newer member added stays in), while the commands read the
+    typed fields. Built by a member, it is a reply record like any other.
+    """
+
+    __slots__ = ("_sent",)
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> Self:
+        record = super().from_wire(obj)
+        object.__setattr__(record, "_sent", obj)
+        return record
+
+    def to_wire(self) -> dict[str, Any]:
+        sent: dict[str, Any] | None = getattr(self, "_sent", None)
+        return dict(sent) if sent is not None else super().to_wire()
+
+
+class HolderView(SentView):
     """One holder of a lock; the lease terms only from the leader."""
 
-    lease: str = field(_as_sent)
-    token: int = field(_as_sent)
-    granted_at_ms: int = field(_as_sent)
-    held_ms: int = field(_as_sent)
-    meta: dict[str, str] = field(_as_sent)
-    ttl_ms: int | None = field(_as_sent, default=None, omit=True)
-    remaining_ms: int | None = field(_as_sent, default=None, omit="ttl_ms")
-    finished_at_ms: int | None = field(_as_sent, default=None, omit=True)
-    hold_until_ms: int | None = field(_as_sent, default=None, omit=True)
+    lease: str | None = field(_reply_opt_text)
+    token: int | None = field(_reply_opt_int)
+    granted_at_ms: int | None = field(_reply_opt_int)
+    held_ms: int | None = field(_reply_opt_int)
+    meta: dict[str, str] = field(_reply_names)
+    ttl_ms: int | None = field(_reply_opt_int, default=None, omit=True)
+    remaining_ms: int | None = field(_reply_opt_int, default=None, omit="ttl_ms")
+    finished_at_ms: int | None = field(_reply_opt_int, default=None, omit=True)
+    hold_until_ms: int | None = field(_reply_opt_int, default=None, omit=True)
 
 
-class WaiterView(Reply):
+class WaiterView(SentView):
     """One place in a lock's queue (``position`` 1 is next)."""
 
-    lease: str = field(_as_sent)
-    since_ms: int = field(_as_sent)
-    position: int = field(_as_sent)
-    meta: dict[str, str] = field(_as_sent)
+    lease: str | None = field(_reply_opt_text)
+    since_ms: int | None = field(_reply_opt_int)
+    position: int | None = field(_reply_opt_int)
+    meta: dict[str, str] = field(_reply_names)
 
 
-class LockState(Reply):
-    """The answer to ``get``, and one item of a ``list`` page."""
+def _reply_waiter_list(msg: dict[Any, Any], name: str) -> list[WaiterView] | int:
+    # A member of the first release counted a lock's waiters instead of listing them.
+    value = msg.get(name)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return _reply_records(WaiterView, msg, name)
 
-    key: str = field(_as_sent)
-    limit: int = field(_as_sent)
-    holders: list[HolderView] = field(_as_sent)
-    waiters: list[WaiterView] = field(_as_sent)
+
+class LockState(SentView):
+    """The answer to ``get``, and one item of a ``list`` page. ``waiters`` is a count
+    from a member of the first release."""
+
+    key: str | None = field(_reply_opt_text)
+    limit: int | None = field(_reply_opt_int)
+    holders: list[HolderView] = field(lambda msg, name: _reply_records(HolderView, msg, name))
+    waiters: list[WaiterView] | int = field(_reply_waiter_list)
+
+    @property
+    def waiting(self) -> int:
+        """How many wait, listed or counted."""
+        waiters = self.waiters
+        return waiters if isinstance(waiters, int) else len(waiters)
 
 
 class LocksPage(Reply):
     """The answer to ``list``; ``next`` is the cursor of the next page (None: the last)."""
 
-    locks: list[LockState] = field(_as_sent)
-    next: str | None = field(_as_sent)
+    locks: list[LockState] = field(lambda msg, name: _reply_page(LockState, msg, name))
+    next: str | None = field(_reply_opt_text)
 
 
-class LeaseState(Reply):
+class LeaseState(SentView):
     """The answer to ``lease_info``."""
 
-    lease: str = field(_as_sent)
-    ttl_ms: int = field(_as_sent)
-    remaining_ms: int | None = field(_as_sent)
-    keys: list[str] = field(_as_sent)
-    waiting: list[str] = field(_as_sent)
+    lease: str | None = field(_reply_opt_text)
+    ttl_ms: int | None = field(_reply_opt_int)
+    remaining_ms: int | None = field(_reply_opt_int)
+    keys: list[str] = field(_reply_texts)
+    waiting: list[str] = field(_reply_texts)
 
 
-class LeaseSummary(Reply):
+class LeaseSummary(SentView):
     """One item of a ``lease_list`` page; ``left_ms`` only from the leader."""
 
-    id: str = field(_as_sent)
-    ttl_ms: int = field(_as_sent)
-    left_ms: int | None = field(_as_sent)
-    holding: list[str] = field(_as_sent)
-    waiting: list[str] = field(_as_sent)
-    meta: dict[str, str] = field(_as_sent)
+    id: str | None = field(_reply_opt_text)
+    ttl_ms: int | None = field(_reply_opt_int)
+    left_ms: int | None = field(_reply_opt_int)
+    holding: list[str] = field(_reply_texts)
+    waiting: list[str] = field(_reply_texts)
+    meta: dict[str, str] = field(_reply_names)
 
 
 class LeasesPage(Reply):
     """The answer to ``lease_list``."""
 
-    leases: list[LeaseSummary] = field(_as_sent)
-    next: str | None = field(_as_sent)
+    leases: list[LeaseSummary] = field(lambda msg, name: _reply_page(LeaseSummary, msg, name))
+    next: str | None = field(_reply_opt_text)
 
 
 class MemberEntry(Reply):
@@ -161,13 +216,6 @@ class MemberHealth(Reply):
     last_contact_ms: int | None = field(_reply_opt_int)
 
 
-def _reply_names(msg: dict[Any, Any], name: str) -> dict[str, str]:
-    value = msg.get(name)
-    if not isinstance(value, dict):
-        return {}
-    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
-
-
 class MembersView(Reply):
     """The answer to ``members``; ``bootstrap``: the members the cluster started with."""
 
@@ -184,6 +232,13 @@ def _reply_records(kind: type[R], msg: dict[Any, Any], name: str) -> list[R]:
     if not isinstance(value, list):
         return []
     return [kind.from_wire(item) for item in value if isinstance(item, dict)]
+
+
+def _reply_page(kind: type[R], msg: dict[Any, Any], name: str) -> list[R]:
+    """A page's items: the client cannot go on without the list (BAD_REPLY)."""
+    if not isinstance(msg.get(name), list):
+        raise ProtocolError(f"reply field {name!r} is missing or not a list")
+    return _reply_records(kind, msg, name)
 
 
 def _reply_record_map(kind: type[R], msg: dict[Any, Any], name: str) -> dict[str, R] | None:

@@ -787,7 +787,11 @@ class RecordSpec(type):
         for base in reversed(bases):
             table.update(getattr(base, "_TABLE", {}))
         namespace = {k: v for k, v in namespace.items() if k not in own}
-        namespace["__slots__"] = tuple(k for k in own if k not in table)
+        # Slots a class names itself (no field's) come first.
+        namespace["__slots__"] = (
+            *namespace.get("__slots__", ()),
+            *(k for k in own if k not in table),
+        )
         table.update(own)
         namespace["_TABLE"] = table
         plain = [k for k, f in table.items() if not f.origin]
@@ -1097,11 +1101,6 @@ def _released_what(msg: dict[Any, Any], name: str) -> str:
     # A member of an early release said nothing: it released a lock.
     value = msg.get(name, "lock")
     return value if isinstance(value, str) else ""
-
-
-def _as_sent(msg: dict[Any, Any], name: str) -> Any:
-    """A field no client check reads (views shown as they came)."""
-    return msg.get(name)
 
 
 def _wire_value(value: Any) -> Any:

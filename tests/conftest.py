@@ -1,5 +1,17 @@
 """Options shared by all test directories (`pytest tests` and `pytest tests/sim` accept them),
-and the signal dispositions every test starts from."""
+the signal dispositions every test starts from, and how tests share workers under xdist.
+
+`make test` runs the suite on several pytest-xdist workers (``-n 4 --dist loadgroup``):
+most tests wait on processes and sockets, not on the CPU. Two kinds of test are kept
+together on one worker, by xdist_group:
+
+- those marked ``serial`` run one after another on a worker of their own group: they use
+  fixed ports or machine-wide resources (network namespaces), load the whole machine
+  (floods, chaos schedules), or time what they do against a bound; ``serial("name")``
+  makes a group of its own, for tests that only race each other (the dev clusters' ports);
+- those that share a fixture wider than a test (a module's cluster of three members, a
+  built zipapp) run on the worker that made it, so it is made once, not once per worker.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +30,35 @@ def pytest_configure(config: pytest.Config) -> None:
     for signum in (signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM):
         if signal.getsignal(signum) == signal.SIG_IGN:
             signal.signal(signum, signal.SIG_DFL)
+
+
+SERIAL_GROUP = "serial"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (it renames the items)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        serial = item.get_closest_marker("serial")
+        if serial is not None:
+            # serial("name"): a group of its own, for tests that only race each other.
+            group = f"{SERIAL_GROUP}-{serial.args[0]}" if serial.args else SERIAL_GROUP
+            item.add_marker(pytest.mark.xdist_group(group))
+        elif _shares_a_wide_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def _shares_a_wide_fixture(item: pytest.Item) -> bool:
+    """Whether ``item`` uses one of our fixtures (not pytest's, like tmp_path_factory) that
+    lives longer than a test."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(
+        defs and defs[-1].scope != "function" and defs[-1].baseid
+        for defs in info.name2fixturedefs.values()
+    )
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -554,11 +554,11 @@ def revoke(settings: Settings, lease: str) -> None:
 
 
 def _holders_now(client: Client, key: str) -> list[dict[str, Any]]:
+    """Who holds ``key`` now, as the cluster says it (an error's JSON details carry them)."""
     try:
-        holders = client.get(key).get("holders", [])
+        return [h.to_wire() for h in client.get(key).holders]
     except Exception:
         return []
-    return [h for h in holders if isinstance(h, dict)] if isinstance(holders, list) else []
 
 
 def describe_holders(holders: Sequence[dict[str, Any]]) -> str:

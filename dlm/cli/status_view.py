@@ -41,10 +41,19 @@ from dlm.cli.output import (
 )
 from dlm.cli.settings import Settings
 from dlm.durations import format_ms
-from dlm.views import MemberEntry, MemberHealth, Progress, StatusView
+from dlm.views import (
+    HolderView,
+    LeaseSummary,
+    LockState,
+    MemberEntry,
+    MemberHealth,
+    Progress,
+    StatusView,
+    WaiterView,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
 
     from rich.console import RenderableType
 
@@ -71,25 +80,14 @@ MEMBER_FIELDS = (
 HUMAN_ROLES = {"pre_candidate": "candidate", "precandidate": "candidate"}
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
 def human_role(role: Any) -> str:
     if not isinstance(role, str) or not role:
         return "-"
     return HUMAN_ROLES.get(role, role)
 
 
-def waiter_count(waiters: Any) -> int | None:
-    """How many wait: the list of waiters (version 2) or a bare count (version 1)."""
-    if isinstance(waiters, list):
-        return len(waiters)
-    return _int(waiters)
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _dash(value: Any) -> str:
@@ -427,13 +425,13 @@ def key_status(settings: Settings, key: str, output_format: str) -> None:
     if output_format == JSON:
         emit_json(with_holds(state))
         return
-    holders = [h for h in state.get("holders") or [] if isinstance(h, dict)]
-    waiters = [w for w in state.get("waiters") or [] if isinstance(w, dict)]
+    holders = state.holders
+    waiters = state.waiters if isinstance(state.waiters, list) else []
     now_ms = server_now_ms(holders)
     if output_format == TSV:
         emit_tsv(*key_tsv(key, holders, waiters, now_ms))
         return
-    limit = _int(state.get("limit")) or 1
+    limit = state.limit or 1
     if not holders and not waiters:
         say(f"{escape(key)} is free")
         return
@@ -447,11 +445,11 @@ def key_status(settings: Settings, key: str, output_format: str) -> None:
             ("#", "WAITING LEASE", "WAITING SINCE", "FOR", "OWNER"),
             (
                 [
-                    str(_int(w.get("position")) or i),
-                    str(w.get("lease", "?")),
-                    iso_local(_int(w.get("since_ms"))),
-                    format_ms(_waited(now_ms, _int(w.get("since_ms")))),
-                    format_meta(w.get("meta")),
+                    str(w.position or i),
+                    _or_unknown(w.lease),
+                    iso_local(w.since_ms),
+                    format_ms(_waited(now_ms, w.since_ms)),
+                    format_meta(w.meta),
                 ]
                 for i, w in enumerate(waiters, 1)
             ),
@@ -460,46 +458,48 @@ def key_status(settings: Settings, key: str, output_format: str) -> None:
         )
 
 
-def with_holds(state: dict[str, Any]) -> dict[str, Any]:
+def with_holds(state: LockState) -> dict[str, Any]:
     """The cluster's answer plus, for each holder, ``command_finished`` (it holds on only
     for a `dlm exec --min-hold` whose command ended) and ``hold_until`` (when that hold
     ends, ISO-8601; null when not in a hold, or another member than the leader answered);
     and the same two for the key: whether every holder is in such a hold, and the latest
     end of them (null otherwise)."""
-    holders = [
-        {**h, "command_finished": _finished(h), "hold_until": _hold_until(h)}
-        if isinstance(h, dict)
-        else h
-        for h in state.get("holders") or []
-    ]
-    held = [h for h in holders if isinstance(h, dict)]
-    all_finished = bool(held) and all(h["command_finished"] for h in held)
-    ends = [end for h in held if (end := _int(h.get("hold_until_ms"))) is not None]
+    held = state.holders
+    all_finished = bool(held) and all(_finished(h) for h in held)
+    ends = [h.hold_until_ms for h in held if h.hold_until_ms is not None]
     latest = max(ends) if all_finished and len(ends) == len(held) else None
     return {
-        **state,
-        "holders": holders,
+        **state.to_wire(),
+        "holders": [
+            {**h.to_wire(), "command_finished": _finished(h), "hold_until": _hold_until(h)}
+            for h in held
+        ],
         "command_finished": all_finished,
         "hold_until": None if latest is None else iso_local(latest, "milliseconds"),
     }
 
 
-def _finished(holder: dict[str, Any]) -> bool:
-    return _int(holder.get("finished_at_ms")) is not None
+def _finished(holder: HolderView) -> bool:
+    return holder.finished_at_ms is not None
 
 
-def _hold_until(holder: dict[str, Any]) -> str | None:
-    until = _int(holder.get("hold_until_ms"))
+def _hold_until(holder: HolderView) -> str | None:
+    until = holder.hold_until_ms
     return iso_local(until, "milliseconds") if _finished(holder) and until is not None else None
 
 
+def _or_unknown(value: str | int | None) -> str:
+    """A holder's or waiter's lease or token, '?' when the member did not say."""
+    return "?" if value is None else str(value)
+
+
 def key_summary(
-    key: str, limit: int, holders: list[dict[str, Any]], waiters: list[dict[str, Any]], now_ms: int
+    key: str, limit: int, holders: list[HolderView], waiters: list[WaiterView], now_ms: int
 ) -> str:
     if limit == 1:
         what = "lock, held" if holders else "lock, free"
         if holders and _finished(holders[0]):
-            until = _int(holders[0].get("hold_until_ms"))
+            until = holders[0].hold_until_ms
             what += " after its command finished (--min-hold)"
             if until is not None:
                 what += f" until {iso_local(until)}"
@@ -509,38 +509,34 @@ def key_summary(
     return f"{escape(key)}: {what}, {queue} (as of {iso_local(now_ms)})"
 
 
-def holder_block(holder: dict[str, Any], now_ms: int) -> str:
+def holder_block(holder: HolderView, now_ms: int) -> str:
     """One holder, a line per fact, each time as an absolute time beside its duration."""
-    remaining = _int(holder.get("remaining_ms"))
+    remaining = holder.remaining_ms
     if remaining is None:
         ttl = "- (only the leader tracks it, and another member answered)"
     else:
         ttl = f"{format_ms(remaining)}, until {_expires(now_ms, remaining)}"
     facts = [
-        ("lease", escape(holder.get("lease", "?"))),
-        ("token", escape(holder.get("token", "?"))),
+        ("lease", escape(_or_unknown(holder.lease))),
+        ("token", escape(_or_unknown(holder.token))),
         (
             "held since",
-            f"{iso_local(_int(holder.get('granted_at_ms')))}, "
-            f"for {format_ms(_int(holder.get('held_ms')))}",
+            f"{iso_local(holder.granted_at_ms)}, for {format_ms(holder.held_ms)}",
         ),
         ("TTL left", ttl),
-        ("owner", escape(format_meta(holder.get("meta"))) or "-"),
+        ("owner", escape(format_meta(holder.meta)) or "-"),
     ]
     if _finished(holder):
-        until = _int(holder.get("hold_until_ms"))
+        until = holder.hold_until_ms
         end = "until its lease expires" if until is None else f"until {iso_local(until)}"
         facts.append(
-            (
-                "min hold",
-                f"command finished {iso_local(_int(holder.get('finished_at_ms')))}; held {end}",
-            )
+            ("min hold", f"command finished {iso_local(holder.finished_at_ms)}; held {end}")
         )
     return "\n".join(f"  {name:<11} {value}" for name, value in facts)
 
 
 def key_tsv(
-    key: str, holders: list[dict[str, Any]], waiters: list[dict[str, Any]], now_ms: int
+    key: str, holders: list[HolderView], waiters: list[WaiterView], now_ms: int
 ) -> tuple[list[str], list[list[object]]]:
     header = [
         "key", "state", "lease", "token", "position", "since", "for_ms", "ttl_left_ms",
@@ -548,37 +544,35 @@ def key_tsv(
     ]  # fmt: skip
     rows: list[list[object]] = []
     for h in holders:
-        remaining = _int(h.get("remaining_ms"))
         rows.append(
             [
                 key,
                 "holder",
-                _dash(h.get("lease")),
-                _dash(h.get("token")),
+                _dash(h.lease),
+                _dash(h.token),
                 "-",
-                iso_local(_int(h.get("granted_at_ms"))),
-                _dash(_int(h.get("held_ms"))),
-                _dash(remaining),
-                _expires(now_ms, remaining),
-                format_meta(h.get("meta")),
+                iso_local(h.granted_at_ms),
+                _dash(h.held_ms),
+                _dash(h.remaining_ms),
+                _expires(now_ms, h.remaining_ms),
+                format_meta(h.meta),
                 "yes" if _finished(h) else "no",
-                iso_local(_int(h.get("hold_until_ms"))) if _finished(h) else "-",
+                iso_local(h.hold_until_ms) if _finished(h) else "-",
             ]
         )
     for i, w in enumerate(waiters, 1):
-        since = _int(w.get("since_ms"))
         rows.append(
             [
                 key,
                 "waiter",
-                _dash(w.get("lease")),
+                _dash(w.lease),
                 "-",
-                _int(w.get("position")) or i,
-                iso_local(since),
-                _dash(_waited(now_ms, since)),
+                w.position or i,
+                iso_local(w.since_ms),
+                _dash(_waited(now_ms, w.since_ms)),
                 "-",
                 "-",
-                format_meta(w.get("meta")),
+                format_meta(w.meta),
                 "-",
                 "-",
             ]
@@ -594,13 +588,12 @@ def _waited(now_ms: int, since_ms: int | None) -> int | None:
     return None if since_ms is None else max(0, now_ms - since_ms)
 
 
-def server_now_ms(holders: list[dict[str, Any]]) -> int:
+def server_now_ms(holders: list[HolderView]) -> int:
     """The answering member's clock, as far as a reply shows it (holder's grant time plus
     how long it has held); our own clock only when nobody holds the key."""
     for h in holders:
-        granted, held = _int(h.get("granted_at_ms")), _int(h.get("held_ms"))
-        if granted is not None and held is not None:
-            return granted + held
+        if h.granted_at_ms is not None and h.held_ms is not None:
+            return h.granted_at_ms + h.held_ms
     return int(time.time() * 1000)
 
 
@@ -617,7 +610,7 @@ def list_locks(settings: Settings, prefix: str, output_format: str) -> None:
         client.close()
     if output_format == JSON:
         # As the cluster sent them: version 1 counts a lock's waiters, version 2 lists them.
-        emit_json({"prefix": prefix, "locks": locks})
+        emit_json({"prefix": prefix, "locks": [lock.to_wire() for lock in locks]})
         return
     rows = list(lock_rows(locks))
     if output_format == TSV:
@@ -636,21 +629,24 @@ def list_locks(settings: Settings, prefix: str, output_format: str) -> None:
     )
 
 
-def lock_rows(locks: list[dict[str, Any]]) -> Any:
+def lock_rows(
+    locks: list[LockState],
+) -> Iterator[tuple[str, str, str, int | None, int | None, int, str]]:
     """(key, lease, token, held_ms, remaining_ms, waiters, owner) per holder; a row of its own
     for a key with waiters but no holder."""
     for lock in locks:
-        holders = [h for h in lock.get("holders") or [] if isinstance(h, dict)] or [{}]
-        waiting = waiter_count(lock.get("waiters"))
-        for h in holders:
+        key = _or_unknown(lock.key)
+        if not lock.holders:
+            yield key, "-", "-", None, None, lock.waiting, ""
+        for h in lock.holders:
             yield (
-                str(lock.get("key", "?")),
-                _dash(h.get("lease")),
-                _dash(h.get("token")),
-                _int(h.get("held_ms")),
-                _int(h.get("remaining_ms")),
-                waiting,
-                format_meta(h.get("meta")),
+                key,
+                _dash(h.lease),
+                _dash(h.token),
+                h.held_ms,
+                h.remaining_ms,
+                lock.waiting,
+                format_meta(h.meta),
             )
 
 
@@ -666,7 +662,7 @@ def list_leases(settings: Settings, output_format: str) -> None:
     finally:
         client.close()
     if output_format == JSON:
-        emit_json({"leases": leases})
+        emit_json({"leases": [lease.to_wire() for lease in leases]})
         return
     rows = [lease_row(lease) for lease in leases]
     if output_format == TSV:
@@ -684,21 +680,17 @@ def list_leases(settings: Settings, output_format: str) -> None:
     )
 
 
-def lease_row(lease: dict[str, Any]) -> tuple[str, int | None, int | None, str, str, str]:
+def lease_row(lease: LeaseSummary) -> tuple[str, int | None, int | None, str, str, str]:
     """(id, ttl_ms, left_ms, held keys, awaited keys, owner); the keys comma-separated and
     not yet escaped (the table and tsv escape every cell)."""
     return (
-        str(lease.get("id", "?")),
-        _int(lease.get("ttl_ms")),
-        _int(lease.get("left_ms")),
-        _keys(lease.get("holding")),
-        _keys(lease.get("waiting")),
-        format_meta(lease.get("meta")),
+        _or_unknown(lease.id),
+        lease.ttl_ms,
+        lease.left_ms,
+        ",".join(lease.holding),
+        ",".join(lease.waiting),
+        format_meta(lease.meta),
     )
-
-
-def _keys(keys: Any) -> str:
-    return ",".join(str(k) for k in keys) if isinstance(keys, list) else ""
 
 
 def check_options(

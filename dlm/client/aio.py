@@ -63,6 +63,7 @@ from dlm.wire import (
 
 if TYPE_CHECKING:
     from dlm.client.core import Action, Outcome
+    from dlm.views import LeaseState, LeaseSummary, LockState
 
 _STREAM_ERRORS = (
     OSError,
@@ -613,14 +614,15 @@ class AsyncClient:
         self._ttl_ms[lid] = ttl
         return ttl
 
-    async def lease_info(self, lease: LeaseRef) -> dict[str, Any]:
-        info: dict[str, Any] = await self._run(core.lease_info_flow(self._ctx, lease_id(lease)))
+    async def lease_info(self, lease: LeaseRef) -> LeaseState:
+        """The lease's TTL, the time left (the leader's count), and the keys it holds and
+        waits for."""
+        info: LeaseState = await self._run(core.lease_info_flow(self._ctx, lease_id(lease)))
         return info
 
-    async def list_leases(self, *, stale: bool = False) -> list[dict[str, Any]]:
-        leases: list[dict[str, Any]] = await self._run(
-            core.list_leases_flow(self._ctx, stale=stale)
-        )
+    async def list_leases(self, *, stale: bool = False) -> list[LeaseSummary]:
+        """Every live lease (paged through, however many)."""
+        leases: list[LeaseSummary] = await self._run(core.list_leases_flow(self._ctx, stale=stale))
         return leases
 
     # -- locks ----------------------------------------------------------------
@@ -651,12 +653,14 @@ class AsyncClient:
         released: ReleaseOutcome = await self._run(flow)
         return released
 
-    async def get(self, key: str, *, stale: bool = False) -> dict[str, Any]:
-        state: dict[str, Any] = await self._run(core.get_flow(self._ctx, key, stale=stale))
+    async def get(self, key: str, *, stale: bool = False) -> LockState:
+        """Who holds ``key`` and who waits for it."""
+        state: LockState = await self._run(core.get_flow(self._ctx, key, stale=stale))
         return state
 
-    async def list_locks(self, prefix: str = "", *, stale: bool = False) -> list[dict[str, Any]]:
-        locks: list[dict[str, Any]] = await self._run(
+    async def list_locks(self, prefix: str = "", *, stale: bool = False) -> list[LockState]:
+        """Every held lock whose key starts with ``prefix`` (paged through, however many)."""
+        locks: list[LockState] = await self._run(
             core.list_locks_flow(self._ctx, prefix, stale=stale)
         )
         return locks

@@ -99,9 +99,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Generator, Mapping, Sequence
     from typing import Any, TypeVar
 
+    from dlm.views import LeasesPage, LeaseState, LeaseSummary, LocksPage, LockState
     from dlm.wire import Reply as ReplyRecord
 
     R = TypeVar("R", bound=ReplyRecord)
+    P = TypeVar("P", LocksPage, LeasesPage)
 
     Clock = Callable[[], float]
     Reply = dict[Any, Any]
@@ -171,11 +173,11 @@ __all__ = [
     "read_flow",
     "read_reply",
     "release_flow",
-    "reply_list",
     "status_flow",
     "tls_failed",
     "update_applied",
     "update_lease_flow",
+    "view_flow",
     "without_id",
 ]
 
@@ -943,17 +945,27 @@ def release_flow(
 def read_flow(
     s: Context, request: Any, *, timeout: float | None = None
 ) -> Generator[Action, Outcome, dict[str, Any]]:
-    """A request that changes nothing (get, lease_info, status, members): its ok payload."""
+    """A request that changes nothing (status, members): its ok payload."""
     _, reply = yield from call(s, without_id(request), timeout=timeout)
     return payload(reply)
 
 
-def get_flow(s: Context, key: str, *, stale: bool = False) -> Flow:
-    return read_flow(s, Get(id=0, key=key, stale=stale))
+def view_flow(s: Context, request: Any, kind: type[R]) -> Generator[Action, Outcome, R]:
+    """A read answered with one record (dlm.views), read once, here."""
+    _, reply = yield from call(s, without_id(request))
+    return read_reply(kind, payload(reply))
 
 
-def lease_info_flow(s: Context, lease: str) -> Flow:
-    return read_flow(s, LeaseInfo(id=0, lease=lease))
+def get_flow(s: Context, key: str, *, stale: bool = False) -> Generator[Action, Outcome, LockState]:
+    from dlm.views import LockState  # the reads' records stay off `dlm acquire`'s imports
+
+    return (yield from view_flow(s, Get(id=0, key=key, stale=stale), LockState))
+
+
+def lease_info_flow(s: Context, lease: str) -> Generator[Action, Outcome, LeaseState]:
+    from dlm.views import LeaseState
+
+    return (yield from view_flow(s, LeaseInfo(id=0, lease=lease), LeaseState))
 
 
 def status_flow(s: Context, *, stale: bool = False) -> Flow:
@@ -1007,31 +1019,38 @@ class ImageAssembly:
 
 
 def paged_flow(
-    s: Context, request: ListLocks | ListLeases, field: str
-) -> Generator[Action, Outcome, list[dict[str, Any]]]:
-    """Every item of a paged listing, page after page (``next`` is the cursor)."""
-    items: list[dict[str, Any]] = []
+    s: Context, request: ListLocks | ListLeases, kind: type[P]
+) -> Generator[Action, Outcome, list[P]]:
+    """Every page of a paged listing, one after another (``next`` is the cursor)."""
+    pages: list[P] = []
     wire = without_id(request)
     for _ in range(1 << 20):  # bounded: each page moves the cursor forward
         _, reply = yield from call(s, wire)
-        items.extend(item for item in reply_list(reply, field) if isinstance(item, dict))
-        cursor = reply.get("next")
-        if not isinstance(cursor, str) or cursor == wire.get("after"):
+        page = read_reply(kind, reply)
+        pages.append(page)
+        if page.next is None or page.next == wire.get("after"):
             break
-        wire = {**wire, "after": cursor}
-    return items
+        wire = {**wire, "after": page.next}
+    return pages
 
 
 def list_locks_flow(
     s: Context, prefix: str = "", *, stale: bool = False
-) -> Generator[Action, Outcome, list[dict[str, Any]]]:
-    return paged_flow(s, ListLocks(id=0, prefix=prefix, stale=stale), "locks")
+) -> Generator[Action, Outcome, list[LockState]]:
+    from dlm.views import LocksPage
+
+    request = ListLocks(id=0, prefix=prefix, stale=stale)
+    pages = yield from paged_flow(s, request, LocksPage)
+    return [lock for page in pages for lock in page.locks]
 
 
 def list_leases_flow(
     s: Context, *, stale: bool = False
-) -> Generator[Action, Outcome, list[dict[str, Any]]]:
-    return paged_flow(s, ListLeases(id=0, stale=stale), "leases")
+) -> Generator[Action, Outcome, list[LeaseSummary]]:
+    from dlm.views import LeasesPage
+
+    pages = yield from paged_flow(s, ListLeases(id=0, stale=stale), LeasesPage)
+    return [lease for page in pages for lease in page.leases]
 
 
 def member_change_flow(
@@ -1112,13 +1131,6 @@ def read_reply(kind: type[R], reply: Mapping[Any, Any]) -> R:
         return kind.from_wire(reply)
     except ProtocolError as exc:
         raise ServerError("BAD_REPLY", str(exc)) from None
-
-
-def reply_list(reply: Mapping[Any, Any], name: str) -> list[Any]:
-    value = reply.get(name)
-    if not isinstance(value, list):
-        raise ServerError("BAD_REPLY", f"reply field {name!r} is missing or not a list")
-    return value
 
 
 def payload(reply: Reply) -> dict[str, Any]:

@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from dlm.client.core import Action, Outcome
+    from dlm.views import LeaseState, LeaseSummary, LockState
 
 # Replies (a long ``list``) may be bigger than the 64 KiB a client may send.
 REPLY_FRAME_LIMIT = PEER_FRAME_LIMIT
@@ -535,12 +536,15 @@ class Client:
         self._ttl_ms[lid] = ttl
         return ttl
 
-    def lease_info(self, lease: LeaseRef) -> dict[str, Any]:
-        info: dict[str, Any] = self._run(core.lease_info_flow(self._ctx, lease_id(lease)))
+    def lease_info(self, lease: LeaseRef) -> LeaseState:
+        """The lease's TTL, the time left (the leader's count), and the keys it holds and
+        waits for."""
+        info: LeaseState = self._run(core.lease_info_flow(self._ctx, lease_id(lease)))
         return info
 
-    def list_leases(self, *, stale: bool = False) -> list[dict[str, Any]]:
-        leases: list[dict[str, Any]] = self._run(core.list_leases_flow(self._ctx, stale=stale))
+    def list_leases(self, *, stale: bool = False) -> list[LeaseSummary]:
+        """Every live lease (paged through, however many)."""
+        leases: list[LeaseSummary] = self._run(core.list_leases_flow(self._ctx, stale=stale))
         return leases
 
     # -- locks ----------------------------------------------------------------
@@ -581,15 +585,14 @@ class Client:
         released: ReleaseOutcome = self._run(flow)
         return released
 
-    def get(self, key: str, *, stale: bool = False) -> dict[str, Any]:
-        state: dict[str, Any] = self._run(core.get_flow(self._ctx, key, stale=stale))
+    def get(self, key: str, *, stale: bool = False) -> LockState:
+        """Who holds ``key`` and who waits for it."""
+        state: LockState = self._run(core.get_flow(self._ctx, key, stale=stale))
         return state
 
-    def list_locks(self, prefix: str = "", *, stale: bool = False) -> list[dict[str, Any]]:
+    def list_locks(self, prefix: str = "", *, stale: bool = False) -> list[LockState]:
         """Every held lock whose key starts with ``prefix`` (paged through, however many)."""
-        locks: list[dict[str, Any]] = self._run(
-            core.list_locks_flow(self._ctx, prefix, stale=stale)
-        )
+        locks: list[LockState] = self._run(core.list_locks_flow(self._ctx, prefix, stale=stale))
         return locks
 
     # -- cluster --------------------------------------------------------------

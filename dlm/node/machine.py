@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from dlm.node import locks, replies
 from dlm.node.audit import Audit
@@ -93,22 +93,18 @@ from dlm.wire import (
     Acquire,
     BadFrame,
     ClientRequest,
-    CloseLease,
     ErrorCode,
     Get,
     LeaseInfo,
     ListLeases,
     ListLocks,
+    LockChange,
     MemberChange,
     Members,
-    OpenLease,
-    Ping,
     ProtocolError,
-    Release,
     Renew,
     SnapshotSave,
     Status,
-    UpdateLease,
     decode_request,
     error,
     ok,
@@ -565,37 +561,37 @@ class NodeMachine:
                 conn, req.TYPE, error(req.id, ErrorCode.SHUTTING_DOWN, "member is shutting down")
             )
             return
-        leading = self._role is Role.LEADER
-        if isinstance(req, Ping):
+        # How a member serves each request is the protocol table's (wire.Request.ROUTE).
+        route = req.ROUTE
+        if route == "local":  # a ping
             self._answer_request(conn, req.TYPE, ok(req.id))
-        elif isinstance(req, OpenLease | CloseLease | UpdateLease | Acquire | Release):
-            if not leading:
-                self._reply_not_leader(conn, req)
-            else:
-                self.proposals.propose(
-                    state, req, now, raft=self.raft, machine=self.locks, doomed=self._doomed
-                )
-        elif isinstance(req, MemberChange):
-            if not leading:
-                self._reply_not_leader(conn, req)
-            else:
-                self.membership.request(
-                    conn,
-                    req,
-                    now,
-                    raft=self.raft,
-                    version=self.locks.version,
-                    answers=self.health.answers,
-                )
-        elif isinstance(req, Get | ListLocks | ListLeases | Status) and req.stale:
+        elif route == "read" and getattr(req, "stale", False):
             self._serve_read(Read(conn, req, now.mono), now)
-        elif not leading and not isinstance(req, Status):
-            # Keep-alives and lock reads go to the leader: it confirms the read point
-            # itself, and only it knows how much of each lease's TTL is left. A member's
-            # own status is linearizable from any member: the read point comes from the
-            # leader (ReadIndex), and the member answers once it has applied up to it.
+        elif self._role is not Role.LEADER and not isinstance(req, Status):
+            # Changes, keep-alives and lock reads go to the leader: it confirms the read
+            # point itself, and only it knows how much of each lease's TTL is left. A
+            # member's own status is linearizable from any member: the read point comes
+            # from the leader (ReadIndex), and the member answers once it has applied up to it.
             self._reply_not_leader(conn, req)
-        else:
+        elif route == "propose":
+            self.proposals.propose(
+                state,
+                cast(LockChange, req),
+                now,
+                raft=self.raft,
+                machine=self.locks,
+                doomed=self._doomed,
+            )
+        elif route == "member":
+            self.membership.request(
+                conn,
+                cast(MemberChange, req),
+                now,
+                raft=self.raft,
+                version=self.locks.version,
+                answers=self.health.answers,
+            )
+        else:  # "confirm", and a read that is not stale: after a read round
             self.reads.queue(Read(conn, req, now.mono))
 
     # -- answering ------------------------------------------------------------

@@ -16,7 +16,8 @@ from tests.chaos import report
 from tests.chaos.runner import ChaosRun
 from tests.chaos.schedule import Schedule, make_schedule
 
-pytestmark = pytest.mark.cluster
+# serial: each schedule runs clusters of up to five members under faults for a while.
+pytestmark = [pytest.mark.cluster, pytest.mark.serial]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

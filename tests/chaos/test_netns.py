@@ -18,7 +18,8 @@ import pytest
 
 from tests.chaos import netns
 
-pytestmark = pytest.mark.cluster
+# serial: network namespaces are the machine's, and the recovery bounds are timed.
+pytestmark = [pytest.mark.cluster, pytest.mark.serial]
 
 CATCH_UP_S = 2.0
 SERVE_S = 3.0

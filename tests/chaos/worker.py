@@ -96,7 +96,7 @@ class LockWorker:
         except DlmError as exc:
             self.rec.ret(op, "unknown", detail=str(exc)[:200])
             return
-        holders = [(h.get("lease"), h.get("token")) for h in view.get("holders", [])]
+        holders = [(h.lease, h.token) for h in view.holders]
         self.rec.ret(op, "ok", holder=list(holders[0]) if holders else None)
 
     def _close(self, lease: str) -> None:

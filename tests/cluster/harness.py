@@ -29,6 +29,7 @@ import cbor2
 
 if TYPE_CHECKING:
     from dlm.auth import FrameOpener, FrameSealer
+    from dlm.client import Client
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -480,7 +481,7 @@ class Cluster:
             logs = "\n".join(f"--- {n.node_id}\n{n.log_tail(15)}" for n in self.nodes.values())
             raise AssertionError(f"no leader within {timeout}s\n{logs}") from None
 
-    def client(self, **kwargs: Any) -> Any:
+    def client(self, **kwargs: Any) -> Client:
         from dlm.client import Client
 
         kwargs.setdefault("secret", self.client_secret)

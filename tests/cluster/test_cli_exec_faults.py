@@ -122,9 +122,10 @@ class Waiter:
         self.thread.join(WAIT_S + 5)
         assert not self.thread.is_alive() and self.error is None, self.error
         with Client(self.client.members) as probe:
-            holders = probe.get(self.key)["holders"]
-        (mine,) = [h for h in holders if h["lease"] == self.lease.id]
-        return float(mine["granted_at_ms"]) / 1000.0
+            holders = probe.get(self.key).holders
+        (mine,) = [h for h in holders if h.lease == self.lease.id]
+        assert mine.granted_at_ms is not None
+        return mine.granted_at_ms / 1000.0
 
     def close(self) -> None:
         try:
@@ -168,7 +169,7 @@ class Run:
         self.extra_pids = [*self.roles().values(), *([guard] if guard else [])]
         self.waiter = Waiter(self.cluster, self.key)
         with self.cluster.client() as probe:
-            wait_for(lambda: probe.get(self.key)["waiters"], WAIT_S, "the second client to queue")
+            wait_for(lambda: probe.get(self.key).waiting, WAIT_S, "the second client to queue")
 
     def roles(self) -> dict[str, int]:
         if not self.pids.exists():

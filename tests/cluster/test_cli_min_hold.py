@@ -59,6 +59,7 @@ def test_the_schedule_leaves_each_tick_a_host_after_the_previous_hold() -> None:
         assert max(skews[tick + 1]) + PERIOD_S - hold_ends > 0.8, tick
 
 
+@pytest.mark.serial  # a fleet of hosts playing cron on a schedule of fractions of a second
 def test_min_hold_gives_one_run_per_tick_across_a_fleet_and_without_it_some_ticks_run_twice(
     dlm: Dlm, tmp_path: Path
 ) -> None:
@@ -125,7 +126,7 @@ def watch_until_free(
         while time.monotonic() < deadline:
             time.sleep(POLL_S)
             try:
-                holders = client.get(key)["holders"]
+                holders = client.get(key).holders
             except DlmError:
                 continue  # no leader for a moment: that proves nothing either way
             answered_ms = time.time() * 1000
@@ -141,6 +142,7 @@ def watch_until_free(
     raise AssertionError(f"{key!r} still taken {timeout}s on")
 
 
+@pytest.mark.serial  # it times `dlm exec` against half the hold
 def test_exec_exits_when_cmd_ends_and_the_lock_stays_taken_until_the_hold_ends(
     dlm: Dlm, shared: Cluster
 ) -> None:

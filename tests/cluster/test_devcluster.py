@@ -6,6 +6,7 @@ its members apply again from their logs off its console."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -22,15 +23,28 @@ import pytest
 
 from tests.cluster.harness import REPO, wait_for
 
-pytestmark = pytest.mark.cluster
+# serial: its ports are chosen by probing, which a parallel test could race.
+pytestmark = [pytest.mark.cluster, pytest.mark.serial("probed-ports")]
 
 UP_TIMEOUT = 30.0
 
 
+_PROBES = itertools.count()
+
+
 def _three_free_ports_after() -> int:
     """A base port whose next three ports are free on 127.0.0.1, and the one after them
-    (for a fourth member)."""
-    for base in range(27100, 27900, 10):
+    (for a fourth member).
+
+    The search starts at a place of this process's own (its PID), moved on at each call,
+    so that test runs side by side (xdist workers, other checkouts on the machine) do not
+    all probe, and take, the first free base (one could take the ports another probed
+    before it binds them), and the next test does not meet a member of the last one that
+    is still going away."""
+    bases = range(27100, 27900, 10)
+    start = (os.getpid() + 7 * next(_PROBES)) % len(bases)
+    order: list[int] = [*bases[start:], *bases[:start]]
+    for base in order:
         socks = []
         try:
             for port in range(base + 1, base + 5):

@@ -21,7 +21,8 @@ import pytest
 from dlm import auth
 from tests.cluster.harness import REPO, Cluster, NodeProc, RawConn, wait_for
 
-pytestmark = pytest.mark.cluster
+# serial: a flood of hundreds of connections loads the whole machine.
+pytestmark = [pytest.mark.cluster, pytest.mark.serial]
 
 FLOOD_SECONDS = 6.0
 

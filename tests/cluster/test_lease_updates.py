@@ -52,5 +52,5 @@ def test_a_shortened_lease_ends_on_the_client_before_the_key_is_granted_again(
             )
             assert keeper.lost.wait(WAIT_S)
         state = b.get("shortened")
-        assert [h["lease"] for h in state["holders"]] == [other.id]
+        assert [h.lease for h in state.holders] == [other.id]
         b.close_lease(other)

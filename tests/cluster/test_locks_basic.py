@@ -21,13 +21,13 @@ def test_acquire_conflict_release(cluster: Cluster) -> None:
         with pytest.raises(LockHeld):
             b.acquire(lb, "deploy")
         state = b.get("deploy")
-        assert [(h["lease"], h["token"]) for h in state["holders"]] == [(la.id, grant.token)]
-        assert state["holders"][0]["meta"] == {"host": "web1"}
+        assert [(h.lease, h.token) for h in state.holders] == [(la.id, grant.token)]
+        assert state.holders[0].meta == {"host": "web1"}
         a.release(la, "deploy")
         second = b.acquire(lb, "deploy")
         assert second.token > grant.token
         b.release(lb, "deploy")
-        assert b.get("deploy")["holders"] == []
+        assert b.get("deploy").holders == []
 
 
 def test_stale_reads_work_on_every_member_and_followers_redirect_the_rest(
@@ -38,8 +38,9 @@ def test_stale_reads_work_on_every_member_and_followers_redirect_the_rest(
         lease = c.open_lease(10_000)
         token = c.acquire(lease, "k").token
         # Through the client, a linearizable read reaches the leader, which knows the TTL left.
-        holder = c.get("k")["holders"][0]
-        assert holder["token"] == token and 0 < holder["remaining_ms"] <= 10_000
+        holder = c.get("k").holders[0]
+        assert holder.token == token and holder.remaining_ms is not None
+        assert 0 < holder.remaining_ms <= 10_000
     for node in cluster.nodes.values():
         with RawConn(node.address) as conn:
 
@@ -71,9 +72,9 @@ def test_keepalive_renews_a_lease_past_its_ttl(cluster: Cluster) -> None:
         while time.monotonic() < until:
             assert c.keepalive(lease) == 1_000
             time.sleep(0.25)
-        holders = c.get("renewed")["holders"]
-        assert [h["lease"] for h in holders] == [lease.id]
-        assert c.lease_info(lease)["keys"] == ["renewed"]
+        holders = c.get("renewed").holders
+        assert [h.lease for h in holders] == [lease.id]
+        assert c.lease_info(lease).keys == ["renewed"]
 
 
 def test_an_unrenewed_lease_expires_and_its_waiter_is_granted(cluster: Cluster) -> None:

@@ -54,7 +54,7 @@ def _waiter(cluster: Cluster, journal: Journal, errors: list[BaseException], key
 
 def _waiting_count(cluster: Cluster, key: str) -> Any:
     with cluster.client(timeout=5.0) as c:
-        return len(c.get(key)["waiters"])
+        return c.get(key).waiting
 
 
 def test_killing_the_leader_loses_no_grant_and_grants_none_twice(cluster: Cluster) -> None:
@@ -80,8 +80,8 @@ def test_killing_the_leader_loses_no_grant_and_grants_none_twice(cluster: Cluste
 
         # The holder still holds, under the same token, on the new leader.
         state = holder.get("f")
-        assert [(h["lease"], h["token"]) for h in state["holders"]] == [(lease.id, first.token)]
-        assert len(state["waiters"]) == 3
+        assert [(h.lease, h.token) for h in state.holders] == [(lease.id, first.token)]
+        assert state.waiting == 3
 
         journal.add("released", lease.id, first.token)
         holder.release(lease, "f")
@@ -135,14 +135,15 @@ def test_killing_every_member_keeps_every_grant_and_tokens_keep_rising(
     with cluster.client(timeout=20.0) as c:
         for key in keys:
             state = c.get(key)
-            assert [(h["lease"], h["token"]) for h in state["holders"]] == [(owner.id, tokens[key])]
-        assert [w["lease"] for w in c.get("k0")["waiters"]] == [queued.id]
+            assert [(h.lease, h.token) for h in state.holders] == [(owner.id, tokens[key])]
+        waiters = c.get("k0").waiters
+        assert isinstance(waiters, list) and [w.lease for w in waiters] == [queued.id]
         fresh = c.acquire(owner, "fresh")
         assert fresh.token > max(tokens.values())
         c.release(owner, "k0")
-        after = c.get("k0")["holders"]
-        assert [h["lease"] for h in after] == [queued.id]
-        assert after[0]["token"] > fresh.token
+        after = c.get("k0").holders
+        assert [h.lease for h in after] == [queued.id]
+        assert (after[0].token or 0) > fresh.token
 
 
 def test_a_paused_leader_is_replaced_and_steps_down_when_resumed(cluster: Cluster) -> None:
@@ -164,8 +165,8 @@ def test_a_paused_leader_is_replaced_and_steps_down_when_resumed(cluster: Cluste
             return view is not None and view["role"] == "follower" and view["leader"] is not None
 
         wait_for(stepped_down, 10.0, f"{old.node_id} to step down")
-        holders = c.get("p")["holders"]
-        assert [(h["lease"], h["token"]) for h in holders] == [(lease.id, during)]
+        holders = c.get("p").holders
+        assert [(h.lease, h.token) for h in holders] == [(lease.id, during)]
     assert new.node_id != old.node_id
 
 
@@ -176,8 +177,8 @@ def test_sigterm_hands_leadership_over_and_exits_0(cluster: Cluster) -> None:
         token = c.acquire(lease, "t").token
         assert old.terminate(grace=10.0) == 0
         new = cluster.wait_for_leader(timeout=10.0, not_=old.node_id)
-        holders = c.get("t")["holders"]
-        assert [(h["lease"], h["token"]) for h in holders] == [(lease.id, token)]
+        holders = c.get("t").holders
+        assert [(h.lease, h.token) for h in holders] == [(lease.id, token)]
     assert "transfer_leadership" in old.log_tail(10)
     assert new.node_id != old.node_id
 

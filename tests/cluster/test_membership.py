@@ -192,8 +192,8 @@ def test_grow_remove_the_leader_shrink_and_replace_a_dead_member_under_load(
             workload.stop.set()
             workload.thread.join(timeout=30.0)
             assert not keeper.lost.is_set(), keeper.reason
-            holders = client.get("held-throughout")["holders"]
-            assert [(h["lease"], h["token"]) for h in holders] == [(held_lease.id, held.token)]
+            holders = client.get("held-throughout").holders
+            assert [(h.lease, h.token) for h in holders] == [(held_lease.id, held.token)]
         by_key: dict[str, list[int]] = {}
         for key, token in workload.grants:
             by_key.setdefault(key, []).append(token)

@@ -154,6 +154,7 @@ def test_the_endpoint_serves_metrics_only(metered: Cluster) -> None:
     assert caught.value.code == 405
 
 
+@pytest.mark.serial  # a flood of connections, like test_floods.py's
 def test_a_flood_of_idle_connections_does_not_stop_a_scrape(metered: Cluster) -> None:
     from dlm.node.runtime.metrics import MAX_CONNECTIONS
 

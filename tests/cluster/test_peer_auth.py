@@ -108,9 +108,7 @@ class LockWitness:
         assert terms(self.cluster) == self.terms
         with self.cluster.client(timeout=10.0) as client:
             state = client.get(self.key)
-            assert [(h["lease"], h["token"]) for h in state["holders"]] == [
-                (self.lease.id, self.token)
-            ]
+            assert [(h.lease, h.token) for h in state.holders] == [(self.lease.id, self.token)]
             lease = client.open_lease(5_000)
             assert client.acquire(lease, self.key + "-next").token > self.token
             client.close_lease(lease)

@@ -54,6 +54,10 @@ from tests.cluster.test_devcluster import (
     _three_free_ports_after,
 )
 
+# serial: each example's dev cluster takes ports chosen by probing (test_devcluster.py),
+# which a parallel test could race.
+pytestmark = pytest.mark.serial("probed-ports")
+
 README = REPO / "README.md"
 FENCE = re.compile(r"^```(\w*)\s*$")
 MARKER = re.compile(r"^<!-- readme-test: (.+?) -->$")

@@ -59,9 +59,9 @@ def test_a_member_of_this_release_opens_the_previous_releases_data(tmp_path: Pat
         node.start()
         cluster.wait_for_leader(timeout=15.0)
         with cluster.client(timeout=10.0) as client:
-            holders = client.get("kept")["holders"]
-            assert [(h["lease"], h["token"]) for h in holders] == [(lease.id, kept.token)]
-            assert client.get("freed")["holders"] == []
+            holders = client.get("kept").holders
+            assert [(h.lease, h.token) for h in holders] == [(lease.id, kept.token)]
+            assert client.get("freed").holders == []
             other = client.open_lease(10_000)
             later = client.acquire(other, "freed")
             assert later.token > max(kept.token, freed.token)
@@ -139,8 +139,8 @@ def test_a_rolling_restart_from_the_previous_release_under_load(tmp_path: Path) 
             assert view["cluster_version"] == PROTOCOL_VERSION
             workload.stop.set()
             workload.thread.join(timeout=60)
-            holders = client.get("held-throughout")["holders"]
-            assert [(h["lease"], h["token"]) for h in holders] == [(held_lease.id, held.token)]
+            holders = client.get("held-throughout").holders
+            assert [(h.lease, h.token) for h in holders] == [(held_lease.id, held.token)]
         by_key: dict[str, list[int]] = {}
         for key, token, _ in workload.grants:
             by_key.setdefault(key, []).append(token)

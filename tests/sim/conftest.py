@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -88,6 +88,27 @@ class SimTotals:
     def restart_clock(self) -> None:
         self._started = time.perf_counter()
 
+    def to_data(self) -> dict[str, Any]:
+        """The figures as plain values, for an xdist worker to hand to the controller."""
+        return {
+            "seeds": self.seeds,
+            "ticks": self.ticks,
+            "stats": {k: dict(v) for k, v in self.stats.items()},
+            "faults": {k: dict(v) for k, v in self.faults.items()},
+            "seconds": self.seconds,
+            "notes": self.notes,
+        }
+
+    def merge(self, data: dict[str, Any]) -> None:
+        """Adds a worker's figures (``to_data``); seconds add up worker time."""
+        for suite, seeds in data["seeds"].items():
+            self.seeds[suite] = self.seeds.get(suite, 0) + seeds
+            self.ticks[suite] = self.ticks.get(suite, 0) + data["ticks"][suite]
+            self.seconds[suite] = self.seconds.get(suite, 0.0) + data["seconds"][suite]
+            self.stats.setdefault(suite, Counter()).update(data["stats"][suite])
+            self.faults.setdefault(suite, Counter()).update(data["faults"][suite])
+        self.notes.extend(data["notes"])
+
     def lines(self) -> list[str]:
         out: list[str] = []
         for suite, seeds in self.seeds.items():
@@ -150,6 +171,20 @@ _TOTALS = SimTotals()
 def sim_totals() -> SimTotals:
     _TOTALS.restart_clock()
     return _TOTALS
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # On an xdist worker: hand the figures to the controller, which prints them.
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["sim_totals"] = _TOTALS.to_data()
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: defined only where xdist is loaded
+def pytest_testnodedown(node: Any, error: object) -> None:
+    data = getattr(node, "workeroutput", {}).get("sim_totals")
+    if data is not None:
+        _TOTALS.merge(data)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

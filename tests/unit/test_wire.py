@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from dlm import views, wire
 from tests.unit.fuzz import FUZZ, decode_all, hostile_values, mutated
+from tests.unit.test_wire_golden import REPLIES  # one of each reply, as a member builds it
 
 
 def test_oversized_frame_is_refused_before_it_is_buffered() -> None:
@@ -682,51 +683,6 @@ def test_a_request_is_built_only_from_its_named_fields() -> None:
         wire.OpenLease(id=1, lease="L", ttl_ms=1),
     )
     assert first.meta == second.meta == {} and first.meta is not second.meta
-
-
-REPLIES: list[wire.Reply] = [
-    wire.LeaseOpened(lease="L", ttl_ms=5000, incarnation=2),
-    wire.LeaseTerms(lease="L", ttl_ms=1),
-    wire.LeaseEnded(lease="L", released=["a", "b"]),
-    wire.LockGranted(key="k", token=9, lease="L", ttl_ms=5000),
-    wire.LockQueued(key="k", lease="L", position=2),
-    wire.LockReleased(key="k", released="queue", token=None, lease_ended=True),
-    views.StatusView(
-        node="n1",
-        address="h:1",
-        cluster="c",
-        role="leader",
-        term=3,
-        leader="n1",
-        leader_address="h:1",
-        commit=9,
-        applied=9,
-        first_index=1,
-        last_index=9,
-        members=[views.MemberEntry(id="n1", address="h:1", role="voter")],
-        sessions=1,
-        locks=2,
-        waiters=0,
-        version=2,
-        cluster_version=2,
-        progress={"n1": views.Progress(match=9, next=10, active=True, last_contact_ms=0)},
-    ),
-    views.MembersView(
-        members=[
-            views.MemberHealth(
-                id="n1",
-                address="h:1",
-                role="leader",
-                match=9,
-                lag=0,
-                reachable=True,
-                last_contact_ms=0,
-            )
-        ],
-        leader="n1",
-        bootstrap={"n1": "h:1"},
-    ),
-]
 
 
 @pytest.mark.parametrize("reply", REPLIES, ids=lambda r: type(r).__name__)

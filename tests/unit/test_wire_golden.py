@@ -1,9 +1,12 @@
 """The protocol's bytes and verdicts, pinned: every request kind encodes to the same
 frame, and every damaged request gets the same answer (the decoded value, or the error
-code and message), as they did before the request records were written as one table.
+code and message), as they did before the request records were written as one table;
+every reply a member builds encodes to the same frame as before the client read the
+replies as records; and what a client reads from a reply, whole or damaged, is pinned.
 
 The golden file was made by this module's ``python -m tests.unit.test_wire_golden``
-on the commit before that change; regenerate it only for a deliberate protocol change.
+on the commit before each change (the reply reads: with it); regenerate it only for a
+deliberate protocol change.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dlm import wire
+from dlm import views, wire
 
 GOLDEN = Path(__file__).parent / "testdata" / "wire_golden.json"
 
@@ -135,6 +138,148 @@ def built_encodings() -> list[str]:
     return [f"{r!r} -> {wire.encode_frame(r.to_wire()).hex()}" for r in requests]
 
 
+HOLDER: dict[str, Any] = {
+    "lease": "L",
+    "token": 41,
+    "granted_at_ms": 1_700_000_000_000,
+    "held_ms": 1500,
+}
+HOLDERS = [
+    # A follower's view: no lease clocks.
+    views.HolderView(**HOLDER, meta={"host": "h"}),
+    # The leader's: the TTL, and what is left of it (unknown here: null, not left out).
+    views.HolderView(**HOLDER, meta={}, ttl_ms=30_000),
+    # A `dlm exec --min-hold` whose command ended: when, and until when the lock is held.
+    views.HolderView(
+        **HOLDER,
+        meta={},
+        ttl_ms=9000,
+        remaining_ms=8000,
+        finished_at_ms=1_700_000_001_000,
+        hold_until_ms=1_700_000_009_500,
+    ),
+]
+WAITERS = [views.WaiterView(lease="W", since_ms=1_700_000_000_500, position=1, meta={"pid": "7"})]
+LOCK = views.LockState(key="jobs/a", limit=2, holders=HOLDERS[1:], waiters=WAITERS)
+LEASE = views.LeaseSummary(
+    id="L", ttl_ms=30_000, left_ms=None, holding=["jobs/a"], waiting=[], meta={"u": "x"}
+)
+
+# One record per reply kind (and per shape a member builds of it), as the member builds it.
+REPLIES: list[wire.Reply] = [
+    wire.LeaseOpened(lease="L", ttl_ms=5000, incarnation=3),
+    wire.LeaseTerms(lease="L", ttl_ms=4000),
+    wire.LeaseEnded(lease="L", released=["a", "b"]),
+    wire.LockGranted(key="k", token=9, lease="L", ttl_ms=5000),
+    wire.LockQueued(key="k", lease="L", position=2),
+    wire.LockReleased(key="k", released="queue", token=None, lease_ended=True),
+    views.LockState(key="free", limit=1, holders=[], waiters=[]),
+    views.LockState(key="k", limit=1, holders=HOLDERS[:1], waiters=[]),
+    LOCK,
+    views.LocksPage(locks=[LOCK], next="jobs/a"),
+    views.LocksPage(locks=[], next=None),
+    views.LeaseState(lease="L", ttl_ms=30_000, remaining_ms=29_000, keys=["k"], waiting=["q"]),
+    views.LeaseState(lease="L", ttl_ms=30_000, remaining_ms=None, keys=[], waiting=[]),
+    views.LeasesPage(leases=[LEASE], next=None),
+    views.StatusView(
+        node="n1",
+        address="127.0.0.1:7701",
+        cluster="c",
+        role="leader",
+        term=3,
+        leader="n1",
+        leader_address="127.0.0.1:7701",
+        commit=9,
+        applied=9,
+        first_index=1,
+        last_index=9,
+        members=[
+            views.MemberEntry(id="n1", address="127.0.0.1:7701", role="voter"),
+            views.MemberEntry(id="n4", address=None, role="learner"),
+        ],
+        sessions=1,
+        locks=2,
+        waiters=0,
+        version=2,
+        cluster_version=2,
+        progress={"n1": views.Progress(match=9, next=10, active=True, last_contact_ms=0)},
+    ),
+    views.StatusView(
+        node="n2",
+        address=None,
+        cluster="c",
+        role="follower",
+        term=3,
+        leader=None,
+        leader_address=None,
+        commit=9,
+        applied=8,
+        first_index=1,
+        last_index=9,
+        members=[],
+        sessions=0,
+        locks=0,
+        waiters=0,
+        version=2,
+        cluster_version=1,
+    ),
+    views.MembersView(
+        members=[
+            views.MemberHealth(
+                id="n1",
+                address="127.0.0.1:7701",
+                role="leader",
+                match=9,
+                lag=0,
+                reachable=True,
+                last_contact_ms=0,
+            ),
+            views.MemberHealth(
+                id="n2",
+                address=None,
+                role="unknown",
+                match=None,
+                lag=None,
+                reachable=False,
+                last_contact_ms=None,
+            ),
+        ],
+        leader="n1",
+        bootstrap={"n1": "127.0.0.1:7701"},
+    ),
+]
+
+
+def reply_encodings() -> list[str]:
+    """Each reply as the member sends it (request id 7), hex."""
+    return [f"{type(r).__name__} {wire.encode_frame(r.frame(7)).hex()}" for r in REPLIES]
+
+
+# Values a careless or hostile member may put in a reply field.
+BAD_REPLY_VALUES: list[Any] = [None, True, -1, "", "x", [], [1, "a", {}], {"a": 1}]
+
+
+def read_verdict(kind: type[wire.Reply], body: Any) -> str:
+    """What a client reads from ``body`` as a ``kind``, as one comparable line."""
+    try:
+        record = kind.from_wire(body)
+    except wire.ProtocolError as exc:
+        return f"error {exc}"
+    return f"ok {record!r}"
+
+
+def reply_reads() -> list[str]:
+    """What a client reads from each reply, whole, with a field missing, and with a field
+    holding each bad value."""
+    out: list[str] = []
+    for reply in REPLIES:
+        kind, body = type(reply), reply.to_wire()
+        edits = [body] + [{k: v for k, v in body.items() if k != name} for name in body]
+        edits += [body | {name: bad} for name in body for bad in BAD_REPLY_VALUES]
+        out.extend(f"{kind.__name__} {read_verdict(kind, edit)}" for edit in edits)
+    return out
+
+
 def current() -> dict[str, Any]:
     pairs = hashlib.sha256()
     for frame in _pair_edits():
@@ -144,6 +289,8 @@ def current() -> dict[str, Any]:
         "built": built_encodings(),
         "single_edits": [verdict(frame) for frame in _single_edits()],
         "pair_edits_sha256": pairs.hexdigest(),
+        "replies": reply_encodings(),
+        "reply_reads": reply_reads(),
     }
 
 
@@ -193,6 +340,17 @@ def test_the_backup_reply_frames_are_pinned() -> None:
     )
     assert wire.SnapshotHeader.from_wire(header.frame(17)) == header
     assert wire.SnapshotChunk.from_wire(frames[1]).data == b"tail"
+
+
+def test_every_reply_a_member_builds_encodes_to_the_golden_bytes() -> None:
+    golden = json.loads(GOLDEN.read_text())
+    assert reply_encodings() == golden["replies"]
+
+
+def test_what_a_client_reads_from_each_reply_is_golden() -> None:
+    golden = json.loads(GOLDEN.read_text())
+    for now, was in zip(reply_reads(), golden["reply_reads"], strict=True):
+        assert now == was
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import pytest
 from dlm.cli.settings import Settings
 from dlm.client.clock import lease_clock
 from dlm.client.core import Grant, Lease, ReleaseOutcome
+from dlm.views import LeaseSummary, LockState
 
 
 class FakeClient:
@@ -80,15 +81,15 @@ class FakeClient:
         self._call("update_lease", lease, ttl_ms, finished=finished, timeout=timeout)
         return ttl_ms
 
-    def list_leases(self) -> list[dict[str, Any]]:
+    def list_leases(self) -> list[LeaseSummary]:
         self._call("list_leases")
-        return self.leases
+        return [LeaseSummary.from_wire(lease) for lease in self.leases]
 
-    def get(self, key: str) -> dict[str, Any]:
+    def get(self, key: str) -> LockState:
         self._call("get", key)
-        return {"key": key, "limit": 1, "holders": [], "waiters": []}
+        return LockState.from_wire({"key": key, "limit": 1, "holders": [], "waiters": []})
 
-    def list_locks(self, prefix: str = "") -> list[dict[str, Any]]:
+    def list_locks(self, prefix: str = "") -> list[LockState]:
         self._call("list_locks", prefix)
         return []
 

@@ -23,6 +23,7 @@ from dlm.client.errors import (
     NotHolder,
     ServerError,
 )
+from dlm.views import LockState
 from tests.unit.cli.conftest import FakeClient
 
 Capture = pytest.CaptureFixture[str]
@@ -470,8 +471,9 @@ def test_release_by_an_expired_lease_says_who_holds_it_now(
     def expired(self: FakeClient, lease: str, key: str, **options: Any) -> None:
         raise LeaseLost("lease abc has expired")
 
-    def get(self: FakeClient, key: str) -> dict[str, Any]:
-        return {"key": key, "holders": [{"lease": "other", "token": 99}], "waiters": []}
+    def get(self: FakeClient, key: str) -> LockState:
+        answer = {"key": key, "holders": [{"lease": "other", "token": 99}], "waiters": []}
+        return LockState.from_wire(answer)
 
     monkeypatch.setattr(FakeClient, "release", expired)
     monkeypatch.setattr(FakeClient, "get", get)

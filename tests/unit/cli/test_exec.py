@@ -22,6 +22,7 @@ import pytest
 from dlm.cli.main import run
 from dlm.client.clock import lease_clock
 from dlm.client.errors import LockHeld
+from dlm.views import LockState
 from tests.unit.cli.conftest import FakeClient, FakeKeepAlive
 
 Capture = pytest.CaptureFixture[str]
@@ -257,9 +258,9 @@ def test_a_wait_that_runs_out_asks_who_holds_the_lock_now(
         self.calls.append(("acquire", args))
         raise LockHeld("lock 'job' is still held by someone else after waiting 2s")
 
-    def get(self: FakeClient, key: str) -> dict[str, Any]:
+    def get(self: FakeClient, key: str) -> LockState:
         self.calls.append(("get", key))
-        return {"key": key, "limit": 1, "holders": [HOLDER], "waiters": []}
+        return LockState.from_wire({"key": key, "limit": 1, "holders": [HOLDER], "waiters": []})
 
     monkeypatch.setattr(FakeClient, "acquire", acquire)
     monkeypatch.setattr(FakeClient, "get", get)

@@ -14,6 +14,7 @@ import pytest
 from dlm.cli import health, status_view
 from dlm.cli.main import run
 from dlm.client.errors import ClusterUnavailable
+from dlm.views import LeaseSummary, LockState
 from tests.unit.cli.conftest import FakeClient
 
 Capture = pytest.CaptureFixture[str]
@@ -310,7 +311,11 @@ def hostile_locks(waiters: Any) -> list[dict[str, Any]]:
 def test_locks_piped_is_one_row_per_line_whatever_the_keys_and_metadata(
     fake_cluster: Any, capsys: Capture, monkeypatch: pytest.MonkeyPatch, waiters: Any
 ) -> None:
-    monkeypatch.setattr(FakeClient, "list_locks", lambda self, prefix="": hostile_locks(waiters))
+    monkeypatch.setattr(
+        FakeClient,
+        "list_locks",
+        lambda self, prefix="": [LockState.from_wire(lock) for lock in hostile_locks(waiters)],
+    )
     assert run(["locks"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
@@ -356,7 +361,7 @@ def key_state() -> dict[str, Any]:
 def test_key_status_shows_absolute_times_beside_durations(
     fake_cluster: Any, capsys: Capture, monkeypatch: pytest.MonkeyPatch, india_time: None
 ) -> None:
-    monkeypatch.setattr(FakeClient, "get", lambda self, key: key_state())
+    monkeypatch.setattr(FakeClient, "get", lambda self, key: LockState.from_wire(key_state()))
     assert run(["status", HOSTILE_KEY, "--format", "table"]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\u202e" not in out
@@ -400,7 +405,9 @@ def held_after_its_command() -> dict[str, Any]:
 def test_key_status_shows_a_lock_held_after_its_command_finished_and_until_when(
     fake_cluster: Any, capsys: Capture, monkeypatch: pytest.MonkeyPatch, india_time: None
 ) -> None:
-    monkeypatch.setattr(FakeClient, "get", lambda self, key: held_after_its_command())
+    monkeypatch.setattr(
+        FakeClient, "get", lambda self, key: LockState.from_wire(held_after_its_command())
+    )
     assert run(["status", HOSTILE_KEY, "--json"]) == 0
     state = json.loads(capsys.readouterr().out)
     (holder,) = state["holders"]
@@ -438,7 +445,9 @@ def test_a_semaphore_is_in_a_hold_only_when_every_holder_is(
         ([state["holders"][0], running], False, None),
     ):
         answer = {**state, "limit": 2, "holders": holders}
-        monkeypatch.setattr(FakeClient, "get", lambda self, key, answer=answer: answer)
+        monkeypatch.setattr(
+            FakeClient, "get", lambda self, key, answer=answer: LockState.from_wire(answer)
+        )
         assert run(["status", "k", "--json"]) == 0
         shown = json.loads(capsys.readouterr().out)
         assert (shown["command_finished"], shown["hold_until"]) == (finished, until)
@@ -465,7 +474,11 @@ def hostile_leases() -> list[dict[str, Any]]:
 def test_lease_list_in_each_format(
     fake_cluster: Any, capsys: Capture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(FakeClient, "list_leases", lambda self: hostile_leases())
+    monkeypatch.setattr(
+        FakeClient,
+        "list_leases",
+        lambda self: [LeaseSummary.from_wire(lease) for lease in hostile_leases()],
+    )
     assert run(["lease", "list", "--json"]) == 0
     out = capsys.readouterr().out
     assert json.loads(out) == {"leases": hostile_leases()}

@@ -39,9 +39,9 @@ def test_each_call_through_a_redirect(member: RunningMember) -> None:
                 grant = await c.acquire(lease, "k", meta={"pid": "1"})
                 assert grant.lease == lease.id and grant.ttl_ms == 2000
                 assert await c.keepalive(lease) == 2000
-                assert (await c.get("k"))["holders"][0]["token"] == grant.token
-                assert [lock["key"] for lock in await c.list_locks()] == ["k"]
-                assert (await c.lease_info(lease))["keys"] == ["k"]
+                assert (await c.get("k")).holders[0].token == grant.token
+                assert [lock.key for lock in await c.list_locks()] == ["k"]
+                assert (await c.lease_info(lease)).keys == ["k"]
                 assert (await c.status())["node"] == "n1"
                 assert (await c.member_status(member.addr)) is not None
                 other = await c.open_lease(2000)
@@ -117,8 +117,8 @@ def test_an_answer_lost_with_the_connection_is_asked_again_with_the_same_seq(
             async with AsyncClient(proxy.addr, timeout=3.0, rng=random.Random(3)) as c:
                 lease = await c.open_lease(2000)
                 grant = await c.acquire(lease, "k")
-                holders = (await c.get("k"))["holders"]
-                assert [(h["lease"], h["token"]) for h in holders] == [(lease.id, grant.token)]
+                holders = (await c.get("k")).holders
+                assert [(h.lease, h.token) for h in holders] == [(lease.id, grant.token)]
                 await c.release(lease, "k")
 
         run(main)

@@ -22,7 +22,7 @@ def test_the_blocking_client_takes_a_backup_in_several_chunks(member: RunningMem
         tokens = [c.acquire(lease, f"backup/{n:05d}", meta=META).token for n in range(KEYS)]
         header, image = c.save_snapshot()
         # The connection is usable again once the image is in.
-        assert c.get("backup/00000")["holders"][0]["token"] == tokens[0]
+        assert c.get("backup/00000").holders[0].token == tokens[0]
     assert len(image) > BACKUP_CHUNK_BYTES  # two chunks at least
     applied = member.inspect(lambda m: m.locks.applied_index)
     assert header.index == applied and header.leader == "n1" and header.voters == ["n1"]

@@ -783,7 +783,7 @@ def test_paged_flow_follows_next_until_null() -> None:
         return ok(1, locks=[{"key": k} for k in keys], next=cursor)
 
     items = drive(core.list_locks_flow(s, "p/"), answer, clock)
-    assert [item["key"] for item in items] == ["a", "b", "c", "d", "e"]
+    assert [item.key for item in items] == ["a", "b", "c", "d", "e"]
     assert asked == [None, "b", "d"]
 
 
@@ -798,6 +798,16 @@ def test_paged_flow_stops_when_the_cursor_does_not_move() -> None:
 
     items = drive(core.list_leases_flow(s), answer, clock)
     assert asked == 2 and len(items) == 2
+
+
+def test_a_page_without_its_list_is_a_bad_reply() -> None:
+    s, clock = settings(["a:1"])
+    for flow, page in (
+        (core.list_locks_flow(s), {"locks": {"key": "a"}}),
+        (core.list_leases_flow(s), {"next": None}),
+    ):
+        with pytest.raises(ServerError, match="is missing or not a list"):
+            drive(flow, lambda action, page=page: ok(1, **page), clock)
 
 
 def test_an_open_is_retried_for_at_most_open_retry_max_s_whatever_the_timeout() -> None:
@@ -892,6 +902,26 @@ def test_a_reply_is_read_as_the_record_the_member_built() -> None:
     assert core.read_reply(wire.LockReleased, ok(1, key="k")).released == "lock"
     with pytest.raises(ServerError, match="reply field 'ttl_ms' is missing or not an integer"):
         core.read_reply(wire.LeaseTerms, ok(1, lease="L", ttl_ms=True))
+
+
+def test_a_read_is_decoded_once_into_its_view_and_shows_as_sent() -> None:
+    s, clock = settings(["a:1"])
+    holder = {"lease": "L", "token": 4, "granted_at_ms": 10, "held_ms": 5, "meta": {"h": "x"}}
+    # An older member leaves fields out; a newer one adds some: --json shows what came.
+    body = {"key": "k", "holders": [holder, 7], "waiters": 2, "colour": "red"}
+    state = drive(core.get_flow(s, "k"), lambda action: ok(1, **body), clock)
+    assert isinstance(state, views.LockState)
+    assert (state.key, state.limit, state.waiting) == ("k", None, 2)
+    (seen,) = state.holders
+    assert (seen.lease, seen.token, seen.remaining_ms, seen.meta) == ("L", 4, None, {"h": "x"})
+    assert state.to_wire() == body and seen.to_wire() == holder
+    # A wrong type is read as unknown, never trusted.
+    odd = views.HolderView.from_wire({"lease": 3, "token": True, "meta": {"a": 1}})
+    assert (odd.lease, odd.token, odd.meta) == (None, None, {})
+
+    info = {"lease": "L", "ttl_ms": 900, "remaining_ms": None, "keys": ["k"], "waiting": []}
+    lease = drive(core.lease_info_flow(s, "L"), lambda action: ok(2, **info), clock)
+    assert (lease.ttl_ms, lease.keys) == (900, ["k"]) and lease.to_wire() == info
 
 
 def test_the_status_view_reads_back_what_a_member_of_any_release_sent() -> None:

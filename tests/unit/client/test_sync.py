@@ -65,15 +65,15 @@ def test_each_call_against_a_member(member: RunningMember) -> None:
         grant = c.acquire(lease, "jobs/a", meta={"host": "h1"})
         assert grant == Grant(key="jobs/a", token=grant.token, lease=lease.id, ttl_ms=5000)
         assert c.keepalive(lease) == 5000
-        assert c.get("jobs/a")["holders"][0]["lease"] == lease.id
-        assert [lock["key"] for lock in c.list_locks("jobs/")] == ["jobs/a"]
-        assert c.lease_info(lease)["keys"] == ["jobs/a"]
-        assert [item["id"] for item in c.list_leases()] == [lease.id]
+        assert c.get("jobs/a").holders[0].lease == lease.id
+        assert [lock.key for lock in c.list_locks("jobs/")] == ["jobs/a"]
+        assert c.lease_info(lease).keys == ["jobs/a"]
+        assert [item.id for item in c.list_leases()] == [lease.id]
         assert c.status()["role"] == "leader"
         assert c.update_lease(lease, 4000) == 4000
         released = c.release(lease, "jobs/a", token=grant.token)
         assert (released.held, released.token) == (True, grant.token)
-        assert c.get("jobs/a")["holders"] == []
+        assert c.get("jobs/a").holders == []
         assert c.close_lease(lease) == []
         [acquire] = member.of_type("acquire")
         assert acquire["meta"] == {"host": "h1"} and acquire["client"] == c.client_id
@@ -107,8 +107,8 @@ def test_an_answer_lost_with_the_connection_is_asked_again_with_the_same_seq(
             # The member granted the first copy; the second got that grant back.
             first, second = member.of_type("acquire")
             assert (first["client"], first["seq"]) == (second["client"], second["seq"])
-            holders = c.get("k")["holders"]
-            assert [(h["lease"], h["token"]) for h in holders] == [(lease.id, grant.token)]
+            holders = c.get("k").holders
+            assert [(h.lease, h.token) for h in holders] == [(lease.id, grant.token)]
             # The next request is a new one.
             c.release(lease, "k")
             assert member.of_type("release")[0]["seq"] > first["seq"]
