@@ -125,3 +125,33 @@ def _ms(ms: int) -> str:
     if ms % 1000 == 0 and abs(ms) >= 1000:
         return f"{ms // 1000}s"
     return f"{ms}ms"
+
+
+IDENTITY_NAME_MAX = 64
+"""The longest identity name (``dlm auth add NAME``)."""
+IDENTITY_PREFIXES_MAX = 32
+"""The most key prefixes one identity has."""
+
+
+def check_identity_name(name: str) -> str | None:
+    """Why ``name`` is not an identity name (None: it is one): 1 to 64 letters, digits,
+    '.', '_' and '-', starting with a letter or digit."""
+    if not 1 <= len(name) <= IDENTITY_NAME_MAX:
+        return f"an identity name is 1 to {IDENTITY_NAME_MAX} characters"
+    if not name[0].isascii() or not name[0].isalnum():
+        return f"identity name {name[:80]!r} must start with a letter or digit"
+    if not all(c.isascii() and (c.isalnum() or c in "._-") for c in name):
+        return f"identity name {name[:80]!r} may hold only letters, digits, '.', '_' and '-'"
+    return None
+
+
+def check_identity_prefixes(prefixes: tuple[str, ...] | list[str]) -> str | None:
+    """Why these key prefixes are not an identity's (None: they are): at most 32, each
+    1 to KEY_MAX_BYTES bytes of printable text."""
+    if len(prefixes) > IDENTITY_PREFIXES_MAX:
+        return f"an identity has at most {IDENTITY_PREFIXES_MAX} prefixes"
+    for prefix in prefixes:
+        size = len(prefix.encode("utf-8", "surrogatepass"))
+        if not 1 <= size <= KEY_MAX_BYTES or not prefix.isprintable():
+            return f"a key prefix is 1 to {KEY_MAX_BYTES} bytes of printable text"
+    return None

@@ -75,10 +75,10 @@ class _Handshake:
     """The client's side of dlm/auth.py's handshake on one connection."""
 
     def __init__(self, secret: bytes, addr: str) -> None:
-        from dlm.auth import Initiator, new_nonce
+        from dlm.auth import client_initiator, new_nonce
 
         self.addr = addr
-        self.initiator = Initiator(secret, new_nonce(), role="client", cluster="", node="")
+        self.initiator = client_initiator(secret, new_nonce())
 
     def hello(self) -> dict[str, Any]:
         return {**Hello(role=HelloRole.CLIENT).to_wire(), **self.initiator.hello_fields()}

@@ -164,9 +164,9 @@ class _Connection:
     def _authenticate(self, secret: bytes, deadline: float) -> None:
         """The client's side of the handshake; AuthFailed if the member cannot prove the
         secret. A member's refusal (an error frame) is left to be read as the reply."""
-        from dlm.auth import AuthError, Initiator, new_nonce
+        from dlm.auth import AuthError, client_initiator, new_nonce
 
-        initiator = Initiator(secret, new_nonce(), role="client", cluster="", node="")
+        initiator = client_initiator(secret, new_nonce())
         self.send({**Hello(role=HelloRole.CLIENT).to_wire(), **initiator.hello_fields()}, deadline)
         greeting = self.read(deadline)
         if greeting is None:

@@ -26,6 +26,9 @@ class ClientConn:
     waiting: set[tuple[str, str]] = field(default_factory=set)
     """(lease, key) pairs this connection waits for a grant push on."""
     bad_requests: int = 0
+    identity: str = ""
+    """Who the connection authenticated as (admission.py); "" counts as the built-in
+    admin (a caller that names none: the runtime always names one)."""
 
 
 class Clients:
@@ -35,8 +38,13 @@ class Clients:
         self.conns: dict[int, ClientConn] = {}
         self.waiters: dict[tuple[str, str], list[int]] = {}
 
-    def connected(self, conn: int, remote: str) -> None:
-        self.conns[conn] = ClientConn(conn, remote)
+    def connected(self, conn: int, remote: str, identity: str = "") -> None:
+        self.conns[conn] = ClientConn(conn, remote, identity=identity)
+
+    def close_identity(self, name: str, out: Outbox) -> None:
+        """Closes every connection of identity ``name`` (it was removed)."""
+        for state in [s for s in self.conns.values() if s.identity == name]:
+            out.emit(CloseConnection(state.conn, f"identity {name!r} was removed"))
 
     def closed(self, conn: int) -> None:
         state = self.conns.pop(conn, None)

@@ -60,6 +60,7 @@ from dlm.node import locks, replies
 from dlm.node.audit import Audit
 from dlm.node.clients import MAX_BAD_REQUESTS, ClientConn, Clients
 from dlm.node.leases import LeaseTracker
+from dlm.node.locks.identities import ADMIN, refusal
 from dlm.node.machine_config import PROTOCOL_SPOKEN, MachineConfig, Quotas, Timing
 from dlm.node.membership import PROMOTE_LAG, REMOVED, Membership
 from dlm.node.outbox import (
@@ -82,13 +83,15 @@ from dlm.node.proposals import Proposals
 from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.types import AppendEntriesResponse, Message, Ready, Role
 from dlm.node.read_rounds import Read, ReadRounds, renew_confirmed
-from dlm.node.replies import Replies, lease_gone
+from dlm.node.replies import Replies, denied, lease_gone
 from dlm.node.snapshots import Snapshots, restore_image
 from dlm.node.stats import Stats
 from dlm.records import Entry, EntryKind, LogStorage, NodeId, Snapshot
 from dlm.views import MembersView, StatusView
 from dlm.wire import (
     Acquire,
+    AuthChange,
+    AuthList,
     BadFrame,
     ClientRequest,
     CloseLease,
@@ -495,13 +498,22 @@ class NodeMachine:
             self.audit.forget_lease(lease)
             self.clients.forget_lease(lease)
         self.audit.applied(outcome, dropped, self.locks, now)
+        result = outcome.result
+        if isinstance(result, locks.Denied):
+            self._denied(result.identity, result.action, result.message, now)
+        elif isinstance(result, locks.IdentityChanged) and result.op == "remove":
+            # Its connections close; its leases are renewed by nobody, so they expire at
+            # their TTL, after each holder's guard stopped its command (never at once).
+            self.clients.close_identity(result.name, self.out)
         if isinstance(outcome.command, locks.ClusterVersionCommand):
             self.membership.announce(self.raft)
 
     # ------------------------------------------------------------------ clients
 
-    def client_connected(self, conn: int, remote: str) -> None:
-        self.clients.connected(conn, remote)
+    def client_connected(self, conn: int, remote: str, identity: str = "") -> None:
+        """A client connection was admitted; ``identity``: who it proved it is
+        (admission.py; "" counts as the built-in admin)."""
+        self.clients.connected(conn, remote, identity)
 
     def client_closed(self, conn: int) -> None:
         self.clients.closed(conn)
@@ -542,9 +554,11 @@ class NodeMachine:
             )
             return
         leading = self._role is Role.LEADER
+        if self._refused(state, req, now, leading=leading):
+            return
         if isinstance(req, Ping):
             self._answer_request(conn, req.TYPE, ok(req.id))
-        elif isinstance(req, OpenLease | CloseLease | UpdateLease | Acquire | Release):
+        elif isinstance(req, OpenLease | CloseLease | UpdateLease | Acquire | Release | AuthChange):
             if not leading:
                 self._reply_not_leader(conn, req)
             else:
@@ -574,6 +588,46 @@ class NodeMachine:
         else:
             self.reads.queue(Read(conn, req, now.mono))
 
+    # -- who may ---------------------------------------------------------------
+
+    def _refused(
+        self, state: ClientConn, req: ClientRequest, now: Instant, *, leading: bool
+    ) -> bool:
+        """Refuses (and says so) a request the connection's identity may not make, by the
+        permission wire.py's table names for its kind, checked against this member's
+        table. The state machine checks changes again when it applies them (an identity
+        removed in between is refused there). A follower, whose lease owners may lag,
+        leaves the owner check to the leader it sends the client to."""
+        identity = state.identity or ADMIN
+        key = req.key if isinstance(req, Get | Acquire) else None
+        owner = None
+        lease = getattr(req, "lease", None)
+        if leading and isinstance(lease, str):
+            owner = self.locks.lease_owner(lease)
+        problem = refusal(
+            self.locks.identities, identity, req.TYPE, req.PERMISSION, key=key, owner=owner
+        )
+        if problem is None:
+            if req.PERMISSION == "admin" or (owner and owner != identity):
+                # An admin action (membership, identities, another identity's lease): the
+                # audit trail says who asked. Identity changes are said again when applied.
+                target = getattr(req, "member", None) or getattr(req, "name", None) or lease
+                extra = {"target": target} if target else {}
+                if owner:
+                    extra["owner"] = owner
+                self.out.log("info", "admin_action", identity=identity, action=req.TYPE, **extra)
+            return False
+        self._denied(identity, req.TYPE, problem, now)
+        self._answer_request(state.conn, req.TYPE, denied(req.id, problem))
+        return True
+
+    def _denied(self, identity: str, action: str, problem: str, now: Instant) -> None:
+        """Counts and logs a refusal (the audit trail names the identity and the action)."""
+        self.stats.refused(identity, action)
+        self.out.log(
+            "warning", "permission_denied", identity=identity, action=action, reason=problem
+        )
+
     # -- answering ------------------------------------------------------------
 
     def _answer(self, proposal: _Proposal, result: locks.Result, now: Instant) -> None:
@@ -591,9 +645,13 @@ class NodeMachine:
         ) and self._doomed(result.lease)
         self._answer_request(conn, req.TYPE, self._replies(now).answer(req, result, doomed=doomed))
 
-    def _replies(self, now: Instant) -> Replies:
-        """What this member answers at ``now`` (dlm/node/replies.py)."""
-        return Replies(self.locks, self.tracker, now.mono, now.wall_ms)
+    def _replies(self, now: Instant, viewer: str = ADMIN) -> Replies:
+        """What this member answers at ``now`` (dlm/node/replies.py) to identity ``viewer``."""
+        return Replies(self.locks, self.tracker, now.mono, now.wall_ms, viewer)
+
+    def _viewer(self, conn: int) -> str:
+        state = self.clients.conns.get(conn)
+        return (state.identity if state is not None else "") or ADMIN
 
     def _reply_not_leader(
         self, conn: int, req: ClientRequest, leader: NodeId | None = None
@@ -643,11 +701,16 @@ class NodeMachine:
         elif isinstance(req, Get):
             self._answer_request(conn, req.TYPE, self._replies(now).lock(req).frame(req.id))
         elif isinstance(req, ListLocks):
-            self._answer_request(conn, req.TYPE, self._replies(now).locks_page(req).frame(req.id))
+            page = self._replies(now, self._viewer(conn)).locks_page(req)
+            self._answer_request(conn, req.TYPE, page.frame(req.id))
         elif isinstance(req, LeaseInfo):
             self._answer_request(conn, req.TYPE, self._replies(now).lease_info(req))
         elif isinstance(req, ListLeases):
-            self._answer_request(conn, req.TYPE, self._replies(now).leases_page(req).frame(req.id))
+            leases = self._replies(now, self._viewer(conn)).leases_page(req)
+            self._answer_request(conn, req.TYPE, leases.frame(req.id))
+        elif isinstance(req, AuthList):
+            rows = self.locks.identities.rows(now.wall_ms)
+            self._answer_request(conn, req.TYPE, ok(req.id, identities=rows))
         elif isinstance(req, Status):
             self._answer_request(conn, req.TYPE, self.status_view(now).frame(req.id))
         elif isinstance(req, Members):

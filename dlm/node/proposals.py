@@ -19,11 +19,17 @@ from typing import TYPE_CHECKING, Any
 from dlm.node import locks
 from dlm.node.clients import ClientConn, Clients
 from dlm.node.leases import LeaseTracker
+from dlm.node.locks.identities import ADMIN
 from dlm.node.outbox import Instant, NotLeaderReply, Outbox
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.types import NotLeader
 from dlm.wire import (
     Acquire,
+    AuthAdd,
+    AuthChange,
+    AuthFinish,
+    AuthRemove,
+    AuthRotate,
     ClientRequest,
     CloseLease,
     ErrorCode,
@@ -77,7 +83,7 @@ class Proposals:
     def propose(
         self,
         state: ClientConn,
-        req: LockChange,
+        req: LockChange | AuthChange,
         now: Instant,
         *,
         raft: RaftNode,
@@ -86,8 +92,12 @@ class Proposals:
     ) -> None:
         """The leader proposes a client's change (or says why it will not)."""
         conn = state.conn
+        identity = state.identity or ADMIN
         try:
-            cmd = command_for(req, now, machine, self._quotas, doomed)
+            if isinstance(req, AuthAdd | AuthRemove | AuthRotate | AuthFinish):
+                cmd: locks.Command = identity_command(req, identity, now, machine)
+            else:
+                cmd = command_for(req, now, machine, self._quotas, doomed, identity=identity)
         except Refusal as refusal:
             self._out.answer(conn, req.TYPE, refusal.reply(req.id))
             return
@@ -173,9 +183,13 @@ def command_for(
     machine: locks.LockStateMachine,
     quotas: Quotas,
     doomed: Callable[[str], bool],
+    *,
+    identity: str = "",
 ) -> locks.ClientCommand:
-    """The log command for ``req``, in the form the cluster's version runs."""
+    """The log command for ``req``, in the form the cluster's version runs; from version 3
+    it names ``identity``, the connection's, which the state machine checks again."""
     v2 = machine.version >= 2
+    by = identity if machine.version >= 3 else ""
     if v2 and req.client:
         origin = locks.Origin(req.client, req.seq, req.acked)
     else:
@@ -200,7 +214,7 @@ def command_for(
             meta=req.meta if v2 else {},
         )
     if isinstance(req, CloseLease):
-        return locks.CloseLeaseCommand(req.lease, origin, at_ms)
+        return locks.CloseLeaseCommand(req.lease, origin, at_ms, by)
     if isinstance(req, Acquire):
         # A re-sent or re-entrant acquire of a key the lease already holds or waits
         # for adds nothing, and must get its grant (or place) back, not a refusal.
@@ -210,17 +224,43 @@ def command_for(
             raise _quota(f"this cluster holds {quotas.max_locks} locks and waiters", "max_locks")
         _check_meta_quota(req.meta, quotas)
         return locks.AcquireCommand(
-            req.lease, req.key, req.wait, req.limit, req.meta, origin, at_ms
+            req.lease, req.key, req.wait, req.limit, req.meta, origin, at_ms, by
         )
     if isinstance(req, Release):
         if not v2 and req.token is not None:
             raise upgrading("release with a fencing token")
         return locks.ReleaseCommand(
-            req.lease, req.key, req.token, req.keep_lease or not v2, origin, at_ms
+            req.lease, req.key, req.token, req.keep_lease or not v2, origin, at_ms, by
         )
     if not v2:
         raise upgrading("lease_update")
-    return locks.UpdateLeaseCommand(req.lease, req.ttl_ms, req.finished, origin, at_ms)
+    return locks.UpdateLeaseCommand(req.lease, req.ttl_ms, req.finished, origin, at_ms, by)
+
+
+def identity_command(
+    req: AuthAdd | AuthRemove | AuthRotate | AuthFinish,
+    identity: str,
+    now: Instant,
+    machine: locks.LockStateMachine,
+) -> locks.IdentityCommand:
+    """The log command of an identity change (cluster version 3 on)."""
+    if machine.version < 3:
+        raise upgrading("identities (dlm auth)", 3)
+    role, prefixes = (req.role, tuple(req.prefixes)) if isinstance(req, AuthAdd) else ("", ())
+    keys = (b"", b"", b"")
+    if isinstance(req, AuthAdd | AuthRotate):
+        keys = (req.key_id, req.stored_key, req.server_key)
+    return locks.IdentityCommand(
+        op=req.TYPE.removeprefix("auth_"),
+        name=req.name,
+        role=role,
+        prefixes=prefixes,
+        key_id=keys[0],
+        stored_key=keys[1],
+        server_key=keys[2],
+        by=identity,
+        at_ms=now.wall_ms,
+    )
 
 
 def being_expired(lease: str) -> Refusal:
@@ -241,10 +281,10 @@ def _quota(what: str, limit: str) -> Refusal:
     )
 
 
-def upgrading(what: str) -> Refusal:
+def upgrading(what: str, version: int = 2) -> Refusal:
     return Refusal(
         ErrorCode.UNAVAILABLE,
-        f"{what} needs every member on protocol version 2, and an upgrade is in progress: "
+        f"{what} needs every member on protocol version {version}, and an upgrade is in progress: "
         "retry once every member runs this release",
         retry_after_ms=1000,
     )

@@ -260,6 +260,11 @@ def test_every_request_type_of_the_protocol_has_a_class() -> None:
         "member_add",
         "member_remove",
         "member_promote",
+        "auth_add",
+        "auth_remove",
+        "auth_rotate",
+        "auth_finish",
+        "auth_list",
     }
     assert {cls.TYPE for cls in _concrete_requests() if issubclass(cls, wire.Change)} == {
         "open_lease",
@@ -411,6 +416,43 @@ DECODED: list[tuple[dict[str, object], wire.Request]] = [
         {"t": "member_promote", "id": 16, "member": "n4", **ORIGIN},
         wire.MemberPromote(id=16, member="n4", client="c-1", seq=7, acked=6),
     ),
+    (
+        {
+            "t": "auth_add",
+            "id": 17,
+            "name": "ci",
+            "role": "client",
+            "prefixes": ["ci/"],
+            "key_id": b"k" * 8,
+            "stored_key": b"s" * 32,
+            "server_key": b"v" * 32,
+        },
+        wire.AuthAdd(
+            id=17,
+            name="ci",
+            role="client",
+            prefixes=["ci/"],
+            key_id=b"k" * 8,
+            stored_key=b"s" * 32,
+            server_key=b"v" * 32,
+        ),
+    ),
+    ({"t": "auth_remove", "id": 18, "name": "ci"}, wire.AuthRemove(id=18, name="ci")),
+    (
+        {
+            "t": "auth_rotate",
+            "id": 19,
+            "name": "ci",
+            "key_id": b"k" * 8,
+            "stored_key": b"s" * 32,
+            "server_key": b"v" * 32,
+        },
+        wire.AuthRotate(
+            id=19, name="ci", key_id=b"k" * 8, stored_key=b"s" * 32, server_key=b"v" * 32
+        ),
+    ),
+    ({"t": "auth_finish", "id": 20, "name": "ci"}, wire.AuthFinish(id=20, name="ci")),
+    ({"t": "auth_list", "id": 21}, wire.AuthList(id=21)),
 ]
 
 
@@ -481,7 +523,7 @@ def test_a_hello_with_max_version_2_speaks_2_and_names_its_peer() -> None:
 def test_our_hello_says_version_1_for_old_members_and_max_version_for_new_ones() -> None:
     frame = wire.Hello(wire.HelloRole.CLIENT).to_wire()
     assert (frame["t"], frame["role"], frame["version"]) == ("hello", "client", 1)
-    assert frame["max_version"] == wire.PROTOCOL_VERSION == 2
+    assert frame["max_version"] == wire.PROTOCOL_VERSION == 3
     assert wire.Hello.from_wire(frame).speaks == wire.PROTOCOL_VERSION
 
 
@@ -663,7 +705,8 @@ def test_a_peer_hello_carries_its_address_and_a_malformed_one_is_refused() -> No
 
 @pytest.mark.parametrize("cls", _concrete_requests(), ids=lambda c: c.__name__)
 def test_each_request_names_how_a_member_serves_it(cls: type[wire.Request]) -> None:
-    assert cls.ROUTE in {"local", "propose", "member", "confirm", "read"}
+    assert cls.ROUTE in {"local", "propose", "member", "confirm", "read", "identity"}
+    assert cls.PERMISSION in {"any", "read", "key", "lock", "lease", "admin"}
     assert wire.REQUESTS[cls.TYPE] is cls
     # A state change is proposed or is a membership change; nothing else is.
     assert issubclass(cls, wire.Change) == (cls.ROUTE in {"propose", "member"})

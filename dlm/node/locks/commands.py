@@ -27,7 +27,7 @@ of dlm/limits.py. The state machine runs both; the node machine runs
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import cbor2
@@ -43,6 +43,7 @@ from dlm.limits import (
     check_seq,
     check_ttl_ms,
 )
+from dlm.node.locks import identities
 
 COMMAND_MAX_BYTES = 64 * 1024
 """Larger payloads are refused before CBOR decoding even starts."""
@@ -92,6 +93,8 @@ class CloseLeaseCommand:
     lease: str
     origin: Origin
     at_ms: int
+    by: str = ""
+    """The identity that asked (cluster version 3; "" before): see identities.py."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +111,7 @@ class AcquireCommand:
     meta: Mapping[str, str] = field(hash=False)
     origin: Origin
     at_ms: int
+    by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +129,7 @@ class ReleaseCommand:
     keep_lease: bool
     origin: Origin
     at_ms: int
+    by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +141,7 @@ class UpdateLeaseCommand:
     finished: bool
     origin: Origin
     at_ms: int
+    by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +155,29 @@ class ExpireCommand:
     lease: str
     incarnation: int
     at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityCommand:
+    """A change to the identity table (cluster version 3), asked by identity ``by``.
+
+    ``op``: ``add`` (name, role, prefixes and the new key's verifier), ``remove``,
+    ``rotate`` (the new key's verifier) or ``finish`` (the rotation's old key ends).
+    Only verifiers are logged, never a secret (identities.py).
+    """
+
+    op: str
+    name: str
+    role: str
+    prefixes: tuple[str, ...]
+    key_id: bytes
+    stored_key: bytes
+    server_key: bytes
+    by: str
+    at_ms: int
+
+
+IDENTITY_OPS = ("add", "remove", "rotate", "finish")
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +196,7 @@ LeaseCommand = (
     | UpdateLeaseCommand
     | ExpireCommand
 )
-Command = LeaseCommand | ClusterVersionCommand
+Command = LeaseCommand | ClusterVersionCommand | IdentityCommand
 ClientCommand = (
     OpenLeaseCommand | CloseLeaseCommand | AcquireCommand | ReleaseCommand | UpdateLeaseCommand
 )
@@ -223,7 +252,7 @@ def _to_item(cmd: Command) -> list[Any]:
         case CloseLeaseCommand():
             if legacy:
                 return ["close", cmd.lease, cmd.origin.seq, cmd.at_ms]
-            return ["close2", cmd.lease, *_origin(cmd.origin), cmd.at_ms]
+            return _by(cmd.by, ["close2", cmd.lease, *_origin(cmd.origin), cmd.at_ms])
         case AcquireCommand():
             if legacy:
                 return [
@@ -236,43 +265,66 @@ def _to_item(cmd: Command) -> list[Any]:
                     dict(cmd.meta),
                     cmd.at_ms,
                 ]
-            return [
-                "acquire2",
-                cmd.lease,
-                cmd.key,
-                cmd.wait,
-                cmd.limit,
-                dict(cmd.meta),
-                *_origin(cmd.origin),
-                cmd.at_ms,
-            ]
+            return _by(
+                cmd.by,
+                [
+                    "acquire2",
+                    cmd.lease,
+                    cmd.key,
+                    cmd.wait,
+                    cmd.limit,
+                    dict(cmd.meta),
+                    *_origin(cmd.origin),
+                    cmd.at_ms,
+                ],
+            )
         case ReleaseCommand():
             if legacy:
                 return ["release", cmd.lease, cmd.origin.seq, cmd.key, cmd.at_ms]
-            return [
-                "release2",
-                cmd.lease,
-                cmd.key,
-                cmd.token,
-                cmd.keep_lease,
-                *_origin(cmd.origin),
-                cmd.at_ms,
-            ]
+            return _by(
+                cmd.by,
+                [
+                    "release2",
+                    cmd.lease,
+                    cmd.key,
+                    cmd.token,
+                    cmd.keep_lease,
+                    *_origin(cmd.origin),
+                    cmd.at_ms,
+                ],
+            )
         case UpdateLeaseCommand():
-            return [
-                "update2",
-                cmd.lease,
-                cmd.ttl_ms,
-                cmd.finished,
-                *_origin(cmd.origin),
-                cmd.at_ms,
-            ]
+            return _by(
+                cmd.by,
+                ["update2", cmd.lease, cmd.ttl_ms, cmd.finished, *_origin(cmd.origin), cmd.at_ms],
+            )
         case ExpireCommand():
             if legacy:
                 return ["expire", cmd.lease, cmd.at_ms]
             return ["expire2", cmd.lease, cmd.incarnation, cmd.at_ms]
         case ClusterVersionCommand():
             return ["version", cmd.version, cmd.at_ms]
+        case IdentityCommand():
+            return [
+                "identity",
+                cmd.op,
+                cmd.name,
+                cmd.role,
+                list(cmd.prefixes),
+                cmd.key_id,
+                cmd.stored_key,
+                cmd.server_key,
+                cmd.by,
+                cmd.at_ms,
+            ]
+
+
+def _by(by: str, item: list[Any]) -> list[Any]:
+    """A version-2 form, or (with the asking identity) its version-3 form: name + "3"
+    (``close3``, ...), the identity last."""
+    if not by:
+        return item
+    return [item[0][:-1] + "3", *item[1:], by]
 
 
 # ---------------------------------------------------------------------------
@@ -292,6 +344,11 @@ _ARITY = {
     "update2": 7,
     "expire2": 3,
     "version": 2,
+    "close3": 5 + 1,
+    "acquire3": 9 + 1,
+    "release3": 8 + 1,
+    "update3": 7 + 1,
+    "identity": 9,
 }
 
 
@@ -311,6 +368,18 @@ def decode_command(data: bytes) -> Command:
         raise CommandError(f"unknown command {name[:32]!r}")
     if len(f) != arity:
         raise CommandError(f"{name} takes {arity} fields, got {len(f)}")
+    if name in _WITH_BY:
+        # A version-3 form: its version-2 form with the asking identity last.
+        cmd = decode_command(cbor2.dumps([name[:-1] + "2", *f[:-1]]))
+        by = _str(f[-1], "by")
+        if not by:
+            raise CommandError(f"{name} names no identity")
+        assert isinstance(
+            cmd, CloseLeaseCommand | AcquireCommand | ReleaseCommand | UpdateLeaseCommand
+        )
+        return replace(cmd, by=by)
+    if name == "identity":
+        return _identity(f)
     match name:
         case "open":
             return OpenLeaseCommand(
@@ -388,6 +457,32 @@ def decode_command(data: bytes) -> Command:
             return ClusterVersionCommand(_int(f[0], "version"), _int(f[1], "at_ms"))
 
 
+_WITH_BY = ("close3", "acquire3", "release3", "update3")
+
+
+def _identity(f: list[Any]) -> IdentityCommand:
+    prefixes = f[3]
+    if type(prefixes) is not list:
+        raise CommandError("prefixes must be a list")
+    return IdentityCommand(
+        op=_str(f[0], "op"),
+        name=_str(f[1], "name"),
+        role=_str(f[2], "role"),
+        prefixes=tuple(_str(p, "prefix") for p in prefixes),
+        key_id=_bytes(f[4], "key_id"),
+        stored_key=_bytes(f[5], "stored_key"),
+        server_key=_bytes(f[6], "server_key"),
+        by=_str(f[7], "by"),
+        at_ms=_int(f[8], "at_ms"),
+    )
+
+
+def _bytes(value: object, what: str) -> bytes:
+    if type(value) is not bytes:
+        raise CommandError(f"{what} must be a byte string, got {type(value).__name__}")
+    return value
+
+
 def _legacy(seq: int = 0) -> Origin:
     return Origin(LEGACY_CLIENT, seq)
 
@@ -410,7 +505,9 @@ def validate_command(cmd: Command) -> str | None:
     if not 0 <= cmd.at_ms <= INT_MAX:
         return "at_ms must be a non-negative wall-clock time in milliseconds"
     if isinstance(cmd, ClusterVersionCommand):
-        return None if cmd.version in (1, 2) else f"unknown cluster version {cmd.version}"
+        return None if cmd.version in (1, 2, 3) else f"unknown cluster version {cmd.version}"
+    if isinstance(cmd, IdentityCommand):
+        return _identity_problem(cmd)
     problem = check_lease_id(cmd.lease)
     if problem is not None:
         return problem
@@ -420,6 +517,9 @@ def validate_command(cmd: Command) -> str | None:
     problem = check_seq(origin.seq) or check_seq(origin.acked)
     if problem is None and not origin.legacy:
         problem = check_client_id(origin.client)
+    by = getattr(cmd, "by", "")
+    if problem is None and by:
+        problem = identities.check_name(by)
     if problem is not None:
         return problem
     match cmd:
@@ -433,6 +533,23 @@ def validate_command(cmd: Command) -> str | None:
             return check_key(cmd.key)
         case UpdateLeaseCommand():
             return check_hold_ms(cmd.ttl_ms)
+    return None
+
+
+def _identity_problem(cmd: IdentityCommand) -> str | None:
+    if cmd.op not in IDENTITY_OPS:
+        return f"unknown identity change {cmd.op[:32]!r}"
+    problem = identities.check_name(cmd.name) or identities.check_name(cmd.by)
+    if problem is not None:
+        return problem
+    if cmd.op == "add":
+        if cmd.role not in identities.ROLES:
+            return f"a role is {' or '.join(identities.ROLES)}"
+        problem = identities.check_prefixes(cmd.prefixes)
+        if problem is not None:
+            return problem
+    if cmd.op in ("add", "rotate"):
+        return identities.Verifier(cmd.key_id, cmd.stored_key, cmd.server_key).check()
     return None
 
 

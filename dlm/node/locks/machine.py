@@ -57,6 +57,7 @@ from dlm.node.locks.commands import (
     Command,
     CommandError,
     ExpireCommand,
+    IdentityCommand,
     OpenLeaseCommand,
     Origin,
     ReleaseCommand,
@@ -64,12 +65,22 @@ from dlm.node.locks.commands import (
     decode_command,
     validate_command,
 )
+from dlm.node.locks.identities import (
+    ADMIN_ONLY,
+    LEASE,
+    LOCK,
+    IdentityTable,
+    Verifier,
+    refusal,
+)
 from dlm.node.locks.results import (
     LEASE_CLOSED,
     LEASE_EXPIRED,
     LEASE_UNKNOWN,
+    Denied,
     Granted,
     Holder,
+    IdentityChanged,
     Invalid,
     LeaseClosed,
     LeaseGone,
@@ -87,6 +98,16 @@ from dlm.node.locks.results import (
     result_from_dict,
     str_map,
 )
+
+COMMAND_PERMISSIONS: dict[type, tuple[str, str]] = {
+    OpenLeaseCommand: ("open_lease", LEASE),
+    CloseLeaseCommand: ("close_lease", LEASE),
+    AcquireCommand: ("acquire", LOCK),
+    ReleaseCommand: ("release", LEASE),
+    UpdateLeaseCommand: ("lease_update", LEASE),
+}
+"""Each client command's action (its request kind) and permission, as wire.py's table has
+them (tests/unit/node/locks/test_identities.py compares the two)."""
 
 SNAPSHOT_V1 = 1
 SNAPSHOT_V2 = 2
@@ -207,6 +228,7 @@ class _Lease:
     ephemeral: bool = False
     meta: dict[str, str] = field(default_factory=dict)
     finished_at_ms: int | None = None
+    owner: str = ""
     clients: dict[str, _ClientRecord] = field(default_factory=dict)
     holding: set[str] = field(default_factory=set)
     waiting: set[str] = field(default_factory=set)
@@ -245,6 +267,8 @@ class LockStateMachine:
     def __init__(self) -> None:
         self._applied = 0
         self._version = 1
+        self.identities = IdentityTable()
+        """Who may do what (identities.py); in the node's snapshot image, not this one's."""
         self._leases: dict[str, _Lease] = {}
         self._keys: dict[str, _Key] = {}
         self._tombstones: OrderedDict[str, _Tombstone] = OrderedDict()
@@ -311,6 +335,8 @@ class LockStateMachine:
             # Versions only rise: a stale proposal of an older version changes nothing.
             self._version = max(self._version, cmd.version)
             return ApplyOutcome(index, None, cmd)
+        if isinstance(cmd, IdentityCommand):
+            return ApplyOutcome(index, _change_identities(self.identities, cmd, self._version), cmd)
         step = _Step(index, cmd.at_ms)
         result = self._dispatch(cmd, step)
         return ApplyOutcome(
@@ -332,10 +358,13 @@ class LockStateMachine:
             self._log_ms += min(stepped, self.max_stamp_step_ms)
 
     def _dispatch(self, cmd: Command, step: _Step) -> Result:
-        assert not isinstance(cmd, ClusterVersionCommand)
+        assert not isinstance(cmd, ClusterVersionCommand | IdentityCommand)
         if isinstance(cmd, ExpireCommand):
             return self._expire(cmd, step)
         lease = self._leases.get(cmd.lease)
+        denied = _denied(self.identities, cmd, lease)
+        if denied is not None:
+            return denied
         if lease is None:
             if isinstance(cmd, OpenLeaseCommand):
                 return self._open_new(cmd, step)
@@ -662,11 +691,16 @@ class LockStateMachine:
             for lease_id in sorted(self._leases)
         ]
 
+    def lease_owner(self, lease_id: str) -> str | None:
+        """The identity that opened a live lease ("" before identities), None if none."""
+        lease = self._leases.get(lease_id)
+        return None if lease is None else lease.owner
+
     def lease(self, lease_id: str) -> LeaseView | None:
         lease = self._leases.get(lease_id)
         if lease is None:
             return None
-        return self._lease_view(lease_id, lease)
+        return _lease_view(lease_id, lease)
 
     def lease_terms(self, lease_id: str) -> LeaseTerms | None:
         """What the runtime asks about a lease on every request it serves, without the
@@ -692,7 +726,7 @@ class LockStateMachine:
         names = self._sorted_leases
         start = 0 if after is None else bisect.bisect_right(names, after)
         stop = len(names) if limit is None else min(len(names), start + limit)
-        out = [self._lease_view(name, self._leases[name]) for name in names[start:stop]]
+        out = [_lease_view(name, self._leases[name]) for name in names[start:stop]]
         return out, (names[stop - 1] if stop < len(names) and out else None)
 
     def counts(self) -> Counts:
@@ -706,20 +740,6 @@ class LockStateMachine:
             tuple(
                 Waiter(lease_id, w.since_ms, dict(w.meta)) for lease_id, w in entry.waiters.items()
             ),
-        )
-
-    @staticmethod
-    def _lease_view(lease_id: str, lease: _Lease) -> LeaseView:
-        return LeaseView(
-            lease_id,
-            lease.ttl_ms,
-            lease.opened_at_ms,
-            lease.incarnation,
-            lease.ephemeral,
-            dict(lease.meta),
-            lease.finished_at_ms,
-            tuple(sorted(lease.holding)),
-            tuple(sorted(lease.waiting)),
         )
 
     # --------------------------------------------------------------- snapshot
@@ -861,6 +881,62 @@ class LockStateMachine:
             machine._held += len(entry.holders)
             machine._queued += len(entry.waiters)
         return machine
+
+
+def _lease_view(lease_id: str, lease: _Lease) -> LeaseView:
+    return LeaseView(
+        lease_id,
+        lease.ttl_ms,
+        lease.opened_at_ms,
+        lease.incarnation,
+        lease.ephemeral,
+        dict(lease.meta),
+        lease.finished_at_ms,
+        tuple(sorted(lease.holding)),
+        tuple(sorted(lease.waiting)),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Who may (identities.py holds the table and the rule)
+# ---------------------------------------------------------------------------
+
+
+def _denied(table: IdentityTable, cmd: ClientCommand, lease: _Lease | None) -> Denied | None:
+    """The refusal of a request whose identity lacks its permission, checked again at apply
+    against the replicated table: an identity removed (or a lease that changed hands)
+    between propose and apply is refused alike on every replica."""
+    # An open's identity is the owner it names (the lease owner field, issue 23 item 3).
+    by: str = getattr(cmd, "owner", "") if isinstance(cmd, OpenLeaseCommand) else cmd.by
+    if not by:
+        return None  # before cluster version 3: no identities
+    action, permission = COMMAND_PERMISSIONS[type(cmd)]
+    owner = None if lease is None else lease.owner
+    key = cmd.key if isinstance(cmd, AcquireCommand) else None
+    problem = refusal(table, by, action, permission, key=key, owner=owner)
+    return None if problem is None else Denied(problem, by, action)
+
+
+def _change_identities(table: IdentityTable, cmd: IdentityCommand, version: int) -> Result:
+    action = f"auth_{cmd.op}"
+    if version < 3:
+        return Invalid("identities need cluster version 3: upgrade every member first")
+    problem = refusal(table, cmd.by, action, ADMIN_ONLY)
+    if problem is not None:
+        return Denied(problem, cmd.by, action)
+    key = Verifier(cmd.key_id, cmd.stored_key, cmd.server_key)
+    match cmd.op:
+        case "add":
+            problem = table.add(cmd.name, cmd.role, cmd.prefixes, key)
+        case "remove":
+            problem = table.remove(cmd.name)
+        case "rotate":
+            problem = table.rotate(cmd.name, key, cmd.at_ms)
+        case _:
+            problem = table.finish(cmd.name)
+    if problem is not None:
+        return Invalid(problem)
+    return IdentityChanged(cmd.op, cmd.name)
 
 
 def _int(value: object) -> int:

@@ -659,15 +659,26 @@ class NodeServer:
         )
 
     def client_opened(
-        self, transport: asyncio.Transport, where: str, sealer: Any, opener: Any
+        self,
+        transport: asyncio.Transport,
+        where: str,
+        sealer: Any,
+        opener: Any,
+        identity: str = "admin",
     ) -> ClientConnection:
         number = self._next_conn
         self._next_conn += 1
         decoder = FrameDecoder(CLIENT_FRAME_LIMIT, opener, tolerate_bad_bodies=True)
         client = ClientConnection(number, transport, decoder, time.monotonic(), sealer=sealer)
         self._clients[number] = client
-        self.machine.client_connected(number, where)
+        self.machine.client_connected(number, where, identity=identity)
         return client
+
+    def identity_verifier(self, name: str, key_id: bytes) -> tuple[bytes, bytes] | None:
+        # The table as this member has applied it, at this moment's wall clock (the old
+        # key of a rotation runs out by it).
+        found = self.machine.locks.identities.verifier(name, key_id, int(time.time() * 1000))
+        return None if found is None else (found.stored_key, found.server_key)
 
     def peer_verdict(self, hello: Hello) -> dict[str, Any] | None:
         """The error that refuses a peer whose hello passed, and whose proof too when there

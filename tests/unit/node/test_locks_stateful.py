@@ -45,6 +45,7 @@ from dlm.node.locks import (
     ExpireCommand,
     Granted,
     Holder,
+    IdentityCommand,
     Invalid,
     LeaseClosed,
     LeaseGone,
@@ -268,6 +269,7 @@ class LockModelTest(RuleBasedStateMachine):
             self._model_end(cmd, ("", 0, LeaseGone(cmd.lease)), step)
             step.expired.append(cmd.lease)
             return step
+        assert not isinstance(cmd, IdentityCommand)  # this model draws no identity changes
         origin = cmd.origin
         lease = self.leases.get(cmd.lease)
         if lease is None:
@@ -411,7 +413,7 @@ class LockModelTest(RuleBasedStateMachine):
             del self.keys[key]
 
     def _model_end(self, cmd: Command, stone: tuple[str, int, Result], step: Expected) -> None:
-        assert not isinstance(cmd, ClusterVersionCommand)
+        assert not isinstance(cmd, ClusterVersionCommand | IdentityCommand)
         lease = cmd.lease
         for key in sorted(self.keys):
             entry = self.keys[key]
