@@ -48,6 +48,8 @@ from dlm.client.core import (
 from dlm.client.errors import AuthFailed, ClusterUnavailable, DlmError, LeaseLost
 from dlm.wire import (
     PEER_FRAME_LIMIT,
+    AuthChange,
+    AuthList,
     FrameDecoder,
     Hello,
     HelloRole,
@@ -612,6 +614,18 @@ class Client:
         request = MemberRemove(id=0, member=member, force=force, seq=0)
         view: dict[str, Any] = self._run(core.member_change_flow(self._ctx, request))
         return view
+
+    def auth_change(self, request: AuthChange) -> dict[str, Any]:
+        """Adds, removes or rotates an identity (an admin's request; ``request`` is a wire
+        ``auth_*`` request with id 0): the cluster's answer, ``op`` and ``name``."""
+        answer: dict[str, Any] = self._run(core.read_flow(self._ctx, request))
+        return answer
+
+    def identities(self) -> list[dict[str, Any]]:
+        """The cluster's identities (an admin's request): names, roles, prefixes, key ids."""
+        answer = self._run(core.read_flow(self._ctx, AuthList(id=0)))
+        rows = answer.get("identities")
+        return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
     def promote_member(self, member: str) -> dict[str, Any]:
         request = MemberPromote(id=0, member=member, seq=0)

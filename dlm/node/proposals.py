@@ -212,6 +212,7 @@ def command_for(
             at_ms=at_ms,
             ephemeral=req.ephemeral and v2,
             meta=req.meta if v2 else {},
+            owner=identity if machine.version >= 3 else "",
         )
     if isinstance(req, CloseLease):
         return locks.CloseLeaseCommand(req.lease, origin, at_ms, by)
