@@ -68,14 +68,14 @@ def test_a_client_limited_to_a_prefix_may_lock_only_there_and_an_admin_does_it_a
         "name": "ci",
         "role": "client",
         "prefixes": ["ci/"],
-        "key_id": added["added"]["key_id"],  # type: ignore[index]
+        "key_id": added["added"]["key_id"],
     }
     assert stat.S_IMODE(os.stat(credential).st_mode) == 0o600
     secret = credential.read_text().split()[2]
 
     # The cluster keeps a verifier, never the secret: not in `dlm auth list`, nor on disk.
     listed = admin.json("auth", "list")["identities"]
-    assert [(i["name"], i["role"], i["prefixes"]) for i in listed] == [("ci", "client", ["ci/"])]  # type: ignore[index,union-attr]
+    assert [(i["name"], i["role"], i["prefixes"]) for i in listed] == [("ci", "client", ["ci/"])]
     assert secret not in json.dumps(listed)
     for member_dir in dev.base.rglob("*"):
         if member_dir.is_file():
@@ -97,9 +97,9 @@ def test_a_client_limited_to_a_prefix_may_lock_only_there_and_an_admin_does_it_a
     refused(ci, "lease", "revoke", lease)
 
     # What the limited client sees: its own keys and leases only.
-    seen = [lock["key"] for lock in ci.json("locks")["locks"]]  # type: ignore[index]
+    seen = [lock["key"] for lock in ci.json("locks")["locks"]]
     assert seen == ["ci/build"]
-    own = [item["id"] for item in ci.json("lease", "list")["leases"]]  # type: ignore[index]
+    own = [item["id"] for item in ci.json("lease", "list")["leases"]]
     assert own == [grant["lease"]]
     refused(ci, "status", "prod/deploy")
 
@@ -119,7 +119,7 @@ def test_a_removed_identity_cannot_connect_and_a_rotated_one_keeps_working_until
     for credential in (old, new):
         got = as_identity(admin, credential).json("acquire", "deploy/x")
         as_identity(admin, credential).json("release", "deploy/x", "--lease", str(got["lease"]))
-    (row,) = [i for i in admin.json("auth", "list")["identities"] if i["name"] == "deploy"]  # type: ignore[union-attr,index]
+    (row,) = [i for i in admin.json("auth", "list")["identities"] if i["name"] == "deploy"]
     assert row["rotating"] is True
     admin.json("auth", "rotate", "deploy", "--finish")
     proc = as_identity(admin, old).run("acquire", "deploy/x", "--json")
