@@ -55,15 +55,17 @@ class Audit:
         elif isinstance(cmd, locks.IdentityCommand):
             if isinstance(result, locks.IdentityChanged):
                 # An admin action: who did what to whom (never a key).
+                said: dict[str, object] = {"role": cmd.role} if cmd.role else {}
+                if cmd.prefixes:
+                    said["prefixes"] = list(cmd.prefixes)
                 log(
                     "info",
                     "admin_action",
                     identity=cmd.by,
                     action=f"auth_{cmd.op}",
                     target=cmd.name,
-                    role=cmd.role or None,
-                    prefixes=list(cmd.prefixes) or None,
                     index=outcome.index,
+                    **said,
                 )
         elif isinstance(result, locks.Granted) and result.token == outcome.index:
             stats.grants += 1
