@@ -24,6 +24,8 @@ LEASE_ID_MAX_CHARS = 64
 LEASE_ID_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
 CLIENT_ID_MAX_CHARS = 64
 """Client ids (one per client process, for request deduplication) use the lease id alphabet."""
+IDENTITY_MAX_CHARS = 128
+"""An identity (who a client connection authenticated as): printable text, "" for none."""
 TTL_MIN_MS = 1_000
 TTL_MAX_MS = 86_400_000
 HOLD_MAX_MS = 86_400_000
@@ -75,6 +77,14 @@ def check_client_id(client: str) -> str | None:
     if 1 <= len(client) <= CLIENT_ID_MAX_CHARS and not client.strip(LEASE_ID_ALPHABET):
         return None
     return f"a client id is 1 to {CLIENT_ID_MAX_CHARS} characters of A-Z, a-z, 0-9, '_' or '-'"
+
+
+def check_identity(identity: str) -> str | None:
+    """An identity as the log and the state machine keep it: "" (none) or 1 to
+    ``IDENTITY_MAX_CHARS`` printable characters."""
+    if len(identity) <= IDENTITY_MAX_CHARS and not has_control(identity):
+        return None
+    return f"an identity is at most {IDENTITY_MAX_CHARS} printable characters"
 
 
 def check_ttl_ms(ttl_ms: int, as_written: str | None = None) -> str | None:

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
         def seal(self, body: bytes) -> bytes: ...
 
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 CLIENT_FRAME_LIMIT = 64 * 1024
 PEER_FRAME_LIMIT = 4 * 1024 * 1024
 DEFAULT_PORT = 7700

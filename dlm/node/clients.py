@@ -23,6 +23,9 @@ MAX_BAD_REQUESTS = 16
 class ClientConn:
     conn: int
     remote: str
+    identity: str = ""
+    """Who the connection authenticated as ("" when nothing named anyone): the owner of the
+    leases it opens, and whose quotas it counts against."""
     waiting: set[tuple[str, str]] = field(default_factory=set)
     """(lease, key) pairs this connection waits for a grant push on."""
     bad_requests: int = 0
@@ -35,8 +38,8 @@ class Clients:
         self.conns: dict[int, ClientConn] = {}
         self.waiters: dict[tuple[str, str], list[int]] = {}
 
-    def connected(self, conn: int, remote: str) -> None:
-        self.conns[conn] = ClientConn(conn, remote)
+    def connected(self, conn: int, remote: str, identity: str = "") -> None:
+        self.conns[conn] = ClientConn(conn, remote, identity)
 
     def closed(self, conn: int) -> None:
         state = self.conns.pop(conn, None)

@@ -500,8 +500,10 @@ class NodeMachine:
 
     # ------------------------------------------------------------------ clients
 
-    def client_connected(self, conn: int, remote: str) -> None:
-        self.clients.connected(conn, remote)
+    def client_connected(self, conn: int, remote: str, identity: str = "") -> None:
+        """A client connection was admitted; ``identity``: who its handshake proved it is
+        ("" when nothing names anyone), the owner of every lease it opens."""
+        self.clients.connected(conn, remote, identity)
 
     def client_closed(self, conn: int) -> None:
         self.clients.closed(conn)

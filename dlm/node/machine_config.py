@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from dlm.records import NodeId
 
-PROTOCOL_SPOKEN = 2
+PROTOCOL_SPOKEN = 3
 """The highest cluster version this release can run."""
 
 

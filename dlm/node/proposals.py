@@ -87,7 +87,7 @@ class Proposals:
         """The leader proposes a client's change (or says why it will not)."""
         conn = state.conn
         try:
-            cmd = command_for(req, now, machine, self._quotas, doomed)
+            cmd = command_for(req, now, machine, self._quotas, doomed, identity=state.identity)
         except Refusal as refusal:
             self._out.answer(conn, req.TYPE, refusal.reply(req.id))
             return
@@ -153,18 +153,21 @@ class Proposals:
         retry_after_s: float,
         now: Instant,
     ) -> None:
-        """Once every other member speaks ``max_version``, the leader moves the log to it
-        (PROTOCOL.md); ``versions_spoken``: the highest version of each other member."""
+        """The leader moves the log to the highest version every member speaks, up to its
+        own ``max_version`` (PROTOCOL.md); ``versions_spoken``: the highest version of each
+        other member. (A cluster with a member of the previous release still reaches the
+        version that member speaks.)"""
         if version >= max_version:
             return
         if now.mono - self._version_proposed_at < retry_after_s:
             return
-        if any(v < max_version for v in versions_spoken):
+        target = min((max_version, *versions_spoken))
+        if target <= version:
             return
-        cmd = locks.ClusterVersionCommand(max_version, now.wall_ms)
+        cmd = locks.ClusterVersionCommand(target, now.wall_ms)
         if not isinstance(raft.propose(locks.encode_command(cmd)), NotLeader):
             self._version_proposed_at = now.mono
-            self._out.log("info", "cluster_version_proposed", version=max_version)
+            self._out.log("info", "cluster_version_proposed", version=target)
 
 
 def command_for(
@@ -173,8 +176,11 @@ def command_for(
     machine: locks.LockStateMachine,
     quotas: Quotas,
     doomed: Callable[[str], bool],
+    *,
+    identity: str = "",
 ) -> locks.ClientCommand:
-    """The log command for ``req``, in the form the cluster's version runs."""
+    """The log command for ``req``, in the form the cluster's version runs; ``identity``:
+    who the requesting connection authenticated as (a new lease's owner, from version 3)."""
     v2 = machine.version >= 2
     if v2 and req.client:
         origin = locks.Origin(req.client, req.seq, req.acked)
@@ -198,6 +204,7 @@ def command_for(
             at_ms=at_ms,
             ephemeral=req.ephemeral and v2,
             meta=req.meta if v2 else {},
+            owner=identity if machine.version >= 3 else "",
         )
     if isinstance(req, CloseLease):
         return locks.CloseLeaseCommand(req.lease, origin, at_ms)

@@ -15,7 +15,9 @@ origin) and are applied with that release's rules. A cluster at version 2
 writes the ``*2`` encodings, which carry the whole ``Origin`` (client id,
 rising seq, acknowledged floor), the lease incarnation on ``expire2``, the
 grant's token on ``release2``, and the commands version 1 lacks
-(``update2``, ``version``). A version-1 command is encoded exactly as the
+(``update2``, ``version``). A cluster at version 3 writes ``open3``, an
+``open2`` with the identity that opened the lease (its owner); an open with
+no owner keeps its version-2 form. A version-1 command is encoded exactly as the
 previous release did, so members of both releases apply the same bytes while
 a cluster is being upgraded (docs/PROTOCOL.md, "Mixed versions").
 
@@ -36,6 +38,7 @@ from dlm.limits import (
     INT_MAX,
     check_client_id,
     check_hold_ms,
+    check_identity,
     check_key,
     check_lease_id,
     check_limit,
@@ -75,6 +78,9 @@ class OpenLeaseCommand:
 
     ``ephemeral``: opened by ``dlm acquire`` for one lock, so a release that
     leaves it idle ends it. ``meta``: who opened it, for ``dlm lease list``.
+    ``owner``: the identity the opening connection authenticated as ("" before
+    cluster version 3, or when nothing named one); only its opener (or an admin)
+    may end the lease, and the identity's quotas count it.
     """
 
     lease: str
@@ -83,6 +89,7 @@ class OpenLeaseCommand:
     at_ms: int
     ephemeral: bool = False
     meta: Mapping[str, str] = field(default_factory=dict, hash=False)
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +193,7 @@ def is_legacy(cmd: Command) -> bool:
     """Whether ``cmd`` has a version-1 encoding (what a cluster at version 1 must write)."""
     match cmd:
         case OpenLeaseCommand():
-            return cmd.origin.legacy and not cmd.ephemeral and not cmd.meta
+            return cmd.origin.legacy and not cmd.ephemeral and not cmd.meta and not cmd.owner
         case CloseLeaseCommand() | AcquireCommand():
             return cmd.origin.legacy
         case ReleaseCommand():
@@ -211,8 +218,7 @@ def _to_item(cmd: Command) -> list[Any]:
         case OpenLeaseCommand():
             if legacy:
                 return ["open", cmd.lease, cmd.ttl_ms, cmd.at_ms]
-            return [
-                "open2",
+            fields = [
                 cmd.lease,
                 cmd.ttl_ms,
                 cmd.ephemeral,
@@ -220,6 +226,9 @@ def _to_item(cmd: Command) -> list[Any]:
                 *_origin(cmd.origin),
                 cmd.at_ms,
             ]
+            if cmd.owner:
+                return ["open3", *fields, cmd.owner]
+            return ["open2", *fields]
         case CloseLeaseCommand():
             if legacy:
                 return ["close", cmd.lease, cmd.origin.seq, cmd.at_ms]
@@ -286,6 +295,7 @@ _ARITY = {
     "release": 4,
     "expire": 2,
     "open2": 8,
+    "open3": 9,
     "close2": 5,
     "acquire2": 9,
     "release2": 8,
@@ -350,6 +360,16 @@ def decode_command(data: bytes) -> Command:
                 origin=_read_origin(f[4:7]),
                 at_ms=_int(f[7], "at_ms"),
             )
+        case "open3":
+            return OpenLeaseCommand(
+                lease=_str(f[0], "lease"),
+                ttl_ms=_int(f[1], "ttl_ms"),
+                ephemeral=_bool(f[2], "ephemeral"),
+                meta=_meta(f[3]),
+                origin=_read_origin(f[4:7]),
+                at_ms=_int(f[7], "at_ms"),
+                owner=_str(f[8], "owner"),
+            )
         case "close2":
             return CloseLeaseCommand(_str(f[0], "lease"), _read_origin(f[1:4]), _int(f[4], "at_ms"))
         case "acquire2":
@@ -410,7 +430,7 @@ def validate_command(cmd: Command) -> str | None:
     if not 0 <= cmd.at_ms <= INT_MAX:
         return "at_ms must be a non-negative wall-clock time in milliseconds"
     if isinstance(cmd, ClusterVersionCommand):
-        return None if cmd.version in (1, 2) else f"unknown cluster version {cmd.version}"
+        return None if cmd.version in (1, 2, 3) else f"unknown cluster version {cmd.version}"
     problem = check_lease_id(cmd.lease)
     if problem is not None:
         return problem
@@ -424,7 +444,7 @@ def validate_command(cmd: Command) -> str | None:
         return problem
     match cmd:
         case OpenLeaseCommand():
-            return check_ttl_ms(cmd.ttl_ms) or check_meta(cmd.meta)
+            return check_ttl_ms(cmd.ttl_ms) or check_meta(cmd.meta) or check_identity(cmd.owner)
         case AcquireCommand():
             return check_key(cmd.key) or check_limit(cmd.limit) or check_meta(cmd.meta)
         case ReleaseCommand():

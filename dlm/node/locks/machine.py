@@ -90,6 +90,8 @@ from dlm.node.locks.results import (
 
 SNAPSHOT_V1 = 1
 SNAPSHOT_V2 = 2
+SNAPSHOT_V3 = 3
+"""Version 3 adds each lease's owner (the identity that opened it)."""
 LEGACY_RECENT = 32
 """Results a lease remembers for version-1 (random-seq) requests, as the previous release did."""
 MAX_UNANSWERED = 1024
@@ -162,6 +164,8 @@ class LeaseView(_Plain):
     """Keys the lease holds, sorted."""
     waiting: tuple[str, ...]
     """Keys the lease waits for, sorted."""
+    owner: str = ""
+    """The identity that opened the lease ("" before cluster version 3)."""
 
 
 class Counts(NamedTuple):
@@ -207,6 +211,7 @@ class _Lease:
     ephemeral: bool = False
     meta: dict[str, str] = field(default_factory=dict)
     finished_at_ms: int | None = None
+    owner: str = ""
     clients: dict[str, _ClientRecord] = field(default_factory=dict)
     holding: set[str] = field(default_factory=set)
     waiting: set[str] = field(default_factory=set)
@@ -307,6 +312,10 @@ class LockStateMachine:
             return ApplyOutcome(index, Invalid(problem), cmd)
         if self._version >= 2:
             self._tick_log_clock(cmd.at_ms)
+        if isinstance(cmd, OpenLeaseCommand) and cmd.owner and self._version < 3:
+            # A member of the previous release cannot read an owner: every replica refuses
+            # it alike until the log reaches version 3 (the leader never proposes one).
+            return ApplyOutcome(index, Invalid("a lease owner needs cluster version 3"), cmd)
         if isinstance(cmd, ClusterVersionCommand):
             # Versions only rise: a stale proposal of an older version changes nothing.
             self._version = max(self._version, cmd.version)
@@ -465,6 +474,7 @@ class LockStateMachine:
             incarnation=incarnation,
             ephemeral=cmd.ephemeral,
             meta=dict(cmd.meta),
+            owner=cmd.owner,
         )
         self._leases[cmd.lease] = lease
         self._sorted_leases = None
@@ -720,6 +730,7 @@ class LockStateMachine:
             lease.finished_at_ms,
             tuple(sorted(lease.holding)),
             tuple(sorted(lease.waiting)),
+            lease.owner,
         )
 
     # --------------------------------------------------------------- snapshot
@@ -755,6 +766,10 @@ class LockStateMachine:
             ]
             image: list[Any] = [SNAPSHOT_V1, self._applied, leases_v1, keys]
         else:
+            # At version 2 the layout stays the one its members read (no lease has an
+            # owner before version 3: apply refuses one); from version 3 on each lease
+            # row ends with its owner.
+            with_owner = self._version >= 3
             leases = [
                 [
                     lease_id,
@@ -772,6 +787,7 @@ class LockStateMachine:
                         ]
                         for client, record in sorted(lease.clients.items())
                     ],
+                    *([lease.owner] if with_owner else []),
                 ]
                 for lease_id, lease in sorted(self._leases.items())
             ]
@@ -780,7 +796,8 @@ class LockStateMachine:
                 for lease_id, t in self._tombstones.items()
             ]
             clock = [self._log_ms, self._last_stamp_ms]
-            image = [SNAPSHOT_V2, self._applied, self._version, leases, keys, stones, clock]
+            layout = SNAPSHOT_V3 if with_owner else SNAPSHOT_V2
+            image = [layout, self._applied, self._version, leases, keys, stones, clock]
         return bytes(cbor2.dumps(image, canonical=True))
 
     @classmethod
@@ -809,14 +826,18 @@ class LockStateMachine:
                     for seq, result in recent:
                         record.results[_int(seq)] = result_from_dict(result)
                 machine._leases[_str(lease_id)] = lease
-        elif item[0] == SNAPSHOT_V2 and len(item) == 7:
-            # (Version 2 is this release's own: no released member wrote a version-2 image
-            # of another layout, so there is none to convert.)
-            _, applied, version, leases, keys, stones, clock = item
+        elif item[0] in (SNAPSHOT_V2, SNAPSHOT_V3) and len(item) == 7:
+            # Layout 3 is layout 2 with each lease's owner at the end of its row; a
+            # layout-2 image (from a member of the previous release, or of a cluster at
+            # version 2) has no owners: its leases' owner is "".
+            layout, applied, version, leases, keys, stones, clock = item
             machine._version = _int(version)
+            row_length = 9 if layout == SNAPSHOT_V3 else 8
             for row in leases:
+                if type(row) is not list or len(row) != row_length:
+                    raise ValueError("lock snapshot has a lease of an unknown layout")
                 lease_id, ttl_ms, opened_at_ms, incarnation, ephemeral, meta, finished, clients = (
-                    row
+                    row[:8]
                 )
                 lease = _Lease(
                     ttl_ms=_int(ttl_ms),
@@ -825,6 +846,7 @@ class LockStateMachine:
                     ephemeral=bool(ephemeral),
                     meta=str_map(meta),
                     finished_at_ms=None if finished is None else _int(finished),
+                    owner=_str(row[8]) if layout == SNAPSHOT_V3 else "",
                 )
                 for client, floor, results in clients:
                     record = lease.clients[_str(client)] = _ClientRecord(floor=_int(floor))

@@ -666,7 +666,8 @@ class NodeServer:
         decoder = FrameDecoder(CLIENT_FRAME_LIMIT, opener, tolerate_bad_bodies=True)
         client = ClientConnection(number, transport, decoder, time.monotonic(), sealer=sealer)
         self._clients[number] = client
-        self.machine.client_connected(number, where)
+        # The handshake proves no identity yet: every client is "" (issue 23 wires it in).
+        self.machine.client_connected(number, where, identity="")
         return client
 
     def peer_verdict(self, hello: Hello) -> dict[str, Any] | None:

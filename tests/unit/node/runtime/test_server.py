@@ -36,7 +36,8 @@ def anyio_backend() -> str:
         ({"version": 1}, 1),
         ({"version": 1, "max_version": 2}, 2),
         ({"version": 2}, 2),
-        ({"version": 1, "max_version": 9}, 2),
+        ({"version": 1, "max_version": 3}, 3),
+        ({"version": 1, "max_version": 9}, 3),
     ],
 )
 async def test_the_welcome_speaks_the_lower_of_the_two_versions(

@@ -145,7 +145,7 @@ async def test_the_member_dials_each_peer_with_a_peer_hello_and_then_sends_raft_
             link = Wire(stream)
             hello = Hello.from_wire(await link.recv())
             assert (hello.role, hello.node, hello.cluster) == (HelloRole.PEER, "n1", "unit")
-            assert (hello.version, hello.max_version) == (1, 2)
+            assert (hello.version, hello.max_version) == (1, 3)
             await link.send({"t": "welcome", "version": 2, "node": "n2", "cluster": "unit"})
             # n1 cannot win alone; it asks n2 for its vote over this link.
             messages = decode_raft_frame(await link.recv())
