@@ -79,6 +79,14 @@ def check_client_id(client: str) -> str | None:
     return f"a client id is 1 to {CLIENT_ID_MAX_CHARS} characters of A-Z, a-z, 0-9, '_' or '-'"
 
 
+def check_identity(identity: str) -> str | None:
+    """An identity as the log and the state machine keep it: "" (none) or 1 to
+    ``IDENTITY_MAX_CHARS`` printable characters."""
+    if len(identity) <= IDENTITY_MAX_CHARS and not has_control(identity):
+        return None
+    return f"an identity is at most {IDENTITY_MAX_CHARS} printable characters"
+
+
 def check_ttl_ms(ttl_ms: int, as_written: str | None = None) -> str | None:
     """``as_written``: the value as the user typed it (``48h``), shown instead of the
     milliseconds, so the message quotes what they wrote."""
@@ -115,14 +123,6 @@ def check_meta(meta: Mapping[str, str]) -> str | None:
         ):
             return f"the metadata value of {name!r} is at most {META_VALUE_MAX_CHARS} characters"
     return None
-
-
-def check_identity(identity: str) -> str | None:
-    """An identity as the log and the state machine keep it: "" (none) or 1 to
-    ``IDENTITY_MAX_CHARS`` printable characters."""
-    if len(identity) <= IDENTITY_MAX_CHARS and not has_control(identity):
-        return None
-    return f"an identity is at most {IDENTITY_MAX_CHARS} printable characters"
 
 
 def check_seq(seq: int) -> str | None:

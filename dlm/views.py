@@ -10,7 +10,15 @@ commands show what they can.
 
 from __future__ import annotations
 
-from dlm.wire import Reply, _as_sent, _reply_opt_int, _reply_opt_text, _reply_true, field
+from dlm.wire import (
+    Reply,
+    _as_sent,
+    _reply_opt_int,
+    _reply_opt_text,
+    _reply_text,
+    _reply_true,
+    field,
+)
 
 # typing stays off the import path of `dlm status` (see wire.py).
 TYPE_CHECKING = False
@@ -83,6 +91,9 @@ class LeaseSummary(Reply):
     holding: list[str] = field(_as_sent)
     waiting: list[str] = field(_as_sent)
     meta: dict[str, str] = field(_as_sent)
+    owner: str = field(_reply_text, default="")
+    """The identity that opened the lease ("" for one opened before identities, or by a
+    member of an earlier release, which does not send it)."""
 
 
 class LeasesPage(Reply):

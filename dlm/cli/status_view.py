@@ -645,7 +645,9 @@ def list_leases(settings: Settings, output_format: str) -> None:
     finally:
         client.close()
     if output_format == JSON:
-        emit_json({"leases": leases})
+        # ``owner``: the identity that opened the lease; "" for one opened before identities
+        # (a member of an earlier release does not send the field).
+        emit_json({"leases": [{**lease, "owner": lease.get("owner", "")} for lease in leases]})
         return
     rows = [lease_row(lease) for lease in leases]
     if output_format == TSV:

@@ -23,12 +23,14 @@ MAX_BAD_REQUESTS = 16
 class ClientConn:
     conn: int
     remote: str
+    identity: str = ""
+    """Who the connection authenticated as ("" when nothing named anyone): the owner of the
+    leases it opens, and whose quotas it counts against. The runtime always names one
+    (admission.py: ``admin`` for the cluster's client secret or none); "" counts as the
+    built-in admin for the permission rule (identities.py)."""
     waiting: set[tuple[str, str]] = field(default_factory=set)
     """(lease, key) pairs this connection waits for a grant push on."""
     bad_requests: int = 0
-    identity: str = ""
-    """Who the connection authenticated as (admission.py); "" counts as the built-in
-    admin (a caller that names none: the runtime always names one)."""
 
 
 class Clients:

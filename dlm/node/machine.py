@@ -511,8 +511,8 @@ class NodeMachine:
     # ------------------------------------------------------------------ clients
 
     def client_connected(self, conn: int, remote: str, identity: str = "") -> None:
-        """A client connection was admitted; ``identity``: who it proved it is
-        (admission.py; "" counts as the built-in admin)."""
+        """A client connection was admitted; ``identity``: who its handshake proved it is
+        ("" when nothing names anyone), the owner of every lease it opens."""
         self.clients.connected(conn, remote, identity)
 
     def client_closed(self, conn: int) -> None:
@@ -604,9 +604,11 @@ class NodeMachine:
         lease = getattr(req, "lease", None)
         if leading and isinstance(lease, str):
             owner = self.locks.lease_owner(lease)
-        problem = refusal(
-            self.locks.identities, identity, req.TYPE, req.PERMISSION, key=key, owner=owner
-        )
+        problem = None
+        if self.locks.version >= 3:  # before it no identity table: every client is the admin
+            problem = refusal(
+                self.locks.identities, identity, req.TYPE, req.PERMISSION, key=key, owner=owner
+            )
         if problem is None:
             if req.PERMISSION == "admin" or (owner and owner != identity):
                 # An admin action (membership, identities, another identity's lease): the

@@ -163,18 +163,21 @@ class Proposals:
         retry_after_s: float,
         now: Instant,
     ) -> None:
-        """Once every other member speaks ``max_version``, the leader moves the log to it
-        (PROTOCOL.md); ``versions_spoken``: the highest version of each other member."""
+        """The leader moves the log to the highest version every member speaks, up to its
+        own ``max_version`` (PROTOCOL.md); ``versions_spoken``: the highest version of each
+        other member. (A cluster with a member of the previous release still reaches the
+        version that member speaks.)"""
         if version >= max_version:
             return
         if now.mono - self._version_proposed_at < retry_after_s:
             return
-        if any(v < max_version for v in versions_spoken):
+        target = min((max_version, *versions_spoken))
+        if target <= version:
             return
-        cmd = locks.ClusterVersionCommand(max_version, now.wall_ms)
+        cmd = locks.ClusterVersionCommand(target, now.wall_ms)
         if not isinstance(raft.propose(locks.encode_command(cmd)), NotLeader):
             self._version_proposed_at = now.mono
-            self._out.log("info", "cluster_version_proposed", version=max_version)
+            self._out.log("info", "cluster_version_proposed", version=target)
 
 
 def command_for(
@@ -186,8 +189,9 @@ def command_for(
     *,
     identity: str = "",
 ) -> locks.ClientCommand:
-    """The log command for ``req``, in the form the cluster's version runs; from version 3
-    it names ``identity``, the connection's, which the state machine checks again."""
+    """The log command for ``req``, in the form the cluster's version runs; ``identity``:
+    who the requesting connection authenticated as (from version 3 a new lease's owner,
+    and the identity each command names, which the state machine checks again)."""
     v2 = machine.version >= 2
     by = identity if machine.version >= 3 else ""
     if v2 and req.client:

@@ -270,6 +270,7 @@ class Replies:
                     holding=list(v.holding),
                     waiting=list(v.waiting),
                     meta=dict(v.meta),
+                    owner=v.owner,
                 )
                 for v in views
             ],

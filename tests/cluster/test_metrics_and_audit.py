@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from dlm.node.machine_config import PROTOCOL_SPOKEN
 from dlm.node.runtime.metrics import METRIC_HELP
 from tests.cluster.cli_harness import Dlm
 from tests.cluster.harness import Cluster, NodeProc, RawConn, free_ports, wait_for
@@ -315,7 +316,7 @@ def test_one_leader_one_term_and_the_raft_figures(metered: Cluster, leader: Mete
         assert value(samples, "dlm_raft_term") >= 1
         assert value(samples, "dlm_raft_leader_changes_total") >= 1
         assert value(samples, "dlm_raft_applied_index") <= value(samples, "dlm_raft_commit_index")
-        assert value(samples, "dlm_cluster_version") == 2
+        assert value(samples, "dlm_cluster_version") == PROTOCOL_SPOKEN
     assert len({value(s, "dlm_raft_term") for s in scrapes.values()}) == 1
     mine = scrapes[leader.node_id]
     for peer in metered.nodes:

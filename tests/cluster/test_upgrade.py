@@ -16,13 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from dlm.client.errors import DlmError, LockHeld
+from dlm.node.machine_config import PROTOCOL_SPOKEN
 from tests import compat
 from tests.cluster.harness import Cluster, NodeProc, wait_for
 
 
 def _at_version_2(client: Any) -> dict[str, Any] | None:
+    """The status once the log runs this release's version (2 or later: each needs every
+    member on this release)."""
     view: dict[str, Any] = client.status()
-    return view if view.get("cluster_version") == 2 else None
+    return view if view.get("cluster_version") == PROTOCOL_SPOKEN else None
 
 
 def _serving(node: NodeProc, cluster: Cluster) -> dict[str, Any] | None:
@@ -64,7 +67,7 @@ def test_a_member_of_this_release_opens_the_previous_releases_data(tmp_path: Pat
             later = client.acquire(other, "freed")
             assert later.token > max(kept.token, freed.token)
             view = wait_for(lambda: _at_version_2(client), 10.0, "the log to move to version 2")
-            assert view["cluster_version"] == 2
+            assert view["cluster_version"] == PROTOCOL_SPOKEN
     finally:
         cluster.stop_all()
 
@@ -134,7 +137,7 @@ def test_a_rolling_restart_from_the_previous_release_under_load(tmp_path: Path) 
                 15.0,
                 "the log to move to version 2 once every member runs this release",
             )
-            assert view["cluster_version"] == 2
+            assert view["cluster_version"] == PROTOCOL_SPOKEN
             workload.stop.set()
             workload.thread.join(timeout=60)
             holders = client.get("held-throughout")["holders"]

@@ -299,7 +299,13 @@ class NodeServer:
         # prometheus-client is imported only by members that serve metrics.
         from dlm.node.runtime.metrics import MetricsListener, registry_for
 
-        listener = MetricsListener(registry_for(self), log=self.log)
+        security = self.security
+        listener = MetricsListener(
+            registry_for(self),
+            log=self.log,
+            token=security.metrics_token,
+            tls=security.metrics_tls,
+        )
         try:
             await listener.start(host, port)
         except OSError as exc:
@@ -307,7 +313,12 @@ class NodeServer:
                 exc.errno, f"cannot serve metrics on {_addr_text((host, port))}: {exc.strerror}"
             ) from None
         self.metrics = listener
-        self.log.info("metrics_serving", address=_addr_text((host, listener.port)))
+        self.log.info(
+            "metrics_serving",
+            address=_addr_text((host, listener.port)),
+            token=security.metrics_token is not None,
+            tls=security.metrics_tls is not None,
+        )
 
     async def shutdown(self) -> None:
         """Stops taking requests, lets in-flight ones finish (bounded), then stops."""
