@@ -84,6 +84,9 @@ METRIC_HELP: dict[str, str] = {
     "dlm_requests_total": "Client requests this member answered, by type and result "
     "(OK or the error code).",
     "dlm_grants_total": "Locks granted (at once or to a waiter), as this member applied them.",
+    "dlm_permission_refusals_total": "Requests refused for want of a permission (exit 77, "
+    "PERMISSION_DENIED), by identity and action (the request kind); counted where refused: "
+    "by the member that received it, or by every member that applied its entry.",
     "dlm_releases_total": "Held locks that ended, by how: released, closed (with their lease) "
     "or expired.",
     "dlm_lease_expiries_total": "Leases ended by the leader because their TTL passed.",
@@ -147,6 +150,14 @@ class NodeCollector(Collector):
         for (kind, outcome), count in sorted(stats.requests.items()):
             requests.add_metric([kind, outcome], count)
         yield requests
+        refusals = CounterMetricFamily(
+            "dlm_permission_refusals",
+            _help("dlm_permission_refusals_total"),
+            labels=["identity", "action"],
+        )
+        for (identity, action), count in sorted(stats.refusals.items()):
+            refusals.add_metric([identity, action], count)
+        yield refusals
         releases = CounterMetricFamily("dlm_releases", _help("dlm_releases_total"), labels=["how"])
         for how in RELEASE_KINDS:
             releases.add_metric([how], stats.releases.get(how, 0))
