@@ -156,6 +156,8 @@ class NodeMachine:
     raft_class: type[RaftNode] = RaftNode
     tracker_class: type[LeaseTracker] = LeaseTracker
     read_rounds_class: type[ReadRounds] = ReadRounds
+    check_permissions = True
+    """A seam: the simulator's mutant switches the receiving member's permission check off."""
 
     def __init__(
         self,
@@ -605,7 +607,7 @@ class NodeMachine:
         if leading and isinstance(lease, str):
             owner = self.locks.lease_owner(lease)
         problem = None
-        if self.locks.version >= 3:  # before it no identity table: every client is the admin
+        if self.locks.version >= 3 and self.check_permissions:  # before it no identity table: every client is the admin
             problem = refusal(
                 self.locks.identities, identity, req.TYPE, req.PERMISSION, key=key, owner=owner
             )

@@ -185,3 +185,16 @@ class ConfirmsUpdatesOfDoomedLeases(NodeMachine):
             self._answer_request(proposal.conn, proposal.request.TYPE, reply)
             return
         super()._answer(proposal, result, now)
+
+
+class SkipsPermissionChecks(NodeMachine):
+    """Issue 23: no permission check at the member that receives a request..."""
+
+    check_permissions = False
+
+
+class AppliesWithoutPermission(locks.LockStateMachine):
+    """...and none when its entry is applied: a client identity's acquire of a key outside
+    its prefixes, or its release of another identity's lease, takes effect."""
+
+    check_permissions = False
