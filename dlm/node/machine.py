@@ -607,7 +607,8 @@ class NodeMachine:
         if leading and isinstance(lease, str):
             owner = self.locks.lease_owner(lease)
         problem = None
-        if self.locks.version >= 3 and self.check_permissions:  # before it no identity table: every client is the admin
+        # Before version 3 there is no identity table: every client is the admin.
+        if self.locks.version >= 3 and self.check_permissions:
             problem = refusal(
                 self.locks.identities, identity, req.TYPE, req.PERMISSION, key=key, owner=owner
             )
