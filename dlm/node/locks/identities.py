@@ -84,7 +84,7 @@ class Identity:
         return self.role == ROLE_ADMIN
 
     def may_use_key(self, key: str) -> bool:
-        return self.admin or any(key.startswith(p) for p in self.prefixes)
+        return self.admin or key.startswith(self.prefixes)  # a tuple: any of them
 
     def row(self, now_ms: int | None = None) -> dict[str, Any]:
         """What ``dlm auth list`` and ``dlm store inspect`` show: never a key."""
