@@ -143,3 +143,18 @@ def test_the_snapshot_image_keeps_the_table_and_a_format_2_image_still_opens() -
     m = v2["n1"].machine
     old = restore_image(image(m.locks, m.raft, m.membership), type(m.locks), m.membership)
     assert isinstance(old.identities, IdentityTable) and len(old.identities) == 0
+
+
+def test_store_inspect_shows_the_identities_of_an_image_without_any_key() -> None:
+    from dlm.store.inspect import _identities_of
+
+    cluster = at_version_3()
+    admin = cluster.connect("n1")
+    add(admin, "ci", "ci/")
+    leader = cluster["n1"].machine
+    data = image(leader.locks, leader.raft, leader.membership)
+    shown = _identities_of(data)
+    assert shown == [{"name": "ci", "role": "client", "prefixes": ["ci/"], "keys": 1}]
+    (identity,) = [leader.locks.identities.get("ci")]
+    assert identity is not None
+    assert identity.keys[0].stored_key.hex() not in repr(shown)
