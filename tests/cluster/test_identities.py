@@ -82,6 +82,12 @@ def test_a_client_limited_to_a_prefix_may_lock_only_there_and_an_admin_does_it_a
             assert secret.encode() not in member_dir.read_bytes(), member_dir
 
     ci = as_identity(admin, credential)
+    # dlm exec as the identity: open, acquire, keep-alives, a minimum hold, release.
+    ran = ci.run("exec", "--lock", "ci/job", "--min-hold", "1s", "--", "true")
+    assert ran.returncode == 0, (ran.stdout, ran.stderr)
+    ran = ci.run("exec", "--lock", "prod/job", "--", "true")
+    assert ran.returncode == 77 and "PERMISSION_DENIED" not in ran.stdout, ran.stderr
+    assert "identity 'ci' may not acquire 'prod/job'" in ran.stderr
     grant = ci.json("acquire", "ci/build")
     assert grant["key"] == "ci/build"
 
