@@ -136,3 +136,43 @@ def test_a_removed_identity_cannot_connect_and_a_rotated_one_keeps_working_until
     proc = as_identity(admin, new).run("acquire", "deploy/x", "--json")
     assert proc.returncode == 78, (proc.stdout, proc.stderr)
     assert "deploy" in proc.stdout
+
+
+def test_with_a_client_secret_its_holder_is_the_admin_and_a_credential_still_works(
+    tmp_path: Path,
+) -> None:
+    from dlm import auth
+
+    auth.write_secret_file(str(tmp_path / "peer.secret"))
+    auth.write_secret_file(str(tmp_path / "client.secret"))
+
+    def flags(_: object) -> list[str]:
+        return [
+            "--peer-secret-file",
+            str(tmp_path / "peer.secret"),
+            "--client-secret-file",
+            str(tmp_path / "client.secret"),
+        ]
+
+    (tmp_path / "cluster").mkdir()
+    cluster = Cluster(
+        tmp_path / "cluster",
+        size=3,
+        node_args=flags,
+        client_secret=auth.load_secret(str(tmp_path / "client.secret")),
+    )
+    try:
+        cluster.start_all()
+        cluster.wait_for_leader(timeout=15.0)
+        admin = Dlm(cluster.members_env, tmp_path)
+        admin.env["DLM_SECRET_FILE"] = str(tmp_path / "client.secret")
+        credential = tmp_path / "ci.cred"
+        admin.json("auth", "add", "ci", "--prefix", "ci/", "--out", str(credential))
+        ci = as_identity(admin, credential)
+        ci.json("acquire", "ci/x")
+        refused(ci, "acquire", "prod/x")
+        anonymous = Dlm(cluster.members_env, tmp_path)
+        proc = anonymous.run("acquire", "ci/y", "--json")
+        assert proc.returncode == 78, (proc.stdout, proc.stderr)
+    finally:
+        cluster.stop_all()
