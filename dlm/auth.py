@@ -54,7 +54,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from typing import Any
 
 METHOD = "hmac-sha256"
@@ -245,7 +245,11 @@ class Initiator:
 
 
 class Responder:
-    """The accepting side: a member. ``node`` is its own id; ``nonce`` fresh per connection."""
+    """The accepting side: a member. ``node`` is its own id; ``nonce`` fresh per connection.
+
+    A client that proves the cluster's client secret is the built-in ``admin`` identity."""
+
+    identity = "admin"
 
     def __init__(self, secret: bytes, nonce: bytes, *, node: str) -> None:
         if len(nonce) != NONCE_BYTES:
@@ -363,3 +367,232 @@ def write_secret_file(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# ---------------------------------------------------------------------------
+# Identities: a credential that names who it is, checked against a verifier
+# ---------------------------------------------------------------------------
+# In the manner of SCRAM (RFC 5802), in our own terms. A credential file holds an
+# identity's name and its secret; the cluster keeps only a verifier made from them:
+#
+#   salted     = HMAC(secret, "dlm identity salt" | name)   (the secret is 256 random
+#                 bits, so no iterated hash is needed against guessing)
+#   client_key = HMAC(salted, "client key");  stored_key = SHA-256(client_key)
+#   server_key = HMAC(salted, "server key");  key_id = SHA-256("dlm key id" | stored_key)[:8]
+#
+# The member proves itself with HMAC(server_key, transcript) in its welcome; the client
+# answers with client_key XOR HMAC(stored_key, transcript), from which the member
+# recovers client_key and checks SHA-256(client_key) == stored_key. So the verifier
+# checks a proof but cannot make one: a stolen snapshot or backup logs nobody in. (As
+# with SCRAM, someone holding a verifier who also records a handshake can recover that
+# client_key; rotate an identity whose verifier may have leaked.) Session keys come
+# from client_key and the transcript, which both sides then know.
+
+IDENTITY_METHOD = "scram-sha256"
+CREDENTIAL_TAG = b"dlm-identity"
+"""A credential file's first word: ``dlm-identity NAME SECRET``."""
+_CLIENT_KEY = b"client key"
+_SERVER_KEY = b"server key"
+_SERVER_PROOF = b"server signature"
+_CLIENT_SIGNATURE = b"client signature"
+_SESSION_I2R = b"identity key client to member"
+_SESSION_R2I = b"identity key member to client"
+
+
+def parse_credential(content: bytes) -> tuple[str, bytes] | None:
+    """(name, secret) of a credential file's content, or None for a plain secret."""
+    words = content.split()
+    if len(words) != 3 or words[0] != CREDENTIAL_TAG:
+        return None
+    try:
+        name = words[1].decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    return name, words[2]
+
+
+def derive_verifier(name: str, secret: bytes) -> tuple[bytes, bytes, bytes]:
+    """(key_id, stored_key, server_key) of an identity's secret: what the cluster keeps."""
+    _, stored_key, server_key = _identity_keys(name, secret)
+    return _key_id(stored_key), stored_key, server_key
+
+
+def _identity_keys(name: str, secret: bytes) -> tuple[bytes, bytes, bytes]:
+    salted = hmac.digest(secret, b"dlm identity salt\x00" + name.encode(), "sha256")
+    client_key = hmac.digest(salted, _CLIENT_KEY, "sha256")
+    server_key = hmac.digest(salted, _SERVER_KEY, "sha256")
+    return client_key, hashlib.sha256(client_key).digest(), server_key
+
+
+def _key_id(stored_key: bytes) -> bytes:
+    return hashlib.sha256(b"dlm key id\x00" + stored_key).digest()[:8]
+
+
+def _xor(a: bytes, b: bytes) -> bytes:
+    return bytes(x ^ y for x, y in zip(a, b, strict=True))
+
+
+def new_credential(name: str) -> tuple[bytes, tuple[bytes, bytes, bytes]]:
+    """A fresh credential file's content for ``name``, and its verifier."""
+    secret = new_secret().encode()
+    content = CREDENTIAL_TAG + b" " + name.encode() + b" " + secret + b"\n"
+    return content, derive_verifier(name, secret)
+
+
+def write_credential_file(path: str, content: bytes) -> None:
+    """Creates ``path`` (which must not exist) holding ``content``, mode 0600."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        raise SecretFileError(
+            f"{path} already exists: remove it first, or choose another path"
+        ) from None
+    except OSError as exc:
+        raise SecretFileError(f"cannot create {path}: {exc.strerror or exc}") from None
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, content)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class IdentityInitiator:
+    """A client proving an identity (a credential file's name and secret) to a member;
+    the same calls as ``Initiator``."""
+
+    identity: str
+
+    def __init__(
+        self, name: str, secret: bytes, nonce: bytes, *, role: str = "client", version: int = 1
+    ) -> None:
+        if len(nonce) != NONCE_BYTES:
+            raise ValueError(f"a nonce is {NONCE_BYTES} bytes")
+        self.identity = name
+        self._client_key, self._stored_key, self._server_key = _identity_keys(name, secret)
+        self._key_id = _key_id(self._stored_key)
+        self._nonce = nonce
+        self._role = role
+        self._version = version
+        self._transcript: bytes | None = None
+
+    def hello_fields(self) -> dict[str, Any]:
+        return {
+            "auth": IDENTITY_METHOD,
+            "auth_nonce": self._nonce,
+            "auth_identity": self.identity,
+            "auth_key": self._key_id,
+        }
+
+    def check_welcome(self, welcome: Mapping[str, Any]) -> dict[str, Any]:
+        if "auth_proof" not in welcome:
+            raise AuthError(
+                "the member did not prove it knows this identity (it predates identities, "
+                "or refused the credential)"
+            )
+        nonce = _bytes_field(welcome, "auth_nonce", NONCE_BYTES)
+        proof = _bytes_field(welcome, "auth_proof", 32)
+        transcript = _transcript(
+            IDENTITY_METHOD,
+            self._role,
+            str(self._version),
+            _text_field(welcome, "node"),
+            self.identity,
+            self._key_id,
+            self._nonce,
+            nonce,
+        )
+        if not hmac.compare_digest(proof, hmac.digest(self._server_key, transcript, "sha256")):
+            raise AuthError("the member's proof is wrong: it does not hold this identity's key")
+        self._transcript = transcript
+        signature = hmac.digest(self._stored_key, _CLIENT_SIGNATURE + transcript, "sha256")
+        return {"t": "auth", "proof": _xor(self._client_key, signature)}
+
+    def keys(self) -> tuple[FrameSealer, FrameOpener]:
+        if self._transcript is None:
+            raise RuntimeError("keys() before check_welcome() succeeded")
+        return (
+            FrameSealer(_prf(self._client_key, _SESSION_I2R, self._transcript)),
+            FrameOpener(_prf(self._client_key, _SESSION_R2I, self._transcript)),
+        )
+
+
+class IdentityResponder:
+    """A member checking an identity's proof. ``verifier(name, key_id)`` gives the
+    (stored_key, server_key) the replicated table keeps for that key, or None."""
+
+    identity: str
+
+    def __init__(
+        self,
+        verifier: Callable[[str, bytes], tuple[bytes, bytes] | None],
+        nonce: bytes,
+        *,
+        node: str,
+    ) -> None:
+        if len(nonce) != NONCE_BYTES:
+            raise ValueError(f"a nonce is {NONCE_BYTES} bytes")
+        self._verifier = verifier
+        self._nonce = nonce
+        self._node = node
+        self.identity = ""
+        self._stored_key = b""
+        self._transcript: bytes | None = None
+
+    def welcome_fields(self, hello: Mapping[str, Any]) -> dict[str, Any]:
+        if hello.get("auth") != IDENTITY_METHOD:
+            raise AuthError(f"expected authentication method {IDENTITY_METHOD!r}")
+        version = hello.get("version")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise AuthError("field 'version' must be an integer")
+        name = _text_field(hello, "auth_identity")
+        if not 1 <= len(name) <= 64:
+            raise AuthError("field 'auth_identity' must name an identity")
+        key_id = _bytes_field(hello, "auth_key", 8)
+        keys = self._verifier(name, key_id)
+        if keys is None:
+            raise AuthError(
+                f"identity {name!r} is not known with this key (removed, or its key was "
+                "rotated and the old one has run out): ask an admin for a credential"
+            )
+        self._stored_key, server_key = keys
+        self._transcript = _transcript(
+            IDENTITY_METHOD,
+            _text_field(hello, "role"),
+            str(version),
+            self._node,
+            name,
+            key_id,
+            _bytes_field(hello, "auth_nonce", NONCE_BYTES),
+            self._nonce,
+        )
+        self.identity = name
+        proof = hmac.digest(server_key, self._transcript, "sha256")
+        return {"auth_nonce": self._nonce, "auth_proof": proof}
+
+    def check_auth(self, frame: Mapping[str, Any]) -> tuple[FrameSealer, FrameOpener]:
+        if self._transcript is None:
+            raise RuntimeError("check_auth() before welcome_fields()")
+        if frame.get("t") != "auth":
+            raise AuthError("expected the auth frame")
+        proof = _bytes_field(frame, "proof", 32)
+        signature = hmac.digest(self._stored_key, _CLIENT_SIGNATURE + self._transcript, "sha256")
+        client_key = _xor(proof, signature)
+        if not hmac.compare_digest(hashlib.sha256(client_key).digest(), self._stored_key):
+            raise AuthError(
+                f"authentication of identity {self.identity!r} failed: wrong secret, or a "
+                "replayed handshake"
+            )
+        return (
+            FrameSealer(_prf(client_key, _SESSION_R2I, self._transcript)),
+            FrameOpener(_prf(client_key, _SESSION_I2R, self._transcript)),
+        )
+
+
+def client_initiator(secret: bytes, nonce: bytes) -> Initiator | IdentityInitiator:
+    """The client's side of the handshake for what its secret file held: a credential
+    (``dlm auth add``) proves its identity; a plain secret, the cluster's client secret."""
+    credential = parse_credential(secret)
+    if credential is not None:
+        return IdentityInitiator(credential[0], credential[1], nonce)
+    return Initiator(secret, nonce, role="client", cluster="", node="")

@@ -24,6 +24,8 @@ LEASE_ID_MAX_CHARS = 64
 LEASE_ID_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
 CLIENT_ID_MAX_CHARS = 64
 """Client ids (one per client process, for request deduplication) use the lease id alphabet."""
+IDENTITY_MAX_CHARS = 128
+"""An identity (who a client connection authenticated as): printable text, "" for none."""
 TTL_MIN_MS = 1_000
 TTL_MAX_MS = 86_400_000
 HOLD_MAX_MS = 86_400_000
@@ -77,6 +79,14 @@ def check_client_id(client: str) -> str | None:
     return f"a client id is 1 to {CLIENT_ID_MAX_CHARS} characters of A-Z, a-z, 0-9, '_' or '-'"
 
 
+def check_identity(identity: str) -> str | None:
+    """An identity as the log and the state machine keep it: "" (none) or 1 to
+    ``IDENTITY_MAX_CHARS`` printable characters."""
+    if len(identity) <= IDENTITY_MAX_CHARS and not has_control(identity):
+        return None
+    return f"an identity is at most {IDENTITY_MAX_CHARS} printable characters"
+
+
 def check_ttl_ms(ttl_ms: int, as_written: str | None = None) -> str | None:
     """``as_written``: the value as the user typed it (``48h``), shown instead of the
     milliseconds, so the message quotes what they wrote."""
@@ -125,3 +135,33 @@ def _ms(ms: int) -> str:
     if ms % 1000 == 0 and abs(ms) >= 1000:
         return f"{ms // 1000}s"
     return f"{ms}ms"
+
+
+IDENTITY_NAME_MAX = 64
+"""The longest identity name (``dlm auth add NAME``)."""
+IDENTITY_PREFIXES_MAX = 32
+"""The most key prefixes one identity has."""
+
+
+def check_identity_name(name: str) -> str | None:
+    """Why ``name`` is not an identity name (None: it is one): 1 to 64 letters, digits,
+    '.', '_' and '-', starting with a letter or digit."""
+    if not 1 <= len(name) <= IDENTITY_NAME_MAX:
+        return f"an identity name is 1 to {IDENTITY_NAME_MAX} characters"
+    if not name[0].isascii() or not name[0].isalnum():
+        return f"identity name {name[:80]!r} must start with a letter or digit"
+    if not all(c.isascii() and (c.isalnum() or c in "._-") for c in name):
+        return f"identity name {name[:80]!r} may hold only letters, digits, '.', '_' and '-'"
+    return None
+
+
+def check_identity_prefixes(prefixes: tuple[str, ...] | list[str]) -> str | None:
+    """Why these key prefixes are not an identity's (None: they are): at most 32, each
+    1 to KEY_MAX_BYTES bytes of printable text."""
+    if len(prefixes) > IDENTITY_PREFIXES_MAX:
+        return f"an identity has at most {IDENTITY_PREFIXES_MAX} prefixes"
+    for prefix in prefixes:
+        size = len(prefix.encode("utf-8", "surrogatepass"))
+        if not 1 <= size <= KEY_MAX_BYTES or not prefix.isprintable():
+            return f"a key prefix is 1 to {KEY_MAX_BYTES} bytes of printable text"
+    return None

@@ -49,12 +49,16 @@ class TlsConfigError(Exception):
     """TLS cannot be set up as configured; the message is one line naming the file."""
 
 
-def server_context(cert: str, key: str, ca: str) -> ssl.SSLContext:
+def server_context(
+    cert: str, key: str, ca: str, *, require_client_cert: bool = False
+) -> ssl.SSLContext:
+    """``require_client_cert``: refuse a connection without a certificate the CA signed
+    (the /metrics endpoint; the member's port checks a peer's certificate itself)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     _load_identity(context, cert, key)
     _load_ca(context, ca)
-    context.verify_mode = ssl.CERT_OPTIONAL
+    context.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_OPTIONAL
     return context
 
 

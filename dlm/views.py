@@ -138,6 +138,9 @@ class LeaseSummary(SentView):
     holding: list[str] = field(_reply_texts)
     waiting: list[str] = field(_reply_texts)
     meta: dict[str, str] = field(_reply_names)
+    owner: str | None = field(_reply_opt_text, default=None)
+    """The identity that opened the lease (absent or "" for one opened before identities, or
+    listed by a member of an earlier release)."""
 
 
 class LeasesPage(Reply):

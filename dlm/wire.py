@@ -83,6 +83,7 @@ class ErrorCode(enum.StrEnum):
     CONFLICT = "CONFLICT"
     UNSAFE = "UNSAFE"
     AUTH_FAILED = "AUTH_FAILED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
 
 
 # ---------------------------------------------------------------------------
@@ -677,6 +678,39 @@ def _address(msg: dict[Any, Any], name: str) -> str:
     return address
 
 
+def _identity_name(msg: dict[Any, Any], name: str) -> str:
+    value: str = _field(msg, name, str)
+    _checked(limits.check_identity_name(value))
+    return value
+
+
+def _role(msg: dict[Any, Any], name: str) -> str:
+    value: str = _field(msg, name, str)
+    if value not in ("admin", "client"):
+        raise ProtocolError("a role is admin or client")
+    return value
+
+
+def _prefixes(msg: dict[Any, Any], name: str) -> list[str]:
+    value = msg.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise ProtocolError(f"field {name!r} must be a list of text")
+    _checked(limits.check_identity_prefixes(value))
+    return list(value)
+
+
+def _key_bytes(size: int) -> Check:
+    def checked(msg: dict[Any, Any], name: str) -> bytes:
+        value = msg.get(name)
+        if not isinstance(value, bytes) or len(value) != size:
+            raise ProtocolError(f"field {name!r} must be {size} bytes")
+        return value
+
+    return checked
+
+
 def _if_seq(check: Check, absent: object) -> Check:
     """``check``, on a request whose origin is all or nothing: without ``seq`` (a
     version-1 ``open_lease``) the field is ``absent`` whatever the frame says."""
@@ -813,12 +847,22 @@ class Request(Record, metaclass=RecordSpec):
     Fields are keyword-only, and ``to_wire`` gives the frame: ``t`` and the fields.
     ``ROUTE`` says how a member serves it: ``local`` (answered at once), ``propose``
     (a lock or lease change, through the log), ``member`` (a membership change),
-    ``confirm`` (the leader confirms it leads before answering) or ``read`` (a read,
-    served locally when ``stale``, else after a read round).
+    ``confirm`` (the leader confirms it leads before answering), ``read`` (a read,
+    served locally when ``stale``, else after a read round) or ``identity`` (a change to
+    the identity table, through the log; it names no seq: a re-sent one names the same
+    key, which the table takes as done).
+
+    ``PERMISSION`` says what the connection's identity needs (docs/PROTOCOL.md,
+    "Authentication"; dlm/node/locks/identities.py decides): ``any``; ``read`` (answered,
+    filtered to the keys under its prefixes and its own leases); ``key`` (the key under one
+    of its prefixes); ``lock`` (that, and the lease its own); ``lease`` (the lease's
+    opener, or an admin); ``admin`` (the admin role). A request kind added later names
+    one of these and is enforced by it.
     """
 
     TYPE: ClassVar[str] = ""
     ROUTE: ClassVar[str] = ""
+    PERMISSION: ClassVar[str] = "admin"
     _TABLE: ClassVar[dict[str, Field]]
     _INIT: ClassVar[tuple[tuple[str, Any, Callable[[], Any] | None], ...]]
     _DECODE: ClassVar[tuple[tuple[str, Check], ...]]
@@ -845,6 +889,7 @@ class Change(Request):
 class OpenLease(Change):
     TYPE = "open_lease"
     ROUTE = "propose"
+    PERMISSION = "lease"
     lease: str = field(_lease)
     ttl_ms: int = field(_ttl)
     ephemeral: bool = field(_flag, default=False)
@@ -864,6 +909,7 @@ class Renew(Request):
 
     TYPE = "keepalive"
     ROUTE = "confirm"
+    PERMISSION = "lease"
     lease: str = field(_lease)
     incarnation: int = field(_opt_count, default=0, early=True)
     client: str = field(_client, default="", origin=True)
@@ -873,6 +919,7 @@ class Renew(Request):
 class CloseLease(Change):
     TYPE = "close_lease"
     ROUTE = "propose"
+    PERMISSION = "lease"
     lease: str = field(_lease)
 
 
@@ -881,6 +928,7 @@ class UpdateLease(Change):
 
     TYPE = "lease_update"
     ROUTE = "propose"
+    PERMISSION = "lease"
     lease: str = field(_lease)
     ttl_ms: int = field(_ttl)
     finished: bool = field(_flag, default=False)
@@ -889,6 +937,7 @@ class UpdateLease(Change):
 class Acquire(Change):
     TYPE = "acquire"
     ROUTE = "propose"
+    PERMISSION = "lock"
     lease: str = field(_lease)
     key: str = field(_key)
     wait: bool = field(_flag, default=False)
@@ -901,6 +950,7 @@ class Release(Change):
 
     TYPE = "release"
     ROUTE = "propose"
+    PERMISSION = "lease"
     lease: str = field(_lease)
     key: str = field(_key)
     token: int | None = field(_token, default=None, early=True)
@@ -910,6 +960,7 @@ class Release(Change):
 class Get(Request):
     TYPE = "get"
     ROUTE = "read"
+    PERMISSION = "key"
     key: str = field(_key)
     stale: bool = field(_flag, default=False)
 
@@ -917,6 +968,7 @@ class Get(Request):
 class ListLocks(Request):
     TYPE = "list"
     ROUTE = "read"
+    PERMISSION = "read"
     prefix: str = field(_prefix, default="")
     stale: bool = field(_flag, default=False)
     after: str | None = field(_after, default=None, early=True)
@@ -926,12 +978,14 @@ class ListLocks(Request):
 class LeaseInfo(Request):
     TYPE = "lease_info"
     ROUTE = "confirm"
+    PERMISSION = "lease"
     lease: str = field(_lease)
 
 
 class ListLeases(Request):
     TYPE = "lease_list"
     ROUTE = "read"
+    PERMISSION = "read"
     stale: bool = field(_flag, default=False)
     after: str | None = field(_after, default=None, early=True)
     max: int = field(_page_size, default=PAGE_MAX, early=True)
@@ -942,6 +996,7 @@ class Status(Request):
 
     TYPE = "status"
     ROUTE = "read"
+    PERMISSION = "any"
     stale: bool = field(_flag, default=False)
 
 
@@ -950,11 +1005,13 @@ class Ping(Request):
 
     TYPE = "ping"
     ROUTE = "local"
+    PERMISSION = "any"
 
 
 class Members(Request):
     TYPE = "members"
     ROUTE = "confirm"
+    PERMISSION = "any"
 
 
 class SnapshotSave(Request):
@@ -974,6 +1031,7 @@ class SnapshotSave(Request):
 class MemberAdd(Change):
     TYPE = "member_add"
     ROUTE = "member"
+    PERMISSION = "admin"
     member: str = field(_member_id)
     address: str = field(_address)
 
@@ -981,6 +1039,7 @@ class MemberAdd(Change):
 class MemberRemove(Change):
     TYPE = "member_remove"
     ROUTE = "member"
+    PERMISSION = "admin"
     member: str = field(_member_id)
     force: bool = field(_flag, default=False)
 
@@ -988,8 +1047,64 @@ class MemberRemove(Change):
 class MemberPromote(Change):
     TYPE = "member_promote"
     ROUTE = "member"
+    PERMISSION = "admin"
     member: str = field(_member_id)
 
+
+class AuthAdd(Request):
+    """Adds an identity (admin only). The client made the secret and sends only its verifier
+    (dlm/auth.py): the secret never reaches a member."""
+
+    TYPE = "auth_add"
+    ROUTE = "identity"
+    PERMISSION = "admin"
+    name: str = field(_identity_name)
+    role: str = field(_role)
+    prefixes: list[str] = field(_prefixes, default_factory=list)
+    key_id: bytes = field(_key_bytes(8))
+    stored_key: bytes = field(_key_bytes(32))
+    server_key: bytes = field(_key_bytes(32))
+
+
+class AuthRemove(Request):
+    """Removes an identity: its connections close, its leases run out at their TTL."""
+
+    TYPE = "auth_remove"
+    ROUTE = "identity"
+    PERMISSION = "admin"
+    name: str = field(_identity_name)
+
+
+class AuthRotate(Request):
+    """Gives an identity a new key; the old one stays valid until ``auth_finish`` or 24 h."""
+
+    TYPE = "auth_rotate"
+    ROUTE = "identity"
+    PERMISSION = "admin"
+    name: str = field(_identity_name)
+    key_id: bytes = field(_key_bytes(8))
+    stored_key: bytes = field(_key_bytes(32))
+    server_key: bytes = field(_key_bytes(32))
+
+
+class AuthFinish(Request):
+    """Ends an identity's rotation: only its new key is valid from now on."""
+
+    TYPE = "auth_finish"
+    ROUTE = "identity"
+    PERMISSION = "admin"
+    name: str = field(_identity_name)
+
+
+class AuthList(Request):
+    """The identities (names, roles, prefixes, key ids: never a key)."""
+
+    TYPE = "auth_list"
+    ROUTE = "read"
+    PERMISSION = "admin"
+
+
+AuthChange = AuthAdd | AuthRemove | AuthRotate | AuthFinish
 
 ClientRequest = (
     OpenLease
@@ -1009,6 +1124,11 @@ ClientRequest = (
     | MemberAdd
     | MemberRemove
     | MemberPromote
+    | AuthAdd
+    | AuthRemove
+    | AuthRotate
+    | AuthFinish
+    | AuthList
 )
 LockChange = OpenLease | CloseLease | UpdateLease | Acquire | Release
 MemberChange = MemberAdd | MemberRemove | MemberPromote
@@ -1033,6 +1153,11 @@ REQUESTS: dict[str, type[ClientRequest]] = {
         MemberAdd,
         MemberRemove,
         MemberPromote,
+        AuthAdd,
+        AuthRemove,
+        AuthRotate,
+        AuthFinish,
+        AuthList,
     )
 }
 """Each request class by its wire type ``t``."""

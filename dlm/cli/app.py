@@ -113,6 +113,14 @@ app.add_typer(store_app, name="store")
 app.add_typer(lease_app, name="lease")
 app.add_typer(secret_app, name="secret")
 app.add_typer(snapshot_app, name="snapshot")
+auth_app = typer.Typer(
+    help="Manage the cluster's client identities: who may lock which keys (admins only).",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    no_args_is_help=True,
+)
+app.add_typer(auth_app, name="auth")
 
 FormatOpt = Annotated[
     str | None,
@@ -453,6 +461,82 @@ def lease_list(*, settings: Settings, output_format: FormatOpt = None) -> None:
 
 
 MemberIdArg = Annotated[str, typer.Argument(metavar="ID", help="The member's id.")]
+IdentityArg = Annotated[str, typer.Argument(metavar="NAME", help="The identity's name.")]
+CredentialOutOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--out",
+        metavar="FILE",
+        help="Create FILE (mode 600) holding the identity's credential, for --secret-file.",
+    ),
+]
+
+
+@auth_app.command("add")
+@with_settings
+def auth_add(
+    *,
+    settings: Settings,
+    name: IdentityArg,
+    role: Annotated[
+        str,
+        typer.Option(
+            "--role", metavar="client|admin", help="client: locks keys under its prefixes only."
+        ),
+    ] = "client",
+    prefix: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--prefix",
+            metavar="P",
+            help="A key prefix the client may lock, wait on and read (repeat for more).",
+        ),
+    ] = None,
+    out: CredentialOutOpt = None,
+) -> None:
+    """Add an identity and write its credential file. Admins only (exit 77 otherwise)."""
+    from dlm.cli import identities
+
+    identities.add(settings, name, role, list(prefix or []), out)
+
+
+@auth_app.command("list")
+@with_settings
+def auth_list(*, settings: Settings, output_format: FormatOpt = None) -> None:
+    """List the identities: name, role, prefixes, key id, rotation (never a key)."""
+    from dlm.cli import identities
+    from dlm.cli.output import choose_format
+
+    identities.list_identities(settings, choose_format(output_format, settings.json))
+
+
+@auth_app.command("remove")
+@with_settings
+def auth_remove(*, settings: Settings, name: IdentityArg) -> None:
+    """Remove an identity: its connections close and its renewals stop, so its leases
+    expire at their TTL (each `dlm exec` holder stops its command first)."""
+    from dlm.cli import identities
+
+    identities.remove(settings, name)
+
+
+@auth_app.command("rotate")
+@with_settings
+def auth_rotate(
+    *,
+    settings: Settings,
+    name: IdentityArg,
+    out: CredentialOutOpt = None,
+    finish: Annotated[
+        bool,
+        typer.Option("--finish", help="End the rotation: only the new key is valid from now."),
+    ] = False,
+) -> None:
+    """Give an identity a new credential (--out FILE); the old one stays valid for 24 h or
+    until `dlm auth rotate NAME --finish`, so running jobs are not cut off."""
+    from dlm.cli import identities
+
+    identities.rotate(settings, name, out, finish)
 
 
 @members_app.command("list")

@@ -48,7 +48,8 @@ TOP_LEVEL_HELP = (
     '        members: another membership change is still pending (retry)\n'
     '    77  lease lost, or not the holder (renew or release of an expired lease,\n'
     '        release of a grant the lease no longer holds, revoke of a lease that is\n'
-    "        gone; exec's lock lost while CMD ran)\n"
+    "        gone; exec's lock lost while CMD ran); or not permitted: the identity of\n"
+    '        --secret-file may not do this (PERMISSION_DENIED)\n'
     '    78  authentication or TLS failed, or their files cannot be used: set\n'
     '        --secret-file/DLM_SECRET_FILE or --tls-ca/DLM_TLS_CA as the message says\n'
     "    N   exec only: CMD's own exit code; 128+N when CMD was killed by signal N\n"
@@ -90,6 +91,7 @@ TOP_LEVEL_HELP = (
     "  lease     Look at and end leases (an operator's tools).\n"
     '  secret    Make the shared secret members and clients authenticate with.\n'
     "  snapshot  Back up the cluster's replicated state to a file, and look...\n"
+    "  auth      Manage the cluster's client identities: who may lock which...\n"
 )  # fmt: skip
 
 

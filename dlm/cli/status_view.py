@@ -662,7 +662,9 @@ def list_leases(settings: Settings, output_format: str) -> None:
     finally:
         client.close()
     if output_format == JSON:
-        emit_json({"leases": [lease.to_wire() for lease in leases]})
+        # ``owner``: the identity that opened the lease; "" for one opened before identities
+        # (a member of an earlier release does not send the field).
+        emit_json({"leases": [{**lease.to_wire(), "owner": lease.owner or ""} for lease in leases]})
         return
     rows = [lease_row(lease) for lease in leases]
     if output_format == TSV:

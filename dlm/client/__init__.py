@@ -16,6 +16,7 @@ from dlm.client.errors import (
     LeaseLost,
     LockHeld,
     NotHolder,
+    PermissionDenied,
     ServerError,
     UnsafeChange,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "LeaseLost",
     "LockHeld",
     "NotHolder",
+    "PermissionDenied",
     "ServerError",
     "UnsafeChange",
 ]

@@ -47,6 +47,8 @@ from dlm.client.core import (
 from dlm.client.errors import AuthFailed, ClusterUnavailable, DlmError, LeaseLost, ServerError
 from dlm.wire import (
     PEER_FRAME_LIMIT,
+    AuthChange,
+    AuthList,
     FrameDecoder,
     Hello,
     HelloRole,
@@ -77,10 +79,10 @@ class _Handshake:
     """The client's side of dlm/auth.py's handshake on one connection."""
 
     def __init__(self, secret: bytes, addr: str) -> None:
-        from dlm.auth import Initiator, new_nonce
+        from dlm.auth import client_initiator, new_nonce
 
         self.addr = addr
-        self.initiator = Initiator(secret, new_nonce(), role="client", cluster="", node="")
+        self.initiator = client_initiator(secret, new_nonce())
 
     def hello(self) -> dict[str, Any]:
         return {**Hello(role=HelloRole.CLIENT).to_wire(), **self.initiator.hello_fields()}
@@ -685,6 +687,18 @@ class AsyncClient:
         request = MemberRemove(id=0, member=member, force=force, seq=0)
         view: dict[str, Any] = await self._run(core.member_change_flow(self._ctx, request))
         return view
+
+    async def auth_change(self, request: AuthChange) -> dict[str, Any]:
+        """Adds, removes or rotates an identity (an admin's request; ``request`` is a wire
+        ``auth_*`` request with id 0): the cluster's answer, ``op`` and ``name``."""
+        answer: dict[str, Any] = await self._run(core.read_flow(self._ctx, request))
+        return answer
+
+    async def identities(self) -> list[dict[str, Any]]:
+        """The cluster's identities (an admin's request): names, roles, prefixes, key ids."""
+        answer = await self._run(core.read_flow(self._ctx, AuthList(id=0)))
+        rows = answer.get("identities")
+        return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
     async def promote_member(self, member: str) -> dict[str, Any]:
         request = MemberPromote(id=0, member=member, seq=0)

@@ -43,6 +43,7 @@ from dlm.client.errors import (
     LeaseLost,
     LockHeld,
     NotHolder,
+    PermissionDenied,
     ServerError,
     UnsafeChange,
 )
@@ -1275,6 +1276,8 @@ def error_from_reply(
         return LeaseLost(
             f"{gone}, and its locks are gone: open a new lease (acquire without --lease)", ended
         )
+    if code == ErrorCode.PERMISSION_DENIED.value:
+        return PermissionDenied(f"not permitted: {server_says}")
     if code == ErrorCode.CONFLICT.value:
         return ChangeInProgress(f"the cluster did not make the change: {server_says}")
     if code == ErrorCode.UNSAFE.value:

@@ -79,6 +79,17 @@ class NotHolder(DlmError):
         self.holders: list[dict[str, Any]] = list(holders or [])
 
 
+class PermissionDenied(DlmError):
+    """The identity this client authenticated as may not do this (a key outside its
+    prefixes, another identity's lease, or an admin's action); the message names the
+    identity, the action and what it lacks."""
+
+    exit_code = 77
+
+    def __init__(self, message: str) -> None:
+        super().__init__("PERMISSION_DENIED", message)
+
+
 class BadRequest(DlmError):
     """The cluster refused the request as malformed or too large; retrying will not help."""
 

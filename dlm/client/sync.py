@@ -48,6 +48,8 @@ from dlm.client.core import (
 from dlm.client.errors import AuthFailed, ClusterUnavailable, DlmError, LeaseLost, ServerError
 from dlm.wire import (
     PEER_FRAME_LIMIT,
+    AuthChange,
+    AuthList,
     FrameDecoder,
     Hello,
     HelloRole,
@@ -166,9 +168,9 @@ class _Connection:
     def _authenticate(self, secret: bytes, deadline: float) -> None:
         """The client's side of the handshake; AuthFailed if the member cannot prove the
         secret. A member's refusal (an error frame) is left to be read as the reply."""
-        from dlm.auth import AuthError, Initiator, new_nonce
+        from dlm.auth import AuthError, client_initiator, new_nonce
 
-        initiator = Initiator(secret, new_nonce(), role="client", cluster="", node="")
+        initiator = client_initiator(secret, new_nonce())
         self.send({**Hello(role=HelloRole.CLIENT).to_wire(), **initiator.hello_fields()}, deadline)
         greeting = self.read(deadline)
         if greeting is None:
@@ -616,6 +618,18 @@ class Client:
         request = MemberRemove(id=0, member=member, force=force, seq=0)
         view: dict[str, Any] = self._run(core.member_change_flow(self._ctx, request))
         return view
+
+    def auth_change(self, request: AuthChange) -> dict[str, Any]:
+        """Adds, removes or rotates an identity (an admin's request; ``request`` is a wire
+        ``auth_*`` request with id 0): the cluster's answer, ``op`` and ``name``."""
+        answer: dict[str, Any] = self._run(core.read_flow(self._ctx, request))
+        return answer
+
+    def identities(self) -> list[dict[str, Any]]:
+        """The cluster's identities (an admin's request): names, roles, prefixes, key ids."""
+        answer = self._run(core.read_flow(self._ctx, AuthList(id=0)))
+        rows = answer.get("identities")
+        return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
     def promote_member(self, member: str) -> dict[str, Any]:
         request = MemberPromote(id=0, member=member, seq=0)

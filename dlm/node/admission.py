@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dlm.node.locks.identities import ADMIN
 from dlm.wire import (
     PROTOCOL_VERSION,
     ErrorCode,
@@ -45,6 +46,9 @@ from dlm.wire import (
     incarnation_mismatch,
     welcome,
 )
+
+IDENTITY_METHOD = "scram-sha256"
+"""dlm.auth.IDENTITY_METHOD (this pure room does not import dlm.auth, which loads OpenSSL)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +93,9 @@ class Admit:
     greeting: dict[str, Any] | None
     sealer: Any
     opener: Any
+    identity: str = ""
+    """Who a client proved it is (identities.py): the credential's name, ``admin`` for the
+    cluster's client secret or a cluster without one; "" for a peer."""
 
 
 def hello_problem(exc: ProtocolError) -> str:
@@ -105,12 +112,16 @@ class Acceptance:
     ``responder_for(role)``: a fresh ``dlm.auth.Responder`` when that role must prove a
     secret, else None. ``peer_identity(node)``: with TLS, why the peer's certificate
     does not name ``node`` (None: it does); None without TLS.
+    ``identity_responder()``: a fresh ``dlm.auth.IdentityResponder`` for a client hello
+    that offers a credential (``auth: scram-sha256``), checked against the replicated
+    identity table whether or not the cluster has a client secret.
     """
 
     __slots__ = (
         "_cluster",
         "_greeted",
         "_hello",
+        "_identity_responder",
         "_incarnation",
         "_node_id",
         "_opener",
@@ -129,8 +140,10 @@ class Acceptance:
         responder_for: Callable[[HelloRole], Any],
         peer_identity: Callable[[str], str | None] | None = None,
         incarnation: int = 0,
+        identity_responder: Callable[[], Any] | None = None,
     ) -> None:
         self._node_id = node_id
+        self._identity_responder = identity_responder
         self._cluster = cluster
         self._incarnation = incarnation
         self._responder_for = responder_for
@@ -180,7 +193,15 @@ class Acceptance:
                 f"this member is in cluster {cluster!r}, not {hello.cluster!r}: check DLM_CLUSTER"
             )
             return Refuse(error(None, ErrorCode.BAD_REQUEST, message), "cluster")
-        responder = self._responder_for(hello.role)
+        if (
+            hello.role is HelloRole.CLIENT
+            and self._identity_responder is not None
+            and isinstance(raw, dict)
+            and raw.get("auth") == IDENTITY_METHOD
+        ):
+            responder = self._identity_responder()
+        else:
+            responder = self._responder_for(hello.role)
         if responder is None:
             other = self._other_incarnation(hello)
             if other is not None:
@@ -244,7 +265,10 @@ class Acceptance:
         greeting = None
         if not self._greeted:
             greeting = self._welcome(hello)
-        return Admit(hello, greeting, self._sealer, self._opener)
+        identity = ""
+        if hello.role is HelloRole.CLIENT:
+            identity = getattr(self._responder, "identity", ADMIN) if self._responder else ADMIN
+        return Admit(hello, greeting, self._sealer, self._opener, identity)
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,11 +62,26 @@ class Audit:
             self.released(result.released, cmd.lease, "expired", outcome.index, now)
         elif isinstance(cmd, locks.ClusterVersionCommand):
             log("info", "cluster_version", version=machine.version, index=outcome.index)
+        elif isinstance(cmd, locks.IdentityCommand):
+            if isinstance(result, locks.IdentityChanged):
+                # An admin action: who did what to whom (never a key).
+                said: dict[str, object] = {"role": cmd.role} if cmd.role else {}
+                if cmd.prefixes:
+                    said["prefixes"] = list(cmd.prefixes)
+                log(
+                    "info",
+                    "admin_action",
+                    identity=cmd.by,
+                    action=f"auth_{cmd.op}",
+                    target=cmd.name,
+                    index=outcome.index,
+                    **said,
+                )
         elif isinstance(result, locks.Granted) and result.token == outcome.index:
             stats.grants += 1
             self.granted(result.lease, result.key, result.token, machine, now, queued=False)
         elif isinstance(result, locks.Released) and result.held and dropped > 0:
-            lease = cmd.lease if cmd else ""
+            lease = cmd.lease if isinstance(cmd, locks.ReleaseCommand) else ""
             self.released((result.key,), lease, "released", outcome.index, now)
         elif (
             isinstance(result, locks.LeaseClosed)

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import cbor2
 
 from dlm.node import locks
-from dlm.node.snapshots import NODE_IMAGE_FORMAT
+from dlm.node.locks.identities import IdentityTable
+from dlm.node.snapshots import NODE_IMAGE_FORMAT, NODE_IMAGE_FORMAT_V2
 
 DEFAULT_BUMP = 2**32
 """How far the new log's first index is above the old one's last."""
@@ -78,11 +79,17 @@ def lock_machine_of(image: bytes) -> locks.LockStateMachine:
     try:
         item = cbor2.loads(image)
         lock_image = image
-        if isinstance(item, dict) and item.get("format") == NODE_IMAGE_FORMAT:
+        formats = (NODE_IMAGE_FORMAT_V2, NODE_IMAGE_FORMAT)
+        if isinstance(item, dict) and item.get("format") in formats:
             lock_image = item["locks"]
             if not isinstance(lock_image, bytes):
                 raise ValueError("no lock image")
-        return locks.LockStateMachine.restore(lock_image)
+        machine = locks.LockStateMachine.restore(lock_image)
+        if isinstance(item, dict) and item.get("format") == NODE_IMAGE_FORMAT:
+            # The identities (their key verifiers) come along: a restored cluster keeps
+            # the credentials its clients hold.
+            machine.identities = IdentityTable.restore(item.get("identities"))
+        return machine
     except Exception as exc:
         raise IncarnationError(f"the state image cannot be read ({exc})") from None
 
@@ -124,6 +131,7 @@ def new_incarnation(
                 "locks": machine.snapshot(),
                 "members": dict(sorted(members.items())),
                 "removed": [],
+                "identities": machine.identities.image(),
             },
             canonical=True,
         )

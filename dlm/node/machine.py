@@ -60,6 +60,7 @@ from dlm.node import locks, replies
 from dlm.node.audit import Audit
 from dlm.node.clients import MAX_BAD_REQUESTS, ClientConn, Clients
 from dlm.node.leases import LeaseTracker
+from dlm.node.locks.identities import ADMIN, refusal
 from dlm.node.machine_config import PROTOCOL_SPOKEN, MachineConfig, Quotas, Timing
 from dlm.node.membership import PROMOTE_LAG, REMOVED, Membership
 from dlm.node.outbox import (
@@ -83,7 +84,7 @@ from dlm.node.proposals import Proposals
 from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.types import AppendEntriesResponse, Message, Ready, Role
 from dlm.node.read_rounds import Read, ReadRounds, renew_confirmed
-from dlm.node.replies import Replies, lease_gone
+from dlm.node.replies import Replies, denied, lease_gone
 from dlm.node.snapshots import Snapshots, restore_image
 from dlm.node.stats import Stats
 from dlm.records import Entry, EntryKind, LogStorage, NodeId, Snapshot
@@ -91,6 +92,7 @@ from dlm.views import MembersView, StatusView
 from dlm.wire import (
     OTHER_INCARNATION,
     Acquire,
+    AuthList,
     BadFrame,
     ClientRequest,
     ErrorCode,
@@ -157,6 +159,8 @@ class NodeMachine:
     raft_class: type[RaftNode] = RaftNode
     tracker_class: type[LeaseTracker] = LeaseTracker
     read_rounds_class: type[ReadRounds] = ReadRounds
+    check_permissions = True
+    """A seam: the simulator's mutant switches the receiving member's permission check off."""
 
     def __init__(
         self,
@@ -515,13 +519,22 @@ class NodeMachine:
             self.audit.forget_lease(lease)
             self.clients.forget_lease(lease)
         self.audit.applied(outcome, dropped, self.locks, now)
+        result = outcome.result
+        if isinstance(result, locks.Denied):
+            self._denied(result.identity, result.action, result.message, now)
+        elif isinstance(result, locks.IdentityChanged) and result.op == "remove":
+            # Its connections close; its leases are renewed by nobody, so they expire at
+            # their TTL, after each holder's guard stopped its command (never at once).
+            self.clients.close_identity(result.name, self.out)
         if isinstance(outcome.command, locks.ClusterVersionCommand):
             self.membership.announce(self.raft)
 
     # ------------------------------------------------------------------ clients
 
-    def client_connected(self, conn: int, remote: str) -> None:
-        self.clients.connected(conn, remote)
+    def client_connected(self, conn: int, remote: str, identity: str = "") -> None:
+        """A client connection was admitted; ``identity``: who its handshake proved it is
+        ("" when nothing names anyone), the owner of every lease it opens."""
+        self.clients.connected(conn, remote, identity)
 
     def client_closed(self, conn: int) -> None:
         self.clients.closed(conn)
@@ -561,6 +574,9 @@ class NodeMachine:
                 conn, req.TYPE, error(req.id, ErrorCode.SHUTTING_DOWN, "member is shutting down")
             )
             return
+        leading = self._role is Role.LEADER
+        if self._refused(state, req, now, leading=leading):
+            return
         # How a member serves each request is the protocol table's (wire.Request.ROUTE).
         route = req.ROUTE
         if route == "local":  # a ping
@@ -573,7 +589,7 @@ class NodeMachine:
             # member's own status is linearizable from any member: the read point comes
             # from the leader (ReadIndex), and the member answers once it has applied up to it.
             self._reply_not_leader(conn, req)
-        elif route == "propose":
+        elif route in ("propose", "identity"):
             self.proposals.propose(
                 state,
                 cast(LockChange, req),
@@ -594,6 +610,49 @@ class NodeMachine:
         else:  # "confirm", and a read that is not stale: after a read round
             self.reads.queue(Read(conn, req, now.mono))
 
+    # -- who may ---------------------------------------------------------------
+
+    def _refused(
+        self, state: ClientConn, req: ClientRequest, now: Instant, *, leading: bool
+    ) -> bool:
+        """Refuses (and says so) a request the connection's identity may not make, by the
+        permission wire.py's table names for its kind, checked against this member's
+        table. The state machine checks changes again when it applies them (an identity
+        removed in between is refused there). A follower, whose lease owners may lag,
+        leaves the owner check to the leader it sends the client to."""
+        identity = state.identity or ADMIN
+        key = req.key if isinstance(req, Get | Acquire) else None
+        owner = None
+        lease = getattr(req, "lease", None)
+        if leading and isinstance(lease, str):
+            owner = self.locks.lease_owner(lease)
+        problem = None
+        # Before version 3 there is no identity table: every client is the admin.
+        if self.locks.version >= 3 and self.check_permissions:
+            problem = refusal(
+                self.locks.identities, identity, req.TYPE, req.PERMISSION, key=key, owner=owner
+            )
+        if problem is None:
+            if req.PERMISSION == "admin" or (owner and owner != identity):
+                # An admin action (membership, identities, another identity's lease): the
+                # audit trail says who asked. Identity changes are said again when applied.
+                target = getattr(req, "member", None) or getattr(req, "name", None) or lease
+                extra = {"target": target} if target else {}
+                if owner:
+                    extra["owner"] = owner
+                self.out.log("info", "admin_action", identity=identity, action=req.TYPE, **extra)
+            return False
+        self._denied(identity, req.TYPE, problem, now)
+        self._answer_request(state.conn, req.TYPE, denied(req.id, problem))
+        return True
+
+    def _denied(self, identity: str, action: str, problem: str, now: Instant) -> None:
+        """Counts and logs a refusal (the audit trail names the identity and the action)."""
+        self.stats.refused(identity, action)
+        self.out.log(
+            "warning", "permission_denied", identity=identity, action=action, reason=problem
+        )
+
     # -- answering ------------------------------------------------------------
 
     def _answer(self, proposal: _Proposal, result: locks.Result, now: Instant) -> None:
@@ -611,9 +670,13 @@ class NodeMachine:
         ) and self._doomed(result.lease)
         self._answer_request(conn, req.TYPE, self._replies(now).answer(req, result, doomed=doomed))
 
-    def _replies(self, now: Instant) -> Replies:
-        """What this member answers at ``now`` (dlm/node/replies.py)."""
-        return Replies(self.locks, self.tracker, now.mono, now.wall_ms)
+    def _replies(self, now: Instant, viewer: str = ADMIN) -> Replies:
+        """What this member answers at ``now`` (dlm/node/replies.py) to identity ``viewer``."""
+        return Replies(self.locks, self.tracker, now.mono, now.wall_ms, viewer)
+
+    def _viewer(self, conn: int) -> str:
+        state = self.clients.conns.get(conn)
+        return (state.identity if state is not None else "") or ADMIN
 
     def _reply_not_leader(
         self, conn: int, req: ClientRequest, leader: NodeId | None = None
@@ -663,11 +726,16 @@ class NodeMachine:
         elif isinstance(req, Get):
             self._answer_request(conn, req.TYPE, self._replies(now).lock(req).frame(req.id))
         elif isinstance(req, ListLocks):
-            self._answer_request(conn, req.TYPE, self._replies(now).locks_page(req).frame(req.id))
+            page = self._replies(now, self._viewer(conn)).locks_page(req)
+            self._answer_request(conn, req.TYPE, page.frame(req.id))
         elif isinstance(req, LeaseInfo):
             self._answer_request(conn, req.TYPE, self._replies(now).lease_info(req))
         elif isinstance(req, ListLeases):
-            self._answer_request(conn, req.TYPE, self._replies(now).leases_page(req).frame(req.id))
+            leases = self._replies(now, self._viewer(conn)).leases_page(req)
+            self._answer_request(conn, req.TYPE, leases.frame(req.id))
+        elif isinstance(req, AuthList):
+            rows = self.locks.identities.rows(now.wall_ms)
+            self._answer_request(conn, req.TYPE, ok(req.id, identities=rows))
         elif isinstance(req, Status):
             self._answer_request(conn, req.TYPE, self.status_view(now).frame(req.id))
         elif isinstance(req, Members):

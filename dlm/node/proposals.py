@@ -19,11 +19,17 @@ from typing import TYPE_CHECKING, Any
 from dlm.node import locks
 from dlm.node.clients import ClientConn, Clients
 from dlm.node.leases import LeaseTracker
+from dlm.node.locks.identities import ADMIN
 from dlm.node.outbox import Instant, NotLeaderReply, Outbox
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.types import NotLeader
 from dlm.wire import (
     Acquire,
+    AuthAdd,
+    AuthChange,
+    AuthFinish,
+    AuthRemove,
+    AuthRotate,
     ClientRequest,
     CloseLease,
     ErrorCode,
@@ -78,7 +84,7 @@ class Proposals:
     def propose(
         self,
         state: ClientConn,
-        req: LockChange,
+        req: LockChange | AuthChange,
         now: Instant,
         *,
         raft: RaftNode,
@@ -87,8 +93,12 @@ class Proposals:
     ) -> None:
         """The leader proposes a client's change (or says why it will not)."""
         conn = state.conn
+        identity = state.identity or ADMIN
         try:
-            cmd = command_for(req, now, machine, self._quotas, doomed)
+            if isinstance(req, AuthAdd | AuthRemove | AuthRotate | AuthFinish):
+                cmd: locks.Command = identity_command(req, identity, now, machine)
+            else:
+                cmd = command_for(req, now, machine, self._quotas, doomed, identity=identity)
         except Refusal as refusal:
             self._out.answer(conn, req.TYPE, refusal.reply(req.id))
             return
@@ -175,18 +185,21 @@ class Proposals:
         retry_after_s: float,
         now: Instant,
     ) -> None:
-        """Once every other member speaks ``max_version``, the leader moves the log to it
-        (PROTOCOL.md); ``versions_spoken``: the highest version of each other member."""
+        """The leader moves the log to the highest version every member speaks, up to its
+        own ``max_version`` (PROTOCOL.md); ``versions_spoken``: the highest version of each
+        other member. (A cluster with a member of the previous release still reaches the
+        version that member speaks.)"""
         if version >= max_version:
             return
         if now.mono - self._version_proposed_at < retry_after_s:
             return
-        if any(v < max_version for v in versions_spoken):
+        target = min((max_version, *versions_spoken))
+        if target <= version:
             return
-        cmd = locks.ClusterVersionCommand(max_version, now.wall_ms)
+        cmd = locks.ClusterVersionCommand(target, now.wall_ms)
         if not isinstance(raft.propose(locks.encode_command(cmd)), NotLeader):
             self._version_proposed_at = now.mono
-            self._out.log("info", "cluster_version_proposed", version=max_version)
+            self._out.log("info", "cluster_version_proposed", version=target)
 
 
 def command_for(
@@ -195,9 +208,14 @@ def command_for(
     machine: locks.LockStateMachine,
     quotas: Quotas,
     doomed: Callable[[str], bool],
+    *,
+    identity: str = "",
 ) -> locks.ClientCommand:
-    """The log command for ``req``, in the form the cluster's version runs."""
+    """The log command for ``req``, in the form the cluster's version runs; ``identity``:
+    who the requesting connection authenticated as (from version 3 a new lease's owner,
+    and the identity each command names, which the state machine checks again)."""
     v2 = machine.version >= 2
+    by = identity if machine.version >= 3 else ""
     if v2 and req.client:
         origin = locks.Origin(req.client, req.seq, req.acked)
     else:
@@ -220,9 +238,10 @@ def command_for(
             at_ms=at_ms,
             ephemeral=req.ephemeral and v2,
             meta=req.meta if v2 else {},
+            owner=identity if machine.version >= 3 else "",
         )
     if isinstance(req, CloseLease):
-        return locks.CloseLeaseCommand(req.lease, origin, at_ms)
+        return locks.CloseLeaseCommand(req.lease, origin, at_ms, by)
     if isinstance(req, Acquire):
         # A re-sent or re-entrant acquire of a key the lease already holds or waits
         # for adds nothing, and must get its grant (or place) back, not a refusal.
@@ -232,17 +251,43 @@ def command_for(
             raise _quota(f"this cluster holds {quotas.max_locks} locks and waiters", "max_locks")
         _check_meta_quota(req.meta, quotas)
         return locks.AcquireCommand(
-            req.lease, req.key, req.wait, req.limit, req.meta, origin, at_ms
+            req.lease, req.key, req.wait, req.limit, req.meta, origin, at_ms, by
         )
     if isinstance(req, Release):
         if not v2 and req.token is not None:
             raise upgrading("release with a fencing token")
         return locks.ReleaseCommand(
-            req.lease, req.key, req.token, req.keep_lease or not v2, origin, at_ms
+            req.lease, req.key, req.token, req.keep_lease or not v2, origin, at_ms, by
         )
     if not v2:
         raise upgrading("lease_update")
-    return locks.UpdateLeaseCommand(req.lease, req.ttl_ms, req.finished, origin, at_ms)
+    return locks.UpdateLeaseCommand(req.lease, req.ttl_ms, req.finished, origin, at_ms, by)
+
+
+def identity_command(
+    req: AuthAdd | AuthRemove | AuthRotate | AuthFinish,
+    identity: str,
+    now: Instant,
+    machine: locks.LockStateMachine,
+) -> locks.IdentityCommand:
+    """The log command of an identity change (cluster version 3 on)."""
+    if machine.version < 3:
+        raise upgrading("identities (dlm auth)", 3)
+    role, prefixes = (req.role, tuple(req.prefixes)) if isinstance(req, AuthAdd) else ("", ())
+    keys = (b"", b"", b"")
+    if isinstance(req, AuthAdd | AuthRotate):
+        keys = (req.key_id, req.stored_key, req.server_key)
+    return locks.IdentityCommand(
+        op=req.TYPE.removeprefix("auth_"),
+        name=req.name,
+        role=role,
+        prefixes=prefixes,
+        key_id=keys[0],
+        stored_key=keys[1],
+        server_key=keys[2],
+        by=identity,
+        at_ms=now.wall_ms,
+    )
 
 
 def being_expired(lease: str) -> Refusal:
@@ -263,10 +308,10 @@ def _quota(what: str, limit: str) -> Refusal:
     )
 
 
-def upgrading(what: str) -> Refusal:
+def upgrading(what: str, version: int = 2) -> Refusal:
     return Refusal(
         ErrorCode.UNAVAILABLE,
-        f"{what} needs every member on protocol version 2, and an upgrade is in progress: "
+        f"{what} needs every member on protocol version {version}, and an upgrade is in progress: "
         "retry once every member runs this release",
         retry_after_ms=1000,
     )

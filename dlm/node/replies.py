@@ -14,6 +14,7 @@ from typing import Any
 
 from dlm.node import locks
 from dlm.node.leases import LeaseTracker
+from dlm.node.locks.identities import ADMIN, ROLE_ADMIN, may_see
 from dlm.node.proposals import being_expired
 from dlm.node.raft.core import RaftStatus
 from dlm.records import NodeId
@@ -46,6 +47,7 @@ from dlm.wire import (
     LockReleased,
     Request,
     error,
+    ok,
 )
 
 _LEASE_GONE_MESSAGES = {
@@ -69,19 +71,36 @@ def lease_gone(rid: int, lease: str, ended: str) -> dict[str, Any]:
     return error(rid, ErrorCode.SESSION_EXPIRED, f"lease {lease!r} {said}", ended=ended)
 
 
+def denied(rid: int, message: str) -> dict[str, Any]:
+    """The PERMISSION_DENIED reply: one line naming the identity, the action and what it
+    lacks (identities.refusal)."""
+    return error(rid, ErrorCode.PERMISSION_DENIED, message)
+
+
 class Replies:
     """The replies of one member at one instant: ``mono`` for the leader's lease clocks,
     ``wall_ms`` for how long a lock has been held."""
 
-    __slots__ = ("_locks", "_mono", "_tracker", "_wall_ms")
+    __slots__ = ("_locks", "_mono", "_tracker", "_viewer", "_wall_ms")
 
     def __init__(
-        self, lock_state: locks.LockStateMachine, tracker: LeaseTracker, mono: float, wall_ms: int
+        self,
+        lock_state: locks.LockStateMachine,
+        tracker: LeaseTracker,
+        mono: float,
+        wall_ms: int,
+        viewer: str = ADMIN,
     ) -> None:
         self._locks = lock_state
         self._tracker = tracker
         self._mono = mono
         self._wall_ms = wall_ms
+        self._viewer = viewer
+        """The identity asking: a limited client sees only keys under its prefixes and
+        its own leases (identities.py)."""
+
+    def _sees_all(self) -> bool:
+        return self._locks.identities.role_of(self._viewer) == ROLE_ADMIN
 
     # -- results of applied changes -------------------------------------------
 
@@ -154,6 +173,10 @@ class Replies:
                 ErrorCode.STALE_REQUEST,
                 f"request {result.seq} was answered before and is not run again",
             )
+        if isinstance(result, locks.Denied):
+            return denied(rid, result.message)
+        if isinstance(result, locks.IdentityChanged):
+            return ok(rid, op=result.op, name=result.name)
         assert isinstance(result, locks.Invalid)
         return error(rid, ErrorCode.BAD_REQUEST, result.message)
 
@@ -213,6 +236,7 @@ class Replies:
 
     def locks_page(self, req: ListLocks) -> LocksPage:
         views, cursor = self._locks.list_locks(req.prefix, after=req.after, limit=req.max)
+        sees_all, table = self._sees_all(), self._locks.identities
         return LocksPage(
             locks=[
                 LockState(
@@ -222,6 +246,7 @@ class Replies:
                     waiters=self.waiters(v.waiters),
                 )
                 for v in views
+                if sees_all or may_see(table, self._viewer, v.key)
             ],
             next=cursor,
         )
@@ -244,6 +269,8 @@ class Replies:
         views, cursor = self._locks.list_leases(after=req.after, limit=min(req.max, PAGE_MAX))
         tracker = self._tracker
         leading = tracker.leading
+        if not self._sees_all():
+            views = [v for v in views if self._locks.lease_owner(v.lease) == self._viewer]
         return LeasesPage(
             leases=[
                 LeaseSummary(
@@ -253,6 +280,7 @@ class Replies:
                     holding=list(v.holding),
                     waiting=list(v.waiting),
                     meta=dict(v.meta),
+                    owner=v.owner,
                 )
                 for v in views
             ],

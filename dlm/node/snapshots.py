@@ -26,13 +26,18 @@ from dataclasses import dataclass
 import cbor2
 
 from dlm.node import locks
+from dlm.node.locks.identities import IdentityTable
 from dlm.node.membership import Membership
 from dlm.node.outbox import Outbox, PendingImage, SaveSnapshot
 from dlm.node.raft.core import RaftNode
 from dlm.records import ConfState
 
-NODE_IMAGE_FORMAT = 2
-"""Layout of this member's snapshot image at cluster version 2 (version 1: the bare lock image)."""
+NODE_IMAGE_FORMAT = 3
+"""Layout of this member's snapshot image from cluster version 3: format 2 (version 2) and
+the identity table (``identities``: names, roles, prefixes and key verifiers, never a
+secret). Version 1: the bare lock image."""
+NODE_IMAGE_FORMAT_V2 = 2
+"""The layout at cluster version 2, without identities (still restored)."""
 PERIODIC = "periodic"
 """The purpose of an image that compacts the log."""
 BACKUP = "backup"
@@ -107,12 +112,14 @@ def restore_image(
         item = cbor2.loads(data)
     except Exception as exc:
         raise ValueError(f"snapshot image is corrupt: {exc!r}") from None
-    if isinstance(item, dict) and item.get("format") == NODE_IMAGE_FORMAT:
+    if isinstance(item, dict) and item.get("format") in (NODE_IMAGE_FORMAT_V2, NODE_IMAGE_FORMAT):
         lock_image = item.get("locks")
         members = item.get("members")
         if not isinstance(lock_image, bytes) or not isinstance(members, dict):
             raise ValueError("snapshot image has an unknown layout")
         machine = lock_machine_class.restore(lock_image)
+        if item["format"] == NODE_IMAGE_FORMAT:
+            machine.identities = IdentityTable.restore(item.get("identities"))
         membership.restore(members, item.get("removed", []))
         return machine
     return lock_machine_class.restore(data)
@@ -125,17 +132,16 @@ def image(machine: locks.LockStateMachine, raft: RaftNode, membership: Membershi
         return lock_image  # what a member of the previous release restores
     # The members of the configuration in force here, with the addresses their entries gave.
     members = membership.image_members(raft.conf_state_at(machine.applied_index))
-    return bytes(
-        cbor2.dumps(
-            {
-                "format": NODE_IMAGE_FORMAT,
-                "locks": lock_image,
-                "members": members,
-                "removed": sorted(membership.removed),
-            },
-            canonical=True,
-        )
-    )
+    layout: dict[str, object] = {
+        "format": NODE_IMAGE_FORMAT_V2,
+        "locks": lock_image,
+        "members": members,
+        "removed": sorted(membership.removed),
+    }
+    if machine.version >= 3:
+        layout["format"] = NODE_IMAGE_FORMAT
+        layout["identities"] = machine.identities.image()
+    return bytes(cbor2.dumps(layout, canonical=True))
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,10 +87,16 @@ class Stats:
     """Seconds from granted to released (or expired)."""
     append_rtt: dict[str, Histogram] = field(default_factory=dict)
     """Per peer: seconds from sending entries to their acknowledgement."""
+    refusals: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(identity, action) -> requests refused for want of a permission (identities.py)."""
 
     def count(self, kind: str, outcome: str) -> None:
         key = (kind, outcome)
         self.requests[key] = self.requests.get(key, 0) + 1
+
+    def refused(self, identity: str, action: str) -> None:
+        key = (identity, action)
+        self.refusals[key] = self.refusals.get(key, 0) + 1
 
     def released(self, how: str) -> None:
         self.releases[how] = self.releases.get(how, 0) + 1

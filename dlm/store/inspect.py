@@ -166,6 +166,9 @@ def inspect_store_json(
                 check_near_limit(f"snapshot {info.name}", index=info.index, term=info.term)
                 item["voters"] = list(snap.meta.conf.voters)
                 item["learners"] = list(snap.meta.conf.learners)
+                identities = _identities_of(snap.data)
+                if identities is not None:
+                    item["identities"] = identities
                 snap_index, snap_term = snap.meta.index, snap.meta.term
             except StoreCorrupted as exc:
                 item["ok"] = False
@@ -270,6 +273,12 @@ def inspect_store(path: str | os.PathLike[str], fs: FileSystem | None = None) ->
         lines.append(
             f"  {s['name']}  index {s['index']} term {s['term']}  {s['size']} bytes  {status}"
         )
+        for ident in s.get("identities", ()):
+            prefixes = ", ".join(ident["prefixes"]) or "-"
+            rotating = "  (rotating: 2 keys)" if ident["keys"] > 1 else ""
+            lines.append(
+                f"    identity {ident['name']}  role {ident['role']}  prefixes {prefixes}{rotating}"
+            )
     lines.append(f"wal segments: {len(r['segments'])}")
     for seg in r["segments"]:
         first, last = seg["first_index"], seg["last_index"]
@@ -323,3 +332,30 @@ def _note(text: str) -> str:
     import textwrap
 
     return textwrap.fill(text, width=80, initial_indent="  ", subsequent_indent="  ")
+
+
+def _identities_of(data: bytes) -> list[dict[str, Any]] | None:
+    """The identity table a snapshot image holds (node image format 3), as names, roles,
+    prefixes and how many keys: never a key or verifier. None when it holds none."""
+    import cbor2
+
+    try:
+        item = cbor2.loads(data)
+    except Exception:
+        return None
+    if not isinstance(item, dict) or not isinstance(item.get("identities"), list):
+        return None
+    rows = []
+    for row in item["identities"]:
+        if isinstance(row, list) and len(row) == 4 and isinstance(row[2], list):
+            name, role, prefixes, keys = row
+            count = len(keys) if isinstance(keys, list) else 0
+            rows.append(
+                {
+                    "name": str(name),
+                    "role": str(role),
+                    "prefixes": [str(p) for p in prefixes],
+                    "keys": count,
+                }
+            )
+    return rows

@@ -119,6 +119,12 @@ def test_every_metric_is_served_with_the_type_and_labels_the_readme_gives(
 ) -> None:
     # A grant and a release, so that every labelled family has samples to show its labels.
     assert dlm.run("exec", "--lock", "m-doc", "--", "true").returncode == 0
+    # And a refusal at the leader: a client identity may not list the identities.
+    credential = dlm.cwd / "m-doc.cred"
+    dlm.json("auth", "add", "m-doc", "--prefix", "m-doc/", "--out", str(credential))
+    limited = Dlm(leader.address, dlm.cwd)
+    limited.env["DLM_SECRET_FILE"] = str(credential)
+    assert limited.json("auth", "list", code=77)["error"]["code"] == "PERMISSION_DENIED"
     documented = readme_metrics()
     wait_for(lambda: value(leader.scrape(), "dlm_hold_seconds_count") >= 1, 10.0, "a hold measured")
     served = {f.name: f for f in text_string_to_metric_families(leader.scrape_text())}

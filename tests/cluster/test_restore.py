@@ -20,7 +20,7 @@ import cbor2
 from dlm import auth
 from dlm.node import locks
 from dlm.node.incarnation import lock_machine_of
-from dlm.node.snapshots import NODE_IMAGE_FORMAT
+from dlm.node.snapshots import NODE_IMAGE_FORMAT_V2
 from dlm.records import EntryKind
 from dlm.store.backup import Backup, write_backup
 from dlm.store.disk import DiskStorage
@@ -48,7 +48,7 @@ def backup_of(node: NodeProc, path: Path) -> int:
         term = storage.term(last)
         voters = storage.initial_state()[1].voters
     shutil.rmtree(copy)
-    image = {"format": NODE_IMAGE_FORMAT, "locks": machine.snapshot(), "members": {}}
+    image = {"format": NODE_IMAGE_FORMAT_V2, "locks": machine.snapshot(), "members": {}}
     image["removed"] = []
     data = bytes(cbor2.dumps(image, canonical=True))
     write_backup(str(path), Backup(node.cluster.cluster_id, last, term, 0, voters, (), data))

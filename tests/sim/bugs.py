@@ -220,3 +220,16 @@ class ServesBackupsWithoutARound(NodeMachine):
             self._serve_backup(state.conn, req, now)
             return
         super()._handle_request(state, req, now)
+
+
+class SkipsPermissionChecks(NodeMachine):
+    """Issue 23: no permission check at the member that receives a request..."""
+
+    check_permissions = False
+
+
+class AppliesWithoutPermission(locks.LockStateMachine):
+    """...and none when its entry is applied: a client identity's acquire of a key outside
+    its prefixes, or its release of another identity's lease, takes effect."""
+
+    check_permissions = False

@@ -69,7 +69,14 @@ from typing import Any
 
 from dlm.cli.exec_rules import KILL, KILL_LEAD_S, RENEW, TOO_LATE, GuardRules, StartGate
 from dlm.client import core
-from dlm.client.errors import ClusterUnavailable, DlmError, LeaseLost, LockHeld, NotHolder
+from dlm.client.errors import (
+    ClusterUnavailable,
+    DlmError,
+    LeaseLost,
+    LockHeld,
+    NotHolder,
+    PermissionDenied,
+)
 from dlm.node import locks
 from dlm.node.admission import Acceptance, Dialing
 from dlm.node.incarnation import DEFAULT_BUMP, lock_machine_of, new_incarnation
@@ -103,8 +110,17 @@ from dlm.records import (
     Storage,
 )
 from dlm.store.fs import SimulatedCrash
-from dlm.wire import MemberAdd, MemberChange, MemberRemove, SnapshotHeader, backup_chunk_frames
+from dlm.wire import (
+    AuthAdd,
+    AuthRemove,
+    MemberAdd,
+    MemberChange,
+    MemberRemove,
+    SnapshotHeader,
+    backup_chunk_frames,
+)
 
+from . import permcheck
 from .backupcheck import BackupChecker
 from .checkers import SafetyChecker, Violation
 from .harness import MemoryBackend, StorageBackend
@@ -116,6 +132,9 @@ NODE_NAMES = ("n1", "n2", "n3", "n4", "n5")
 SPARE_NAMES = tuple(f"n{i}" for i in range(6, 40))
 """Ids of members that join later (ids are never reused)."""
 LIMITS = {"k0": 1, "k1": 1, "k2": 1, "sem": 2}
+TEAMS = {"t0": ("k0", "k1"), "t1": ("k2", "sem")}
+"""The limited identities of the workload and their key prefixes (every client draws its
+keys from all of LIMITS, so a limited one is refused now and then)."""
 MS = 1000
 TIMING = Timing(
     tick_s=0.01, election_ticks=10, heartbeat_ticks=2, request_timeout_s=1.0, expire_retry_s=0.3
@@ -217,7 +236,12 @@ class NodeSimOptions:
     """An operator takes backups (``dlm snapshot save``'s flow) now and then, each checked
     by backupcheck.py."""
     peer_version: int = PROTOCOL_SPOKEN
-    """The protocol version the members tell each other (1: a cluster mid-upgrade)."""
+    """The protocol version the members tell each other (1: a cluster mid-upgrade; at 3
+    the log reaches version 3, and identities are enforced)."""
+    identities: bool = True
+    """Clients of two limited identities besides the admins, an operator who adds them and
+    now and then removes one while its clients hold locks, and the permission check
+    (permcheck.py). ``TEAMS`` names them and their prefixes."""
     lease_clock_from_reply: bool = False
     """Mutant: the client counts its lease from the reply instead of the send."""
     exec_kill_late_us: int = 0
@@ -550,6 +574,8 @@ class ClientProc:
         self.deferred: list[Callable[[], None]] = []
         self.tasks: list[Task] = []
         self.stopping = Flag()
+        self.identity: str = host.identity if host is not None else ""
+        """Who its connections authenticate as ("": the built-in admin)."""
         self.reopen: tuple[str, int] | None = None
         """A lease id to open again (incarnations), and the real time from which to."""
         self.update_rng = sim.rng_for(f"updates-{name}")
@@ -668,6 +694,8 @@ class NodeSimulation:
         for i in range(n_clients):
             kind = "exec" if i % 2 else "library"
             proc = ClientProc(self, f"c{i}", kind)
+            if opts.identities:
+                proc.identity = ("", *TEAMS)[i % 3]
             self.procs.append(proc)
         self.leases_ttl_max_ms = 0
         self.lease_views: dict[str, list[tuple[int, ClientProc, core.LeaseClock]]] = {}
@@ -696,14 +724,19 @@ class NodeSimulation:
 
             def apply(self, index: int, data: bytes) -> locks.ApplyOutcome:
                 sim._applying(member, index, data)
+                try:
+                    why = permcheck.forbidden(self, locks.decode_command(data)) if data else None
+                except locks.CommandError:
+                    why = None
                 outcome: locks.ApplyOutcome = super().apply(index, data)
-                sim._applied(outcome)
+                sim._applied(outcome, why)
                 return outcome
 
             def apply_command(self, index: int, cmd: locks.Command) -> locks.ApplyOutcome:
                 sim._applying(member, index, locks.encode_command(cmd))
+                why = permcheck.forbidden(self, cmd)
                 outcome: locks.ApplyOutcome = super().apply_command(index, cmd)
-                sim._applied(outcome)
+                sim._applied(outcome, why)
                 return outcome
 
             def skip(self, index: int) -> None:
@@ -796,7 +829,17 @@ class NodeSimulation:
                 pass
         return durable
 
-    def _applied(self, outcome: locks.ApplyOutcome) -> None:
+    def _applied(self, outcome: locks.ApplyOutcome, forbidden: str | None = None) -> None:
+        if forbidden is not None and permcheck.effective(outcome):
+            raise Violation(
+                "unpermitted", f"index {outcome.index} was applied without permission: {forbidden}"
+            )
+        cmd = outcome.command
+        if isinstance(cmd, locks.IdentityCommand) and cmd.op == "remove" and outcome.ended:
+            raise Violation(
+                "removed-lease-freed",
+                f"removing identity {cmd.name} ended leases {outcome.ended} at once",
+            )
         for lease, _, incarnation in outcome.armed:
             seen = self.incarnations.setdefault(lease, [])
             if incarnation not in seen:
@@ -1149,11 +1192,17 @@ class NodeSimulation:
             if member.paused:
                 member.held.append(syn)
                 return
+            identity = client.proc.identity
+            if identity and member.machine.locks.identities.get(identity) is None:
+                # The handshake finds no such identity (dlm.auth.IdentityResponder): refused.
+                self.stats["identity_refused"] += 1
+                self.world.after(self._latency(), lambda: self._break(conn))
+                return
             number = member.next_conn
             member.next_conn += 1
             conn.number = number
             member.conns[number] = conn
-            member.machine.client_connected(number, client.proc.name)
+            member.machine.client_connected(number, client.proc.name, identity)
             conn.connected = True
             outbox, conn.outbox = conn.outbox, []
             for frame in outbox:
@@ -1410,6 +1459,51 @@ class NodeSimulation:
             self.trace(f"B{self.world.now}{header.index}")
             self.backups.check(floor, header, assembly.image())
             self.stats["backups_checked"] += 1
+
+    def _identity_admin(self, proc: ClientProc) -> Script:
+        """An admin who adds the workload's identities (``TEAMS``), and now and then removes
+        one while its clients hold locks, adding it back a few seconds later. A removed
+        identity's connections close and its clients cannot connect again; its leases are
+        renewed by nobody, so they run out at their TTL, after each holder's own deadline
+        (lockcheck.py's checks; permcheck.py: the removal ends no lease itself)."""
+        rng = proc.rng
+        admin = SimClient(proc, "operator")
+
+        def verifier() -> dict[str, bytes]:
+            return {
+                "key_id": rng.randbytes(8),
+                "stored_key": rng.randbytes(32),
+                "server_key": rng.randbytes(32),
+            }
+
+        def change(request: Any) -> Generator[RunFlow | Sleep, Any, bool]:
+            for _ in range(200):  # until the cluster runs version 3 and takes it
+                if self.world.now >= self.heal_at:
+                    return False
+                try:
+                    yield RunFlow(admin, core.read_flow(admin.ctx, request))
+                    return True
+                except DlmError:
+                    yield Sleep(rng.uniform(0.1, 0.4))
+            return False
+
+        for name, prefixes in TEAMS.items():
+            yield from change(
+                AuthAdd(id=0, name=name, role="client", prefixes=list(prefixes), **verifier())
+            )
+        while self.world.now < self.heal_at - 3 * US:
+            yield Sleep(rng.uniform(2.0, 5.0))
+            if rng.random() < 0.5:
+                continue
+            name = rng.choice(sorted(TEAMS))
+            self.trace(f"I{self.world.now}remove{name}")
+            if (yield from change(AuthRemove(id=0, name=name))):
+                self.stats["identities_removed"] += 1
+            yield Sleep(rng.uniform(1.0, 3.0))
+            request = AuthAdd(
+                id=0, name=name, role="client", prefixes=list(TEAMS[name]), **verifier()
+            )
+            yield from change(request)
 
     def _spawn_member(self, node_id: NodeId) -> None:
         member = SimMember(self, node_id, self.backend.fresh(node_id))
@@ -1919,6 +2013,9 @@ class NodeSimulation:
                     continue
                 except (LeaseLost, _Cancelled):
                     break
+                except PermissionDenied:
+                    self.stats["permission_denied"] += 1  # a key outside its prefixes
+                    continue
                 except DlmError:
                     self.stats["acquire_failed"] += 1
                     continue
@@ -2331,6 +2428,7 @@ class NodeSimulation:
         self, proc: ClientProc, lease: core.Lease, clock: core.LeaseClock, grant: core.Grant
     ) -> None:
         heir = ClientProc(self, f"{proc.name}h{self.client_count}", "library")
+        heir.identity = proc.identity
         self.procs.append(heir)
         # Aim at the moment the cluster expires the lease: a little after our deadline, by the
         # margin the deadline keeps (core.lease_deadline), give or take.
@@ -2642,6 +2740,9 @@ class NodeSimulation:
             if opts.backups:
                 taker = ClientProc(self, "backups", "library")
                 taker.spawn(self._backup_taker(taker), "backups")
+            if opts.identities:
+                operator = ClientProc(self, "operator", "library")
+                operator.spawn(self._identity_admin(operator), "operator")
             self.world.at(self.heal_at, self.heal)
             self._recovered = False
             self.world.at(self.heal_at, self._start_recovery_probe)

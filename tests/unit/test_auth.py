@@ -312,3 +312,71 @@ def test_importing_auth_loads_no_codec_and_no_event_loop() -> None:
     ).stdout.split()
     heavy = ("cbor2", "dlm.wire", "asyncio", "anyio", "ssl", "typer", "dataclasses", "typing")
     assert [m for m in out if m.split(".")[0] in heavy or m in heavy] == []
+
+
+# ---------------------------------------------------------------------------
+# Identities: a credential checked against a verifier the cluster keeps
+# ---------------------------------------------------------------------------
+
+
+def _identity_pair(
+    content: bytes, table: dict[tuple[str, bytes], tuple[bytes, bytes]]
+) -> tuple[auth.Initiator | auth.IdentityInitiator, auth.IdentityResponder]:
+    initiator = auth.client_initiator(content, NI)
+    responder = auth.IdentityResponder(lambda n, k: table.get((n, k)), NR, node="n1")
+    return initiator, responder
+
+
+def _table_for(name: str, verifier: tuple[bytes, bytes, bytes]) -> dict[Any, Any]:
+    key_id, stored_key, server_key = verifier
+    return {(name, key_id): (stored_key, server_key)}
+
+
+def test_a_credential_proves_its_identity_and_both_sides_seal_alike() -> None:
+    content, verifier = auth.new_credential("ci")
+    initiator, responder = _identity_pair(content, _table_for("ci", verifier))
+    assert isinstance(initiator, auth.IdentityInitiator)
+    hello = {"t": "hello", "role": "client", "version": 1, **initiator.hello_fields()}
+    welcome = {"t": "welcome", "node": "n1", **responder.welcome_fields(hello)}
+    frame = initiator.check_welcome(welcome)
+    sealer_r, opener_r = responder.check_auth(frame)
+    assert responder.identity == "ci"
+    sealer_i, opener_i = initiator.keys()
+    assert opener_r.open(sealer_i.seal(b"body")[4:]) == b"body"
+    assert opener_i.open(sealer_r.seal(b"back")[4:]) == b"back"
+
+
+def test_the_verifier_the_cluster_keeps_cannot_log_in() -> None:
+    # Someone who stole a snapshot has (key_id, stored_key, server_key): they can answer
+    # the member's welcome, but not make the client's proof, which needs client_key.
+    content, verifier = auth.new_credential("ci")
+    key_id, stored_key, server_key = verifier
+    table = _table_for("ci", verifier)
+    assert content.split()[2] not in repr(verifier).encode()
+    responder = auth.IdentityResponder(lambda n, k: table.get((n, k)), NR, node="n1")
+    hello = {"t": "hello", "role": "client", "version": 1, "auth": auth.IDENTITY_METHOD}
+    hello |= {"auth_nonce": NI, "auth_identity": "ci", "auth_key": key_id}
+    responder.welcome_fields(hello)
+    for guess in (stored_key, server_key, bytes(32)):
+        with pytest.raises(auth.AuthError, match="authentication of identity 'ci' failed"):
+            responder.check_auth({"t": "auth", "proof": guess})
+
+
+def test_a_wrong_secret_or_an_unknown_identity_is_refused() -> None:
+    content, verifier = auth.new_credential("ci")
+    other, _ = auth.new_credential("ci")
+    initiator, responder = _identity_pair(other, _table_for("ci", verifier))
+    hello = {"t": "hello", "role": "client", "version": 1, **initiator.hello_fields()}
+    with pytest.raises(auth.AuthError, match="not known with this key"):
+        responder.welcome_fields(hello)
+    initiator, responder = _identity_pair(content, {})
+    hello = {"t": "hello", "role": "client", "version": 1, **initiator.hello_fields()}
+    with pytest.raises(auth.AuthError, match="identity 'ci' is not known"):
+        responder.welcome_fields(hello)
+
+
+def test_a_plain_secret_file_still_uses_the_cluster_secret_handshake() -> None:
+    assert isinstance(auth.client_initiator(SECRET, NI), auth.Initiator)
+    assert auth.parse_credential(SECRET) is None
+    content, _ = auth.new_credential("ci")
+    assert auth.parse_credential(content) == ("ci", content.split()[2])

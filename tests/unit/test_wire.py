@@ -262,6 +262,11 @@ def test_every_request_type_of_the_protocol_has_a_class() -> None:
         "member_remove",
         "member_promote",
         "snapshot_save",
+        "auth_add",
+        "auth_remove",
+        "auth_rotate",
+        "auth_finish",
+        "auth_list",
     }
     assert {cls.TYPE for cls in _concrete_requests() if issubclass(cls, wire.Change)} == {
         "open_lease",
@@ -414,6 +419,43 @@ DECODED: list[tuple[dict[str, object], wire.Request]] = [
         wire.MemberPromote(id=16, member="n4", client="c-1", seq=7, acked=6),
     ),
     ({"t": "snapshot_save", "id": 17}, wire.SnapshotSave(id=17)),
+    (
+        {
+            "t": "auth_add",
+            "id": 17,
+            "name": "ci",
+            "role": "client",
+            "prefixes": ["ci/"],
+            "key_id": b"k" * 8,
+            "stored_key": b"s" * 32,
+            "server_key": b"v" * 32,
+        },
+        wire.AuthAdd(
+            id=17,
+            name="ci",
+            role="client",
+            prefixes=["ci/"],
+            key_id=b"k" * 8,
+            stored_key=b"s" * 32,
+            server_key=b"v" * 32,
+        ),
+    ),
+    ({"t": "auth_remove", "id": 18, "name": "ci"}, wire.AuthRemove(id=18, name="ci")),
+    (
+        {
+            "t": "auth_rotate",
+            "id": 19,
+            "name": "ci",
+            "key_id": b"k" * 8,
+            "stored_key": b"s" * 32,
+            "server_key": b"v" * 32,
+        },
+        wire.AuthRotate(
+            id=19, name="ci", key_id=b"k" * 8, stored_key=b"s" * 32, server_key=b"v" * 32
+        ),
+    ),
+    ({"t": "auth_finish", "id": 20, "name": "ci"}, wire.AuthFinish(id=20, name="ci")),
+    ({"t": "auth_list", "id": 21}, wire.AuthList(id=21)),
 ]
 
 
@@ -666,7 +708,8 @@ def test_a_peer_hello_carries_its_address_and_a_malformed_one_is_refused() -> No
 
 @pytest.mark.parametrize("cls", _concrete_requests(), ids=lambda c: c.__name__)
 def test_each_request_names_how_a_member_serves_it(cls: type[wire.Request]) -> None:
-    assert cls.ROUTE in {"local", "propose", "member", "confirm", "read"}
+    assert cls.ROUTE in {"local", "propose", "member", "confirm", "read", "identity"}
+    assert cls.PERMISSION in {"any", "read", "key", "lock", "lease", "admin"}
     assert wire.REQUESTS[cls.TYPE] is cls
     # A state change is proposed or is a membership change; nothing else is.
     assert issubclass(cls, wire.Change) == (cls.ROUTE in {"propose", "member"})

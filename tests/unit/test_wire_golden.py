@@ -48,6 +48,13 @@ FRAMES: list[dict[str, Any]] = [
     {"t": "member_remove", "id": 15, "member": "n4", "force": True, **ORIGIN},
     {"t": "member_promote", "id": 16, "member": "n4", **ORIGIN},
     {"t": "snapshot_save", "id": 17},
+    {"t": "auth_add", "id": 17, "name": "ci", "role": "client", "prefixes": ["ci/", "x/"]}
+    | {"key_id": b"i" * 8, "stored_key": b"s" * 32, "server_key": b"v" * 32},
+    {"t": "auth_remove", "id": 18, "name": "ci"},
+    {"t": "auth_rotate", "id": 19, "name": "ci", "key_id": b"i" * 8}
+    | {"stored_key": b"s" * 32, "server_key": b"v" * 32},
+    {"t": "auth_finish", "id": 20, "name": "ci"},
+    {"t": "auth_list", "id": 21},
 ]
 
 # Values a hostile or careless client puts in a field; most are wrong for every field.
@@ -107,7 +114,7 @@ def _pair_edits() -> list[dict[str, Any]]:
 def encodings() -> dict[str, str]:
     """Each request, built from its decoded frame, encoded as a frame (hex)."""
     return {
-        json.dumps(frame, sort_keys=True): wire.encode_frame(
+        json.dumps(frame, sort_keys=True, default=bytes.hex): wire.encode_frame(
             wire.decode_request(frame).to_wire()
         ).hex()
         for frame in FRAMES
@@ -134,6 +141,20 @@ def built_encodings() -> list[str]:
         wire.MemberRemove(id=15, member="n4", seq=9),
         wire.MemberPromote(id=16, member="n4", seq=10),
         wire.SnapshotSave(id=17),
+        wire.AuthAdd(
+            id=17,
+            name="ci",
+            role="client",
+            key_id=b"i" * 8,
+            stored_key=b"s" * 32,
+            server_key=b"v" * 32,
+        ),
+        wire.AuthRemove(id=18, name="ci"),
+        wire.AuthRotate(
+            id=19, name="ci", key_id=b"i" * 8, stored_key=b"s" * 32, server_key=b"v" * 32
+        ),
+        wire.AuthFinish(id=20, name="ci"),
+        wire.AuthList(id=21),
     ]
     return [f"{r!r} -> {wire.encode_frame(r.to_wire()).hex()}" for r in requests]
 

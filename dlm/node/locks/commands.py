@@ -15,7 +15,9 @@ origin) and are applied with that release's rules. A cluster at version 2
 writes the ``*2`` encodings, which carry the whole ``Origin`` (client id,
 rising seq, acknowledged floor), the lease incarnation on ``expire2``, the
 grant's token on ``release2``, and the commands version 1 lacks
-(``update2``, ``version``). A version-1 command is encoded exactly as the
+(``update2``, ``version``). A cluster at version 3 writes ``open3``, an
+``open2`` with the identity that opened the lease (its owner); an open with
+no owner keeps its version-2 form. A version-1 command is encoded exactly as the
 previous release did, so members of both releases apply the same bytes while
 a cluster is being upgraded (docs/PROTOCOL.md, "Mixed versions").
 
@@ -27,7 +29,7 @@ of dlm/limits.py. The state machine runs both; the node machine runs
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import cbor2
@@ -36,6 +38,7 @@ from dlm.limits import (
     INT_MAX,
     check_client_id,
     check_hold_ms,
+    check_identity,
     check_key,
     check_lease_id,
     check_limit,
@@ -43,6 +46,7 @@ from dlm.limits import (
     check_seq,
     check_ttl_ms,
 )
+from dlm.node.locks import identities
 
 COMMAND_MAX_BYTES = 64 * 1024
 """Larger payloads are refused before CBOR decoding even starts."""
@@ -75,6 +79,9 @@ class OpenLeaseCommand:
 
     ``ephemeral``: opened by ``dlm acquire`` for one lock, so a release that
     leaves it idle ends it. ``meta``: who opened it, for ``dlm lease list``.
+    ``owner``: the identity the opening connection authenticated as ("" before
+    cluster version 3, or when nothing named one); only its opener (or an admin)
+    may end the lease, and the identity's quotas count it.
     """
 
     lease: str
@@ -83,6 +90,7 @@ class OpenLeaseCommand:
     at_ms: int
     ephemeral: bool = False
     meta: Mapping[str, str] = field(default_factory=dict, hash=False)
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +100,8 @@ class CloseLeaseCommand:
     lease: str
     origin: Origin
     at_ms: int
+    by: str = ""
+    """The identity that asked (cluster version 3; "" before): see identities.py."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +118,7 @@ class AcquireCommand:
     meta: Mapping[str, str] = field(hash=False)
     origin: Origin
     at_ms: int
+    by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +136,7 @@ class ReleaseCommand:
     keep_lease: bool
     origin: Origin
     at_ms: int
+    by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +148,7 @@ class UpdateLeaseCommand:
     finished: bool
     origin: Origin
     at_ms: int
+    by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +162,29 @@ class ExpireCommand:
     lease: str
     incarnation: int
     at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityCommand:
+    """A change to the identity table (cluster version 3), asked by identity ``by``.
+
+    ``op``: ``add`` (name, role, prefixes and the new key's verifier), ``remove``,
+    ``rotate`` (the new key's verifier) or ``finish`` (the rotation's old key ends).
+    Only verifiers are logged, never a secret (identities.py).
+    """
+
+    op: str
+    name: str
+    role: str
+    prefixes: tuple[str, ...]
+    key_id: bytes
+    stored_key: bytes
+    server_key: bytes
+    by: str
+    at_ms: int
+
+
+IDENTITY_OPS = ("add", "remove", "rotate", "finish")
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +218,7 @@ LeaseCommand = (
     | UpdateLeaseCommand
     | ExpireCommand
 )
-Command = LeaseCommand | ClusterVersionCommand | QuarantineCommand
+Command = LeaseCommand | ClusterVersionCommand | QuarantineCommand | IdentityCommand
 ClientCommand = (
     OpenLeaseCommand | CloseLeaseCommand | AcquireCommand | ReleaseCommand | UpdateLeaseCommand
 )
@@ -201,7 +237,7 @@ def is_legacy(cmd: Command) -> bool:
     """Whether ``cmd`` has a version-1 encoding (what a cluster at version 1 must write)."""
     match cmd:
         case OpenLeaseCommand():
-            return cmd.origin.legacy and not cmd.ephemeral and not cmd.meta
+            return cmd.origin.legacy and not cmd.ephemeral and not cmd.meta and not cmd.owner
         case CloseLeaseCommand() | AcquireCommand():
             return cmd.origin.legacy
         case ReleaseCommand():
@@ -226,8 +262,7 @@ def _to_item(cmd: Command) -> list[Any]:
         case OpenLeaseCommand():
             if legacy:
                 return ["open", cmd.lease, cmd.ttl_ms, cmd.at_ms]
-            return [
-                "open2",
+            fields = [
                 cmd.lease,
                 cmd.ttl_ms,
                 cmd.ephemeral,
@@ -235,10 +270,13 @@ def _to_item(cmd: Command) -> list[Any]:
                 *_origin(cmd.origin),
                 cmd.at_ms,
             ]
+            if cmd.owner:
+                return ["open3", *fields, cmd.owner]
+            return ["open2", *fields]
         case CloseLeaseCommand():
             if legacy:
                 return ["close", cmd.lease, cmd.origin.seq, cmd.at_ms]
-            return ["close2", cmd.lease, *_origin(cmd.origin), cmd.at_ms]
+            return _by(cmd.by, ["close2", cmd.lease, *_origin(cmd.origin), cmd.at_ms])
         case AcquireCommand():
             if legacy:
                 return [
@@ -251,37 +289,39 @@ def _to_item(cmd: Command) -> list[Any]:
                     dict(cmd.meta),
                     cmd.at_ms,
                 ]
-            return [
-                "acquire2",
-                cmd.lease,
-                cmd.key,
-                cmd.wait,
-                cmd.limit,
-                dict(cmd.meta),
-                *_origin(cmd.origin),
-                cmd.at_ms,
-            ]
+            return _by(
+                cmd.by,
+                [
+                    "acquire2",
+                    cmd.lease,
+                    cmd.key,
+                    cmd.wait,
+                    cmd.limit,
+                    dict(cmd.meta),
+                    *_origin(cmd.origin),
+                    cmd.at_ms,
+                ],
+            )
         case ReleaseCommand():
             if legacy:
                 return ["release", cmd.lease, cmd.origin.seq, cmd.key, cmd.at_ms]
-            return [
-                "release2",
-                cmd.lease,
-                cmd.key,
-                cmd.token,
-                cmd.keep_lease,
-                *_origin(cmd.origin),
-                cmd.at_ms,
-            ]
+            return _by(
+                cmd.by,
+                [
+                    "release2",
+                    cmd.lease,
+                    cmd.key,
+                    cmd.token,
+                    cmd.keep_lease,
+                    *_origin(cmd.origin),
+                    cmd.at_ms,
+                ],
+            )
         case UpdateLeaseCommand():
-            return [
-                "update2",
-                cmd.lease,
-                cmd.ttl_ms,
-                cmd.finished,
-                *_origin(cmd.origin),
-                cmd.at_ms,
-            ]
+            return _by(
+                cmd.by,
+                ["update2", cmd.lease, cmd.ttl_ms, cmd.finished, *_origin(cmd.origin), cmd.at_ms],
+            )
         case ExpireCommand():
             if legacy:
                 return ["expire", cmd.lease, cmd.at_ms]
@@ -290,6 +330,27 @@ def _to_item(cmd: Command) -> list[Any]:
             return ["version", cmd.version, cmd.at_ms]
         case QuarantineCommand():
             return ["quarantine3", cmd.until_ms, cmd.at_ms]
+        case IdentityCommand():
+            return [
+                "identity",
+                cmd.op,
+                cmd.name,
+                cmd.role,
+                list(cmd.prefixes),
+                cmd.key_id,
+                cmd.stored_key,
+                cmd.server_key,
+                cmd.by,
+                cmd.at_ms,
+            ]
+
+
+def _by(by: str, item: list[Any]) -> list[Any]:
+    """A version-2 form, or (with the asking identity) its version-3 form: name + "3"
+    (``close3``, ...), the identity last."""
+    if not by:
+        return item
+    return [item[0][:-1] + "3", *item[1:], by]
 
 
 # ---------------------------------------------------------------------------
@@ -303,6 +364,7 @@ _ARITY = {
     "release": 4,
     "expire": 2,
     "open2": 8,
+    "open3": 9,
     "close2": 5,
     "acquire2": 9,
     "release2": 8,
@@ -310,6 +372,11 @@ _ARITY = {
     "expire2": 3,
     "version": 2,
     "quarantine3": 2,
+    "close3": 5 + 1,
+    "acquire3": 9 + 1,
+    "release3": 8 + 1,
+    "update3": 7 + 1,
+    "identity": 9,
 }
 
 
@@ -329,6 +396,18 @@ def decode_command(data: bytes) -> Command:
         raise CommandError(f"unknown command {name[:32]!r}")
     if len(f) != arity:
         raise CommandError(f"{name} takes {arity} fields, got {len(f)}")
+    if name in _WITH_BY:
+        # A version-3 form: its version-2 form with the asking identity last.
+        cmd = decode_command(cbor2.dumps([name[:-1] + "2", *f[:-1]]))
+        by = _str(f[-1], "by")
+        if not by:
+            raise CommandError(f"{name} names no identity")
+        assert isinstance(
+            cmd, CloseLeaseCommand | AcquireCommand | ReleaseCommand | UpdateLeaseCommand
+        )
+        return replace(cmd, by=by)
+    if name == "identity":
+        return _identity(f)
     match name:
         case "open":
             return OpenLeaseCommand(
@@ -367,6 +446,16 @@ def decode_command(data: bytes) -> Command:
                 meta=_meta(f[3]),
                 origin=_read_origin(f[4:7]),
                 at_ms=_int(f[7], "at_ms"),
+            )
+        case "open3":
+            return OpenLeaseCommand(
+                lease=_str(f[0], "lease"),
+                ttl_ms=_int(f[1], "ttl_ms"),
+                ephemeral=_bool(f[2], "ephemeral"),
+                meta=_meta(f[3]),
+                origin=_read_origin(f[4:7]),
+                at_ms=_int(f[7], "at_ms"),
+                owner=_str(f[8], "owner"),
             )
         case "close2":
             return CloseLeaseCommand(_str(f[0], "lease"), _read_origin(f[1:4]), _int(f[4], "at_ms"))
@@ -408,6 +497,32 @@ def decode_command(data: bytes) -> Command:
             return ClusterVersionCommand(_int(f[0], "version"), _int(f[1], "at_ms"))
 
 
+_WITH_BY = ("close3", "acquire3", "release3", "update3")
+
+
+def _identity(f: list[Any]) -> IdentityCommand:
+    prefixes = f[3]
+    if type(prefixes) is not list:
+        raise CommandError("prefixes must be a list")
+    return IdentityCommand(
+        op=_str(f[0], "op"),
+        name=_str(f[1], "name"),
+        role=_str(f[2], "role"),
+        prefixes=tuple(_str(p, "prefix") for p in prefixes),
+        key_id=_bytes(f[4], "key_id"),
+        stored_key=_bytes(f[5], "stored_key"),
+        server_key=_bytes(f[6], "server_key"),
+        by=_str(f[7], "by"),
+        at_ms=_int(f[8], "at_ms"),
+    )
+
+
+def _bytes(value: object, what: str) -> bytes:
+    if type(value) is not bytes:
+        raise CommandError(f"{what} must be a byte string, got {type(value).__name__}")
+    return value
+
+
 def _legacy(seq: int = 0) -> Origin:
     return Origin(LEGACY_CLIENT, seq)
 
@@ -435,6 +550,8 @@ def validate_command(cmd: Command) -> str | None:
         return None if 0 <= cmd.until_ms <= INT_MAX else "until_ms out of range"
     if isinstance(cmd, ExpireCommand) and cmd.lease == QUARANTINE_LEASE:
         return None if 0 <= cmd.incarnation <= INT_MAX else "incarnation out of range"
+    if isinstance(cmd, IdentityCommand):
+        return _identity_problem(cmd)
     problem = check_lease_id(cmd.lease)
     if problem is not None:
         return problem
@@ -444,11 +561,14 @@ def validate_command(cmd: Command) -> str | None:
     problem = check_seq(origin.seq) or check_seq(origin.acked)
     if problem is None and not origin.legacy:
         problem = check_client_id(origin.client)
+    by = getattr(cmd, "by", "")
+    if problem is None and by:
+        problem = identities.check_name(by)
     if problem is not None:
         return problem
     match cmd:
         case OpenLeaseCommand():
-            return check_ttl_ms(cmd.ttl_ms) or check_meta(cmd.meta)
+            return check_ttl_ms(cmd.ttl_ms) or check_meta(cmd.meta) or check_identity(cmd.owner)
         case AcquireCommand():
             return check_key(cmd.key) or check_limit(cmd.limit) or check_meta(cmd.meta)
         case ReleaseCommand():
@@ -457,6 +577,23 @@ def validate_command(cmd: Command) -> str | None:
             return check_key(cmd.key)
         case UpdateLeaseCommand():
             return check_hold_ms(cmd.ttl_ms)
+    return None
+
+
+def _identity_problem(cmd: IdentityCommand) -> str | None:
+    if cmd.op not in IDENTITY_OPS:
+        return f"unknown identity change {cmd.op[:32]!r}"
+    problem = identities.check_name(cmd.name) or identities.check_name(cmd.by)
+    if problem is not None:
+        return problem
+    if cmd.op == "add":
+        if cmd.role not in identities.ROLES:
+            return f"a role is {' or '.join(identities.ROLES)}"
+        problem = identities.check_prefixes(cmd.prefixes)
+        if problem is not None:
+            return problem
+    if cmd.op in ("add", "rotate"):
+        return identities.Verifier(cmd.key_id, cmd.stored_key, cmd.server_key).check()
     return None
 
 

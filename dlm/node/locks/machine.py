@@ -58,6 +58,7 @@ from dlm.node.locks.commands import (
     Command,
     CommandError,
     ExpireCommand,
+    IdentityCommand,
     OpenLeaseCommand,
     Origin,
     QuarantineCommand,
@@ -66,12 +67,22 @@ from dlm.node.locks.commands import (
     decode_command,
     validate_command,
 )
+from dlm.node.locks.identities import (
+    ADMIN_ONLY,
+    LEASE,
+    LOCK,
+    IdentityTable,
+    Verifier,
+    refusal,
+)
 from dlm.node.locks.results import (
     LEASE_CLOSED,
     LEASE_EXPIRED,
     LEASE_UNKNOWN,
+    Denied,
     Granted,
     Holder,
+    IdentityChanged,
     Invalid,
     LeaseClosed,
     LeaseGone,
@@ -90,9 +101,21 @@ from dlm.node.locks.results import (
     str_map,
 )
 
+COMMAND_PERMISSIONS: dict[type, tuple[str, str]] = {
+    OpenLeaseCommand: ("open_lease", LEASE),
+    CloseLeaseCommand: ("close_lease", LEASE),
+    AcquireCommand: ("acquire", LOCK),
+    ReleaseCommand: ("release", LEASE),
+    UpdateLeaseCommand: ("lease_update", LEASE),
+}
+"""Each client command's action (its request kind) and permission, as wire.py's table has
+them (tests/unit/node/locks/test_identities.py compares the two)."""
+
 SNAPSHOT_V1 = 1
 SNAPSHOT_V2 = 2
 SNAPSHOT_V3 = 3
+"""Version 3 adds each lease's owner (the identity that opened it), the longest TTL
+given and the quarantine of a restored cluster."""
 LEGACY_RECENT = 32
 """Results a lease remembers for version-1 (random-seq) requests, as the previous release did."""
 MAX_UNANSWERED = 1024
@@ -166,6 +189,8 @@ class LeaseView(_Plain):
     """Keys the lease holds, sorted."""
     waiting: tuple[str, ...]
     """Keys the lease waits for, sorted."""
+    owner: str = ""
+    """The identity that opened the lease ("" before cluster version 3)."""
 
 
 class Counts(NamedTuple):
@@ -211,6 +236,7 @@ class _Lease:
     ephemeral: bool = False
     meta: dict[str, str] = field(default_factory=dict)
     finished_at_ms: int | None = None
+    owner: str = ""
     clients: dict[str, _ClientRecord] = field(default_factory=dict)
     holding: set[str] = field(default_factory=set)
     waiting: set[str] = field(default_factory=set)
@@ -255,12 +281,16 @@ class LockStateMachine:
     """The replicated lock table. Feed it committed entries in log order via ``apply``."""
 
     tombstone_capacity = TOMBSTONES
+    check_permissions = True
+    """A seam: the simulator's mutant switches the apply-time permission check off."""
     tombstone_ms = TOMBSTONE_MS
     max_stamp_step_ms = MAX_STAMP_STEP_MS
 
     def __init__(self) -> None:
         self._applied = 0
         self._version = 1
+        self.identities = IdentityTable()
+        """Who may do what (identities.py); in the node's snapshot image, not this one's."""
         self._leases: dict[str, _Lease] = {}
         self._keys: dict[str, _Key] = {}
         self._tombstones: OrderedDict[str, _Tombstone] = OrderedDict()
@@ -328,6 +358,10 @@ class LockStateMachine:
             return ApplyOutcome(index, Invalid(problem), cmd)
         if self._version >= 2:
             self._tick_log_clock(cmd.at_ms)
+        if isinstance(cmd, OpenLeaseCommand) and cmd.owner and self._version < 3:
+            # A member of the previous release cannot read an owner: every replica refuses
+            # it alike until the log reaches version 3 (the leader never proposes one).
+            return ApplyOutcome(index, Invalid("a lease owner needs cluster version 3"), cmd)
         if isinstance(cmd, ClusterVersionCommand):
             # Versions only rise: a stale proposal of an older version changes nothing.
             self._version = max(self._version, cmd.version)
@@ -336,6 +370,8 @@ class LockStateMachine:
             if self.quarantine is not None:
                 self.quarantine.until_ms = cmd.until_ms
             return ApplyOutcome(index, None, cmd)
+        if isinstance(cmd, IdentityCommand):
+            return ApplyOutcome(index, _change_identities(self.identities, cmd, self._version), cmd)
         step = _Step(index, cmd.at_ms)
         result = self._dispatch(cmd, step)
         if self._version >= 3:
@@ -361,10 +397,13 @@ class LockStateMachine:
             self._log_ms += min(stepped, self.max_stamp_step_ms)
 
     def _dispatch(self, cmd: Command, step: _Step) -> Result:
-        assert not isinstance(cmd, ClusterVersionCommand | QuarantineCommand)
+        assert not isinstance(cmd, ClusterVersionCommand | QuarantineCommand | IdentityCommand)
         if isinstance(cmd, ExpireCommand):
             return self._expire(cmd, step)
         lease = self._leases.get(cmd.lease)
+        denied = _denied(self.identities, cmd, lease) if self.check_permissions else None
+        if denied is not None:
+            return denied
         if lease is None:
             if isinstance(cmd, OpenLeaseCommand):
                 return self._open_new(cmd, step)
@@ -494,6 +533,7 @@ class LockStateMachine:
             incarnation=incarnation,
             ephemeral=cmd.ephemeral,
             meta=dict(cmd.meta),
+            owner=cmd.owner,
         )
         self._leases[cmd.lease] = lease
         self._sorted_leases = None
@@ -721,11 +761,16 @@ class LockStateMachine:
             live.append((QUARANTINE_LEASE, q.ttl_ms, q.incarnation))
         return live
 
+    def lease_owner(self, lease_id: str) -> str | None:
+        """The identity that opened a live lease ("" before identities), None if none."""
+        lease = self._leases.get(lease_id)
+        return None if lease is None else lease.owner
+
     def lease(self, lease_id: str) -> LeaseView | None:
         lease = self._leases.get(lease_id)
         if lease is None:
             return None
-        return self._lease_view(lease_id, lease)
+        return _lease_view(lease_id, lease)
 
     def lease_terms(self, lease_id: str) -> LeaseTerms | None:
         """What the runtime asks about a lease on every request it serves, without the
@@ -751,7 +796,7 @@ class LockStateMachine:
         names = self._sorted_leases
         start = 0 if after is None else bisect.bisect_right(names, after)
         stop = len(names) if limit is None else min(len(names), start + limit)
-        out = [self._lease_view(name, self._leases[name]) for name in names[start:stop]]
+        out = [_lease_view(name, self._leases[name]) for name in names[start:stop]]
         return out, (names[stop - 1] if stop < len(names) and out else None)
 
     def counts(self) -> Counts:
@@ -765,20 +810,6 @@ class LockStateMachine:
             tuple(
                 Waiter(lease_id, w.since_ms, dict(w.meta)) for lease_id, w in entry.waiters.items()
             ),
-        )
-
-    @staticmethod
-    def _lease_view(lease_id: str, lease: _Lease) -> LeaseView:
-        return LeaseView(
-            lease_id,
-            lease.ttl_ms,
-            lease.opened_at_ms,
-            lease.incarnation,
-            lease.ephemeral,
-            dict(lease.meta),
-            lease.finished_at_ms,
-            tuple(sorted(lease.holding)),
-            tuple(sorted(lease.waiting)),
         )
 
     # --------------------------------------------------------------- snapshot
@@ -814,6 +845,10 @@ class LockStateMachine:
             ]
             image: list[Any] = [SNAPSHOT_V1, self._applied, leases_v1, keys]
         else:
+            # At version 2 the layout stays the one its members read (no lease has an
+            # owner before version 3: apply refuses one); from version 3 on each lease
+            # row ends with its owner.
+            with_owner = self._version >= 3
             leases = [
                 [
                     lease_id,
@@ -831,6 +866,7 @@ class LockStateMachine:
                         ]
                         for client, record in sorted(lease.clients.items())
                     ],
+                    *([lease.owner] if with_owner else []),
                 ]
                 for lease_id, lease in sorted(self._leases.items())
             ]
@@ -840,7 +876,7 @@ class LockStateMachine:
             ]
             clock = [self._log_ms, self._last_stamp_ms]
             image = [SNAPSHOT_V2, self._applied, self._version, leases, keys, stones, clock]
-            if self._version >= 3:
+            if with_owner:
                 q = self.quarantine
                 image[0] = SNAPSHOT_V3
                 image.append(self.max_ttl_ms)
@@ -876,11 +912,11 @@ class LockStateMachine:
         elif (item[0] == SNAPSHOT_V2 and len(item) == 7) or (
             item[0] == SNAPSHOT_V3 and len(item) == 9
         ):
-            # (Version 2 is this release's own: no released member wrote a version-2 image
-            # of another layout, so there is none to convert.) Version 3 adds the longest
-            # TTL given and the quarantine.
-            _, applied, version, leases, keys, stones, clock = item[:7]
-            if item[0] == SNAPSHOT_V3:
+            # Layout 3 (cluster version 3) ends each lease's row with its owner and adds the
+            # longest TTL given and the quarantine; a layout-2 image (from a member of the
+            # previous release, or of a cluster at version 2) has no owners: they are "".
+            layout, applied, version, leases, keys, stones, clock = item[:7]
+            if layout == SNAPSHOT_V3:
                 machine.max_ttl_ms = _int(item[7])
                 q = item[8]
                 if q is not None:
@@ -888,9 +924,12 @@ class LockStateMachine:
                     machine.quarantine = Quarantine(_int(ttl_ms), _int(incarnation))
                     machine.quarantine.until_ms = _int(until_ms)
             machine._version = _int(version)
+            row_length = 9 if layout == SNAPSHOT_V3 else 8
             for row in leases:
+                if type(row) is not list or len(row) != row_length:
+                    raise ValueError("lock snapshot has a lease of an unknown layout")
                 lease_id, ttl_ms, opened_at_ms, incarnation, ephemeral, meta, finished, clients = (
-                    row
+                    row[:8]
                 )
                 lease = _Lease(
                     ttl_ms=_int(ttl_ms),
@@ -899,6 +938,7 @@ class LockStateMachine:
                     ephemeral=bool(ephemeral),
                     meta=str_map(meta),
                     finished_at_ms=None if finished is None else _int(finished),
+                    owner=_str(row[8]) if layout == SNAPSHOT_V3 else "",
                 )
                 for client, floor, results in clients:
                     record = lease.clients[_str(client)] = _ClientRecord(floor=_int(floor))
@@ -961,6 +1001,63 @@ def start_incarnation(machine: LockStateMachine, index: int, quarantine_ms: int)
     machine._applied = index
     machine._version = max(machine._version, 3)
     machine.quarantine = Quarantine(quarantine_ms, index) if quarantine_ms else None
+
+
+def _lease_view(lease_id: str, lease: _Lease) -> LeaseView:
+    return LeaseView(
+        lease_id,
+        lease.ttl_ms,
+        lease.opened_at_ms,
+        lease.incarnation,
+        lease.ephemeral,
+        dict(lease.meta),
+        lease.finished_at_ms,
+        tuple(sorted(lease.holding)),
+        tuple(sorted(lease.waiting)),
+        lease.owner,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Who may (identities.py holds the table and the rule)
+# ---------------------------------------------------------------------------
+
+
+def _denied(table: IdentityTable, cmd: ClientCommand, lease: _Lease | None) -> Denied | None:
+    """The refusal of a request whose identity lacks its permission, checked again at apply
+    against the replicated table: an identity removed (or a lease that changed hands)
+    between propose and apply is refused alike on every replica."""
+    # An open's identity is the owner it names (the lease owner field, issue 23 item 3).
+    by = cmd.owner if isinstance(cmd, OpenLeaseCommand) else cmd.by
+    if not by:
+        return None  # before cluster version 3: no identities
+    action, permission = COMMAND_PERMISSIONS[type(cmd)]
+    owner = None if lease is None else lease.owner
+    key = cmd.key if isinstance(cmd, AcquireCommand) else None
+    problem = refusal(table, by, action, permission, key=key, owner=owner)
+    return None if problem is None else Denied(problem, by, action)
+
+
+def _change_identities(table: IdentityTable, cmd: IdentityCommand, version: int) -> Result:
+    action = f"auth_{cmd.op}"
+    if version < 3:
+        return Invalid("identities need cluster version 3: upgrade every member first")
+    problem = refusal(table, cmd.by, action, ADMIN_ONLY)
+    if problem is not None:
+        return Denied(problem, cmd.by, action)
+    key = Verifier(cmd.key_id, cmd.stored_key, cmd.server_key)
+    match cmd.op:
+        case "add":
+            problem = table.add(cmd.name, cmd.role, cmd.prefixes, key)
+        case "remove":
+            problem = table.remove(cmd.name)
+        case "rotate":
+            problem = table.rotate(cmd.name, key, cmd.at_ms)
+        case _:
+            problem = table.finish(cmd.name)
+    if problem is not None:
+        return Invalid(problem)
+    return IdentityChanged(cmd.op, cmd.name)
 
 
 def _int(value: object) -> int:

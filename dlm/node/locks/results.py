@@ -206,6 +206,26 @@ class Invalid(_Result):
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class Denied(_Result):
+    """The asking identity lacks the permission (identities.py); nothing changed."""
+
+    kind = "permission_denied"
+    code = "PERMISSION_DENIED"
+    message: str
+    identity: str = ""
+    action: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityChanged(_Result):
+    """An identity change was applied (``op``: add, remove, rotate or finish)."""
+
+    kind = "identity_changed"
+    op: str
+    name: str
+
+
 Result = (
     Granted
     | Queued
@@ -218,6 +238,8 @@ Result = (
     | LeaseUpdated
     | StaleRequest
     | Invalid
+    | Denied
+    | IdentityChanged
 )
 
 
@@ -267,6 +289,10 @@ def result_from_dict(d: Mapping[str, Any]) -> Result:
                 return StaleRequest(_i(d["seq"]))
             case "bad_request":
                 return Invalid(_s(d["message"]))
+            case "permission_denied":
+                return Denied(_s(d["message"]), _s(d["identity"]), _s(d["action"]))
+            case "identity_changed":
+                return IdentityChanged(_s(d["op"]), _s(d["name"]))
     except (KeyError, TypeError) as exc:
         raise ValueError(f"malformed result: {exc!r}") from None
     raise ValueError(f"unknown result type {d.get('type')!r}")

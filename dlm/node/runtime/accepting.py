@@ -138,9 +138,17 @@ class Admissions(Protocol):
         """A handshake failed (counted and logged, rate-limited)."""
 
     def client_opened(
-        self, transport: asyncio.Transport, where: str, sealer: Any, opener: Any
+        self,
+        transport: asyncio.Transport,
+        where: str,
+        sealer: Any,
+        opener: Any,
+        identity: str = "admin",
     ) -> ClientConnection:
-        """Registers an admitted client."""
+        """Registers an admitted client, authenticated as ``identity``."""
+
+    def identity_verifier(self, name: str, key_id: bytes) -> tuple[bytes, bytes] | None:
+        """(stored_key, server_key) the member's identity table keeps for that key, now."""
 
     def client_data(self, client: ClientConnection) -> bool:
         """Hands the client's complete frames on; False when the connection must close."""
@@ -268,12 +276,18 @@ class AcceptedConnection(asyncio.Protocol):
             def peer_identity(node: str) -> str | None:
                 return peer_certificate_problem(transport.get_extra_info("peercert"), node)
 
+        def identity_responder() -> Any:
+            from dlm.auth import IdentityResponder, new_nonce
+
+            return IdentityResponder(server.identity_verifier, new_nonce(), node=config.node_id)
+
         return Acceptance(
             node_id=config.node_id,
             cluster=config.cluster,
             responder_for=responder_for,
             peer_identity=peer_identity,
             incarnation=config.incarnation,
+            identity_responder=identity_responder,
         )
 
     def _step(self, outcome: Send | Ask | Refuse, rest: bytes) -> None:
@@ -358,7 +372,7 @@ class AcceptedConnection(asyncio.Protocol):
                 self._peer_data()
             return
         self._client = client = server.client_opened(
-            transport, self.where, admit.sealer, admit.opener
+            transport, self.where, admit.sealer, admit.opener, admit.identity
         )
         if rest:
             client.decoder.feed(rest)

@@ -127,7 +127,7 @@ def start_node(
         # Checked against where the member will listen, which a restart without --listen
         # takes from its data directory: a recorded 0.0.0.0 needs authentication as much
         # as one given on the command line.
-        security = load_security(settings, _listen_address(config))
+        security = load_security(settings, _listen_address(config), config.metrics_listen)
     except SecurityError as exc:
         return _fail(resolved.explain(str(exc)) if resolved else str(exc), EXIT_CONFIG)
     if os.environ.get("DLM_NO_FSYNC", "") == "1":

@@ -18,8 +18,9 @@ path but plain integers. Names follow Prometheus conventions: ``dlm_`` prefix,
 from __future__ import annotations
 
 import asyncio
+import hmac
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
@@ -86,6 +87,9 @@ METRIC_HELP: dict[str, str] = {
     "dlm_requests_total": "Client requests this member answered, by type and result "
     "(OK or the error code).",
     "dlm_grants_total": "Locks granted (at once or to a waiter), as this member applied them.",
+    "dlm_permission_refusals_total": "Requests refused for want of a permission (exit 77, "
+    "PERMISSION_DENIED), by identity and action (the request kind); counted where refused: "
+    "by the member that received it, or by every member that applied its entry.",
     "dlm_releases_total": "Held locks that ended, by how: released, closed (with their lease) "
     "or expired.",
     "dlm_lease_expiries_total": "Leases ended by the leader because their TTL passed.",
@@ -160,6 +164,14 @@ class NodeCollector(Collector):
         for (kind, outcome), count in sorted(stats.requests.items()):
             requests.add_metric([kind, outcome], count)
         yield requests
+        refusals = CounterMetricFamily(
+            "dlm_permission_refusals",
+            _help("dlm_permission_refusals_total"),
+            labels=["identity", "action"],
+        )
+        for (identity, action), count in sorted(stats.refusals.items()):
+            refusals.add_metric([identity, action], count)
+        yield refusals
         releases = CounterMetricFamily("dlm_releases", _help("dlm_releases_total"), labels=["how"])
         for how in RELEASE_KINDS:
             releases.add_metric([how], stats.releases.get(how, 0))
@@ -271,8 +283,14 @@ class MetricsListener:
         request_timeout: float = REQUEST_TIMEOUT,
         request_limit: int = REQUEST_LIMIT,
         max_connections: int = MAX_CONNECTIONS,
+        token: bytes | None = None,
+        tls: Any = None,
     ) -> None:
         self._registry = registry
+        self._token = token
+        """A scrape must carry ``Authorization: Bearer <token>`` (None: no token needed)."""
+        self._tls = tls
+        """ssl.SSLContext to serve with (it requires a client certificate), or None."""
         self._log = log
         self._request_timeout = request_timeout
         self._request_limit = request_limit
@@ -282,10 +300,16 @@ class MetricsListener:
         """Open connections, oldest first: True while still reading the request."""
         self.refused = 0
         self.evicted = 0
+        self.unauthorized = 0
 
     async def start(self, host: str, port: int) -> None:
         self._server = await asyncio.start_server(
-            self._serve, host, port, limit=self._request_limit
+            self._serve,
+            host,
+            port,
+            limit=self._request_limit,
+            ssl=self._tls,
+            ssl_handshake_timeout=self._request_timeout if self._tls is not None else None,
         )
 
     @property
@@ -348,6 +372,9 @@ class MetricsListener:
             return _response(405, b"only GET /metrics is served here\n")
         if target.split(b"?", 1)[0] != b"/metrics":
             return _response(404, b"metrics are at /metrics\n")
+        if self._token is not None and not _bearer_matches(head, self._token):
+            self.unauthorized += 1
+            return _response(401, b"send the metrics token: Authorization: Bearer TOKEN\n")
         try:
             body = generate_latest(self._registry)
         except Exception as exc:  # a bug in a collector: say so, keep serving
@@ -360,6 +387,17 @@ class MetricsListener:
         return response
 
 
+def _bearer_matches(head: bytes, token: bytes) -> bool:
+    """Whether the request's Authorization header carries ``token`` as a bearer token
+    (compared in constant time, so its bytes cannot be guessed one at a time)."""
+    for line in head.split(b"\r\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if sep and name.strip().lower() == b"authorization":
+            scheme, _, credentials = value.strip().partition(b" ")
+            return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), token)
+    return False
+
+
 def _response(status: int, body: bytes, content_type: bytes = b"text/plain") -> bytes:
     lines = [
         b"HTTP/1.1 %d %s" % (status, _REASONS[status]),
@@ -369,12 +407,15 @@ def _response(status: int, body: bytes, content_type: bytes = b"text/plain") -> 
     ]
     if status == 405:
         lines.append(b"Allow: GET, HEAD")
+    if status == 401:
+        lines.append(b"WWW-Authenticate: Bearer")
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
 _REASONS = {
     200: b"OK",
     400: b"Bad Request",
+    401: b"Unauthorized",
     404: b"Not Found",
     405: b"Method Not Allowed",
     431: b"Request Header Fields Too Large",

@@ -41,6 +41,11 @@ class NodeSecurity:
     """ssl.SSLContext the listener serves with (None: plain TCP)."""
     peer_tls: Any = None
     """ssl.SSLContext the peer links dial with: our certificate, checked against the CA."""
+    metrics_token: bytes | None = None
+    """Scrapers of /metrics must send it as a bearer token, when set."""
+    metrics_tls: Any = None
+    """ssl.SSLContext /metrics serves with, requiring a client certificate the CA signed
+    (None: plain HTTP)."""
 
     @property
     def peers_authenticated(self) -> bool:
@@ -69,8 +74,18 @@ def truthy(value: str | None, flag: str) -> bool:
     raise SecurityError(f"{flag} takes no value, or true/false in a variable (got {value!r})")
 
 
-def load(settings: Mapping[str, str | None], listen: tuple[str, int]) -> NodeSecurity:
-    """The member's security for its settings (config/options.py names); SecurityError."""
+def load(
+    settings: Mapping[str, str | None],
+    listen: tuple[str, int],
+    metrics_listen: tuple[str, int] | None = None,
+) -> NodeSecurity:
+    """The member's security for its settings (config/options.py names); SecurityError.
+
+    ``metrics_listen``: where /metrics is served, if anywhere. Beyond the loopback range it
+    is served with every credential configured (the bearer token of
+    ``--metrics-token-file``, and the member's TLS with a client certificate required), and
+    needs at least one of them, or ``--insecure``: the metrics name leases' owners and
+    members' addresses, and a scrape costs the member work."""
     peer_file = settings.get("peer_secret_file")
     client_file = settings.get("client_secret_file")
     tls_files = [settings.get(name) for name in ("tls_cert", "tls_key", "tls_ca")]
@@ -87,6 +102,19 @@ def load(settings: Mapping[str, str | None], listen: tuple[str, int]) -> NodeSec
             "are not authenticated: add --peer-secret-file PATH (make it with: dlm secret new "
             "--out PATH) or --tls-cert, --tls-key and --tls-ca; or --insecure to accept any peer"
         )
+    token_file = settings.get("metrics_token_file")
+    if token_file and metrics_listen is None:
+        raise SecurityError("--metrics-token-file goes with --metrics-listen: add it, or drop it")
+    beyond_loopback = metrics_listen is not None and not is_loopback(metrics_listen[0])
+    if beyond_loopback and not token_file and not all(tls_files) and not insecure:
+        assert metrics_listen is not None
+        raise SecurityError(
+            f"--metrics-listen {format_addr(*metrics_listen)} is reachable from other machines, "
+            "but scrapers are not authenticated: add --metrics-token-file PATH (make it with: "
+            "dlm secret new --out PATH) or the member's TLS (--tls-cert, --tls-key, --tls-ca); "
+            "or --insecure to serve metrics to anyone"
+        )
+    metrics_token = _secret(token_file, "--metrics-token-file") if token_file else None
     peer_secret = _secret(peer_file, "--peer-secret-file") if peer_file else None
     client_secret = _secret(client_file, "--client-secret-file") if client_file else None
     if peer_secret is not None and peer_secret == client_secret:
@@ -96,7 +124,7 @@ def load(settings: Mapping[str, str | None], listen: tuple[str, int]) -> NodeSec
             "--peer-secret-file and --client-secret-file hold the same secret, which would "
             "let every client act as a member: give peers their own (dlm secret new --out PATH)"
         )
-    server_tls = peer_tls = None
+    server_tls = peer_tls = metrics_tls = None
     if all(tls_files):
         from dlm import tls
 
@@ -104,9 +132,13 @@ def load(settings: Mapping[str, str | None], listen: tuple[str, int]) -> NodeSec
         try:
             server_tls = tls.server_context(cert, key, ca)
             peer_tls = tls.client_context(ca, cert, key)
+            if beyond_loopback:
+                metrics_tls = tls.server_context(cert, key, ca, require_client_cert=True)
         except tls.TlsConfigError as exc:
             raise SecurityError(str(exc)) from None
-    return NodeSecurity(peer_secret, client_secret, server_tls, peer_tls)
+    return NodeSecurity(
+        peer_secret, client_secret, server_tls, peer_tls, metrics_token, metrics_tls
+    )
 
 
 def _secret(path: str, flag: str) -> bytes:

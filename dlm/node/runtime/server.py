@@ -322,7 +322,13 @@ class NodeServer:
         # prometheus-client is imported only by members that serve metrics.
         from dlm.node.runtime.metrics import MetricsListener, registry_for
 
-        listener = MetricsListener(registry_for(self), log=self.log)
+        security = self.security
+        listener = MetricsListener(
+            registry_for(self),
+            log=self.log,
+            token=security.metrics_token,
+            tls=security.metrics_tls,
+        )
         try:
             await listener.start(host, port)
         except OSError as exc:
@@ -330,7 +336,12 @@ class NodeServer:
                 exc.errno, f"cannot serve metrics on {_addr_text((host, port))}: {exc.strerror}"
             ) from None
         self.metrics = listener
-        self.log.info("metrics_serving", address=_addr_text((host, listener.port)))
+        self.log.info(
+            "metrics_serving",
+            address=_addr_text((host, listener.port)),
+            token=security.metrics_token is not None,
+            tls=security.metrics_tls is not None,
+        )
 
     async def shutdown(self) -> None:
         """Stops taking requests, lets in-flight ones finish (bounded), then stops."""
@@ -803,15 +814,26 @@ class NodeServer:
         )
 
     def client_opened(
-        self, transport: asyncio.Transport, where: str, sealer: Any, opener: Any
+        self,
+        transport: asyncio.Transport,
+        where: str,
+        sealer: Any,
+        opener: Any,
+        identity: str = "admin",
     ) -> ClientConnection:
         number = self._next_conn
         self._next_conn += 1
         decoder = FrameDecoder(CLIENT_FRAME_LIMIT, opener, tolerate_bad_bodies=True)
         client = ClientConnection(number, transport, decoder, time.monotonic(), sealer=sealer)
         self._clients[number] = client
-        self.machine.client_connected(number, where)
+        self.machine.client_connected(number, where, identity=identity)
         return client
+
+    def identity_verifier(self, name: str, key_id: bytes) -> tuple[bytes, bytes] | None:
+        # The table as this member has applied it, at this moment's wall clock (the old
+        # key of a rotation runs out by it).
+        found = self.machine.locks.identities.verifier(name, key_id, int(time.time() * 1000))
+        return None if found is None else (found.stored_key, found.server_key)
 
     def peer_verdict(self, hello: Hello) -> dict[str, Any] | None:
         """The error that refuses a peer whose hello passed, and whose proof too when there

@@ -465,7 +465,7 @@ def test_key_validation_happens_before_connecting(fake_cluster: Any, capsys: Cap
 def hostile_leases() -> list[dict[str, Any]]:
     return [
         {"id": "lease1", "ttl_ms": 30_000, "left_ms": 21_000, "holding": [HOSTILE_KEY, "b"],
-         "waiting": ["jobs\tq\nx"], "meta": HOSTILE_META},
+         "waiting": ["jobs\tq\nx"], "meta": HOSTILE_META, "owner": "team-a"},
         {"id": "lease2", "ttl_ms": 5_000, "left_ms": None, "holding": [], "waiting": [],
          "meta": {}},
     ]  # fmt: skip
@@ -481,7 +481,8 @@ def test_lease_list_in_each_format(
     )
     assert run(["lease", "list", "--json"]) == 0
     out = capsys.readouterr().out
-    assert json.loads(out) == {"leases": hostile_leases()}
+    # A member of an earlier release sends no owner: the lease shows owner "".
+    assert json.loads(out) == {"leases": [{"owner": "", **lease} for lease in hostile_leases()]}
 
     assert run(["lease", "list"]) == 0  # piped: tsv, one row per line whatever the keys
     out = capsys.readouterr().out

@@ -67,10 +67,13 @@ class Driver:
         client: str = "c1",
         seq: int | None = None,
         acked: int = 0,
+        owner: str = "",
     ) -> ApplyOutcome:
         origin = self.origin(client, seq, acked)
         return self.run(
-            OpenLeaseCommand(lease, ttl_ms, origin, self.now(), ephemeral, dict(meta or {}))
+            OpenLeaseCommand(
+                lease, ttl_ms, origin, self.now(), ephemeral, dict(meta or {}), owner=owner
+            )
         )
 
     def close(

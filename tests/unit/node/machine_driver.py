@@ -359,21 +359,22 @@ class Cluster:
 
     # -- clients --------------------------------------------------------------------
 
-    def connect(self, node: NodeId) -> Client:
-        return Client(self, self.members[node], next(self._conns))
+    def connect(self, node: NodeId, identity: str = "") -> Client:
+        """A client connection to ``node``, authenticated as ``identity`` ("": the admin)."""
+        return Client(self, self.members[node], next(self._conns), identity)
 
 
 class Client:
     """One client connection to one member, sending frames by hand."""
 
-    def __init__(self, cluster: Cluster, member: Member, conn: int) -> None:
+    def __init__(self, cluster: Cluster, member: Member, conn: int, identity: str = "") -> None:
         self.cluster = cluster
         self.member = member
         self.conn = conn
         self.client_id = f"client-{conn}"
         self._ids = itertools.count(1)
         self._seqs = itertools.count(1)
-        member.machine.client_connected(conn, f"10.0.0.9:{40000 + conn}")
+        member.machine.client_connected(conn, f"10.0.0.9:{40000 + conn}", identity)
         member.frames.setdefault(conn, [])
 
     @property

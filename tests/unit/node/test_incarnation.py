@@ -16,7 +16,7 @@ from dlm.node.incarnation import (
     new_incarnation,
     parse_bump,
 )
-from dlm.node.snapshots import NODE_IMAGE_FORMAT
+from dlm.node.snapshots import NODE_IMAGE_FORMAT_V2
 
 from .locks_driver import Driver
 
@@ -32,7 +32,7 @@ def old_cluster(*ttls: int) -> Driver:
 def image_of(d: Driver) -> bytes:
     return bytes(
         cbor2.dumps(
-            {"format": NODE_IMAGE_FORMAT, "locks": d.sm.snapshot(), "members": {}, "removed": []},
+            {"format": NODE_IMAGE_FORMAT_V2, "locks": d.sm.snapshot(), "members": {}, "removed": []},
             canonical=True,
         )
     )

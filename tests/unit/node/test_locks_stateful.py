@@ -45,6 +45,7 @@ from dlm.node.locks import (
     ExpireCommand,
     Granted,
     Holder,
+    IdentityCommand,
     Invalid,
     LeaseClosed,
     LeaseGone,
@@ -271,6 +272,7 @@ class LockModelTest(RuleBasedStateMachine):
             self._model_end(cmd, ("", 0, LeaseGone(cmd.lease)), step)
             step.expired.append(cmd.lease)
             return step
+        assert not isinstance(cmd, IdentityCommand)  # this model draws no identity changes
         origin = cmd.origin
         lease = self.leases.get(cmd.lease)
         if lease is None:
@@ -414,7 +416,7 @@ class LockModelTest(RuleBasedStateMachine):
             del self.keys[key]
 
     def _model_end(self, cmd: Command, stone: tuple[str, int, Result], step: Expected) -> None:
-        assert not isinstance(cmd, ClusterVersionCommand | QuarantineCommand)
+        assert not isinstance(cmd, ClusterVersionCommand | QuarantineCommand | IdentityCommand)
         lease = cmd.lease
         for key in sorted(self.keys):
             entry = self.keys[key]

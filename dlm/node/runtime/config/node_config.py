@@ -151,7 +151,7 @@ class NodeConfig:
             config = replace(config, peers={})
         return replace(
             config,
-            metrics_listen=_parse(metrics, "--metrics-listen") if metrics else None,
+            metrics_listen=parse_metrics_listen(metrics) if metrics else None,
             quotas=quotas,
             join=join_addrs,
             advertise=_parse(advertise, "--advertise") if advertise else None,
@@ -243,6 +243,22 @@ def _parse(text: str, what: str) -> tuple[str, int]:
         return parse_addr(text)
     except ValueError as exc:
         raise ConfigError(f"{what}: {exc}; expected HOST:PORT, e.g. 127.0.0.1:7701") from None
+
+
+def parse_metrics_listen(text: str) -> tuple[str, int]:
+    """``--metrics-listen``: HOST:PORT with both given (a bare port or host would otherwise
+    mean the member's own port, 7700, on that host); ConfigError, one line."""
+    stripped = text.strip()
+    if stripped.isdigit():
+        raise ConfigError(
+            f"--metrics-listen {stripped} is a bare port: give HOST:PORT, e.g. 127.0.0.1:{stripped}"
+        )
+    host, port = _parse(stripped, "--metrics-listen")
+    if not (stripped.endswith(f":{port}") and stripped[: -len(f":{port}")]):
+        raise ConfigError(
+            f"--metrics-listen {stripped!r} names no port: give HOST:PORT, e.g. 127.0.0.1:9464"
+        )
+    return host, port
 
 
 def parse_peers(text: str) -> dict[str, tuple[str, int]]:

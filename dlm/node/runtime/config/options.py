@@ -121,7 +121,17 @@ NODE_OPTIONS = (
         "metrics_listen",
         "--metrics-listen",
         "HOST:PORT",
-        "Serve Prometheus metrics at http://HOST:PORT/metrics. [default: off]",
+        "Serve Prometheus metrics at http://HOST:PORT/metrics. Beyond the loopback range "
+        "scrapers must authenticate: --metrics-token-file, or the member's TLS (a client "
+        "certificate the --tls-ca signed); or --insecure to serve anyone. [default: off]",
+    ),
+    NodeOption(
+        "metrics_token_file",
+        "--metrics-token-file",
+        "PATH",
+        "Scrapers must send this file's token as `Authorization: Bearer` (mode 600; make "
+        "it with `dlm secret new --out PATH`; Prometheus: authorization.credentials_file). "
+        "[default: off]",
     ),
     NodeOption(
         "election_timeout",

@@ -14,7 +14,7 @@ from dlm.node import locks
 from dlm.node.incarnation import IncarnationError, lock_machine_of
 from dlm.node.runtime.config.node_config import NodeConfig, write_meta
 from dlm.node.runtime.incarnation import recover_member, restore_member
-from dlm.node.snapshots import NODE_IMAGE_FORMAT
+from dlm.node.snapshots import NODE_IMAGE_FORMAT_V2
 from dlm.records import ConfState, Entry, HardState
 from dlm.store.backup import Backup, write_backup
 from dlm.store.disk import DiskStorage
@@ -33,7 +33,7 @@ def lock_image(*ttls: int) -> tuple[bytes, int]:
     for cmd in commands:
         index += 1
         machine.apply(index, locks.encode_command(cmd))
-    image = {"format": NODE_IMAGE_FORMAT, "locks": machine.snapshot(), "members": {}}
+    image = {"format": NODE_IMAGE_FORMAT_V2, "locks": machine.snapshot(), "members": {}}
     return bytes(cbor2.dumps({**image, "removed": []}, canonical=True)), index
 
 

@@ -9,6 +9,7 @@ import asyncio
 import importlib.util
 import io
 import json
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,13 +20,15 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from dlm import tls
 from dlm.node.raft.memory import MemoryStorage
 from dlm.node.runtime.config.node_config import NodeConfig
 from dlm.node.runtime.log import Logger
-from dlm.node.runtime.main import EXIT_FAILURE, start_node
+from dlm.node.runtime.main import EXIT_CONFIG, EXIT_FAILURE, EXIT_USAGE, start_node
 from dlm.node.runtime.metrics import METRIC_HELP, REQUEST_LIMIT, MetricsListener, registry_for
 from dlm.node.runtime.server import NodeServer
 from dlm.records import ConfState
+from tests.pki import OPENSSL, make_pki
 
 pytestmark = pytest.mark.anyio
 
@@ -235,3 +238,84 @@ async def test_the_collector_serves_every_metric_it_names(tmp_path: Path) -> Non
     assert not families["dlm_peer_reachable"].samples  # a follower does not judge its peers
     (build,) = families["dlm_build_info"].samples
     assert build.labels["version"] and build.value == 1
+
+
+# ------------------------------------------------------------------ who may scrape
+
+
+async def test_with_a_token_a_scrape_must_carry_it_as_a_bearer_token() -> None:
+    async with _listening(token=b"s3cret-token") as listener:  # type: ignore[arg-type]
+        port = listener.port
+        bare = await _exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n")
+        wrong = await _exchange(
+            port, b"GET /metrics HTTP/1.1\r\nAuthorization: Bearer s3cret-tokem\r\n\r\n"
+        )
+        basic = await _exchange(
+            port, b"GET /metrics HTTP/1.1\r\nAuthorization: Basic s3cret-token\r\n\r\n"
+        )
+        right = await _exchange(
+            port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nauthorization: bearer s3cret-token\r\n\r\n"
+        )
+        assert listener.unauthorized == 3
+    for refused in (bare, wrong, basic):
+        assert _status(refused) == 401 and b"WWW-Authenticate: Bearer\r\n" in refused
+        assert b"test_things" not in refused
+    assert _status(right) == 200 and b"test_things_total 3.0" in _body(right)
+
+
+def test_a_bare_port_for_metrics_is_a_usage_error_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    settings = {"metrics_listen": "9464", "data": str(tmp_path / "data")}
+    assert start_node(settings) == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert "--metrics-listen 9464 is a bare port: give HOST:PORT, e.g. 127.0.0.1:9464" in err
+    assert not (tmp_path / "data").exists()
+
+
+def test_metrics_beyond_loopback_without_a_credential_are_refused_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    settings = {"metrics_listen": "0.0.0.0:9464", "data": str(tmp_path / "data")}
+    assert start_node(settings) == EXIT_CONFIG
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--metrics-token-file" in err and "--insecure" in err
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.skipif(OPENSSL is None, reason="the openssl command is not installed")
+async def test_with_the_members_tls_a_scraper_needs_a_certificate_the_ca_signed(
+    tmp_path: Path,
+) -> None:
+    pki = make_pki(tmp_path / "pki", ["n1"])
+    served = tls.server_context(
+        str(pki / "n1.crt"), str(pki / "n1.key"), str(pki / "ca.crt"), require_client_cert=True
+    )
+    with_cert = tls.client_context(
+        str(pki / "ca.crt"), str(pki / "client.crt"), str(pki / "client.key")
+    )
+    without = tls.client_context(str(pki / "ca.crt"))
+    rogue = tls.client_context(
+        str(pki / "ca.crt"), str(pki / "rogue-n2.crt"), str(pki / "rogue-n2.key")
+    )
+    async with _listening(tls=served) as listener:  # type: ignore[arg-type]
+
+        async def scrape(context: ssl.SSLContext) -> bytes:
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", listener.port, ssl=context, server_hostname="n1"
+            )
+            try:
+                writer.write(b"GET /metrics HTTP/1.1\r\n\r\n")
+                await writer.drain()
+                return await asyncio.wait_for(reader.read(), DEADLINE)
+            finally:
+                writer.close()
+
+        assert _status(await scrape(with_cert)) == 200
+        for refused in (without, rogue):
+            with pytest.raises((ssl.SSLError, ConnectionError)):
+                response = await scrape(refused)
+                # TLS 1.3 may report the refused certificate only at the first read.
+                assert response == b""
+                raise ConnectionError("closed without an answer")

@@ -107,3 +107,46 @@ def test_a_peer_secret_equal_to_the_client_secret_is_refused(tmp_path: Path) -> 
         load({"peer_secret_file": str(peer), "client_secret_file": str(client)}, LOOPBACK)
     message = str(raised.value)
     assert "same secret" in message and "\n" not in message
+
+
+# ------------------------------------------------------------------ the /metrics endpoint
+
+METRICS_REACHABLE = ("0.0.0.0", 9464)
+
+
+def test_metrics_beyond_loopback_need_a_credential_or_insecure(tmp_path: Path) -> None:
+    with pytest.raises(SecurityError) as raised:
+        load({}, LOOPBACK, METRICS_REACHABLE)
+    message = str(raised.value)
+    assert "--metrics-listen 0.0.0.0:9464" in message and "\n" not in message
+    for what in ("--metrics-token-file", "--tls-cert", "--insecure"):
+        assert what in message
+    assert load({"insecure": "true"}, LOOPBACK, METRICS_REACHABLE) == security.NodeSecurity()
+    token = tmp_path / "metrics.token"
+    auth.write_secret_file(str(token))
+    loaded = load({"metrics_token_file": str(token)}, LOOPBACK, METRICS_REACHABLE)
+    assert loaded.metrics_token == auth.load_secret(str(token))
+    assert loaded.metrics_tls is None
+
+
+def test_metrics_on_loopback_need_nothing_but_take_a_token_when_given(tmp_path: Path) -> None:
+    assert load({}, LOOPBACK, ("127.0.0.1", 9464)) == security.NodeSecurity()
+    token = tmp_path / "metrics.token"
+    auth.write_secret_file(str(token))
+    loaded = load({"metrics_token_file": str(token)}, LOOPBACK, ("localhost", 9464))
+    assert loaded.metrics_token is not None
+
+
+def test_a_metrics_token_without_metrics_is_a_mistake(tmp_path: Path) -> None:
+    token = tmp_path / "metrics.token"
+    auth.write_secret_file(str(token))
+    with pytest.raises(SecurityError, match="goes with --metrics-listen"):
+        load({"metrics_token_file": str(token)}, LOOPBACK)
+
+
+def test_a_metrics_token_file_open_to_others_is_refused(tmp_path: Path) -> None:
+    token = tmp_path / "metrics.token"
+    auth.write_secret_file(str(token))
+    token.chmod(0o644)
+    with pytest.raises(SecurityError, match=r"--metrics-token-file: .*chmod 600"):
+        load({"metrics_token_file": str(token)}, LOOPBACK, METRICS_REACHABLE)

@@ -36,6 +36,7 @@ def anyio_backend() -> str:
         ({"version": 1}, 1),
         ({"version": 1, "max_version": 2}, 2),
         ({"version": 2}, 2),
+        ({"version": 1, "max_version": 3}, 3),
         ({"version": 1, "max_version": 9}, 3),
     ],
 )

@@ -9,6 +9,7 @@ import typer
 
 from dlm.cli.app import app
 from dlm.node.runtime import main as node_main
+from dlm.node.runtime.config.node_config import ConfigError, parse_metrics_listen
 from dlm.node.runtime.config.options import ALL_OPTIONS, NODE_OPTIONS, OptionError, resolve
 
 NO_FLAGS: dict[str, str | None] = {option.param: None for option in ALL_OPTIONS}
@@ -158,3 +159,36 @@ def test_a_reachable_address_without_peer_authentication_exits_78(
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1
     assert "--peer-secret-file" in err and "(the value comes from DLM_NODE_LISTEN)" in err
+
+
+# ------------------------------------------------------------------ --metrics-listen
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("9464", "bare port: give HOST:PORT, e.g. 127.0.0.1:9464"),
+        ("127.0.0.1", "names no port"),
+        ("localhost:0", "port must be 1-65535"),
+        ("127.0.0.1:http", "port must be 1-65535"),
+        (":9464", "missing host"),
+    ],
+)
+def test_a_malformed_metrics_address_is_one_line_naming_the_flag(text: str, words: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_metrics_listen(text)
+    message = str(raised.value)
+    assert message.startswith("--metrics-listen") and words in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("text", "addr"),
+    [
+        ("127.0.0.1:9464", ("127.0.0.1", 9464)),
+        (" localhost:9464 ", ("localhost", 9464)),
+        ("[::1]:9464", ("::1", 9464)),
+        ("0.0.0.0:9464", ("0.0.0.0", 9464)),
+    ],
+)
+def test_a_metrics_address_is_host_and_port(text: str, addr: tuple[str, int]) -> None:
+    assert parse_metrics_listen(text) == addr

@@ -1,0 +1,203 @@
+"""`dlm auth add|list|remove|rotate`: the cluster's client identities, managed by an admin.
+
+An identity's secret is made here, on the admin's host, and written to the
+credential file (mode 600) that the identity's jobs use with --secret-file /
+DLM_SECRET_FILE; the cluster gets only its verifier (dlm/auth.py), so neither
+the log, the snapshots, `dlm store inspect` nor a backup holds anything a
+client could log in with. The file is created before the request is sent and
+removed again if the cluster refuses it, so a refused add leaves nothing behind.
+
+A limited identity's refusals exit 77 (PERMISSION_DENIED), as dlm.cli.exits says.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from dlm.cli.exits import USAGE, CliError, usage_error
+from dlm.cli.output import JSON, TSV, emit_json, emit_tsv, escape, print_table, say
+from dlm.cli.settings import Settings
+
+if TYPE_CHECKING:
+    from dlm.client.sync import Client
+
+ROLES = ("client", "admin")
+FIELDS = ("name", "role", "prefixes", "key_id", "rotating", "old_key_until_ms")
+
+
+def check_name(name: str) -> None:
+    from dlm.limits import check_identity_name
+
+    problem = check_identity_name(name)
+    if problem is not None:
+        raise usage_error(f"bad NAME '{escape(name)}': {problem}")
+    if name == "admin":
+        raise usage_error(
+            "'admin' is the built-in admin (whoever holds the cluster's client secret): "
+            "choose another name"
+        )
+
+
+def _write_credential(out: str, name: str) -> tuple[bytes, bytes, bytes]:
+    """Creates ``out`` (mode 600) with a new credential for ``name``; its verifier."""
+    from dlm import auth
+
+    content, verifier = auth.new_credential(name)
+    try:
+        auth.write_credential_file(out, content)
+    except auth.SecretFileError as exc:
+        raise CliError("USAGE", str(exc), USAGE) from None
+    return verifier
+
+
+def _send(settings: Settings, out: str | None, make: Any) -> dict[str, Any]:
+    """Sends the request ``make(client)`` builds; on any failure removes ``out`` again."""
+    try:
+        client = settings.connect()
+        try:
+            answer: dict[str, Any] = make(client)
+        finally:
+            client.close()
+    except BaseException:
+        if out is not None:
+            try:
+                os.unlink(out)
+            except OSError:
+                pass
+        raise
+    return answer
+
+
+def add(settings: Settings, name: str, role: str, prefixes: list[str], out: str | None) -> None:
+    from dlm.limits import check_identity_prefixes
+    from dlm.wire import AuthAdd
+
+    check_name(name)
+    if role not in ROLES:
+        raise usage_error(f"bad --role '{escape(role)}': use client or admin")
+    problem = check_identity_prefixes(prefixes)
+    if problem is not None:
+        raise usage_error(f"bad --prefix: {problem}")
+    if role == "client" and not prefixes:
+        raise usage_error(
+            "a client identity needs at least one --prefix (the keys it may lock start with it)"
+        )
+    if role == "admin" and prefixes:
+        raise usage_error("an admin may lock every key: --prefix is for --role client")
+    if not out:
+        raise usage_error("--out FILE is required: the new identity's credential goes there")
+    key_id, stored_key, server_key = _write_credential(out, name)
+    request = AuthAdd(
+        id=0,
+        name=name,
+        role=role,
+        prefixes=prefixes,
+        key_id=key_id,
+        stored_key=stored_key,
+        server_key=server_key,
+    )
+    _send(settings, out, lambda client: client.auth_change(request))
+    if settings.json:
+        emit_json(
+            {
+                "added": {"name": name, "role": role, "prefixes": prefixes, "key_id": key_id.hex()},
+                "credential_file": out,
+            }
+        )
+        return
+    limited = f", keys under {', '.join(prefixes)}" if prefixes else ", every key"
+    say(
+        f"added identity {name} ({role}{limited}); its credential is in {escape(out)} "
+        f"(mode 600): use it with --secret-file {escape(out)} or DLM_SECRET_FILE"
+    )
+
+
+def remove(settings: Settings, name: str) -> None:
+    from dlm.wire import AuthRemove
+
+    check_name(name)
+    _send(settings, None, lambda client: client.auth_change(AuthRemove(id=0, name=name)))
+    if settings.json:
+        emit_json({"removed": {"name": name}})
+        return
+    say(
+        f"removed identity {name}: its connections are closed and its leases are no longer "
+        "renewed, so they expire at their TTL (a `dlm exec` holder stops its command first)"
+    )
+
+
+def rotate(settings: Settings, name: str, out: str | None, finish: bool) -> None:
+    from dlm.wire import AuthFinish, AuthRotate
+
+    check_name(name)
+    if finish == bool(out):
+        raise usage_error(
+            "give --out FILE (a new key; the old one stays valid for 24 h or until --finish) "
+            "or --finish (only the new key is valid from now on), not both"
+            if finish
+            else "rotate needs --out FILE for the new credential, or --finish"
+        )
+    if finish:
+        _send(settings, None, lambda client: client.auth_change(AuthFinish(id=0, name=name)))
+        if settings.json:
+            emit_json({"rotated": {"name": name, "finished": True}})
+            return
+        say(f"finished the rotation of {name}: only its new key is valid now")
+        return
+    assert out is not None
+    key_id, stored_key, server_key = _write_credential(out, name)
+    request = AuthRotate(
+        id=0, name=name, key_id=key_id, stored_key=stored_key, server_key=server_key
+    )
+    _send(settings, out, lambda client: client.auth_change(request))
+    if settings.json:
+        emit_json(
+            {
+                "rotated": {"name": name, "key_id": key_id.hex(), "finished": False},
+                "credential_file": out,
+            }
+        )
+        return
+    say(
+        f"rotated {name}: its new credential is in {escape(out)}; the old one stays valid for "
+        f"24 h, or until `dlm auth rotate {name} --finish`"
+    )
+
+
+def list_identities(settings: Settings, output_format: str) -> None:
+    def fetch(client: Client) -> dict[str, Any]:
+        return {"identities": client.identities()}
+
+    rows = _send(settings, None, fetch)["identities"]
+    if output_format == JSON:
+        emit_json({"identities": rows})
+    elif output_format == TSV:
+        emit_tsv(
+            list(FIELDS),
+            [
+                [
+                    r.get("name", ""),
+                    r.get("role", ""),
+                    ",".join(r.get("prefixes") or []) or "-",
+                    r.get("key_id", ""),
+                    "yes" if r.get("rotating") else "no",
+                    "-" if r.get("old_key_until_ms") is None else r["old_key_until_ms"],
+                ]
+                for r in rows
+            ],
+        )
+    else:
+        print_table(
+            ("NAME", "ROLE", "PREFIXES", "KEY ID", "ROTATING"),
+            [
+                [
+                    escape(str(r.get("name", ""))),
+                    str(r.get("role", "")),
+                    escape(", ".join(r.get("prefixes") or [])) or "(every key)",
+                    str(r.get("key_id", "")),
+                    "yes (old key valid until --finish or 24 h)" if r.get("rotating") else "no",
+                ]
+                for r in rows
+            ],
+        )
