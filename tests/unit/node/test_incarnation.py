@@ -32,7 +32,12 @@ def old_cluster(*ttls: int) -> Driver:
 def image_of(d: Driver) -> bytes:
     return bytes(
         cbor2.dumps(
-            {"format": NODE_IMAGE_FORMAT_V2, "locks": d.sm.snapshot(), "members": {}, "removed": []},
+            {
+                "format": NODE_IMAGE_FORMAT_V2,
+                "locks": d.sm.snapshot(),
+                "members": {},
+                "removed": [],
+            },
             canonical=True,
         )
     )
