@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from dlm.node import locks, replies
@@ -79,6 +80,13 @@ from dlm.node.peer_health import PeerHealth
 from dlm.node.persist_jobs import PersistJobs
 from dlm.node.proposals import Proposal as _Proposal
 from dlm.node.proposals import Proposals
+from dlm.node.quotas import (
+    IdentityLimits,
+    LimitsFor,
+    connection_refusal,
+    limit_name,
+    over_quota,
+)
 from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.types import AppendEntriesResponse, Message, Ready, Role
 from dlm.node.read_rounds import Read, ReadRounds, renew_confirmed
@@ -166,6 +174,7 @@ class NodeMachine:
         self.stats = Stats()
         self.clients = Clients()
         self.out = Outbox(self.stats, self.clients.conns)
+        self.out.answered = self.clients.answered
         self.membership = Membership(config, self.out, self._reply_not_leader)
         self.snapshots = Snapshots(self.out, config.snapshot_every, config.snapshot_keep)
         self.locks = self.lock_machine_class()
@@ -194,7 +203,18 @@ class NodeMachine:
         self._term = self.raft.term
         self._next_tick = now.mono + timing.tick_s
 
-        self.proposals = Proposals(self.out, self.clients, self._reply_not_leader, config.quotas)
+        self._member_connections = config.quotas.max_connections
+        self.default_limits: IdentityLimits = config.quotas.identity_defaults()
+        """Every identity's limits unless an admin set its own (dlm/node/quotas.py)."""
+        self.limits_for: LimitsFor = lambda identity: self.default_limits
+        """The limits of an identity: the seam the replicated identity table backs."""
+        self.proposals = Proposals(
+            self.out,
+            self.clients,
+            self._reply_not_leader,
+            config.quotas,
+            self._limits_of,
+        )
         # The prefix is unique per process incarnation: a late answer to a read round from
         # before a restart must not be taken for one of ours.
         round_prefix = config.node_id.encode() + b"/" + rng.getrandbits(32).to_bytes(4)
@@ -505,6 +525,37 @@ class NodeMachine:
         ("" when nothing names anyone), the owner of every lease it opens."""
         self.clients.connected(conn, remote, identity)
 
+    def _limits_of(self, identity: str) -> IdentityLimits:
+        # Through the attribute each time: whoever backs ``limits_for`` later is asked.
+        return self.limits_for(identity)
+
+    def client_refusal(self, identity: str) -> dict[str, Any] | None:
+        """The error that refuses one more client connection of ``identity`` (it holds
+        its limit of connections on this member already), or None to take it. The
+        runtime asks before ``client_connected``, once the handshake proved who it is."""
+        limits = self.limits_for(identity)
+        if limits.max_connections >= self._member_connections:
+            return None  # no smaller than the member's own cap, which answers (UNAVAILABLE)
+        held = self.clients.connections_of(identity)
+        problem = connection_refusal(identity, held, limits)
+        if problem is None:
+            return None
+        return error(
+            None,
+            ErrorCode.QUOTA_EXCEEDED,
+            problem,
+            limit=limit_name("connections"),
+            identity=identity,
+            retry_after_ms=1000,
+        )
+
+    def member_connections(self, count: int) -> None:
+        """The runtime serves at most ``count`` client connections (its descriptor budget):
+        the default per-identity share follows it."""
+        quotas = replace(self.config.quotas, max_connections=count)
+        self._member_connections = count
+        self.default_limits = quotas.identity_defaults()
+
     def client_closed(self, conn: int) -> None:
         self.clients.closed(conn)
 
@@ -517,6 +568,7 @@ class NodeMachine:
         state = self.clients.conns.get(conn)
         if state is None:
             return
+        state.inflight += 1  # every frame gets one answer, which takes it off
         if isinstance(obj, BadFrame):
             self.clients.bad_request(
                 state, "invalid", None, obj.code, obj.message, now=now, out=self.out
@@ -530,6 +582,21 @@ class NodeMachine:
                 rid = None
             self.clients.bad_request(
                 state, "invalid", rid, exc.code, str(exc), now=now, out=self.out
+            )
+            return
+        limit = self.limits_for(state.identity).max_inflight
+        if state.inflight > limit:
+            self._answer_request(
+                conn,
+                req.TYPE,
+                error(
+                    req.id,
+                    ErrorCode.QUOTA_EXCEEDED,
+                    over_quota(state.identity, "inflight", limit),
+                    limit=limit_name("inflight"),
+                    identity=state.identity,
+                    retry_after_ms=100,
+                ),
             )
             return
         self._handle_request(state, req, now)

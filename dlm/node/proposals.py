@@ -20,6 +20,7 @@ from dlm.node import locks
 from dlm.node.clients import ClientConn, Clients
 from dlm.node.leases import LeaseTracker
 from dlm.node.outbox import Instant, NotLeaderReply, Outbox
+from dlm.node.quotas import LimitsFor, limit_name, over_quota
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.types import NotLeader
 from dlm.wire import (
@@ -65,12 +66,19 @@ class Proposals:
     """The leader's pending client proposals by log index, and its own proposals."""
 
     def __init__(
-        self, out: Outbox, clients: Clients, not_leader: NotLeaderReply, quotas: Quotas
+        self,
+        out: Outbox,
+        clients: Clients,
+        not_leader: NotLeaderReply,
+        quotas: Quotas,
+        limits_for: LimitsFor | None = None,
     ) -> None:
         self._out = out
         self._clients = clients
         self._not_leader = not_leader
         self._quotas = quotas
+        default = quotas.identity_defaults()
+        self._limits_for: LimitsFor = limits_for or (lambda identity: default)
         self.pending: dict[int, Proposal] = {}
         self._version_proposed_at = -1.0e9
 
@@ -87,7 +95,15 @@ class Proposals:
         """The leader proposes a client's change (or says why it will not)."""
         conn = state.conn
         try:
-            cmd = command_for(req, now, machine, self._quotas, doomed, identity=state.identity)
+            cmd = command_for(
+                req,
+                now,
+                machine,
+                self._quotas,
+                doomed,
+                identity=state.identity,
+                limits_for=self._limits_for,
+            )
         except Refusal as refusal:
             self._out.answer(conn, req.TYPE, refusal.reply(req.id))
             return
@@ -178,9 +194,15 @@ def command_for(
     doomed: Callable[[str], bool],
     *,
     identity: str = "",
+    limits_for: LimitsFor | None = None,
 ) -> locks.ClientCommand:
     """The log command for ``req``, in the form the cluster's version runs; ``identity``:
-    who the requesting connection authenticated as (a new lease's owner, from version 3)."""
+    who the requesting connection authenticated as (a new lease's owner, from version 3),
+    and ``limits_for`` the quotas of each identity (dlm/node/quotas.py)."""
+    v3 = machine.version >= 3
+    if limits_for is None:
+        default = quotas.identity_defaults()
+        limits_for = lambda identity: default  # noqa: E731
     v2 = machine.version >= 2
     if v2 and req.client:
         origin = locks.Origin(req.client, req.seq, req.acked)
@@ -194,6 +216,12 @@ def command_for(
         raise being_expired(req.lease)
     if isinstance(req, OpenLease):
         if machine.lease_terms(req.lease) is None:
+            # The identity's own limit first: that is the one a runaway client reaches.
+            # (The leader refuses early what it can see; the entry carries the limit so
+            # that apply decides alike everywhere, in-flight proposals included.)
+            max_leases = limits_for(identity).max_leases
+            if machine.usage.of(identity).leases >= max_leases:
+                raise _identity_quota(identity, "leases", max_leases)
             if machine.counts().sessions >= quotas.max_leases:
                 raise _quota(f"this cluster holds {quotas.max_leases} leases", "max_leases")
             _check_meta_quota(req.meta, quotas)
@@ -204,7 +232,8 @@ def command_for(
             at_ms=at_ms,
             ephemeral=req.ephemeral and v2,
             meta=req.meta if v2 else {},
-            owner=identity if machine.version >= 3 else "",
+            owner=identity if v3 else "",
+            quota=limits_for(identity).max_leases if v3 else 0,
         )
     if isinstance(req, CloseLease):
         return locks.CloseLeaseCommand(req.lease, origin, at_ms)
@@ -213,11 +242,25 @@ def command_for(
         # for adds nothing, and must get its grant (or place) back, not a refusal.
         adds = not (machine.holds(req.lease, req.key) or machine.waits(req.lease, req.key))
         counts = machine.counts()
+        # The lease's owner is counted (not the asking connection's identity: with
+        # permissions, only the owner may use the lease).
+        terms = machine.lease_terms(req.lease)
+        owner = None if terms is None else terms.owner
+        max_locks = 0 if owner is None else limits_for(owner).max_locks
+        if adds and owner is not None and machine.usage.of(owner).locks >= max_locks:
+            raise _identity_quota(owner, "locks", max_locks)
         if adds and counts.locks + counts.waiters >= quotas.max_locks:
             raise _quota(f"this cluster holds {quotas.max_locks} locks and waiters", "max_locks")
         _check_meta_quota(req.meta, quotas)
         return locks.AcquireCommand(
-            req.lease, req.key, req.wait, req.limit, req.meta, origin, at_ms
+            req.lease,
+            req.key,
+            req.wait,
+            req.limit,
+            req.meta,
+            origin,
+            at_ms,
+            quota=max_locks if v3 else 0,
         )
     if isinstance(req, Release):
         if not v2 and req.token is not None:
@@ -237,6 +280,15 @@ def being_expired(lease: str) -> Refusal:
         ErrorCode.SESSION_EXPIRED,
         f"lease {lease!r} is being expired: open a new lease",
         ended=locks.LEASE_EXPIRED,
+    )
+
+
+def _identity_quota(identity: str, kind: str, limit: int) -> Refusal:
+    return Refusal(
+        ErrorCode.QUOTA_EXCEEDED,
+        over_quota(identity, kind, limit),
+        limit=limit_name(kind),
+        identity=identity,
     )
 
 

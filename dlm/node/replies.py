@@ -15,6 +15,7 @@ from typing import Any
 from dlm.node import locks
 from dlm.node.leases import LeaseTracker
 from dlm.node.proposals import being_expired
+from dlm.node.quotas import limit_name, over_quota
 from dlm.node.raft.core import RaftStatus
 from dlm.records import NodeId
 from dlm.views import (
@@ -143,6 +144,15 @@ class Replies:
                 rid,
                 ErrorCode.STALE_REQUEST,
                 f"request {result.seq} was answered before and is not run again",
+            )
+        if isinstance(result, locks.QuotaExceeded):
+            kind = "leases" if result.what == "leases" else "locks"
+            return error(
+                rid,
+                ErrorCode.QUOTA_EXCEEDED,
+                over_quota(result.identity, kind, result.limit),
+                limit=limit_name(kind),
+                identity=result.identity,
             )
         assert isinstance(result, locks.Invalid)
         return error(rid, ErrorCode.BAD_REQUEST, result.message)

@@ -16,10 +16,12 @@ writes the ``*2`` encodings, which carry the whole ``Origin`` (client id,
 rising seq, acknowledged floor), the lease incarnation on ``expire2``, the
 grant's token on ``release2``, and the commands version 1 lacks
 (``update2``, ``version``). A cluster at version 3 writes ``open3``, an
-``open2`` with the identity that opened the lease (its owner); an open with
-no owner keeps its version-2 form. A version-1 command is encoded exactly as the
-previous release did, so members of both releases apply the same bytes while
-a cluster is being upgraded (docs/PROTOCOL.md, "Mixed versions").
+``open2`` with the identity that opened the lease (its owner) and that
+identity's lease quota, and ``acquire3``, an ``acquire2`` with the owner's
+lock quota; a command with neither keeps its version-2 form. A version-1
+command is encoded exactly as the previous release did, so members of both
+releases apply the same bytes while a cluster is being upgraded
+(docs/PROTOCOL.md, "Mixed versions").
 
 Decoding checks types only; ``validate_command`` checks ranges with the rules
 of dlm/limits.py. The state machine runs both; the node machine runs
@@ -80,7 +82,9 @@ class OpenLeaseCommand:
     leaves it idle ends it. ``meta``: who opened it, for ``dlm lease list``.
     ``owner``: the identity the opening connection authenticated as ("" before
     cluster version 3, or when nothing named one); only its opener (or an admin)
-    may end the lease, and the identity's quotas count it.
+    may end the lease, and the identity's quotas count it. ``quota``: the most leases
+    that owner may have (the leader looks it up when it proposes, so every replica
+    decides alike from the log); 0: no such limit.
     """
 
     lease: str
@@ -90,6 +94,7 @@ class OpenLeaseCommand:
     ephemeral: bool = False
     meta: Mapping[str, str] = field(default_factory=dict, hash=False)
     owner: str = ""
+    quota: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +110,9 @@ class CloseLeaseCommand:
 class AcquireCommand:
     """Take ``key`` (exclusive when ``limit`` is 1, else a semaphore of ``limit`` slots).
 
-    ``wait`` asks for a place in the key's FIFO queue when no slot is free.
+    ``wait`` asks for a place in the key's FIFO queue when no slot is free. ``quota``:
+    the most held slots plus places in queues the lease's owner may have (0: no such
+    limit; version 3, as for ``OpenLeaseCommand.quota``).
     """
 
     lease: str
@@ -115,6 +122,7 @@ class AcquireCommand:
     meta: Mapping[str, str] = field(hash=False)
     origin: Origin
     at_ms: int
+    quota: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +201,16 @@ def is_legacy(cmd: Command) -> bool:
     """Whether ``cmd`` has a version-1 encoding (what a cluster at version 1 must write)."""
     match cmd:
         case OpenLeaseCommand():
-            return cmd.origin.legacy and not cmd.ephemeral and not cmd.meta and not cmd.owner
-        case CloseLeaseCommand() | AcquireCommand():
+            return (
+                cmd.origin.legacy
+                and not cmd.ephemeral
+                and not cmd.meta
+                and not cmd.owner
+                and not cmd.quota
+            )
+        case AcquireCommand():
+            return cmd.origin.legacy and not cmd.quota
+        case CloseLeaseCommand():
             return cmd.origin.legacy
         case ReleaseCommand():
             return cmd.origin.legacy and cmd.token is None and cmd.keep_lease
@@ -226,8 +242,8 @@ def _to_item(cmd: Command) -> list[Any]:
                 *_origin(cmd.origin),
                 cmd.at_ms,
             ]
-            if cmd.owner:
-                return ["open3", *fields, cmd.owner]
+            if cmd.owner or cmd.quota:
+                return ["open3", *fields, cmd.owner, cmd.quota]
             return ["open2", *fields]
         case CloseLeaseCommand():
             if legacy:
@@ -245,8 +261,7 @@ def _to_item(cmd: Command) -> list[Any]:
                     dict(cmd.meta),
                     cmd.at_ms,
                 ]
-            return [
-                "acquire2",
+            fields = [
                 cmd.lease,
                 cmd.key,
                 cmd.wait,
@@ -255,6 +270,9 @@ def _to_item(cmd: Command) -> list[Any]:
                 *_origin(cmd.origin),
                 cmd.at_ms,
             ]
+            if cmd.quota:
+                return ["acquire3", *fields, cmd.quota]
+            return ["acquire2", *fields]
         case ReleaseCommand():
             if legacy:
                 return ["release", cmd.lease, cmd.origin.seq, cmd.key, cmd.at_ms]
@@ -295,7 +313,8 @@ _ARITY = {
     "release": 4,
     "expire": 2,
     "open2": 8,
-    "open3": 9,
+    "open3": 10,
+    "acquire3": 10,
     "close2": 5,
     "acquire2": 9,
     "release2": 8,
@@ -369,6 +388,7 @@ def decode_command(data: bytes) -> Command:
                 origin=_read_origin(f[4:7]),
                 at_ms=_int(f[7], "at_ms"),
                 owner=_str(f[8], "owner"),
+                quota=_int(f[9], "quota"),
             )
         case "close2":
             return CloseLeaseCommand(_str(f[0], "lease"), _read_origin(f[1:4]), _int(f[4], "at_ms"))
@@ -381,6 +401,17 @@ def decode_command(data: bytes) -> Command:
                 meta=_meta(f[4]),
                 origin=_read_origin(f[5:8]),
                 at_ms=_int(f[8], "at_ms"),
+            )
+        case "acquire3":
+            return AcquireCommand(
+                lease=_str(f[0], "lease"),
+                key=_str(f[1], "key"),
+                wait=_bool(f[2], "wait"),
+                limit=_int(f[3], "limit"),
+                meta=_meta(f[4]),
+                origin=_read_origin(f[5:8]),
+                at_ms=_int(f[8], "at_ms"),
+                quota=_int(f[9], "quota"),
             )
         case "release2":
             token = f[2]
@@ -444,9 +475,19 @@ def validate_command(cmd: Command) -> str | None:
         return problem
     match cmd:
         case OpenLeaseCommand():
-            return check_ttl_ms(cmd.ttl_ms) or check_meta(cmd.meta) or check_identity(cmd.owner)
+            return (
+                check_ttl_ms(cmd.ttl_ms)
+                or check_meta(cmd.meta)
+                or check_identity(cmd.owner)
+                or _check_quota(cmd.quota)
+            )
         case AcquireCommand():
-            return check_key(cmd.key) or check_limit(cmd.limit) or check_meta(cmd.meta)
+            return (
+                check_key(cmd.key)
+                or check_limit(cmd.limit)
+                or check_meta(cmd.meta)
+                or _check_quota(cmd.quota)
+            )
         case ReleaseCommand():
             if cmd.token is not None and not 0 < cmd.token <= INT_MAX:
                 return "a fencing token is a positive log index"
@@ -454,6 +495,10 @@ def validate_command(cmd: Command) -> str | None:
         case UpdateLeaseCommand():
             return check_hold_ms(cmd.ttl_ms)
     return None
+
+
+def _check_quota(quota: int) -> str | None:
+    return None if 0 <= quota <= INT_MAX else "a quota is a non-negative count"
 
 
 def _str(value: object, what: str) -> str:

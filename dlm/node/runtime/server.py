@@ -43,7 +43,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Self
 
 import anyio
@@ -194,7 +194,7 @@ class NodeServer:
                 timing=config.timing,
                 snapshot_every=config.snapshot_every,
                 snapshot_keep=config.snapshot_keep,
-                quotas=config.quotas,
+                quotas=replace(config.quotas, max_connections=self.budget.clients),
             ),
             storage,
             self._rng,
@@ -248,6 +248,7 @@ class NodeServer:
         loop.set_exception_handler(loop_exception_handler(self.quiet))
         self._persister = Persister(self.storage, loop, self._persisted)
         self.budget = Budget.for_process(len(self.config.peers), self.limits.max_connections)
+        self.machine.member_connections(self.budget.clients)
         tls = self.security.server_tls
         for sock in _raw_sockets(listener):
             server = await loop.create_server(
@@ -637,10 +638,23 @@ class NodeServer:
 
     # ------------------------------------------------------------------ clients
 
-    def client_verdict(self, where: str) -> dict[str, Any] | None:
-        """The error that refuses a client whose hello (and proof, if any) passed, or None."""
+    def client_verdict(self, where: str, identity: str = "") -> dict[str, Any] | None:
+        """The error that refuses a client whose hello (and proof, if any) passed, or None.
+
+        An identity at its own connection quota is refused before anyone makes room for
+        it (dlm/node/quotas.py): it may not evict another identity's idle client either."""
         if self._stopping:
             return error(None, ErrorCode.SHUTTING_DOWN, "member is shutting down")
+        refusal = self.machine.client_refusal(identity)
+        if refusal is not None:
+            self.counters.connections_refused += 1
+            self.quiet.warning(
+                "client_refused",
+                reason="identity connection quota",
+                remote=where,
+                identity=identity,
+            )
+            return refusal
         return self.client_room(where)
 
     def client_room(self, where: str) -> dict[str, Any] | None:
