@@ -163,6 +163,8 @@ class MemberHealth(Reply):
     lag: int | None = field(_reply_opt_int)
     reachable: bool = field(_reply_not_false)
     last_contact_ms: int | None = field(_reply_opt_int)
+    reason: str = field(_reply_text, default="")
+    """Why a learner is not a voter yet ("" for a voter, or from an earlier release)."""
 
 
 def _reply_names(msg: dict[Any, Any], name: str) -> dict[str, str]:

@@ -286,7 +286,9 @@ class NodeMachine:
                         retry_after_s=self._timing.election_timeout_s * 4,
                         now=now,
                     )
-                self.membership.promote_caught_up_learners(raft, self.locks.version)
+                self.membership.promote_caught_up_learners(
+                    raft, self.locks.version, self.health.proved
+                )
             members = (*raft.voters, *raft.learners)
             for member, silent_for in self.health.newly_silent(
                 members, self._role is Role.LEADER, now
@@ -631,6 +633,7 @@ class NodeMachine:
                     raft=self.raft,
                     version=self.locks.version,
                     answers=self.health.answers,
+                    proved=self.health.proved,
                 )
         elif isinstance(req, Get | ListLocks | ListLeases | Status) and req.stale:
             self._serve_read(Read(conn, req, now.mono), now)
@@ -750,6 +753,9 @@ class NodeMachine:
             address_of=self.address_of,
             answers=lambda member: self._answers(member, now),
             last_contact_ms=lambda member: self._last_contact_ms(member, now),
+            reason=lambda member: self.membership.learner_reason(
+                member, self.raft, self.health.proved
+            ),
         )
 
     def _answers(self, member: NodeId, now: Instant) -> bool:

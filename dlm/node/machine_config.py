@@ -93,7 +93,11 @@ class MachineConfig:
     max_version: int = PROTOCOL_SPOKEN
     """The highest cluster version this member runs (tests lower it to play an old member)."""
     auto_promote: bool = True
-    """The leader promotes a learner to voter once it is within PROMOTE_LAG entries."""
+    """The leader promotes a learner to voter once it is within PROMOTE_LAG entries, and
+    has proved itself (peer_health.py, ``proved``)."""
+    peers_authenticated: bool = False
+    """Peers prove a secret or a certificate (only for the words of ``members``: with
+    authentication off, a learner proves itself by answering at all)."""
     address: str = ""
     """This member's own address (for a member that joined later, not in ``peers``)."""
     join_members: Mapping[NodeId, str] = field(default_factory=dict)

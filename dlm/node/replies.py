@@ -328,8 +328,10 @@ def members_view(
     address_of: AddressOf,
     answers: Callable[[NodeId], bool],
     last_contact_ms: LastContact,
+    reason: Callable[[NodeId], str] = lambda member: "",
 ) -> MembersView:
-    """What ``members`` answers: each member's role as this one sees it, and its log."""
+    """What ``members`` answers: each member's role as this one sees it, its log, and why
+    a learner is not a voter yet (``reason``)."""
     learner_set = set(learners)
     last = st.last_index
     members = []
@@ -353,6 +355,7 @@ def members_view(
                 lag=last - progress.match if progress is not None and reachable else None,
                 reachable=reachable,
                 last_contact_ms=last_contact_ms(member),
+                reason=reason(member),
             )
         )
     return MembersView(members=members, leader=st.leader, bootstrap=bootstrap)

@@ -191,6 +191,7 @@ class NodeServer:
                 address=config.address,
                 join_members={n: _addr_text(a) for n, a in sorted(config.join_members.items())},
                 auto_promote=config.auto_promote,
+                peers_authenticated=self.security.peers_authenticated,
                 timing=config.timing,
                 snapshot_every=config.snapshot_every,
                 snapshot_keep=config.snapshot_keep,
