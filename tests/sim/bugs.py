@@ -185,3 +185,19 @@ class ConfirmsUpdatesOfDoomedLeases(NodeMachine):
             self._answer_request(proposal.conn, proposal.request.TYPE, reply)
             return
         super()._answer(proposal, result, now)
+
+
+class PromotesTheUnproved(NodeMachine):
+    """Makes a learner a voter on an operator's request without asking whether it ever
+    completed an authenticated link (issue 23, item 4): a member added at an address where
+    only a stranger answers becomes a voter that never votes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        decide = self.membership.change_for
+
+        def change_for(*call: Any, **named: Any) -> Any:
+            named["proved"] = lambda member: True
+            return decide(*call, **named)
+
+        self.membership.change_for = change_for  # type: ignore[method-assign]

@@ -34,6 +34,7 @@ from .bugs import (
     NeverReplacesLinks,
     OrdersSpawnWithoutLooking,
     OutlivesShortenedLeases,
+    PromotesTheUnproved,
     SpawnsWithoutLooking,
 )
 from .conftest import SimTotals
@@ -320,6 +321,11 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         lambda seed: options_for(seed, dialing_class=BelievesRefusalsBeforeTheProof),
         {"unauthenticated"},
         2,
+    ),
+    "a learner that never proved the peer secret is promoted on request (issue 23)": (
+        lambda seed: options_for(seed, machine_class=PromotesTheUnproved),
+        {"unproved-voter"},
+        20,
     ),
     "the member hears a hello before its proof (hole 2)": (
         lambda seed: options_for(seed, acceptance_class=AsksTheMemberBeforeTheProof),
