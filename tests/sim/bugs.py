@@ -21,6 +21,7 @@ from dlm.node.admission import (
     Send,
 )
 from dlm.node.linkwatch import LinkWatch
+from dlm.node.locks.machine import OwnerUsage
 from dlm.node.machine import NodeMachine
 from dlm.node.outbox import Instant
 from dlm.node.proposals import Proposal
@@ -201,3 +202,14 @@ class PromotesTheUnproved(NodeMachine):
             return decide(*call, **named)
 
         self.membership.change_for = change_for  # type: ignore[method-assign]
+
+
+class RestoresWithoutUsage(locks.LockStateMachine):
+    """Forgets what each owner's leases take when it restores a snapshot: after a restart or
+    an installed snapshot the per-identity quotas would count from zero."""
+
+    @classmethod
+    def _restore(cls, item: Any) -> Any:
+        machine = super()._restore(item)
+        machine.usage = OwnerUsage()
+        return machine

@@ -203,6 +203,10 @@ class NodeSimOptions:
     """Add, promote and remove members (the leader too) while everything else goes on."""
     peer_version: int = 2
     """The protocol version the members tell each other (1: a cluster mid-upgrade)."""
+    identities: bool = False
+    """Clients connect as one of two identities (with ``peer_version`` 3 the leases record
+    their owners, and each member's per-owner counts, which the per-identity quotas read,
+    are checked against its lease table after every event: ``usage``)."""
     lease_clock_from_reply: bool = False
     """Mutant: the client counts its lease from the reply instead of the send."""
     exec_kill_late_us: int = 0
@@ -607,6 +611,7 @@ class NodeSimulation:
         self.unproved: set[NodeId] = set()
         """Members added where nothing ever proves the peer secret: never voters."""
         self._promote_asked: set[NodeId] = set()
+        self._usage_checked: dict[NodeId, tuple[int, int]] = {}
         self.world = World()
         self.raft_checker = SafetyChecker()
         self._commit_voters: dict[tuple[int, int], tuple[NodeId, ...]] = {}
@@ -921,6 +926,13 @@ class NodeSimulation:
         checker.observe_commit(member.id, raft.term, raft.commit_index, _LogView(member))
         if self.unproved:
             self._check_unproved(member)
+        if self.options.identities:
+            table = machine.locks
+            # Once per applied index (or image) per member: nothing else moves the counts.
+            if self._usage_checked.get(member.id) != (id(table), table.applied_index):
+                self._usage_checked[member.id] = (id(table), table.applied_index)
+                if _check_usage(member.id, table):
+                    self.stats["owned_lease_checks"] += 1
 
     def _check_unproved(self, member: SimMember) -> None:
         """A member added where nothing proves the peer secret never counts as a voter, and
@@ -1144,7 +1156,10 @@ class NodeSimulation:
             member.next_conn += 1
             conn.number = number
             member.conns[number] = conn
-            member.machine.client_connected(number, client.proc.name)
+            identity = ""
+            if self.options.identities:
+                identity = f"team-{sum(client.proc.name.encode()) % 2}"
+            member.machine.client_connected(number, client.proc.name, identity)
             conn.connected = True
             outbox, conn.outbox = conn.outbox, []
             for frame in outbox:
@@ -2607,3 +2622,21 @@ def _ping_flow(addr: str) -> Generator[core.Send, Any, None]:
     """One ping on the connection to ``addr`` (the keeper's idle connection): its answer,
     or its failure, changes nothing."""
     yield core.Send(addr, core.ping_request(), 2.0)
+
+
+def _check_usage(member: NodeId, table: locks.LockStateMachine) -> bool:
+    """What the per-identity quotas read (each owner's leases, held slots and places in
+    queues) is what the member's lease table holds, whatever it applied, restored or
+    installed. True when some lease had an owner (an identity) to count."""
+    counted: dict[str, list[int]] = {}
+    for view in table.list_leases()[0]:
+        used = counted.setdefault(view.owner, [0, 0])
+        used[0] += 1
+        used[1] += len(view.holding) + len(view.waiting)
+    expected = {owner: tuple(used) for owner, used in counted.items() if used != [0, 0]}
+    kept = {owner: tuple(used) for owner, used in table.usage.by_owner().items()}
+    if kept != expected:
+        raise Violation(
+            "usage", f"{member} counts per owner {kept}, but its leases hold {expected}"
+        )
+    return any(expected.keys() - {""})

@@ -200,6 +200,10 @@ class OwnerUsage:
         used = self._by_owner.get(identity)
         return Usage() if used is None else Usage(used[0], used[1])
 
+    def by_owner(self) -> dict[str, Usage]:
+        """Every owner whose leases take something (for checkers)."""
+        return {owner: Usage(used[0], used[1]) for owner, used in self._by_owner.items()}
+
     def add(self, owner: str, locks: int, leases: int = 0) -> None:
         used = self._by_owner.get(owner)
         if used is None:
