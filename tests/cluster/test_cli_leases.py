@@ -31,7 +31,8 @@ def test_acquire_then_release_leaves_no_lease(dlm: Dlm) -> None:
     grant = dlm.json("acquire", "el-key", "--meta", "job=ci-42")
     lease = str(grant["lease"])
     (listed,) = leases(dlm)
-    assert set(listed) == {"id", "ttl_ms", "left_ms", "holding", "waiting", "meta"}
+    assert set(listed) == {"id", "ttl_ms", "left_ms", "holding", "waiting", "meta", "owner"}
+    assert listed["owner"] == ""  # no identity proved: the anonymous one
     assert (listed["id"], listed["ttl_ms"], listed["holding"], listed["waiting"]) == (
         lease, 30000, ["el-key"], []
     )  # fmt: skip
