@@ -206,7 +206,11 @@ class NodeMachine:
         self._member_connections = config.quotas.max_connections
         self.default_limits: IdentityLimits = config.quotas.identity_defaults()
         """Every identity's limits unless an admin set its own (dlm/node/quotas.py)."""
-        self.limits_for: LimitsFor = lambda identity: self.default_limits
+        self.anonymous_limits = config.quotas.identity_defaults(anonymous=True)
+        """The limits of "" (no identity proved): the cluster's and the member's caps."""
+        self.limits_for: LimitsFor = lambda identity: (
+            self.default_limits if identity else self.anonymous_limits
+        )
         """The limits of an identity: the seam the replicated identity table backs."""
         self.proposals = Proposals(
             self.out,
@@ -557,6 +561,7 @@ class NodeMachine:
         quotas = replace(self.config.quotas, max_connections=count)
         self._member_connections = count
         self.default_limits = quotas.identity_defaults()
+        self.anonymous_limits = quotas.identity_defaults(anonymous=True)
 
     def client_closed(self, conn: int) -> None:
         self.clients.closed(conn)

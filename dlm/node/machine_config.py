@@ -67,9 +67,11 @@ class Quotas:
     identity_max_connections: int = 0
     identity_max_inflight: int = 0
 
-    def identity_defaults(self) -> IdentityLimits:
-        """Every identity's limits where an admin set none of its own."""
+    def identity_defaults(self, *, anonymous: bool = False) -> IdentityLimits:
+        """Every identity's limits where an admin set none of its own (``anonymous``: of
+        the identity "", see quotas.default_limits)."""
         return default_limits(
+            anonymous=anonymous,
             cluster_max_leases=self.max_leases,
             cluster_max_locks=self.max_locks,
             member_max_connections=self.max_connections,

@@ -77,8 +77,10 @@ class Proposals:
         self._clients = clients
         self._not_leader = not_leader
         self._quotas = quotas
-        default = quotas.identity_defaults()
-        self._limits_for: LimitsFor = limits_for or (lambda identity: default)
+        named, anonymous = quotas.identity_defaults(), quotas.identity_defaults(anonymous=True)
+        self._limits_for: LimitsFor = limits_for or (
+            lambda identity: named if identity else anonymous
+        )
         self.pending: dict[int, Proposal] = {}
         self._version_proposed_at = -1.0e9
 
@@ -201,8 +203,8 @@ def command_for(
     and ``limits_for`` the quotas of each identity (dlm/node/quotas.py)."""
     v3 = machine.version >= 3
     if limits_for is None:
-        default = quotas.identity_defaults()
-        limits_for = lambda identity: default  # noqa: E731
+        named, anonymous = quotas.identity_defaults(), quotas.identity_defaults(anonymous=True)
+        limits_for = lambda identity: named if identity else anonymous  # noqa: E731
     v2 = machine.version >= 2
     if v2 and req.client:
         origin = locks.Origin(req.client, req.seq, req.acked)
@@ -216,14 +218,13 @@ def command_for(
         raise being_expired(req.lease)
     if isinstance(req, OpenLease):
         if machine.lease_terms(req.lease) is None:
-            # The identity's own limit first: that is the one a runaway client reaches.
-            # (The leader refuses early what it can see; the entry carries the limit so
-            # that apply decides alike everywhere, in-flight proposals included.)
+            # The leader refuses early what it can see; the entry carries the identity's
+            # limit so that apply decides alike everywhere, in-flight proposals included.
+            if machine.counts().sessions >= quotas.max_leases:
+                raise _quota(f"this cluster holds {quotas.max_leases} leases", "max_leases")
             max_leases = limits_for(identity).max_leases
             if machine.usage.of(identity).leases >= max_leases:
                 raise _identity_quota(identity, "leases", max_leases)
-            if machine.counts().sessions >= quotas.max_leases:
-                raise _quota(f"this cluster holds {quotas.max_leases} leases", "max_leases")
             _check_meta_quota(req.meta, quotas)
         return locks.OpenLeaseCommand(
             lease=req.lease,
@@ -247,10 +248,10 @@ def command_for(
         terms = machine.lease_terms(req.lease)
         owner = None if terms is None else terms.owner
         max_locks = 0 if owner is None else limits_for(owner).max_locks
-        if adds and owner is not None and machine.usage.of(owner).locks >= max_locks:
-            raise _identity_quota(owner, "locks", max_locks)
         if adds and counts.locks + counts.waiters >= quotas.max_locks:
             raise _quota(f"this cluster holds {quotas.max_locks} locks and waiters", "max_locks")
+        if adds and owner is not None and machine.usage.of(owner).locks >= max_locks:
+            raise _identity_quota(owner, "locks", max_locks)
         _check_meta_quota(req.meta, quotas)
         return locks.AcquireCommand(
             req.lease,

@@ -62,10 +62,23 @@ def default_limits(
     max_locks: int = 0,
     max_connections: int = 0,
     max_inflight: int = 0,
+    anonymous: bool = False,
 ) -> IdentityLimits:
     """Each identity's limits when an admin set none: the values given (0: unset), else
     half the cluster's caps on leases and locks, and 3/4 of the member's connections,
-    so that a runaway identity leaves room for the others."""
+    so that a runaway identity leaves room for the others.
+
+    ``anonymous``: the limits of "", every client where no identity is proved (a cluster
+    without identities, where all clients are that one): unset, they are the cluster's
+    and the member's own caps, so a cluster without identities keeps the capacity it had
+    (there is no other identity to keep room for)."""
+    if anonymous:
+        return IdentityLimits(
+            max_leases=max_leases or cluster_max_leases,
+            max_locks=max_locks or cluster_max_locks,
+            max_connections=max_connections or member_max_connections,
+            max_inflight=max_inflight or DEFAULT_MAX_INFLIGHT,
+        )
     return IdentityLimits(
         max_leases=max_leases or max(1, cluster_max_leases // 2),
         max_locks=max_locks or max(1, cluster_max_locks // 2),

@@ -580,7 +580,7 @@ def test_a_followers_read_not_confirmed_in_time_gets_timeout() -> None:
 
 
 def test_leases_beyond_the_quota_are_refused_quota_exceeded() -> None:
-    cluster = started(quotas=Quotas(max_leases=1, identity_max_leases=10))
+    cluster = started(quotas=Quotas(max_leases=1))
     client = cluster.connect("n1")
     client.call("open_lease", lease="A", ttl_ms=5_000)
     refused = client.call("open_lease", lease="B", ttl_ms=5_000)
@@ -591,7 +591,7 @@ def test_leases_beyond_the_quota_are_refused_quota_exceeded() -> None:
 
 
 def test_locks_and_waiters_beyond_the_quota_are_refused_quota_exceeded() -> None:
-    cluster = started(quotas=Quotas(max_locks=2, identity_max_locks=10))
+    cluster = started(quotas=Quotas(max_locks=2))
     client = cluster.connect("n1")
     for lease in ("A", "B", "C"):
         client.call("open_lease", lease=lease, ttl_ms=5_000)

@@ -136,3 +136,22 @@ def test_limits_for_is_the_seam_an_admins_setting_replaces() -> None:
     assert ci.call("open_lease", lease="A", ttl_ms=5_000)["t"] == "ok"
     _refused(ci.call("open_lease", lease="B", ttl_ms=5_000), "ci", "identity_max_leases")
     assert cluster.connect("n1", "ops").call("open_lease", lease="B", ttl_ms=5_000)["t"] == "ok"
+
+
+def test_the_anonymous_identity_keeps_the_clusters_and_the_members_caps() -> None:
+    # Without identities every client is "": there is no other identity to keep room
+    # for, so the defaults take nothing from a cluster that has none.
+    cluster = started(max_leases=4)
+    machine = cluster["n1"].machine
+    machine.member_connections(8)
+    assert machine.limits_for("").max_connections == 8
+    assert machine.limits_for("").max_leases == 4
+    assert machine.limits_for("team-a").max_leases == 2
+    for _ in range(7):
+        cluster.connect("n1")
+    assert machine.client_refusal("") is None  # the member's own cap answers at 8
+    anonymous = cluster.connect("n1")
+    for lease in ("A", "B", "C", "D"):
+        assert anonymous.call("open_lease", lease=lease, ttl_ms=5_000)["t"] == "ok"
+    refused = anonymous.call("open_lease", lease="E", ttl_ms=5_000)
+    assert (refused["code"], refused["limit"]) == ("QUOTA_EXCEEDED", "max_leases")
