@@ -17,6 +17,7 @@ from dlm.wire import (
     Reply,
     _reply_opt_int,
     _reply_opt_text,
+    _reply_text,
     _reply_texts,
     _reply_true,
     field,
@@ -217,6 +218,8 @@ class MemberHealth(Reply):
     lag: int | None = field(_reply_opt_int)
     reachable: bool = field(_reply_not_false)
     last_contact_ms: int | None = field(_reply_opt_int)
+    reason: str = field(_reply_text, default="")
+    """Why a learner is not a voter yet ("" for a voter, or from an earlier release)."""
 
 
 class MembersView(Reply):

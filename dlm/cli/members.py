@@ -39,7 +39,17 @@ if TYPE_CHECKING:
     from dlm.client.sync import Client
 
 ROLES = ("leader", "follower", "candidate", "learner", "unknown")
-FIELDS = ("id", "address", "role", "voter", "reachable", "match", "lag", "last_contact_ms")
+FIELDS = (
+    "id",
+    "address",
+    "role",
+    "voter",
+    "reachable",
+    "match",
+    "lag",
+    "last_contact_ms",
+    "reason",
+)
 MEMBER_TIMEOUT = 1.0
 """How long each member gets to say what it is (a missing one is shown as unknown)."""
 ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
@@ -116,6 +126,9 @@ def member_row(listed: MemberHealth, seen: dict[str, Any]) -> dict[str, Any]:
         "match": listed.match,
         "lag": listed.lag if reachable else None,
         "last_contact_ms": listed.last_contact_ms,
+        # Why a learner is not a voter yet, in the leader's words ("" for a voter): a
+        # learner that never proved the peer secret is never promoted.
+        "reason": listed.reason,
     }
 
 
@@ -136,6 +149,7 @@ def members_tsv(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[object
             _yes(r["voter"]),
             _yes(r["reachable"]),
             *(_dash(r[f]) for f in ("match", "lag", "last_contact_ms")),
+            r["reason"],
         ]
         for r in rows
     ]
@@ -167,6 +181,11 @@ def print_members_table(rows: list[dict[str, Any]], leader: str | None) -> None:
         right=("MATCH", "LAG", "LAST CONTACT"),
         out=console(),
     )
+    # Why each learner is not a voter yet, one line each under the table (a column would
+    # squeeze the others out of a terminal's width).
+    for r in rows:
+        if r["reason"] and r["role"] == "learner":
+            say(f"{escape(_dash(r['id']))} is not a voter: {escape(r['reason'])}")
 
 
 def show(

@@ -31,6 +31,8 @@ class ClientConn:
     waiting: set[tuple[str, str]] = field(default_factory=set)
     """(lease, key) pairs this connection waits for a grant push on."""
     bad_requests: int = 0
+    inflight: int = 0
+    """Requests received and not yet answered (the per-identity quota bounds it)."""
 
 
 class Clients:
@@ -39,9 +41,23 @@ class Clients:
     def __init__(self) -> None:
         self.conns: dict[int, ClientConn] = {}
         self.waiters: dict[tuple[str, str], list[int]] = {}
+        self._per_identity: dict[str, int] = {}
 
     def connected(self, conn: int, remote: str, identity: str = "") -> None:
-        self.conns[conn] = ClientConn(conn, remote, identity=identity)
+        if conn in self.conns:
+            self.closed(conn)
+        self.conns[conn] = ClientConn(conn, remote, identity)
+        self._per_identity[identity] = self._per_identity.get(identity, 0) + 1
+
+    def connections_of(self, identity: str) -> int:
+        """Open connections of ``identity`` on this member."""
+        return self._per_identity.get(identity, 0)
+
+    def answered(self, conn: int) -> None:
+        """One request of ``conn`` was answered (every answer leaves through the outbox)."""
+        state = self.conns.get(conn)
+        if state is not None and state.inflight > 0:
+            state.inflight -= 1
 
     def close_identity(self, name: str, out: Outbox) -> None:
         """Closes every connection of identity ``name`` (it was removed)."""
@@ -52,6 +68,11 @@ class Clients:
         state = self.conns.pop(conn, None)
         if state is None:
             return
+        left = self._per_identity[state.identity] - 1
+        if left:
+            self._per_identity[state.identity] = left
+        else:
+            del self._per_identity[state.identity]
         for pair in state.waiting:
             conns = self.waiters.get(pair)
             if conns is not None and conn in conns:

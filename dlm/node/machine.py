@@ -54,13 +54,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, cast
 
-from dlm.node import locks, replies
+from dlm.node import locks, permissions, replies
 from dlm.node.audit import Audit
 from dlm.node.clients import MAX_BAD_REQUESTS, ClientConn, Clients
 from dlm.node.leases import LeaseTracker
-from dlm.node.locks.identities import ADMIN, refusal
+from dlm.node.locks.identities import ADMIN, ROLE_ADMIN
 from dlm.node.machine_config import PROTOCOL_SPOKEN, MachineConfig, Quotas, Timing
 from dlm.node.membership import PROMOTE_LAG, REMOVED, Membership
 from dlm.node.outbox import (
@@ -81,6 +82,13 @@ from dlm.node.peer_health import PeerHealth
 from dlm.node.persist_jobs import PersistJobs
 from dlm.node.proposals import Proposal as _Proposal
 from dlm.node.proposals import Proposals
+from dlm.node.quotas import (
+    IdentityLimits,
+    LimitsFor,
+    connection_refusal,
+    limit_name,
+    over_quota,
+)
 from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.types import AppendEntriesResponse, Message, Ready, Role
 from dlm.node.read_rounds import Read, ReadRounds, renew_confirmed
@@ -174,6 +182,7 @@ class NodeMachine:
         self.stats = Stats()
         self.clients = Clients()
         self.out = Outbox(self.stats, self.clients.conns)
+        self.out.answered = self.clients.answered
         self.membership = Membership(config, self.out, self._reply_not_leader)
         self.snapshots = Snapshots(self.out, config.snapshot_every, config.snapshot_keep)
         self.locks = self.lock_machine_class()
@@ -202,7 +211,26 @@ class NodeMachine:
         self._term = self.raft.term
         self._next_tick = now.mono + timing.tick_s
 
-        self.proposals = Proposals(self.out, self.clients, self._reply_not_leader, config.quotas)
+        self._member_connections = config.quotas.max_connections
+        self.default_limits: IdentityLimits = config.quotas.identity_defaults()
+        """Every identity's limits unless an admin set its own (dlm/node/quotas.py)."""
+        self.anonymous_limits = config.quotas.identity_defaults(anonymous=True)
+        """The limits of "" (no identity proved): the cluster's and the member's caps."""
+        self.limits_for: LimitsFor = lambda identity: (
+            self.anonymous_limits
+            if identity in ("", ADMIN)
+            or getattr(self.locks.identities.get(identity), "role", None) == ROLE_ADMIN
+            else self.default_limits
+        )
+        """The limits of an identity: the seam the replicated identity table backs."""
+        self.proposals = Proposals(
+            self.out,
+            self.clients,
+            self._reply_not_leader,
+            config.quotas,
+            # Through the attribute each time: whoever backs ``limits_for`` later is asked.
+            lambda identity: self.limits_for(identity),  # noqa: PLW0108
+        )
         # The prefix is unique per process incarnation: a late answer to a read round from
         # before a restart must not be taken for one of ours.
         round_prefix = config.node_id.encode() + b"/" + rng.getrandbits(32).to_bytes(4)
@@ -275,7 +303,9 @@ class NodeMachine:
                         retry_after_s=self._timing.election_timeout_s * 4,
                         now=now,
                     )
-                self.membership.promote_caught_up_learners(raft, self.locks.version)
+                self.membership.promote_caught_up_learners(
+                    raft, self.locks.version, self.health.proved
+                )
             members = (*raft.voters, *raft.learners)
             for member, silent_for in self.health.newly_silent(
                 members, self._role is Role.LEADER, now
@@ -521,7 +551,9 @@ class NodeMachine:
         self.audit.applied(outcome, dropped, self.locks, now)
         result = outcome.result
         if isinstance(result, locks.Denied):
-            self._denied(result.identity, result.action, result.message, now)
+            permissions.count_refusal(
+                self.stats, self.out, result.identity, result.action, result.message
+            )
         elif isinstance(result, locks.IdentityChanged) and result.op == "remove":
             # Its connections close; its leases are renewed by nobody, so they expire at
             # their TTL, after each holder's guard stopped its command (never at once).
@@ -536,6 +568,34 @@ class NodeMachine:
         ("" when nothing names anyone), the owner of every lease it opens."""
         self.clients.connected(conn, remote, identity)
 
+    def client_refusal(self, identity: str) -> dict[str, Any] | None:
+        """The error that refuses one more client connection of ``identity`` (it holds
+        its limit of connections on this member already), or None to take it. The
+        runtime asks before ``client_connected``, once the handshake proved who it is."""
+        limits = self.limits_for(identity)
+        if limits.max_connections >= self._member_connections:
+            return None  # no smaller than the member's own cap, which answers (UNAVAILABLE)
+        held = self.clients.connections_of(identity)
+        problem = connection_refusal(identity, held, limits)
+        if problem is None:
+            return None
+        return error(
+            None,
+            ErrorCode.QUOTA_EXCEEDED,
+            problem,
+            limit=limit_name("connections"),
+            identity=identity,
+            retry_after_ms=1000,
+        )
+
+    def member_connections(self, count: int) -> None:
+        """The runtime serves at most ``count`` client connections (its descriptor budget):
+        the default per-identity share follows it."""
+        quotas = replace(self.config.quotas, max_connections=count)
+        self._member_connections = count
+        self.default_limits = quotas.identity_defaults()
+        self.anonymous_limits = quotas.identity_defaults(anonymous=True)
+
     def client_closed(self, conn: int) -> None:
         self.clients.closed(conn)
 
@@ -548,6 +608,7 @@ class NodeMachine:
         state = self.clients.conns.get(conn)
         if state is None:
             return
+        state.inflight += 1  # every frame gets one answer, which takes it off
         if isinstance(obj, BadFrame):
             self.clients.bad_request(
                 state, "invalid", None, obj.code, obj.message, now=now, out=self.out
@@ -563,6 +624,21 @@ class NodeMachine:
                 state, "invalid", rid, exc.code, str(exc), now=now, out=self.out
             )
             return
+        limit = self.limits_for(state.identity).max_inflight
+        if state.inflight > limit:
+            self._answer_request(
+                conn,
+                req.TYPE,
+                error(
+                    req.id,
+                    ErrorCode.QUOTA_EXCEEDED,
+                    over_quota(state.identity, "inflight", limit),
+                    limit=limit_name("inflight"),
+                    identity=state.identity,
+                    retry_after_ms=100,
+                ),
+            )
+            return
         self._handle_request(state, req, now)
         if pump:
             self.pump(now)
@@ -575,7 +651,13 @@ class NodeMachine:
             )
             return
         leading = self._role is Role.LEADER
-        if self._refused(state, req, now, leading=leading):
+        problem = permissions.request_refusal(
+            self.locks, self.out, state, req, leading=leading, enforce=self.check_permissions
+        )
+        if problem is not None:
+            identity = state.identity or ADMIN
+            permissions.count_refusal(self.stats, self.out, identity, req.TYPE, problem)
+            self._answer_request(state.conn, req.TYPE, denied(req.id, problem))
             return
         # How a member serves each request is the protocol table's (wire.Request.ROUTE).
         route = req.ROUTE
@@ -606,52 +688,10 @@ class NodeMachine:
                 raft=self.raft,
                 version=self.locks.version,
                 answers=self.health.answers,
+                proved=self.health.proved,
             )
         else:  # "confirm", and a read that is not stale: after a read round
             self.reads.queue(Read(conn, req, now.mono))
-
-    # -- who may ---------------------------------------------------------------
-
-    def _refused(
-        self, state: ClientConn, req: ClientRequest, now: Instant, *, leading: bool
-    ) -> bool:
-        """Refuses (and says so) a request the connection's identity may not make, by the
-        permission wire.py's table names for its kind, checked against this member's
-        table. The state machine checks changes again when it applies them (an identity
-        removed in between is refused there). A follower, whose lease owners may lag,
-        leaves the owner check to the leader it sends the client to."""
-        identity = state.identity or ADMIN
-        key = req.key if isinstance(req, Get | Acquire) else None
-        owner = None
-        lease = getattr(req, "lease", None)
-        if leading and isinstance(lease, str):
-            owner = self.locks.lease_owner(lease)
-        problem = None
-        # Before version 3 there is no identity table: every client is the admin.
-        if self.locks.version >= 3 and self.check_permissions:
-            problem = refusal(
-                self.locks.identities, identity, req.TYPE, req.PERMISSION, key=key, owner=owner
-            )
-        if problem is None:
-            if req.PERMISSION == "admin" or (owner and owner != identity):
-                # An admin action (membership, identities, another identity's lease): the
-                # audit trail says who asked. Identity changes are said again when applied.
-                target = getattr(req, "member", None) or getattr(req, "name", None) or lease
-                extra = {"target": target} if target else {}
-                if owner:
-                    extra["owner"] = owner
-                self.out.log("info", "admin_action", identity=identity, action=req.TYPE, **extra)
-            return False
-        self._denied(identity, req.TYPE, problem, now)
-        self._answer_request(state.conn, req.TYPE, denied(req.id, problem))
-        return True
-
-    def _denied(self, identity: str, action: str, problem: str, now: Instant) -> None:
-        """Counts and logs a refusal (the audit trail names the identity and the action)."""
-        self.stats.refused(identity, action)
-        self.out.log(
-            "warning", "permission_denied", identity=identity, action=action, reason=problem
-        )
 
     # -- answering ------------------------------------------------------------
 
@@ -807,6 +847,9 @@ class NodeMachine:
             address_of=self.address_of,
             answers=lambda member: self._answers(member, now),
             last_contact_ms=lambda member: self._last_contact_ms(member, now),
+            reason=lambda member: self.membership.learner_reason(
+                member, self.raft, self.health.proved
+            ),
         )
 
     def _answers(self, member: NodeId, now: Instant) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from dlm.node.quotas import IdentityLimits, default_limits
 from dlm.records import NodeId
 
 PROTOCOL_SPOKEN = 3
@@ -56,6 +57,29 @@ class Quotas:
     """Held slots plus queued waiters."""
     max_meta_bytes: int = 4096
     """Owner metadata of one lock or lease, names and values together."""
+    max_connections: int = 8192
+    """Client connections this member serves at once (the runtime's budget)."""
+    identity_max_leases: int = 0
+    """Each identity's default limits (dlm/node/quotas.py); 0: derived from the caps
+    above (half the cluster's leases and locks, 3/4 of the member's connections, 512
+    requests in flight per connection)."""
+    identity_max_locks: int = 0
+    identity_max_connections: int = 0
+    identity_max_inflight: int = 0
+
+    def identity_defaults(self, *, anonymous: bool = False) -> IdentityLimits:
+        """Every identity's limits where an admin set none of its own (``anonymous``: of
+        the identity "", see quotas.default_limits)."""
+        return default_limits(
+            anonymous=anonymous,
+            cluster_max_leases=self.max_leases,
+            cluster_max_locks=self.max_locks,
+            member_max_connections=self.max_connections,
+            max_leases=self.identity_max_leases,
+            max_locks=self.identity_max_locks,
+            max_connections=self.identity_max_connections,
+            max_inflight=self.identity_max_inflight,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +95,11 @@ class MachineConfig:
     max_version: int = PROTOCOL_SPOKEN
     """The highest cluster version this member runs (tests lower it to play an old member)."""
     auto_promote: bool = True
-    """The leader promotes a learner to voter once it is within PROMOTE_LAG entries."""
+    """The leader promotes a learner to voter once it is within PROMOTE_LAG entries, and
+    has proved itself (peer_health.py, ``proved``)."""
+    peers_authenticated: bool = False
+    """Peers prove a secret or a certificate (only for the words of ``members``: with
+    authentication off, a learner proves itself by answering at all)."""
     address: str = ""
     """This member's own address (for a member that joined later, not in ``peers``)."""
     incarnation: int = 0

@@ -193,11 +193,15 @@ class Membership:
         raft: RaftNode,
         version: int,
         answers: Callable[[NodeId, Instant], bool],
+        proved: Callable[[NodeId], bool] = lambda member: True,
     ) -> None:
         """The leader proposes the change a client asked for (or says why it will not);
-        ``answers``: whether a member was heard from lately (peer_health.py)."""
+        ``answers``: whether a member was heard from lately, ``proved``: whether it ever
+        completed an authenticated link (peer_health.py)."""
         try:
-            change = self.change_for(req, now, raft=raft, version=version, answers=answers)
+            change = self.change_for(
+                req, now, raft=raft, version=version, answers=answers, proved=proved
+            )
         except Refusal as refusal:
             self._out.answer(conn, req.TYPE, refusal.reply(req.id))
             return
@@ -227,6 +231,7 @@ class Membership:
         raft: RaftNode,
         version: int,
         answers: Callable[[NodeId, Instant], bool],
+        proved: Callable[[NodeId], bool] = lambda member: True,
     ) -> ConfChange | None:
         """The change ``req`` asks for; None when the leader must first hand over (it is the
         one to go); Refusal with the reason it may not be made."""
@@ -264,6 +269,13 @@ class Membership:
                     else "not a member: add it first, as a learner"
                 )
                 raise Refusal(ErrorCode.BAD_REQUEST, f"{member} is {what}")
+            if not proved(member):
+                raise Refusal(
+                    ErrorCode.BAD_REQUEST,
+                    f"{member} {self.unproved_reason()}: it stays a learner until it does "
+                    f"(start it with the cluster's peer secret or certificate, at "
+                    f"{self.addresses.get(member, 'its address')})",
+                )
             return ConfChange(ConfChangeKind.PROMOTE, member)
         assert isinstance(req, MemberRemove)
         if member not in voters and member not in learners:
@@ -293,6 +305,34 @@ class Membership:
             return None
         return ConfChange(ConfChangeKind.REMOVE, member)
 
+    def unproved_reason(self) -> str:
+        """Why a learner that never completed a link with the leader is not promoted."""
+        if self._config.peers_authenticated:
+            return "never proved the peer secret"
+        # Without authentication there is nothing to prove: answering at all (a hello
+        # naming this cluster and its id) is all a member can show.
+        return "never answered (peer authentication is off: nothing to prove)"
+
+    def learner_reason(
+        self, member: NodeId, raft: RaftNode, proved: Callable[[NodeId], bool]
+    ) -> str:
+        """Why ``member``, a learner, is not a voter yet ("" for a voter), as the leader
+        sees it (a follower knows no progress, and says only what it knows)."""
+        if member not in raft.learners:
+            return ""
+        if not proved(member):
+            return self.unproved_reason()
+        if not self._config.auto_promote:
+            return f"auto-promotion is off: dlm members promote {member}"
+        status = raft.status()
+        progress = status.progress.get(member)
+        if progress is None:
+            return ""
+        behind = status.last_index - progress.match
+        if not progress.recent_active or behind > PROMOTE_LAG:
+            return f"catching up ({behind} entries behind)"
+        return "caught up: the leader promotes it next"
+
     def best_successor(self, raft: RaftNode) -> NodeId | None:
         """The voter to hand leadership to: the most caught-up one recently active."""
         status = raft.status()
@@ -307,8 +347,11 @@ class Membership:
                 best, best_match = peer, pr.match
         return best
 
-    def promote_caught_up_learners(self, raft: RaftNode, version: int) -> None:
-        """Leader: a learner within PROMOTE_LAG entries of the log becomes a voter."""
+    def promote_caught_up_learners(
+        self, raft: RaftNode, version: int, proved: Callable[[NodeId], bool]
+    ) -> None:
+        """Leader: a learner within PROMOTE_LAG entries of the log, that has ``proved``
+        itself (completed an authenticated link: peer_health.py), becomes a voter."""
         if not self._config.auto_promote or version < 2:
             return
         if not raft.learners:
@@ -317,6 +360,8 @@ class Membership:
         for learner in raft.learners:
             pr = status.progress.get(learner)
             if pr is None or not pr.recent_active or status.last_index - pr.match > PROMOTE_LAG:
+                continue
+            if not proved(learner):
                 continue
             result = raft.propose_conf_change(ConfChange(ConfChangeKind.PROMOTE, learner))
             if isinstance(result, int):

@@ -10,7 +10,7 @@ and the records of every action. Pure: nothing here does IO or reads a clock.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -165,6 +165,8 @@ class Outbox:
         for a membership entry, which carries none)."""
         self._reject_log_at = -1.0e9
         self._rejects_unlogged = 0
+        self.answered: Callable[[int], None] | None = None
+        """Told of every answer to a request, by connection (the in-flight counts)."""
 
     def take(self) -> list[Action]:
         actions, self._actions = self._actions, []
@@ -193,6 +195,8 @@ class Outbox:
         """Replies to a request of type ``kind``, counting the answer: every answer to a
         request leaves through here, so the counts by type and result are complete."""
         self.stats.count(kind, frame["code"] if frame["t"] == "error" else "OK")
+        if self.answered is not None:
+            self.answered(conn)
         self.reply(conn, frame)
 
     def reject(self, now: Instant, event: str, **fields: Any) -> None:

@@ -109,6 +109,13 @@ class PeerHealth:
         heard = self.heard.get(member)
         return heard is not None and now.mono - heard <= 2 * self._election_timeout_s
 
+    def proved(self, member: NodeId) -> bool:
+        """Whether ``member`` completed a link with this member: it passed admission
+        (admission.py: with a peer secret or TLS, it proved it holds them) in either
+        direction, or its messages arrived over such a link. A member that never did must
+        not vote: a stranger at its address would only lower the cluster's tolerance."""
+        return member == self._me or member in self.versions or member in self.heard
+
     def last_contact_ms(self, member: NodeId, now: Instant) -> int | None:
         if member == self._me:
             return 0

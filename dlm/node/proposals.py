@@ -21,6 +21,7 @@ from dlm.node.clients import ClientConn, Clients
 from dlm.node.leases import LeaseTracker
 from dlm.node.locks.identities import ADMIN
 from dlm.node.outbox import Instant, NotLeaderReply, Outbox
+from dlm.node.quotas import LimitsFor, limit_name, over_quota
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.types import NotLeader
 from dlm.wire import (
@@ -71,12 +72,18 @@ class Proposals:
     """The leader's pending client proposals by log index, and its own proposals."""
 
     def __init__(
-        self, out: Outbox, clients: Clients, not_leader: NotLeaderReply, quotas: Quotas
+        self,
+        out: Outbox,
+        clients: Clients,
+        not_leader: NotLeaderReply,
+        quotas: Quotas,
+        limits_for: LimitsFor | None = None,
     ) -> None:
         self._out = out
         self._clients = clients
         self._not_leader = not_leader
         self._quotas = quotas
+        self._limits_for: LimitsFor = limits_for or default_limits(quotas)
         self.pending: dict[int, Proposal] = {}
         self._version_proposed_at = -1.0e9
         self._quarantine_said = False
@@ -98,7 +105,15 @@ class Proposals:
             if isinstance(req, AuthAdd | AuthRemove | AuthRotate | AuthFinish):
                 cmd: locks.Command = identity_command(req, identity, now, machine)
             else:
-                cmd = command_for(req, now, machine, self._quotas, doomed, identity=identity)
+                cmd = command_for(
+                    req,
+                    now,
+                    machine,
+                    self._quotas,
+                    doomed,
+                    identity=identity,
+                    limits_for=self._limits_for,
+                )
         except Refusal as refusal:
             self._out.answer(conn, req.TYPE, refusal.reply(req.id))
             return
@@ -210,10 +225,15 @@ def command_for(
     doomed: Callable[[str], bool],
     *,
     identity: str = "",
+    limits_for: LimitsFor | None = None,
 ) -> locks.ClientCommand:
     """The log command for ``req``, in the form the cluster's version runs; ``identity``:
     who the requesting connection authenticated as (from version 3 a new lease's owner,
-    and the identity each command names, which the state machine checks again)."""
+    and the identity each command names, which the state machine checks again), and
+    ``limits_for`` the quotas of each identity (dlm/node/quotas.py)."""
+    v3 = machine.version >= 3
+    if limits_for is None:
+        limits_for = default_limits(quotas)
     v2 = machine.version >= 2
     by = identity if machine.version >= 3 else ""
     if v2 and req.client:
@@ -228,8 +248,13 @@ def command_for(
         raise being_expired(req.lease)
     if isinstance(req, OpenLease):
         if machine.lease_terms(req.lease) is None:
+            # The leader refuses early what it can see; the entry carries the identity's
+            # limit so that apply decides alike everywhere, in-flight proposals included.
             if machine.counts().sessions >= quotas.max_leases:
                 raise _quota(f"this cluster holds {quotas.max_leases} leases", "max_leases")
+            max_leases = limits_for(identity).max_leases
+            if machine.usage.of(identity).leases >= max_leases:
+                raise _identity_quota(identity, "leases", max_leases)
             _check_meta_quota(req.meta, quotas)
         return locks.OpenLeaseCommand(
             lease=req.lease,
@@ -238,7 +263,8 @@ def command_for(
             at_ms=at_ms,
             ephemeral=req.ephemeral and v2,
             meta=req.meta if v2 else {},
-            owner=identity if machine.version >= 3 else "",
+            owner=identity if v3 else "",
+            quota=limits_for(identity).max_leases if v3 else 0,
         )
     if isinstance(req, CloseLease):
         return locks.CloseLeaseCommand(req.lease, origin, at_ms, by)
@@ -247,11 +273,26 @@ def command_for(
         # for adds nothing, and must get its grant (or place) back, not a refusal.
         adds = not (machine.holds(req.lease, req.key) or machine.waits(req.lease, req.key))
         counts = machine.counts()
+        # The lease's owner is counted (not the asking connection's identity: with
+        # permissions, only the owner may use the lease).
+        terms = machine.lease_terms(req.lease)
+        owner = None if terms is None else terms.owner
+        max_locks = 0 if owner is None else limits_for(owner).max_locks
         if adds and counts.locks + counts.waiters >= quotas.max_locks:
             raise _quota(f"this cluster holds {quotas.max_locks} locks and waiters", "max_locks")
+        if adds and owner is not None and machine.usage.of(owner).locks >= max_locks:
+            raise _identity_quota(owner, "locks", max_locks)
         _check_meta_quota(req.meta, quotas)
         return locks.AcquireCommand(
-            req.lease, req.key, req.wait, req.limit, req.meta, origin, at_ms, by
+            req.lease,
+            req.key,
+            req.wait,
+            req.limit,
+            req.meta,
+            origin,
+            at_ms,
+            by,
+            quota=max_locks if v3 else 0,
         )
     if isinstance(req, Release):
         if not v2 and req.token is not None:
@@ -300,6 +341,15 @@ def being_expired(lease: str) -> Refusal:
     )
 
 
+def _identity_quota(identity: str, kind: str, limit: int) -> Refusal:
+    return Refusal(
+        ErrorCode.QUOTA_EXCEEDED,
+        over_quota(identity, kind, limit),
+        limit=limit_name(kind),
+        identity=identity,
+    )
+
+
 def _quota(what: str, limit: str) -> Refusal:
     return Refusal(
         ErrorCode.QUOTA_EXCEEDED,
@@ -321,3 +371,11 @@ def _check_meta_quota(meta: Mapping[str, str], quotas: Quotas) -> None:
     size = sum(len(k.encode()) + len(v.encode()) for k, v in meta.items())
     if size > quotas.max_meta_bytes:
         raise _quota(f"owner metadata of {size} bytes is over", "max_meta_bytes")
+
+
+def default_limits(quotas: Quotas) -> LimitsFor:
+    """The limits of each identity when nothing looks them up in the identity table: the
+    built-in admin (the cluster's client secret, or no secret at all) and "" keep the
+    cluster's and the member's own caps; any other identity the per-identity defaults."""
+    named, anonymous = quotas.identity_defaults(), quotas.identity_defaults(anonymous=True)
+    return lambda identity: anonymous if identity in ("", ADMIN) else named

@@ -16,6 +16,7 @@ from dlm.node import locks
 from dlm.node.leases import LeaseTracker
 from dlm.node.locks.identities import ADMIN, ROLE_ADMIN, may_see
 from dlm.node.proposals import being_expired
+from dlm.node.quotas import limit_name, over_quota
 from dlm.node.raft.core import RaftStatus
 from dlm.records import NodeId
 from dlm.views import (
@@ -177,6 +178,15 @@ class Replies:
             return denied(rid, result.message)
         if isinstance(result, locks.IdentityChanged):
             return ok(rid, op=result.op, name=result.name)
+        if isinstance(result, locks.QuotaExceeded):
+            kind = "leases" if result.what == "leases" else "locks"
+            return error(
+                rid,
+                ErrorCode.QUOTA_EXCEEDED,
+                over_quota(result.identity, kind, result.limit),
+                limit=limit_name(kind),
+                identity=result.identity,
+            )
         assert isinstance(result, locks.Invalid)
         return error(rid, ErrorCode.BAD_REQUEST, result.message)
 
@@ -361,8 +371,10 @@ def members_view(
     address_of: AddressOf,
     answers: Callable[[NodeId], bool],
     last_contact_ms: LastContact,
+    reason: Callable[[NodeId], str] = lambda member: "",
 ) -> MembersView:
-    """What ``members`` answers: each member's role as this one sees it, and its log."""
+    """What ``members`` answers: each member's role as this one sees it, its log, and why
+    a learner is not a voter yet (``reason``)."""
     learner_set = set(learners)
     last = st.last_index
     members = []
@@ -386,6 +398,7 @@ def members_view(
                 lag=last - progress.match if progress is not None and reachable else None,
                 reachable=reachable,
                 last_contact_ms=last_contact_ms(member),
+                reason=reason(member),
             )
         )
     return MembersView(

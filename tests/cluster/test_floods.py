@@ -10,6 +10,7 @@ cause an election.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -205,5 +206,56 @@ def test_peers_get_in_when_clients_fill_the_cap(tmp_path: Path) -> None:
         with cluster.client(timeout=10.0) as client:
             lease = client.open_lease(5_000)
             assert client.acquire(lease, "cap-after").token > token
+    finally:
+        cluster.stop_all()
+
+
+def test_830_connections_that_never_prove_the_secret_leave_dlm_exec_working(
+    tmp_path: Path,
+) -> None:
+    """Issue 23: 830 connections took every client slot. Connections that have not
+    proved the client secret hold no client slot (they have their own room, the oldest
+    dropped first, and 5 s to finish), so with 32 client places and 830 such connections
+    kept open, `dlm exec` with the secret still gets in and runs its command."""
+    secret = tmp_path / "client.secret"
+    auth.write_secret_file(str(secret))
+    (tmp_path / "c").mkdir()
+    cluster = Cluster(
+        tmp_path / "c",
+        size=1,
+        node_args=lambda _: ["--client-secret-file", str(secret), "--max-connections", "32"],
+        client_secret=auth.load_secret(str(secret)),
+    )
+    member = cluster.nodes["n1"]
+    seconds = FLOOD_SECONDS + 6
+    try:
+        cluster.start_all()
+        cluster.wait_for_leader(timeout=15.0)
+        flood = start_flood(member.address, "idle", connections=830, seconds=seconds)
+        try:
+            time.sleep(2.0)  # a load ramp, not synchronisation
+            env = {**os.environ, "DLM_CLUSTER": member.address}
+            env["DLM_SECRET_FILE"] = str(secret)
+            env["PYTHONPATH"] = str(REPO)
+            started = time.monotonic()
+            ran = subprocess.run(
+                [sys.executable, "-m", "dlm", "exec", "--lock", "flooded", "--", "true"],
+                env=env,
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            took = time.monotonic() - started
+        finally:
+            counts = finish_flood(flood, seconds)
+        print(
+            f"\nunproved-connection flood: {counts['connections']} connections opened; "
+            f"dlm exec exited {ran.returncode} after {took:.2f} s"
+        )
+        assert ran.returncode == 0, ran.stderr
+        assert counts["connections"] >= 830
+        assert member.alive
     finally:
         cluster.stop_all()

@@ -361,3 +361,66 @@ def test_members_list_json_is_one_object_with_the_documented_fields(tmp_path: Pa
         assert json.loads(dlm.run("members", "list", "--json").stdout)["leader"] == leader.node_id
     finally:
         cluster.stop_all()
+
+
+def test_an_added_member_whose_address_never_proves_the_secret_stays_a_learner(
+    tmp_path: Path,
+) -> None:
+    """Issue 23, item 4: `dlm members add mallory ADDR` where an impostor answers (and
+    never proves the peer secret) leaves mallory a learner for good: not promoted by the
+    leader, refused by `dlm members promote` (exit 2), and `dlm members list` says why;
+    the members keep serving."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.cluster.harness import REPO
+
+    secret = tmp_path / "peer.secret"
+    auth.write_secret_file(str(secret))
+    base = tmp_path / "cluster"
+    base.mkdir()
+    cluster = Cluster(base, size=3, node_args=lambda _: ["--peer-secret-file", str(secret)])
+    (port,) = free_ports(1)
+    log = tmp_path / "impostor.log"
+    impostor: subprocess.Popen[bytes] | None = None
+    dlm = Dlm(cluster.members_env, tmp_path)
+    try:
+        cluster.start_all()
+        cluster.wait_for_leader(timeout=15.0)
+        env = {**os.environ, "PYTHONPATH": str(REPO), "IMPOSTOR_CLUSTER": cluster.cluster_id}
+        impostor = subprocess.Popen(
+            [sys.executable, "-m", "tests.cluster.impostor", str(port), str(log)],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        added = dlm.json("members", "add", "mallory", f"127.0.0.1:{port}")
+        assert added["added"]["id"] == "mallory"
+
+        def dialled_and_refused_often() -> bool:
+            # The members dial mallory, and each dial is answered by the impostor: several
+            # rounds of redials give auto-promotion every chance it would take.
+            lines = log.read_text().splitlines() if log.exists() else []
+            return sum(line.startswith("refused") for line in lines) >= 6
+
+        wait_for(dialled_and_refused_often, 30.0, "the members to dial mallory, refused")
+        row = member(members_json(dlm), "mallory")
+        assert row is not None
+        assert (row["role"], row["voter"]) == ("learner", False)
+        assert row["reason"] == "never proved the peer secret"
+        table = dlm.run("members", "list", "--format", "table")
+        assert "mallory is not a voter: never proved the peer secret" in table.stdout
+        promote = dlm.run("members", "promote", "mallory")
+        assert promote.returncode == 2, promote.stderr
+        assert promote.stderr.count("\n") == 1
+        assert "mallory never proved the peer secret" in promote.stderr
+        assert all(node.alive for node in cluster.nodes.values())
+        with Client(cluster.addresses, timeout=CHANGE_TIMEOUT) as client:
+            lease = client.open_lease(10_000)
+            assert client.acquire(lease, "with-mallory-a-learner").token > 0
+        out = dlm.json("members", "remove", "mallory")
+        assert member(out, "mallory") is None
+    finally:
+        if impostor is not None:
+            impostor.kill()
+            impostor.wait(timeout=10)
+        cluster.stop_all()

@@ -22,6 +22,7 @@ from dlm.node.admission import (
 )
 from dlm.node.clients import ClientConn
 from dlm.node.linkwatch import LinkWatch
+from dlm.node.locks.machine import OwnerUsage
 from dlm.node.machine import NodeMachine
 from dlm.node.membership import Membership
 from dlm.node.outbox import Instant
@@ -233,3 +234,30 @@ class AppliesWithoutPermission(locks.LockStateMachine):
     its prefixes, or its release of another identity's lease, takes effect."""
 
     check_permissions = False
+
+
+class PromotesTheUnproved(NodeMachine):
+    """Makes a learner a voter on an operator's request without asking whether it ever
+    completed an authenticated link (issue 23, item 4): a member added at an address where
+    only a stranger answers becomes a voter that never votes."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        decide = self.membership.change_for
+
+        def change_for(*call: Any, **named: Any) -> Any:
+            named["proved"] = lambda member: True
+            return decide(*call, **named)
+
+        self.membership.change_for = change_for  # type: ignore[method-assign]
+
+
+class RestoresWithoutUsage(locks.LockStateMachine):
+    """Forgets what each owner's leases take when it restores a snapshot: after a restart or
+    an installed snapshot the per-identity quotas would count from zero."""
+
+    @classmethod
+    def _restore(cls, item: Any) -> Any:
+        machine = super()._restore(item)
+        machine.usage = OwnerUsage()
+        return machine

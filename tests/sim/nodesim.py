@@ -44,6 +44,11 @@ events in simulated real time (world.py), driven by one seed:
   secret, sends frames before and instead of a proof: spoofed refusals,
   spoofed hellos with real member ids, replays of recorded handshakes. It goes
   through the same admission objects a member runs (dlm/node/admission.py).
+  Now and then the operator adds a member at an address where only such a
+  stranger answers (never a member process: nothing there proves the peer
+  secret), asks to promote it, and later removes it; no member may ever count
+  it as a voter (``unproved-voter``), and the leader's members view must say
+  why it is not one.
 * **lease views**: the cluster expiring a lease that some client still counts
   on (its deadline not yet passed) is a violation by itself (lease-outlived).
 * **checks** run after every event: Raft's invariants (checkers.py) and the
@@ -115,6 +120,7 @@ from dlm.wire import (
     AuthRemove,
     MemberAdd,
     MemberChange,
+    MemberPromote,
     MemberRemove,
     SnapshotHeader,
     backup_chunk_frames,
@@ -131,6 +137,10 @@ from .world import US, Clock, World
 NODE_NAMES = ("n1", "n2", "n3", "n4", "n5")
 SPARE_NAMES = tuple(f"n{i}" for i in range(6, 40))
 """Ids of members that join later (ids are never reused)."""
+STRANGER_NAMES = tuple(f"mallory{i}" for i in range(1, 40))
+"""Ids the operator adds at an address where no member process runs (only strangers)."""
+UNPROVED_ADDS = 0.3
+"""How often the operator's add names an address where nothing proves the peer secret."""
 LIMITS = {"k0": 1, "k1": 1, "k2": 1, "sem": 2}
 TEAMS = {"t0": ("k0", "k1"), "t1": ("k2", "sem")}
 """The limited identities of the workload and their key prefixes (every client draws its
@@ -653,6 +663,11 @@ class NodeSimulation:
         self.ids: tuple[NodeId, ...] = NODE_NAMES[:count]
         """The cluster's first members (members that join later are added to ``members``)."""
         self._spares = iter(SPARE_NAMES)
+        self._stranger_names = iter(STRANGER_NAMES)
+        self.unproved: set[NodeId] = set()
+        """Members added where nothing ever proves the peer secret: never voters."""
+        self._promote_asked: set[NodeId] = set()
+        self._usage_checked: dict[NodeId, tuple[int, int]] = {}
         self.world = World()
         self.raft_checker = SafetyChecker()
         self.backups = BackupChecker(
@@ -996,6 +1011,38 @@ class NodeSimulation:
             self.trace(f"L{self.world.now}{member.id}{raft.term}")
             checker.check_leader_completeness(member.id, raft.term, _LogView(member))
         checker.observe_commit(member.id, raft.term, raft.commit_index, _LogView(member))
+        if self.unproved:
+            self._check_unproved(member)
+        if self.options.identities:
+            table = machine.locks
+            # Once per applied index (or image) per member: nothing else moves the counts.
+            if self._usage_checked.get(member.id) != (id(table), table.applied_index):
+                self._usage_checked[member.id] = (id(table), table.applied_index)
+                if _check_usage(member.id, table):
+                    self.stats["owned_lease_checks"] += 1
+
+    def _check_unproved(self, member: SimMember) -> None:
+        """A member added where nothing proves the peer secret never counts as a voter, and
+        the leader's members view says why it is a learner."""
+        machine = member.machine
+        assert machine is not None
+        raft = machine.raft
+        counted = self.unproved.intersection(raft.voters)
+        if counted:
+            raise Violation(
+                "unproved-voter",
+                f"{member.id} counts {sorted(counted)} as voters, though nothing at their "
+                "address ever proved the peer secret",
+            )
+        if raft.role is Role.LEADER:
+            for learner in self.unproved.intersection(raft.learners):
+                reason = machine.membership.learner_reason(learner, raft, machine.health.proved)
+                if "never" not in reason:
+                    raise Violation(
+                        "unproved-voter",
+                        f"the leader {member.id} gives no reason why {learner} is not a voter "
+                        f"(it says {reason!r})",
+                    )
 
     # -- the disk ------------------------------------------------------------------
 
@@ -1410,13 +1457,30 @@ class NodeSimulation:
                 continue
             raft = leader.machine.raft
             voters = list(raft.voters)
-            if raft.learners:
+            unproved = sorted(self.unproved.intersection(raft.learners))
+            request: MemberChange
+            if unproved:
+                # Asked to promote once (the leader must refuse), then taken out again.
+                mallory = unproved[0]
+                if mallory not in self._promote_asked:
+                    self._promote_asked.add(mallory)
+                    request = MemberPromote(id=0, member=mallory, seq=0)
+                    self.stats["unproved_promotions_asked"] += 1
+                else:
+                    request = MemberRemove(id=0, member=mallory, seq=0)
+                    self.stats["unproved_removed"] += 1
+            elif raft.learners:
                 continue  # the leader promotes it once it has caught up
-            if len(voters) < 5 and (len(voters) <= 3 or rng.random() < 0.5):
+            elif rng.random() < UNPROVED_ADDS:
+                # No process is started there: only the stranger would answer, without
+                # the peer secret.
+                mallory = next(self._stranger_names)
+                self.unproved.add(mallory)
+                request = MemberAdd(id=0, member=mallory, address=f"{mallory}:7700", seq=0)
+                self.stats["unproved_added"] += 1
+            elif len(voters) < 5 and (len(voters) <= 3 or rng.random() < 0.5):
                 new_id = next(self._spares)
-                request: MemberChange = MemberAdd(
-                    id=0, member=new_id, address=f"{new_id}:7700", seq=0
-                )
+                request = MemberAdd(id=0, member=new_id, address=f"{new_id}:7700", seq=0)
                 # The new member's process starts as `dlm node start --join` does: empty.
                 self._spawn_member(new_id)
                 self.stats["members_added"] += 1
@@ -2840,3 +2904,21 @@ def _replay_class(
         max_stamp_step_ms = opts.max_stamp_step_ms
 
     return ReplayLocks
+
+
+def _check_usage(member: NodeId, table: locks.LockStateMachine) -> bool:
+    """What the per-identity quotas read (each owner's leases, held slots and places in
+    queues) is what the member's lease table holds, whatever it applied, restored or
+    installed. True when some lease had an owner (an identity) to count."""
+    counted: dict[str, list[int]] = {}
+    for view in table.list_leases()[0]:
+        used = counted.setdefault(view.owner, [0, 0])
+        used[0] += 1
+        used[1] += len(view.holding) + len(view.waiting)
+    expected = {owner: tuple(used) for owner, used in counted.items() if used != [0, 0]}
+    kept = {owner: tuple(used) for owner, used in table.usage.by_owner().items()}
+    if kept != expected:
+        raise Violation(
+            "usage", f"{member} counts per owner {kept}, but its leases hold {expected}"
+        )
+    return any(expected.keys() - {""})

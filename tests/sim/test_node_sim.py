@@ -36,6 +36,8 @@ from .bugs import (
     NeverReplacesLinks,
     OrdersSpawnWithoutLooking,
     OutlivesShortenedLeases,
+    PromotesTheUnproved,
+    RestoresWithoutUsage,
     ServesBackupsWithoutARound,
     SkipsPermissionChecks,
     SpawnsWithoutLooking,
@@ -74,6 +76,20 @@ def test_node_sim(sim_seeds: range, sim_totals: SimTotals) -> None:
         sections += result.stats["sections"]
         sim_totals.add("nodes", result)
     assert sections > 0, f"no client ever held a lock in seeds {sim_seeds}"
+
+
+IDENTITY_SEEDS = 4
+"""Seeds run at cluster version 3 with two client identities (leases with owners)."""
+
+
+def test_node_sim_with_identities_at_version_3(sim_totals: SimTotals) -> None:
+    """Leases record their owners and every member's per-owner counts stay those of its
+    lease table through faults, restarts and installed snapshots (``usage``)."""
+    for seed in range(IDENTITY_SEEDS):
+        result = run_node_seed(seed, options_for(seed, identities=True, peer_version=3))
+        assert result.ticks >= MIN_TICKS
+        assert result.stats["owned_lease_checks"] > 0, f"seed {seed}: no lease had an owner"
+        sim_totals.add("identities", result)
 
 
 STEADY_SEEDS = 12
@@ -351,6 +367,18 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         lambda seed: options_for(seed, dialing_class=BelievesRefusalsBeforeTheProof),
         {"unauthenticated"},
         2,
+    ),
+    "a learner that never proved the peer secret is promoted on request (issue 23)": (
+        lambda seed: options_for(seed, machine_class=PromotesTheUnproved),
+        {"unproved-voter"},
+        20,
+    ),
+    "per-owner counts not rebuilt from a snapshot (issue 23, quotas)": (
+        lambda seed: options_for(
+            seed, identities=True, peer_version=3, lock_machine_class=RestoresWithoutUsage
+        ),
+        {"usage"},
+        20,
     ),
     "the member hears a hello before its proof (hole 2)": (
         lambda seed: options_for(seed, acceptance_class=AsksTheMemberBeforeTheProof),

@@ -16,8 +16,10 @@ writes the ``*2`` encodings, which carry the whole ``Origin`` (client id,
 rising seq, acknowledged floor), the lease incarnation on ``expire2``, the
 grant's token on ``release2``, and the commands version 1 lacks
 (``update2``, ``version``). A cluster at version 3 writes ``open3``, an
-``open2`` with the identity that opened the lease (its owner); an open with
-no owner keeps its version-2 form. A version-1 command is encoded exactly as the
+``open2`` with the identity that opened the lease (its owner) and that
+identity's lease quota, and ``acquire3``, an ``acquire2`` with the asking
+identity and the owner's lock quota; an open or acquire with neither keeps its
+version-2 form. A version-1 command is encoded exactly as the
 previous release did, so members of both releases apply the same bytes while
 a cluster is being upgraded (docs/PROTOCOL.md, "Mixed versions").
 
@@ -81,7 +83,9 @@ class OpenLeaseCommand:
     leaves it idle ends it. ``meta``: who opened it, for ``dlm lease list``.
     ``owner``: the identity the opening connection authenticated as ("" before
     cluster version 3, or when nothing named one); only its opener (or an admin)
-    may end the lease, and the identity's quotas count it.
+    may end the lease, and the identity's quotas count it. ``quota``: the most leases
+    that owner may have (the leader looks it up when it proposes, so every replica
+    decides alike from the log); 0: no such limit.
     """
 
     lease: str
@@ -91,6 +95,7 @@ class OpenLeaseCommand:
     ephemeral: bool = False
     meta: Mapping[str, str] = field(default_factory=dict, hash=False)
     owner: str = ""
+    quota: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +113,9 @@ class CloseLeaseCommand:
 class AcquireCommand:
     """Take ``key`` (exclusive when ``limit`` is 1, else a semaphore of ``limit`` slots).
 
-    ``wait`` asks for a place in the key's FIFO queue when no slot is free.
+    ``wait`` asks for a place in the key's FIFO queue when no slot is free. ``quota``:
+    the most held slots plus places in queues the lease's owner may have (0: no such
+    limit; version 3, as for ``OpenLeaseCommand.quota``).
     """
 
     lease: str
@@ -119,6 +126,7 @@ class AcquireCommand:
     origin: Origin
     at_ms: int
     by: str = ""
+    quota: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,8 +245,16 @@ def is_legacy(cmd: Command) -> bool:
     """Whether ``cmd`` has a version-1 encoding (what a cluster at version 1 must write)."""
     match cmd:
         case OpenLeaseCommand():
-            return cmd.origin.legacy and not cmd.ephemeral and not cmd.meta and not cmd.owner
-        case CloseLeaseCommand() | AcquireCommand():
+            return (
+                cmd.origin.legacy
+                and not cmd.ephemeral
+                and not cmd.meta
+                and not cmd.owner
+                and not cmd.quota
+            )
+        case AcquireCommand():
+            return cmd.origin.legacy and not cmd.quota
+        case CloseLeaseCommand():
             return cmd.origin.legacy
         case ReleaseCommand():
             return cmd.origin.legacy and cmd.token is None and cmd.keep_lease
@@ -270,8 +286,8 @@ def _to_item(cmd: Command) -> list[Any]:
                 *_origin(cmd.origin),
                 cmd.at_ms,
             ]
-            if cmd.owner:
-                return ["open3", *fields, cmd.owner]
+            if cmd.owner or cmd.quota:
+                return ["open3", *fields, cmd.owner, cmd.quota]
             return ["open2", *fields]
         case CloseLeaseCommand():
             if legacy:
@@ -289,19 +305,19 @@ def _to_item(cmd: Command) -> list[Any]:
                     dict(cmd.meta),
                     cmd.at_ms,
                 ]
-            return _by(
-                cmd.by,
-                [
-                    "acquire2",
-                    cmd.lease,
-                    cmd.key,
-                    cmd.wait,
-                    cmd.limit,
-                    dict(cmd.meta),
-                    *_origin(cmd.origin),
-                    cmd.at_ms,
-                ],
-            )
+            fields = [
+                cmd.lease,
+                cmd.key,
+                cmd.wait,
+                cmd.limit,
+                dict(cmd.meta),
+                *_origin(cmd.origin),
+                cmd.at_ms,
+            ]
+            if cmd.by or cmd.quota:
+                # The asking identity, then the owner's lock quota (0: none).
+                return ["acquire3", *fields, cmd.by, cmd.quota]
+            return ["acquire2", *fields]
         case ReleaseCommand():
             if legacy:
                 return ["release", cmd.lease, cmd.origin.seq, cmd.key, cmd.at_ms]
@@ -364,7 +380,7 @@ _ARITY = {
     "release": 4,
     "expire": 2,
     "open2": 8,
-    "open3": 9,
+    "open3": 10,
     "close2": 5,
     "acquire2": 9,
     "release2": 8,
@@ -373,7 +389,7 @@ _ARITY = {
     "version": 2,
     "quarantine3": 2,
     "close3": 5 + 1,
-    "acquire3": 9 + 1,
+    "acquire3": 9 + 2,
     "release3": 8 + 1,
     "update3": 7 + 1,
     "identity": 9,
@@ -456,6 +472,7 @@ def decode_command(data: bytes) -> Command:
                 origin=_read_origin(f[4:7]),
                 at_ms=_int(f[7], "at_ms"),
                 owner=_str(f[8], "owner"),
+                quota=_int(f[9], "quota"),
             )
         case "close2":
             return CloseLeaseCommand(_str(f[0], "lease"), _read_origin(f[1:4]), _int(f[4], "at_ms"))
@@ -468,6 +485,18 @@ def decode_command(data: bytes) -> Command:
                 meta=_meta(f[4]),
                 origin=_read_origin(f[5:8]),
                 at_ms=_int(f[8], "at_ms"),
+            )
+        case "acquire3":
+            return AcquireCommand(
+                lease=_str(f[0], "lease"),
+                key=_str(f[1], "key"),
+                wait=_bool(f[2], "wait"),
+                limit=_int(f[3], "limit"),
+                meta=_meta(f[4]),
+                origin=_read_origin(f[5:8]),
+                at_ms=_int(f[8], "at_ms"),
+                by=_str(f[9], "by"),
+                quota=_int(f[10], "quota"),
             )
         case "release2":
             token = f[2]
@@ -497,7 +526,7 @@ def decode_command(data: bytes) -> Command:
             return ClusterVersionCommand(_int(f[0], "version"), _int(f[1], "at_ms"))
 
 
-_WITH_BY = ("close3", "acquire3", "release3", "update3")
+_WITH_BY = ("close3", "release3", "update3")
 
 
 def _identity(f: list[Any]) -> IdentityCommand:
@@ -568,9 +597,19 @@ def validate_command(cmd: Command) -> str | None:
         return problem
     match cmd:
         case OpenLeaseCommand():
-            return check_ttl_ms(cmd.ttl_ms) or check_meta(cmd.meta) or check_identity(cmd.owner)
+            return (
+                check_ttl_ms(cmd.ttl_ms)
+                or check_meta(cmd.meta)
+                or check_identity(cmd.owner)
+                or _check_quota(cmd.quota)
+            )
         case AcquireCommand():
-            return check_key(cmd.key) or check_limit(cmd.limit) or check_meta(cmd.meta)
+            return (
+                check_key(cmd.key)
+                or check_limit(cmd.limit)
+                or check_meta(cmd.meta)
+                or _check_quota(cmd.quota)
+            )
         case ReleaseCommand():
             if cmd.token is not None and not 0 < cmd.token <= INT_MAX:
                 return "a fencing token is a positive log index"
@@ -625,3 +664,7 @@ def _meta(value: object) -> dict[str, str]:
         if type(name) is not str or type(text) is not str:
             raise CommandError("meta must be a map of text to text")
     return dict(value)
+
+
+def _check_quota(quota: int) -> str | None:
+    return None if 0 <= quota <= INT_MAX else "a quota is a non-negative count"

@@ -92,6 +92,7 @@ from dlm.node.locks.results import (
     NotHeld,
     Promotion,
     Queued,
+    QuotaExceeded,
     Released,
     Result,
     StaleRequest,
@@ -157,12 +158,14 @@ class ApplyOutcome:
 
 @dataclass(frozen=True, slots=True)
 class LeaseTerms(_Plain):
-    """A lease's TTL, incarnation and finished mark (``LeaseView`` without its keys)."""
+    """A lease's TTL, incarnation, finished mark and owner (``LeaseView`` without its
+    keys)."""
 
     lease: str
     ttl_ms: int
     incarnation: int
     finished_at_ms: int | None
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +201,42 @@ class Counts(NamedTuple):
     locks: int
     """Held slots (a semaphore with three holders counts three)."""
     waiters: int
+
+
+class Usage(NamedTuple):
+    """What one identity's leases take: the per-identity quotas count these."""
+
+    leases: int = 0
+    locks: int = 0
+    """Held slots plus places in queues."""
+
+
+class OwnerUsage:
+    """What the leases of each owner take, kept up to date by every apply step (and
+    rebuilt on restore): the per-identity quotas (dlm/node/quotas.py) read it."""
+
+    __slots__ = ("_by_owner",)
+
+    def __init__(self) -> None:
+        self._by_owner: dict[str, list[int]] = {}
+        """Per owner: [leases, held slots + places in queues]; no entry at zero."""
+
+    def of(self, identity: str) -> Usage:
+        used = self._by_owner.get(identity)
+        return Usage() if used is None else Usage(used[0], used[1])
+
+    def by_owner(self) -> dict[str, Usage]:
+        """Every owner whose leases take something (for checkers)."""
+        return {owner: Usage(used[0], used[1]) for owner, used in self._by_owner.items()}
+
+    def add(self, owner: str, locks: int, leases: int = 0) -> None:
+        used = self._by_owner.get(owner)
+        if used is None:
+            used = self._by_owner[owner] = [0, 0]
+        used[0] += leases
+        used[1] += locks
+        if used == [0, 0]:
+            del self._by_owner[owner]
 
 
 @dataclass(slots=True)
@@ -306,6 +345,8 @@ class LockStateMachine:
         """Set in a restored or recovered cluster until a leader ends it. Read-only."""
         self._held = 0
         self._queued = 0
+        self.usage = OwnerUsage()
+        """What each owner's leases take (read-only outside apply)."""
         # Sorted views for paging, rebuilt only after a key or lease came or went.
         self._sorted_keys: list[str] | None = None
         self._sorted_leases: list[str] | None = None
@@ -358,9 +399,10 @@ class LockStateMachine:
             return ApplyOutcome(index, Invalid(problem), cmd)
         if self._version >= 2:
             self._tick_log_clock(cmd.at_ms)
-        if isinstance(cmd, OpenLeaseCommand) and cmd.owner and self._version < 3:
-            # A member of the previous release cannot read an owner: every replica refuses
-            # it alike until the log reaches version 3 (the leader never proposes one).
+        if self._version < 3 and _needs_version_3(cmd):
+            # A member of the previous release cannot read an owner or a quota: every
+            # replica refuses them alike until the log reaches version 3 (the leader never
+            # proposes one before).
             return ApplyOutcome(index, Invalid("a lease owner needs cluster version 3"), cmd)
         if isinstance(cmd, ClusterVersionCommand):
             # Versions only rise: a stale proposal of an older version changes nothing.
@@ -525,6 +567,11 @@ class LockStateMachine:
     def _open_new(self, cmd: OpenLeaseCommand, step: _Step) -> Result:
         if cmd.lease in self._tombstones:
             return LeaseGone(cmd.lease, self.lease_ending(cmd.lease))
+        if cmd.quota and self.usage.of(cmd.owner).leases >= cmd.quota:
+            # Decided from the replicated state and the quota in the entry, so every
+            # replica refuses alike; remembered like any result, so a re-send is refused
+            # again rather than run against a count that has moved.
+            return QuotaExceeded(cmd.owner, "leases", cmd.quota)
         self._executing(cmd)
         incarnation = step.index if self._version >= 2 else 0
         lease = _Lease(
@@ -537,6 +584,7 @@ class LockStateMachine:
         )
         self._leases[cmd.lease] = lease
         self._sorted_leases = None
+        self.usage.add(lease.owner, 0, 1)
         result = LeaseOpened(cmd.lease, cmd.ttl_ms, incarnation)
         origin = cmd.origin
         if not origin.legacy:
@@ -575,6 +623,7 @@ class LockStateMachine:
             self._drop_holder(key, self._keys[key], lease_id, lease, step)
         del self._leases[lease_id]
         self._sorted_leases = None
+        self.usage.add(lease.owner, 0, -1)
         step.ended.append(lease_id)
         if self._version >= 2:
             stones = self._tombstones
@@ -603,7 +652,10 @@ class LockStateMachine:
                 return Granted(cmd.key, hold.token, cmd.lease)
             if cmd.lease in entry.waiters:
                 return Queued(cmd.key, self._position(entry, cmd.lease))
-        else:
+        room = entry is None or self._has_room(entry)
+        if (room or cmd.wait) and cmd.quota and self.usage.of(lease.owner).locks >= cmd.quota:
+            return QuotaExceeded(lease.owner, "locks", cmd.quota)
+        if entry is None:
             entry = _Key(limit=cmd.limit)
             self._keys[cmd.key] = entry
             self._sorted_keys = None
@@ -614,21 +666,24 @@ class LockStateMachine:
                 entry.waiters[cmd.lease] = _Wait(step.at_ms, dict(cmd.meta))
                 lease.waiting.add(cmd.key)
                 self._queued += 1
+                self.usage.add(lease.owner, 1)
                 return Queued(cmd.key, len(entry.waiters))
             retry = max(1, min(quarantine.ttl_ms, RETRY_AFTER_MAX_MS))
             if entry.holders:
                 retry = self._retry_after(entry)
             self._forget_if_idle(cmd.key, entry)
             return Locked(cmd.key, self._holders(entry), retry, quarantine.until_ms)
-        if self._has_room(entry):
+        if room:
             entry.holders[cmd.lease] = _Hold(step.index, step.at_ms, dict(cmd.meta))
             lease.holding.add(cmd.key)
             self._held += 1
+            self.usage.add(lease.owner, 1)
             return Granted(cmd.key, step.index, cmd.lease)
         if cmd.wait:
             entry.waiters[cmd.lease] = _Wait(step.at_ms, dict(cmd.meta))
             lease.waiting.add(cmd.key)
             self._queued += 1
+            self.usage.add(lease.owner, 1)
             return Queued(cmd.key, len(entry.waiters))
         return Locked(cmd.key, self._holders(entry), self._retry_after(entry))
 
@@ -655,6 +710,7 @@ class LockStateMachine:
         del entry.holders[lease_id]
         lease.holding.discard(key)
         self._held -= 1
+        self.usage.add(lease.owner, -1)  # a promoted waiter's owner counted its place already
         if self.quarantine is None:
             self._grant_waiters(key, entry, step)
         self._forget_if_idle(key, entry)
@@ -675,6 +731,7 @@ class LockStateMachine:
         del entry.waiters[lease_id]
         lease.waiting.discard(key)
         self._queued -= 1
+        self.usage.add(lease.owner, -1)
         self._forget_if_idle(key, entry)
 
     def _forget_if_idle(self, key: str, entry: _Key) -> None:
@@ -778,7 +835,9 @@ class LockStateMachine:
         lease = self._leases.get(lease_id)
         if lease is None:
             return None
-        return LeaseTerms(lease_id, lease.ttl_ms, lease.incarnation, lease.finished_at_ms)
+        return LeaseTerms(
+            lease_id, lease.ttl_ms, lease.incarnation, lease.finished_at_ms, lease.owner
+        )
 
     def holds(self, lease_id: str, key: str) -> bool:
         lease = self._leases.get(lease_id)
@@ -976,6 +1035,8 @@ class LockStateMachine:
             machine._keys[_str(key)] = entry
             machine._held += len(entry.holders)
             machine._queued += len(entry.waiters)
+        for lease in machine._leases.values():
+            machine.usage.add(lease.owner, len(lease.holding) + len(lease.waiting), 1)
         return machine
 
 
@@ -1058,6 +1119,12 @@ def _change_identities(table: IdentityTable, cmd: IdentityCommand, version: int)
     if problem is not None:
         return Invalid(problem)
     return IdentityChanged(cmd.op, cmd.name)
+
+
+def _needs_version_3(cmd: Command) -> bool:
+    if isinstance(cmd, OpenLeaseCommand):
+        return bool(cmd.owner or cmd.quota)
+    return isinstance(cmd, AcquireCommand) and cmd.quota > 0
 
 
 def _int(value: object) -> int:

@@ -200,6 +200,18 @@ class StaleRequest(_Result):
 
 
 @dataclass(frozen=True, slots=True)
+class QuotaExceeded(_Result):
+    """The lease's owner (``identity``) already has ``limit`` of what ``what`` counts
+    ("leases", or "locks": held slots plus places in queues); nothing was done."""
+
+    kind = "quota_exceeded"
+    code = "QUOTA_EXCEEDED"
+    identity: str
+    what: str
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
 class Invalid(_Result):
     kind = "bad_request"
     code = "BAD_REQUEST"
@@ -237,6 +249,7 @@ Result = (
     | LeaseClosed
     | LeaseUpdated
     | StaleRequest
+    | QuotaExceeded
     | Invalid
     | Denied
     | IdentityChanged
@@ -293,6 +306,8 @@ def result_from_dict(d: Mapping[str, Any]) -> Result:
                 return Denied(_s(d["message"]), _s(d["identity"]), _s(d["action"]))
             case "identity_changed":
                 return IdentityChanged(_s(d["op"]), _s(d["name"]))
+            case "quota_exceeded":
+                return QuotaExceeded(_s(d["identity"]), _s(d["what"]), _i(d["limit"]))
     except (KeyError, TypeError) as exc:
         raise ValueError(f"malformed result: {exc!r}") from None
     raise ValueError(f"unknown result type {d.get('type')!r}")

@@ -127,8 +127,9 @@ class Admissions(Protocol):
     ) -> None:
         """``conn`` closed, admitted or not."""
 
-    def client_verdict(self, where: str) -> dict[str, Any] | None:
-        """The error that refuses an authenticated (or unauthenticatable) client, or None."""
+    def client_verdict(self, where: str, identity: str = "") -> dict[str, Any] | None:
+        """The error that refuses an authenticated (or unauthenticatable) client, or None;
+        ``identity``: who its handshake proved it is ("" when nothing names anyone)."""
 
     def peer_verdict(self, hello: Hello) -> dict[str, Any] | None:
         """The error that refuses an authenticated (or unauthenticatable) peer, or None.

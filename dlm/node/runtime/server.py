@@ -44,7 +44,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Self
 
 import anyio
@@ -203,10 +203,11 @@ class NodeServer:
                 address=config.address,
                 join_members={n: _addr_text(a) for n, a in sorted(config.join_members.items())},
                 auto_promote=config.auto_promote,
+                peers_authenticated=self.security.peers_authenticated,
                 timing=config.timing,
                 snapshot_every=config.snapshot_every,
                 snapshot_keep=config.snapshot_keep,
-                quotas=config.quotas,
+                quotas=replace(config.quotas, max_connections=self.budget.clients),
             ),
             storage,
             self._rng,
@@ -270,6 +271,7 @@ class NodeServer:
         self.imager = ForkImager(loop)
         self.machine.snapshots.imager = self._image
         self.budget = Budget.for_process(len(self.config.peers), self.limits.max_connections)
+        self.machine.member_connections(self.budget.clients)
         tls = self.security.server_tls
         for sock in _raw_sockets(listener):
             server = await loop.create_server(
@@ -781,10 +783,23 @@ class NodeServer:
 
     # ------------------------------------------------------------------ clients
 
-    def client_verdict(self, where: str) -> dict[str, Any] | None:
-        """The error that refuses a client whose hello (and proof, if any) passed, or None."""
+    def client_verdict(self, where: str, identity: str = "") -> dict[str, Any] | None:
+        """The error that refuses a client whose hello (and proof, if any) passed, or None.
+
+        An identity at its own connection quota is refused before anyone makes room for
+        it (dlm/node/quotas.py): it may not evict another identity's idle client either."""
         if self._stopping:
             return error(None, ErrorCode.SHUTTING_DOWN, "member is shutting down")
+        refusal = self.machine.client_refusal(identity)
+        if refusal is not None:
+            self.counters.connections_refused += 1
+            self.quiet.warning(
+                "client_refused",
+                reason="identity connection quota",
+                remote=where,
+                identity=identity,
+            )
+            return refusal
         return self.client_room(where)
 
     def client_room(self, where: str) -> dict[str, Any] | None:

@@ -118,6 +118,19 @@ def test_list_json_has_every_member_with_role_reachable_and_lag(
     assert obj["members"][0]["address"] == ADDRS["n1"]
 
 
+def test_list_says_why_a_learner_is_not_a_voter(canned: Canned, capsys: Capture) -> None:
+    stranger = listed("mallory", "learner", match=0, lag=None)
+    stranger["reason"] = "never proved the peer secret"
+    canned.view["members"].append(stranger)
+    canned.roles["mallory"] = None
+    assert run(["members", "list", "--json"]) == 0
+    members = one_json(capsys.readouterr().out)["members"]
+    assert [m["reason"] for m in members] == ["", "", "", "never proved the peer secret"]
+    assert run(["members", "list", "--format", "table"]) == 0
+    table = capsys.readouterr().out
+    assert table.splitlines()[-1] == "mallory is not a voter: never proved the peer secret"
+
+
 def test_a_member_that_does_not_answer_is_unknown_unreachable_and_has_no_lag(
     canned: Canned, capsys: Capture
 ) -> None:
@@ -165,11 +178,14 @@ def test_list_is_tsv_when_piped_and_escapes_what_members_say(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split("\t") == [
         "id", "address", "role", "voter", "reachable", "match", "lag", "last_contact_ms",
+        "reason",
     ]  # fmt: skip
     assert len(lines) == 4
-    assert lines[1].split("\t") == ["n1", ADDRS["n1"], "leader", "yes", "yes", "500", "0", "0"]
+    assert lines[1].split("\t") == [
+        "n1", ADDRS["n1"], "leader", "yes", "yes", "500", "0", "0", "",
+    ]  # fmt: skip
     assert lines[2].startswith("n2\\tx\\n\t")
-    assert all(len(line.split("\t")) == 8 for line in lines)
+    assert all(len(line.split("\t")) == 9 for line in lines)
 
 
 def test_list_table_marks_the_leader(canned: Canned, capsys: Capture) -> None:

@@ -141,12 +141,14 @@ class Cluster:
         machine_class: type[NodeMachine] = NodeMachine,
         seed: int = 7,
         links_follow_peers: bool = False,
+        peers_authenticated: bool = False,
     ) -> None:
         self.first = NODE_IDS[:size]
         """The first members (the bootstrap configuration)."""
         self.ids: tuple[NodeId, ...] = self.first
         """Every member booted, joined ones too."""
         self.links_follow_peers = links_follow_peers
+        self.peers_authenticated = peers_authenticated
         self.timing = timing
         self.quotas = quotas or Quotas()
         self.snapshot_every = snapshot_every
@@ -180,6 +182,7 @@ class Cluster:
             max_version=self.max_version,
             address=address(node),
             join_members=self._join_members.get(node, {}),
+            peers_authenticated=self.peers_authenticated,
         )
 
     def join(self, node: NodeId, told: dict[NodeId, str]) -> Member:

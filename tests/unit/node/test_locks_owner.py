@@ -31,9 +31,9 @@ def _v3() -> Driver:
     """A machine at version 3 whose identity table has the owners these tests name (an
     open by an identity the table does not have is refused at apply: identities.py)."""
     d = Driver(version=3)
-    for n, name in enumerate(("team-a", "team-b", "mallory")):
+    for n, name in enumerate(("team-a", "team-b", "mallory", "ci", "ops")):
         key = Verifier(bytes([n]) * 8, bytes([n]) * 32, bytes([n]) * 32)
-        assert d.sm.identities.add(name, "client", ("k",), key) is None
+        assert d.sm.identities.add(name, "client", ("k", "b"), key) is None
     return d
 
 
@@ -146,3 +146,61 @@ def test_a_lease_row_of_the_wrong_length_is_refused() -> None:
         assert "layout" in str(exc)
     else:
         raise AssertionError("a short lease row was restored")
+
+
+# ------------------------------------------------------------------ quotas per owner
+
+
+def test_quotas_ride_in_version_3_entries_and_read_back() -> None:
+    from dlm.node.locks import AcquireCommand
+
+    opened = OpenLeaseCommand("a", 10_000, Origin("c1", 3, 2), 5, owner="ci", quota=7)
+    acquire = AcquireCommand("a", "k", True, 1, {}, Origin("c1", 4, 2), 6, quota=9)
+    for cmd in (opened, acquire):
+        data = encode_command(cmd)
+        assert cbor2.loads(data)[0] in ("open3", "acquire3")
+        assert decode_command(data) == cmd
+    assert cbor2.loads(encode_command(AcquireCommand("a", "k", True, 1, {}, Origin("c1", 4), 6)))[
+        0
+    ] == ("acquire2")
+
+
+def test_apply_refuses_what_the_owners_quota_in_the_entry_does_not_allow() -> None:
+    from dlm.node.locks import AcquireCommand, QuotaExceeded
+
+    d = _v3()
+    d.open("a", owner="ci", client="p")
+    refused = d.run(OpenLeaseCommand("b", 10_000, Origin("p", 50), d.now(), owner="ci", quota=1))
+    assert refused.result == QuotaExceeded("ci", "leases", 1)
+    assert d.sm.lease("b") is None
+    d.open("c", owner="ops", client="q")  # another owner is not counted
+    assert d.sm.usage.of("ci").leases == 1 and d.sm.usage.of("ops").leases == 1
+
+    def acquire(key: str, seq: int) -> object:
+        cmd = AcquireCommand("a", key, True, 1, {}, Origin("p", seq), d.now(), quota=2)
+        return d.run(cmd).result
+
+    d.acquire("c", "busy", client="q")
+    assert type(acquire("k1", 60)).__name__ == "Granted"
+    assert type(acquire("busy", 61)).__name__ == "Queued"
+    assert acquire("k2", 62) == QuotaExceeded("ci", "locks", 2)
+    # A re-send gets the remembered refusal, not a new decision.
+    assert acquire("k2", 62) == QuotaExceeded("ci", "locks", 2)
+    assert d.sm.usage.of("ci") == (1, 2)
+    restored = LockStateMachine.restore(d.sm.snapshot())
+    assert restored.usage.of("ci") == (1, 2) and restored.usage.of("ops") == (1, 1)
+    assert restored.snapshot() == d.sm.snapshot()
+    # When its lease ends, all of it is given back.
+    d.close("a", client="p")
+    assert d.sm.usage.of("ci") == (0, 0)
+
+
+def test_before_version_3_a_quota_in_an_entry_is_refused_alike() -> None:
+    from dlm.node.locks import AcquireCommand
+
+    d = Driver(version=2)
+    d.open("a")
+    before = d.image()
+    cmd = AcquireCommand("a", "k", False, 1, {}, Origin("c1", 9), d.now(), quota=3)
+    assert isinstance(d.run(cmd).result, Invalid)
+    assert d.image() == before

@@ -297,3 +297,60 @@ def test_a_member_told_with_proof_it_is_of_the_old_incarnation_stops_with_65() -
     [stop] = n3.stops
     assert stop.code == EXIT_OLD_INCARNATION == 65
     assert stop.reason == told
+
+
+# ---------------------------------------------------------------------------
+# A new member must prove itself before it counts
+# ---------------------------------------------------------------------------
+
+
+def _reasons(client: Client) -> dict[str, str]:
+    return {m["id"]: m["reason"] for m in client.call("members")["members"]}
+
+
+def test_a_member_added_at_an_address_that_never_proves_the_secret_stays_a_learner() -> None:
+    # Nothing at mallory's address completes a handshake: no link is ever admitted, so
+    # the leader never hears from it, and neither auto-promotion nor an operator's
+    # promote makes it a voter. The members view says why.
+    cluster = Cluster(3, peers_authenticated=True)
+    cluster.elect("n1")
+    client = cluster.connect("n1")
+    assert client.call("member_add", member="mallory", address="10.9.9.9:7700")["t"] == "ok"
+    cluster.advance(5.0)
+    leader = cluster["n1"].machine
+    assert "mallory" in leader.raft.learners and "mallory" not in leader.raft.voters
+    assert _reasons(client) == {"n1": "", "n2": "", "n3": "", "mallory": (
+        "never proved the peer secret"
+    )}  # fmt: skip
+    refused = client.call("member_promote", member="mallory")
+    assert refused["code"] == "BAD_REQUEST"
+    assert "mallory never proved the peer secret: it stays a learner" in refused["message"]
+    assert leader.raft.voters == ("n1", "n2", "n3")
+
+
+def test_without_peer_authentication_a_learner_must_at_least_have_answered() -> None:
+    cluster = Cluster(3)
+    cluster.elect("n1")
+    client = cluster.connect("n1")
+    client.call("member_add", member="n4", address=address("n4"))
+    assert _reasons(client)["n4"] == "never answered (peer authentication is off: nothing to prove)"
+    assert client.call("member_promote", member="n4")["code"] == "BAD_REQUEST"
+    # Once it runs and answers, it is promoted as before.
+    cluster.join("n4", {n: address(n) for n in ("n1", "n2", "n3")})
+    cluster.run_until(lambda: "n4" in cluster["n1"].machine.raft.voters, 3.0, "n4 a voter")
+    assert _reasons(client)["n4"] == ""
+
+
+def test_a_proved_learner_with_auto_promotion_off_says_how_to_promote_it() -> None:
+    from dataclasses import replace
+
+    cluster = Cluster(3, peers_authenticated=True)
+    cluster.elect("n1")
+    leader = cluster["n1"].machine
+    leader.membership._config = replace(leader.membership._config, auto_promote=False)
+    client = cluster.connect("n1")
+    client.call("member_add", member="n4", address=address("n4"))
+    cluster.join("n4", {n: address(n) for n in ("n1", "n2", "n3")})
+    cluster.run_until(lambda: leader.health.proved("n4"), 3.0, "n4 heard from")
+    assert _reasons(client)["n4"] == "auto-promotion is off: dlm members promote n4"
+    assert client.call("member_promote", member="n4")["t"] == "ok"

@@ -132,6 +132,22 @@ class NodeConfig:
             max_meta_bytes=_count(
                 settings.get("max_meta_bytes"), "--max-meta-bytes", default.max_meta_bytes
             ),
+            max_connections=_count(
+                settings.get("max_connections"), "--max-connections", DEFAULT_MAX_CONNECTIONS
+            ),
+            # 0: derived from the caps above (dlm/node/quotas.py, default_limits).
+            identity_max_leases=_count(
+                settings.get("identity_max_leases"), "--identity-max-leases", 0
+            ),
+            identity_max_locks=_count(
+                settings.get("identity_max_locks"), "--identity-max-locks", 0
+            ),
+            identity_max_connections=_count(
+                settings.get("identity_max_connections"), "--identity-max-connections", 0
+            ),
+            identity_max_inflight=_count(
+                settings.get("identity_max_inflight"), "--identity-max-inflight", 0
+            ),
         )
         join = settings.get("join")
         join_addrs: tuple[str, ...] = ()

@@ -167,6 +167,34 @@ NODE_OPTIONS = (
         "[default: 8192, fewer if the open-files limit is lower]",
     ),
     NodeOption(
+        "identity_max_leases",
+        "--identity-max-leases",
+        "N",
+        "Most live leases one client identity may own, unless an admin set its own "
+        "(QUOTA_EXCEEDED naming the identity beyond). [default: half of --max-leases]",
+    ),
+    NodeOption(
+        "identity_max_locks",
+        "--identity-max-locks",
+        "N",
+        "Most held locks and queued waits of one identity's leases, together. "
+        "[default: half of --max-locks]",
+    ),
+    NodeOption(
+        "identity_max_connections",
+        "--identity-max-connections",
+        "N",
+        "Most client connections one identity may have to this member. "
+        "[default: 3/4 of the member's client connections]",
+    ),
+    NodeOption(
+        "identity_max_inflight",
+        "--identity-max-inflight",
+        "N",
+        "Most requests one client connection may have sent and not yet had answered. "
+        "[default: 512]",
+    ),
+    NodeOption(
         "peer_secret_file",
         "--peer-secret-file",
         "PATH",
