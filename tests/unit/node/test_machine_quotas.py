@@ -159,7 +159,9 @@ def test_limits_for_is_the_seam_an_admins_setting_replaces() -> None:
     ci = as_identity(cluster, "n1", "ci")
     assert ci.call("open_lease", lease="A", ttl_ms=5_000)["t"] == "ok"
     _refused(ci.call("open_lease", lease="B", ttl_ms=5_000), "ci", "identity_max_leases")
-    assert as_identity(cluster, "n1", "ops").call("open_lease", lease="B", ttl_ms=5_000)["t"] == "ok"
+    assert (
+        as_identity(cluster, "n1", "ops").call("open_lease", lease="B", ttl_ms=5_000)["t"] == "ok"
+    )
 
 
 def test_the_anonymous_identity_keeps_the_clusters_and_the_members_caps() -> None:
