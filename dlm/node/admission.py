@@ -265,10 +265,16 @@ class Acceptance:
         greeting = None
         if not self._greeted:
             greeting = self._welcome(hello)
-        identity = ""
-        if hello.role is HelloRole.CLIENT:
-            identity = getattr(self._responder, "identity", ADMIN) if self._responder else ADMIN
-        return Admit(hello, greeting, self._sealer, self._opener, identity)
+        return Admit(hello, greeting, self._sealer, self._opener, self.identity)
+
+    @property
+    def identity(self) -> str:
+        """Who a client proved to be (its credential's name, or the built-in admin for the
+        cluster's client secret or none); "" for a peer or before the hello."""
+        hello = self._hello
+        if hello is None or hello.role is not HelloRole.CLIENT:
+            return ""
+        return getattr(self._responder, "identity", ADMIN) if self._responder else ADMIN
 
 
 @dataclass(frozen=True, slots=True)

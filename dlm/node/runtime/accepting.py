@@ -310,7 +310,8 @@ class AcceptedConnection(asyncio.Protocol):
         if hello.role is HelloRole.PEER:
             refusal = self._server.peer_verdict(hello)
         else:
-            refusal = self._server.client_verdict(self.where)
+            # Its identity's connection quota counts (quotas.py): known once it proved it.
+            refusal = self._server.client_verdict(self.where, admission.identity)
         decision = admission.verdict(refusal)
         if isinstance(decision, Refuse):
             self._refuse(decision, hello)
