@@ -105,13 +105,19 @@ def steady_options(seed: int, steady: str, **overrides: object) -> NodeSimOption
     # Healed at 8 s (12 s on lossy links): the slowest of 40 seeds served its first write
     # after 4.5 s on slow disks, of 60 seeds 8.1 s on lossy links.
     healed_at = 12 if steady == "lossy_links" else 8
+    # The operators' backups and identity changes stay out: on disks this slow their
+    # entries alone kept the probe's write from finishing before the run ended (seed 3).
     return options_for(
         seed,
-        steady=steady,
-        fault_count=(0, 0),
-        duration_us=(healed_at + 4) * US,
-        quiet_us=4 * US,
-        **overrides,
+        **{
+            "steady": steady,
+            "fault_count": (0, 0),
+            "duration_us": (healed_at + 4) * US,
+            "quiet_us": 4 * US,
+            "backups": False,
+            "identities": False,
+            **overrides,
+        },
     )
 
 
@@ -399,7 +405,7 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     # Caught after 51 seeds (seed 50): it needs a leader cut off while the backup's client
     # still reaches it.
     "a backup served without a read round": (
-        lambda seed: options_for(seed, machine_class=ServesBackupsWithoutARound),
+        lambda seed: options_for(seed, machine_class=ServesBackupsWithoutARound, identities=False),
         {"backup-stale"},
         120,
     ),
@@ -439,7 +445,9 @@ def restore_options(seed: int, **overrides: object) -> NodeSimOptions:
     weights = dict(DEFAULT_WEIGHTS)
     weights["restore"] = 3
     weights["recover"] = 3
-    return options_for(seed, fault_weights=weights, **overrides)
+    # No backups in these runs: the backup checker follows one incarnation's log, and a
+    # backup taken at a restored cluster's first index has no entry there to compare.
+    return options_for(seed, **{"fault_weights": weights, "backups": False, **overrides})
 
 
 def test_a_restore_is_one_more_fault_and_the_checkers_hold_across_it(
