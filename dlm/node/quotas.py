@@ -15,8 +15,9 @@ cluster's own caps (machine_config.Quotas):
   ``max_inflight`` the requests one connection has sent and not yet had answered.
 
 ``limits_for(identity)`` is the lookup the member uses; by default every identity gets
-the member's defaults (flags ``--identity-max-*``), and an admin's setting per identity
-(``dlm auth``, from the replicated identity table) replaces it. Refusals are
+the member's defaults (flags ``--identity-max-*``); the built-in admin keeps the
+cluster's and the member's own caps. (A per-identity setting kept in the replicated
+identity table would replace the defaults here; it is not built yet.) Refusals are
 QUOTA_EXCEEDED naming the identity's limit, never the cluster's.
 
 Pure: no IO, no clock.
@@ -68,15 +69,15 @@ def default_limits(
     half the cluster's caps on leases and locks, and 3/4 of the member's connections,
     so that a runaway identity leaves room for the others.
 
-    ``anonymous``: the limits of "", every client where no identity is proved (a cluster
-    without identities, where all clients are that one): unset, they are the cluster's
-    and the member's own caps, so a cluster without identities keeps the capacity it had
-    (there is no other identity to keep room for)."""
+    ``anonymous``: the limits of the built-in admin and of "" (every client of a cluster
+    without identities is one of them): the cluster's and the member's own caps, whatever
+    the per-identity values, so a cluster without identities keeps the capacity it had
+    and the operator is never locked out by a limit meant for client identities."""
     if anonymous:
         return IdentityLimits(
-            max_leases=max_leases or cluster_max_leases,
-            max_locks=max_locks or cluster_max_locks,
-            max_connections=max_connections or member_max_connections,
+            max_leases=cluster_max_leases,
+            max_locks=cluster_max_locks,
+            max_connections=member_max_connections,
             max_inflight=max_inflight or DEFAULT_MAX_INFLIGHT,
         )
     return IdentityLimits(
@@ -107,8 +108,8 @@ def over_quota(identity: str, kind: str, limit: int) -> str:
     """The sentence for QUOTA_EXCEEDED: whose limit, which, and what to do."""
     what, flag = QUOTAS[kind]
     return (
-        f"{who(identity)} has {limit} {what}, its own limit ({flag}, or an admin's setting "
-        "for this identity): end some, or have an admin raise it"
+        f"{who(identity)} has {limit} {what}, its own limit (the members' {flag}): end some, "
+        "or have the operator raise it"
     )
 
 

@@ -1,0 +1,75 @@
+"""Quotas per identity against real members: issue 23's "one identity flooding leases
+leaves another's `dlm exec` working", by the command line.
+
+One 3-member cluster whose members allow each identity 5 leases
+(``--identity-max-leases 5``). The identity ``runaway`` takes locks in a loop, each
+`dlm acquire` opening a lease, until the cluster refuses it with QUOTA_EXCEEDED naming
+its own limit; meanwhile and afterwards ``deploy``'s `dlm exec` runs its command, and
+the built-in admin keeps the cluster's caps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.cli_harness import Dlm
+from tests.cluster.harness import Cluster
+
+pytestmark = pytest.mark.cluster
+
+PER_IDENTITY_LEASES = 5
+
+
+@pytest.fixture(scope="module")
+def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(
+        tmp_path_factory.mktemp("identity-quotas"),
+        size=3,
+        node_args=lambda _: ["--identity-max-leases", str(PER_IDENTITY_LEASES)],
+    )
+    try:
+        c.start_all()
+        c.wait_for_leader(timeout=15.0)
+        yield c
+    finally:
+        c.stop_all()
+
+
+def _identity(admin: Dlm, name: str, prefix: str, tmp_path: Path) -> Dlm:
+    credential = tmp_path / f"{name}.cred"
+    admin.json(
+        "auth", "add", name, "--role", "client", "--prefix", prefix, "--out", str(credential)
+    )
+    dlm = Dlm(admin.env["DLM_CLUSTER"], admin.cwd)
+    dlm.env["DLM_SECRET_FILE"] = str(credential)
+    return dlm
+
+
+def test_one_identity_flooding_leases_leaves_another_identitys_exec_working(
+    dev: Cluster, tmp_path: Path
+) -> None:
+    admin = Dlm(dev.members_env, tmp_path)
+    runaway = _identity(admin, "runaway", "flood/", tmp_path)
+    deploy = _identity(admin, "deploy", "deploy/", tmp_path)
+
+    refusal: dict[str, object] | None = None
+    for n in range(PER_IDENTITY_LEASES + 3):  # bounded: the limit is 5
+        ran = runaway.run("acquire", f"flood/{n}", "--json")
+        if ran.returncode != 0:
+            refusal = json.loads(ran.stdout)["error"]
+            assert n == PER_IDENTITY_LEASES, (n, ran.stderr)
+            break
+    assert isinstance(refusal, dict), "the runaway identity was never refused"
+    assert refusal["code"] == "QUOTA_EXCEEDED", refusal
+    message = str(refusal["message"])
+    assert "identity 'runaway'" in message and "its own limit" in message, message
+
+    ran = deploy.run("exec", "--lock", "deploy/release", "--", "true")
+    assert ran.returncode == 0, (ran.stdout, ran.stderr)
+    # The built-in admin is held to the cluster's caps, not the per-identity ones.
+    for n in range(PER_IDENTITY_LEASES + 1):
+        admin.json("acquire", f"ops/{n}")
