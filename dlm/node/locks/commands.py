@@ -412,6 +412,11 @@ def decode_command(data: bytes) -> Command:
         raise CommandError(f"unknown command {name[:32]!r}")
     if len(f) != arity:
         raise CommandError(f"{name} takes {arity} fields, got {len(f)}")
+    if name == "acquire3":
+        # Its version-2 form, then the asking identity and the owner's lock quota.
+        acquire = decode_command(cbor2.dumps(["acquire2", *f[:-2]]))
+        assert isinstance(acquire, AcquireCommand)
+        return replace(acquire, by=_str(f[-2], "by"), quota=_int(f[-1], "quota"))
     if name in _WITH_BY:
         # A version-3 form: its version-2 form with the asking identity last.
         cmd = decode_command(cbor2.dumps([name[:-1] + "2", *f[:-1]]))
@@ -485,18 +490,6 @@ def decode_command(data: bytes) -> Command:
                 meta=_meta(f[4]),
                 origin=_read_origin(f[5:8]),
                 at_ms=_int(f[8], "at_ms"),
-            )
-        case "acquire3":
-            return AcquireCommand(
-                lease=_str(f[0], "lease"),
-                key=_str(f[1], "key"),
-                wait=_bool(f[2], "wait"),
-                limit=_int(f[3], "limit"),
-                meta=_meta(f[4]),
-                origin=_read_origin(f[5:8]),
-                at_ms=_int(f[8], "at_ms"),
-                by=_str(f[9], "by"),
-                quota=_int(f[10], "quota"),
             )
         case "release2":
             token = f[2]

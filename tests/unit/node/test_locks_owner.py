@@ -204,3 +204,18 @@ def test_before_version_3_a_quota_in_an_entry_is_refused_alike() -> None:
     cmd = AcquireCommand("a", "k", False, 1, {}, Origin("c1", 9), d.now(), quota=3)
     assert isinstance(d.run(cmd).result, Invalid)
     assert d.image() == before
+
+
+def test_an_acquire_with_its_identity_and_the_owners_quota_has_one_version_3_form() -> None:
+    """acquire3: the acquire2 fields, then the asking identity, then the owner's lock quota
+    (issue 23: the identities' ``by`` and the quotas' ``quota`` share one form)."""
+    from dlm.node.locks import AcquireCommand, Origin, decode_command, encode_command
+
+    for by, quota in (("ci", 0), ("", 4), ("ci", 4)):
+        cmd = AcquireCommand("L", "ci/k", True, 1, {"a": "b"}, Origin("p", 3), 1_000, by, quota)
+        data = encode_command(cmd)
+        item = cbor2.loads(data)
+        assert item[0] == "acquire3" and item[-2:] == [by, quota]
+        assert decode_command(data) == cmd
+    plain = AcquireCommand("L", "k", False, 1, {}, Origin("p", 3), 1_000)
+    assert cbor2.loads(encode_command(plain))[0] == "acquire2"
