@@ -47,7 +47,8 @@ Exit codes:
   77  lease lost, or not the holder (renew or release of an expired lease,
       release of a grant the lease no longer holds, revoke of a lease that is
       gone; exec's lock lost while CMD ran); or not permitted: the identity of
-      --secret-file may not do this (PERMISSION_DENIED)
+      --secret-file may not do this (PERMISSION_DENIED), or is at one of its
+      quotas (QUOTA_EXCEEDED)
   78  authentication or TLS failed, or their files cannot be used: set
       --secret-file/DLM_SECRET_FILE or --tls-ca/DLM_TLS_CA as the message says
   N   exec only: CMD's own exit code; 128+N when CMD was killed by signal N

@@ -49,7 +49,8 @@ TOP_LEVEL_HELP = (
     '    77  lease lost, or not the holder (renew or release of an expired lease,\n'
     '        release of a grant the lease no longer holds, revoke of a lease that is\n'
     "        gone; exec's lock lost while CMD ran); or not permitted: the identity of\n"
-    '        --secret-file may not do this (PERMISSION_DENIED)\n'
+    '        --secret-file may not do this (PERMISSION_DENIED), or is at one of its\n'
+    '        quotas (QUOTA_EXCEEDED)\n'
     '    78  authentication or TLS failed, or their files cannot be used: set\n'
     '        --secret-file/DLM_SECRET_FILE or --tls-ca/DLM_TLS_CA as the message says\n'
     "    N   exec only: CMD's own exit code; 128+N when CMD was killed by signal N\n"

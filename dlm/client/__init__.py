@@ -17,6 +17,7 @@ from dlm.client.errors import (
     LockHeld,
     NotHolder,
     PermissionDenied,
+    QuotaExceeded,
     ServerError,
     UnsafeChange,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "LockHeld",
     "NotHolder",
     "PermissionDenied",
+    "QuotaExceeded",
     "ServerError",
     "UnsafeChange",
 ]

@@ -44,6 +44,7 @@ from dlm.client.errors import (
     LockHeld,
     NotHolder,
     PermissionDenied,
+    QuotaExceeded,
     ServerError,
     UnsafeChange,
 )
@@ -1278,6 +1279,13 @@ def error_from_reply(
         )
     if code == ErrorCode.PERMISSION_DENIED.value:
         return PermissionDenied(f"not permitted: {server_says}")
+    if code == ErrorCode.QUOTA_EXCEEDED.value:
+        limit, who = reply.get("limit"), reply.get("identity")
+        return QuotaExceeded(
+            f"over quota: {server_says}",
+            limit=limit if isinstance(limit, str) else None,
+            identity=who if isinstance(who, str) else None,
+        )
     if code == ErrorCode.CONFLICT.value:
         return ChangeInProgress(f"the cluster did not make the change: {server_says}")
     if code == ErrorCode.UNSAFE.value:

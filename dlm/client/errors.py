@@ -90,6 +90,20 @@ class PermissionDenied(DlmError):
         super().__init__("PERMISSION_DENIED", message)
 
 
+class QuotaExceeded(DlmError):
+    """The identity this client authenticated as (or, for the cluster's own caps, everyone
+    together) is at a limit: its leases, its held locks and places in queues, its
+    connections or its requests in flight. ``limit`` names which (``identity_max_leases``,
+    ...), ``identity`` whose. Ending some, or the operator raising it, is what helps."""
+
+    exit_code = 77
+
+    def __init__(self, message: str, *, limit: str | None = None, identity: str | None = None):
+        super().__init__("QUOTA_EXCEEDED", message)
+        self.limit = limit
+        self.identity = identity
+
+
 class BadRequest(DlmError):
     """The cluster refused the request as malformed or too large; retrying will not help."""
 
@@ -144,6 +158,7 @@ __all__ = [
     "LeaseLost",
     "LockHeld",
     "NotHolder",
+    "QuotaExceeded",
     "ServerError",
     "UnsafeChange",
 ]

@@ -60,6 +60,7 @@ def test_one_identity_flooding_leases_leaves_another_identitys_exec_working(
     for n in range(PER_IDENTITY_LEASES + 3):  # bounded: the limit is 5
         ran = runaway.run("acquire", f"flood/{n}", "--json")
         if ran.returncode != 0:
+            assert ran.returncode == 77, (ran.returncode, ran.stderr)  # not permitted
             refusal = json.loads(ran.stdout)["error"]
             assert n == PER_IDENTITY_LEASES, (n, ran.stderr)
             break
