@@ -165,11 +165,6 @@ class ImageContents:
     cluster_version: int
 
 
-LONGEST_TTL_FIELD = "longest_ttl_granted_ms"
-"""The lock machine's record of the longest lease TTL it granted (``dlm node restore``'s
-default quarantine), when the machine keeps one."""
-
-
 def describe_image(data: bytes, index: int) -> ImageContents:
     """Opens an image of either layout as a member restoring it would, and counts what it
     holds; ValueError (a sentence) if it is not an image of the applied state at ``index``."""
@@ -192,9 +187,9 @@ def describe_image(data: bytes, index: int) -> ImageContents:
     counts = machine.counts()
     views, _ = machine.list_locks()
     highest = max((h.token for view in views for h in view.holders), default=0)
-    recorded = getattr(machine, LONGEST_TTL_FIELD, None)
-    if isinstance(recorded, int) and recorded > 0:
-        longest, source = recorded, "recorded"
+    if machine.max_ttl_ms > 0:
+        # What a restore's default quarantine covers (locks.longest_ttl_ms).
+        longest, source = locks.longest_ttl_ms(machine), "recorded"
     else:
         longest = max((ttl for _, ttl, _ in machine.leases()), default=0)
         source = "leases"

@@ -111,3 +111,19 @@ def test_a_periodic_snapshot_waits_for_the_image_being_built_then_is_taken_at_on
     second = leader.snapshots[-1]
     assert second.index == leader.machine.locks.applied_index > first.index
     assert second.pending is imager.running[PERIODIC]
+
+
+def test_at_version_3_inspect_reports_the_longest_ttl_the_cluster_recorded() -> None:
+    """The record a restore's default quarantine covers: a lease given 90 s and closed
+    since is gone from the image, but its TTL is still the longest recorded."""
+    cluster = Cluster(3, max_version=3, peer_version=3)
+    cluster.elect("n1")
+    client = cluster.connect("n1")
+    client.call("open_lease", lease="long", ttl_ms=90_000)
+    client.call("close_lease", lease="long")
+    client.call("open_lease", lease="L", ttl_ms=30_000)
+    header = client.wait(client.send("snapshot_save"))
+    (backup,) = cluster["n1"].backups
+    assert isinstance(backup.image, bytes)
+    contents = describe_image(backup.image, header["index"])
+    assert (contents.longest_ttl_ms, contents.longest_ttl_source) == (90_000, "recorded")
