@@ -14,6 +14,7 @@ import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -86,9 +87,21 @@ def metered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     try:
         cluster.start_all()
         cluster.wait_for_leader(timeout=15.0)
+        # A member serves metrics once its endpoint is bound, a moment after it serves
+        # the protocol: the first test to connect must not find the port closed.
+        for node in metered_nodes(cluster):
+            wait_for(partial(_serving, node), 15.0, f"{node.node_id}'s metrics endpoint")
         yield cluster
     finally:
         cluster.stop_all()
+
+
+def _serving(node: MeteredNode) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", node.metrics_port), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 @pytest.fixture
