@@ -327,6 +327,16 @@ def test_sessions_locks_and_waiters_match_dlm_status(
 
 
 def test_one_leader_one_term_and_the_raft_figures(metered: Cluster, leader: MeteredNode) -> None:
+    # The log reaches this release's version once every member has told the leader what
+    # it speaks, a moment after the election: this may be the first test of a fresh cluster.
+    wait_for(
+        lambda: all(
+            value(node.scrape(), "dlm_cluster_version") == PROTOCOL_VERSION
+            for node in metered_nodes(metered)
+        ),
+        15.0,
+        "every member at this release's cluster version",
+    )
     scrapes = {node.node_id: node.scrape() for node in metered_nodes(metered)}
     leaders = [n for n, s in scrapes.items() if value(s, "dlm_raft_role", role="leader") == 1]
     assert leaders == [leader.node_id]
