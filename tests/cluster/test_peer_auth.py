@@ -73,9 +73,15 @@ def frame(obj: Any) -> bytes:
 
 
 def terms(cluster: Cluster) -> dict[str, int]:
-    views = {n.node_id: n.status() for n in cluster.nodes.values()}
-    assert all(views.values()), views
-    return {node: view["term"] for node, view in views.items() if view is not None}
+    """Every member's term. A status that went unanswered (a member busy under a loaded
+    machine) is asked again, for up to 10 s: only the terms are the test."""
+
+    def every_view() -> dict[str, dict[str, Any]] | None:
+        views = {n.node_id: n.status() for n in cluster.nodes.values()}
+        return {k: v for k, v in views.items() if v is not None} if all(views.values()) else None
+
+    views = wait_for(every_view, 10.0, "every member's status")
+    return {node: view["term"] for node, view in views.items()}
 
 
 def forgeries(src: str, dst: str, term: int) -> list[Any]:
