@@ -108,7 +108,13 @@ class LockWitness:
         with cluster.client(timeout=10.0) as client:
             self.lease = client.open_lease(60_000)
             self.token = client.acquire(self.lease, key).token
-        self.terms = terms(cluster)
+
+        def agreed() -> dict[str, int] | None:
+            seen = terms(cluster)
+            return seen if len(set(seen.values())) == 1 else None
+
+        # A member started a moment ago may not have heard of the leader's term yet.
+        self.terms = wait_for(agreed, 10.0, "every member at the leader's term")
 
     def unchanged(self) -> None:
         assert terms(self.cluster) == self.terms
