@@ -412,6 +412,11 @@ def decode_command(data: bytes) -> Command:
         raise CommandError(f"unknown command {name[:32]!r}")
     if len(f) != arity:
         raise CommandError(f"{name} takes {arity} fields, got {len(f)}")
+    if name == "open3":
+        # Its version-2 form, then the owner and the owner's lease quota.
+        opening = decode_command(cbor2.dumps(["open2", *f[:-2]]))
+        assert isinstance(opening, OpenLeaseCommand)
+        return replace(opening, owner=_str(f[-2], "owner"), quota=_int(f[-1], "quota"))
     if name == "acquire3":
         # Its version-2 form, then the asking identity and the owner's lock quota.
         acquire = decode_command(cbor2.dumps(["acquire2", *f[:-2]]))
@@ -467,17 +472,6 @@ def decode_command(data: bytes) -> Command:
                 meta=_meta(f[3]),
                 origin=_read_origin(f[4:7]),
                 at_ms=_int(f[7], "at_ms"),
-            )
-        case "open3":
-            return OpenLeaseCommand(
-                lease=_str(f[0], "lease"),
-                ttl_ms=_int(f[1], "ttl_ms"),
-                ephemeral=_bool(f[2], "ephemeral"),
-                meta=_meta(f[3]),
-                origin=_read_origin(f[4:7]),
-                at_ms=_int(f[7], "at_ms"),
-                owner=_str(f[8], "owner"),
-                quota=_int(f[9], "quota"),
             )
         case "close2":
             return CloseLeaseCommand(_str(f[0], "lease"), _read_origin(f[1:4]), _int(f[4], "at_ms"))
