@@ -102,11 +102,13 @@ def test_a_client_limited_to_a_prefix_may_lock_only_there_and_an_admin_does_it_a
     assert "admin" in str(error["message"])
     refused(ci, "lease", "revoke", lease)
 
-    # What the limited client sees: its own keys and leases only.
-    seen = [lock["key"] for lock in ci.json("locks")["locks"]]
-    assert seen == ["ci/build"]
-    own = [item["id"] for item in ci.json("lease", "list")["leases"]]
-    assert own == [grant["lease"]]
+    # What the limited client sees: its own keys and leases only. (`ci/job` may still be held
+    # here: `--min-hold 1s` leaves the lock to expire a second after its grant.)
+    seen = {lock["key"] for lock in ci.json("locks")["locks"]}
+    assert "ci/build" in seen and seen <= {"ci/build", "ci/job"}, seen
+    own = {item["id"] for item in ci.json("lease", "list")["leases"]}
+    assert grant["lease"] in own and lease not in own, own
+    assert len(own) <= 2, own
     refused(ci, "status", "prod/deploy")
 
     # The admin does all of it: the client's release of its own lock works too.
