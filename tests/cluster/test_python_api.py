@@ -145,9 +145,7 @@ def test_the_async_body_is_cancelled_before_the_deadline(cut_off: tuple[Proxy, s
     assert early > 0, f"the body ran {-early:.3f}s past the deadline"
 
 
-def test_the_async_body_is_cancelled_when_the_lease_is_revoked(
-    shared: Cluster, cli: Dlm
-) -> None:
+def test_the_async_body_is_cancelled_when_the_lease_is_revoked(shared: Cluster, cli: Dlm) -> None:
     async def main() -> None:
         async with dlm.AsyncClient(shared.members_env, timeout="5s") as client:
             with pytest.raises(dlm.LockLost, match="revoked"):
