@@ -7,7 +7,10 @@ drops every byte once cut, as a partition does; the other client talks to it dir
 
 from __future__ import annotations
 
+import gc
 import os
+import subprocess
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -289,3 +292,50 @@ def test_async_acquire_and_release_without_a_block(shared: Cluster) -> None:
             await other.release()
 
     anyio.run(main)
+
+
+def test_closing_the_client_gives_back_what_it_holds(shared: Cluster, client: dlm.Client) -> None:
+    other = dlm.Client(shared.members_env, timeout="5s")
+    held = other.lock("py/closed", ttl="30s")
+    assert held.acquire()
+    other.close()
+    assert holders(client, "py/closed") == []
+    assert not held.owned()
+
+
+def test_a_program_that_forgets_to_close_its_client_still_exits(shared: Cluster) -> None:
+    code = (
+        "import dlm\n"
+        "lock = dlm.Client().lock('py/forgotten', ttl='30s')\n"
+        "assert lock.acquire()\n"
+        "print(lock.lease, flush=True)\n"
+    )
+    env = {**os.environ, "DLM_CLUSTER": shared.members_env}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,  # the renewals run on daemon threads: nothing keeps it alive
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    with dlm.Client(shared.members_env) as client, client._borrow() as inner:
+        inner.close_lease(result.stdout.strip())  # the test's own clean-up
+
+
+def test_a_held_lock_dropped_unreleased_stops_renewing(client: dlm.Client) -> None:
+    lock = client.lock("py/dropped", ttl="30s")
+    assert lock.acquire()
+    lease = lock.lease
+    renewing = f"dlm-keepalive-{lease}"
+    assert any(t.name == renewing for t in threading.enumerate())
+    del lock
+    gc.collect()
+    for thread in threading.enumerate():
+        if thread.name == renewing:
+            thread.join(5.0)
+    assert not any(t.name == renewing for t in threading.enumerate())
+    with client._borrow() as inner:
+        inner.close_lease(lease)  # the test's own clean-up
