@@ -124,7 +124,12 @@ def test_a_shortened_ttl_never_leaves_two_holders(
         lock.release()  # lost: given back quietly
 
 
-def test_the_async_body_is_cancelled_before_the_deadline(cut_off: tuple[Proxy, str]) -> None:
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_async_body_is_cancelled_before_the_deadline(
+    cut_off: tuple[Proxy, str], backend: str
+) -> None:
+    if backend == "trio":
+        pytest.importorskip("trio")
     link, through = cut_off
     seen: dict[str, float] = {}
 
@@ -142,7 +147,7 @@ def test_the_async_body_is_cancelled_before_the_deadline(cut_off: tuple[Proxy, s
                         raise
             link.heal()
 
-    anyio.run(main)
+    anyio.run(main, backend=backend)
     assert seen, "the body was not cancelled"
     early = seen["deadline"] - seen["cancelled"]
     assert early > 0, f"the body ran {-early:.3f}s past the deadline"
