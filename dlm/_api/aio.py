@@ -166,7 +166,9 @@ class AsyncClient:
         finally:
             if group is not None:
                 group.cancel_scope.cancel()
-                await group.__aexit__(exc_type, exc, tb)
+                # Not handed the block's exception, which propagates as it is: anyio would
+                # raise it wrapped in an ExceptionGroup.
+                await group.__aexit__(None, None, None)
         return None
 
     def __repr__(self) -> str:
@@ -322,9 +324,10 @@ class AsyncLock(HeldState):
         await group.__aenter__()
         try:
             await self._acquire(group, True, None)
-        except BaseException as exc:
+        except BaseException:
             group.cancel_scope.cancel()
-            await group.__aexit__(type(exc), exc, exc.__traceback__)
+            # Not handed the exception: anyio would raise it wrapped in an ExceptionGroup.
+            await group.__aexit__(None, None, None)
             raise
         self._own_group = group
         body = anyio.CancelScope()

@@ -344,3 +344,22 @@ def test_a_held_lock_dropped_unreleased_stops_renewing(client: dlm.Client) -> No
     assert not any(t.name == renewing for t in threading.enumerate())
     with client._borrow() as inner:
         inner.close_lease(lease)  # the test's own clean-up
+
+
+def test_async_blocks_raise_plain_exceptions(shared: Cluster) -> None:
+    """LockHeld from `async with lock`, and the body's own error through `async with
+    client`, come out as themselves, not wrapped in an ExceptionGroup by a task group."""
+
+    async def main() -> None:
+        with pytest.raises(ValueError, match="the body's"):
+            async with (
+                dlm.AsyncClient(shared.members_env) as client,
+                client.lock("py/async-held", ttl="5s") as first,
+            ):
+                with pytest.raises(dlm.LockHeld) as held:
+                    async with client.lock("py/async-held", wait=0):
+                        pytest.fail("taken twice")
+                assert held.value.holders[0]["lease"] == first.lease
+                raise ValueError("the body's own error")
+
+    anyio.run(main)
