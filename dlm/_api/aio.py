@@ -82,7 +82,7 @@ class AsyncClient:
         wait: Duration | None = "10s",
         meta: Mapping[str, str] | None = None,
         min_hold: Duration | None = None,
-        on_lost: Callable[[AsyncLock], object] | None = None,
+        on_lost: Callable[[AsyncLock], object] | Callable[[], object] | None = None,
         cancel_margin: Duration | None = None,
     ) -> AsyncLock:
         """A lock on ``key`` (or every key of a list, under one lease), not yet taken:
@@ -110,7 +110,7 @@ class AsyncClient:
         wait: Duration | None = "10s",
         meta: Mapping[str, str] | None = None,
         min_hold: Duration | None = None,
-        on_lost: Callable[[AsyncLock], object] | None = None,
+        on_lost: Callable[[AsyncLock], object] | Callable[[], object] | None = None,
         cancel_margin: Duration | None = None,
     ) -> AsyncLock:
         """As ``lock``, with up to ``limit`` holders at once (``dlm.Client.semaphore``)."""
@@ -211,7 +211,7 @@ class AsyncLock(HeldState):
         wait: Duration | None = "10s",
         meta: Mapping[str, str] | None = None,
         min_hold: Duration | None = None,
-        on_lost: Callable[[AsyncLock], object] | None = None,
+        on_lost: Callable[[AsyncLock], object] | Callable[[], object] | None = None,
         cancel_margin: Duration | None = None,
         limit: int = 1,
     ) -> None:
@@ -447,7 +447,7 @@ class AsyncLock(HeldState):
             body.cancel()
         if self._on_lost is not None:
             try:
-                self._on_lost(self)
+                self._call_on_lost()
             except Exception:
                 pass  # the callback's failure is the caller's; the loss stands
         self._lost.set()
