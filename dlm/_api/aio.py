@@ -32,6 +32,9 @@ from dlm.client.core import min_hold_ttl_ms
 from dlm.client.errors import DlmError, LeaseLost, LockHeld, LockLost
 
 _IDLE_CONNECTIONS = 8
+LOST_GIVE_BACK_S = 1.0
+"""How long the end of an ``async with`` whose lock was lost tries to close its lease
+before raising ``dlm.LockLost`` (the lease expires by itself anyway)."""
 CANCEL_MARGIN_MAX_S = 0.5
 """The default ``cancel_margin`` is a tenth of the TTL, and at most this."""
 
@@ -275,13 +278,22 @@ class AsyncLock(HeldState):
         if scope is not None:
             scope.cancel()  # stops the renewals (the keeper's client closes)
         lease = self.lease
+        if not was_owned:
+            # Lost: nothing of ours is left to keep. Closing the lease frees the keys sooner
+            # if it lives on; an unreachable cluster gets LOST_GIVE_BACK_S, not the timeout.
+            self._client._owner.check("this dlm.AsyncClient")
+            closer = self._client._base.spawn()
+            try:
+                with anyio.move_on_after(LOST_GIVE_BACK_S, shield=True):
+                    await _close_quietly(closer, lease)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await closer.aclose()
+            return
         inner = self._client._borrow()
         try:
             with anyio.CancelScope(shield=True):
-                if was_owned:
-                    await self._give_back_lease(inner, lease)
-                else:  # lost: nothing of ours is left to keep
-                    await _close_quietly(inner, lease)
+                await self._give_back_lease(inner, lease)
         finally:
             await self._client._give_back(inner)
 

@@ -264,10 +264,21 @@ class Lock(HeldState):
             lease = self.lease
             if keeper is not None:
                 keeper.stop()
+            if not was_owned:
+                # Lost: nothing of ours is left to keep. Closing the lease frees the keys
+                # sooner if it lives on, but waits out the timeout if the cluster cannot be
+                # reached: a daemon thread does it, and the caller hears of the loss at once.
+                self._client._owner.check("this dlm.Client")
+                closer = threading.Thread(
+                    target=_give_back_quietly,
+                    args=(self._client._base.spawn(), lease),
+                    kwargs={"then_close": True},
+                    name=f"dlm-give-back-{lease}",
+                    daemon=True,
+                )
+                closer.start()
+                return
             with self._client._borrow() as inner:
-                if not was_owned:
-                    _give_back_quietly(inner, lease)  # lost: nothing of ours is left to keep
-                    return
                 if self._min_hold_s is not None:
                     hold_ms = min_hold_ttl_ms(self._granted_at, self._min_hold_s, lease_clock())
                     if hold_ms > 0:
@@ -398,8 +409,11 @@ def _lost_callback(lock: Lock, event: threading.Event) -> Callable[[str], None]:
     return lost
 
 
-def _give_back_quietly(inner: sync.Client, lease: str) -> None:
+def _give_back_quietly(inner: sync.Client, lease: str, *, then_close: bool = False) -> None:
     try:
         inner.close_lease(lease)
     except DlmError:
         pass  # the lease expires by itself: its renewals have stopped
+    finally:
+        if then_close:
+            inner.close()
