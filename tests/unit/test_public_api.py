@@ -59,7 +59,12 @@ def test_each_exception_has_the_exit_code_of_the_same_meaning(error: str, exit_c
     assert kind.exit_code == exit_code
 
 
-def test_the_package_is_typed() -> None:
+def test_the_package_is_typed_and_ships_the_marker() -> None:
+    import tomllib
     from pathlib import Path
 
-    assert (Path(dlm.__file__).parent / "py.typed").exists()
+    package = Path(dlm.__file__).parent
+    assert (package / "py.typed").exists()
+    pyproject = tomllib.loads((package.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    # Wheels and sdists carry it (the zipapp copies the whole dlm tree, the marker with it).
+    assert "py.typed" in pyproject["tool"]["setuptools"]["package-data"]["dlm"]
