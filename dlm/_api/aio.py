@@ -31,7 +31,7 @@ from dlm.client.clock import RECHECK_S, lease_clock
 from dlm.client.core import min_hold_ttl_ms
 from dlm.client.errors import DlmError, LeaseLost, LockHeld, LockLost
 
-_IDLE_CONNECTIONS = 8
+_IDLE_CONNECTIONS = 64
 LOST_GIVE_BACK_S = 1.0
 """How long the end of an ``async with`` whose lock was lost tries to close its lease
 before raising ``dlm.LockLost`` (the lease expires by itself anyway)."""

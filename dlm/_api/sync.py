@@ -31,7 +31,7 @@ from dlm.client.clock import lease_clock
 from dlm.client.core import min_hold_ttl_ms
 from dlm.client.errors import DlmError, LeaseLost, LockHeld, LockLost
 
-_IDLE_CONNECTIONS = 8
+_IDLE_CONNECTIONS = 64
 """Connections a client keeps open between calls (more are opened while many wait)."""
 
 
