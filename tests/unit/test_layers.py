@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "dlm"
 
 ROOMS: tuple[tuple[str, ...], ...] = (
-    ("dlm.__main__",),
+    ("dlm.__main__", "dlm.testing"),
     ("dlm.cli", "dlm.devcluster"),
     ("dlm.client", "dlm.node.runtime"),
     ("dlm.node",),
