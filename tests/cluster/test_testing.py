@@ -1,0 +1,190 @@
+"""dlm.testing against real members: a client sees a failover, a killed member comes back,
+a cut link takes a client's lock away while the cluster stays healthy, and nothing the
+cluster started outlives its ``with`` block, also when the block raises."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+import dlm.testing
+from dlm.client import KeepAlive
+from dlm.testing.processes import Cluster
+
+pytestmark = pytest.mark.cluster
+
+WAIT_S = 20.0
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_client_holding_a_lock_sees_the_leader_killed_and_goes_on() -> None:
+    with dlm.testing.cluster(3) as c, c.client(timeout=WAIT_S) as client:
+        lease = client.open_lease(30_000)
+        first = client.acquire(lease, "report")
+        old = c.kill_leader()
+        assert not old.alive and old.pid is None
+        new = c.wait_for_leader(WAIT_S, not_=old)
+        # The grant survived the failover, under the same token, and the next one is higher.
+        holders = client.get("report").holders
+        assert [(h.lease, h.token) for h in holders] == [(lease.id, first.token)]
+        client.release(lease, "report")
+        again = client.acquire(lease, "report")
+        assert again.token > first.token
+        assert new is c.leader() or c.wait_for_leader(WAIT_S) is not old
+
+
+def test_a_killed_member_restarts_on_its_address_and_rejoins() -> None:
+    with dlm.testing.cluster(3) as c:
+        leader = c.wait_for_leader(WAIT_S)
+        follower = next(m for m in c.members if m is not leader)
+        address, pid = follower.address, follower.pid
+        c.kill(follower)
+        assert pid is not None and _gone(pid)
+        with c.client(timeout=WAIT_S) as client:
+            lease = client.open_lease(30_000)
+            client.acquire(lease, "while-down")
+        c.restart(follower)
+        assert follower.alive and follower.address == address and follower.pid != pid
+        # With the other follower killed, the cluster can only go on with the restarted one.
+        other = next(m for m in c.members if m not in (leader, follower))
+        c.kill(other)
+        with c.client(timeout=WAIT_S) as client:
+            assert [h.lease for h in client.get("while-down").holders] == [lease.id]
+            later = client.open_lease(30_000)
+            client.acquire(later, "after-restart")
+
+
+def test_a_paused_leader_is_replaced_and_resumes_as_a_follower() -> None:
+    with dlm.testing.cluster(3) as c:
+        old = c.wait_for_leader(WAIT_S)
+        c.pause(old)
+        new = c.wait_for_leader(WAIT_S, not_=old)
+        c.resume(old)
+        with c.client(timeout=WAIT_S) as client:
+            lease = client.open_lease(10_000)
+            client.acquire(lease, "after-pause")
+        assert c.wait_for_leader(WAIT_S) is not old or new is not old
+
+
+def test_cutting_a_link_loses_its_clients_lock_while_the_cluster_stays_healthy() -> None:
+    with dlm.testing.cluster(3) as c:
+        link = c.link()
+        leader = c.wait_for_leader(WAIT_S)
+        lost = threading.Event()
+        with link.client(timeout=5.0) as held, c.client(timeout=WAIT_S) as other:
+            lease = held.open_lease(2_000)
+            held.acquire(lease, "job")
+            with KeepAlive(held, lease, on_lost=lambda _reason: lost.set()) as keeper:
+                link.cut()
+                assert keeper.lost.wait(WAIT_S), "the cut client never learned it lost the lock"
+                assert lost.is_set()
+                # Another client, not behind the link, gets the lock once the lease ends.
+                mine = other.open_lease(10_000)
+                grant = other.acquire(mine, "job", wait=WAIT_S)
+                assert grant.token > 0
+                assert c.leader() is leader  # no election: only the link was cut
+            link.restore()
+            # Restored, the link's client works again (a new lease: the old one expired).
+            again = held.open_lease(10_000)
+            assert held.get("job").holders[0].lease == mine.id
+            held.close_lease(again)
+
+
+def test_no_process_or_proxy_outlives_the_block_even_when_it_raises() -> None:
+    seen: dict[str, object] = {}
+    with pytest.raises(RuntimeError, match="the user's test failed"), dlm.testing.cluster(3) as c:
+        link = c.link()
+        c.pause(c.members[0])  # a stopped member must be stopped too
+        seen["pids"] = [m.pid for m in c.members]
+        seen["proxies"] = [t for t in threading.enumerate() if t.name == "test-proxy"]
+        seen["base"] = c.base
+        assert link.cluster
+        raise RuntimeError("the user's test failed")
+    pids = seen["pids"]
+    assert isinstance(pids, list) and len(pids) == 3
+    assert all(_gone(pid) for pid in pids), pids
+    proxies = seen["proxies"]
+    assert isinstance(proxies, list) and len(proxies) == 3
+    assert not any(t.is_alive() for t in proxies)
+    base = seen["base"]
+    assert isinstance(base, Path) and not base.exists()
+
+
+def test_the_pytest_fixture_in_a_users_own_test_run(tmp_path: Path) -> None:
+    pids_file = tmp_path / "pids"
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["dlm.testing.pytest_plugin"]\n')
+    (tmp_path / "test_user.py").write_text(
+        textwrap.dedent(
+            f"""
+            import pytest
+
+            def test_uses_the_cluster(dlm_cluster):
+                open({str(pids_file)!r}, "w").write(
+                    " ".join(str(m.pid) for m in dlm_cluster.members)
+                )
+                with dlm_cluster.client(timeout=20) as client:
+                    lease = client.open_lease(10_000)
+                    assert client.acquire(lease, "k").token > 0
+
+            @pytest.mark.dlm_cluster(size=1)
+            def test_fails_with_one_member(dlm_cluster):
+                assert len(dlm_cluster.members) == 1
+                assert False, "the user's assertion"
+            """
+        )
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+        timeout=180,
+    )
+    assert "1 failed, 1 passed" in run.stdout, run.stdout + run.stderr
+    assert "the user's assertion" in run.stdout
+    pids = [int(p) for p in pids_file.read_text().split()]
+    assert len(pids) == 3 and all(_gone(pid) for pid in pids)
+
+
+def test_a_member_that_finds_its_port_taken_makes_the_start_try_fresh_ports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    from dlm.testing import processes
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    calls: list[int] = []
+    real = processes._free_ports
+
+    def first_one_taken(count: int) -> list[int]:
+        ports = real(count)
+        calls.append(count)
+        if len(calls) == 1:
+            ports[0] = taken.getsockname()[1]
+        return ports
+
+    monkeypatch.setattr(processes, "_free_ports", first_one_taken)
+    try:
+        with Cluster(3) as c:
+            assert len(calls) == 2
+            assert all(m.alive for m in c.members)
+            assert taken.getsockname()[1] not in {m.port for m in c.members}
+    finally:
+        taken.close()
