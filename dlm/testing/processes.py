@@ -36,8 +36,8 @@ from dlm.devcluster import describe_exit, member_command, stop_processes
 from dlm.testing.proxy import Proxy
 
 if TYPE_CHECKING:
-    from dlm.client.aio import AsyncClient
-    from dlm.client.sync import Client
+    import dlm
+    from dlm.client.sync import Client as RawClient
 
 T = TypeVar("T")
 
@@ -148,15 +148,21 @@ class Link:
         """Each member's own address -> the link's address for it."""
         return {addr: p.address for addr, p in self.proxies.items()}
 
-    def client(self, **options: Any) -> Client:
-        """A blocking client that talks to the cluster only through this link."""
-        client = self._owner.client(members=self.cluster, **options)
-        _route_through(client, self.through)
+    def client(self, **options: Any) -> dlm.Client:
+        """A ``dlm.Client`` that talks to the cluster only through this link."""
+        client = self._owner.client(cluster=self.cluster, **options)
+        _route_through(client._base, self.through)
         return client
 
-    def async_client(self, **options: Any) -> AsyncClient:
-        """An async client that talks to the cluster only through this link."""
-        client = self._owner.async_client(members=self.cluster, **options)
+    def async_client(self, **options: Any) -> dlm.AsyncClient:
+        """A ``dlm.AsyncClient`` that talks to the cluster only through this link."""
+        client = self._owner.async_client(cluster=self.cluster, **options)
+        _route_through(client._base, self.through)
+        return client
+
+    def raw_client(self, **options: Any) -> RawClient:
+        """dlm.client's internal client, only through this link (see Cluster.raw_client)."""
+        client = self._owner.raw_client(members=self.cluster, **options)
         _route_through(client, self.through)
         return client
 
@@ -244,19 +250,30 @@ class Cluster:
 
     # -- clients ------------------------------------------------------------
 
-    def client(self, *, members: str | None = None, **options: Any) -> Client:
-        """A blocking client of this cluster, with its secret (``timeout`` and the other
-        options of dlm.client.Client pass through)."""
-        from dlm.client.sync import Client
+    def client(self, **options: Any) -> dlm.Client:
+        """A ``dlm.Client`` of this cluster, with its secret file (``timeout`` and the
+        client's other options pass through)."""
+        import dlm
+
+        options.setdefault("secret_file", self.secret_file)
+        options.setdefault("tls_ca", self.tls_ca)
+        return dlm.Client(options.pop("cluster", self.cluster), **options)
+
+    def async_client(self, **options: Any) -> dlm.AsyncClient:
+        """A ``dlm.AsyncClient`` of this cluster (make it inside the event loop that uses it)."""
+        import dlm
+
+        options.setdefault("secret_file", self.secret_file)
+        options.setdefault("tls_ca", self.tls_ca)
+        return dlm.AsyncClient(options.pop("cluster", self.cluster), **options)
+
+    def raw_client(self, **options: Any) -> RawClient:
+        """dlm.client's internal blocking client (leases and keys by hand, as the CLI does):
+        for tests of dlm itself; users want ``client()``."""
+        from dlm.client.sync import Client as RawClient
 
         options.setdefault("secret", self.secret())
-        return Client(members or self.cluster, **options)
-
-    def async_client(self, *, members: str | None = None, **options: Any) -> AsyncClient:
-        from dlm.client.aio import AsyncClient
-
-        options.setdefault("secret", self.secret())
-        return AsyncClient(members or self.cluster, **options)
+        return RawClient(options.pop("members", self.cluster), **options)
 
     def link(self) -> Link:
         """A new path to the cluster that ``cut()`` can silence for its own clients alone."""
@@ -368,7 +385,7 @@ class Cluster:
         """The member that says it leads, in the newest term, named by a majority; None if
         no member is such now."""
         views = []
-        with self.client(timeout=PROBE_TIMEOUT) as probe:
+        with self.raw_client(timeout=PROBE_TIMEOUT) as probe:
             for member in self.members:
                 if member.alive and not member.paused:
                     view = probe.member_status(member.address, timeout=PROBE_TIMEOUT)

@@ -9,12 +9,13 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
+import dlm
 import dlm.testing
-from dlm.client import KeepAlive
 from dlm.testing.processes import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -32,39 +33,39 @@ def _gone(pid: int) -> bool:
 
 def test_a_client_holding_a_lock_sees_the_leader_killed_and_goes_on() -> None:
     with dlm.testing.cluster(3) as c, c.client(timeout=WAIT_S) as client:
-        lease = client.open_lease(30_000)
-        first = client.acquire(lease, "report")
-        old = c.kill_leader()
-        assert not old.alive and old.pid is None
-        new = c.wait_for_leader(WAIT_S, not_=old)
-        # The grant survived the failover, under the same token, and the next one is higher.
-        holders = client.get("report").holders
-        assert [(h.lease, h.token) for h in holders] == [(lease.id, first.token)]
-        client.release(lease, "report")
-        again = client.acquire(lease, "report")
-        assert again.token > first.token
-        assert new is c.leader() or c.wait_for_leader(WAIT_S) is not old
+        with client.lock("report", ttl="30s") as lock:
+            first = lock.token
+            old = c.kill_leader()
+            assert not old.alive and old.pid is None
+            new = c.wait_for_leader(WAIT_S, not_=old)
+            assert new is not old
+            # The grant survived the failover, under the same token.
+            with c.raw_client(timeout=WAIT_S) as raw:
+                holders = raw.get("report").holders
+            assert [(h.lease, h.token) for h in holders] == [(lock.lease, first)]
+            lock.check()
+        with client.lock("report", ttl="30s") as again:
+            assert again.token > first
 
 
 def test_a_killed_member_restarts_on_its_address_and_rejoins() -> None:
-    with dlm.testing.cluster(3) as c:
+    with dlm.testing.cluster(3) as c, c.client(timeout=WAIT_S) as client:
         leader = c.wait_for_leader(WAIT_S)
         follower = next(m for m in c.members if m is not leader)
         address, pid = follower.address, follower.pid
         c.kill(follower)
         assert pid is not None and _gone(pid)
-        with c.client(timeout=WAIT_S) as client:
-            lease = client.open_lease(30_000)
-            client.acquire(lease, "while-down")
+        held = client.lock("while-down", ttl="30s")
+        assert held.acquire()
         c.restart(follower)
         assert follower.alive and follower.address == address and follower.pid != pid
         # With the other follower killed, the cluster can only go on with the restarted one.
         other = next(m for m in c.members if m not in (leader, follower))
         c.kill(other)
-        with c.client(timeout=WAIT_S) as client:
-            assert [h.lease for h in client.get("while-down").holders] == [lease.id]
-            later = client.open_lease(30_000)
-            client.acquire(later, "after-restart")
+        with client.lock("after-restart", ttl="30s") as later:
+            assert later.token > held.token
+        assert client.lock("while-down", ttl="30s", wait=0).acquire(blocking=False) is False
+        held.release()
 
 
 def test_a_paused_leader_is_replaced_and_resumes_as_a_follower() -> None:
@@ -72,35 +73,44 @@ def test_a_paused_leader_is_replaced_and_resumes_as_a_follower() -> None:
         old = c.wait_for_leader(WAIT_S)
         c.pause(old)
         new = c.wait_for_leader(WAIT_S, not_=old)
+        assert new is not old
         c.resume(old)
-        with c.client(timeout=WAIT_S) as client:
+        with c.raw_client(timeout=WAIT_S) as client:
             lease = client.open_lease(10_000)
             client.acquire(lease, "after-pause")
-        assert c.wait_for_leader(WAIT_S) is not old or new is not old
+            new_term = client.status()["term"]
+
+            def caught_up() -> bool:
+                view = client.member_status(old.address, timeout=1.0)
+                return view is not None and view["term"] >= new_term
+
+            deadline = time.monotonic() + WAIT_S
+            while not caught_up():
+                assert time.monotonic() < deadline, f"{old.name} never learned the new term"
+                time.sleep(0.05)
 
 
 def test_cutting_a_link_loses_its_clients_lock_while_the_cluster_stays_healthy() -> None:
     with dlm.testing.cluster(3) as c:
         link = c.link()
         leader = c.wait_for_leader(WAIT_S)
-        lost = threading.Event()
-        with link.client(timeout=5.0) as held, c.client(timeout=WAIT_S) as other:
-            lease = held.open_lease(2_000)
-            held.acquire(lease, "job")
-            with KeepAlive(held, lease, on_lost=lambda _reason: lost.set()) as keeper:
-                link.cut()
-                assert keeper.lost.wait(WAIT_S), "the cut client never learned it lost the lock"
-                assert lost.is_set()
-                # Another client, not behind the link, gets the lock once the lease ends.
-                mine = other.open_lease(10_000)
-                grant = other.acquire(mine, "job", wait=WAIT_S)
-                assert grant.token > 0
+        told = threading.Event()
+        with link.client(timeout=5.0) as cut_off, c.client(timeout=WAIT_S) as other:
+            lock = cut_off.lock("job", ttl="2s", on_lost=lambda _lock: told.set())
+            assert lock.acquire()
+            link.cut()
+            assert lock.lost.wait(WAIT_S), "the cut client never learned it lost the lock"
+            assert told.wait(WAIT_S)
+            with pytest.raises(dlm.LockLost):
+                lock.check()
+            # Another client, not behind the link, gets the lock once the lease ends.
+            with other.lock("job", ttl="30s", wait=WAIT_S) as taken:
+                assert taken.token > lock.token
                 assert c.leader() is leader  # no election: only the link was cut
-            link.restore()
-            # Restored, the link's client works again (a new lease: the old one expired).
-            again = held.open_lease(10_000)
-            assert held.get("job").holders[0].lease == mine.id
-            held.close_lease(again)
+                link.restore()
+                # Restored, the link's client works again and sees the lock held.
+                assert cut_off.lock("job", ttl="30s").locked()
+            lock.release()  # a lock already lost is given back quietly
 
 
 def test_no_process_or_proxy_outlives_the_block_even_when_it_raises() -> None:
@@ -136,8 +146,8 @@ def test_the_pytest_fixture_in_a_users_own_test_run(tmp_path: Path) -> None:
                     " ".join(str(m.pid) for m in dlm_cluster.members)
                 )
                 with dlm_cluster.client(timeout=20) as client:
-                    lease = client.open_lease(10_000)
-                    assert client.acquire(lease, "k").token > 0
+                    with client.lock("k", ttl="10s") as lock:
+                        assert lock.token > 0
 
             @pytest.mark.dlm_cluster(size=1)
             def test_fails_with_one_member(dlm_cluster):
