@@ -8,11 +8,13 @@ come back; the figure is the pairs completed in the measured window divided by i
 on a shared machine falls on all of them alike.
 
 - **dlm, API**: a 3-member cluster from dlm.testing (child processes on loopback, fsync
-  on, a client secret, as in production). With the public API (``dlm.Client``) when it is
-  there, each pair is ``with client.lock(key, ttl=...)``; without it, the internal client
-  (dlm.client) on a lease per worker, each pair an ``acquire`` and a ``release``. "shared"
-  cells use one client for every worker, as a program normally does; "per worker" cells
-  give each worker a client (a connection) of its own.
+  on, a client secret, as in production). ``dlm``: the public API, each pair ``with
+  client.lock(key, ttl=...)`` on a ``dlm.Client`` (``async with`` on a ``dlm.AsyncClient``):
+  a lease opened, the key taken, the renewal started, the lease closed. ``dlm-lease``:
+  dlm.client's internal client on one lease per worker, kept alive, each pair only an
+  acquire and a release (what a lock costs when its lease is reused). "shared" cells use
+  one client for every worker, as a program normally does; "per worker" cells give each
+  worker a client of its own.
 - **dlm, CLI**: each pair is two processes, ``dlm acquire KEY --format json`` and ``dlm
   release KEY --lease ID``, against the same cluster (the command's start-up included).
 - **redis-py**: ``Redis.lock(name, timeout=30)`` (SET NX PX, and a script that deletes
@@ -61,7 +63,11 @@ STOP_S = 30.0
 
 GUARANTEES = {
     "dlm": "replicated to 2 of 3 members and fsynced before the grant; fencing token; "
-    "the holder learns when its lease is no longer certain",
+    "the holder learns when its lease is no longer certain. Each pair is a whole lock "
+    "object's life: `with client.lock(key)` opens a lease, takes the key, starts the "
+    "renewal and closes the lease",
+    "dlm-lease": "as dlm; each pair an acquire and a release under one lease per worker, "
+    "opened once and kept alive (dlm.client's internal client, the way the CLI works)",
     "dlm-cli": "as dlm (the same cluster), each pair two `dlm` processes",
     "redis": "one node, in memory (no persistence): a restart forgets the lock; no fencing token",
     "redis-fsync": "one node, appendfsync always: fsynced before the answer, but not "
@@ -169,24 +175,26 @@ async def run_tasks(
 # ---------------------------------------------------------------------------
 
 
-def public_api() -> bool:
-    """Whether this checkout has the public API (``dlm.Client``)."""
-    try:
-        return callable(dlm.Client)  # type: ignore[attr-defined]
-    except AttributeError:
-        return False
-
-
 def dlm_sync_cell(
-    c: dlm.testing.Cluster, clients: int, shared: bool, warmup: float, seconds: float
+    c: dlm.testing.Cluster,
+    clients: int,
+    warmup: float,
+    seconds: float,
+    *,
+    public: bool,
+    shared: bool,
 ) -> Cell:
+    """Blocking: with ``public``, each pair is ``with client.lock(key)`` on a dlm.Client;
+    else dlm.client's internal client on a lease per worker (kept alive), each pair an
+    acquire and a release."""
     made: list[Any] = []
     workers: list[Callable[[], None]] = []
+    client: Any
     with contextlib.ExitStack() as stack:
-        if public_api():
-            one = stack.enter_context(c.public_client()) if shared else None  # type: ignore[attr-defined]
+        if public:
+            one = stack.enter_context(c.client(timeout=OP_TIMEOUT_S)) if shared else None
             for i in range(clients):
-                client = one or stack.enter_context(c.public_client())  # type: ignore[attr-defined]
+                client = one or stack.enter_context(c.client(timeout=OP_TIMEOUT_S))
 
                 def pair(client: Any = client, key: str = f"api-sync-{clients}-{i}") -> None:
                     with client.lock(key, ttl=TTL_S):
@@ -196,15 +204,15 @@ def dlm_sync_cell(
         else:
             from dlm.client.sync import KeepAlive
 
-            one = stack.enter_context(c.client(timeout=OP_TIMEOUT_S)) if shared else None
+            one_raw = stack.enter_context(c.raw_client(timeout=OP_TIMEOUT_S)) if shared else None
             for i in range(clients):
-                client = one or stack.enter_context(c.client(timeout=OP_TIMEOUT_S))
+                client = one_raw or stack.enter_context(c.raw_client(timeout=OP_TIMEOUT_S))
                 lease = client.open_lease(TTL_S * 1000)
                 stack.enter_context(KeepAlive(client, lease))
                 made.append((client, lease))
 
                 def internal_pair(client: Any = client, lease: Any = lease, i: int = i) -> None:
-                    key = f"api-sync-{clients}-{i}"
+                    key = f"lease-sync-{clients}-{i}"
                     client.acquire(lease, key)
                     client.release(lease, key)
 
@@ -214,7 +222,7 @@ def dlm_sync_cell(
             with contextlib.suppress(Exception):
                 client.close_lease(lease)
     return Cell(
-        "dlm",
+        "dlm" if public else "dlm-lease",
         "sync",
         clients,
         "shared" if shared else "per worker",
@@ -226,28 +234,23 @@ def dlm_sync_cell(
 
 
 def dlm_async_cell(
-    c: dlm.testing.Cluster, clients: int, shared: bool, warmup: float, seconds: float
+    c: dlm.testing.Cluster,
+    clients: int,
+    warmup: float,
+    seconds: float,
+    *,
+    public: bool,
+    shared: bool,
 ) -> Cell:
+    """As dlm_sync_cell, with asyncio tasks: ``async with client.lock(key)`` on a
+    dlm.AsyncClient, or the internal async client on a lease per worker."""
+
     async def main() -> tuple[int, float, Counts]:
         async with contextlib.AsyncExitStack() as stack:
             workers: list[Callable[[], Awaitable[None]]] = []
             made: list[Any] = []
             client: Any
-            if public_api():
-                one = (
-                    await stack.enter_async_context(c.public_async_client())  # type: ignore[attr-defined]
-                    if shared
-                    else None
-                )
-                for i in range(clients):
-                    client = one or await stack.enter_async_context(c.public_async_client())  # type: ignore[attr-defined]
-
-                    async def pair(client: Any = client, key: str = f"api-async-{i}") -> None:
-                        async with client.lock(key, ttl=TTL_S):
-                            pass
-
-                    workers.append(pair)
-            else:
+            if public:
                 one = (
                     await stack.enter_async_context(c.async_client(timeout=OP_TIMEOUT_S))
                     if shared
@@ -257,6 +260,23 @@ def dlm_async_cell(
                     client = one or await stack.enter_async_context(
                         c.async_client(timeout=OP_TIMEOUT_S)
                     )
+
+                    async def pair(
+                        client: Any = client, key: str = f"api-async-{clients}-{i}"
+                    ) -> None:
+                        async with client.lock(key, ttl=TTL_S):
+                            pass
+
+                    workers.append(pair)
+            else:
+                from dlm.client.aio import AsyncClient
+
+                def raw() -> AsyncClient:
+                    return AsyncClient(c.cluster, timeout=OP_TIMEOUT_S, secret=c.secret())
+
+                one_raw = await stack.enter_async_context(raw()) if shared else None
+                for i in range(clients):
+                    client = one_raw or await stack.enter_async_context(raw())
                     lease = await client.open_lease(TTL_S * 1000)
                     await stack.enter_async_context(client.keep_alive(lease))
                     made.append((client, lease))
@@ -264,7 +284,7 @@ def dlm_async_cell(
                     async def internal_pair(
                         client: Any = client, lease: Any = lease, i: int = i
                     ) -> None:
-                        key = f"api-async-{clients}-{i}"
+                        key = f"lease-async-{clients}-{i}"
                         await client.acquire(lease, key)
                         await client.release(lease, key)
 
@@ -277,7 +297,7 @@ def dlm_async_cell(
 
     pairs, took, counts = asyncio.run(main())
     return Cell(
-        "dlm",
+        "dlm" if public else "dlm-lease",
         "async",
         clients,
         "shared" if shared else "per worker",
@@ -480,10 +500,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             for n in counts:
                 rounds: list[list[Callable[[], Cell]]] = [
                     [
-                        partial(dlm_sync_cell, c, n, True, w, s),
-                        *([partial(dlm_sync_cell, c, n, False, w, s)] if n > 1 else []),
-                        partial(dlm_async_cell, c, n, True, w, s),
-                        *([partial(dlm_async_cell, c, n, False, w, s)] if n > 1 else []),
+                        partial(dlm_sync_cell, c, n, w, s, public=True, shared=True),
+                        *(
+                            [partial(dlm_sync_cell, c, n, w, s, public=True, shared=False)]
+                            if n > 1
+                            else []
+                        ),
+                        partial(dlm_async_cell, c, n, w, s, public=True, shared=True),
+                        *(
+                            [partial(dlm_async_cell, c, n, w, s, public=True, shared=False)]
+                            if n > 1
+                            else []
+                        ),
+                        partial(dlm_sync_cell, c, n, w, s, public=False, shared=False),
+                        partial(dlm_async_cell, c, n, w, s, public=False, shared=False),
                     ]
                 ]
                 for system, port in ports.items():
@@ -504,9 +534,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(base, ignore_errors=True)
     after = load_average()
 
-    api = "dlm.Client (public API)" if public_api() else "dlm.client's internal Client"
     heading = (
-        f"{api}; dlm: 3 members from dlm.testing on 127.0.0.1, fsync on, client secret; "
+        f"dlm: 3 members from dlm.testing on 127.0.0.1, fsync on, client secret; "
         f"{s:g} s per cell after {w:g} s of warm-up; {os.cpu_count()} CPUs; "
         f"load average {before} before, {after} after"
     )
