@@ -31,11 +31,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from dlm.testing.processes import Cluster, Link, Member, cluster
+    from dlm.testing.processes import Cluster, ClusterError, Link, Member, cluster
     from dlm.testing.proxy import Proxy
 
 _LAZY = {
     "Cluster": "dlm.testing.processes",
+    "ClusterError": "dlm.testing.processes",
     "Link": "dlm.testing.processes",
     "Member": "dlm.testing.processes",
     "cluster": "dlm.testing.processes",
@@ -50,4 +51,4 @@ def __getattr__(name: str) -> Any:
     return getattr(__import__(module, fromlist=(name,)), name)
 
 
-__all__ = ["Cluster", "Link", "Member", "Proxy", "cluster"]
+__all__ = ["Cluster", "ClusterError", "Link", "Member", "Proxy", "cluster"]
