@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 DEV_STAMP := $(VENV)/.dev-installed-stamp
 BENCH_STAMP := $(VENV)/.bench-installed-stamp
 
-.PHONY: install install-dev install-bench test lint typecheck unit sim cluster run bench bench-scale bench-wal bench-startup bench-membership bench-api zipapp soak chaos clean
+.PHONY: install install-dev install-bench test lint typecheck unit sim cluster run bench bench-scale bench-wal bench-startup bench-membership bench-api zipapp soak chaos clean api-docs
 
 # What running dlm needs (`make run`): the package and its runtime dependencies. The
 # bytecode of dlm itself is compiled here, so a `dlm` run starts warm even where
@@ -102,6 +102,11 @@ bench-startup: install zipapp
 # and the pause a client sees when the leader is removed; a few minutes on 2 cores.
 bench-membership: install
 	$(PY) -m bench.membership $(BENCH_ARGS)
+
+# The public Python API's reference (`import dlm`), from its docstrings, with the standard
+# library's pydoc: build/api/index.html, a page per public name, and build/api/dlm.txt.
+api-docs: install
+	$(PY) tools/api_docs.py --output build/api
 
 # The whole of dlm and its runtime dependencies in one file: dist/dlm.pyz.
 zipapp: install

@@ -267,6 +267,7 @@ class AsyncLock(HeldState):
         self._owner.check("this dlm.AsyncLock")
         if not self._holding:
             raise RuntimeError(f"{self._describe()} is not held by this object")
+        was_owned = self.owned()
         self._holding = False
         scope, self._hold_scope = self._hold_scope, None
         if scope is not None:
@@ -275,7 +276,10 @@ class AsyncLock(HeldState):
         inner = self._client._borrow()
         try:
             with anyio.CancelScope(shield=True):
-                await self._give_back_lease(inner, lease)
+                if was_owned:
+                    await self._give_back_lease(inner, lease)
+                else:  # lost: nothing of ours is left to keep
+                    await _close_quietly(inner, lease)
         finally:
             await self._client._give_back(inner)
 
@@ -446,7 +450,7 @@ class AsyncLock(HeldState):
         self._lost.set()
 
     async def _give_back_lease(self, inner: aio.AsyncClient, lease: str) -> None:
-        if self._min_hold_s is not None and not self._lost.is_set():
+        if self._min_hold_s is not None:
             hold_ms = min_hold_ttl_ms(self._granted_at, self._min_hold_s, lease_clock())
             if hold_ms > 0:
                 try:

@@ -256,6 +256,7 @@ class Lock(HeldState):
         with self._mutex:
             if not self._holding:
                 raise RuntimeError(f"{self._describe()} is not held by this object")
+            was_owned = self.owned()
             self._holding = False
             keeper, self._keeper_alive = self._keeper_alive, None
             if self._finalizer is not None:
@@ -264,7 +265,10 @@ class Lock(HeldState):
             if keeper is not None:
                 keeper.stop()
             with self._client._borrow() as inner:
-                if self._min_hold_s is not None and not self._lost.is_set():
+                if not was_owned:
+                    _give_back_quietly(inner, lease)  # lost: nothing of ours is left to keep
+                    return
+                if self._min_hold_s is not None:
                     hold_ms = min_hold_ttl_ms(self._granted_at, self._min_hold_s, lease_clock())
                     if hold_ms > 0:
                         try:

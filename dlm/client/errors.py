@@ -168,9 +168,10 @@ class UnsafeChange(DlmError):
 
 
 class ServerError(DlmError):
-    """An error code this client does not know how to handle."""
+    """An error code this client does not know how to handle (the ``dlm`` command's exit
+    70: a bug, or a reply it does not understand)."""
 
-    exit_code = 1
+    exit_code = 70
 
 
 __all__ = [
