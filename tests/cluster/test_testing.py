@@ -12,11 +12,12 @@ import threading
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 
 import dlm
 import dlm.testing
-from dlm.testing.processes import Cluster
+from dlm.testing.processes import Cluster, Member
 
 pytestmark = pytest.mark.cluster
 
@@ -92,12 +93,13 @@ def test_a_paused_leader_is_replaced_and_resumes_as_a_follower() -> None:
 
 def test_cutting_a_link_loses_its_clients_lock_while_the_cluster_stays_healthy() -> None:
     with dlm.testing.cluster(3) as c:
+        leader = _not_the_first_member_leading(c)
         link = c.link()
-        leader = c.wait_for_leader(WAIT_S)
         told = threading.Event()
         with link.client(timeout=5.0) as cut_off, c.client(timeout=WAIT_S) as other:
             lock = cut_off.lock("job", ttl="2s", on_lost=lambda _lock: told.set())
             assert lock.acquire()
+            _renewed(lock)  # by then the renewals have been redirected to the leader
             link.cut()
             assert lock.lost.wait(WAIT_S), "the cut client never learned it lost the lock"
             assert told.wait(WAIT_S)
@@ -111,6 +113,53 @@ def test_cutting_a_link_loses_its_clients_lock_while_the_cluster_stays_healthy()
                 # Restored, the link's client works again and sees the lock held.
                 assert cut_off.lock("job", ttl="30s").locked()
             lock.release()  # a lock already lost is given back quietly
+
+
+def _renewed(lock: dlm.Lock) -> None:
+    """Waits for a renewal of the lock's lease to be confirmed (its deadline moves on)."""
+    first = lock.deadline
+    deadline = time.monotonic() + WAIT_S
+    while lock.deadline <= first:
+        assert time.monotonic() < deadline, "no renewal confirmed"
+        time.sleep(0.05)
+
+
+def _not_the_first_member_leading(c: Cluster) -> Member:
+    """Makes a member other than n1 the leader: a client asks n1 first, which must then
+    redirect it, and the redirect must keep it inside its link."""
+    leader = c.wait_for_leader(WAIT_S)
+    if leader is c.members[0]:
+        c.kill(leader)
+        leader = c.wait_for_leader(WAIT_S, not_=leader)
+        c.restart(c.members[0])
+    return leader
+
+
+def test_an_async_client_behind_a_cut_link_loses_its_lock_and_its_body_is_cancelled() -> None:
+    with dlm.testing.cluster(3) as c:
+        leader = _not_the_first_member_leading(c)
+        link = c.link()
+        reached_the_end = False
+
+        async def body() -> None:
+            nonlocal reached_the_end
+            async with link.async_client(timeout="5s") as client:
+                with pytest.raises(dlm.LockLost):
+                    async with client.lock("async-job", ttl="2s") as lock:
+                        first = lock.deadline
+                        with anyio.fail_after(WAIT_S):
+                            while lock.deadline <= first:
+                                await anyio.sleep(0.05)
+                        link.cut()
+                        await lock.lost.wait()
+                        await anyio.sleep(WAIT_S)  # cancelled: the lock was lost
+                        reached_the_end = True
+
+        anyio.run(body)
+        assert not reached_the_end
+        assert c.leader() is leader
+        with c.client(timeout=WAIT_S) as other, other.lock("async-job", wait=WAIT_S) as taken:
+            assert taken.token > 0
 
 
 def test_no_process_or_proxy_outlives_the_block_even_when_it_raises() -> None:
