@@ -219,6 +219,7 @@ class Cluster:
         self._cluster_id = "dlm-testing"
         self._closed = False
         self._lock = threading.Lock()
+        _LIVE.add(self)  # its directory exists from here on
 
     # -- what a test reads --------------------------------------------------
 
@@ -287,7 +288,6 @@ class Cluster:
     def start(self) -> Cluster:
         """Starts every member and waits for a leader (``start_timeout``)."""
         self._check_open()
-        _LIVE.add(self)
         from dlm.auth import write_secret_file
 
         for path in (self.peer_secret_file, self.secret_file):
@@ -481,7 +481,7 @@ class Cluster:
 
 
 _LIVE: set[Cluster] = set()
-"""Clusters started and not closed: closed at interpreter exit at the latest."""
+"""Clusters made and not closed: closed at interpreter exit at the latest."""
 
 
 @atexit.register
