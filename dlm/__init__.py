@@ -12,11 +12,10 @@ leading underscore) is internal and may change. ``import dlm`` stays cheap (ever
 ``dlm`` command starts with it): the names load on first use.
 """
 
-from __future__ import annotations
-
 __version__ = "0.1.0"
 
-# typing stays off the CLI's import path (milliseconds per run); mypy reads TYPE_CHECKING as true.
+# typing (and __future__) stay off the CLI's import path, which starts here: every `dlm`
+# command imports this module. mypy reads TYPE_CHECKING as true.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -48,7 +47,7 @@ _LAZY = {
 """Where each public name lives (dlm._api, the public API's room, unless named here)."""
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> "Any":
     if name not in __all__ or name == "__version__":
         raise AttributeError(f"module 'dlm' has no attribute {name!r}")
     module = _LAZY.get(name, "dlm._api")
@@ -58,7 +57,7 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def __dir__() -> list[str]:
+def __dir__() -> "list[str]":
     return sorted({*globals(), *__all__})
 
 

@@ -32,6 +32,9 @@ from dlm.client.core import min_hold_ttl_ms
 from dlm.client.errors import DlmError, LeaseLost, LockHeld, LockLost
 
 _IDLE_CONNECTIONS = 8
+LOST_GIVE_BACK_S = 1.0
+"""How long the end of an ``async with`` whose lock was lost tries to close its lease
+before raising ``dlm.LockLost`` (the lease expires by itself anyway)."""
 CANCEL_MARGIN_MAX_S = 0.5
 """The default ``cancel_margin`` is a tenth of the TTL, and at most this."""
 
@@ -82,7 +85,7 @@ class AsyncClient:
         wait: Duration | None = "10s",
         meta: Mapping[str, str] | None = None,
         min_hold: Duration | None = None,
-        on_lost: Callable[[AsyncLock], object] | None = None,
+        on_lost: Callable[[AsyncLock], object] | Callable[[], object] | None = None,
         cancel_margin: Duration | None = None,
     ) -> AsyncLock:
         """A lock on ``key`` (or every key of a list, under one lease), not yet taken:
@@ -110,7 +113,7 @@ class AsyncClient:
         wait: Duration | None = "10s",
         meta: Mapping[str, str] | None = None,
         min_hold: Duration | None = None,
-        on_lost: Callable[[AsyncLock], object] | None = None,
+        on_lost: Callable[[AsyncLock], object] | Callable[[], object] | None = None,
         cancel_margin: Duration | None = None,
     ) -> AsyncLock:
         """As ``lock``, with up to ``limit`` holders at once (``dlm.Client.semaphore``)."""
@@ -166,7 +169,9 @@ class AsyncClient:
         finally:
             if group is not None:
                 group.cancel_scope.cancel()
-                await group.__aexit__(exc_type, exc, tb)
+                # Not handed the block's exception, which propagates as it is: anyio would
+                # raise it wrapped in an ExceptionGroup.
+                await group.__aexit__(None, None, None)
         return None
 
     def __repr__(self) -> str:
@@ -209,7 +214,7 @@ class AsyncLock(HeldState):
         wait: Duration | None = "10s",
         meta: Mapping[str, str] | None = None,
         min_hold: Duration | None = None,
-        on_lost: Callable[[AsyncLock], object] | None = None,
+        on_lost: Callable[[AsyncLock], object] | Callable[[], object] | None = None,
         cancel_margin: Duration | None = None,
         limit: int = 1,
     ) -> None:
@@ -273,13 +278,22 @@ class AsyncLock(HeldState):
         if scope is not None:
             scope.cancel()  # stops the renewals (the keeper's client closes)
         lease = self.lease
+        if not was_owned:
+            # Lost: nothing of ours is left to keep. Closing the lease frees the keys sooner
+            # if it lives on; an unreachable cluster gets LOST_GIVE_BACK_S, not the timeout.
+            self._client._owner.check("this dlm.AsyncClient")
+            closer = self._client._base.spawn()
+            try:
+                with anyio.move_on_after(LOST_GIVE_BACK_S, shield=True):
+                    await _close_quietly(closer, lease)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await closer.aclose()
+            return
         inner = self._client._borrow()
         try:
             with anyio.CancelScope(shield=True):
-                if was_owned:
-                    await self._give_back_lease(inner, lease)
-                else:  # lost: nothing of ours is left to keep
-                    await _close_quietly(inner, lease)
+                await self._give_back_lease(inner, lease)
         finally:
             await self._client._give_back(inner)
 
@@ -322,9 +336,10 @@ class AsyncLock(HeldState):
         await group.__aenter__()
         try:
             await self._acquire(group, True, None)
-        except BaseException as exc:
+        except BaseException:
             group.cancel_scope.cancel()
-            await group.__aexit__(type(exc), exc, exc.__traceback__)
+            # Not handed the exception: anyio would raise it wrapped in an ExceptionGroup.
+            await group.__aexit__(None, None, None)
             raise
         self._own_group = group
         body = anyio.CancelScope()
@@ -444,7 +459,7 @@ class AsyncLock(HeldState):
             body.cancel()
         if self._on_lost is not None:
             try:
-                self._on_lost(self)
+                self._call_on_lost()
             except Exception:
                 pass  # the callback's failure is the caller's; the loss stands
         self._lost.set()

@@ -16,6 +16,19 @@ from dlm.client.clock import lease_clock
 from dlm.client.errors import LockLost
 
 
+def _takes_no_argument(callback: Callable[..., object]) -> bool:
+    import inspect
+
+    try:
+        parameters = inspect.signature(callback).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: give it the lock
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return not any(
+        p.kind in positional or p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters
+    )
+
+
 class _Keeper(Protocol):
     @property
     def deadline(self) -> float: ...
@@ -36,7 +49,7 @@ class HeldState:
         limit: int,
         meta: dict[str, str],
         min_hold_s: float | None,
-        on_lost: Callable[[Any], object] | None,
+        on_lost: Callable[..., object] | None,
     ) -> None:
         self._keys = keys
         self._ttl_ms = ttl_ms
@@ -130,6 +143,16 @@ class HeldState:
         if not self._holding and self._lost_reason is None:
             raise LockLost(f"{self._describe()} is not held (never acquired, or released)")
         raise LockLost(self._lost_message())
+
+    def _call_on_lost(self) -> None:
+        """Calls ``on_lost`` with this lock, or with nothing if it takes no argument."""
+        callback = self._on_lost
+        if callback is None:
+            return
+        if _takes_no_argument(callback):
+            callback()
+        else:
+            callback(self)
 
     def _lost_message(self) -> str:
         reason = self._lost_reason or "its deadline passed before a renewal was confirmed"

@@ -89,7 +89,7 @@ class Client:
         wait: Duration | None = "10s",
         meta: Mapping[str, str] | None = None,
         min_hold: Duration | None = None,
-        on_lost: Callable[[Lock], object] | None = None,
+        on_lost: Callable[[Lock], object] | Callable[[], object] | None = None,
     ) -> Lock:
         """A lock on ``key`` (or on every key of a list, all under one lease), not yet
         taken: ``with client.lock("k") as lock:`` or ``lock.acquire()``.
@@ -99,8 +99,8 @@ class Client:
         (None or 0: try once). ``meta``: what to record with the grant (`dlm status
         KEY` shows it; host, user and pid are recorded anyway). ``min_hold``: the
         cluster keeps the lock at least this long after the grant, even when it is
-        released sooner (`dlm exec --min-hold`). ``on_lost(lock)``: called once, from a
-        background thread, when the lock is lost while held."""
+        released sooner (`dlm exec --min-hold`). ``on_lost(lock)`` (or ``on_lost()``):
+        called once, from a background thread, when the lock is lost while held."""
         return Lock(self, key, ttl=ttl, wait=wait, meta=meta, min_hold=min_hold, on_lost=on_lost)
 
     def semaphore(
@@ -112,7 +112,7 @@ class Client:
         wait: Duration | None = "10s",
         meta: Mapping[str, str] | None = None,
         min_hold: Duration | None = None,
-        on_lost: Callable[[Lock], object] | None = None,
+        on_lost: Callable[[Lock], object] | Callable[[], object] | None = None,
     ) -> Lock:
         """As ``lock``, but up to ``limit`` holders at once (every holder of a key must
         ask with the same limit). ``lock.token`` is still a fencing token: distinct and
@@ -211,7 +211,7 @@ class Lock(HeldState):
         wait: Duration | None = "10s",
         meta: Mapping[str, str] | None = None,
         min_hold: Duration | None = None,
-        on_lost: Callable[[Lock], object] | None = None,
+        on_lost: Callable[[Lock], object] | Callable[[], object] | None = None,
         limit: int = 1,
     ) -> None:
         super().__init__(
@@ -264,10 +264,21 @@ class Lock(HeldState):
             lease = self.lease
             if keeper is not None:
                 keeper.stop()
+            if not was_owned:
+                # Lost: nothing of ours is left to keep. Closing the lease frees the keys
+                # sooner if it lives on, but waits out the timeout if the cluster cannot be
+                # reached: a daemon thread does it, and the caller hears of the loss at once.
+                self._client._owner.check("this dlm.Client")
+                closer = threading.Thread(
+                    target=_give_back_quietly,
+                    args=(self._client._base.spawn(), lease),
+                    kwargs={"then_close": True},
+                    name=f"dlm-give-back-{lease}",
+                    daemon=True,
+                )
+                closer.start()
+                return
             with self._client._borrow() as inner:
-                if not was_owned:
-                    _give_back_quietly(inner, lease)  # lost: nothing of ours is left to keep
-                    return
                 if self._min_hold_s is not None:
                     hold_ms = min_hold_ttl_ms(self._granted_at, self._min_hold_s, lease_clock())
                     if hold_ms > 0:
@@ -379,7 +390,7 @@ class Lock(HeldState):
         self._lost_reason = reason
         if self._on_lost is not None:
             try:
-                self._on_lost(self)
+                self._call_on_lost()
             except Exception:
                 pass  # the callback's failure is the caller's; the loss stands
         self._lost.set()
@@ -398,8 +409,11 @@ def _lost_callback(lock: Lock, event: threading.Event) -> Callable[[str], None]:
     return lost
 
 
-def _give_back_quietly(inner: sync.Client, lease: str) -> None:
+def _give_back_quietly(inner: sync.Client, lease: str, *, then_close: bool = False) -> None:
     try:
         inner.close_lease(lease)
     except DlmError:
         pass  # the lease expires by itself: its renewals have stopped
+    finally:
+        if then_close:
+            inner.close()

@@ -7,7 +7,10 @@ drops every byte once cut, as a partition does; the other client talks to it dir
 
 from __future__ import annotations
 
+import gc
 import os
+import subprocess
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -121,7 +124,12 @@ def test_a_shortened_ttl_never_leaves_two_holders(
         lock.release()  # lost: given back quietly
 
 
-def test_the_async_body_is_cancelled_before_the_deadline(cut_off: tuple[Proxy, str]) -> None:
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_async_body_is_cancelled_before_the_deadline(
+    cut_off: tuple[Proxy, str], backend: str
+) -> None:
+    if backend == "trio":
+        pytest.importorskip("trio")
     link, through = cut_off
     seen: dict[str, float] = {}
 
@@ -139,7 +147,7 @@ def test_the_async_body_is_cancelled_before_the_deadline(cut_off: tuple[Proxy, s
                         raise
             link.heal()
 
-    anyio.run(main)
+    anyio.run(main, backend=backend)
     assert seen, "the body was not cancelled"
     early = seen["deadline"] - seen["cancelled"]
     assert early > 0, f"the body ran {-early:.3f}s past the deadline"
@@ -287,5 +295,71 @@ def test_async_acquire_and_release_without_a_block(shared: Cluster) -> None:
             await lock.release()
             assert await other.acquire(blocking=False) and other.token > lock.token
             await other.release()
+
+    anyio.run(main)
+
+
+def test_closing_the_client_gives_back_what_it_holds(shared: Cluster, client: dlm.Client) -> None:
+    other = dlm.Client(shared.members_env, timeout="5s")
+    held = other.lock("py/closed", ttl="30s")
+    assert held.acquire()
+    other.close()
+    assert holders(client, "py/closed") == []
+    assert not held.owned()
+
+
+def test_a_program_that_forgets_to_close_its_client_still_exits(shared: Cluster) -> None:
+    code = (
+        "import dlm\n"
+        "lock = dlm.Client().lock('py/forgotten', ttl='30s')\n"
+        "assert lock.acquire()\n"
+        "print(lock.lease, flush=True)\n"
+    )
+    env = {**os.environ, "DLM_CLUSTER": shared.members_env}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,  # the renewals run on daemon threads: nothing keeps it alive
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    with dlm.Client(shared.members_env) as client, client._borrow() as inner:
+        inner.close_lease(result.stdout.strip())  # the test's own clean-up
+
+
+def test_a_held_lock_dropped_unreleased_stops_renewing(client: dlm.Client) -> None:
+    lock = client.lock("py/dropped", ttl="30s")
+    assert lock.acquire()
+    lease = lock.lease
+    renewing = f"dlm-keepalive-{lease}"
+    assert any(t.name == renewing for t in threading.enumerate())
+    del lock
+    gc.collect()
+    for thread in threading.enumerate():
+        if thread.name == renewing:
+            thread.join(5.0)
+    assert not any(t.name == renewing for t in threading.enumerate())
+    with client._borrow() as inner:
+        inner.close_lease(lease)  # the test's own clean-up
+
+
+def test_async_blocks_raise_plain_exceptions(shared: Cluster) -> None:
+    """LockHeld from `async with lock`, and the body's own error through `async with
+    client`, come out as themselves, not wrapped in an ExceptionGroup by a task group."""
+
+    async def main() -> None:
+        with pytest.raises(ValueError, match="the body's"):
+            async with (
+                dlm.AsyncClient(shared.members_env) as client,
+                client.lock("py/async-held", ttl="5s") as first,
+            ):
+                with pytest.raises(dlm.LockHeld) as held:
+                    async with client.lock("py/async-held", wait=0):
+                        pytest.fail("taken twice")
+                assert held.value.holders[0]["lease"] == first.lease
+                raise ValueError("the body's own error")
 
     anyio.run(main)
