@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 DEV_STAMP := $(VENV)/.dev-installed-stamp
 BENCH_STAMP := $(VENV)/.bench-installed-stamp
 
-.PHONY: install install-dev install-bench test lint typecheck unit sim cluster run bench bench-scale bench-wal bench-startup bench-membership zipapp soak chaos clean api-docs
+.PHONY: install install-dev install-bench test lint typecheck unit sim cluster run bench bench-scale bench-wal bench-startup bench-membership bench-api zipapp soak chaos clean api-docs
 
 # What running dlm needs (`make run`): the package and its runtime dependencies. The
 # bytecode of dlm itself is compiled here, so a `dlm` run starts warm even where
@@ -85,6 +85,12 @@ bench: install install-bench
 # Fleet scale: 10,000 leases kept alive, 100,000 held locks (bench/results/scale.md, .png).
 bench-scale: install install-bench
 	$(PY) -m bench.scale $(BENCH_ARGS)
+
+# Lock pairs per second from Python (the client API, sync and async, c=1 and c=64) beside
+# the `dlm` command and redis-py's lock on a local redis-server (if installed).
+# Writes bench/results/api.md and .json.
+bench-api: install install-bench
+	$(PY) -m bench.api $(BENCH_ARGS)
 
 bench-wal: install
 	$(PY) -m bench.wal

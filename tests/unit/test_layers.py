@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "dlm"
 
 ROOMS: tuple[tuple[str, ...], ...] = (
+    ("dlm.testing",),
     ("dlm.__main__", "dlm._api"),
     ("dlm.cli", "dlm.devcluster"),
     ("dlm.client", "dlm.node.runtime"),
