@@ -476,10 +476,13 @@ def runs(
         typer.Option("--success", help="With --check: only a run that exited 0 counts."),
     ] = False,
 ) -> None:
-    """Show what `dlm exec` runs of KEY did, newest first: host, user, command, start
-    and end (the leader's clock, RFC 3339 UTC), exit code or signal, fencing token,
-    outcome (finished, killed, lock_lost, supervisor_gone, running) and how many hosts
-    skipped it; --all: the last run of every key.
+    """The run ledger: recent `dlm exec` runs of KEY, or check that one ran.
+
+    Newest first: host, user, command, start and end (the leader's clock, RFC 3339
+    UTC), exit code or signal, fencing token, outcome (finished, killed, lock_lost,
+    supervisor_gone, running) and how many hosts skipped it; --all: the last run of
+    every key. --check is the dead-man's switch: exit 0 if a run (with --success, one
+    that exited 0) of KEY ended within --max-age, else 1 with one line saying so.
 
     \b
     dlm runs nightly-backup --check --max-age 25h --success

@@ -86,6 +86,7 @@ TOP_LEVEL_HELP = (
     '  exec      Run CMD (no shell) only while holding the lock; exit with...\n'
     '  status    Show the cluster: members, roles, lag, last contact, and the...\n'
     '  locks     List the held locks, one line each.\n'
+    '  runs      The run ledger: recent `dlm exec` runs of KEY, or check that...\n'
     '  node      Run a cluster member.\n'
     "  members   Look at and change the cluster's members, one at a time.\n"
     "  store     Look into a member's data directory.\n"

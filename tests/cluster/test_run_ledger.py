@@ -41,9 +41,14 @@ def tick(dlm: Dlm, *args: str) -> list[tuple[int, str, str]]:
             env = {**dlm.env, "DLM_HOST": f"host-{host}"}
             procs.append(
                 subprocess.Popen(
-                    [*dlm.command, *args], cwd=dlm.cwd, env=env, stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                )  # fmt: skip
+                    [*dlm.command, *args],
+                    cwd=dlm.cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
             )
     finally:
         results = [finish(p) for p in procs]

@@ -267,6 +267,7 @@ def test_every_request_type_of_the_protocol_has_a_class() -> None:
         "auth_rotate",
         "auth_finish",
         "auth_list",
+        "runs",
     }
     assert {cls.TYPE for cls in _concrete_requests() if issubclass(cls, wire.Change)} == {
         "open_lease",
@@ -456,6 +457,7 @@ DECODED: list[tuple[dict[str, object], wire.Request]] = [
     ),
     ({"t": "auth_finish", "id": 20, "name": "ci"}, wire.AuthFinish(id=20, name="ci")),
     ({"t": "auth_list", "id": 21}, wire.AuthList(id=21)),
+    ({"t": "runs", "id": 22, "key": "k"}, wire.Runs(id=22, key="k")),
 ]
 
 

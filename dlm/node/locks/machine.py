@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Self
 
@@ -687,7 +686,8 @@ class LockStateMachine:
             lease.holding.add(cmd.key)
             self._held += 1
             self.usage.add(lease.owner, 1)
-            self._run_started(cmd.key, step.index, cmd.lease, cmd.meta, step.at_ms)
+            if self._version >= 4:
+                self.ledger.started(cmd.key, step.index, cmd.lease, cmd.meta, step.at_ms)
             return Granted(cmd.key, step.index, cmd.lease)
         if cmd.wait:
             entry.waiters[cmd.lease] = _Wait(step.at_ms, dict(cmd.meta))
@@ -698,12 +698,6 @@ class LockStateMachine:
         if self._version >= 4 and COMMAND_META in cmd.meta:
             self.ledger.skipped(cmd.key, [h.token for h in entry.holders.values()])
         return Locked(cmd.key, self._holders(entry), self._retry_after(entry))
-
-    def _run_started(
-        self, key: str, token: int, lease: str, meta: Mapping[str, str], at_ms: int
-    ) -> None:
-        if self._version >= 4:
-            self.ledger.started(key, token, lease, meta, at_ms)
 
     def _release(self, cmd: ReleaseCommand, lease: _Lease, step: _Step) -> Result:
         entry = self._keys.get(cmd.key)
@@ -743,7 +737,8 @@ class LockStateMachine:
             self._queued -= 1
             self._held += 1
             entry.holders[next_id] = _Hold(step.index, step.at_ms, wait.meta)
-            self._run_started(key, step.index, next_id, wait.meta, step.at_ms)
+            if self._version >= 4:
+                self.ledger.started(key, step.index, next_id, wait.meta, step.at_ms)
             waiter_lease = self._leases[next_id]
             waiter_lease.waiting.discard(key)
             waiter_lease.holding.add(key)

@@ -33,6 +33,8 @@ class FakeClient:
         self.fail: dict[str, Exception] = {}
         self.leases: list[dict[str, Any]] = []
         self.closed = False
+        self.run_reports: list[Any] = []
+        """The run ledger report of each close_lease / update_lease, in order."""
         FakeClient.instances.append(self)
 
     def _call(self, name: str, *args: Any, **options: Any) -> None:
@@ -71,14 +73,22 @@ class FakeClient:
         self._call("release", lease, key, token=token, keep_lease=keep_lease)
         return ReleaseOutcome(key, True, 4242 if token is None else token, not keep_lease)
 
-    def close_lease(self, lease: Any, *, must_exist: bool = False) -> list[str]:
+    def close_lease(self, lease: Any, *, must_exist: bool = False, run: Any = None) -> list[str]:
         self._call("close_lease", lease, must_exist=must_exist)
+        self.run_reports.append(run)
         return []
 
     def update_lease(
-        self, lease: Any, ttl_ms: int, *, finished: bool = False, timeout: float | None = None
+        self,
+        lease: Any,
+        ttl_ms: int,
+        *,
+        finished: bool = False,
+        timeout: float | None = None,
+        run: Any = None,
     ) -> int:
         self._call("update_lease", lease, ttl_ms, finished=finished, timeout=timeout)
+        self.run_reports.append(run)
         return ttl_ms
 
     def list_leases(self) -> list[LeaseSummary]:
