@@ -27,7 +27,6 @@ import cbor2
 
 from dlm.node import locks
 from dlm.node.locks.identities import IdentityTable
-from dlm.node.locks.ledger import RunLedger
 from dlm.node.membership import Membership
 from dlm.node.outbox import Outbox, PendingImage, SaveSnapshot
 from dlm.node.raft.core import RaftNode
@@ -129,7 +128,7 @@ def restore_image(
         if item["format"] in (NODE_IMAGE_FORMAT, NODE_IMAGE_FORMAT_V4):
             machine.identities = IdentityTable.restore(item.get("identities"))
         if item["format"] == NODE_IMAGE_FORMAT_V4:
-            machine.ledger = RunLedger.restore(item.get("ledger"))
+            machine.ledger = lock_machine_class.ledger_class.restore(item.get("ledger"))
         membership.restore(members, item.get("removed", []))
         return machine
     return lock_machine_class.restore(data)

@@ -87,6 +87,7 @@ from dlm.node.admission import Acceptance, Dialing
 from dlm.node.incarnation import DEFAULT_BUMP, lock_machine_of, new_incarnation
 from dlm.node.leases import LeaseTracker
 from dlm.node.linkwatch import LinkWatch
+from dlm.node.locks.ledger import RunLedger
 from dlm.node.machine import (
     CloseConnection,
     LogEvent,
@@ -130,6 +131,7 @@ from . import permcheck
 from .backupcheck import BackupChecker
 from .checkers import SafetyChecker, Violation
 from .harness import MemoryBackend, StorageBackend
+from .ledgercheck import LedgerChecker, SimLedger
 from .lockcheck import LockChecker, Section
 from .stranger import Stranger
 from .world import US, Clock, World
@@ -239,6 +241,8 @@ class NodeSimOptions:
     backend: Callable[[tuple[NodeId, ...], random.Random], StorageBackend] = MemoryBackend
     machine_class: type[NodeMachine] | None = None
     lock_machine_class: type[locks.LockStateMachine] | None = None
+    ledger_class: type[RunLedger] = SimLedger
+    """The members' run ledger (a mutant's loses runs or skips)."""
     tracker_class: type[LeaseTracker] | None = None
     membership: bool = True
     """Add, promote and remove members (the leader too) while everything else goes on."""
@@ -675,6 +679,7 @@ class NodeSimulation:
         )
         self._commit_voters: dict[tuple[int, int], tuple[NodeId, ...]] = {}
         self.checker = LockChecker(dict(LIMITS))
+        self.ledger_check = LedgerChecker()
         self.stats: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
         self.heal_at = opts.duration_us - opts.quiet_us
@@ -736,6 +741,7 @@ class NodeSimulation:
         class CountingLocks(lock_base):  # type: ignore[valid-type,misc]
             tombstone_ms = opts.tombstone_ms
             max_stamp_step_ms = opts.max_stamp_step_ms
+            ledger_class = opts.ledger_class
 
             def apply(self, index: int, data: bytes) -> locks.ApplyOutcome:
                 sim._applying(member, index, data)
@@ -745,6 +751,7 @@ class NodeSimulation:
                     why = None
                 outcome: locks.ApplyOutcome = super().apply(index, data)
                 sim._applied(outcome, why)
+                sim.ledger_check.applied(outcome, self.version)
                 return outcome
 
             def apply_command(self, index: int, cmd: locks.Command) -> locks.ApplyOutcome:
@@ -752,6 +759,7 @@ class NodeSimulation:
                 why = permcheck.forbidden(self, cmd)
                 outcome: locks.ApplyOutcome = super().apply_command(index, cmd)
                 sim._applied(outcome, why)
+                sim.ledger_check.applied(outcome, self.version)
                 return outcome
 
             def skip(self, index: int) -> None:
@@ -2068,7 +2076,11 @@ class NodeSimulation:
                             key,
                             wait=wait,
                             limit=LIMITS[key],
-                            meta={"c": proc.name},
+                            # dlm exec names its command: the grant is a run (ledger.py).
+                            meta={
+                                "c": proc.name,
+                                **({"cmd": proc.name} if proc.kind == "exec" else {}),
+                            },
                             known_ttl_ms=lease.ttl_ms,
                         ),
                     )
@@ -2420,6 +2432,7 @@ class NodeSimulation:
             cmd=True,
         )
         run.section = section
+        self.ledger_check.cmd_started(grant.key, grant.token, grant.lease)
         self.checker.enter(section, self.world.now)
         self.stats["sections"] += 1
         self.stats["cmds"] += 1
@@ -2821,6 +2834,10 @@ class NodeSimulation:
             if not self._recovered:
                 raise Violation("slow-recovery", "the write after the heal never finished")
             self.checker.check_history()
+            for member in self.members.values():
+                if member.machine is not None:
+                    self.ledger_check.check(member.id, member.machine.locks)
+            self.stats["ledger_runs_checked"] += self.ledger_check.checked_runs
         except Violation as violation:
             raise SimFailure(self.seed, self.world.now, violation, self.REPLAY_TEST) from violation
         except Exception as error:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 RUNS_PER_KEY = 20
 """Runs kept per key (newest first in `dlm runs KEY`)."""
@@ -282,7 +282,7 @@ class RunLedger:
         ]
 
     @classmethod
-    def restore(cls, rows: object) -> RunLedger:
+    def restore(cls, rows: object) -> Self:
         """The ledger of ``image()``; ValueError for anything else."""
         ledger = cls()
         if type(rows) is not list:

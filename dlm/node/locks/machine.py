@@ -321,6 +321,8 @@ class LockStateMachine:
     """The replicated lock table. Feed it committed entries in log order via ``apply``."""
 
     tombstone_capacity = TOMBSTONES
+    ledger_class = RunLedger
+    """The run ledger's class (a seam: the simulator's keeps every run, its mutants lose some)."""
     check_permissions = True
     """A seam: the simulator's mutant switches the apply-time permission check off."""
     tombstone_ms = TOMBSTONE_MS
@@ -331,7 +333,7 @@ class LockStateMachine:
         self._version = 1
         self.identities = IdentityTable()
         """Who may do what (identities.py); in the node's snapshot image, not this one's."""
-        self.ledger = RunLedger()
+        self.ledger = self.ledger_class()
         """What became of each `dlm exec` run (ledger.py, cluster version 4 on); in the
         node's snapshot image, as the identities are."""
         self._leases: dict[str, _Lease] = {}

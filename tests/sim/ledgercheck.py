@@ -1,0 +1,78 @@
+"""The run ledger's checker (issue 28): every `dlm exec` run whose CMD started is in the
+ledger once, at its grant's token, and every skip is counted on the run it found.
+
+The simulator tells it two things as they happen: a CMD started under a grant (key, token,
+lease), and an entry was applied (an exec acquire answered "held" is a skip on the newest
+holder that is a run). At the end, each member's ledger must hold each started run it has
+applied, exactly once and with its lease, and each run's skip count must be the number of
+such answers in the log up to that member's applied index, whether the member applied
+those entries or restored them from a snapshot image.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dlm.node import locks
+from dlm.node.locks.ledger import COMMAND_META, RunLedger
+
+from .checkers import Violation
+
+
+class SimLedger(RunLedger):
+    """The members' ledger in the simulator: no retention by count or age, so the checker
+    can ask for every run (retention has its unit tests)."""
+
+    runs_per_key = 1 << 30
+    max_age_ms = 1 << 60
+    max_keys = 1 << 30
+
+
+@dataclass
+class LedgerChecker:
+    started: dict[tuple[str, int], str] = field(default_factory=dict)
+    """(key, token) -> lease of every run whose CMD started."""
+    skips: dict[int, tuple[str, int]] = field(default_factory=dict)
+    """Log index of each exec acquire answered held -> the (key, token) it counts on."""
+    checked_runs: int = 0
+
+    def cmd_started(self, key: str, token: int, lease: str) -> None:
+        self.started[(key, token)] = lease
+
+    def applied(self, outcome: locks.ApplyOutcome, version: int) -> None:
+        cmd, result = outcome.command, outcome.result
+        if version < 4 or not isinstance(result, locks.Locked):
+            return
+        if not isinstance(cmd, locks.AcquireCommand) or COMMAND_META not in cmd.meta:
+            return
+        runs = [h.token for h in result.holders if COMMAND_META in h.meta]
+        if runs:
+            self.skips[outcome.index] = (cmd.key, max(runs))
+
+    def check(self, member: str, table: locks.LockStateMachine) -> None:
+        applied = table.applied_index
+        ledger = table.ledger
+        for (key, token), lease in self.started.items():
+            if token > applied:
+                continue
+            found = [r for r in ledger.runs_of(key) if r.token == token]
+            if len(found) != 1 or found[0].lease != lease:
+                raise Violation(
+                    "ledger",
+                    f"{member} (applied {applied}) holds {len(found)} runs of {key!r} at "
+                    f"token {token} (lease {lease}); a started CMD's run appears exactly once",
+                )
+            self.checked_runs += 1
+        expected: dict[tuple[str, int], int] = {}
+        for index, found_held in self.skips.items():
+            if index <= applied:
+                expected[found_held] = expected.get(found_held, 0) + 1
+        for key, _ in ledger.totals(""):
+            for run in ledger.runs_of(key):
+                want = expected.get((key, run.token), 0)
+                if run.skips != want:
+                    raise Violation(
+                        "ledger",
+                        f"{member}: the run of {key!r} at token {run.token} counts "
+                        f"{run.skips} skips; the log answered {want} exec acquires held by it",
+                    )
