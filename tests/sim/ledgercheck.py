@@ -32,6 +32,8 @@ class SimLedger(RunLedger):
 class LedgerChecker:
     started: dict[tuple[str, int], str] = field(default_factory=dict)
     """(key, token) -> lease of every run whose CMD started."""
+    at_version_4: set[int] = field(default_factory=set)
+    """Tokens of the grants made at cluster version 4 or later (only those are runs)."""
     skips: dict[int, tuple[str, int]] = field(default_factory=dict)
     """Log index of each exec acquire answered held -> the (key, token) it counts on."""
     checked_runs: int = 0
@@ -41,11 +43,20 @@ class LedgerChecker:
 
     def applied(self, outcome: locks.ApplyOutcome, version: int) -> None:
         cmd, result = outcome.command, outcome.result
-        if version < 4 or not isinstance(result, locks.Locked):
+        if version < 4:
+            return
+        if isinstance(result, locks.Granted) and result.token == outcome.index:
+            self.at_version_4.add(result.token)
+        self.at_version_4.update(p.token for p in outcome.promotions)
+        if not isinstance(result, locks.Locked):
             return
         if not isinstance(cmd, locks.AcquireCommand) or COMMAND_META not in cmd.meta:
             return
-        runs = [h.token for h in result.holders if COMMAND_META in h.meta]
+        runs = [
+            h.token
+            for h in result.holders
+            if COMMAND_META in h.meta and h.token in self.at_version_4
+        ]
         if runs:
             self.skips[outcome.index] = (cmd.key, max(runs))
 
@@ -53,7 +64,7 @@ class LedgerChecker:
         applied = table.applied_index
         ledger = table.ledger
         for (key, token), lease in self.started.items():
-            if token > applied:
+            if token > applied or token not in self.at_version_4:
                 continue
             found = [r for r in ledger.runs_of(key) if r.token == token]
             if len(found) != 1 or found[0].lease != lease:
