@@ -34,6 +34,8 @@ class FakeClient:
         self.leases: list[dict[str, Any]] = []
         self.closed = False
         self.run_reports: list[Any] = []
+        self.run_rows: list[dict[str, Any]] = []
+        """What ``runs`` answers (the cluster's run ledger rows)."""
         """The run ledger report of each close_lease / update_lease, in order."""
         FakeClient.instances.append(self)
 
@@ -90,6 +92,12 @@ class FakeClient:
         self._call("update_lease", lease, ttl_ms, finished=finished, timeout=timeout)
         self.run_reports.append(run)
         return ttl_ms
+
+    def runs(self, key: str | None = None) -> list[dict[str, Any]]:
+        self._call("runs", key)
+        if key is None:
+            return list(self.run_rows)
+        return [row for row in self.run_rows if row.get("key") == key]
 
     def list_leases(self) -> list[LeaseSummary]:
         self._call("list_leases")
