@@ -10,7 +10,7 @@ library's acquire/release pair before and after, and the state at 10,000 keys.
   (from ``git archive``) and one this checkout's, each driven by its own tree's `dlm`;
   ``dlm exec --lock K -- true`` and library acquire/release pairs alternate between them,
   so drift on a loaded machine hits both alike; medians;
-- state: a ledger of 10,000 keys x 20 runs (its retention), with realistic fields: the
+- state: a ledger of 10,000 keys x 10 runs (its retention), with realistic fields: the
   CBOR bytes it adds to a snapshot image and the Python memory it takes.
 
 Every process is stopped by PID; nothing is written but the report on stdout.
@@ -131,6 +131,8 @@ def main() -> None:
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         before_code = archive(args.before_ref, Path(tmp) / "before")
+        for name in ("cb", "ca"):
+            os.makedirs(os.path.join(tmp, name))
         before = DlmCluster(os.path.join(tmp, "cb"))
         before.env = {
             **os.environ,

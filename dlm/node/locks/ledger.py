@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-RUNS_PER_KEY = 20
+RUNS_PER_KEY = 10
 """Runs kept per key (newest first in `dlm runs KEY`)."""
 RUN_MAX_AGE_MS = 30 * 24 * 3600 * 1000
 """A run started more than 30 days before a later run of the key started is forgotten."""
