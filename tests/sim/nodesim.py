@@ -105,6 +105,7 @@ from dlm.node.machine import (
 from dlm.node.machine_config import PROTOCOL_SPOKEN
 from dlm.node.raft.quorum import majority
 from dlm.node.raft.types import Message, Role, VoteRequest, VoteResponse
+from dlm.node.snapshots import image as node_image
 from dlm.records import (
     ConfState,
     Entry,
@@ -1626,7 +1627,9 @@ class NodeSimulation:
         source = max(running, key=lambda m: m.machine.locks.applied_index if m.machine else 0)
         assert source.machine is not None
         machine = source.machine
-        backup = (machine.locks.applied_index, machine.raft.term, machine.locks.snapshot())
+        # The node's image, as `dlm snapshot save` sends it (the run ledger included).
+        image = node_image(machine.locks, machine.raft, machine.membership)
+        backup = (machine.locks.applied_index, machine.raft.term, lock_machine_of(image))
         self.stats["restores"] += 1
         self.world.at(end, partial(self._restore, *backup))
 
@@ -1648,19 +1651,20 @@ class NodeSimulation:
         first = max(storage.first_index(), machine.applied_index + 1)
         for entry in storage.entries(first, index + 1) if index >= first else []:
             if entry.kind is EntryKind.NORMAL:
-                machine.apply(entry.index, entry.data)
+                # Entries no member applied yet may grant and skip too: the checker hears.
+                self.ledger_check.applied(machine.apply(entry.index, entry.data), machine.version)
             else:
                 machine.skip(entry.index)
         self.stats["recoveries"] += 1
-        self._restore(index, storage.term(index), machine.snapshot())
+        self._restore(index, storage.term(index), machine)
 
-    def _restore(self, index: int, term: int, lock_image: bytes) -> None:
+    def _restore(self, index: int, term: int, machine: locks.LockStateMachine) -> None:
         """Every member stops and loses its data; each is rebuilt from the backup as a
         member of a new incarnation (dlm/node/incarnation.py: the token jump, the
         quarantine), as `dlm node restore` builds them, and started."""
         ids = self.current_ids()
         members = {n: f"{n}:7700" for n in ids}
-        machine = locks.LockStateMachine.restore(lock_image)
+        self.ledger_check.restored(index)
         # As the runbook says: a quarantine that covers the longest TTL any client uses
         # (here the simulated clients' longest lease or hold, not the 30 s floor).
         quarantine_ms = max(locks.longest_ttl_ms(machine), RESTORE_QUARANTINE_MS)

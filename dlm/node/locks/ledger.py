@@ -187,7 +187,7 @@ class RunLedger:
             if key is not None and run_key != key:
                 continue
             self._forget_open(lease, run_key, token)
-            run = self._find(run_key, token)
+            run = self._find(run_key, token, lease)
             if run is None:
                 continue
             run.end_ms = at_ms
@@ -216,12 +216,14 @@ class RunLedger:
                 runs.totals.skips += 1
                 return
 
-    def _find(self, key: str, token: int) -> Run | None:
+    def _find(self, key: str, token: int, lease: str | None = None) -> Run | None:
+        # One step can grant several slots of a semaphore (a quarantine's end): they share
+        # the token, and the lease tells their runs apart.
         runs = self._keys.get(key)
         if runs is None:
             return None
         for run in reversed(runs.runs):
-            if run.token == token:
+            if run.token == token and (lease is None or run.lease == lease):
                 return run
         return None
 

@@ -681,6 +681,8 @@ class LockStateMachine:
             retry = max(1, min(quarantine.ttl_ms, RETRY_AFTER_MAX_MS))
             if entry.holders:
                 retry = self._retry_after(entry)
+                if self._version >= 4 and COMMAND_META in cmd.meta:
+                    self.ledger.skipped(cmd.key, [h.token for h in entry.holders.values()])
             self._forget_if_idle(cmd.key, entry)
             return Locked(cmd.key, self._holders(entry), retry, quarantine.until_ms)
         if room:
