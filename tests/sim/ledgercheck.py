@@ -36,6 +36,8 @@ class LedgerChecker:
     """Tokens of the grants made at cluster version 4 or later (only those are runs)."""
     skips: dict[int, tuple[str, int]] = field(default_factory=dict)
     """Log index of each exec acquire answered held -> the (key, token) it counts on."""
+    asked: dict[tuple[str, int], int] = field(default_factory=dict)
+    """The first entry of each exec acquire answered held, by (client, seq)."""
     checked_runs: int = 0
 
     def cmd_started(self, key: str, token: int, lease: str) -> None:
@@ -57,7 +59,11 @@ class LedgerChecker:
             for h in result.holders
             if COMMAND_META in h.meta and h.token in self.at_version_4
         ]
-        if runs:
+        # A re-sent acquire is answered its remembered result in an entry of its own: one
+        # request, one skip (at the entry where it ran).
+        request = (cmd.origin.client, cmd.origin.seq)
+        first = self.asked.setdefault(request, outcome.index)
+        if runs and first == outcome.index:
             self.skips[outcome.index] = (cmd.key, max(runs))
 
     def restored(self, index: int) -> None:
