@@ -208,3 +208,26 @@ def test_through_the_node_a_run_is_recorded_read_back_and_kept_by_the_snapshot_i
     del old["ledger"]
     back = restore_image(cbor2.dumps(old), type(leader.locks), leader.membership)
     assert len(back.ledger) == 0 and back.identities.image() == leader.locks.identities.image()
+
+
+def test_a_restore_or_recovery_keeps_the_ledger() -> None:
+    """`dlm node restore`/`recover` (dlm/node/incarnation.py): the backup's ledger goes into
+    the new incarnation's image, which members open with its runs."""
+    from dlm.node.incarnation import lock_machine_of, new_incarnation
+
+    cluster = at_version_4()
+    client = cluster.connect("n1")
+    assert client.call("open_lease", lease="A", ttl_ms=5_000)["t"] == "ok"
+    assert client.call("acquire", lease="A", key="job", meta=EXEC_META)["t"] == "ok"
+    assert client.call("close_lease", lease="A", outcome="finished", exit_code=0)["t"] == "ok"
+    leader = cluster["n1"].machine
+    backup = image(leader.locks, leader.raft, leader.membership)
+    machine = lock_machine_of(backup)
+    assert machine.ledger.image() == leader.locks.ledger.image()
+    new = new_incarnation(
+        machine, last_index=machine.applied_index, bump=1000, members={"n1": "h:1"}, quarantine_ms=0
+    )
+    assert cbor2.loads(new.image)["format"] == 4
+    opened = restore_image(new.image, type(leader.locks), leader.membership)
+    [run] = opened.ledger.runs_of("job")
+    assert (run.outcome, run.exit_code, run.host) == ("finished", 0, "h1")
