@@ -51,7 +51,7 @@ if TYPE_CHECKING:
         def seal(self, body: bytes) -> bytes: ...
 
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 CLIENT_FRAME_LIMIT = 64 * 1024
 PEER_FRAME_LIMIT = 4 * 1024 * 1024
 DEFAULT_PORT = 7700
@@ -656,6 +656,33 @@ def _after(msg: dict[Any, Any], name: str) -> str | None:
 
 PAGE_MAX = 1000
 """Most items one ``list`` or ``lease_list`` reply carries."""
+RUNS_PAGE_MAX = 100
+"""Most runs one ``runs`` reply carries (a run is up to ~1 KiB: host, user, command)."""
+RUN_OUTCOMES = ("finished", "killed", "lock_lost")
+"""What a client may report of a run (dlm/node/locks/ledger.py's REPORTED)."""
+
+
+def _run_outcome(msg: dict[Any, Any], name: str) -> str | None:
+    value: str | None = _field(msg, name, str, optional=True)
+    if value is not None and value not in RUN_OUTCOMES:
+        raise ProtocolError(f"a run's outcome is one of {', '.join(RUN_OUTCOMES)}")
+    return value
+
+
+def _run_exit_code(msg: dict[Any, Any], name: str) -> int | None:
+    return None if msg.get(name) is None else _bounded(msg, name, 0, 255)
+
+
+def _run_signal(msg: dict[Any, Any], name: str) -> int | None:
+    return None if msg.get(name) is None else _bounded(msg, name, 1, 128)
+
+
+def _runs_page_size(msg: dict[Any, Any], name: str) -> int:
+    return _opt_bounded(msg, name, 1, RUNS_PAGE_MAX, RUNS_PAGE_MAX)
+
+
+def _opt_key(msg: dict[Any, Any], name: str) -> str | None:
+    return None if msg.get(name) is None else _key(msg, name)
 
 
 def _page_size(msg: dict[Any, Any], name: str) -> int:
@@ -873,8 +900,12 @@ class Request(Record, metaclass=RecordSpec):
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"t": self.TYPE}
+        table = self._TABLE
         for name in self.FIELDS:
-            out[name] = getattr(self, name)
+            value = getattr(self, name)
+            if value is None and table[name].omit:
+                continue  # a field later releases added: absent, the frame is as before
+            out[name] = value
         return out
 
 
@@ -917,10 +948,16 @@ class Renew(Request):
 
 
 class CloseLease(Change):
+    """Ends a lease; ``outcome`` (with ``exit_code`` or ``signal``): how the run of the
+    lease's grant ended, for the run ledger (`dlm exec`; protocol version 4)."""
+
     TYPE = "close_lease"
     ROUTE = "propose"
     PERMISSION = "lease"
     lease: str = field(_lease)
+    outcome: str | None = field(_run_outcome, default=None, omit=True)
+    exit_code: int | None = field(_run_exit_code, default=None, omit=True)
+    signal: int | None = field(_run_signal, default=None, omit=True)
 
 
 class UpdateLease(Change):
@@ -932,6 +969,9 @@ class UpdateLease(Change):
     lease: str = field(_lease)
     ttl_ms: int = field(_ttl)
     finished: bool = field(_flag, default=False)
+    outcome: str | None = field(_run_outcome, default=None, omit=True)
+    exit_code: int | None = field(_run_exit_code, default=None, omit=True)
+    signal: int | None = field(_run_signal, default=None, omit=True)
 
 
 class Acquire(Change):
@@ -973,6 +1013,21 @@ class ListLocks(Request):
     stale: bool = field(_flag, default=False)
     after: str | None = field(_after, default=None, early=True)
     max: int = field(_page_size, default=PAGE_MAX, early=True)
+
+
+class Runs(Request):
+    """The run ledger (protocol version 4): the runs of ``key``, newest first; without a
+    key, the newest run of each key under ``prefix``, by key, a page of ``max`` after
+    ``after``. Answered ``runs`` (and ``next``, the next page's cursor)."""
+
+    TYPE = "runs"
+    ROUTE = "read"
+    PERMISSION = "read"
+    key: str | None = field(_opt_key, default=None, omit=True)
+    prefix: str = field(_prefix, default="")
+    stale: bool = field(_flag, default=False)
+    after: str | None = field(_after, default=None, early=True)
+    max: int = field(_runs_page_size, default=RUNS_PAGE_MAX, early=True)
 
 
 class LeaseInfo(Request):
@@ -1129,6 +1184,7 @@ ClientRequest = (
     | AuthRotate
     | AuthFinish
     | AuthList
+    | Runs
 )
 LockChange = OpenLease | CloseLease | UpdateLease | Acquire | Release
 MemberChange = MemberAdd | MemberRemove | MemberPromote
@@ -1158,6 +1214,7 @@ REQUESTS: dict[str, type[ClientRequest]] = {
         AuthRotate,
         AuthFinish,
         AuthList,
+        Runs,
     )
 }
 """Each request class by its wire type ``t``."""

@@ -332,6 +332,16 @@ def exec_(
             show_default=False,
         ),
     ] = None,
+    on_busy: Annotated[
+        str | None,
+        typer.Option(
+            "--on-busy",
+            metavar="skip|wait=D|fail",
+            help="When the lock is held: skip (exit 75, saying nothing), wait=D (queue up "
+            "to D, as --wait D), fail (exit 75 saying who holds it).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run CMD (no shell) only while holding the lock; exit with CMD's code.
 
@@ -365,6 +375,7 @@ def exec_(
         quiet=quiet,
         min_hold=min_hold,
         verbose=verbose,
+        on_busy=on_busy,
     )
     raise typer.Exit(code)
 
@@ -434,6 +445,63 @@ def locks(
     from dlm.cli.output import choose_format
 
     status_view.list_locks(settings, prefix, choose_format(output_format, settings.json))
+
+
+@app.command()
+@with_settings
+def runs(
+    *,
+    settings: Settings,
+    key: Annotated[
+        str | None, typer.Argument(metavar="[KEY]", help="The key whose runs to show.")
+    ] = None,
+    every: Annotated[
+        bool, typer.Option("--all", help="The last run of every key instead.")
+    ] = False,
+    output_format: FormatOpt = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Dead-man's switch: exit 0 if a run of KEY ended within --max-age, "
+            "else 1, with one line saying what is missing.",
+        ),
+    ] = False,
+    max_age: Annotated[
+        str | None,
+        typer.Option("--max-age", metavar="DURATION", help="With --check: how recent (e.g. 25h)."),
+    ] = None,
+    success: Annotated[
+        bool,
+        typer.Option("--success", help="With --check: only a run that exited 0 counts."),
+    ] = False,
+) -> None:
+    """The run ledger: recent `dlm exec` runs of KEY, or check that one ran.
+
+    Newest first: host, user, command, start and end (the leader's clock, RFC 3339
+    UTC), exit code or signal, fencing token, outcome (finished, killed, lock_lost,
+    supervisor_gone, running) and how many hosts skipped it; --all: the last run of
+    every key. --check is the dead-man's switch: exit 0 if a run (with --success, one
+    that exited 0) of KEY ended within --max-age, else 1 with one line saying so.
+
+    \b
+    dlm runs nightly-backup --check --max-age 25h --success
+    """
+    from dlm.cli import runs as runs_view
+    from dlm.cli.output import choose_format
+
+    fmt = choose_format(output_format, settings.json)
+    raise typer.Exit(
+        runs_view.show(
+            settings,
+            key,
+            every=every,
+            output_format=fmt,
+            check=check,
+            max_age=max_age,
+            success=success,
+        )
+    )
 
 
 @lease_app.command("revoke")

@@ -79,7 +79,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from dlm.cli.guard import Guard
-    from dlm.client.core import Grant, Lease
+    from dlm.client.core import Grant, Lease, RunEnd
     from dlm.client.sync import Client, KeepAlive
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -147,9 +147,14 @@ def run(
     quiet: bool = False,
     min_hold: str | None = None,
     verbose: bool = False,
+    on_busy: str | None = None,
 ) -> int:
     if not command:
         raise usage_error("no command given: dlm exec --lock KEY -- CMD [ARGS...]")
+    if on_busy is not None:
+        wait, quiet, verbose = on_busy_option(
+            on_busy, wait=wait, quiet=quiet, verbose=verbose, conflict_exit_code=conflict_exit_code
+        )
     ttl_ms = ttl_option(ttl)
     wait_s = wait_option(wait)
     grace_s = kill_grace_option(kill_grace, ttl_ms)
@@ -234,6 +239,40 @@ def conflict_is_silent(
     return quiet or conflict_exit_code is not None or min_hold is not None
 
 
+def on_busy_option(
+    text: str, *, wait: str | None, quiet: bool, verbose: bool, conflict_exit_code: int | None
+) -> tuple[str | None, bool, bool]:
+    """``--on-busy skip|wait=D|fail`` as the older flags say it: (--wait, -q, -v).
+
+    skip: exit 75 (or --conflict-exit-code) saying nothing; wait=D: --wait D; fail: exit
+    75 with the line saying who holds the lock. The older flags stay as aliases; a
+    combination that says two different things is a usage error (exit 2).
+    """
+    mode, eq, value = text.partition("=")
+    if mode == "skip" and not eq:
+        if wait is not None:
+            raise usage_error(f"--on-busy skip and --wait {wait} disagree: give one of them")
+        if verbose:
+            raise usage_error("--on-busy skip is quiet and -v is not: give one of them")
+        return None, True, False
+    if mode == "fail" and not eq:
+        if wait is not None:
+            raise usage_error(f"--on-busy fail and --wait {wait} disagree: give one of them")
+        if quiet:
+            raise usage_error(
+                "--on-busy fail says who holds the lock and -q does not: give one of them"
+            )
+        return None, False, True
+    if mode == "wait" and eq and value:
+        duration_option("--on-busy wait", value)  # a bad duration is said as such
+        if wait is not None and wait != value:
+            raise usage_error(
+                f"--on-busy wait={value} and --wait {wait} disagree: give one of them"
+            )
+        return value, quiet, verbose
+    raise usage_error(f"bad --on-busy {text!r}: write skip, fail or wait=DURATION (e.g. wait=1m)")
+
+
 def kill_grace_option(text: str | None, ttl_ms: int) -> float:
     """Seconds between SIGTERM and the deadline: min(5 s, TTL/4) unless given; given, it
     must stay under TTL/2, or the lease would be spent before a renewal could save it."""
@@ -307,10 +346,21 @@ def _on_lost(client: Client, wake_fd: int) -> None:
     client.close()
 
 
-def _give_back(client: Client, lease: Lease) -> None:
+def run_end(code: int | None, *, started: bool) -> RunEnd:
+    """How the run ended, for the cluster's run ledger: CMD's exit code (``finished``; a
+    code above 128 that a signal explains is that signal), or ``lock_lost`` when the lock
+    was granted but CMD could not start in time."""
+    if not started or code is None:
+        return ("lock_lost", None, None)
+    if 128 < code <= 128 + 64:
+        return ("finished", None, code - 128)
+    return ("finished", code, None)
+
+
+def _give_back(client: Client, lease: Lease, run: RunEnd | None = None) -> None:
     """Closes the lease, which releases its lock. Failure is a warning: the TTL ends it."""
     try:
-        client.close_lease(lease)
+        client.close_lease(lease, run=run)
     except Exception as exc:
         complain(
             f"could not release the lock ({exc}); it will expire with lease {lease.id} "
@@ -363,6 +413,9 @@ class _Session:
         self.gate = StartGate(grace)
         self.cmd_started = False
         self.cmd_gone = False  # the guard saw CMD and every process it left end
+        self.granted = False
+        self.run_code: int | None = None
+        """CMD's exit code, for the run ledger (None: it did not start or did not end)."""
 
     def run(
         self,
@@ -418,10 +471,12 @@ class _Session:
                 if exc.code == "CLOSED" and keeper.lost.wait(LOST_VERDICT_SECONDS):
                     raise _lost_error(keeper.reason, self.key, ran=False) from None
                 raise
+            self.granted = True
             if keeper.lost.is_set():
                 raise _lost_error(keeper.reason, self.key, ran=False)
             self._confirm_before_start(client, keeper, lease)
             code = self._supervise(grant, keeper, signals, wake_r)
+            self.run_code = code
             held_ms = None
             if self.hold is not None:
                 held_ms = self._hand_over_hold(client, keeper, lease, granted_by, self.hold)
@@ -454,7 +509,9 @@ class _Session:
                 keeper.stop()
             # Never release while something of CMD may still run: the lease then lapses.
             if lease is not None and (self.cmd_gone or not self.cmd_started):
-                _give_back(client, lease)
+                started = self.cmd_started or self.run_code is not None
+                report = run_end(self.run_code, started=started)
+                _give_back(client, lease, report if self.granted else None)
             client.close()
             signals.restore()
             os.close(wake_r)
@@ -488,7 +545,8 @@ class _Session:
             # the lease lasts, but no longer.
             budget = max(budget, covered_until - now)
         try:
-            client.update_lease(lease, hold_ms, finished=True, timeout=budget)
+            run = run_end(self.run_code, started=True)
+            client.update_lease(lease, hold_ms, finished=True, timeout=budget, run=run)
         except LeaseLost as exc:
             complain(f"could not keep {self.key!r} taken for the rest of --min-hold: {exc.message}")
             return 0
@@ -566,6 +624,7 @@ class _Session:
                 number = int(report[1])
                 exit_code = exits.NOT_FOUND if number == errno.ENOENT else exits.NOT_EXECUTABLE
                 message = f"{self.command[0]}: {os.strerror(number)}"
+                self.run_code = exit_code  # the ledger records it as CMD's exit code
                 raise CliError("EXEC_FAILED", message, exit_code)
             raise CliError("INTERNAL", "dlm's guard process ended before starting CMD", 1)
         self.cmd_started = True

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 OK = 0
-CHECK_FAILED = 1  # status --check: degraded; store/snapshot inspect: problems found
+CHECK_FAILED = 1  # status/runs --check: degraded/missing; store/snapshot inspect: problems
 USAGE = 2
 UNAVAILABLE = 69  # EX_UNAVAILABLE
 INTERNAL = 70  # EX_SOFTWARE: a bug in dlm, or a reply it does not understand
@@ -33,8 +33,9 @@ Exit codes:
 
 \b
   0   success (for exec: CMD exited 0)
-  1   status --check: the cluster is degraded (store inspect: damaged data;
-      snapshot inspect, node restore: not an intact backup)
+  1   status --check: the cluster is degraded (runs --check: no run ended
+      within --max-age; store inspect: damaged data; snapshot inspect, node
+      restore: not an intact backup)
   2   usage error (members: an id or address in use, an unknown id, the last
       voter, a removal that would leave no quorum of answering voters; node
       recover without --force)

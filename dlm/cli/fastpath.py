@@ -73,6 +73,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, str]]]] = {
             "-v": ("verbose", FLAG),
             "--limit": ("limit", INT),
             "--min-hold": ("min_hold", VALUE),
+            "--on-busy": ("on_busy", VALUE),
         },
     ),
 }
@@ -240,6 +241,7 @@ def run(parsed: Parsed) -> int:
             quiet=p.get("quiet", False),
             min_hold=p.get("min_hold"),
             verbose=p.get("verbose", False),
+            on_busy=p.get("on_busy"),
         )
     from dlm.cli import ops
 

@@ -35,8 +35,9 @@ TOP_LEVEL_HELP = (
     '  Exit codes:\n'
     '\n'
     '    0   success (for exec: CMD exited 0)\n'
-    '    1   status --check: the cluster is degraded (store inspect: damaged data;\n'
-    '        snapshot inspect, node restore: not an intact backup)\n'
+    '    1   status --check: the cluster is degraded (runs --check: no run ended\n'
+    '        within --max-age; store inspect: damaged data; snapshot inspect, node\n'
+    '        restore: not an intact backup)\n'
     '    2   usage error (members: an id or address in use, an unknown id, the last\n'
     '        voter, a removal that would leave no quorum of answering voters; node\n'
     '        recover without --force)\n'
@@ -86,6 +87,7 @@ TOP_LEVEL_HELP = (
     '  exec      Run CMD (no shell) only while holding the lock; exit with...\n'
     '  status    Show the cluster: members, roles, lag, last contact, and the...\n'
     '  locks     List the held locks, one line each.\n'
+    '  runs      The run ledger: recent `dlm exec` runs of KEY, or check that...\n'
     '  node      Run a cluster member.\n'
     "  members   Look at and change the cluster's members, one at a time.\n"
     "  store     Look into a member's data directory.\n"

@@ -110,10 +110,16 @@ def _user() -> str:
         return str(os.getuid())
 
 
+HOST_ENV = "DLM_HOST"
+"""The host name `dlm acquire` and `dlm exec` record (default: the machine's node name)."""
+
+
 def owner_meta(*, pid: int, command: Sequence[str] | None = None) -> dict[str, str]:
     """Who took the lock, for `dlm status KEY`: host, user, pid and (for exec) the command."""
     # uname's node name is what gethostname() returns, without importing socket (~2 ms).
-    meta = {"host": os.uname().nodename, "user": _user(), "pid": str(pid)}
+    # DLM_HOST names the host instead (a container's random hostname, a test's fake hosts).
+    host = os.environ.get(HOST_ENV) or os.uname().nodename
+    meta = {"host": host[:MAX_META_VALUE], "user": _user(), "pid": str(pid)}
     if command:
         meta["cmd"] = " ".join(command)[:MAX_META_VALUE]
     return meta

@@ -583,10 +583,12 @@ class AsyncClient:
         self._ttl_ms[lid] = ttl
         return ttl
 
-    async def close_lease(self, lease: LeaseRef, *, must_exist: bool = False) -> list[str]:
+    async def close_lease(
+        self, lease: LeaseRef, *, must_exist: bool = False, run: core.RunEnd | None = None
+    ) -> list[str]:
         lid = lease_id(lease)
         released: list[str] = await self._run(
-            core.close_lease_flow(self._ctx, lid, must_exist=must_exist)
+            core.close_lease_flow(self._ctx, lid, must_exist=must_exist, run=run)
         )
         self._ttl_ms.pop(lid, None)
         return released
@@ -598,11 +600,14 @@ class AsyncClient:
         *,
         finished: bool = False,
         timeout: float | None = None,
+        run: core.RunEnd | None = None,
     ) -> int:
         """As the blocking client's: every keep_alive of this lease made from this client
         (or one it spawned) hears of the update before it is sent."""
         lid = lease_id(lease)
-        flow = core.update_lease_flow(self._ctx, lid, ttl_ms, finished=finished, timeout=timeout)
+        flow = core.update_lease_flow(
+            self._ctx, lid, ttl_ms, finished=finished, timeout=timeout, run=run
+        )
         tickets = [(w, w.update_sent(ttl_ms)) for w in self._watchers.of(lid)]
         try:
             ttl: int = await self._run(flow)
@@ -693,6 +698,15 @@ class AsyncClient:
         ``auth_*`` request with id 0): the cluster's answer, ``op`` and ``name``."""
         answer: dict[str, Any] = await self._run(core.read_flow(self._ctx, request))
         return answer
+
+    async def runs(
+        self, key: str | None = None, *, prefix: str = "", stale: bool = False
+    ) -> list[dict[str, Any]]:
+        """The run ledger: ``key``'s runs newest first, or the last run of every key."""
+        rows: list[dict[str, Any]] = await self._run(
+            core.runs_flow(self._ctx, key, prefix=prefix, stale=stale)
+        )
+        return rows
 
     async def identities(self) -> list[dict[str, Any]]:
         """The cluster's identities (an admin's request): names, roles, prefixes, key ids."""

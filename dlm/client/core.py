@@ -86,6 +86,7 @@ from dlm.wire import (
     Record,
     Release,
     Renew,
+    Runs,
     SnapshotChunk,
     SnapshotSave,
     Status,
@@ -824,15 +825,17 @@ def keepalive_flow(
 
 
 def close_lease_flow(
-    s: Context, lease: str, *, must_exist: bool = False
+    s: Context, lease: str, *, must_exist: bool = False, run: RunEnd | None = None
 ) -> Generator[Action, Outcome, list[str]]:
     """Ends the lease, releasing its locks; returns the keys it held.
 
     A lease that is already gone is what its owner wanted, so that is success,
     unless ``must_exist`` (an operator revoking a lease by id): then LeaseLost.
+    ``run``: how the run of its grant ended, for the run ledger (see ``RunEnd``).
     """
     try:
-        _, reply = yield from change(s, CloseLease(id=0, lease=lease, seq=0))
+        request = CloseLease(id=0, lease=lease, seq=0, **_run_fields(run))
+        _, reply = yield from change(s, request)
     except LeaseLost:
         if must_exist:
             raise
@@ -847,10 +850,13 @@ def update_lease_flow(
     *,
     finished: bool = False,
     timeout: float | None = None,
+    run: RunEnd | None = None,
 ) -> Generator[Action, Outcome, int]:
     """Gives the lease a new TTL from now; returns it. ``timeout``: how long to keep
-    re-sending it (default: the client's)."""
-    request = UpdateLease(id=0, lease=lease, ttl_ms=ttl_ms, finished=finished, seq=0)
+    re-sending it (default: the client's). ``run`` (with ``finished``): as on a close."""
+    request = UpdateLease(
+        id=0, lease=lease, ttl_ms=ttl_ms, finished=finished, seq=0, **_run_fields(run)
+    )
     _, reply = yield from change(s, request, timeout=timeout)
     return read_reply(LeaseTerms, reply).ttl_ms
 
@@ -942,6 +948,39 @@ def release_flow(
     _, reply = yield from change(s, request)
     answer = read_reply(LockReleased, reply)
     return ReleaseOutcome(key, answer.released == "lock", answer.token, answer.lease_ended)
+
+
+RunEnd = tuple[str, int | None, int | None]
+"""How a run ended, for the run ledger: (outcome, exit code, signal); outcome
+``finished`` (CMD ended: its exit code, or the signal that ended it), ``killed``
+(stopped at the lease's deadline) or ``lock_lost``."""
+
+
+def _run_fields(run: RunEnd | None) -> dict[str, Any]:
+    if run is None:
+        return {}
+    outcome, exit_code, signal = run
+    return {"outcome": outcome, "exit_code": exit_code, "signal": signal}
+
+
+def runs_flow(
+    s: Context, key: str | None = None, *, prefix: str = "", stale: bool = False
+) -> Generator[Action, Outcome, list[dict[str, Any]]]:
+    """The run ledger: the runs of ``key`` newest first, or (no key) the last run of each
+    key under ``prefix``, by key, every page (each run a map; times in ms)."""
+    wire = without_id(Runs(id=0, key=key, prefix=prefix, stale=stale))
+    out: list[dict[str, Any]] = []
+    for _ in range(1 << 20):  # bounded: each page moves the cursor forward
+        _, reply = yield from call(s, wire)
+        answer = payload(reply)
+        rows = answer.get("runs")
+        if isinstance(rows, list):
+            out.extend(r for r in rows if isinstance(r, dict))
+        cursor = answer.get("next")
+        if key is not None or not isinstance(cursor, str) or cursor == wire.get("after"):
+            break
+        wire = {**wire, "after": cursor}
+    return out
 
 
 def read_flow(

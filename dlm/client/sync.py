@@ -496,15 +496,18 @@ class Client:
         self._ttl_ms[lid] = ttl
         return ttl
 
-    def close_lease(self, lease: LeaseRef, *, must_exist: bool = False) -> list[str]:
+    def close_lease(
+        self, lease: LeaseRef, *, must_exist: bool = False, run: core.RunEnd | None = None
+    ) -> list[str]:
         """Ends the lease and releases its locks; returns the keys it held.
 
         A lease that is already gone counts as closed, unless ``must_exist``
-        (revoking someone's lease by id): then LeaseLost.
+        (revoking someone's lease by id): then LeaseLost. ``run``: how the run of its
+        grant ended, for the run ledger (``core.RunEnd``).
         """
         lid = lease_id(lease)
         released: list[str] = self._run(
-            core.close_lease_flow(self._ctx, lid, must_exist=must_exist)
+            core.close_lease_flow(self._ctx, lid, must_exist=must_exist, run=run)
         )
         self._ttl_ms.pop(lid, None)
         return released
@@ -516,6 +519,7 @@ class Client:
         *,
         finished: bool = False,
         timeout: float | None = None,
+        run: core.RunEnd | None = None,
     ) -> int:
         """Gives the lease a new TTL, counted from now (``finished``: its command ended).
         ``timeout``: how long to keep trying (default: the client's).
@@ -524,7 +528,9 @@ class Client:
         of it before it is sent: a shorter TTL lowers its deadline at once, whatever
         becomes of the update, and sets the pace of its renewals."""
         lid = lease_id(lease)
-        flow = core.update_lease_flow(self._ctx, lid, ttl_ms, finished=finished, timeout=timeout)
+        flow = core.update_lease_flow(
+            self._ctx, lid, ttl_ms, finished=finished, timeout=timeout, run=run
+        )
         tickets = [(w, w.update_sent(ttl_ms)) for w in self._watchers.of(lid)]
         try:
             ttl: int = self._run(flow)
@@ -624,6 +630,15 @@ class Client:
         ``auth_*`` request with id 0): the cluster's answer, ``op`` and ``name``."""
         answer: dict[str, Any] = self._run(core.read_flow(self._ctx, request))
         return answer
+
+    def runs(
+        self, key: str | None = None, *, prefix: str = "", stale: bool = False
+    ) -> list[dict[str, Any]]:
+        """The run ledger: ``key``'s runs newest first, or the last run of every key."""
+        rows: list[dict[str, Any]] = self._run(
+            core.runs_flow(self._ctx, key, prefix=prefix, stale=stale)
+        )
+        return rows
 
     def identities(self) -> list[dict[str, Any]]:
         """The cluster's identities (an admin's request): names, roles, prefixes, key ids."""

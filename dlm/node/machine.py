@@ -113,6 +113,7 @@ from dlm.wire import (
     Members,
     ProtocolError,
     Renew,
+    Runs,
     SnapshotSave,
     Status,
     decode_request,
@@ -773,6 +774,9 @@ class NodeMachine:
         elif isinstance(req, ListLeases):
             leases = self._replies(now, self._viewer(conn)).leases_page(req)
             self._answer_request(conn, req.TYPE, leases.frame(req.id))
+        elif isinstance(req, Runs):
+            runs = self._replies(now, self._viewer(conn)).runs(req)
+            self._answer_request(conn, req.TYPE, runs)
         elif isinstance(req, AuthList):
             rows = self.locks.identities.rows(now.wall_ms)
             self._answer_request(conn, req.TYPE, ok(req.id, identities=rows))

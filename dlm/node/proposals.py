@@ -267,7 +267,7 @@ def command_for(
             quota=limits_for(identity).max_leases if v3 else 0,
         )
     if isinstance(req, CloseLease):
-        return locks.CloseLeaseCommand(req.lease, origin, at_ms, by)
+        return locks.CloseLeaseCommand(req.lease, origin, at_ms, by, run_report(req, machine))
     if isinstance(req, Acquire):
         # A re-sent or re-entrant acquire of a key the lease already holds or waits
         # for adds nothing, and must get its grant (or place) back, not a refusal.
@@ -302,7 +302,19 @@ def command_for(
         )
     if not v2:
         raise upgrading("lease_update")
-    return locks.UpdateLeaseCommand(req.lease, req.ttl_ms, req.finished, origin, at_ms, by)
+    report = run_report(req, machine) if req.finished else None
+    return locks.UpdateLeaseCommand(req.lease, req.ttl_ms, req.finished, origin, at_ms, by, report)
+
+
+def run_report(
+    req: CloseLease | UpdateLease, machine: locks.LockStateMachine
+) -> locks.RunReport | None:
+    """How the run of the lease's grant ended, as the request says (dlm exec), in the log
+    from cluster version 4 on; before, a member of the previous release could not read
+    it, and the request goes in without it (the run ledger starts at version 4)."""
+    if req.outcome is None or machine.version < 4:
+        return None
+    return locks.RunReport(req.outcome, req.exit_code, req.signal)
 
 
 def identity_command(

@@ -47,6 +47,7 @@ from dlm.wire import (
     LockQueued,
     LockReleased,
     Request,
+    Runs,
     error,
     ok,
 )
@@ -261,6 +262,25 @@ class Replies:
             next=cursor,
         )
 
+    def runs(self, req: Runs) -> dict[str, Any]:
+        """The ``runs`` answer: a key's runs newest first, or the last run of each key
+        under the prefix (a page, by key); only keys the viewer may see."""
+        ledger, table = self._locks.ledger, self._locks.identities
+        sees_all = self._sees_all()
+        if req.key is not None:
+            shown = sees_all or may_see(table, self._viewer, req.key)
+            runs = ledger.runs_of(req.key) if shown else []
+            return ok(req.id, key=req.key, runs=[run_item(r) for r in runs])
+        last = [
+            r
+            for r in ledger.last_runs(req.prefix)
+            if (req.after is None or r.key > req.after)
+            and (sees_all or may_see(table, self._viewer, r.key))
+        ]
+        page = last[: req.max]
+        cursor = page[-1].key if len(last) > req.max else None
+        return ok(req.id, runs=[run_item(r) for r in page], next=cursor)
+
     def lease_info(self, req: LeaseInfo) -> dict[str, Any]:
         info = self._locks.lease(req.lease)
         if info is None:
@@ -404,3 +424,20 @@ def members_view(
     return MembersView(
         members=members, leader=st.leader, bootstrap=bootstrap, incarnation=incarnation or None
     )
+
+
+def run_item(run: locks.Run) -> dict[str, Any]:
+    """One run as the ``runs`` answer carries it (times: the leaders' wall clocks, ms)."""
+    return {
+        "key": run.key,
+        "host": run.host,
+        "user": run.user,
+        "command": run.command,
+        "start_ms": run.start_ms,
+        "end_ms": run.end_ms,
+        "exit_code": run.exit_code,
+        "signal": run.signal,
+        "token": run.token,
+        "outcome": run.outcome,
+        "skips": run.skips,
+    }

@@ -38,6 +38,9 @@ the identity table (``identities``: names, roles, prefixes and key verifiers, ne
 secret). Version 1: the bare lock image."""
 NODE_IMAGE_FORMAT_V2 = 2
 """The layout at cluster version 2, without identities (still restored)."""
+NODE_IMAGE_FORMAT_V4 = 4
+"""The layout from cluster version 4: format 3 and the run ledger (``ledger``:
+dlm/node/locks/ledger.py's image). Format 3 images are still restored (no runs)."""
 PERIODIC = "periodic"
 """The purpose of an image that compacts the log."""
 BACKUP = "backup"
@@ -112,14 +115,20 @@ def restore_image(
         item = cbor2.loads(data)
     except Exception as exc:
         raise ValueError(f"snapshot image is corrupt: {exc!r}") from None
-    if isinstance(item, dict) and item.get("format") in (NODE_IMAGE_FORMAT_V2, NODE_IMAGE_FORMAT):
+    if isinstance(item, dict) and item.get("format") in (
+        NODE_IMAGE_FORMAT_V2,
+        NODE_IMAGE_FORMAT,
+        NODE_IMAGE_FORMAT_V4,
+    ):
         lock_image = item.get("locks")
         members = item.get("members")
         if not isinstance(lock_image, bytes) or not isinstance(members, dict):
             raise ValueError("snapshot image has an unknown layout")
         machine = lock_machine_class.restore(lock_image)
-        if item["format"] == NODE_IMAGE_FORMAT:
+        if item["format"] in (NODE_IMAGE_FORMAT, NODE_IMAGE_FORMAT_V4):
             machine.identities = IdentityTable.restore(item.get("identities"))
+        if item["format"] == NODE_IMAGE_FORMAT_V4:
+            machine.ledger = lock_machine_class.ledger_class.restore(item.get("ledger"))
         membership.restore(members, item.get("removed", []))
         return machine
     return lock_machine_class.restore(data)
@@ -141,6 +150,9 @@ def image(machine: locks.LockStateMachine, raft: RaftNode, membership: Membershi
     if machine.version >= 3:
         layout["format"] = NODE_IMAGE_FORMAT
         layout["identities"] = machine.identities.image()
+    if machine.version >= 4:
+        layout["format"] = NODE_IMAGE_FORMAT_V4
+        layout["ledger"] = machine.ledger.image()
     return bytes(cbor2.dumps(layout, canonical=True))
 
 

@@ -42,7 +42,14 @@ class MeteredNode(NodeProc):
         self.metrics_port = metrics_port
 
     def command(self) -> list[str]:
-        return [*super().command(), "--metrics-listen", f"127.0.0.1:{self.metrics_port}"]
+        return [
+            *super().command(),
+            "--metrics-listen",
+            f"127.0.0.1:{self.metrics_port}",
+            # The run ledger of the keys under m-doc as dlm_job_* metrics (issue 28).
+            "--job-metrics",
+            "m-doc",
+        ]
 
     @property
     def metrics_url(self) -> str:
@@ -130,7 +137,13 @@ def metered_nodes(cluster: Cluster) -> list[MeteredNode]:
 def test_every_metric_is_served_with_the_type_and_labels_the_readme_gives(
     leader: MeteredNode, dlm: Dlm
 ) -> None:
-    # A grant and a release, so that every labelled family has samples to show its labels.
+    # A grant and a release, so that every labelled family has samples to show its labels
+    # (a `dlm exec` run of a key under --job-metrics, once the ledger's version is in force).
+    wait_for(
+        lambda: value(leader.scrape(), "dlm_cluster_version") == PROTOCOL_VERSION,
+        10.0,
+        "the cluster at the ledger's version",
+    )
     assert dlm.run("exec", "--lock", "m-doc", "--", "true").returncode == 0
     # And a refusal at the leader: a client identity may not list the identities.
     credential = dlm.cwd / "m-doc.cred"

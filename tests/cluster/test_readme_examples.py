@@ -370,16 +370,17 @@ def test_a_crontab_line_on_a_five_host_tick(
     assert match is not None
     command = scene.rewrite(match[1])
     tallies = make_stubs(scene, command)
+    # Five simulated hosts: DLM_HOST gives each the name the run ledger records.
     hosts = [
         subprocess.Popen(
             ["sh", "-c", command],
             cwd=scene.cwd,
-            env=scene.env,
+            env={**scene.env, "DLM_HOST": f"host-{i}"},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for _ in range(HOSTS)
+        for i in range(1, HOSTS + 1)
     ]
     results = []
     for host in hosts:
@@ -407,3 +408,30 @@ def test_a_crontab_line_on_a_five_host_tick(
     assert codes == sorted([0] + [skip_code] * (HOSTS - 1)), results
     # The contract cron needs: a host that skips prints nothing, or cron mails it.
     assert not said, f"hosts that skipped printed something (cron would mail it): {said}"
+    check_the_run_ledger(scene, command)
+
+
+def check_the_run_ledger(scene: Scene, command: str) -> None:
+    """`dlm runs` shows the tick as one run and four skips (issue 28), and the dead-man's
+    switch says so, then flips to 1 once no run has ended within its age (the job is
+    gone from the crontab: no tick follows)."""
+    import json
+
+    lock = re.search(r"--lock (\S+)", command)
+    assert lock is not None
+    key = lock[1]
+    shown = scene.dlm("runs", key, "--json")
+    assert shown.returncode == 0, shown.stderr
+    runs = json.loads(shown.stdout)["runs"]
+    assert len(runs) == 1 and runs[0]["skips"] == HOSTS - 1, runs
+    assert runs[0]["host"].startswith("host-") and runs[0]["outcome"] == "finished", runs
+    check = scene.dlm("runs", key, "--check", "--max-age", "25h", "--success")
+    assert check.returncode == 0 and check.stdout.startswith("ok:"), check
+    # No further tick: once a second has passed since the run ended, a 1s age misses it.
+    wait_for(
+        lambda: scene.dlm("runs", key, "--check", "--max-age", "1s").returncode == 1,
+        TIMEOUT,
+        "the check to flip to 1",
+    )
+    missing = scene.dlm("runs", key, "--check", "--max-age", "1s")
+    assert missing.stdout.startswith("missing:") and len(missing.stdout.splitlines()) == 1

@@ -35,6 +35,8 @@ from dlm.node.snapshots import BackupImage
 from dlm.records import ConfChange, HardState, NodeId
 from dlm.wire import ClientRequest, SnapshotSave, ok
 
+from .ledgercheck import SimLedger
+
 
 class CommitsPreviousTermByCounting(RaftNode):
     """Commits whatever a quorum holds, even an entry of an earlier term (Raft figure 8)."""
@@ -279,3 +281,19 @@ class RestoresWithoutUsage(locks.LockStateMachine):
         machine = super()._restore(item)
         machine.usage = OwnerUsage()
         return machine
+
+
+class ForgetsSkips(SimLedger):
+    """Issue 28: an exec acquire answered "held" is not counted on the run it found, so
+    `dlm runs` shows no skips and the fleet's other hosts look absent."""
+
+    def skipped(self, key: str, tokens: list[int]) -> None:
+        return
+
+
+class ImagesWithoutRuns(SimLedger):
+    """Issue 28: the snapshot image leaves the runs out, so a member restarted from its
+    snapshot, or sent one, has lost them (the ledger would not survive a restart)."""
+
+    def image(self) -> list[Any]:
+        return []

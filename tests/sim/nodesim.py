@@ -87,6 +87,7 @@ from dlm.node.admission import Acceptance, Dialing
 from dlm.node.incarnation import DEFAULT_BUMP, lock_machine_of, new_incarnation
 from dlm.node.leases import LeaseTracker
 from dlm.node.linkwatch import LinkWatch
+from dlm.node.locks.ledger import RunLedger
 from dlm.node.machine import (
     CloseConnection,
     LogEvent,
@@ -104,6 +105,7 @@ from dlm.node.machine import (
 from dlm.node.machine_config import PROTOCOL_SPOKEN
 from dlm.node.raft.quorum import majority
 from dlm.node.raft.types import Message, Role, VoteRequest, VoteResponse
+from dlm.node.snapshots import image as node_image
 from dlm.records import (
     ConfState,
     Entry,
@@ -130,6 +132,7 @@ from . import permcheck
 from .backupcheck import BackupChecker
 from .checkers import SafetyChecker, Violation
 from .harness import MemoryBackend, StorageBackend
+from .ledgercheck import LedgerChecker, SimLedger
 from .lockcheck import LockChecker, Section
 from .stranger import Stranger
 from .world import US, Clock, World
@@ -239,6 +242,8 @@ class NodeSimOptions:
     backend: Callable[[tuple[NodeId, ...], random.Random], StorageBackend] = MemoryBackend
     machine_class: type[NodeMachine] | None = None
     lock_machine_class: type[locks.LockStateMachine] | None = None
+    ledger_class: type[RunLedger] = SimLedger
+    """The members' run ledger (a mutant's loses runs or skips)."""
     tracker_class: type[LeaseTracker] | None = None
     membership: bool = True
     """Add, promote and remove members (the leader too) while everything else goes on."""
@@ -675,6 +680,7 @@ class NodeSimulation:
         )
         self._commit_voters: dict[tuple[int, int], tuple[NodeId, ...]] = {}
         self.checker = LockChecker(dict(LIMITS))
+        self.ledger_check = LedgerChecker()
         self.stats: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
         self.heal_at = opts.duration_us - opts.quiet_us
@@ -736,6 +742,7 @@ class NodeSimulation:
         class CountingLocks(lock_base):  # type: ignore[valid-type,misc]
             tombstone_ms = opts.tombstone_ms
             max_stamp_step_ms = opts.max_stamp_step_ms
+            ledger_class = opts.ledger_class
 
             def apply(self, index: int, data: bytes) -> locks.ApplyOutcome:
                 sim._applying(member, index, data)
@@ -745,6 +752,7 @@ class NodeSimulation:
                     why = None
                 outcome: locks.ApplyOutcome = super().apply(index, data)
                 sim._applied(outcome, why)
+                sim.ledger_check.applied(outcome, self.version)
                 return outcome
 
             def apply_command(self, index: int, cmd: locks.Command) -> locks.ApplyOutcome:
@@ -752,6 +760,7 @@ class NodeSimulation:
                 why = permcheck.forbidden(self, cmd)
                 outcome: locks.ApplyOutcome = super().apply_command(index, cmd)
                 sim._applied(outcome, why)
+                sim.ledger_check.applied(outcome, self.version)
                 return outcome
 
             def skip(self, index: int) -> None:
@@ -1618,7 +1627,9 @@ class NodeSimulation:
         source = max(running, key=lambda m: m.machine.locks.applied_index if m.machine else 0)
         assert source.machine is not None
         machine = source.machine
-        backup = (machine.locks.applied_index, machine.raft.term, machine.locks.snapshot())
+        # The node's image, as `dlm snapshot save` sends it (the run ledger included).
+        image = node_image(machine.locks, machine.raft, machine.membership)
+        backup = (machine.locks.applied_index, machine.raft.term, lock_machine_of(image))
         self.stats["restores"] += 1
         self.world.at(end, partial(self._restore, *backup))
 
@@ -1640,19 +1651,20 @@ class NodeSimulation:
         first = max(storage.first_index(), machine.applied_index + 1)
         for entry in storage.entries(first, index + 1) if index >= first else []:
             if entry.kind is EntryKind.NORMAL:
-                machine.apply(entry.index, entry.data)
+                # Entries no member applied yet may grant and skip too: the checker hears.
+                self.ledger_check.applied(machine.apply(entry.index, entry.data), machine.version)
             else:
                 machine.skip(entry.index)
         self.stats["recoveries"] += 1
-        self._restore(index, storage.term(index), machine.snapshot())
+        self._restore(index, storage.term(index), machine)
 
-    def _restore(self, index: int, term: int, lock_image: bytes) -> None:
+    def _restore(self, index: int, term: int, machine: locks.LockStateMachine) -> None:
         """Every member stops and loses its data; each is rebuilt from the backup as a
         member of a new incarnation (dlm/node/incarnation.py: the token jump, the
         quarantine), as `dlm node restore` builds them, and started."""
         ids = self.current_ids()
         members = {n: f"{n}:7700" for n in ids}
-        machine = locks.LockStateMachine.restore(lock_image)
+        self.ledger_check.restored(index)
         # As the runbook says: a quarantine that covers the longest TTL any client uses
         # (here the simulated clients' longest lease or hold, not the 30 s floor).
         quarantine_ms = max(locks.longest_ttl_ms(machine), RESTORE_QUARANTINE_MS)
@@ -2068,7 +2080,11 @@ class NodeSimulation:
                             key,
                             wait=wait,
                             limit=LIMITS[key],
-                            meta={"c": proc.name},
+                            # dlm exec names its command: the grant is a run (ledger.py).
+                            meta={
+                                "c": proc.name,
+                                **({"cmd": proc.name} if proc.kind == "exec" else {}),
+                            },
                             known_ttl_ms=lease.ttl_ms,
                         ),
                     )
@@ -2420,6 +2436,7 @@ class NodeSimulation:
             cmd=True,
         )
         run.section = section
+        self.ledger_check.cmd_started(grant.key, grant.token, grant.lease)
         self.checker.enter(section, self.world.now)
         self.stats["sections"] += 1
         self.stats["cmds"] += 1
@@ -2821,6 +2838,10 @@ class NodeSimulation:
             if not self._recovered:
                 raise Violation("slow-recovery", "the write after the heal never finished")
             self.checker.check_history()
+            for member in self.members.values():
+                if member.machine is not None:
+                    self.ledger_check.check(member.id, member.machine.locks)
+            self.stats["ledger_runs_checked"] += self.ledger_check.checked_runs
         except Violation as violation:
             raise SimFailure(self.seed, self.world.now, violation, self.REPLAY_TEST) from violation
         except Exception as error:

@@ -32,7 +32,9 @@ from .bugs import (
     AsksTheMemberBeforeTheProof,
     BelievesRefusalsBeforeTheProof,
     ConfirmsUpdatesOfDoomedLeases,
+    ForgetsSkips,
     FreesARemovedIdentitysLeases,
+    ImagesWithoutRuns,
     LabelsBackupsWithTheLastIndex,
     NeverReplacesLinks,
     OrdersSpawnWithoutLooking,
@@ -93,6 +95,8 @@ def test_node_sim_with_identities_at_version_3(sim_totals: SimTotals) -> None:
         sim_totals.add("identities", result)
 
 
+LEDGER_MUTANT_SEEDS = 10
+"""Seeds within which each run ledger mutant must be caught."""
 STEADY_SEEDS = 12
 """Seeds of each steady fault in `make test` (about a second each)."""
 STEADY_MUTANT_SEEDS = 40
@@ -395,6 +399,17 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         ),
         {"usage"},
         20,
+    ),
+    # Issue 28, the run ledger (ledgercheck.py).
+    "exec acquires answered held are not counted as skips": (
+        lambda seed: options_for(seed, ledger_class=ForgetsSkips),
+        {"ledger"},
+        LEDGER_MUTANT_SEEDS,
+    ),
+    "the snapshot image leaves the runs out": (
+        lambda seed: options_for(seed, ledger_class=ImagesWithoutRuns),
+        {"ledger"},
+        LEDGER_MUTANT_SEEDS,
     ),
     "the member hears a hello before its proof (hole 2)": (
         lambda seed: options_for(seed, acceptance_class=AsksTheMemberBeforeTheProof),

@@ -267,6 +267,7 @@ def test_every_request_type_of_the_protocol_has_a_class() -> None:
         "auth_rotate",
         "auth_finish",
         "auth_list",
+        "runs",
     }
     assert {cls.TYPE for cls in _concrete_requests() if issubclass(cls, wire.Change)} == {
         "open_lease",
@@ -456,6 +457,7 @@ DECODED: list[tuple[dict[str, object], wire.Request]] = [
     ),
     ({"t": "auth_finish", "id": 20, "name": "ci"}, wire.AuthFinish(id=20, name="ci")),
     ({"t": "auth_list", "id": 21}, wire.AuthList(id=21)),
+    ({"t": "runs", "id": 22, "key": "k"}, wire.Runs(id=22, key="k")),
 ]
 
 
@@ -526,7 +528,7 @@ def test_a_hello_with_max_version_2_speaks_2_and_names_its_peer() -> None:
 def test_our_hello_says_version_1_for_old_members_and_max_version_for_new_ones() -> None:
     frame = wire.Hello(wire.HelloRole.CLIENT).to_wire()
     assert (frame["t"], frame["role"], frame["version"]) == ("hello", "client", 1)
-    assert frame["max_version"] == wire.PROTOCOL_VERSION == 3
+    assert frame["max_version"] == wire.PROTOCOL_VERSION == 4
     assert wire.Hello.from_wire(frame).speaks == wire.PROTOCOL_VERSION
 
 

@@ -55,6 +55,19 @@ FRAMES: list[dict[str, Any]] = [
     | {"stored_key": b"s" * 32, "server_key": b"v" * 32},
     {"t": "auth_finish", "id": 20, "name": "ci"},
     {"t": "auth_list", "id": 21},
+    {"t": "runs", "id": 22, "key": "k"},
+    {"t": "runs", "id": 23, "prefix": "p", "after": "a", "max": 5},
+    {"t": "close_lease", "id": 24, "lease": "L", "outcome": "finished", "exit_code": 3, **ORIGIN},
+    {
+        "t": "lease_update",
+        "id": 25,
+        "lease": "L",
+        "ttl_ms": 1,
+        "finished": True,
+        "outcome": "finished",
+        "signal": 9,
+        **ORIGIN,
+    },
 ]
 
 # Values a hostile or careless client puts in a field; most are wrong for every field.
@@ -155,6 +168,9 @@ def built_encodings() -> list[str]:
         ),
         wire.AuthFinish(id=20, name="ci"),
         wire.AuthList(id=21),
+        wire.Runs(id=22, key="k"),
+        wire.Runs(id=23),
+        wire.CloseLease(id=24, lease="L", seq=4, outcome="lock_lost"),
     ]
     return [f"{r!r} -> {wire.encode_frame(r.to_wire()).hex()}" for r in requests]
 

@@ -51,6 +51,7 @@ from dlm.node.locks.commands import (
     is_legacy,
     validate_command,
 )
+from dlm.node.locks.ledger import Run, RunLedger, RunReport
 from dlm.node.locks.machine import (
     MAX_UNANSWERED,
     TOMBSTONE_MS,
@@ -136,6 +137,9 @@ __all__ = [
     "ReleaseCommand",
     "Released",
     "Result",
+    "Run",
+    "RunLedger",
+    "RunReport",
     "StaleRequest",
     "UpdateLeaseCommand",
     "Waiter",

@@ -49,6 +49,7 @@ from dlm.limits import (
     check_ttl_ms,
 )
 from dlm.node.locks import identities
+from dlm.node.locks.ledger import RunReport, report_from_item
 
 COMMAND_MAX_BYTES = 64 * 1024
 """Larger payloads are refused before CBOR decoding even starts."""
@@ -107,6 +108,8 @@ class CloseLeaseCommand:
     at_ms: int
     by: str = ""
     """The identity that asked (cluster version 3; "" before): see identities.py."""
+    report: RunReport | None = None
+    """How the run of the lease's grant ended (`dlm exec`; cluster version 4): ledger.py."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +160,8 @@ class UpdateLeaseCommand:
     origin: Origin
     at_ms: int
     by: str = ""
+    report: RunReport | None = None
+    """With ``finished``: how the run ended (cluster version 4), as on a close."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,7 +297,7 @@ def _to_item(cmd: Command) -> list[Any]:
         case CloseLeaseCommand():
             if legacy:
                 return ["close", cmd.lease, cmd.origin.seq, cmd.at_ms]
-            return _by(cmd.by, ["close2", cmd.lease, *_origin(cmd.origin), cmd.at_ms])
+            return _by(cmd.by, ["close2", cmd.lease, *_origin(cmd.origin), cmd.at_ms], cmd.report)
         case AcquireCommand():
             if legacy:
                 return [
@@ -337,6 +342,7 @@ def _to_item(cmd: Command) -> list[Any]:
             return _by(
                 cmd.by,
                 ["update2", cmd.lease, cmd.ttl_ms, cmd.finished, *_origin(cmd.origin), cmd.at_ms],
+                cmd.report,
             )
         case ExpireCommand():
             if legacy:
@@ -361,9 +367,12 @@ def _to_item(cmd: Command) -> list[Any]:
             ]
 
 
-def _by(by: str, item: list[Any]) -> list[Any]:
+def _by(by: str, item: list[Any], report: RunReport | None = None) -> list[Any]:
     """A version-2 form, or (with the asking identity) its version-3 form: name + "3"
-    (``close3``, ...), the identity last."""
+    (``close3``, ...), the identity last; with a run's report its version-4 form
+    (``close4``, ``update4``): the identity ("" for none), then the report."""
+    if report is not None:
+        return [item[0][:-1] + "4", *item[1:], by, report.item()]
     if not by:
         return item
     return [item[0][:-1] + "3", *item[1:], by]
@@ -393,6 +402,8 @@ _ARITY = {
     "release3": 8 + 1,
     "update3": 7 + 1,
     "identity": 9,
+    "close4": 5 + 2,
+    "update4": 7 + 2,
 }
 
 
@@ -422,6 +433,17 @@ def decode_command(data: bytes) -> Command:
         acquire = decode_command(cbor2.dumps(["acquire2", *f[:-2]]))
         assert isinstance(acquire, AcquireCommand)
         return replace(acquire, by=_str(f[-2], "by"), quota=_int(f[-1], "quota"))
+    if name in ("close4", "update4"):
+        # A version-4 form: its version-2 form, the asking identity ("" for none), the report.
+        cmd = decode_command(cbor2.dumps([name[:-1] + "2", *f[:-2]]))
+        assert isinstance(cmd, CloseLeaseCommand | UpdateLeaseCommand)
+        try:
+            report = report_from_item(f[-1])
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        if report is None:
+            raise CommandError(f"{name} carries no run report")
+        return replace(cmd, by=_str(f[-2], "by"), report=report)
     if name in _WITH_BY:
         # A version-3 form: its version-2 form with the asking identity last.
         cmd = decode_command(cbor2.dumps([name[:-1] + "2", *f[:-1]]))
@@ -561,7 +583,7 @@ def validate_command(cmd: Command) -> str | None:
     if not 0 <= cmd.at_ms <= INT_MAX:
         return "at_ms must be a non-negative wall-clock time in milliseconds"
     if isinstance(cmd, ClusterVersionCommand):
-        return None if cmd.version in (1, 2, 3) else f"unknown cluster version {cmd.version}"
+        return None if cmd.version in (1, 2, 3, 4) else f"unknown cluster version {cmd.version}"
     if isinstance(cmd, QuarantineCommand):
         return None if 0 <= cmd.until_ms <= INT_MAX else "until_ms out of range"
     if isinstance(cmd, ExpireCommand) and cmd.lease == QUARANTINE_LEASE:
@@ -602,8 +624,12 @@ def validate_command(cmd: Command) -> str | None:
                 return "a fencing token is a positive log index"
             return check_key(cmd.key)
         case UpdateLeaseCommand():
-            return check_hold_ms(cmd.ttl_ms)
-    return None
+            return check_hold_ms(cmd.ttl_ms) or _report_problem(cmd.report)
+    return _report_problem(getattr(cmd, "report", None))
+
+
+def _report_problem(report: RunReport | None) -> str | None:
+    return None if report is None else report.problem()
 
 
 def _identity_problem(cmd: IdentityCommand) -> str | None:

@@ -75,6 +75,7 @@ from dlm.node.locks.identities import (
     Verifier,
     refusal,
 )
+from dlm.node.locks.ledger import COMMAND_META, RunLedger
 from dlm.node.locks.results import (
     LEASE_CLOSED,
     LEASE_EXPIRED,
@@ -320,6 +321,8 @@ class LockStateMachine:
     """The replicated lock table. Feed it committed entries in log order via ``apply``."""
 
     tombstone_capacity = TOMBSTONES
+    ledger_class = RunLedger
+    """The run ledger's class (a seam: the simulator's keeps every run, its mutants lose some)."""
     check_permissions = True
     """A seam: the simulator's mutant switches the apply-time permission check off."""
     tombstone_ms = TOMBSTONE_MS
@@ -330,6 +333,9 @@ class LockStateMachine:
         self._version = 1
         self.identities = IdentityTable()
         """Who may do what (identities.py); in the node's snapshot image, not this one's."""
+        self.ledger = self.ledger_class()
+        """What became of each `dlm exec` run (ledger.py, cluster version 4 on); in the
+        node's snapshot image, as the identities are."""
         self._leases: dict[str, _Lease] = {}
         self._keys: dict[str, _Key] = {}
         self._tombstones: OrderedDict[str, _Tombstone] = OrderedDict()
@@ -466,6 +472,8 @@ class LockStateMachine:
                 step.armed.append((cmd.lease, lease.ttl_ms, lease.incarnation))
                 result = LeaseOpened(cmd.lease, lease.ttl_ms, lease.incarnation, joined=True)
             case CloseLeaseCommand():
+                if cmd.report is not None and self._version >= 4:
+                    self.ledger.ended(cmd.lease, cmd.at_ms, cmd.report)
                 released = tuple(sorted(lease.holding))
                 result = LeaseClosed(cmd.lease, released)
                 ending = _Tombstone(cmd.origin.client, cmd.origin.seq, result, self._log_ms)
@@ -483,6 +491,8 @@ class LockStateMachine:
                 lease.ttl_ms = cmd.ttl_ms
                 if cmd.finished:
                     lease.finished_at_ms = cmd.at_ms
+                    if cmd.report is not None and self._version >= 4:
+                        self.ledger.ended(cmd.lease, cmd.at_ms, cmd.report)
                 step.armed.append((cmd.lease, cmd.ttl_ms, lease.incarnation))
                 result = LeaseUpdated(cmd.lease, cmd.ttl_ms)
         if record is not None:
@@ -671,6 +681,8 @@ class LockStateMachine:
             retry = max(1, min(quarantine.ttl_ms, RETRY_AFTER_MAX_MS))
             if entry.holders:
                 retry = self._retry_after(entry)
+                if self._version >= 4 and COMMAND_META in cmd.meta:
+                    self.ledger.skipped(cmd.key, [h.token for h in entry.holders.values()])
             self._forget_if_idle(cmd.key, entry)
             return Locked(cmd.key, self._holders(entry), retry, quarantine.until_ms)
         if room:
@@ -678,6 +690,8 @@ class LockStateMachine:
             lease.holding.add(cmd.key)
             self._held += 1
             self.usage.add(lease.owner, 1)
+            if self._version >= 4:
+                self.ledger.started(cmd.key, step.index, cmd.lease, cmd.meta, step.at_ms)
             return Granted(cmd.key, step.index, cmd.lease)
         if cmd.wait:
             entry.waiters[cmd.lease] = _Wait(step.at_ms, dict(cmd.meta))
@@ -685,6 +699,8 @@ class LockStateMachine:
             self._queued += 1
             self.usage.add(lease.owner, 1)
             return Queued(cmd.key, len(entry.waiters))
+        if self._version >= 4 and COMMAND_META in cmd.meta:
+            self.ledger.skipped(cmd.key, [h.token for h in entry.holders.values()])
         return Locked(cmd.key, self._holders(entry), self._retry_after(entry))
 
     def _release(self, cmd: ReleaseCommand, lease: _Lease, step: _Step) -> Result:
@@ -710,6 +726,9 @@ class LockStateMachine:
         del entry.holders[lease_id]
         lease.holding.discard(key)
         self._held -= 1
+        if self._version >= 4:
+            # A grant that ends before its run was reported ends it unreported.
+            self.ledger.ended(lease_id, step.at_ms, None, key)
         self.usage.add(lease.owner, -1)  # a promoted waiter's owner counted its place already
         if self.quarantine is None:
             self._grant_waiters(key, entry, step)
@@ -722,6 +741,8 @@ class LockStateMachine:
             self._queued -= 1
             self._held += 1
             entry.holders[next_id] = _Hold(step.index, step.at_ms, wait.meta)
+            if self._version >= 4:
+                self.ledger.started(key, step.index, next_id, wait.meta, step.at_ms)
             waiter_lease = self._leases[next_id]
             waiter_lease.waiting.discard(key)
             waiter_lease.holding.add(key)

@@ -32,6 +32,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from dlm import __version__
+from dlm.node.locks.ledger import OUTCOMES
 from dlm.node.raft.types import Role
 from dlm.node.runtime.log import Logger
 from dlm.node.stats import Histogram
@@ -131,6 +132,14 @@ METRIC_HELP: dict[str, str] = {
     "snapshot or backup image.",
     "dlm_cluster_version": "The protocol version the replicated log runs.",
     "dlm_build_info": "Always 1; the labels say which release this member runs.",
+    "dlm_job_last_success_timestamp_seconds": "Leader only, keys under --job-metrics: when "
+    "the last `dlm exec` run of the key that exited 0 ended (the leader's clock, Unix time).",
+    "dlm_job_runs_total": "Leader only, keys under --job-metrics: ended `dlm exec` runs of "
+    "the key, by outcome (finished, killed, lock_lost, supervisor_gone).",
+    "dlm_job_skips_total": "Leader only, keys under --job-metrics: `dlm exec` runs of the key "
+    "skipped because another host held it.",
+    "dlm_job_duration_seconds": "Leader only, keys under --job-metrics: how long the key's "
+    "last ended run took.",
 }
 """Every metric a member serves (besides prometheus-client's process_* metrics), with
 its help text. README.md documents each; docs/grafana-dashboard.json uses only these."""
@@ -256,6 +265,41 @@ class NodeCollector(Collector):
                 contact.add_metric([peer], last / 1000.0)
         yield reachable
         yield contact
+        yield from job_metrics(server)
+
+
+JOB_METRICS_MAX_KEYS = 1000
+"""At most this many keys get dlm_job_* series (the first by name): labels stay bounded."""
+
+
+def job_metrics(server: ObservedMember) -> Iterator[Metric]:
+    """The run ledger of the keys under --job-metrics, from the leader only (a follower's
+    ledger may lag; one member exporting keeps the series single)."""
+    prefix = server.config.job_metrics
+    machine = server.machine
+    names = (
+        "dlm_job_last_success_timestamp_seconds",
+        "dlm_job_runs_total",
+        "dlm_job_skips_total",
+        "dlm_job_duration_seconds",
+    )
+    success = GaugeMetricFamily(names[0], _help(names[0]), labels=["key"])
+    runs = CounterMetricFamily(
+        names[1].removesuffix("_total"), _help(names[1]), labels=["key", "outcome"]
+    )
+    skips = CounterMetricFamily(names[2].removesuffix("_total"), _help(names[2]), labels=["key"])
+    duration = GaugeMetricFamily(names[3], _help(names[3]), labels=["key"])
+    exported = prefix is not None and machine.role is Role.LEADER
+    ledger = machine.locks.ledger.totals(prefix) if prefix is not None and exported else []
+    for key, totals in ledger[:JOB_METRICS_MAX_KEYS]:
+        if totals.last_success_ms is not None:
+            success.add_metric([key], totals.last_success_ms / 1000.0)
+        for outcome in OUTCOMES:
+            runs.add_metric([key, outcome], float(totals.runs.get(outcome, 0)))
+        skips.add_metric([key], float(totals.skips))
+        if totals.last_duration_ms is not None:
+            duration.add_metric([key], totals.last_duration_ms / 1000.0)
+    yield from (success, runs, skips, duration)
 
 
 def registry_for(server: ObservedMember) -> CollectorRegistry:

@@ -33,6 +33,10 @@ class FakeClient:
         self.fail: dict[str, Exception] = {}
         self.leases: list[dict[str, Any]] = []
         self.closed = False
+        self.run_reports: list[Any] = []
+        self.run_rows: list[dict[str, Any]] = []
+        """What ``runs`` answers (the cluster's run ledger rows)."""
+        """The run ledger report of each close_lease / update_lease, in order."""
         FakeClient.instances.append(self)
 
     def _call(self, name: str, *args: Any, **options: Any) -> None:
@@ -71,15 +75,29 @@ class FakeClient:
         self._call("release", lease, key, token=token, keep_lease=keep_lease)
         return ReleaseOutcome(key, True, 4242 if token is None else token, not keep_lease)
 
-    def close_lease(self, lease: Any, *, must_exist: bool = False) -> list[str]:
+    def close_lease(self, lease: Any, *, must_exist: bool = False, run: Any = None) -> list[str]:
         self._call("close_lease", lease, must_exist=must_exist)
+        self.run_reports.append(run)
         return []
 
     def update_lease(
-        self, lease: Any, ttl_ms: int, *, finished: bool = False, timeout: float | None = None
+        self,
+        lease: Any,
+        ttl_ms: int,
+        *,
+        finished: bool = False,
+        timeout: float | None = None,
+        run: Any = None,
     ) -> int:
         self._call("update_lease", lease, ttl_ms, finished=finished, timeout=timeout)
+        self.run_reports.append(run)
         return ttl_ms
+
+    def runs(self, key: str | None = None) -> list[dict[str, Any]]:
+        self._call("runs", key)
+        if key is None:
+            return list(self.run_rows)
+        return [row for row in self.run_rows if row.get("key") == key]
 
     def list_leases(self) -> list[LeaseSummary]:
         self._call("list_leases")

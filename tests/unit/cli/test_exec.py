@@ -462,9 +462,9 @@ def test_processes_cmd_leaves_behind_are_stopped_before_the_lock_is_released(
     alive_at_release: list[bool] = []
     real_close = FakeClient.close_lease
 
-    def close_lease(self: FakeClient, lease: Any) -> None:
+    def close_lease(self: FakeClient, lease: Any, **kwargs: Any) -> None:
         alive_at_release.append(_running(int(pidfile.read_text())))
-        real_close(self, lease)
+        real_close(self, lease, **kwargs)
 
     monkeypatch.setattr(FakeClient, "close_lease", close_lease)
     script = f"sleep 60 & echo $! > {pidfile}; exit 4"
@@ -646,9 +646,9 @@ def test_a_setsid_daemon_cmd_leaves_behind_is_stopped_before_the_lock_is_release
     alive_at_release: list[bool] = []
     real_close = FakeClient.close_lease
 
-    def close_lease(self: FakeClient, lease: Any) -> None:
+    def close_lease(self: FakeClient, lease: Any, **kwargs: Any) -> None:
         alive_at_release.append(_running(int(pidfile.read_text())))
-        real_close(self, lease)
+        real_close(self, lease, **kwargs)
 
     monkeypatch.setattr(FakeClient, "close_lease", close_lease)
     # A classic daemon: fork, setsid, fork again, the middle one exits; it ignores SIGTERM.

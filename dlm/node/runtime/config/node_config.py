@@ -75,6 +75,8 @@ class NodeConfig:
     fsync: bool = True
     metrics_listen: tuple[str, int] | None = None
     """Where to serve Prometheus metrics (None: nowhere)."""
+    job_metrics: str | None = None
+    """The key prefix whose run ledger the leader exports as dlm_job_* metrics (None: off)."""
     join: tuple[str, ...] = ()
     """Members to ask to be added, for a member that joins a running cluster."""
     advertise: tuple[str, int] | None = None
@@ -168,6 +170,7 @@ class NodeConfig:
         return replace(
             config,
             metrics_listen=parse_metrics_listen(metrics) if metrics else None,
+            job_metrics=settings.get("job_metrics"),
             quotas=quotas,
             join=join_addrs,
             advertise=_parse(advertise, "--advertise") if advertise else None,

@@ -134,6 +134,13 @@ NODE_OPTIONS = (
         "[default: off]",
     ),
     NodeOption(
+        "job_metrics",
+        "--job-metrics",
+        "PREFIX",
+        "While leading, export the run ledger of the keys under PREFIX as dlm_job_* "
+        "metrics (one series set per key, at most 1000 keys). [default: off]",
+    ),
+    NodeOption(
         "election_timeout",
         "--election-timeout",
         "DURATION",
