@@ -12,9 +12,10 @@ same machine at the same moment:
   end) unless ``--cluster`` names one;
 - the same through the zipapp with ``python3 -I dist/dlm.pyz`` (built with
   ``make zipapp``), where cbor2 runs its pure-Python codec;
-- ``etcdctl lock k -- true`` against a local 3-member etcd 3.4, and
-  ``flock``, when installed: the yardsticks of the targets (exec within 1.8x
-  etcdctl, ``--help`` within 60 ms; ``ssl`` never imported without TLS).
+- ``etcdctl lock k -- true`` against one local etcd member, and ``flock``,
+  when installed: the yardsticks of the targets (issue #29: exec within 1.5x
+  etcdctl, acquire within 1.3x; ``--help`` within 60 ms; ``ssl`` never
+  imported without TLS).
 
 Then, in-process, what the pure-Python cbor2 fallback costs per frame
 against its C extension, and which imports make up a run's start-up
@@ -43,8 +44,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 MIN_RUNS = 20
 HELP_TARGET_MS = 60.0
-ETCD_FACTOR = 1.8
-"""Issue #14: `dlm exec --lock k -- true` within 1.8x `etcdctl lock k -- true`."""
+ETCD_FACTORS = {"dlm acquire": 1.3, "dlm exec -- true": 1.5}
+"""Issue #29: `dlm exec --lock k -- true` within 1.5x `etcdctl lock k -- true` (one local
+etcd member), `dlm acquire` within 1.3x; the zipapp's rows are shown beside them."""
+ETCD_MEMBERS = 1
 RUN_TIMEOUT_S = 60.0
 
 
@@ -147,7 +150,7 @@ def start_etcd(base: str) -> Any | None:
         return None
     from bench.etcd import EtcdCluster
 
-    cluster = EtcdCluster(os.path.join(base, "etcd"), 3)
+    cluster = EtcdCluster(os.path.join(base, "etcd"), ETCD_MEMBERS)
     os.makedirs(cluster.base_dir)
     try:
         cluster.start()
@@ -208,7 +211,7 @@ BREAKDOWN_LINES = (
 # The modules that matter, and those the fast path keeps out (listed only if imported).
 IMPORTS_OF_INTEREST = (
     "typer", "dlm.cli.app", "dlm.cli.fastpath", "dlm.cli.ops", "dlm.cli.exec_cmd",
-    "dlm.client.core", "dlm.client.sync", "dlm.wire", "cbor2", "typing",
+    "dlm.client.core", "dlm.client.sync", "dlm.wire", "dlm.cbor_codec", "_cbor2", "cbor2", "typing",
     "dataclasses", "re", "socket", "subprocess", "json", "rich", "asyncio", "ssl",
 )  # fmt: skip
 
@@ -302,16 +305,19 @@ def verdicts(rows: dict[str, Row]) -> list[str]:
         )
     etcd = rows.get("etcdctl lock k -- true")
     if etcd is not None:
-        limit = ETCD_FACTOR * etcd.median
         for name in ("dlm acquire", "dlm exec -- true", "zipapp acquire", "zipapp exec -- true"):
             row = rows.get(name)
             if row is None:
                 continue
-            ok = row.median <= limit
+            ratio = f"{name} {row.median:.0f} ms = {row.median / etcd.median:.2f}x etcdctl"
+            factor = ETCD_FACTORS.get(name)
+            if factor is None:
+                out.append(f"{ratio} ({etcd.median:.0f} ms)")
+                continue
+            ok = row.median <= factor * etcd.median
             out.append(
-                f"{name} {row.median:.0f} ms = {row.median / etcd.median:.2f}x etcdctl "
-                f"({etcd.median:.0f} ms): {'meets' if ok else 'MISSES'} the "
-                f"{ETCD_FACTOR:g}x target"
+                f"{ratio} ({etcd.median:.0f} ms): {'meets' if ok else 'MISSES'} the "
+                f"{factor:g}x target"
             )
     return out
 

@@ -26,9 +26,7 @@ from __future__ import annotations
 import enum
 import struct
 
-import cbor2
-
-from dlm import limits
+from dlm import cbor_codec, limits
 
 # typing (like dataclasses) is left off the client's import path: `dlm acquire` would pay
 # milliseconds for names only the type checker reads. mypy takes any TYPE_CHECKING as true.
@@ -240,7 +238,7 @@ def check_cbor(body: bytes, max_depth: int = MAX_DEPTH) -> int:
 
 def encode_frame(obj: object, sealer: FrameSealerLike | None = None) -> bytes:
     """The frame for ``obj``; sealed (with its authentication tag) by ``sealer`` if given."""
-    body = cbor2.dumps(obj)
+    body = cbor_codec.dumps(obj)
     if sealer is not None:
         return sealer.seal(body)
     return _LENGTH.pack(len(body)) + body
@@ -254,7 +252,7 @@ def decode_body(body: bytes) -> Any:
     except ProtocolError as exc:
         raise ProtocolError(f"frame refused: not the CBOR dlm speaks: {exc}", exc.code) from None
     try:
-        return cbor2.loads(body, tag_hook=_reject_tag)
+        return cbor_codec.loads(body, tag_hook=_reject_tag)
     except ProtocolError:
         raise
     except RecursionError:

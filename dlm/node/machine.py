@@ -252,8 +252,9 @@ class NodeMachine:
         return self.out.take()
 
     def next_timer(self) -> float:
-        """The monotonic time at which ``timer`` must be called next."""
-        return self._next_tick
+        """The monotonic time at which ``timer`` must be called next: the next tick, or
+        sooner a round of keep-alives that waits out its gap (read_rounds.py)."""
+        return min(self._next_tick, self.reads.deferred_until(self.raft, self._role is Role.LEADER))
 
     @property
     def role(self) -> Role:

@@ -9,6 +9,17 @@ per keep-alive. A follower forwards each round to the leader at once (its reads 
 few, and a forwarded request that is lost produces no answer, which must not hold up
 the reads behind it). A confirmed round is served once the state machine has applied
 up to its read point. Pure: part of the node machine (machine.py).
+
+Keep-alives alone wait a little longer for their round: a leader starts a round that
+holds only keep-alives no sooner than ``KEEPALIVE_ROUND_GAP_S`` after its last round
+started (any other read starts one as before). On a quiet machine a round is confirmed
+within a tenth of a millisecond, so without the gap nearly every keep-alive paid for a
+round of its own (a heartbeat to each follower and their answers, most of the 462 us of
+server CPU each one cost at 2,000 a second); with it, at most 100 rounds a second carry
+every keep-alive. Nothing is weakened: a keep-alive is still answered only by a round
+that started after it arrived, and the lease's clock still restarts at its arrival, so
+waiting longer only makes the renewal more conservative. The machine's timer comes at
+the deferred round's time (``deferred_until``), or earlier with any other pump.
 """
 
 from __future__ import annotations
@@ -22,6 +33,9 @@ from dlm.node.outbox import Instant, NotLeaderReply, Outbox
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.types import NotLeader, ReadState
 from dlm.wire import ClientRequest, ErrorCode, Renew, error
+
+KEEPALIVE_ROUND_GAP_S = 0.01
+"""A leader's round of keep-alives alone starts at least this long after its last round."""
 
 
 @dataclass(slots=True)
@@ -45,18 +59,30 @@ class ReadRound:
 class ReadRounds:
     """The reads waiting for a round, and the rounds waiting for their read point."""
 
-    def __init__(self, out: Outbox, not_leader: NotLeaderReply, ctx_prefix: bytes) -> None:
+    def __init__(
+        self,
+        out: Outbox,
+        not_leader: NotLeaderReply,
+        ctx_prefix: bytes,
+        keepalive_gap_s: float = KEEPALIVE_ROUND_GAP_S,
+    ) -> None:
         self._out = out
         self._not_leader = not_leader
         self._ctx_prefix = ctx_prefix
         """Unique per process incarnation: a late answer to a read round from before a
         restart must not be taken for one of ours."""
         self._seq = 0
+        self._keepalive_gap_s = keepalive_gap_s
+        self._last_started = float("-inf")
+        self._only_keepalives = True
+        """Every queued read is a keep-alive (so its round may wait for the gap)."""
         self.queued: list[Read] = []
         self.rounds: dict[bytes, ReadRound] = {}
 
     def queue(self, read: Read) -> None:
         self.queued.append(read)
+        if not isinstance(read.request, Renew):
+            self._only_keepalives = False
 
     def leader_round_open(self, leading: bool) -> bool:
         """A round we started as leader is still waiting for its quorum (see the module)."""
@@ -64,11 +90,29 @@ class ReadRounds:
             return False
         return any(r.as_leader and r.index < 0 for r in self.rounds.values())
 
+    def _gathering(self, raft: RaftNode, leading: bool) -> bool:
+        """Only keep-alives wait, for a leader with followers to ask (alone, a leader
+        confirms a round at once: there is nothing to save)."""
+        return leading and self._only_keepalives and len(raft.voters) > 1
+
+    def deferred_until(self, raft: RaftNode, leading: bool) -> float:
+        """When the keep-alives waiting out the gap may start their round (monotonic s);
+        infinity when none wait for the gap alone (the machine's timer comes no later)."""
+        if not self.queued or not self._gathering(raft, leading):
+            return float("inf")
+        if self.leader_round_open(leading):
+            return float("inf")  # the open round's confirmation pumps
+        return self._last_started + self._keepalive_gap_s
+
     def start_if_due(self, raft: RaftNode, leading: bool, now: Instant) -> None:
         """Starts a round for the queued reads, unless a leader's round is still open."""
         if not self.queued or self.leader_round_open(leading):
             return
+        if now.mono < self._last_started + self._keepalive_gap_s and self._gathering(raft, leading):
+            return  # keep-alives alone: gather more for one round (see the module)
         reads, self.queued = self.queued, []
+        self._only_keepalives = True
+        self._last_started = now.mono
         self._seq += 1
         ctx = self._ctx_prefix + self._seq.to_bytes(8, "big")
         result = raft.read_index(ctx)

@@ -347,6 +347,8 @@ class SimMember:
         """Each write (the jobs queued together, as the real disk thread groups them) takes
         this long (the slow_disks fault); 0: the disk's normal latency."""
         self.timer_token = 0
+        self.timer_at = float("inf")
+        """The machine time the armed timer fires at."""
         self.conns: dict[int, SimConn] = {}
         self.next_conn = 1
         self.acked_hard_state = HardState()
@@ -949,7 +951,8 @@ class NodeSimulation:
             return
         member.timer_token += 1
         token = member.timer_token
-        at = member.clock.real_us(machine.next_timer())
+        member.timer_at = machine.next_timer()
+        at = member.clock.real_us(member.timer_at)
         self.world.at(at, lambda: self._fire_timer(member, token))
 
     def _fire_timer(self, member: SimMember, token: int) -> None:
@@ -1008,6 +1011,10 @@ class NodeSimulation:
                         self._to_client(conn, frame)
             elif isinstance(action, LogEvent | PeersChanged):
                 pass
+        if member.machine is not None and member.machine.next_timer() < member.timer_at:
+            # As the runtime's timer task: an input brought the timer forward (keep-alives
+            # waiting out their round's gap), so it is armed again for the sooner time.
+            self._arm_timer(member)
         self._check_member(member)
 
     def _check_member(self, member: SimMember) -> None:

@@ -227,6 +227,9 @@ class NodeServer:
         self._link_scopes: dict[str, anyio.CancelScope] = {}
         self._task_group: anyio.abc.TaskGroup | None = None
         self._wake = asyncio.Event()
+        self._timer_sooner = asyncio.Event()
+        self._timer_at = 0.0
+        """When the timer task means to call the machine's timer next (monotonic s)."""
         self._pump_scheduled = False
         self._disk_jobs = 0
         """Jobs handed to the disk thread and not reported back yet."""
@@ -445,6 +448,9 @@ class NodeServer:
                 break
         if machine.leader is not None and not self.leader_seen.is_set():
             self.leader_seen.set()
+        if machine.next_timer() < self._timer_at:
+            self._timer_at = machine.next_timer()
+            self._timer_sooner.set()
         self._wake.set()
 
     def _pump_soon(self) -> None:
@@ -687,9 +693,16 @@ class NodeServer:
     async def _timer_loop(self) -> None:
         machine = self.machine
         while True:
-            delay = machine.next_timer() - time.monotonic()
+            self._timer_at = machine.next_timer()
+            delay = self._timer_at - time.monotonic()
             if delay > 0:
-                await anyio.sleep(delay)
+                # Asleep until the timer is due, or until an input brings it forward
+                # (keep-alives waiting out their round's gap): then look again.
+                self._timer_sooner.clear()
+                with anyio.move_on_after(delay):
+                    await self._timer_sooner.wait()
+                if machine.next_timer() > time.monotonic():
+                    continue
             machine.timer(now())
             mono = time.monotonic()
             self._check_clients(mono)

@@ -33,6 +33,7 @@ from dlm.node.raft.types import (
     Role,
     VoteResponse,
 )
+from dlm.node.read_rounds import KEEPALIVE_ROUND_GAP_S
 from dlm.wire import BadFrame
 
 from .machine_driver import Client, Cluster, address
@@ -341,10 +342,33 @@ def test_keepalives_that_arrive_during_a_round_share_the_next_one() -> None:
     rids = [client.send("keepalive", lease=f"L{i}") for i, client in enumerate(clients)]
     cluster.deliver()
     cluster.deliver()
+    # The nine that came while the first one's round ran wait out the gap after it.
+    cluster.advance(KEEPALIVE_ROUND_GAP_S)
     answers = [c.reply(r) for c, r in zip(clients, rids, strict=True)]
     assert all(a is not None and a["t"] == "ok" for a in answers)
     rounds = {m.ctx for m in leader.sent[sent_before:] if isinstance(m, Heartbeat) and m.ctx}
     # The first keep-alive's round, then one round for the nine that came while it ran.
+    assert len(rounds) == 2
+
+
+def test_keepalives_in_quick_succession_share_a_round_after_the_gap() -> None:
+    cluster = started(3)
+    leader = cluster["n1"]
+    clients = [cluster.connect("n1") for _ in range(5)]
+    for i, client in enumerate(clients):
+        client.call("open_lease", lease=f"L{i}", ttl_ms=10_000)
+    cluster.advance(1.0)
+    sent_before = len(leader.sent)
+    first = clients[0].call("keepalive", lease="L0")  # its round: sent, confirmed, answered
+    assert first["t"] == "ok"
+    rids = [c.send("keepalive", lease=f"L{i + 1}") for i, c in enumerate(clients[1:])]
+    cluster.deliver()
+    cluster.deliver()
+    assert all(c.reply(r) is None for c, r in zip(clients[1:], rids, strict=True))
+    cluster.advance(KEEPALIVE_ROUND_GAP_S)  # the machine's timer comes when the gap ends
+    answers = [c.reply(r) for c, r in zip(clients[1:], rids, strict=True)]
+    assert all(a is not None and a["t"] == "ok" for a in answers)
+    rounds = {m.ctx for m in leader.sent[sent_before:] if isinstance(m, Heartbeat) and m.ctx}
     assert len(rounds) == 2
 
 

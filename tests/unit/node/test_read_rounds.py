@@ -7,10 +7,10 @@ from typing import Any, cast
 from dlm.node.outbox import Instant, Outbox, SendFrame
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.types import NotLeader, ReadState
-from dlm.node.read_rounds import Read, ReadRounds
+from dlm.node.read_rounds import KEEPALIVE_ROUND_GAP_S, Read, ReadRounds
 from dlm.node.stats import Stats
 from dlm.records import NodeId
-from dlm.wire import ClientRequest, Get
+from dlm.wire import ClientRequest, Get, Renew
 
 NOW = Instant(10.0, 1_000)
 
@@ -19,6 +19,7 @@ class _Core:
     """The one call read rounds make to the Raft core: it records the contexts asked for."""
 
     def __init__(self, leader: NodeId | None = None) -> None:
+        self.voters: tuple[str, ...] = ("n1", "n2", "n3")
         self.asked: list[bytes] = []
         self.leader = leader
 
@@ -109,3 +110,65 @@ def test_leadership_lost_sends_the_leaders_rounds_elsewhere_and_keeps_the_others
     room.reads.leadership_lost()
     assert room.not_leader == [(1, None)]
     assert [r.conn for rr in room.reads.rounds.values() for r in rr.reads] == [2]
+
+
+def _keepalive(conn: int, at: float = NOW.mono) -> Read:
+    return Read(conn, Renew(id=conn, lease="L"), at)
+
+
+def _at(mono: float) -> Instant:
+    return Instant(mono, NOW.wall_ms)
+
+
+def test_a_leader_gathers_keepalives_alone_for_the_gap_after_its_last_round() -> None:
+    room, core = _Room(), _Core()
+    raft = cast(RaftNode, core)
+    room.reads.queue(_keepalive(1))
+    room.reads.start_if_due(raft, True, NOW)
+    assert len(core.asked) == 1  # the first round after a quiet spell starts at once
+    room.reads.confirmed([ReadState(core.asked[0], 5)])
+    room.reads.queue(_keepalive(2))
+    room.reads.queue(_keepalive(3))
+    room.reads.start_if_due(raft, True, _at(NOW.mono + KEEPALIVE_ROUND_GAP_S / 2))
+    assert len(core.asked) == 1  # keep-alives alone wait out the gap...
+    room.reads.start_if_due(raft, True, _at(NOW.mono + KEEPALIVE_ROUND_GAP_S))
+    assert len(core.asked) == 2  # ...and then share one round
+    assert [r.conn for r in room.reads.rounds[core.asked[1]].reads] == [2, 3]
+
+
+def test_any_other_read_starts_its_round_without_waiting_for_the_gap() -> None:
+    room, core = _Room(), _Core()
+    raft = cast(RaftNode, core)
+    room.reads.queue(_keepalive(1))
+    room.reads.start_if_due(raft, True, NOW)
+    room.reads.confirmed([ReadState(core.asked[0], 5)])
+    room.reads.queue(_keepalive(2))
+    room.reads.queue(_read(3))
+    room.reads.start_if_due(raft, True, _at(NOW.mono + KEEPALIVE_ROUND_GAP_S / 10))
+    assert len(core.asked) == 2
+    assert [r.conn for r in room.reads.rounds[core.asked[1]].reads] == [2, 3]
+
+
+def test_a_keepalive_is_never_served_by_a_round_that_started_before_it_arrived() -> None:
+    room, core = _Room(), _Core()
+    raft = cast(RaftNode, core)
+    room.reads.queue(_keepalive(1))
+    room.reads.start_if_due(raft, True, NOW)
+    room.reads.queue(_keepalive(2))  # arrives while the first round waits for its quorum
+    room.reads.confirmed([ReadState(core.asked[0], 5)])
+    assert [r.conn for r in room.reads.ready(applied=5)] == [1]
+    room.reads.start_if_due(raft, True, _at(NOW.mono + KEEPALIVE_ROUND_GAP_S))
+    room.reads.confirmed([ReadState(core.asked[1], 5)])
+    assert [r.conn for r in room.reads.ready(applied=5)] == [2]
+
+
+def test_a_leader_alone_does_not_wait_for_the_gap() -> None:
+    room, core = _Room(), _Core()
+    core.voters = ("n1",)
+    raft = cast(RaftNode, core)
+    for conn in (1, 2):
+        room.reads.queue(_keepalive(conn))
+        room.reads.start_if_due(raft, True, NOW)
+        room.reads.confirmed([ReadState(core.asked[-1], 5)])
+    assert len(core.asked) == 2
+    assert room.reads.deferred_until(raft, True) == float("inf")
