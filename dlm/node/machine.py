@@ -95,6 +95,7 @@ from dlm.node.read_rounds import Read, ReadRounds, renew_confirmed
 from dlm.node.replies import Replies, denied, lease_gone
 from dlm.node.snapshots import Snapshots, restore_image
 from dlm.node.stats import Stats
+from dlm.node.watches import Watches
 from dlm.records import Entry, EntryKind, LogStorage, NodeId, Snapshot
 from dlm.views import MembersView, StatusView
 from dlm.wire import (
@@ -115,6 +116,7 @@ from dlm.wire import (
     Renew,
     SnapshotSave,
     Status,
+    Watch,
     decode_request,
     error,
     ok,
@@ -238,6 +240,8 @@ class NodeMachine:
         self.jobs = PersistJobs()
         self.health = PeerHealth(config.node_id, timing.election_timeout_s, now)
         self.audit = Audit(self.out)
+        self.watches = Watches(self.out, self.stats, self.locks.applied_index)
+        """Pushed watches and the window of recent changes (watches.py)."""
         # The audit's own map: _answer starts the clock of a wait where the audit stops it.
         self._queued_mono = self.audit.queued_at
         self._stopping = False
@@ -474,6 +478,7 @@ class NodeMachine:
         self.out.log("info", "snapshot_installed", index=snap.meta.index, term=snap.meta.term)
         self.membership.announce(self.raft)
         self.clients.after_snapshot(self.locks, self.out)
+        self.watches.after_snapshot(snap.meta.index)
         if self.tracker.leading:
             self.tracker.take_office(now.mono, self.locks.leases())
         self.audit.after_snapshot(self.locks)
@@ -528,6 +533,7 @@ class NodeMachine:
                 self._after_apply(outcome, proposal, dropped, now)
         finally:
             self.out.replaying = False
+            self.watches.flush()
         self.snapshots.take_if_due(self.locks, self.raft, self.membership)
 
     def _after_apply(
@@ -549,6 +555,8 @@ class NodeMachine:
             self.audit.forget_lease(lease)
             self.clients.forget_lease(lease)
         self.audit.applied(outcome, dropped, self.locks, now)
+        if outcome.before:
+            self.watches.applied(outcome, self.locks)
         result = outcome.result
         if isinstance(result, locks.Denied):
             permissions.count_refusal(
@@ -598,6 +606,7 @@ class NodeMachine:
 
     def client_closed(self, conn: int) -> None:
         self.clients.closed(conn)
+        self.watches.closed(conn)
 
     def client_frame(self, conn: int, obj: Any, now: Instant, *, pump: bool = True) -> None:
         """One decoded frame from a client connection.
@@ -663,6 +672,8 @@ class NodeMachine:
         route = req.ROUTE
         if route == "local":  # a ping
             self._answer_request(conn, req.TYPE, ok(req.id))
+        elif route == "watch":  # served from this member's applied log, whatever its role
+            self.watches.request(conn, cast(Watch, req), self.locks.applied_index)
         elif route == "read" and getattr(req, "stale", False):
             self._serve_read(Read(conn, req, now.mono), now)
         elif self._role is not Role.LEADER and not isinstance(req, Status):

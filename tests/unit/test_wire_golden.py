@@ -55,6 +55,8 @@ FRAMES: list[dict[str, Any]] = [
     | {"stored_key": b"s" * 32, "server_key": b"v" * 32},
     {"t": "auth_finish", "id": 20, "name": "ci"},
     {"t": "auth_list", "id": 21},
+    {"t": "watch", "id": 22, "key": "jobs/a", "after": 41},
+    {"t": "watch", "id": 23, "prefix": "jobs/"},
 ]
 
 # Values a hostile or careless client puts in a field; most are wrong for every field.
