@@ -184,6 +184,8 @@ class Watches:
         self._by_key: dict[str, list[Watcher]] = {}
         self._by_prefix: list[Watcher] = []
         self._dirty: list[Watcher] = []
+        self.per_connection: dict[int, int] = {}
+        """Watches by connection (the runtime asks whether a connection watches)."""
 
     # -- requests ----------------------------------------------------------------
 
@@ -197,8 +199,7 @@ class Watches:
         if problem is not None:
             self.out.answer(conn, req.TYPE, error(req.id, ErrorCode.BAD_REQUEST, problem))
             return
-        mine = sum(1 for c, _ in self.watchers if c == conn)
-        if mine >= self.max_per_connection:
+        if self.per_connection.get(conn, 0) >= self.max_per_connection:
             message = (
                 f"a connection holds at most {self.max_per_connection} watches: "
                 "open another connection, or watch a prefix"
@@ -226,6 +227,7 @@ class Watches:
             return
         watcher = Watcher(conn, req.id, req.key, req.prefix, after)
         self.watchers[(conn, req.id)] = watcher
+        self.per_connection[conn] = self.per_connection.get(conn, 0) + 1
         if req.key is not None:
             self._by_key.setdefault(req.key, []).append(watcher)
         else:
@@ -238,21 +240,30 @@ class Watches:
         self.flush()
 
     def closed(self, conn: int) -> None:
-        for key in [k for k in self.watchers if k[0] == conn]:
-            self._drop(self.watchers[key])
+        if conn in self.per_connection:
+            for key in [k for k in self.watchers if k[0] == conn]:
+                self._drop(self.watchers[key])
 
-    def cut_off(self, conn: int, reason: str) -> bool:
-        """The runtime cuts ``conn`` off (it does not read what is pushed to it): ends its
-        watches, saying why; False if it holds none (it is not a watcher)."""
+    def cut_off(self, conn: int, reason: str) -> list[dict[str, Any]]:
+        """The runtime cuts ``conn`` off (it did not read what was pushed to it): its
+        watches end; returns the frames that say why, for the runtime to write last."""
+        if conn not in self.per_connection:
+            return []
         mine = [w for w in self.watchers.values() if w.conn == conn]
         for watcher in mine:
             self.stats.watchers_cut_off += 1
-            self.out.reply(conn, watch_end(watcher.rid, ErrorCode.TOO_LARGE, reason))
             self._drop(watcher)
-        return bool(mine)
+        self.out.log("warning", "watcher_cut_off", conn=conn, watches=len(mine), reason=reason)
+        return [watch_end(w.rid, ErrorCode.TOO_LARGE, reason) for w in mine]
 
     def _drop(self, watcher: Watcher) -> None:
-        self.watchers.pop((watcher.conn, watcher.rid), None)
+        if self.watchers.pop((watcher.conn, watcher.rid), None) is None:
+            return
+        left = self.per_connection[watcher.conn] - 1
+        if left:
+            self.per_connection[watcher.conn] = left
+        else:
+            del self.per_connection[watcher.conn]
         if watcher.key is not None:
             same = self._by_key.get(watcher.key, [])
             if watcher in same:
