@@ -57,7 +57,8 @@ MAX_PER_MEMBER = 4096
 WATCH_BUFFER_BYTES = 2 << 20
 """Unsent bytes of a watching connection beyond which the runtime cuts it off."""
 EVENTS_PER_FRAME = 256
-"""Most events in one pushed frame (a frame stays far under the client's frame limit)."""
+"""Events in one pushed frame, past which the next frame starts at the next log entry
+(a frame stays far under the client's frame limit)."""
 
 GRANTED = "granted"
 RELEASED = "released"
@@ -82,6 +83,8 @@ class Event:
     token: int | None
     value: dict[str, str] | None = None
     granted: tuple[tuple[str, int, dict[str, str]], ...] = ()
+    at_ms: int = 0
+    """The entry's stamp (the proposing leader's wall clock, ms): when it happened."""
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -90,6 +93,7 @@ class Event:
             "index": self.index,
             "lease": self.lease,
             "token": self.token,
+            "at_ms": self.at_ms,
         }
         if self.value is not None:
             out["value"] = self.value
@@ -114,9 +118,11 @@ def changes(
     before: KeyState | None,
     after: KeyState | None,
     expired: Iterable[str],
+    at_ms: int = 0,
 ) -> Event | None:
-    """What entry ``index`` did to ``key`` (state ``before`` -> ``after``), as one event;
-    None if nothing a watcher sees changed. ``expired``: the leases the entry expired."""
+    """What entry ``index`` (stamped ``at_ms``) did to ``key`` (state ``before`` ->
+    ``after``), as one event; None if nothing a watcher sees changed. ``expired``: the
+    leases the entry expired."""
     held_before = {lid: (token, meta) for lid, token, meta in (before.holders if before else ())}
     held_after = {lid: (token, meta) for lid, token, meta in (after.holders if after else ())}
     waiting_before = before.waiters if before else ()
@@ -130,19 +136,19 @@ def changes(
     if gone:
         lid = gone[0]
         kind = EXPIRED if lid in set(expired) else RELEASED
-        return Event(index, key, kind, lid, held_before[lid][0], granted=tuple(new))
+        return Event(index, key, kind, lid, held_before[lid][0], None, tuple(new), at_ms)
     if new:
         lid, token, meta = new[0]
-        return Event(index, key, GRANTED, lid, token, dict(meta), tuple(new[1:]))
+        return Event(index, key, GRANTED, lid, token, dict(meta), tuple(new[1:]), at_ms)
     for lid, (token, meta) in held_after.items():
         if held_before[lid][1] != meta:
-            return Event(index, key, PROCLAIMED, lid, token, dict(meta))
+            return Event(index, key, PROCLAIMED, lid, token, dict(meta), (), at_ms)
     queued = [lid for lid in waiting_after if lid not in waiting_before]
     if queued:
-        return Event(index, key, QUEUED, queued[0], None)
+        return Event(index, key, QUEUED, queued[0], None, None, (), at_ms)
     left = [lid for lid in waiting_before if lid not in waiting_after]
     if left:
-        return Event(index, key, LEFT_QUEUE, left[0], None)
+        return Event(index, key, LEFT_QUEUE, left[0], None, None, (), at_ms)
     return None
 
 
@@ -310,8 +316,15 @@ class Watches:
             events, watcher.pending = watcher.pending, []
             if (watcher.conn, watcher.rid) not in self.watchers:
                 continue
-            for start in range(0, len(events), EVENTS_PER_FRAME):
-                chunk = events[start : start + EVENTS_PER_FRAME]
+            start = 0
+            while start < len(events):
+                # A frame ends with a whole log entry: a client resuming after the last
+                # index of the frames it got misses nothing of that entry.
+                end = min(start + EVENTS_PER_FRAME, len(events))
+                while end < len(events) and events[end]["index"] == events[end - 1]["index"]:
+                    end += 1
+                chunk = events[start:end]
+                start = end
                 self.stats.watch_events_pushed += len(chunk)
                 self.out.reply(watcher.conn, watch_push(watcher.rid, chunk))
 
