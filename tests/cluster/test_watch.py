@@ -5,7 +5,9 @@ unreachable past --timeout."""
 from __future__ import annotations
 
 import json
+import os
 import queue
+import signal
 import subprocess
 import threading
 from pathlib import Path
@@ -29,9 +31,12 @@ class Lines:
         self._lines: queue.Queue[str] = queue.Queue()
         stream = proc.stdout
         assert stream is not None
-        threading.Thread(
-            target=lambda: [self._lines.put(line) for line in stream], daemon=True
-        ).start()
+
+        def pump() -> None:
+            for line in stream:
+                self._lines.put(line)
+
+        threading.Thread(target=pump, daemon=True).start()
 
     def take(self, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
         out = []
@@ -117,14 +122,21 @@ def test_a_watcher_connected_through_a_killed_leader_misses_no_change(
             for n in range(5):
                 client.acquire(lease, f"lk/{n}")
                 caused.append((f"lk/{n}", "granted", lease.id))
-            leader.kill()
-            cluster.wait_for_leader(timeout=20.0, not_=leader.node_id)
-            for n in range(5):
-                client.release(lease, f"lk/{n}")
-                caused.append((f"lk/{n}", "released", lease.id))
-            for n in range(5, 8):
-                client.acquire(lease, f"lk/{n}")
-                caused.append((f"lk/{n}", "granted", lease.id))
+            # The watcher is paused through the kill and the changes after it, so it finds
+            # its connection gone only once they are made: it must resume after the last
+            # index it printed, not from "now" on the member it reaches next.
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                leader.kill()
+                cluster.wait_for_leader(timeout=20.0, not_=leader.node_id)
+                for n in range(5):
+                    client.release(lease, f"lk/{n}")
+                    caused.append((f"lk/{n}", "released", lease.id))
+                for n in range(5, 8):
+                    client.acquire(lease, f"lk/{n}")
+                    caused.append((f"lk/{n}", "granted", lease.id))
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
             seen = lines.take(len(caused) - 1)
         finally:
             stop(proc)
