@@ -169,6 +169,7 @@ class NodeMachine:
     raft_class: type[RaftNode] = RaftNode
     tracker_class: type[LeaseTracker] = LeaseTracker
     read_rounds_class: type[ReadRounds] = ReadRounds
+    watches_class: type[Watches] = Watches
     check_permissions = True
     """A seam: the simulator's mutant switches the receiving member's permission check off."""
 
@@ -240,7 +241,7 @@ class NodeMachine:
         self.jobs = PersistJobs()
         self.health = PeerHealth(config.node_id, timing.election_timeout_s, now)
         self.audit = Audit(self.out)
-        self.watches = Watches(self.out, self.stats, self.locks.applied_index)
+        self.watches = self.watches_class(self.out, self.stats, self.locks.applied_index)
         """Pushed watches and the window of recent changes (watches.py)."""
         # The audit's own map: _answer starts the clock of a wait where the audit stops it.
         self._queued_mono = self.audit.queued_at

@@ -117,7 +117,8 @@ def changes(
     key: str,
     before: KeyState | None,
     after: KeyState | None,
-    expired: Iterable[str],
+    *,
+    expired: Iterable[str] = (),
     at_ms: int = 0,
 ) -> Event | None:
     """What entry ``index`` (stamped ``at_ms``) did to ``key`` (state ``before`` ->
@@ -159,7 +160,10 @@ class Watcher:
     key: str | None
     prefix: str | None
     after: int
-    """The last index this watcher was given (or told it starts after)."""
+    """The index the watch starts after: it is given the changes of later entries only
+    (a member behind the index a resuming client asked for skips what it saw)."""
+    given: int = 0
+    """The last index it was given (or ``after``): what an installed image must not pass."""
     pending: list[dict[str, Any]] = field(default_factory=list)
 
     def wants(self, event: Event) -> bool:
@@ -231,7 +235,7 @@ class Watches:
                 conn, req.TYPE, error(req.id, ErrorCode.COMPACTED, message, floor=self.floor)
             )
             return
-        watcher = Watcher(conn, req.id, req.key, req.prefix, after)
+        watcher = Watcher(conn, req.id, req.key, req.prefix, after, after)
         self.watchers[(conn, req.id)] = watcher
         self.per_connection[conn] = self.per_connection.get(conn, 0) + 1
         if req.key is not None:
@@ -284,8 +288,10 @@ class Watches:
     def applied(self, outcome: ApplyOutcome, machine: LockStateMachine) -> None:
         """Entry ``outcome.index`` was applied: its changes go to the ring and the
         watchers (pushed at ``flush``)."""
+        at_ms = outcome.command.at_ms if outcome.command is not None else 0
         for key, before in outcome.before:
-            event = changes(outcome.index, key, before, key_state(machine, key), outcome.expired)
+            after = key_state(machine, key)
+            event = changes(outcome.index, key, before, after, expired=outcome.expired, at_ms=at_ms)
             if event is not None:
                 self._record(event)
 
@@ -307,7 +313,8 @@ class Watches:
         if not watcher.pending:
             self._dirty.append(watcher)
         watcher.pending.append(event.to_wire())
-        watcher.after = event.index
+        # Not ``after``: the entry's changes of other keys are still to come.
+        watcher.given = max(watcher.given, event.index)
 
     def flush(self) -> None:
         """Pushes what each watcher has pending (one frame per EVENTS_PER_FRAME events)."""
@@ -336,7 +343,7 @@ class Watches:
         self._ring_size = 0
         self.floor = max(self.floor, index)
         for watcher in list(self.watchers.values()):
-            if watcher.after < index:
+            if watcher.given < index:
                 message = (
                     f"this member jumped to index {index} from an image: read the key "
                     "again, then watch from now"

@@ -88,6 +88,24 @@ def test_an_expiry_that_grants_the_next_waiter_is_one_expired_event() -> None:
     assert seen[2]["lease"] == "A" and seen[2]["granted"][0]["lease"] == "B"
 
 
+def test_a_prefix_watcher_gets_every_key_an_entry_changed() -> None:
+    """A close of a lease holding two keys is one entry with two changes (the simulator
+    found a hub that gave a watcher only the first change of an entry)."""
+    cluster = started()
+    writer = cluster.connect("n1")
+    watcher = cluster.connect("n2")
+    rid = watcher.send("watch", prefix="m/")
+    lease(writer, "A")
+    writer.call("acquire", lease="A", key="m/1")
+    writer.call("acquire", lease="A", key="m/2")
+    closed = writer.call("close_lease", lease="A")
+    assert closed["t"] == "ok"
+    cluster.run_until(lambda: len(events(watcher, rid)) >= 4, 2.0, "four events")
+    last_two = events(watcher, rid)[2:]
+    assert [(e["key"], e["event"]) for e in last_two] == [("m/1", "released"), ("m/2", "released")]
+    assert last_two[0]["index"] == last_two[1]["index"]
+
+
 def test_resuming_below_the_window_is_answered_compacted() -> None:
     cluster = started()
     for member in cluster.members.values():
@@ -120,14 +138,14 @@ def test_a_watch_names_exactly_one_of_key_and_prefix_and_connections_are_capped(
 def test_changes_are_derived_from_the_state_before_and_after() -> None:
     holder = KeyState((("A", 5, {"value": "x"}),), ())
     proclaimed = KeyState((("A", 5, {"value": "y"}),), ())
-    event = watches.changes(9, "k", holder, proclaimed, ())
+    event = watches.changes(9, "k", holder, proclaimed)
     assert event is not None and (event.event, event.token, event.value) == (
         "proclaimed",
         5,
         {"value": "y"},
     )
-    assert watches.changes(9, "k", holder, holder, ()) is None
-    left = watches.changes(9, "k", KeyState(holder.holders, ("B",)), holder, ())
+    assert watches.changes(9, "k", holder, holder) is None
+    left = watches.changes(9, "k", KeyState(holder.holders, ("B",)), holder)
     assert left is not None and (left.event, left.lease) == ("left_queue", "B")
-    gone = watches.changes(9, "k", holder, None, ("A",))
+    gone = watches.changes(9, "k", holder, None, expired=("A",))
     assert gone is not None and (gone.event, gone.token) == ("expired", 5)
