@@ -1719,6 +1719,9 @@ class NodeSimulation:
         # The old incarnation's leases: their clients may count on a TTL set after the
         # backup, which the restored lease does not have; the quarantine covers them.
         self.lease_views.clear()
+        # The log's indexes start again too (by the bump, or, in a mutant, not at all):
+        # each watcher starts a new watch, checked against the new log only.
+        self.watch_truth.new_incarnation(self.watchers)
         for node_id in ids:
             self.restart(self.members[node_id])
 

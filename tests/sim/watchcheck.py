@@ -51,6 +51,16 @@ class WatchTruth:
         self.by_index: dict[int, tuple[watches.Event, ...]] = {}
         self.applied_by: dict[int, str] = {}
 
+    def new_incarnation(self, watchers: list[SimWatcher]) -> None:
+        """The cluster was restored or recovered: what the watchers got from the old log is
+        checked now; then a new log, and new watches on it."""
+        check_watchers(watchers, self)
+        self.by_index.clear()
+        self.applied_by.clear()
+        for watcher in watchers:
+            watcher.segments.clear()
+            watcher.restart()
+
     def applied(
         self, member: str, outcome: locks.ApplyOutcome, machine: locks.LockStateMachine
     ) -> None:
@@ -188,10 +198,15 @@ class SimWatcher:
 
     def _compacted(self) -> None:
         """Beyond the window: a new watch from now, as `dlm watch` starts one."""
-        self.stream = WatchStream(self.key, self.prefix, None, timeout=1e9)
         self.sim.stats["watch_compacted"] += 1
+        self.restart()
+
+    def restart(self) -> None:
+        """A new watch from now, in a new segment."""
+        self.stream = WatchStream(self.key, self.prefix, None, timeout=1e9)
         self.segments.append(Segment(-1))
-        self._hang_up()
+        if self.conn is not None:
+            self._hang_up()
 
     def pushed(self, conn: SimConn, frame: dict[str, Any]) -> None:
         if self.conn is not conn or self.watch_id is None:
