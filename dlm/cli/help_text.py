@@ -85,6 +85,8 @@ TOP_LEVEL_HELP = (
     '  release   Give a lock back.\n'
     '  exec      Run CMD (no shell) only while holding the lock; exit with...\n'
     '  status    Show the cluster: members, roles, lag, last contact, and the...\n'
+    '  watch     Print every change of a lock (or of the locks under a prefix)...\n'
+    '  observe   Print the current leader of election NAME (the holder of lock...\n'
     '  locks     List the held locks, one line each.\n'
     '  node      Run a cluster member.\n'
     "  members   Look at and change the cluster's members, one at a time.\n"
