@@ -1,12 +1,12 @@
 """The watch fan-out benchmark: how many watchers one member serves, and how late.
 
-Starts a 3-member dlm cluster on 127.0.0.1, connects W watchers (one asyncio loop,
-``AsyncClient.watch`` on a prefix) to one follower, and runs a writer that takes and
-releases keys under that prefix as fast as it can on the leader for a fixed window.
-The watchers run in worker processes. For each W it reports the changes the cluster
-made per second, the changes pushed per second (made x W), and the push latency: from the entry's stamp (the leader's wall
-clock when it proposed the change) to the watcher reading it, so it includes the
-commit; all on one host, so the clocks agree.
+Starts a 3-member dlm cluster on 127.0.0.1, connects W watchers (``AsyncClient.watch``
+on a prefix, spread over worker processes) to one follower, and runs a writer that
+takes and releases keys under that prefix as fast as it can on the leader for a fixed
+window. For each W it reports the changes the cluster made per second, the changes
+pushed per second (made x W), and the push latency: from the entry's stamp (the
+leader's wall clock when it proposed the change) to the watcher reading it, so it
+includes the commit; all on one host, so the clocks agree.
 
     python -m bench.watch [--watchers 1,100,500] [--seconds 5] [--out bench/results/watch.md]
 
