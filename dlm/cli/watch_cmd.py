@@ -111,16 +111,27 @@ def observe(settings: Settings, name: str) -> int:
 
 
 def key_watch(settings: Settings, key: str, output_format: str) -> int:
-    """`dlm status KEY --watch`: the lock as `dlm status KEY` shows it, then again after
-    each change the cluster pushes (no polling)."""
+    """`dlm status KEY --watch`: the lock as `dlm status KEY` shows it once the watch runs
+    (so no change falls between the two), then again after each change the cluster
+    pushes (no polling)."""
     from dlm.cli import status_view
+    from dlm.client.watching import WatchCompacted, WatchStream
 
-    status_view.key_status(settings, key, output_format)
-
-    def show(event: WatchEvent) -> None:
-        if output_format != JSON:
-            say("")
-            say(f"-- {event_line(event)}")
-        status_view.key_status(settings, key, output_format)
-
-    return _follow(settings, lambda client: client.watch(key, timeout=settings.timeout), show)
+    client = settings.connect()
+    try:
+        while True:
+            shown = False
+            try:
+                for item in client._watch(WatchStream(key, None, None, settings.timeout)):
+                    if item is not None and output_format != JSON:
+                        say("")
+                        say(f"-- {event_line(item)}")
+                    if item is not None or not shown:
+                        status_view.key_status(settings, key, output_format)
+                        shown = True
+            except WatchCompacted as exc:
+                complain(f"watch: {exc.message}; some changes were missed, watching from now")
+    except KeyboardInterrupt:
+        return OK
+    finally:
+        client.close()

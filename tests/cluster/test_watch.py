@@ -190,3 +190,29 @@ def test_observe_shows_the_leader_and_each_change(shared: Cluster, tmp_path: Pat
     assert (after["value"], after["token"]) == ("host-b", after["index"])
     assert after["token"] > lead.token
     assert (gone["value"], gone["token"]) == (None, None)
+
+
+def test_status_key_watch_shows_the_lock_again_after_each_pushed_change(
+    shared: Cluster, tmp_path: Path
+) -> None:
+    client = shared.client()
+    proc = Dlm(shared.members_env, tmp_path).start("status", "sw/a", "--watch", "--json")
+    try:
+        lines = Lines(proc)
+        assert lines.take(1)[0]["holders"] == []
+        lease = client.open_lease(30_000)
+        grant = client.acquire(lease, "sw/a")
+        held = lines.take(1)[0]
+        client.release(lease, "sw/a")
+        free = lines.take(1)[0]
+    finally:
+        stop(proc)
+        client.close()
+    assert [(h["lease"], h["token"]) for h in held["holders"]] == [(lease.id, grant.token)]
+    assert free["holders"] == []
+
+
+def test_watch_without_a_key_or_prefix_is_a_usage_error(dlm: Dlm) -> None:
+    proc = dlm.run("watch")
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1
