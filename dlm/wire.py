@@ -82,6 +82,8 @@ class ErrorCode(enum.StrEnum):
     UNSAFE = "UNSAFE"
     AUTH_FAILED = "AUTH_FAILED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
+    COMPACTED = "COMPACTED"
+    """A watch asked to resume from an index whose changes this member no longer keeps."""
 
 
 # ---------------------------------------------------------------------------
@@ -647,6 +649,22 @@ def _prefix(msg: dict[Any, Any], name: str) -> str:
     return prefix
 
 
+def _opt_key(msg: dict[Any, Any], name: str) -> str | None:
+    if msg.get(name) is None:
+        return None
+    return _key(msg, name)
+
+
+def _opt_prefix(msg: dict[Any, Any], name: str) -> str | None:
+    if msg.get(name) is None:
+        return None
+    return _prefix(msg, name)
+
+
+def _opt_index(msg: dict[Any, Any], name: str) -> int | None:
+    return None if msg.get(name) is None else _bounded(msg, name, 0, limits.INT_MAX)
+
+
 def _after(msg: dict[Any, Any], name: str) -> str | None:
     after: str | None = _field(msg, name, str, optional=True)
     return after
@@ -677,10 +695,6 @@ def _run_signal(msg: dict[Any, Any], name: str) -> int | None:
 
 def _runs_page_size(msg: dict[Any, Any], name: str) -> int:
     return _opt_bounded(msg, name, 1, RUNS_PAGE_MAX, RUNS_PAGE_MAX)
-
-
-def _opt_key(msg: dict[Any, Any], name: str) -> str | None:
-    return None if msg.get(name) is None else _key(msg, name)
 
 
 def _page_size(msg: dict[Any, Any], name: str) -> int:
@@ -873,9 +887,10 @@ class Request(Record, metaclass=RecordSpec):
     ``ROUTE`` says how a member serves it: ``local`` (answered at once), ``propose``
     (a lock or lease change, through the log), ``member`` (a membership change),
     ``confirm`` (the leader confirms it leads before answering), ``read`` (a read,
-    served locally when ``stale``, else after a read round) or ``identity`` (a change to
+    served locally when ``stale``, else after a read round), ``identity`` (a change to
     the identity table, through the log; it names no seq: a re-sent one names the same
-    key, which the table takes as done).
+    key, which the table takes as done) or ``watch`` (served by the member it reaches,
+    whatever its role, from its applied log: dlm/node/watches.py).
 
     ``PERMISSION`` says what the connection's identity needs (docs/PROTOCOL.md,
     "Authentication"; dlm/node/locks/identities.py decides): ``any``; ``read`` (answered,
@@ -1157,6 +1172,21 @@ class AuthList(Request):
     PERMISSION = "admin"
 
 
+class Watch(Request):
+    """Push every change of ``key`` (or of every key under ``prefix``: exactly one of
+    the two) from the log index ``after`` on (None: from now). Served by the member it is
+    sent to, from its applied log, followers too (dlm/node/watches.py): the ok answer
+    names the index it starts after, then ``watch`` frames carry the changes and a
+    ``watch_end`` frame ends it (docs/PROTOCOL.md, "Watches")."""
+
+    TYPE = "watch"
+    ROUTE = "watch"
+    PERMISSION = "key"
+    key: str | None = field(_opt_key, default=None, omit=True)
+    prefix: str | None = field(_opt_prefix, default=None, omit=True)
+    after: int | None = field(_opt_index, default=None, omit=True)
+
+
 AuthChange = AuthAdd | AuthRemove | AuthRotate | AuthFinish
 
 ClientRequest = (
@@ -1183,6 +1213,7 @@ ClientRequest = (
     | AuthFinish
     | AuthList
     | Runs
+    | Watch
 )
 LockChange = OpenLease | CloseLease | UpdateLease | Acquire | Release
 MemberChange = MemberAdd | MemberRemove | MemberPromote
@@ -1213,6 +1244,7 @@ REQUESTS: dict[str, type[ClientRequest]] = {
         AuthFinish,
         AuthList,
         Runs,
+        Watch,
     )
 }
 """Each request class by its wire type ``t``."""
@@ -1475,6 +1507,19 @@ def error(rid: int | None, code: ErrorCode, message: str, **extra: Any) -> dict[
 
 def grant_push(lease: str, key: str, token: int) -> dict[str, Any]:
     return {"t": "grant", "lease": lease, "key": key, "token": token}
+
+
+def watch_push(rid: int, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Changes pushed to the watch that request ``rid`` started, in log order."""
+    # Named by "watch", not "id": a push is no reply, and a client's request loop must
+    # not take it for the answer to a request that happens to share its number.
+    return {"t": "watch", "watch": rid, "events": events}
+
+
+def watch_end(rid: int, code: ErrorCode, message: str) -> dict[str, Any]:
+    """The end of the watch that request ``rid`` started, and why (the client may start
+    it again: from the last index it saw, or, after COMPACTED, from a fresh read)."""
+    return {"t": "watch_end", "watch": rid, "code": code.value, "message": message}
 
 
 # ---------------------------------------------------------------------------

@@ -398,7 +398,12 @@ def status(
         ),
     ] = False,
     watch: Annotated[
-        bool, typer.Option("--watch", help="Keep showing the cluster until Ctrl-C.")
+        bool,
+        typer.Option(
+            "--watch",
+            help="Keep showing the cluster until Ctrl-C; with KEY, the lock again after "
+            "each change the cluster pushes.",
+        ),
     ] = False,
     interval: Annotated[
         str | None,
@@ -422,12 +427,71 @@ def status(
 
     every = status_view.check_options(key, check, watch, interval)
     fmt = choose_format(output_format, settings.json)
+    if key is not None and watch:
+        from dlm.cli import watch_cmd
+
+        raise typer.Exit(watch_cmd.key_watch(settings, key, fmt))
     if key is not None:
         status_view.key_status(settings, key, fmt)
     elif every is not None:
         raise typer.Exit(status_view.watch(settings, fmt, every))
     else:
         raise typer.Exit(status_view.cluster_status(settings, fmt, check=check))
+
+
+@app.command()
+@with_settings
+def watch(
+    *,
+    settings: Settings,
+    key: Annotated[
+        str | None,
+        typer.Argument(metavar="[KEY]", help="The lock to watch."),
+    ] = None,
+    prefix: Annotated[
+        str | None,
+        typer.Option("--prefix", metavar="P", help="Watch every key starting with P instead."),
+    ] = None,
+    after: Annotated[
+        int | None,
+        typer.Option(
+            "--after",
+            metavar="INDEX",
+            min=0,
+            help="Start with the changes after log INDEX (one printed before, a token) "
+            "instead of from now.",
+        ),
+    ] = None,
+) -> None:
+    """Print every change of a lock (or of the locks under a prefix) as the cluster pushes
+    it: granted, released, expired, queued, left_queue, proclaimed, each with its log index.
+
+    With --json, one line per change: {"key", "event", "index", "lease", "token"}, and
+    "granted": {"lease", "token"} when a release or an expiry hands the lock to the next
+    waiter. Survives a member's or the leader's loss (resumes on another member after
+    the last index printed); exits 69 only when no member answers for --timeout.
+    """
+    from dlm.cli import watch_cmd
+
+    raise typer.Exit(watch_cmd.watch(settings, key, prefix, after))
+
+
+@app.command()
+@with_settings
+def observe(
+    *,
+    settings: Settings,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The election (its lock key).")],
+) -> None:
+    """Print the current leader of election NAME (the holder of lock key NAME and its
+    value), then every change: a new leader, a new value, or nobody leading.
+
+    With --json, one line per change: {"name", "value", "token", "since", "index"},
+    value null while nobody leads. Exits 69 only when no member answers for --timeout.
+    """
+    from dlm.cli import watch_cmd
+
+    raise typer.Exit(watch_cmd.observe(settings, name))
 
 
 @app.command()

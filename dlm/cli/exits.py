@@ -40,7 +40,8 @@ Exit codes:
       voter, a removal that would leave no quorum of answering voters; node
       recover without --force)
   69  cluster unavailable: no member answered within --dial-timeout, or no
-      quorum within --timeout
+      quorum within --timeout (watch, observe: no member served the watch
+      for --timeout)
   70  internal error (a bug in dlm: please report it)
   73  snapshot save: FILE cannot be written (no permission, disk full)
   75  lock held by someone else and not obtained (immediately, or within --wait);

@@ -702,8 +702,13 @@ def check_options(
     that make no sense."""
     from dlm.cli.ops import duration_option
 
-    if key is not None and (check or watch_on):
-        raise usage_error("--check and --watch are about the cluster: drop KEY")
+    if key is not None and check:
+        raise usage_error("--check is about the cluster: drop KEY")
+    if key is not None and interval is not None:
+        raise usage_error(
+            "--interval is for the cluster's --watch: KEY --watch shows each change as the "
+            "cluster pushes it"
+        )
     if check and watch_on:
         raise usage_error("--check gives one verdict and --watch keeps looking: pick one")
     if interval is not None and not watch_on:

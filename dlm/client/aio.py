@@ -64,7 +64,10 @@ from dlm.wire import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator
+
     from dlm.client.core import Action, Outcome
+    from dlm.client.watching import Leadership, WatchEvent, WatchStream
     from dlm.views import LeaseState, LeaseSummary, LockState
 
 _STREAM_ERRORS = (
@@ -189,6 +192,17 @@ class _StreamConnection:
         if not isinstance(frame, dict):
             raise ConnectionBroken("frame is not a map")
         return frame
+
+    async def next_frame(self, timeout: float) -> dict[Any, Any] | None:
+        """The next frame, or None if none came within ``timeout`` seconds."""
+        with anyio.move_on_after(timeout):
+            return await self.read()
+        return None
+
+    async def send_ping(self, timeout: float) -> None:
+        """A ping whose answer nobody waits for (it keeps a watching connection alive)."""
+        with anyio.move_on_after(timeout):
+            await self.send({**core.ping_request(), "id": 0})
 
     async def request(self, request: dict[str, Any], timeout: float) -> dict[Any, Any] | None:
         rid = self._ids.next()
@@ -395,6 +409,14 @@ class _AsyncioConnection:
         if not isinstance(frame, dict):
             raise ConnectionBroken("frame is not a map")
         return frame
+
+    async def next_frame(self, timeout: float) -> dict[Any, Any] | None:
+        """The next frame, or None if none came within ``timeout`` seconds."""
+        return await self.read(self._loop.time() + timeout)
+
+    async def send_ping(self, timeout: float) -> None:
+        """A ping whose answer nobody waits for (it keeps a watching connection alive)."""
+        await self.send({**core.ping_request(), "id": 0}, self._loop.time() + timeout)
 
     async def _wait(self, waiter: asyncio.Future[bool], deadline: float) -> bool:
         timer = self._loop.call_at(deadline, _expire, waiter)
@@ -664,6 +686,86 @@ class AsyncClient:
         """Who holds ``key`` and who waits for it."""
         state: LockState = await self._run(core.get_flow(self._ctx, key, stale=stale))
         return state
+
+    async def watch(
+        self,
+        key: str | None = None,
+        *,
+        prefix: str | None = None,
+        after: int | None = None,
+        timeout: float | None = None,
+    ) -> AsyncIterator[WatchEvent]:
+        """As the blocking client's ``watch``, as an async iterator."""
+        from dlm.client.watching import WatchStream
+
+        stream = WatchStream(key, prefix, after, self.timeout if timeout is None else timeout)
+        async for event in self._watch(stream):
+            if event is not None:
+                yield event
+
+    async def _watch(self, stream: WatchStream) -> AsyncGenerator[WatchEvent | None]:
+        """``watch``'s changes, and None each time a member starts serving it."""
+        import itertools
+
+        from dlm.client.watching import WatchBroken
+
+        members = list(self.members)
+        preferred = self._ctx.router.preferred
+        first = members.index(preferred) if preferred in members else 0
+        attempt = self._ctx.attempt_timeout
+        for tried in itertools.count(first):
+            addr = members[tried % len(members)]
+            conn: _AnyConnection | None = None
+            try:
+                conn, greeting = await _open_connection(addr, attempt, self._secret, self._tls)
+                reply = None
+                if greeting.get("t") != "error":
+                    reply = await conn.request(stream.request(), attempt)
+                node = greeting.get("node")
+                if reply is not None and stream.started(
+                    reply, node if isinstance(node, str) else addr
+                ):
+                    yield None
+                    watch_id = int(reply.get("id", -1))
+                    while True:
+                        frame = await conn.next_frame(core.PING_EVERY_S)
+                        if frame is None:
+                            # The member closes a connection that stays silent too long.
+                            await conn.send_ping(attempt)
+                            continue
+                        for event in stream.take(frame, watch_id):
+                            yield event
+            except (ConnectionBroken, WatchBroken):
+                pass
+            finally:
+                if conn is not None:
+                    await conn.aclose()
+            await anyio.sleep(stream.failed(time.monotonic(), len(members)))
+
+    async def observe(
+        self, name: str, *, timeout: float | None = None
+    ) -> AsyncIterator[Leadership]:
+        """As the blocking client's ``observe``, as an async iterator."""
+        from dlm.client.watching import Observer, WatchCompacted, WatchStream, leader_of
+
+        observer = Observer(name)
+        while True:
+            stream = WatchStream(name, None, None, self.timeout if timeout is None else timeout)
+            events = self._watch(stream)
+            try:
+                async for event in events:
+                    if event is None:
+                        if observer.now is None:
+                            state = await self.get(name)
+                            yield observer.start(*leader_of(state), stream.last or 0)
+                        continue
+                    said = observer.change(event)
+                    if said is not None:
+                        yield said
+            except WatchCompacted:
+                observer.now = None
+            finally:
+                await events.aclose()
 
     async def list_locks(self, prefix: str = "", *, stale: bool = False) -> list[LockState]:
         """Every held lock whose key starts with ``prefix`` (paged through, however many)."""

@@ -68,11 +68,12 @@ from dlm.wire import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import random
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
     from types import TracebackType
     from typing import Any
 
     from dlm.client.core import Action, Outcome
+    from dlm.client.watching import Leadership, WatchEvent, WatchStream
     from dlm.views import LeaseState, LeaseSummary, LockState
 
 # Replies (a long ``list``) may be bigger than the 64 KiB a client may send.
@@ -597,6 +598,93 @@ class Client:
         """Who holds ``key`` and who waits for it."""
         state: LockState = self._run(core.get_flow(self._ctx, key, stale=stale))
         return state
+
+    def watch(
+        self,
+        key: str | None = None,
+        *,
+        prefix: str | None = None,
+        after: int | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[WatchEvent]:
+        """Every change of ``key`` (or of each key under ``prefix``), pushed by a member as
+        it applies the log, in log order, from now (or after log index ``after``).
+
+        Resumes on another member, after the last index it yielded, when the connection
+        breaks or the member stops: nothing is lost or repeated within the members'
+        window (else WatchCompacted: re-read, then watch from now). ClusterUnavailable
+        once no member served it for ``timeout`` seconds (default: the client's). Uses
+        a connection of its own; closing the iterator closes it."""
+        from dlm.client.watching import WatchStream
+
+        stream = WatchStream(key, prefix, after, self.timeout if timeout is None else timeout)
+        for event in self._watch(stream):
+            if event is not None:
+                yield event
+
+    def _watch(self, stream: WatchStream) -> Generator[WatchEvent | None]:
+        """``watch``'s changes, and None each time a member starts serving it."""
+        import itertools
+
+        from dlm.client.watching import WatchBroken
+
+        members = list(self.members)
+        preferred = self._ctx.router.preferred
+        first = members.index(preferred) if preferred in members else 0
+        attempt = self._ctx.attempt_timeout
+        for tried in itertools.count(first):
+            addr = members[tried % len(members)]
+            conn: _Connection | None = None
+            try:
+                conn, greeting = _Connection.open(
+                    addr, time.monotonic() + attempt, self._secret, self._tls
+                )
+                reply = None
+                if greeting.get("t") != "error":
+                    reply = conn.request(stream.request(), time.monotonic() + attempt)
+                if reply is not None and stream.started(reply, conn.node or addr):
+                    yield None
+                    watch_id = int(reply.get("id", -1))
+                    ping_at = time.monotonic() + core.PING_EVERY_S
+                    while True:
+                        frame = conn.read(ping_at)
+                        if frame is None:
+                            # The member closes a connection that stays silent too long.
+                            conn.send({**core.ping_request(), "id": 0}, ping_at + attempt)
+                            ping_at = time.monotonic() + core.PING_EVERY_S
+                            continue
+                        yield from stream.take(frame, watch_id)
+            except (ConnectionBroken, WatchBroken):
+                pass
+            finally:
+                if conn is not None:
+                    conn.close()
+            time.sleep(stream.failed(time.monotonic(), len(members)))
+
+    def observe(self, name: str, *, timeout: float | None = None) -> Iterator[Leadership]:
+        """The leader of election ``name`` (the holder of lock key ``name`` and its
+        value) now, then each change: a new leader, none, or a new value. Reads again
+        when the watch's window was passed. As ``watch`` for ``timeout``."""
+        from dlm.client.watching import Observer, WatchCompacted, WatchStream, leader_of
+
+        observer = Observer(name)
+        while True:
+            stream = WatchStream(name, None, None, self.timeout if timeout is None else timeout)
+            events = self._watch(stream)
+            try:
+                for event in events:
+                    if event is None:
+                        if observer.now is None:
+                            # The watch runs: a read now sees at least what it starts after.
+                            yield observer.start(*leader_of(self.get(name)), stream.last or 0)
+                        continue
+                    said = observer.change(event)
+                    if said is not None:
+                        yield said
+            except WatchCompacted:
+                observer.now = None
+            finally:
+                events.close()
 
     def list_locks(self, prefix: str = "", *, stale: bool = False) -> list[LockState]:
         """Every held lock whose key starts with ``prefix`` (paged through, however many)."""

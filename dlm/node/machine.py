@@ -95,6 +95,7 @@ from dlm.node.read_rounds import Read, ReadRounds, renew_confirmed
 from dlm.node.replies import Replies, denied, lease_gone
 from dlm.node.snapshots import Snapshots, restore_image
 from dlm.node.stats import Stats
+from dlm.node.watches import Watches
 from dlm.records import Entry, EntryKind, LogStorage, NodeId, Snapshot
 from dlm.views import MembersView, StatusView
 from dlm.wire import (
@@ -116,6 +117,7 @@ from dlm.wire import (
     Runs,
     SnapshotSave,
     Status,
+    Watch,
     decode_request,
     error,
     ok,
@@ -168,6 +170,7 @@ class NodeMachine:
     raft_class: type[RaftNode] = RaftNode
     tracker_class: type[LeaseTracker] = LeaseTracker
     read_rounds_class: type[ReadRounds] = ReadRounds
+    watches_class: type[Watches] = Watches
     check_permissions = True
     """A seam: the simulator's mutant switches the receiving member's permission check off."""
 
@@ -239,6 +242,8 @@ class NodeMachine:
         self.jobs = PersistJobs()
         self.health = PeerHealth(config.node_id, timing.election_timeout_s, now)
         self.audit = Audit(self.out)
+        self.watches = self.watches_class(self.out, self.stats, self.locks.applied_index)
+        """Pushed watches and the window of recent changes (watches.py)."""
         # The audit's own map: _answer starts the clock of a wait where the audit stops it.
         self._queued_mono = self.audit.queued_at
         self._stopping = False
@@ -476,6 +481,7 @@ class NodeMachine:
         self.out.log("info", "snapshot_installed", index=snap.meta.index, term=snap.meta.term)
         self.membership.announce(self.raft)
         self.clients.after_snapshot(self.locks, self.out)
+        self.watches.after_snapshot(snap.meta.index)
         if self.tracker.leading:
             self.tracker.take_office(now.mono, self.locks.leases())
         self.audit.after_snapshot(self.locks)
@@ -530,6 +536,7 @@ class NodeMachine:
                 self._after_apply(outcome, proposal, dropped, now)
         finally:
             self.out.replaying = False
+            self.watches.flush()
         self.snapshots.take_if_due(self.locks, self.raft, self.membership)
 
     def _after_apply(
@@ -551,6 +558,8 @@ class NodeMachine:
             self.audit.forget_lease(lease)
             self.clients.forget_lease(lease)
         self.audit.applied(outcome, dropped, self.locks, now)
+        if outcome.before:
+            self.watches.applied(outcome, self.locks)
         result = outcome.result
         if isinstance(result, locks.Denied):
             permissions.count_refusal(
@@ -600,6 +609,7 @@ class NodeMachine:
 
     def client_closed(self, conn: int) -> None:
         self.clients.closed(conn)
+        self.watches.closed(conn)
 
     def client_frame(self, conn: int, obj: Any, now: Instant, *, pump: bool = True) -> None:
         """One decoded frame from a client connection.
@@ -665,6 +675,8 @@ class NodeMachine:
         route = req.ROUTE
         if route == "local":  # a ping
             self._answer_request(conn, req.TYPE, ok(req.id))
+        elif route == "watch":  # served from this member's applied log, whatever its role
+            self.watches.request(conn, cast(Watch, req), self.locks.applied_index)
         elif route == "read" and getattr(req, "stale", False):
             self._serve_read(Read(conn, req, now.mono), now)
         elif self._role is not Role.LEADER and not isinstance(req, Status):

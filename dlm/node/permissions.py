@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dlm.node.locks.identities import ADMIN, refusal
-from dlm.wire import Acquire, Get
+from dlm.wire import Acquire, Get, Watch
 
 if TYPE_CHECKING:
     from dlm.node import locks
@@ -35,6 +35,9 @@ def request_refusal(
     lease owners may lag, leaves the owner check to the leader it sends the client to."""
     identity = state.identity or ADMIN
     key = req.key if isinstance(req, Get | Acquire) else None
+    if isinstance(req, Watch):
+        # A prefix is watched as a key would be: it must lie under one of the prefixes.
+        key = req.key if req.key is not None else req.prefix
     owner = None
     lease = getattr(req, "lease", None)
     if leading and isinstance(lease, str):

@@ -75,6 +75,12 @@ class Stats:
     locks_lost: int = 0
     """Locks whose lease expired while holding them (the holder lost them)."""
     leader_changes: int = 0
+    watches_started: int = 0
+    """Watches this member started serving (dlm/node/watches.py)."""
+    watch_events_pushed: int = 0
+    """Changes pushed to watchers (one per event per watcher)."""
+    watchers_cut_off: int = 0
+    """Watches ended because their connection did not read what was pushed."""
     proposals: int = 0
     """Client commands proposed as leader (not the leader's own Expire entries)."""
     persist_jobs: int = 0

@@ -32,8 +32,9 @@ from dlm.node.raft.core import RaftNode
 from dlm.node.raft.membership import check_change
 from dlm.node.raft.types import Role
 from dlm.node.snapshots import BackupImage
+from dlm.node.watches import Watches
 from dlm.records import ConfChange, HardState, NodeId
-from dlm.wire import ClientRequest, SnapshotSave, ok
+from dlm.wire import ClientRequest, SnapshotSave, Watch, ok
 
 from .ledgercheck import SimLedger
 
@@ -297,3 +298,11 @@ class ImagesWithoutRuns(SimLedger):
 
     def image(self) -> list[Any]:
         return []
+
+
+class ResumesFromNow(Watches):
+    """Serves a resuming watch from now instead of after the index it names: whatever
+    changed while the watcher was away is never pushed to it."""
+
+    def request(self, conn: int, req: Watch, applied: int) -> None:
+        super().request(conn, Watch(id=req.id, key=req.key, prefix=req.prefix), applied)

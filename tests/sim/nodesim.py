@@ -106,6 +106,7 @@ from dlm.node.machine_config import PROTOCOL_SPOKEN
 from dlm.node.raft.quorum import majority
 from dlm.node.raft.types import Message, Role, VoteRequest, VoteResponse
 from dlm.node.snapshots import image as node_image
+from dlm.node.watches import Watches
 from dlm.records import (
     ConfState,
     Entry,
@@ -135,6 +136,7 @@ from .harness import MemoryBackend, StorageBackend
 from .ledgercheck import LedgerChecker, SimLedger
 from .lockcheck import LockChecker, Section
 from .stranger import Stranger
+from .watchcheck import SimWatcher, WatchTruth, check_watchers
 from .world import US, Clock, World
 
 NODE_NAMES = ("n1", "n2", "n3", "n4", "n5")
@@ -297,6 +299,10 @@ class NodeSimOptions:
     backup's index)."""
     restore_quarantine: bool = True
     """Mutant (False): the restored cluster grants at once, with no quarantine."""
+    watchers: int = 2
+    """Watching clients (watchcheck.py): one on a key, one on every key."""
+    watches_class: type[Watches] | None = None
+    """The members' watch hub (a mutant may stand in for it)."""
 
 
 class SimFailure(AssertionError):
@@ -440,6 +446,8 @@ class SimClient:
         self.chunks: list[dict[str, Any]] = []
         """Image chunks of a backup (``snapshot_save``), as they arrive."""
         self.wait_token = 0
+        self.watcher: SimWatcher | None = None
+        """Set on a watching client: pushed watch frames and breaks go to it."""
 
     def drop(self) -> None:
         conn, self.conn = self.conn, None
@@ -598,6 +606,9 @@ class ClientProc:
         self.update_rng = sim.rng_for(f"updates-{name}")
         self.acquire_sent = 0.0
         """When the last acquire was first sent (the min-hold mutant counts from it)."""
+        self.net_rng: random.Random | None = None
+        """A process with draws of its own for its links' latency (a watcher), so that
+        adding it leaves every other draw of the seed as it was."""
 
     def run(self, fn: Callable[[], None]) -> None:
         """Runs ``fn`` now, or when the process is resumed."""
@@ -721,6 +732,8 @@ class NodeSimulation:
                 proc.identity = ("", *TEAMS)[i % 3]
             self.procs.append(proc)
         self.leases_ttl_max_ms = 0
+        self.watch_truth = WatchTruth()
+        self.watchers: list[SimWatcher] = []
         self.lease_views: dict[str, list[tuple[int, ClientProc, core.LeaseClock]]] = {}
         """lease id -> (incarnation, process, clock) of every client that counts on it."""
 
@@ -755,6 +768,7 @@ class NodeSimulation:
                 outcome: locks.ApplyOutcome = super().apply(index, data)
                 sim._applied(outcome, why)
                 sim.ledger_check.applied(outcome, self.version)
+                sim.watch_truth.applied(member.id, outcome, self)
                 return outcome
 
             def apply_command(self, index: int, cmd: locks.Command) -> locks.ApplyOutcome:
@@ -763,6 +777,7 @@ class NodeSimulation:
                 outcome: locks.ApplyOutcome = super().apply_command(index, cmd)
                 sim._applied(outcome, why)
                 sim.ledger_check.applied(outcome, self.version)
+                sim.watch_truth.applied(member.id, outcome, self)
                 return outcome
 
             def skip(self, index: int) -> None:
@@ -791,6 +806,7 @@ class NodeSimulation:
                 return moved
 
         class SimNodeMachine(base):  # type: ignore[valid-type,misc]
+            watches_class = opts.watches_class or base.watches_class
             lock_machine_class = CountingLocks
             tracker_class = CountingTracker
             raft_class = CommitRecordingRaft
@@ -1235,14 +1251,20 @@ class NodeSimulation:
         return not self.cuts[(proc.name, member.id)]
 
     def _latency(self, proc: ClientProc | None = None) -> int:
+        if proc is not None and proc.net_rng is not None:
+            return proc.net_rng.randint(100, 2000)
         extra = self.slow.get(proc.name, 0) if proc is not None else 0
         slow = self.net_rng.randint(extra // 2, extra) if extra else 0
         return self.net_rng.randint(100, 2000) + slow
 
+    def _own_latency(self, proc: ClientProc) -> int:
+        """A connection's latency: a watcher's own draw, else the network's."""
+        return self._latency(proc if proc.net_rng is not None else None)
+
     def connect(self, client: SimClient, member: SimMember) -> SimConn:
         conn = SimConn(client, member)
         client.conn = conn
-        arrive = self.world.now + self._latency()
+        arrive = self.world.now + self._own_latency(client.proc)
 
         def syn() -> None:
             if conn.broken or client.conn is not conn:
@@ -1250,7 +1272,7 @@ class NodeSimulation:
             if not self._link_ok(client.proc, member):
                 return  # SYN lost: the client times out
             if member.machine is None or member.generation != conn.generation:
-                self.world.after(self._latency(), lambda: self._break(conn))
+                self.world.after(self._own_latency(client.proc), lambda: self._break(conn))
                 return
             if member.paused:
                 member.held.append(syn)
@@ -1259,7 +1281,7 @@ class NodeSimulation:
             if identity and member.machine.locks.identities.get(identity) is None:
                 # The handshake finds no such identity (dlm.auth.IdentityResponder): refused.
                 self.stats["identity_refused"] += 1
-                self.world.after(self._latency(), lambda: self._break(conn))
+                self.world.after(self._own_latency(client.proc), lambda: self._break(conn))
                 return
             number = member.next_conn
             member.next_conn += 1
@@ -1295,7 +1317,12 @@ class NodeSimulation:
         conn.to_client_at = at
 
         def arrive() -> None:
-            if conn.broken or not self._link_ok(conn.client.proc, conn.member):
+            if conn.broken:
+                return
+            if not self._link_ok(conn.client.proc, conn.member):
+                watcher = conn.client.watcher
+                if watcher is not None and frame.get("t") == "watch":
+                    watcher.lost(conn)
                 return
             conn.client.proc.run(lambda: self._client_receives(conn, frame))
 
@@ -1304,6 +1331,9 @@ class NodeSimulation:
     def _client_receives(self, conn: SimConn, frame: dict[str, Any]) -> None:
         client = conn.client
         if client.conn is not conn:
+            return
+        if client.watcher is not None and frame.get("t") in ("watch", "watch_end"):
+            client.watcher.pushed(conn, frame)
             return
         if frame.get("t") == "grant" and "id" not in frame:
             client.pushes.append(frame)
@@ -1333,12 +1363,14 @@ class NodeSimulation:
                 return
             client.proc.run(lambda: self._client_broken(client, conn))
 
-        self.world.after(self._latency(), tell)
+        self.world.after(self._own_latency(conn.client.proc), tell)
 
     def _client_broken(self, client: SimClient, conn: SimConn) -> None:
         if client.conn is not conn:
             return
         client.conn = None
+        if client.watcher is not None:
+            client.watcher.broken(conn)
         waiting, client.waiting = client.waiting, None
         if waiting is not None:
             waiting[1](core.Failed("connection broken"))
@@ -1358,7 +1390,7 @@ class NodeSimulation:
             member.conns.pop(conn.number, None)
             self.on_member(member, lambda m: m.client_closed(conn.number))
 
-        self.world.after(self._latency(), fin)
+        self.world.after(self._own_latency(conn.client.proc), fin)
 
     # -- performing a flow's actions ---------------------------------------------------
 
@@ -1706,6 +1738,9 @@ class NodeSimulation:
         # The old incarnation's leases: their clients may count on a TTL set after the
         # backup, which the restored lease does not have; the quarantine covers them.
         self.lease_views.clear()
+        # The log's indexes start again too (by the bump, or, in a mutant, not at all):
+        # each watcher starts a new watch, checked against the new log only.
+        self.watch_truth.new_incarnation(self.watchers)
         for node_id in ids:
             self.restart(self.members[node_id])
 
@@ -2836,6 +2871,7 @@ class NodeSimulation:
             self.world.at(self.heal_at, self._start_recovery_probe)
             if opts.stranger:
                 Stranger(self).start()
+            self._start_watchers()
             self._probe_done = False
             probe_at = self.heal_at + 2 * US
             self.world.at(probe_at, self._start_probe)
@@ -2849,6 +2885,7 @@ class NodeSimulation:
                 if member.machine is not None:
                     self.ledger_check.check(member.id, member.machine.locks)
             self.stats["ledger_runs_checked"] += self.ledger_check.checked_runs
+            check_watchers(self.watchers, self.watch_truth)
         except Violation as violation:
             raise SimFailure(self.seed, self.world.now, violation, self.REPLAY_TEST) from violation
         except Exception as error:
@@ -2873,6 +2910,18 @@ class NodeSimulation:
             faults=self.faults,
             stats=self.stats,
         )
+
+    def _start_watchers(self) -> None:
+        for number in range(self.options.watchers):
+            proc = ClientProc(self, f"w{number}", "library")
+            proc.net_rng = self.rng_for(f"watcher-net-{number}")
+            client = SimClient(proc, proc.name)
+            self.client_count -= 1  # the other clients' draws stay as they were
+            key, prefix = ("k0", None) if number % 2 == 0 else (None, "")
+            watcher = SimWatcher(self, proc, client, key, prefix)
+            self.watchers.append(watcher)
+            start_at = proc.rng.randint(0, ELECTION_US)
+            self.world.at(start_at, partial(proc.run, watcher.start))
 
     def _start_probe(self) -> None:
         proc = ClientProc(self, "probe", "library")

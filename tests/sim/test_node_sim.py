@@ -41,6 +41,7 @@ from .bugs import (
     OutlivesShortenedLeases,
     PromotesTheUnproved,
     RestoresWithoutUsage,
+    ResumesFromNow,
     ServesBackupsWithoutARound,
     SkipsPermissionChecks,
     SpawnsWithoutLooking,
@@ -103,6 +104,7 @@ STEADY_MUTANT_SEEDS = 40
 RESTORE_SEEDS = 12
 """Seeds of the restore fault in `make test` (about 2 s each)."""
 RESTORE_MUTANT_SEEDS = 12
+WATCH_MUTANT_SEEDS = 5
 
 
 def steady_options(seed: int, steady: str, **overrides: object) -> NodeSimOptions:
@@ -429,6 +431,13 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     ),
     # Caught after 51 seeds (seed 50): it needs a leader cut off while the backup's client
     # still reaches it.
+    # Caught after 1 seed (seed 0) as a watch-gap (watchcheck.py): the watchers hang up
+    # every few seconds and resume on another member.
+    "a resumed watch served from now, not after the index it names": (
+        lambda seed: options_for(seed, watches_class=ResumesFromNow),
+        {"watch-gap"},
+        WATCH_MUTANT_SEEDS,
+    ),
     "a backup served without a read round": (
         lambda seed: options_for(seed, machine_class=ServesBackupsWithoutARound, identities=False),
         {"backup-stale"},

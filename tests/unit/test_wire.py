@@ -268,6 +268,7 @@ def test_every_request_type_of_the_protocol_has_a_class() -> None:
         "auth_finish",
         "auth_list",
         "runs",
+        "watch",
     }
     assert {cls.TYPE for cls in _concrete_requests() if issubclass(cls, wire.Change)} == {
         "open_lease",
@@ -458,6 +459,8 @@ DECODED: list[tuple[dict[str, object], wire.Request]] = [
     ({"t": "auth_finish", "id": 20, "name": "ci"}, wire.AuthFinish(id=20, name="ci")),
     ({"t": "auth_list", "id": 21}, wire.AuthList(id=21)),
     ({"t": "runs", "id": 22, "key": "k"}, wire.Runs(id=22, key="k")),
+    ({"t": "watch", "id": 23, "key": "k", "after": 3}, wire.Watch(id=23, key="k", after=3)),
+    ({"t": "watch", "id": 24, "prefix": ""}, wire.Watch(id=24, prefix="")),
 ]
 
 
@@ -710,7 +713,7 @@ def test_a_peer_hello_carries_its_address_and_a_malformed_one_is_refused() -> No
 
 @pytest.mark.parametrize("cls", _concrete_requests(), ids=lambda c: c.__name__)
 def test_each_request_names_how_a_member_serves_it(cls: type[wire.Request]) -> None:
-    assert cls.ROUTE in {"local", "propose", "member", "confirm", "read", "identity"}
+    assert cls.ROUTE in {"local", "propose", "member", "confirm", "read", "identity", "watch"}
     assert cls.PERMISSION in {"any", "read", "key", "lock", "lease", "admin"}
     assert wire.REQUESTS[cls.TYPE] is cls
     # A state change is proposed or is a membership change; nothing else is.

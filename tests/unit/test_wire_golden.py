@@ -68,6 +68,8 @@ FRAMES: list[dict[str, Any]] = [
         "signal": 9,
         **ORIGIN,
     },
+    {"t": "watch", "id": 26, "key": "jobs/a", "after": 41},
+    {"t": "watch", "id": 27, "prefix": "jobs/"},
 ]
 
 # Values a hostile or careless client puts in a field; most are wrong for every field.

@@ -155,6 +155,18 @@ class ApplyOutcome:
     ended: tuple[str, ...] = ()
     expired: tuple[str, ...] = ()
     quarantine_ended: bool = False
+    before: tuple[tuple[str, KeyState | None], ...] = ()
+    """Each key this entry may have changed, with its state before the entry (None: the
+    key did not exist), in the order first touched: the watch hub (dlm/node/watches.py)
+    compares each with ``key_state`` after it to say what changed."""
+
+
+class KeyState(NamedTuple):
+    """A key's state as the watch hub compares it: holders in grant order as
+    (lease, token, metadata), waiters in queue order."""
+
+    holders: tuple[tuple[str, int, dict[str, str]], ...]
+    waiters: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +327,7 @@ class _Step:
     ended: list[str] = field(default_factory=list)
     expired: list[str] = field(default_factory=list)
     quarantine_ended: bool = False
+    before: dict[str, KeyState | None] = field(default_factory=dict)
 
 
 class LockStateMachine:
@@ -356,6 +369,9 @@ class LockStateMachine:
         # Sorted views for paging, rebuilt only after a key or lease came or went.
         self._sorted_keys: list[str] | None = None
         self._sorted_leases: list[str] | None = None
+        self._step: _Step | None = None
+        """The step being applied: ``_touch`` records the keys it changes (and their
+        state before it)."""
 
     # ------------------------------------------------------------------ apply
 
@@ -420,8 +436,11 @@ class LockStateMachine:
             return ApplyOutcome(index, None, cmd)
         if isinstance(cmd, IdentityCommand):
             return ApplyOutcome(index, _change_identities(self.identities, cmd, self._version), cmd)
-        step = _Step(index, cmd.at_ms)
-        result = self._dispatch(cmd, step)
+        step = self._step = _Step(index, cmd.at_ms)
+        try:
+            result = self._dispatch(cmd, step)
+        finally:
+            self._step = None
         if self._version >= 3:
             for _lease, ttl_ms, _incarnation in step.armed:
                 self.max_ttl_ms = max(self.max_ttl_ms, ttl_ms)
@@ -434,6 +453,7 @@ class LockStateMachine:
             tuple(step.ended),
             tuple(step.expired),
             step.quarantine_ended,
+            tuple(step.before.items()),
         )
 
     def _tick_log_clock(self, at_ms: int) -> None:
@@ -662,6 +682,7 @@ class LockStateMachine:
                 return Granted(cmd.key, hold.token, cmd.lease)
             if cmd.lease in entry.waiters:
                 return Queued(cmd.key, self._position(entry, cmd.lease))
+        _touch(self, cmd.key)
         room = entry is None or self._has_room(entry)
         if (room or cmd.wait) and cmd.quota and self.usage.of(lease.owner).locks >= cmd.quota:
             return QuotaExceeded(lease.owner, "locks", cmd.quota)
@@ -707,6 +728,7 @@ class LockStateMachine:
         entry = self._keys.get(cmd.key)
         if entry is None:
             return NotHeld(cmd.key, ())
+        _touch(self, cmd.key)
         hold = entry.holders.get(cmd.lease)
         if hold is not None:
             if cmd.token is not None and cmd.token != hold.token:
@@ -723,6 +745,7 @@ class LockStateMachine:
     def _drop_holder(
         self, key: str, entry: _Key, lease_id: str, lease: _Lease, step: _Step
     ) -> None:
+        _touch(self, key)
         del entry.holders[lease_id]
         lease.holding.discard(key)
         self._held -= 1
@@ -735,6 +758,8 @@ class LockStateMachine:
         self._forget_if_idle(key, entry)
 
     def _grant_waiters(self, key: str, entry: _Key, step: _Step) -> None:
+        if entry.waiters:
+            _touch(self, key)
         while entry.waiters and self._has_room(entry):
             next_id = self._next_waiter(entry)
             wait = entry.waiters.pop(next_id)
@@ -749,6 +774,7 @@ class LockStateMachine:
             step.promotions.append(Promotion(next_id, key, step.index, step.at_ms))
 
     def _drop_waiter(self, key: str, entry: _Key, lease_id: str, lease: _Lease) -> None:
+        _touch(self, key)
         del entry.waiters[lease_id]
         lease.waiting.discard(key)
         self._queued -= 1
@@ -1059,6 +1085,27 @@ class LockStateMachine:
         for lease in machine._leases.values():
             machine.usage.add(lease.owner, len(lease.holding) + len(lease.waiting), 1)
         return machine
+
+
+def _touch(machine: LockStateMachine, key: str) -> None:
+    """``key`` is about to change in the step being applied: keep its state before the
+    step (once). Every change to a key's holders, waiters or a holder's metadata comes
+    through here first, so the watch hub (dlm/node/watches.py) sees every kind of change,
+    new ones included."""
+    step = machine._step
+    if step is not None and key not in step.before:
+        step.before[key] = key_state(machine, key)
+
+
+def key_state(machine: LockStateMachine, key: str) -> KeyState | None:
+    """``key``'s holders and waiters as the watch hub compares them (None: no such key)."""
+    entry = machine._keys.get(key)
+    if entry is None:
+        return None
+    return KeyState(
+        tuple((lid, h.token, dict(h.meta)) for lid, h in entry.holders.items()),
+        tuple(entry.waiters),
+    )
 
 
 def _idle_ephemeral(cmd: ReleaseCommand, lease: _Lease) -> bool:

@@ -119,6 +119,10 @@ METRIC_HELP: dict[str, str] = {
     "dlm_rejected_input_total": "Client requests and peer messages refused as malformed or "
     "not allowed.",
     "dlm_snapshots_total": "State-machine snapshots this member took.",
+    "dlm_watchers": "Watches this member serves now (dlm watch, dlm observe, status --watch).",
+    "dlm_watch_events_pushed_total": "Changes this member pushed to watchers (one per watcher).",
+    "dlm_watchers_cut_off_total": "Watches ended because their client did not read what was "
+    "pushed to it.",
     "dlm_quarantines_ended_total": "Quarantines of a restored or recovered cluster that "
     "this member saw end.",
     "dlm_quarantined": "1 while the cluster is quarantined after a restore or recovery "
@@ -197,6 +201,8 @@ class NodeCollector(Collector):
             ("dlm_quarantines_ended", stats.quarantines_ended),
             ("dlm_backups", server.backup_stats.backups),
             ("dlm_backup_bytes", server.backup_stats.backup_bytes),
+            ("dlm_watch_events_pushed", stats.watch_events_pushed),
+            ("dlm_watchers_cut_off", stats.watchers_cut_off),
         ):
             yield CounterMetricFamily(name, _help(name + "_total"), value=value)
         yield _histogram("dlm_acquire_wait_seconds", stats.acquire_wait)
@@ -214,6 +220,7 @@ class NodeCollector(Collector):
             ("dlm_cluster_version", machine.locks.version),
             ("dlm_quarantined", int(machine.locks.quarantine is not None)),
             ("dlm_incarnation", machine.config.incarnation),
+            ("dlm_watchers", len(machine.watches.watchers)),
         ):
             yield GaugeMetricFamily(name, _help(name), value=gauge_value)
         role = GaugeMetricFamily("dlm_raft_role", _help("dlm_raft_role"), labels=["role"])

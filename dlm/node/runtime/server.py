@@ -85,6 +85,7 @@ from dlm.node.runtime.rlimits import raise_open_files_limit
 from dlm.node.runtime.security import NodeSecurity
 from dlm.node.snapshots import PERIODIC
 from dlm.node.stats import BackupStats, DiskStats
+from dlm.node.watches import WATCH_BUFFER_BYTES
 from dlm.records import Storage
 from dlm.views import StatusView
 from dlm.wire import (
@@ -108,6 +109,8 @@ INLINE_PAUSE_S = 10.0
 a write there was fast again."""
 CLIENT_CHECK_EVERY = 0.5
 """Seconds between two looks for stalled and idle clients."""
+CUT_OFF_GRACE_S = 5.0
+"""A watcher cut off for not reading gets this long to read why before it is aborted."""
 CLIENT_BUFFER_LIMIT = 16 * CLIENT_FRAME_LIMIT
 """Unsent reply bytes beyond which a client that does not read is cut off."""
 BACKUP_BUFFERED = 2 * BACKUP_CHUNK_BYTES
@@ -682,8 +685,24 @@ class NodeServer:
         transport = client.transport
         if transport.is_closing():
             return
-        if transport.get_write_buffer_size() > CLIENT_BUFFER_LIMIT:
-            # A client that does not read its replies must not grow our memory.
+        unsent = transport.get_write_buffer_size()
+        watches = self.machine.watches
+        watching = client.number in watches.per_connection
+        if unsent > (WATCH_BUFFER_BYTES if watching else CLIENT_BUFFER_LIMIT):
+            # A client that does not read its replies must not grow our memory. A watcher
+            # is told why (after what it has not read yet), and cut off for good a few
+            # seconds later if it does not read that either.
+            if watching:
+                reason = (
+                    f"this watcher left {unsent} bytes of pushed changes unread: cut off; "
+                    "resume from the last index seen"
+                )
+                for end in watches.cut_off(client.number, reason):
+                    transport.write(encode_frame(end, client.sealer))
+                transport.close()
+                assert self._loop is not None
+                self._loop.call_later(CUT_OFF_GRACE_S, transport.abort)
+                return
             transport.abort()
             return
         transport.write(encode_frame(frame, client.sealer))

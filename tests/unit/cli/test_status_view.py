@@ -265,7 +265,7 @@ def test_watch_prints_a_snapshot_per_interval_until_ctrl_c(
     "args",
     [
         ["status", "k", "--check"],
-        ["status", "k", "--watch"],
+        ["status", "k", "--watch", "--interval", "1s"],
         ["status", "--check", "--watch"],
         ["status", "--interval", "1s"],
         ["status", "--watch", "--interval", "0s"],

@@ -40,8 +40,11 @@ def parameters(member: Any) -> list[tuple[str, Any, Any]]:
 def kind(member: Any) -> str:
     if isinstance(member, property):
         return "property"
-    if inspect.iscoroutinefunction(member) or inspect.isasyncgenfunction(
-        getattr(member, "__wrapped__", None)
+    if (
+        inspect.iscoroutinefunction(member)
+        # An iterator on the blocking client (watch, observe) is an async iterator here.
+        or inspect.isasyncgenfunction(member)
+        or inspect.isasyncgenfunction(getattr(member, "__wrapped__", None))
     ):
         return "async"
     return "function" if callable(member) else "value"
