@@ -31,8 +31,7 @@ from dataclasses import dataclass
 import cbor2
 
 from dlm.node import locks
-from dlm.node.locks.identities import IdentityTable
-from dlm.node.snapshots import NODE_IMAGE_FORMAT, NODE_IMAGE_FORMAT_V2
+from dlm.node.snapshots import NODE_IMAGE_FORMATS, identities_layout, identities_of
 
 DEFAULT_BUMP = 2**32
 """How far the new log's first index is above the old one's last."""
@@ -79,16 +78,16 @@ def lock_machine_of(image: bytes) -> locks.LockStateMachine:
     try:
         item = cbor2.loads(image)
         lock_image = image
-        formats = (NODE_IMAGE_FORMAT_V2, NODE_IMAGE_FORMAT)
-        if isinstance(item, dict) and item.get("format") in formats:
+        node_image = isinstance(item, dict) and item.get("format") in NODE_IMAGE_FORMATS
+        if node_image:
             lock_image = item["locks"]
             if not isinstance(lock_image, bytes):
                 raise ValueError("no lock image")
         machine = locks.LockStateMachine.restore(lock_image)
-        if isinstance(item, dict) and item.get("format") == NODE_IMAGE_FORMAT:
-            # The identities (their key verifiers) come along: a restored cluster keeps
-            # the credentials its clients hold.
-            machine.identities = IdentityTable.restore(item.get("identities"))
+        if node_image:
+            # The identities (their key verifiers, their limits) come along: a restored
+            # cluster keeps the credentials its clients hold.
+            machine.identities = identities_of(item)
         return machine
     except Exception as exc:
         raise IncarnationError(f"the state image cannot be read ({exc})") from None
@@ -127,11 +126,10 @@ def new_incarnation(
     image = bytes(
         cbor2.dumps(
             {
-                "format": NODE_IMAGE_FORMAT,
                 "locks": machine.snapshot(),
                 "members": dict(sorted(members.items())),
                 "removed": [],
-                "identities": machine.identities.image(),
+                **identities_layout(machine.identities, machine.version),
             },
             canonical=True,
         )

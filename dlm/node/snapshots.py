@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import cbor2
 
@@ -32,10 +33,16 @@ from dlm.node.outbox import Outbox, PendingImage, SaveSnapshot
 from dlm.node.raft.core import RaftNode
 from dlm.records import ConfState
 
-NODE_IMAGE_FORMAT = 3
-"""Layout of this member's snapshot image from cluster version 3: format 2 (version 2) and
-the identity table (``identities``: names, roles, prefixes and key verifiers, never a
-secret). Version 1: the bare lock image."""
+NODE_IMAGE_FORMAT = 4
+"""Layout of this member's snapshot image from cluster version 4: format 3 whose identity
+rows end with each identity's own quotas, and ``identity_removals`` (the last removals and
+the request ids that made them, identities.py). Still opened: formats 3 and 2."""
+NODE_IMAGE_FORMAT_V3 = 3
+"""The layout at cluster version 3: format 2 (version 2) and the identity table
+(``identities``: names, roles, prefixes and key verifiers, never a secret). Version 1:
+the bare lock image."""
+NODE_IMAGE_FORMATS = (2, 3, 4)
+"""The node image layouts a member opens (a dict with ``format``)."""
 NODE_IMAGE_FORMAT_V2 = 2
 """The layout at cluster version 2, without identities (still restored)."""
 PERIODIC = "periodic"
@@ -112,14 +119,13 @@ def restore_image(
         item = cbor2.loads(data)
     except Exception as exc:
         raise ValueError(f"snapshot image is corrupt: {exc!r}") from None
-    if isinstance(item, dict) and item.get("format") in (NODE_IMAGE_FORMAT_V2, NODE_IMAGE_FORMAT):
+    if isinstance(item, dict) and item.get("format") in NODE_IMAGE_FORMATS:
         lock_image = item.get("locks")
         members = item.get("members")
         if not isinstance(lock_image, bytes) or not isinstance(members, dict):
             raise ValueError("snapshot image has an unknown layout")
         machine = lock_machine_class.restore(lock_image)
-        if item["format"] == NODE_IMAGE_FORMAT:
-            machine.identities = IdentityTable.restore(item.get("identities"))
+        machine.identities = identities_of(item)
         membership.restore(members, item.get("removed", []))
         return machine
     return lock_machine_class.restore(data)
@@ -139,9 +145,32 @@ def image(machine: locks.LockStateMachine, raft: RaftNode, membership: Membershi
         "removed": sorted(membership.removed),
     }
     if machine.version >= 3:
-        layout["format"] = NODE_IMAGE_FORMAT
-        layout["identities"] = machine.identities.image()
+        layout.update(identities_layout(machine.identities, machine.version))
     return bytes(cbor2.dumps(layout, canonical=True))
+
+
+def identities_layout(table: IdentityTable, version: int) -> dict[str, object]:
+    """The parts of a node image that carry the identity table, in the layout of cluster
+    ``version`` (3 or later): format 3 at version 3, which members of the previous release
+    read, and format 4 (limits, removals) from version 4 on."""
+    if version < 4:
+        return {"format": NODE_IMAGE_FORMAT_V3, "identities": table.image(with_limits=False)}
+    return {
+        "format": NODE_IMAGE_FORMAT,
+        "identities": table.image(),
+        "identity_removals": table.removals_image(),
+    }
+
+
+def identities_of(item: dict[Any, Any]) -> IdentityTable:
+    """The identity table of a node image of any format (empty in format 2);
+    ValueError for a malformed one."""
+    layout = item.get("format")
+    if layout == NODE_IMAGE_FORMAT_V2:
+        return IdentityTable()
+    if layout == NODE_IMAGE_FORMAT_V3:
+        return IdentityTable.restore(item.get("identities"), with_limits=False)
+    return IdentityTable.restore(item.get("identities"), item.get("identity_removals"))
 
 
 @dataclass(frozen=True, slots=True)

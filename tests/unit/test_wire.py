@@ -266,6 +266,7 @@ def test_every_request_type_of_the_protocol_has_a_class() -> None:
         "auth_remove",
         "auth_rotate",
         "auth_finish",
+        "auth_set",
         "auth_list",
     }
     assert {cls.TYPE for cls in _concrete_requests() if issubclass(cls, wire.Change)} == {
@@ -455,6 +456,10 @@ DECODED: list[tuple[dict[str, object], wire.Request]] = [
         ),
     ),
     ({"t": "auth_finish", "id": 20, "name": "ci"}, wire.AuthFinish(id=20, name="ci")),
+    (
+        {"t": "auth_set", "id": 21, "name": "ci", "max_leases": 2, "max_inflight": 0},
+        wire.AuthSet(id=21, name="ci", max_leases=2, max_inflight=0),
+    ),
     ({"t": "auth_list", "id": 21}, wire.AuthList(id=21)),
 ]
 
@@ -526,7 +531,7 @@ def test_a_hello_with_max_version_2_speaks_2_and_names_its_peer() -> None:
 def test_our_hello_says_version_1_for_old_members_and_max_version_for_new_ones() -> None:
     frame = wire.Hello(wire.HelloRole.CLIENT).to_wire()
     assert (frame["t"], frame["role"], frame["version"]) == ("hello", "client", 1)
-    assert frame["max_version"] == wire.PROTOCOL_VERSION == 3
+    assert frame["max_version"] == wire.PROTOCOL_VERSION == 4
     assert wire.Hello.from_wire(frame).speaks == wire.PROTOCOL_VERSION
 
 

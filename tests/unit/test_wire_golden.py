@@ -155,6 +155,8 @@ def built_encodings() -> list[str]:
         ),
         wire.AuthFinish(id=20, name="ci"),
         wire.AuthList(id=21),
+        wire.AuthRemove(id=22, name="ci", request=b"r" * 8),
+        wire.AuthSet(id=23, name="ci", max_leases=2, max_locks=0),
     ]
     return [f"{r!r} -> {wire.encode_frame(r.to_wire()).hex()}" for r in requests]
 

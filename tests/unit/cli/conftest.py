@@ -119,8 +119,45 @@ class FakeClient:
             return None
         return {"node": "n1", "role": "leader", "term": 3, "commit": 10, "applied": 9}
 
+    def auth_change(self, request: Any) -> dict[str, Any]:
+        self._call("auth_change", request)
+        return {"op": request.TYPE.removeprefix("auth_"), "name": request.name}
+
+    def identities(self) -> list[dict[str, Any]]:
+        self._call("identities")
+        return [dict(row) for row in IDENTITY_ROWS]
+
     def close(self) -> None:
         self.closed = True
+
+
+IDENTITY_ROWS = [
+    {
+        "name": "ci",
+        "role": "client",
+        "prefixes": ["ci/"],
+        "key_id": "00112233aabbccdd",
+        "rotating": False,
+        "old_key_until_ms": None,
+        "max_leases": 2,
+        "max_locks": None,
+        "max_connections": None,
+        "max_inflight": 64,
+    },
+    {
+        "name": "ops",
+        "role": "admin",
+        "prefixes": [],
+        "key_id": "ffeeddccbbaa9988",
+        "rotating": False,
+        "old_key_until_ms": None,
+        "max_leases": None,
+        "max_locks": None,
+        "max_connections": None,
+        "max_inflight": None,
+    },
+]
+"""What the fake cluster's `dlm auth list` answers."""
 
 
 class FakeKeepAlive:
