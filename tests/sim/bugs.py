@@ -22,6 +22,7 @@ from dlm.node.admission import (
 )
 from dlm.node.clients import ClientConn
 from dlm.node.linkwatch import LinkWatch
+from dlm.node.locks.identities import NO_LIMITS, IdentityTable
 from dlm.node.locks.machine import OwnerUsage
 from dlm.node.machine import NodeMachine
 from dlm.node.membership import Membership
@@ -261,3 +262,27 @@ class RestoresWithoutUsage(locks.LockStateMachine):
         machine = super()._restore(item)
         machine.usage = OwnerUsage()
         return machine
+
+
+class _LimitsIgnored(IdentityTable):
+    """An identity table that never has an identity's own quotas."""
+
+    __slots__ = ()
+
+    def limits_of(self, name: str) -> tuple[int, ...]:
+        return NO_LIMITS
+
+
+class IgnoresIdentityLimits(locks.LockStateMachine):
+    """Never looks up an admin's per-identity quotas (``dlm auth set``), neither when the
+    leader writes an entry's quota (the member's ``limits_for``) nor at apply: every
+    identity keeps the members' defaults, whatever an admin set."""
+
+    @property
+    def identities(self) -> IdentityTable:
+        return self._ignoring
+
+    @identities.setter
+    def identities(self, table: IdentityTable) -> None:
+        table.__class__ = _LimitsIgnored  # the same table, read without its limits
+        self._ignoring = table

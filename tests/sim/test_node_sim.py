@@ -32,6 +32,7 @@ from .bugs import (
     AsksTheMemberBeforeTheProof,
     BelievesRefusalsBeforeTheProof,
     ConfirmsUpdatesOfDoomedLeases,
+    IgnoresIdentityLimits,
     LabelsBackupsWithTheLastIndex,
     NeverReplacesLinks,
     OrdersSpawnWithoutLooking,
@@ -384,6 +385,11 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
             seed, identities=True, peer_version=3, lock_machine_class=RestoresWithoutUsage
         ),
         {"usage"},
+        20,
+    ),
+    "an admin's per-identity quotas never looked up (issue 23, dlm auth set)": (
+        lambda seed: options_for(seed, lock_machine_class=IgnoresIdentityLimits),
+        {"over-quota"},
         20,
     ),
     "the member hears a hello before its proof (hole 2)": (
