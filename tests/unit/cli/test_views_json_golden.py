@@ -93,7 +93,7 @@ def _members_view() -> dict[str, Any]:
     }
 
 
-SCENARIOS: dict[str, tuple[list[str], dict[str, Any]]] = {
+SCENARIOS: dict[str, tuple[list[str], dict[tuple[str, str], Any]]] = {
     # name: (the command's arguments, what each member answers: (address, request t) -> body)
     "status, the leader answers, n3 is down": (
         ["status", "--json"],
