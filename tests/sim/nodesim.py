@@ -2604,7 +2604,7 @@ class NodeSimulation:
             view = yield RunFlow(client, core.status_flow(client.ctx))
         except DlmError:
             return
-        applied = view.get("applied", -1)
+        applied = -1 if view.applied is None else view.applied
         self.stats["reads"] += 1
         if applied < floor:
             raise Violation(
