@@ -151,3 +151,28 @@ def test_the_node_image_is_format_4_with_the_limits_and_format_3_still_opens() -
     assert cbor2.loads(data)["format"] == NODE_IMAGE_FORMAT_V3
     again = restore_image(data, type(m.locks), m.membership)
     assert again.identities.names() == ["ci"] and again.identities.limits_of("ci") == (0,) * 4
+
+
+def test_store_inspect_shows_each_identitys_own_limits_of_a_format_4_image() -> None:
+    from dlm.store.inspect import _identities_of
+
+    cluster = started()
+    as_identity(cluster, "n1", "ci")
+    set_limits(cluster, "ci", max_leases=2, max_inflight=9)
+    leader = cluster["n1"].machine
+    shown = _identities_of(image(leader.locks, leader.raft, leader.membership))
+    assert shown is not None
+    (row,) = shown
+    assert (row["name"], row["keys"]) == ("ci", 1)
+    limits = [row[f"max_{kind}"] for kind in ("leases", "locks", "connections", "inflight")]
+    assert limits == [2, None, None, 9]
+
+
+def test_a_setting_is_an_admin_action_in_the_audit_trail() -> None:
+    cluster = started()
+    as_identity(cluster, "n1", "ci")
+    set_limits(cluster, "ci", max_leases=2, max_locks=0)
+    actions = [e.fields for e in cluster["n1"].events if e.event == "admin_action"]
+    assert actions[-1]["action"] == "auth_set" and actions[-1]["target"] == "ci"
+    assert (actions[-1]["max_leases"], actions[-1]["max_locks"]) == (2, 0)
+    assert "max_connections" not in actions[-1]
