@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 DEV_STAMP := $(VENV)/.dev-installed-stamp
 BENCH_STAMP := $(VENV)/.bench-installed-stamp
 
-.PHONY: install install-dev install-bench test lint typecheck unit sim cluster run bench bench-scale bench-wal bench-startup bench-membership zipapp soak chaos clean
+.PHONY: install install-dev install-bench test lint typecheck unit sim cluster run bench bench-scale bench-wal bench-startup bench-membership bench-api zipapp soak chaos clean api-docs
 
 # What running dlm needs (`make run`): the package and its runtime dependencies. The
 # bytecode of dlm itself is compiled here, so a `dlm` run starts warm even where
@@ -86,6 +86,12 @@ bench: install install-bench
 bench-scale: install install-bench
 	$(PY) -m bench.scale $(BENCH_ARGS)
 
+# Lock pairs per second from Python (the client API, sync and async, c=1 and c=64) beside
+# the `dlm` command and redis-py's lock on a local redis-server (if installed).
+# Writes bench/results/api.md and .json.
+bench-api: install install-bench
+	$(PY) -m bench.api $(BENCH_ARGS)
+
 bench-wal: install
 	$(PY) -m bench.wal
 
@@ -96,6 +102,11 @@ bench-startup: install zipapp
 # and the pause a client sees when the leader is removed; a few minutes on 2 cores.
 bench-membership: install
 	$(PY) -m bench.membership $(BENCH_ARGS)
+
+# The public Python API's reference (`import dlm`), from its docstrings, with the standard
+# library's pydoc: build/api/index.html, a page per public name, and build/api/dlm.txt.
+api-docs: install
+	$(PY) tools/api_docs.py --output build/api
 
 # The whole of dlm and its runtime dependencies in one file: dist/dlm.pyz.
 zipapp: install

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -173,26 +173,15 @@ class DevCluster:
         for member in self.members:
             if member.node in self.unusable:
                 continue
-            command = [
-                sys.executable,
-                "-m",
-                "dlm",
-                "node",
-                "start",
-                "--id",
+            command = member_command(
                 member.node,
-                "--listen",
                 f"127.0.0.1:{member.port}",
-                "--data",
-                str(self.data / member.node),
-                "--cluster-id",
+                self.data / member.node,
                 CLUSTER_ID,
-                "--peer-secret-file",
-                str(self.peer_secret),
-            ]
-            if member.node in self.ids:
                 # Read at the first start only; the same as recorded after it.
-                command += ["--peers", self.peers]
+                peers=self.peers if member.node in self.ids else None,
+                flags=["--peer-secret-file", str(self.peer_secret)],
+            )
             if text:
                 command += ["--log-format", "text"]
             # Members log to our stderr, through us (to leave replayed events out); stdout
@@ -269,21 +258,70 @@ class DevCluster:
 
     def stop(self) -> None:
         """SIGTERM to every member, then SIGKILL to any still running after the grace."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE
-        for node, proc in self.procs.items():
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                print(f"devcluster: {node} (pid {proc.pid}) did not stop; killing it", flush=True)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
+
+        def killing(node: str, pid: int) -> None:
+            print(f"devcluster: {node} (pid {pid}) did not stop; killing it", flush=True)
+
+        stop_processes(self.procs, STOP_GRACE, on_kill=killing)
         for pump in self._pumps:
             pump.join(timeout=STOP_GRACE)
+
+
+def member_command(
+    node: str,
+    listen: str,
+    data: Path,
+    cluster_id: str,
+    *,
+    peers: str | None = None,
+    flags: Sequence[str] = (),
+) -> list[str]:
+    """The `dlm node start` command line of one member, run by this interpreter (dlm.testing
+    starts its members with it too). ``peers``: the --peers flag, for a first start."""
+    command = [
+        sys.executable,
+        "-m",
+        "dlm",
+        "node",
+        "start",
+        "--id",
+        node,
+        "--listen",
+        listen,
+        "--data",
+        str(data),
+        "--cluster-id",
+        cluster_id,
+        *flags,
+    ]
+    if peers is not None:
+        command += ["--peers", peers]
+    return command
+
+
+def stop_processes(
+    procs: Mapping[str, subprocess.Popen[bytes]],
+    grace: float,
+    *,
+    on_kill: Callable[[str, int], None] | None = None,
+) -> None:
+    """SIGTERM to every process still running (resumed first, if stopped), then SIGKILL, by
+    PID, to any still running after ``grace``; every one is reaped (dlm.testing uses it too)."""
+    for proc in procs.values():
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
+                os.kill(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for name, proc in procs.items():
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            if on_kill is not None:
+                on_kill(name, proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def is_replayed(line: bytes) -> bool:

@@ -69,6 +69,30 @@ class LeaseLost(DlmError):
         self.ended = ended
 
 
+class LockLost(DlmError):
+    """A lock taken through ``dlm.Client``/``dlm.AsyncClient`` can no longer be counted on:
+    its client-side deadline passed without a confirmed renewal, or the cluster said its
+    lease is gone (expired, revoked by an operator). ``reason`` says which. The same
+    meaning as the ``dlm`` command's exit 77 for a lost lock (``LOCK_LOST``)."""
+
+    exit_code = 77
+
+    def __init__(self, message: str) -> None:
+        super().__init__("LOCK_LOST", message)
+
+
+class InertAfterFork(DlmError):
+    """A ``dlm.Client``/``dlm.AsyncClient`` or one of its locks was used in a process forked
+    from the one that made it. In the child every such object is inert: calls raise this,
+    and nothing is sent on the connections it inherited (so a child never renews or
+    releases its parent's locks). Make a new client in the child."""
+
+    exit_code = 70
+
+    def __init__(self, message: str) -> None:
+        super().__init__("FORKED", message)
+
+
 class NotHolder(DlmError):
     """The lease does not hold the key; ``holders`` says who does now (maybe nobody)."""
 
@@ -144,9 +168,10 @@ class UnsafeChange(DlmError):
 
 
 class ServerError(DlmError):
-    """An error code this client does not know how to handle."""
+    """An error code this client does not know how to handle (the ``dlm`` command's exit
+    70: a bug, or a reply it does not understand)."""
 
-    exit_code = 1
+    exit_code = 70
 
 
 __all__ = [
@@ -155,9 +180,12 @@ __all__ = [
     "ChangeInProgress",
     "ClusterUnavailable",
     "DlmError",
+    "InertAfterFork",
     "LeaseLost",
     "LockHeld",
+    "LockLost",
     "NotHolder",
+    "PermissionDenied",
     "QuotaExceeded",
     "ServerError",
     "UnsafeChange",

@@ -5,6 +5,7 @@ admission holes of issue 20 (driven by the whole-node simulator), and `dlm exec`
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from dlm.cli.exec_rules import GuardRules, StartGate
@@ -23,7 +24,7 @@ from dlm.node.admission import (
 from dlm.node.clients import ClientConn
 from dlm.node.linkwatch import LinkWatch
 from dlm.node.locks.identities import NO_LIMITS, IdentityTable
-from dlm.node.locks.machine import OwnerUsage
+from dlm.node.locks.machine import OwnerUsage, _Step, _Tombstone
 from dlm.node.machine import NodeMachine
 from dlm.node.membership import Membership
 from dlm.node.outbox import Instant
@@ -251,6 +252,23 @@ class PromotesTheUnproved(NodeMachine):
             return decide(*call, **named)
 
         self.membership.change_for = change_for  # type: ignore[method-assign]
+
+
+class FreesARemovedIdentitysLeases(locks.LockStateMachine):
+    """Ends every lease of an identity the moment an admin removes it (issue 23): the keys
+    go to the next waiters while the removed identity's holders still run, unfenced, up to
+    their own deadlines."""
+
+    def _execute(self, index: int, cmd: Any) -> locks.ApplyOutcome:
+        outcome = super()._execute(index, cmd)
+        if not (isinstance(cmd, locks.IdentityCommand) and cmd.op == "remove"):
+            return outcome
+        step = _Step(index, cmd.at_ms)
+        for lease_id in [lid for lid, lease in self._leases.items() if lease.owner == cmd.name]:
+            self._end_lease(lease_id, step, _Tombstone("", 0, locks.LeaseGone(lease_id), 0))
+        return dataclasses.replace(
+            outcome, promotions=tuple(step.promotions), ended=tuple(step.ended)
+        )
 
 
 class RestoresWithoutUsage(locks.LockStateMachine):

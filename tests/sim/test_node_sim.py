@@ -32,6 +32,7 @@ from .bugs import (
     AsksTheMemberBeforeTheProof,
     BelievesRefusalsBeforeTheProof,
     ConfirmsUpdatesOfDoomedLeases,
+    FreesARemovedIdentitysLeases,
     IgnoresIdentityLimits,
     LabelsBackupsWithTheLastIndex,
     NeverReplacesLinks,
@@ -379,6 +380,15 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         lambda seed: options_for(seed, machine_class=PromotesTheUnproved),
         {"unproved-voter"},
         20,
+    ),
+    # Caught in the first seed: the workload's admin removes an identity while its clients
+    # hold locks, every few seconds.
+    "a removed identity's leases ended at its removal (issue 23)": (
+        lambda seed: options_for(
+            seed, identities=True, peer_version=3, lock_machine_class=FreesARemovedIdentitysLeases
+        ),
+        {"removed-lease-freed"},
+        5,
     ),
     "per-owner counts not rebuilt from a snapshot (issue 23, quotas)": (
         lambda seed: options_for(

@@ -213,7 +213,7 @@ ERROR_CASES = [
     ("TOO_LARGE", BadRequest, 2),
     ("CONFLICT", ChangeInProgress, 75),
     ("UNSAFE", UnsafeChange, 2),
-    ("SOMETHING_NEW", ServerError, 1),
+    ("SOMETHING_NEW", ServerError, 70),  # the command exits 70 for it
 ]
 
 
