@@ -51,6 +51,7 @@ from bench import etcd as etcd_bench
 from bench.floor import Floor, Percentiles, free_ports, measure_floor, summarize
 from bench.procs import ProcessCluster
 from dlm.client.sync import Client
+from dlm.views import StatusView
 
 CLIENT_COUNTS = (1, 16, 64)
 DEFAULT_SECONDS = 5.0
@@ -201,7 +202,7 @@ class DlmCluster(ProcessCluster):
         self.spawn_all()
         self.leader_index(LEADER_TIMEOUT_S)
 
-    def _views(self) -> dict[int, dict[str, Any]]:
+    def _views(self) -> dict[int, StatusView]:
         views = {}
         for i, proc in enumerate(self.procs):
             if proc is None or proc.poll() is not None:
@@ -216,9 +217,9 @@ class DlmCluster(ProcessCluster):
         deadline = time.monotonic() + timeout
         while True:
             views = self._views()
-            top_term = max((int(v.get("term") or 0) for v in views.values()), default=0)
+            top_term = max((v.term or 0 for v in views.values()), default=0)
             for i, view in views.items():
-                if view.get("role") == "leader" and int(view.get("term") or 0) == top_term:
+                if view.role == "leader" and (view.term or 0) == top_term:
                     return i
             dead = [self.names[i] for i, p in enumerate(self.procs) if p and p.poll() is not None]
             if dead and len(dead) == len(self.names):
@@ -228,13 +229,13 @@ class DlmCluster(ProcessCluster):
             time.sleep(0.05)
 
     def max_term(self) -> int:
-        return max((int(v.get("term") or 0) for v in self._views().values()), default=0)
+        return max((v.term or 0 for v in self._views().values()), default=0)
 
     def wait_all_agree(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
             views = self._views()
-            leaders = {v.get("leader") for v in views.values()}
+            leaders = {v.leader for v in views.values()}
             if len(views) == len(self.names) and len(leaders) == 1 and None not in leaders:
                 return
             if time.monotonic() > deadline:

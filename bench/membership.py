@@ -123,8 +123,8 @@ def leader_of(members: Members) -> str | None:
     with Client(members.live_addrs(), timeout=5.0) as client:
         for addr in members.live_addrs():
             view = client.member_status(addr, timeout=1.0)
-            if view is not None and view.get("role") == "leader":
-                return str(view["node"])
+            if view is not None and view.role == "leader":
+                return str(view.node)
     return None
 
 
@@ -135,7 +135,7 @@ def is_voter(members: Members, name: str) -> bool:
 
     with Client(members.live_addrs(), timeout=30.0) as client:
         view = client.members_view()
-    return any(m["id"] == name and m["role"] in ("leader", "follower") for m in view["members"])
+    return any(m.id == name and m.role in ("leader", "follower") for m in view.members)
 
 
 # ---------------------------------------------------------------------------

@@ -55,6 +55,7 @@ from bench.locks import (
     cpu_seconds,
     run_cell,
 )
+from dlm.views import StatusView
 
 LEASES = 10_000
 LEASE_TTL_MS = 15_000
@@ -210,7 +211,7 @@ def _rss_bytes(pid: int) -> int:
     return 0
 
 
-def _status(cluster: DlmCluster, address: str) -> dict[str, Any] | None:
+def _status(cluster: DlmCluster, address: str) -> StatusView | None:
     return cluster._client.member_status(address, timeout=2.0)
 
 
@@ -219,7 +220,7 @@ def _wait_caught_up(cluster: DlmCluster, address: str, index: int, since: float)
     deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
     while time.monotonic() < deadline:
         view = _status(cluster, address)
-        if view is not None and int(view.get("applied") or 0) >= index:
+        if view is not None and (view.applied or 0) >= index:
             return time.monotonic() - since
         time.sleep(0.02)
     return math.inf
@@ -227,8 +228,8 @@ def _wait_caught_up(cluster: DlmCluster, address: str, index: int, since: float)
 
 def _leader_commit(cluster: DlmCluster) -> tuple[int, int]:
     leader = cluster.leader_index(30)
-    view = _status(cluster, cluster.addrs[leader]) or {}
-    return leader, int(view.get("commit") or 0)
+    view = _status(cluster, cluster.addrs[leader])
+    return leader, (view.commit or 0) if view is not None else 0
 
 
 def _restart_follower(cluster: DlmCluster, avoid: int) -> tuple[int, float | None]:

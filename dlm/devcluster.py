@@ -251,8 +251,8 @@ class DevCluster:
             while time.monotonic() < deadline and self.alive():
                 for member in self.members:
                     view = client.member_status(f"127.0.0.1:{member.port}", timeout=0.5)
-                    if view is not None and view.get("role") == "leader":
-                        return str(view.get("node"))
+                    if view is not None and view.role == "leader":
+                        return str(view.node)
                 time.sleep(0.1)
         return None
 

@@ -141,6 +141,11 @@ IDENTITY_NAME_MAX = 64
 """The longest identity name (``dlm auth add NAME``)."""
 IDENTITY_PREFIXES_MAX = 32
 """The most key prefixes one identity has."""
+IDENTITY_LIMIT_MAX = 1_000_000_000
+"""The highest per-identity quota an admin may set (``dlm auth set NAME --max-leases N``):
+above every cluster cap, so the cluster's own caps are what binds then."""
+REQUEST_ID_MAX_BYTES = 16
+"""The longest request id a client puts on a change it may re-send (``auth_remove``)."""
 
 
 def check_identity_name(name: str) -> str | None:
@@ -152,6 +157,14 @@ def check_identity_name(name: str) -> str | None:
         return f"identity name {name[:80]!r} must start with a letter or digit"
     if not all(c.isascii() and (c.isalnum() or c in "._-") for c in name):
         return f"identity name {name[:80]!r} may hold only letters, digits, '.', '_' and '-'"
+    return None
+
+
+def check_identity_limit(value: int) -> str | None:
+    """Why ``value`` is not a per-identity quota setting (None: it is): 1 to
+    IDENTITY_LIMIT_MAX, or 0 (the members' default) or -1 (unchanged) in a change."""
+    if type(value) is not int or not -1 <= value <= IDENTITY_LIMIT_MAX:
+        return f"a per-identity limit is a whole number from 1 to {IDENTITY_LIMIT_MAX}"
     return None
 
 

@@ -27,6 +27,11 @@ API
     what the TLS layer returns for the connection (``SSLSocket.getpeercert()``,
     ``transport.get_extra_info("peercert")``): only certificates the CA
     verified ever get this far.
+``certificate_names(peercert)``
+    The names a verified client certificate gives: its subject's commonName, then
+    its subjectAltName DNS names (in that order, each once). A member takes the
+    first one that names an identity in its table as the client's identity, when
+    the client's hello proves no secret (dlm/node/admission.py).
 ``client_context(ca, cert=None, key=None)``
     For the CLI and the client library, and for a member dialling a peer (with
     its own cert and key). Verifies the member's certificate against ``ca`` and
@@ -82,6 +87,21 @@ def peer_certificate_problem(peercert: Mapping[str, Any] | None, member_id: str)
         shown = ", ".join(names) if names else "no DNS name"
         return f"peer claims to be {member_id!r} but its certificate names {shown}"
     return None
+
+
+def certificate_names(peercert: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The subject's CN, then the subjectAltName DNS names, of a verified certificate."""
+    if not peercert:
+        return ()
+    names: list[str] = []
+    for rdn in peercert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName" and isinstance(value, str):
+                names.append(value)
+    for kind, value in peercert.get("subjectAltName", ()):
+        if kind == "DNS" and isinstance(value, str):
+            names.append(value)
+    return tuple(dict.fromkeys(names))
 
 
 def _check_readable(path: str, what: str) -> None:

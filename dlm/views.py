@@ -174,10 +174,11 @@ def _reply_waiters(msg: dict[Any, Any], name: str) -> int | None:
     return len(value) if isinstance(value, list) else _reply_opt_int(msg, name)
 
 
-class StatusView(Reply):
+class StatusView(SentView):
     """The answer to ``status``: one member's view of the cluster (``progress``: the
     leader's only). Read back leniently: a member of an older release leaves fields out,
-    and ``dlm status`` shows what it can."""
+    and ``dlm status`` shows what it can. ``Client.status`` and ``member_status`` give it;
+    ``to_wire`` is the map the member sent."""
 
     node: str | None = field(_reply_opt_text)
     address: str | None = field(_reply_opt_text)
@@ -222,8 +223,10 @@ class MemberHealth(Reply):
     """Why a learner is not a voter yet ("" for a voter, or from an earlier release)."""
 
 
-class MembersView(Reply):
-    """The answer to ``members``; ``bootstrap``: the members the cluster started with."""
+class MembersView(SentView):
+    """The answer to ``members`` and to a membership change; ``bootstrap``: the members the
+    cluster started with. ``Client.members_view`` and ``add_member`` (...) give it;
+    ``to_wire`` is the map the member sent."""
 
     members: list[MemberHealth] = field(lambda msg, name: _reply_records(MemberHealth, msg, name))
     leader: str | None = field(_reply_opt_text)

@@ -740,6 +740,19 @@ def _prefixes(msg: dict[Any, Any], name: str) -> list[str]:
     return list(value)
 
 
+def _request_id(msg: dict[Any, Any], name: str) -> bytes:
+    value = msg.get(name)
+    if value is None:
+        return b""
+    if not isinstance(value, bytes) or len(value) > limits.REQUEST_ID_MAX_BYTES:
+        raise ProtocolError(f"field {name!r} must be at most {limits.REQUEST_ID_MAX_BYTES} bytes")
+    return value
+
+
+def _limit_change(msg: dict[Any, Any], name: str) -> int:
+    return _opt_bounded(msg, name, -1, limits.IDENTITY_LIMIT_MAX, -1)
+
+
 def _key_bytes(size: int) -> Check:
     def checked(msg: dict[Any, Any], name: str) -> bytes:
         value = msg.get(name)
@@ -1135,12 +1148,32 @@ class AuthAdd(Request):
 
 
 class AuthRemove(Request):
-    """Removes an identity: its connections close, its leases run out at their TTL."""
+    """Removes an identity: its connections close, its leases run out at their TTL.
+
+    ``request`` (up to 16 bytes, cluster version 4; ignored before): an id the client
+    draws once per removal and sends again on every re-send of it, so that a re-send
+    after a lost answer is answered done rather than "no identity"."""
 
     TYPE = "auth_remove"
     ROUTE = "identity"
     PERMISSION = "admin"
     name: str = field(_identity_name)
+    request: bytes = field(_request_id, default=b"")
+
+
+class AuthSet(Request):
+    """Sets an identity's own quotas (cluster version 4): each ``max_*`` a value from 1
+    to IDENTITY_LIMIT_MAX, 0 (back to the members' ``--identity-max-*`` default) or -1
+    (unchanged, the default)."""
+
+    TYPE = "auth_set"
+    ROUTE = "identity"
+    PERMISSION = "admin"
+    name: str = field(_identity_name)
+    max_leases: int = field(_limit_change, default=-1)
+    max_locks: int = field(_limit_change, default=-1)
+    max_connections: int = field(_limit_change, default=-1)
+    max_inflight: int = field(_limit_change, default=-1)
 
 
 class AuthRotate(Request):
@@ -1187,7 +1220,7 @@ class Watch(Request):
     after: int | None = field(_opt_index, default=None, omit=True)
 
 
-AuthChange = AuthAdd | AuthRemove | AuthRotate | AuthFinish
+AuthChange = AuthAdd | AuthRemove | AuthRotate | AuthFinish | AuthSet
 
 ClientRequest = (
     OpenLease
@@ -1211,6 +1244,7 @@ ClientRequest = (
     | AuthRemove
     | AuthRotate
     | AuthFinish
+    | AuthSet
     | AuthList
     | Runs
     | Watch
@@ -1242,6 +1276,7 @@ REQUESTS: dict[str, type[ClientRequest]] = {
         AuthRemove,
         AuthRotate,
         AuthFinish,
+        AuthSet,
         AuthList,
         Runs,
         Watch,

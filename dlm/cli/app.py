@@ -19,7 +19,7 @@ one-line message.
 from __future__ import annotations
 
 import inspect
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -650,6 +650,53 @@ def auth_remove(*, settings: Settings, name: IdentityArg) -> None:
     from dlm.cli import identities
 
     identities.remove(settings, name)
+
+
+def _limit_opt(flag: str, what: str) -> Any:
+    return typer.Option(
+        flag,
+        metavar="N|default",
+        help=f"At most N {what} (1 to 1000000000); default: back to the members' --identity{flag}.",
+    )
+
+
+@auth_app.command("set")
+@with_settings
+def auth_set(
+    *,
+    settings: Settings,
+    name: IdentityArg,
+    max_leases: Annotated[str | None, _limit_opt("--max-leases", "leases, cluster-wide")] = None,
+    max_locks: Annotated[
+        str | None, _limit_opt("--max-locks", "held locks plus places in queues, cluster-wide")
+    ] = None,
+    max_connections: Annotated[
+        str | None, _limit_opt("--max-connections", "client connections to each member")
+    ] = None,
+    max_inflight: Annotated[
+        str | None, _limit_opt("--max-inflight", "requests in flight on one connection")
+    ] = None,
+    clear: Annotated[
+        bool,
+        typer.Option("--clear", help="Every limit back to the members' --identity-max-* default."),
+    ] = False,
+) -> None:
+    """Set an identity's own quotas; the limits not named keep their setting. Admins only
+    (exit 77 otherwise). A lower limit refuses new leases, locks and connections; what the
+    identity holds already stays."""
+    from dlm.cli import identities
+
+    identities.set_limits(
+        settings,
+        name,
+        {
+            "leases": max_leases,
+            "locks": max_locks,
+            "connections": max_connections,
+            "inflight": max_inflight,
+        },
+        clear=clear,
+    )
 
 
 @auth_app.command("rotate")

@@ -1,4 +1,5 @@
-"""`dlm auth add|list|remove|rotate`: the cluster's client identities, managed by an admin.
+"""`dlm auth add|list|remove|rotate|set`: the cluster's client identities, managed by an
+admin.
 
 An identity's secret is made here, on the admin's host, and written to the
 credential file (mode 600) that the identity's jobs use with --secret-file /
@@ -6,6 +7,16 @@ DLM_SECRET_FILE; the cluster gets only its verifier (dlm/auth.py), so neither
 the log, the snapshots, `dlm store inspect` nor a backup holds anything a
 client could log in with. The file is created before the request is sent and
 removed again if the cluster refuses it, so a refused add leaves nothing behind.
+
+`dlm auth set NAME --max-leases N ...` gives one identity its own quotas (kept in the
+replicated identity table, so every member enforces them); `--max-X default` puts one
+back to the members' `--identity-max-X` flag, `--clear` all of them; limits not named keep
+their setting.
+
+`dlm auth remove` draws a request id once and sends it with every re-send of the request
+(the client library re-sends after a lost answer): a re-send whose first attempt removed
+the identity is answered done (exit 0). Removing a name nobody has, or one another
+removal took away, is still refused (exit 2), so a typo is never taken for success.
 
 A limited identity's refusals exit 77 (PERMISSION_DENIED), as dlm.cli.exits says.
 """
@@ -23,7 +34,10 @@ if TYPE_CHECKING:
     from dlm.client.sync import Client
 
 ROLES = ("client", "admin")
-FIELDS = ("name", "role", "prefixes", "key_id", "rotating", "old_key_until_ms")
+QUOTA_KINDS = ("leases", "locks", "connections", "inflight")
+LIMIT_FIELDS = tuple(f"max_{kind}" for kind in QUOTA_KINDS)
+FIELDS = ("name", "role", "prefixes", "key_id", "rotating", "old_key_until_ms", *LIMIT_FIELDS)
+DEFAULT = "default"
 
 
 def check_name(name: str) -> None:
@@ -117,7 +131,9 @@ def remove(settings: Settings, name: str) -> None:
     from dlm.wire import AuthRemove
 
     check_name(name)
-    _send(settings, None, lambda client: client.auth_change(AuthRemove(id=0, name=name)))
+    # One id for this removal, the same on each re-send (identities.py remembers it).
+    request = AuthRemove(id=0, name=name, request=os.urandom(8))
+    _send(settings, None, lambda client: client.auth_change(request))
     if settings.json:
         emit_json({"removed": {"name": name}})
         return
@@ -125,6 +141,50 @@ def remove(settings: Settings, name: str) -> None:
         f"removed identity {name}: its connections are closed and its leases are no longer "
         "renewed, so they expire at their TTL (a `dlm exec` holder stops its command first)"
     )
+
+
+def _limit_value(kind: str, text: str) -> int:
+    """A ``--max-KIND`` value: N (1 to the bound), or ``default`` (0: the members')."""
+    from dlm.limits import IDENTITY_LIMIT_MAX
+
+    word = text.strip().lower().replace("_", "")
+    if word == DEFAULT:
+        return 0
+    if not word.isdigit() or not 1 <= int(word) <= IDENTITY_LIMIT_MAX:
+        raise usage_error(
+            f"bad --max-{kind} '{escape(text)}': use a whole number from 1 to "
+            f"{IDENTITY_LIMIT_MAX}, or 'default' for the members' --identity-max-{kind}"
+        )
+    return int(word)
+
+
+def set_limits(settings: Settings, name: str, given: dict[str, str | None], *, clear: bool) -> None:
+    from dlm.wire import AuthSet
+
+    check_name(name)
+    named = {kind: text for kind, text in given.items() if text is not None}
+    if clear and named:
+        raise usage_error(
+            "--clear puts every limit back to its default: give it alone, or name the limits"
+        )
+    if not clear and not named:
+        raise usage_error(
+            "name a limit to set (--max-leases, --max-locks, --max-connections, "
+            "--max-inflight: N or 'default'), or --clear"
+        )
+    values = dict.fromkeys(QUOTA_KINDS, 0 if clear else -1)
+    values.update({kind: _limit_value(kind, text) for kind, text in named.items()})
+    request = AuthSet(id=0, name=name, **{f"max_{kind}": v for kind, v in values.items()})
+    _send(settings, None, lambda client: client.auth_change(request))
+    changed = {f"max_{kind}": values[kind] or None for kind in QUOTA_KINDS if values[kind] >= 0}
+    if settings.json:
+        emit_json({"set": {"name": name, **changed}})
+        return
+    said = ", ".join(
+        f"--max-{key[4:]} {value if value is not None else 'default'}"
+        for key, value in changed.items()
+    )
+    say(f"set identity {name}'s limits: {said}; the others are unchanged")
 
 
 def rotate(settings: Settings, name: str, out: str | None, finish: bool) -> None:
@@ -183,13 +243,14 @@ def list_identities(settings: Settings, output_format: str) -> None:
                     r.get("key_id", ""),
                     "yes" if r.get("rotating") else "no",
                     "-" if r.get("old_key_until_ms") is None else r["old_key_until_ms"],
+                    *(_limit_cell(r.get(field), "default") for field in LIMIT_FIELDS),
                 ]
                 for r in rows
             ],
         )
     else:
         print_table(
-            ("NAME", "ROLE", "PREFIXES", "KEY ID", "ROTATING"),
+            ("NAME", "ROLE", "PREFIXES", "KEY ID", "ROTATING", "LIMITS"),
             [
                 [
                     escape(str(r.get("name", ""))),
@@ -197,7 +258,22 @@ def list_identities(settings: Settings, output_format: str) -> None:
                     escape(", ".join(r.get("prefixes") or [])) or "(every key)",
                     str(r.get("key_id", "")),
                     "yes (old key valid until --finish or 24 h)" if r.get("rotating") else "no",
+                    _limits_cell(r),
                 ]
                 for r in rows
             ],
         )
+
+
+def _limit_cell(value: object, unset: str) -> str:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else unset
+
+
+def _limits_cell(row: dict[str, Any]) -> str:
+    """The identity's own limits as `leases 2, locks 10` (``default``: none of its own)."""
+    own = [
+        f"{kind} {_limit_cell(row.get(f'max_{kind}'), '')}"
+        for kind in QUOTA_KINDS
+        if _limit_cell(row.get(f"max_{kind}"), "")
+    ]
+    return ", ".join(own) or "default"

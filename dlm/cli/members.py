@@ -215,7 +215,7 @@ def show(
 def list_members(settings: Settings, output_format: str) -> None:
     client = settings.connect()
     try:
-        view = MembersView.from_wire(client.members_view())
+        view = client.members_view()
         rows = member_rows(client, view, min(MEMBER_TIMEOUT, settings.timeout))
     finally:
         client.close()
@@ -274,7 +274,7 @@ def _change(settings: Settings, make: Any) -> tuple[MembersView, list[dict[str, 
     """Makes the change; the leader's view of the new membership and its rows."""
     client = settings.connect()
     try:
-        view = MembersView.from_wire(make(client))
+        view: MembersView = make(client)
         rows = member_rows(client, view, min(MEMBER_TIMEOUT, settings.timeout))
     finally:
         client.close()

@@ -51,16 +51,16 @@ def join_cluster(config: NodeConfig, security: NodeSecurity | None) -> NodeConfi
                     raise
                 # A retried join whose first attempt went through: fine if it is us.
                 view = client.members_view()
-                mine = [m for m in view.get("members", []) if m.get("id") == config.node_id]
-                if not mine or mine[0].get("address") != config.address:
+                mine = [m for m in view.members if m.id == config.node_id]
+                if not mine or mine[0].address != config.address:
                     raise StartupError(
                         f"cannot join {where}: {config.node_id} is already a member at another "
                         "address; pick another --id"
                     ) from None
     except DlmError as exc:
         raise StartupError(f"cannot join {where}: {exc}") from None
-    bootstrap = view.get("bootstrap")
-    if not isinstance(bootstrap, dict) or not bootstrap:
+    bootstrap = view.bootstrap
+    if not bootstrap:
         raise StartupError(
             f"cannot join {where}: the member did not say who the first members were"
         )
@@ -68,15 +68,17 @@ def join_cluster(config: NodeConfig, security: NodeSecurity | None) -> NodeConfi
     # The leader may be a member that joined after the first ones: until this member's log
     # names the configuration, it knows where the others are only from this answer.
     current: dict[str, tuple[str, int]] = {}
-    for member in view.get("members", []):
-        if isinstance(member, dict) and member.get("id") != config.node_id:
-            try:
-                current[str(member["id"])] = parse_addr(str(member["address"]))
-            except (KeyError, ValueError):
+    for member in view.members:
+        if member.id is not None and member.id != config.node_id:
+            if member.address is None:
                 continue  # unknown address: the log will say it
+            try:
+                current[member.id] = parse_addr(member.address)
+            except ValueError:
+                continue
     # A restored or recovered cluster is a new incarnation: its members talk only to
     # members of the same one, so this member takes it (recorded in node.json).
-    incarnation = view.get("incarnation", 0)
-    if type(incarnation) is not int or not 0 <= incarnation < 2**63:
+    incarnation = view.incarnation or 0
+    if not 0 <= incarnation < 2**63:
         incarnation = 0
     return replace(config, peers=peers, join_members=current, incarnation=incarnation)

@@ -113,8 +113,7 @@ def gather_views(
     addresses = [m.address or "" for m in members]
 
     def ask(addr: str) -> StatusView | None:
-        view = client.member_status(addr, timeout) if addr else None
-        return None if view is None else StatusView.from_wire(view)
+        return client.member_status(addr, timeout) if addr else None
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(addresses), 8))) as pool:
         views = list(pool.map(ask, addresses))
@@ -162,9 +161,8 @@ def fill_progress(
         row["lag"] = max(lags) if lags else None
 
 
-def summarize(client: Client, reply: dict[str, Any], member_timeout: float) -> dict[str, Any]:
+def summarize(client: Client, view: StatusView, member_timeout: float) -> dict[str, Any]:
     """The `dlm status --json` object, from the leader's view and every member's own."""
-    view = StatusView.from_wire(reply)
     members = view.members or [MemberEntry(id=view.node, address=view.address, role=None)]
     rows, views = gather_views(client, members, member_timeout)
     leader = view.leader

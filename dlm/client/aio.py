@@ -41,7 +41,6 @@ from dlm.client.core import (
     Send,
     Sleep,
     lease_id,
-    payload,
     without_id,
 )
 from dlm.client.errors import AuthFailed, ClusterUnavailable, DlmError, LeaseLost, ServerError
@@ -68,7 +67,7 @@ if TYPE_CHECKING:
 
     from dlm.client.core import Action, Outcome
     from dlm.client.watching import Leadership, WatchEvent, WatchStream
-    from dlm.views import LeaseState, LeaseSummary, LockState
+    from dlm.views import LeaseState, LeaseSummary, LockState, MembersView, StatusView
 
 _STREAM_ERRORS = (
     OSError,
@@ -776,23 +775,23 @@ class AsyncClient:
 
     # -- cluster --------------------------------------------------------------
 
-    async def status(self, *, stale: bool = False) -> dict[str, Any]:
-        view: dict[str, Any] = await self._run(core.status_flow(self._ctx, stale=stale))
+    async def status(self, *, stale: bool = False) -> StatusView:
+        view: StatusView = await self._run(core.status_flow(self._ctx, stale=stale))
         return view
 
-    async def members_view(self) -> dict[str, Any]:
+    async def members_view(self) -> MembersView:
         """The leader's view of the membership: ``members`` and ``leader``."""
-        view: dict[str, Any] = await self._run(core.members_flow(self._ctx))
+        view: MembersView = await self._run(core.members_flow(self._ctx))
         return view
 
-    async def add_member(self, member: str, address: str) -> dict[str, Any]:
+    async def add_member(self, member: str, address: str) -> MembersView:
         request = MemberAdd(id=0, member=member, address=address, seq=0)
-        view: dict[str, Any] = await self._run(core.member_change_flow(self._ctx, request))
+        view: MembersView = await self._run(core.member_change_flow(self._ctx, request))
         return view
 
-    async def remove_member(self, member: str, *, force: bool = False) -> dict[str, Any]:
+    async def remove_member(self, member: str, *, force: bool = False) -> MembersView:
         request = MemberRemove(id=0, member=member, force=force, seq=0)
-        view: dict[str, Any] = await self._run(core.member_change_flow(self._ctx, request))
+        view: MembersView = await self._run(core.member_change_flow(self._ctx, request))
         return view
 
     async def auth_change(self, request: AuthChange) -> dict[str, Any]:
@@ -816,9 +815,9 @@ class AsyncClient:
         rows = answer.get("identities")
         return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
-    async def promote_member(self, member: str) -> dict[str, Any]:
+    async def promote_member(self, member: str) -> MembersView:
         request = MemberPromote(id=0, member=member, seq=0)
-        view: dict[str, Any] = await self._run(core.member_change_flow(self._ctx, request))
+        view: MembersView = await self._run(core.member_change_flow(self._ctx, request))
         return view
 
     async def save_snapshot(self, *, image_timeout: float = 600.0) -> tuple[SnapshotHeader, bytes]:
@@ -865,7 +864,7 @@ class AsyncClient:
                 return False
             return reply is not None and reply.get("t") == "ok"
 
-    async def member_status(self, addr: str, timeout: float = 2.0) -> dict[str, Any] | None:
+    async def member_status(self, addr: str, timeout: float = 2.0) -> StatusView | None:
         deadline = time.monotonic() + timeout
         try:
             conn, greeting = await _open_connection(
@@ -882,9 +881,7 @@ class AsyncClient:
             return None
         finally:
             await conn.aclose()
-        if reply is None or reply.get("t") != "ok":
-            return None
-        return payload(reply)
+        return core.own_view(reply)
 
     # -- keeping a lease alive --------------------------------------------------
 

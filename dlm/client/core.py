@@ -102,7 +102,15 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Generator, Mapping, Sequence
     from typing import Any, TypeVar
 
-    from dlm.views import LeasesPage, LeaseState, LeaseSummary, LocksPage, LockState
+    from dlm.views import (
+        LeasesPage,
+        LeaseState,
+        LeaseSummary,
+        LocksPage,
+        LockState,
+        MembersView,
+        StatusView,
+    )
     from dlm.wire import Reply as ReplyRecord
 
     R = TypeVar("R", bound=ReplyRecord)
@@ -168,6 +176,7 @@ __all__ = [
     "new_seq",
     "normalise_addr",
     "open_lease_flow",
+    "own_view",
     "paged_flow",
     "parse_members",
     "payload",
@@ -1009,12 +1018,29 @@ def lease_info_flow(s: Context, lease: str) -> Generator[Action, Outcome, LeaseS
     return (yield from view_flow(s, LeaseInfo(id=0, lease=lease), LeaseState))
 
 
-def status_flow(s: Context, *, stale: bool = False) -> Flow:
-    return read_flow(s, Status(id=0, stale=stale))
+def status_flow(s: Context, *, stale: bool = False) -> Generator[Action, Outcome, StatusView]:
+    from dlm.views import StatusView
+
+    return (yield from view_flow(s, Status(id=0, stale=stale), StatusView))
 
 
-def members_flow(s: Context) -> Flow:
-    return read_flow(s, Members(id=0))
+def own_view(reply: Reply | None) -> StatusView | None:
+    """A member's answer to a direct (stale) ``status`` as its view; None for no answer, an
+    error, or a reply that is no status (``member_status``: such a member does not answer)."""
+    from dlm.views import StatusView
+
+    if reply is None or reply.get("t") != "ok":
+        return None
+    try:
+        return StatusView.from_wire(payload(reply))
+    except ProtocolError:
+        return None
+
+
+def members_flow(s: Context) -> Generator[Action, Outcome, MembersView]:
+    from dlm.views import MembersView
+
+    return (yield from view_flow(s, Members(id=0), MembersView))
 
 
 def snapshot_save_flow(s: Context) -> Generator[Action, Outcome, tuple[str, Reply]]:
@@ -1096,9 +1122,12 @@ def list_leases_flow(
 
 def member_change_flow(
     s: Context, request: MemberAdd | MemberRemove | MemberPromote
-) -> Generator[Action, Outcome, dict[str, Any]]:
+) -> Generator[Action, Outcome, MembersView]:
+    """A membership change: the leader's view of the new membership."""
+    from dlm.views import MembersView
+
     _, reply = yield from change(s, request)
-    return payload(reply)
+    return read_reply(MembersView, payload(reply))
 
 
 def ping_request() -> dict[str, Any]:

@@ -42,7 +42,6 @@ from dlm.client.core import (
     Send,
     Sleep,
     lease_id,
-    payload,
     without_id,
 )
 from dlm.client.errors import AuthFailed, ClusterUnavailable, DlmError, LeaseLost, ServerError
@@ -74,7 +73,7 @@ if TYPE_CHECKING:
 
     from dlm.client.core import Action, Outcome
     from dlm.client.watching import Leadership, WatchEvent, WatchStream
-    from dlm.views import LeaseState, LeaseSummary, LockState
+    from dlm.views import LeaseState, LeaseSummary, LockState, MembersView, StatusView
 
 # Replies (a long ``list``) may be bigger than the 64 KiB a client may send.
 REPLY_FRAME_LIMIT = PEER_FRAME_LIMIT
@@ -693,24 +692,24 @@ class Client:
 
     # -- cluster --------------------------------------------------------------
 
-    def status(self, *, stale: bool = False) -> dict[str, Any]:
+    def status(self, *, stale: bool = False) -> StatusView:
         """The answering member's view of the cluster."""
-        view: dict[str, Any] = self._run(core.status_flow(self._ctx, stale=stale))
+        view: StatusView = self._run(core.status_flow(self._ctx, stale=stale))
         return view
 
-    def members_view(self) -> dict[str, Any]:
+    def members_view(self) -> MembersView:
         """The leader's view of the membership: ``members`` and ``leader``."""
-        view: dict[str, Any] = self._run(core.members_flow(self._ctx))
+        view: MembersView = self._run(core.members_flow(self._ctx))
         return view
 
-    def add_member(self, member: str, address: str) -> dict[str, Any]:
+    def add_member(self, member: str, address: str) -> MembersView:
         request = MemberAdd(id=0, member=member, address=address, seq=0)
-        view: dict[str, Any] = self._run(core.member_change_flow(self._ctx, request))
+        view: MembersView = self._run(core.member_change_flow(self._ctx, request))
         return view
 
-    def remove_member(self, member: str, *, force: bool = False) -> dict[str, Any]:
+    def remove_member(self, member: str, *, force: bool = False) -> MembersView:
         request = MemberRemove(id=0, member=member, force=force, seq=0)
-        view: dict[str, Any] = self._run(core.member_change_flow(self._ctx, request))
+        view: MembersView = self._run(core.member_change_flow(self._ctx, request))
         return view
 
     def auth_change(self, request: AuthChange) -> dict[str, Any]:
@@ -734,9 +733,9 @@ class Client:
         rows = answer.get("identities")
         return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
-    def promote_member(self, member: str) -> dict[str, Any]:
+    def promote_member(self, member: str) -> MembersView:
         request = MemberPromote(id=0, member=member, seq=0)
-        view: dict[str, Any] = self._run(core.member_change_flow(self._ctx, request))
+        view: MembersView = self._run(core.member_change_flow(self._ctx, request))
         return view
 
     def save_snapshot(self, *, image_timeout: float = 600.0) -> tuple[SnapshotHeader, bytes]:
@@ -784,8 +783,9 @@ class Client:
                 return False
             return reply is not None and reply.get("t") == "ok"
 
-    def member_status(self, addr: str, timeout: float = 2.0) -> dict[str, Any] | None:
-        """Asks one member directly for its own (stale) view; None if it does not answer."""
+    def member_status(self, addr: str, timeout: float = 2.0) -> StatusView | None:
+        """Asks one member directly for its own (stale) view; None if it does not answer
+        (or answers with something that is not a status)."""
         deadline = time.monotonic() + timeout
         try:
             conn, greeting = _Connection.open(
@@ -801,9 +801,7 @@ class Client:
             return None
         finally:
             conn.close()
-        if reply is None or reply.get("t") != "ok":
-            return None
-        return payload(reply)
+        return core.own_view(reply)
 
     # -- keeping a lease alive --------------------------------------------------
 

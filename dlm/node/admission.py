@@ -26,6 +26,17 @@ that arrives before the other side's proof is verified reaches the member.
   Without any authentication no refusal is authenticated, so a member of an
   insecure cluster never stops because a peer said it was removed; it keeps
   being refused, harmlessly, until its operator stops it.
+
+A client's identity (``Acceptance.identity``) comes from what its hello proves: a
+credential's proof (``auth: scram-sha256``) makes it that credential's identity, the
+cluster's client secret the built-in admin. Only a hello that proves no secret at all
+may be named by its TLS client certificate (``certificate_identity``: the subject's CN,
+then its subjectAltName DNS names, the first that names an identity in the table; the
+CA the member was given verified the certificate): it is then that identity, with or
+without a client secret configured. A certificate that names no identity is refused in
+one line when the cluster has identities and nothing else proves who the client is
+(without a client secret it would otherwise be the admin); with no identities at all,
+the cluster admits it as before.
 """
 
 from __future__ import annotations
@@ -98,6 +109,25 @@ class Admit:
     cluster's client secret or a cluster without one; "" for a peer."""
 
 
+def certificate_identity(names: tuple[str, ...], known: Callable[[str], bool]) -> str | None:
+    """The identity a verified TLS client certificate names: the first of ``names`` (its
+    subject's CN, then its subjectAltName DNS names) that ``known`` (the identity table)
+    has; the built-in admin is never one (it is the cluster's client secret)."""
+    for name in names:
+        if name != ADMIN and known(name):
+            return name
+    return None
+
+
+def unknown_certificate(names: tuple[str, ...]) -> str:
+    """The one line that refuses a client whose certificate names no identity."""
+    shown = ", ".join(repr(n) for n in names[:4]) or "no name"
+    return (
+        f"the TLS client certificate names {shown}, and this cluster has no such identity: "
+        "add it (dlm auth add NAME), or connect with a credential (--secret-file)"
+    )
+
+
 def hello_problem(exc: ProtocolError) -> str:
     message = str(exc)
     if exc.code is ErrorCode.TOO_LARGE:
@@ -115,14 +145,20 @@ class Acceptance:
     ``identity_responder()``: a fresh ``dlm.auth.IdentityResponder`` for a client hello
     that offers a credential (``auth: scram-sha256``), checked against the replicated
     identity table whether or not the cluster has a client secret.
+    ``client_certificate()``: with TLS, the names of the client's verified certificate
+    (subject CN first, then subjectAltName DNS names; empty without one) and whether the
+    identity table has any identity; ``known(name)``: whether the table has ``name``.
     """
 
     __slots__ = (
+        "_certificate_identity",
+        "_client_certificate",
         "_cluster",
         "_greeted",
         "_hello",
         "_identity_responder",
         "_incarnation",
+        "_known",
         "_node_id",
         "_opener",
         "_peer_identity",
@@ -141,9 +177,14 @@ class Acceptance:
         peer_identity: Callable[[str], str | None] | None = None,
         incarnation: int = 0,
         identity_responder: Callable[[], Any] | None = None,
+        client_certificate: Callable[[], tuple[tuple[str, ...], bool]] | None = None,
+        known: Callable[[str], bool] | None = None,
     ) -> None:
         self._node_id = node_id
         self._identity_responder = identity_responder
+        self._client_certificate = client_certificate
+        self._known = known
+        self._certificate_identity: str | None = None
         self._cluster = cluster
         self._incarnation = incarnation
         self._responder_for = responder_for
@@ -193,13 +234,19 @@ class Acceptance:
                 f"this member is in cluster {cluster!r}, not {hello.cluster!r}: check DLM_CLUSTER"
             )
             return Refuse(error(None, ErrorCode.BAD_REQUEST, message), "cluster")
+        offers = raw.get("auth") if isinstance(raw, dict) else None
         if (
             hello.role is HelloRole.CLIENT
             and self._identity_responder is not None
-            and isinstance(raw, dict)
-            and raw.get("auth") == IDENTITY_METHOD
+            and offers == IDENTITY_METHOD
         ):
             responder = self._identity_responder()
+        elif hello.role is HelloRole.CLIENT and offers is None and self._client_certificate:
+            # Proves no secret: its certificate may say who it is (see the module's text).
+            named = self._by_certificate(self._client_certificate())
+            if isinstance(named, Refuse):
+                return named
+            responder = None if named else self._responder_for(hello.role)
         else:
             responder = self._responder_for(hello.role)
         if responder is None:
@@ -217,6 +264,19 @@ class Acceptance:
         self._greeted = True
         self._state = "proof"
         return Send(greeting)
+
+    def _by_certificate(self, seen: tuple[tuple[str, ...], bool]) -> bool | Refuse:
+        """Whether the client's certificate names an identity (it is that identity then), or
+        the refusal of one that names none in a cluster with identities and no secret."""
+        names, has_identities = seen
+        if not names or self._known is None:
+            return False
+        self._certificate_identity = certificate_identity(names, self._known)
+        if self._certificate_identity is not None:
+            return True
+        if has_identities and self._responder_for(HelloRole.CLIENT) is None:
+            return Refuse(error(None, ErrorCode.AUTH_FAILED, unknown_certificate(names)), "auth")
+        return False
 
     def proof(self, raw: Any) -> Ask | Refuse:
         """The initiator's ``auth`` frame (decoded): checked before anything else counts."""
@@ -274,6 +334,8 @@ class Acceptance:
         hello = self._hello
         if hello is None or hello.role is not HelloRole.CLIENT:
             return ""
+        if self._certificate_identity is not None:
+            return self._certificate_identity
         return getattr(self._responder, "identity", ADMIN) if self._responder else ADMIN
 
 

@@ -68,11 +68,17 @@ class Audit:
                 said: dict[str, object] = {"role": cmd.role} if cmd.role else {}
                 if cmd.prefixes:
                     said["prefixes"] = list(cmd.prefixes)
+                if cmd.op == "limits":
+                    # What the admin set (0: back to the default; -1, unchanged, not said).
+                    kinds = ("leases", "locks", "connections", "inflight")
+                    for kind, value in zip(kinds, cmd.limits, strict=True):
+                        if value >= 0:
+                            said[f"max_{kind}"] = value
                 log(
                     "info",
                     "admin_action",
                     identity=cmd.by,
-                    action=f"auth_{cmd.op}",
+                    action="auth_set" if cmd.op == "limits" else f"auth_{cmd.op}",
                     target=cmd.name,
                     index=outcome.index,
                     **said,

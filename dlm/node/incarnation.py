@@ -31,9 +31,13 @@ from dataclasses import dataclass
 import cbor2
 
 from dlm.node import locks
-from dlm.node.locks.identities import IdentityTable
 from dlm.node.locks.ledger import RunLedger
-from dlm.node.snapshots import NODE_IMAGE_FORMAT, NODE_IMAGE_FORMAT_V2, NODE_IMAGE_FORMAT_V4
+from dlm.node.snapshots import (
+    NODE_IMAGE_FORMAT,
+    NODE_IMAGE_FORMATS,
+    identities_layout,
+    identities_of,
+)
 
 DEFAULT_BUMP = 2**32
 """How far the new log's first index is above the old one's last."""
@@ -80,17 +84,17 @@ def lock_machine_of(image: bytes) -> locks.LockStateMachine:
     try:
         item = cbor2.loads(image)
         lock_image = image
-        formats = (NODE_IMAGE_FORMAT_V2, NODE_IMAGE_FORMAT, NODE_IMAGE_FORMAT_V4)
-        if isinstance(item, dict) and item.get("format") in formats:
+        node_image = isinstance(item, dict) and item.get("format") in NODE_IMAGE_FORMATS
+        if node_image:
             lock_image = item["locks"]
             if not isinstance(lock_image, bytes):
                 raise ValueError("no lock image")
         machine = locks.LockStateMachine.restore(lock_image)
-        if isinstance(item, dict) and item.get("format") in formats[1:]:
-            # The identities (their key verifiers) come along: a restored cluster keeps
-            # the credentials its clients hold.
-            machine.identities = IdentityTable.restore(item.get("identities"))
-        if isinstance(item, dict) and item.get("format") == NODE_IMAGE_FORMAT_V4:
+        if node_image:
+            # The identities (their key verifiers, their limits) come along: a restored
+            # cluster keeps the credentials its clients hold.
+            machine.identities = identities_of(item)
+        if node_image and item["format"] == NODE_IMAGE_FORMAT:
             # And the run ledger: a restored cluster still knows what ran before.
             machine.ledger = RunLedger.restore(item.get("ledger"))
         return machine
@@ -128,17 +132,18 @@ def new_incarnation(
             "still hold its lock when the new cluster grants it"
         )
     locks.start_incarnation(machine, index, quarantine_ms)
-    layout: dict[str, object] = {
-        "format": NODE_IMAGE_FORMAT,
-        "locks": machine.snapshot(),
-        "members": dict(sorted(members.items())),
-        "removed": [],
-        "identities": machine.identities.image(),
-    }
-    if machine.version >= 4:
-        layout["format"] = NODE_IMAGE_FORMAT_V4
-        layout["ledger"] = machine.ledger.image()
-    image = bytes(cbor2.dumps(layout, canonical=True))
+    image = bytes(
+        cbor2.dumps(
+            {
+                "locks": machine.snapshot(),
+                "members": dict(sorted(members.items())),
+                "removed": [],
+                **identities_layout(machine.identities, machine.version),
+                **({"ledger": machine.ledger.image()} if machine.version >= 4 else {}),
+            },
+            canonical=True,
+        )
+    )
     return NewIncarnation(index, image, quarantine_ms, longest, warning, machine.counts())
 
 

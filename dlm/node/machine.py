@@ -88,6 +88,7 @@ from dlm.node.quotas import (
     connection_refusal,
     limit_name,
     over_quota,
+    with_settings,
 )
 from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.types import AppendEntriesResponse, Message, Ready, Role
@@ -220,13 +221,15 @@ class NodeMachine:
         """Every identity's limits unless an admin set its own (dlm/node/quotas.py)."""
         self.anonymous_limits = config.quotas.identity_defaults(anonymous=True)
         """The limits of "" (no identity proved): the cluster's and the member's caps."""
-        self.limits_for: LimitsFor = lambda identity: (
+        self.limits_for: LimitsFor = lambda identity: with_settings(
             self.anonymous_limits
             if identity in ("", ADMIN)
             or getattr(self.locks.identities.get(identity), "role", None) == ROLE_ADMIN
-            else self.default_limits
+            else self.default_limits,
+            self.locks.identities.limits_of(identity),
         )
-        """The limits of an identity: the seam the replicated identity table backs."""
+        """The limits of an identity: an admin's settings in the replicated identity table
+        over this member's defaults (quotas.py)."""
         self.proposals = Proposals(
             self.out,
             self.clients,

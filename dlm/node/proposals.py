@@ -31,6 +31,7 @@ from dlm.wire import (
     AuthFinish,
     AuthRemove,
     AuthRotate,
+    AuthSet,
     ClientRequest,
     CloseLease,
     ErrorCode,
@@ -102,7 +103,7 @@ class Proposals:
         conn = state.conn
         identity = state.identity or ADMIN
         try:
-            if isinstance(req, AuthAdd | AuthRemove | AuthRotate | AuthFinish):
+            if isinstance(req, AuthAdd | AuthRemove | AuthRotate | AuthFinish | AuthSet):
                 cmd: locks.Command = identity_command(req, identity, now, machine)
             else:
                 cmd = command_for(
@@ -318,14 +319,33 @@ def run_report(
 
 
 def identity_command(
-    req: AuthAdd | AuthRemove | AuthRotate | AuthFinish,
+    req: AuthAdd | AuthRemove | AuthRotate | AuthFinish | AuthSet,
     identity: str,
     now: Instant,
     machine: locks.LockStateMachine,
 ) -> locks.IdentityCommand:
-    """The log command of an identity change (cluster version 3 on)."""
+    """The log command of an identity change (cluster version 3 on; limits from 4 on)."""
     if machine.version < 3:
         raise upgrading("identities (dlm auth)", 3)
+    if isinstance(req, AuthSet) and machine.version < 4:
+        raise upgrading("per-identity limits (dlm auth set)", 4)
+    # Before version 4 a removal goes without its request id (members of the previous
+    # release cannot read it): a re-sent one may then be answered "no identity".
+    request = req.request if isinstance(req, AuthRemove) and machine.version >= 4 else b""
+    if isinstance(req, AuthSet):
+        change = (req.max_leases, req.max_locks, req.max_connections, req.max_inflight)
+        return locks.IdentityCommand(
+            op="limits",
+            name=req.name,
+            role="",
+            prefixes=(),
+            key_id=b"",
+            stored_key=b"",
+            server_key=b"",
+            by=identity,
+            at_ms=now.wall_ms,
+            limits=change,
+        )
     role, prefixes = (req.role, tuple(req.prefixes)) if isinstance(req, AuthAdd) else ("", ())
     keys = (b"", b"", b"")
     if isinstance(req, AuthAdd | AuthRotate):
@@ -340,6 +360,7 @@ def identity_command(
         server_key=keys[2],
         by=identity,
         at_ms=now.wall_ms,
+        request=request,
     )
 
 

@@ -14,11 +14,14 @@ cluster's own caps (machine_config.Quotas):
 * ``max_connections`` counts the identity's client connections on one member, and
   ``max_inflight`` the requests one connection has sent and not yet had answered.
 
-``limits_for(identity)`` is the lookup the member uses; by default every identity gets
-the member's defaults (flags ``--identity-max-*``); the built-in admin keeps the
-cluster's and the member's own caps. (A per-identity setting kept in the replicated
-identity table would replace the defaults here; it is not built yet.) Refusals are
-QUOTA_EXCEEDED naming the identity's limit, never the cluster's.
+``limits_for(identity)`` is the lookup the member uses (``with_settings``): an admin's
+setting for the identity in the replicated identity table (``dlm auth set NAME
+--max-leases N``, cluster version 4), else the member's defaults (flags
+``--identity-max-*``); the built-in admin keeps the cluster's and the member's own caps.
+The lock state machine lays the same setting over the quota an entry carries at apply
+(locks/machine.py, ``_quota``), so a setting binds every entry applied after it, alike on
+every replica. Refusals are QUOTA_EXCEEDED naming the identity's limit, never the
+cluster's.
 
 Pure: no IO, no clock.
 """
@@ -89,6 +92,20 @@ def default_limits(
     )
 
 
+def with_settings(base: IdentityLimits, settings: tuple[int, ...]) -> IdentityLimits:
+    """``base`` with an admin's settings laid over it (per identities.QUOTA_KINDS: leases,
+    locks, connections, in flight; 0 keeps the base's)."""
+    if not any(settings):
+        return base
+    leases, locks, connections, inflight = settings
+    return IdentityLimits(
+        max_leases=leases or base.max_leases,
+        max_locks=locks or base.max_locks,
+        max_connections=connections or base.max_connections,
+        max_inflight=inflight or base.max_inflight,
+    )
+
+
 def who(identity: str) -> str:
     """An identity as a message names it."""
     return f"identity {identity!r}" if identity else "the anonymous identity (no identity proved)"
@@ -108,8 +125,8 @@ def over_quota(identity: str, kind: str, limit: int) -> str:
     """The sentence for QUOTA_EXCEEDED: whose limit, which, and what to do."""
     what, flag = QUOTAS[kind]
     return (
-        f"{who(identity)} has {limit} {what}, its own limit (the members' {flag}): end some, "
-        "or have the operator raise it"
+        f"{who(identity)} has {limit} {what}, its own limit (an admin's `dlm auth set "
+        f"--max-{kind}`, else the members' {flag}): end some, or have an admin raise it"
     )
 
 

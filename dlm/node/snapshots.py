@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import cbor2
 
@@ -32,15 +33,19 @@ from dlm.node.outbox import Outbox, PendingImage, SaveSnapshot
 from dlm.node.raft.core import RaftNode
 from dlm.records import ConfState
 
-NODE_IMAGE_FORMAT = 3
-"""Layout of this member's snapshot image from cluster version 3: format 2 (version 2) and
-the identity table (``identities``: names, roles, prefixes and key verifiers, never a
-secret). Version 1: the bare lock image."""
+NODE_IMAGE_FORMAT = 4
+"""Layout of this member's snapshot image from cluster version 4: format 3 whose identity
+rows end with each identity's own quotas, ``identity_removals`` (the last removals and
+the request ids that made them, identities.py), and the run ledger (``ledger``:
+dlm/node/locks/ledger.py's image). Still opened: formats 3 and 2 (no runs)."""
+NODE_IMAGE_FORMAT_V3 = 3
+"""The layout at cluster version 3: format 2 (version 2) and the identity table
+(``identities``: names, roles, prefixes and key verifiers, never a secret). Version 1:
+the bare lock image."""
+NODE_IMAGE_FORMATS = (2, 3, 4)
+"""The node image layouts a member opens (a dict with ``format``)."""
 NODE_IMAGE_FORMAT_V2 = 2
 """The layout at cluster version 2, without identities (still restored)."""
-NODE_IMAGE_FORMAT_V4 = 4
-"""The layout from cluster version 4: format 3 and the run ledger (``ledger``:
-dlm/node/locks/ledger.py's image). Format 3 images are still restored (no runs)."""
 PERIODIC = "periodic"
 """The purpose of an image that compacts the log."""
 BACKUP = "backup"
@@ -115,19 +120,14 @@ def restore_image(
         item = cbor2.loads(data)
     except Exception as exc:
         raise ValueError(f"snapshot image is corrupt: {exc!r}") from None
-    if isinstance(item, dict) and item.get("format") in (
-        NODE_IMAGE_FORMAT_V2,
-        NODE_IMAGE_FORMAT,
-        NODE_IMAGE_FORMAT_V4,
-    ):
+    if isinstance(item, dict) and item.get("format") in NODE_IMAGE_FORMATS:
         lock_image = item.get("locks")
         members = item.get("members")
         if not isinstance(lock_image, bytes) or not isinstance(members, dict):
             raise ValueError("snapshot image has an unknown layout")
         machine = lock_machine_class.restore(lock_image)
-        if item["format"] in (NODE_IMAGE_FORMAT, NODE_IMAGE_FORMAT_V4):
-            machine.identities = IdentityTable.restore(item.get("identities"))
-        if item["format"] == NODE_IMAGE_FORMAT_V4:
+        machine.identities = identities_of(item)
+        if item["format"] == NODE_IMAGE_FORMAT:
             machine.ledger = lock_machine_class.ledger_class.restore(item.get("ledger"))
         membership.restore(members, item.get("removed", []))
         return machine
@@ -148,12 +148,34 @@ def image(machine: locks.LockStateMachine, raft: RaftNode, membership: Membershi
         "removed": sorted(membership.removed),
     }
     if machine.version >= 3:
-        layout["format"] = NODE_IMAGE_FORMAT
-        layout["identities"] = machine.identities.image()
+        layout.update(identities_layout(machine.identities, machine.version))
     if machine.version >= 4:
-        layout["format"] = NODE_IMAGE_FORMAT_V4
         layout["ledger"] = machine.ledger.image()
     return bytes(cbor2.dumps(layout, canonical=True))
+
+
+def identities_layout(table: IdentityTable, version: int) -> dict[str, object]:
+    """The parts of a node image that carry the identity table, in the layout of cluster
+    ``version`` (3 or later): format 3 at version 3, which members of the previous release
+    read, and format 4 (limits, removals) from version 4 on."""
+    if version < 4:
+        return {"format": NODE_IMAGE_FORMAT_V3, "identities": table.image(with_limits=False)}
+    return {
+        "format": NODE_IMAGE_FORMAT,
+        "identities": table.image(),
+        "identity_removals": table.removals_image(),
+    }
+
+
+def identities_of(item: dict[Any, Any]) -> IdentityTable:
+    """The identity table of a node image of any format (empty in format 2);
+    ValueError for a malformed one."""
+    layout = item.get("format")
+    if layout == NODE_IMAGE_FORMAT_V2:
+        return IdentityTable()
+    if layout == NODE_IMAGE_FORMAT_V3:
+        return IdentityTable.restore(item.get("identities"), with_limits=False)
+    return IdentityTable.restore(item.get("identities"), item.get("identity_removals"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -335,8 +335,9 @@ def _note(text: str) -> str:
 
 
 def _identities_of(data: bytes) -> list[dict[str, Any]] | None:
-    """The identity table a snapshot image holds (node image format 3), as names, roles,
-    prefixes and how many keys: never a key or verifier. None when it holds none."""
+    """The identity table a snapshot image holds (node image format 3 or 4), as names,
+    roles, prefixes, how many keys and (format 4) the identity's own limits: never a key or
+    verifier. None when it holds none."""
     import cbor2
 
     try:
@@ -347,15 +348,19 @@ def _identities_of(data: bytes) -> list[dict[str, Any]] | None:
         return None
     rows = []
     for row in item["identities"]:
-        if isinstance(row, list) and len(row) == 4 and isinstance(row[2], list):
-            name, role, prefixes, keys = row
+        if isinstance(row, list) and len(row) in (4, 5) and isinstance(row[2], list):
+            name, role, prefixes, keys = row[:4]
             count = len(keys) if isinstance(keys, list) else 0
-            rows.append(
-                {
-                    "name": str(name),
-                    "role": str(role),
-                    "prefixes": [str(p) for p in prefixes],
-                    "keys": count,
-                }
-            )
+            shown: dict[str, Any] = {
+                "name": str(name),
+                "role": str(role),
+                "prefixes": [str(p) for p in prefixes],
+                "keys": count,
+            }
+            if len(row) == 5 and isinstance(row[4], list) and len(row[4]) == 4:
+                # Format 4: the identity's own quotas (null: the members' default).
+                kinds = ("leases", "locks", "connections", "inflight")
+                for kind, value in zip(kinds, row[4], strict=True):
+                    shown[f"max_{kind}"] = value or None
+            rows.append(shown)
     return rows

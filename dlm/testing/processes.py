@@ -393,15 +393,11 @@ class Cluster:
                         views.append(view)
         if not views:
             return None
-        term = max(int(v.get("term") or 0) for v in views)
-        named = [v.get("leader") for v in views if v.get("term") == term]
+        term = max(v.term or 0 for v in views)
+        named = [v.leader for v in views if v.term == term]
         for view in views:
-            node = view.get("node")
-            if (
-                view.get("role") == "leader"
-                and view.get("term") == term
-                and named.count(node) > self.size // 2
-            ):
+            node = view.node
+            if view.role == "leader" and view.term == term and named.count(node) > self.size // 2:
                 return self.member(str(node))
         return None
 

@@ -857,7 +857,7 @@ def _is_voter(client: Client, node: str) -> bool:
         view = client.members_view()
     except DlmError:
         return False
-    return any(m.get("id") == node and m.get("role") != "learner" for m in view["members"])
+    return any(m.id == node and m.role != "learner" for m in view.members)
 
 
 def _sleep_until(deadline: float) -> None:

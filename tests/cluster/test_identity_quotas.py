@@ -74,3 +74,48 @@ def test_one_identity_flooding_leases_leaves_another_identitys_exec_working(
     # The built-in admin is held to the cluster's caps, not the per-identity ones.
     for n in range(PER_IDENTITY_LEASES + 1):
         admin.json("acquire", f"ops/{n}")
+
+
+def test_an_admins_setting_binds_one_identity_and_the_others_keep_theirs(
+    dev: Cluster, tmp_path: Path
+) -> None:
+    admin = Dlm(dev.members_env, tmp_path)
+    ci = _identity(admin, "ci", "ci/", tmp_path)
+    other = _identity(admin, "other", "other/", tmp_path)
+    # `dlm auth set` waits (retrying) until the cluster runs version 4, as members start.
+    assert admin.json("auth", "set", "ci", "--max-leases", "2") == {
+        "set": {"name": "ci", "max_leases": 2}
+    }
+    listed = {row["name"]: row for row in admin.json("auth", "list")["identities"]}
+    assert listed["ci"]["max_leases"] == 2 and listed["other"]["max_leases"] is None
+
+    for n in range(2):
+        ci.json("acquire", f"ci/{n}")
+    ran = ci.run("acquire", "ci/2", "--json")
+    assert ran.returncode == 77, (ran.returncode, ran.stderr)
+    refusal = json.loads(ran.stdout)["error"]
+    assert refusal["code"] == "QUOTA_EXCEEDED", refusal
+    assert "identity 'ci' has 2 leases" in str(refusal["message"]), refusal
+
+    # Raised: the next one goes through.
+    admin.json("auth", "set", "ci", "--max-leases", "3")
+    ci.json("acquire", "ci/2")
+
+    # Another identity keeps the members' default (--identity-max-leases 5).
+    for n in range(PER_IDENTITY_LEASES):
+        other.json("acquire", f"other/{n}")
+    ran = other.run("acquire", f"other/{PER_IDENTITY_LEASES}", "--json")
+    assert ran.returncode == 77, (ran.returncode, ran.stderr)
+    assert "identity 'other' has 5 leases" in json.loads(ran.stdout)["error"]["message"]
+
+
+def test_a_removal_of_a_removed_identity_is_refused_in_one_line(
+    dev: Cluster, tmp_path: Path
+) -> None:
+    admin = Dlm(dev.members_env, tmp_path)
+    _identity(admin, "gone", "gone/", tmp_path)
+    assert admin.json("auth", "remove", "gone") == {"removed": {"name": "gone"}}
+    # A new `dlm auth remove` is another request (another request id): not taken for done.
+    ran = admin.run("auth", "remove", "gone")
+    assert ran.returncode == 2, (ran.returncode, ran.stderr)
+    assert ran.stderr.count("\n") == 1 and "no identity 'gone'" in ran.stderr, ran.stderr

@@ -26,7 +26,7 @@ def ledger_dlm(dlm: Dlm, shared: Cluster) -> Dlm:
     """The shared cluster's `dlm`, once the cluster runs the version that keeps the ledger."""
     with shared.client() as client:
         wait_for(
-            lambda: client.status().get("cluster_version") == PROTOCOL_VERSION,
+            lambda: client.status().cluster_version == PROTOCOL_VERSION,
             30.0,
             "the cluster at the ledger's version",
         )

@@ -79,11 +79,11 @@ def test_a_paused_leader_is_replaced_and_resumes_as_a_follower() -> None:
         with c.raw_client(timeout=WAIT_S) as client:
             lease = client.open_lease(10_000)
             client.acquire(lease, "after-pause")
-            new_term = client.status()["term"]
+            new_term = client.status().term or 0
 
             def caught_up() -> bool:
                 view = client.member_status(old.address, timeout=1.0)
-                return view is not None and view["term"] >= new_term
+                return view is not None and (view.term or 0) >= new_term
 
             deadline = time.monotonic() + WAIT_S
             while not caught_up():

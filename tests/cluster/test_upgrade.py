@@ -16,15 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from dlm.client.errors import DlmError, LockHeld
+from dlm.client.sync import Client
+from dlm.views import StatusView
 from dlm.wire import PROTOCOL_VERSION
 from tests import compat
 from tests.cluster.harness import Cluster, NodeProc, wait_for
 
 
-def _at_version_2(client: Any) -> dict[str, Any] | None:
-    """The status once the log runs this release's version (2 before issue 24, now 3)."""
-    view: dict[str, Any] = client.status()
-    return view if view.get("cluster_version") == PROTOCOL_VERSION else None
+def _at_version_2(client: Client) -> StatusView | None:
+    """The status once the log runs this release's version (2 before issue 24, now 4)."""
+    view = client.status()
+    return view if view.cluster_version == PROTOCOL_VERSION else None
 
 
 def _serving(node: NodeProc, cluster: Cluster) -> dict[str, Any] | None:
@@ -66,7 +68,7 @@ def test_a_member_of_this_release_opens_the_previous_releases_data(tmp_path: Pat
             later = client.acquire(other, "freed")
             assert later.token > max(kept.token, freed.token)
             view = wait_for(lambda: _at_version_2(client), 10.0, "the log to move to version 2")
-            assert view["cluster_version"] == PROTOCOL_VERSION
+            assert view.cluster_version == PROTOCOL_VERSION
     finally:
         cluster.stop_all()
 
@@ -136,7 +138,7 @@ def test_a_rolling_restart_from_the_previous_release_under_load(tmp_path: Path) 
                 15.0,
                 "the log to move to version 2 once every member runs this release",
             )
-            assert view["cluster_version"] == PROTOCOL_VERSION
+            assert view.cluster_version == PROTOCOL_VERSION
             workload.stop.set()
             workload.thread.join(timeout=60)
             holders = client.get("held-throughout").holders

@@ -23,6 +23,7 @@ from dlm.node.admission import (
 )
 from dlm.node.clients import ClientConn
 from dlm.node.linkwatch import LinkWatch
+from dlm.node.locks.identities import NO_LIMITS, IdentityTable
 from dlm.node.locks.machine import OwnerUsage, _Step, _Tombstone
 from dlm.node.machine import NodeMachine
 from dlm.node.membership import Membership
@@ -306,3 +307,27 @@ class ResumesFromNow(Watches):
 
     def request(self, conn: int, req: Watch, applied: int) -> None:
         super().request(conn, Watch(id=req.id, key=req.key, prefix=req.prefix), applied)
+
+
+class _LimitsIgnored(IdentityTable):
+    """An identity table that never has an identity's own quotas."""
+
+    __slots__ = ()
+
+    def limits_of(self, name: str) -> tuple[int, ...]:
+        return NO_LIMITS
+
+
+class IgnoresIdentityLimits(locks.LockStateMachine):
+    """Never looks up an admin's per-identity quotas (``dlm auth set``), neither when the
+    leader writes an entry's quota (the member's ``limits_for``) nor at apply: every
+    identity keeps the members' defaults, whatever an admin set."""
+
+    @property
+    def identities(self) -> IdentityTable:
+        return self._ignoring
+
+    @identities.setter
+    def identities(self, table: IdentityTable) -> None:
+        table.__class__ = _LimitsIgnored  # the same table, read without its limits
+        self._ignoring = table

@@ -121,6 +121,7 @@ from dlm.store.fs import SimulatedCrash
 from dlm.wire import (
     AuthAdd,
     AuthRemove,
+    AuthSet,
     MemberAdd,
     MemberChange,
     MemberPromote,
@@ -259,6 +260,9 @@ class NodeSimOptions:
     """Clients of two limited identities besides the admins, an operator who adds them and
     now and then removes one while its clients hold locks, and the permission check
     (permcheck.py). ``TEAMS`` names them and their prefixes."""
+    identity_limits: bool = True
+    """The operator also sets the teams' own quotas now and then (``dlm auth set``, from
+    version 4 on), and permcheck.py checks no entry takes an owner past them."""
     lease_clock_from_reply: bool = False
     """Mutant: the client counts its lease from the reply instead of the send."""
     exec_kill_late_us: int = 0
@@ -762,11 +766,15 @@ class NodeSimulation:
             def apply(self, index: int, data: bytes) -> locks.ApplyOutcome:
                 sim._applying(member, index, data)
                 try:
-                    why = permcheck.forbidden(self, locks.decode_command(data)) if data else None
+                    cmd = locks.decode_command(data) if data else None
                 except locks.CommandError:
-                    why = None
+                    cmd = None
+                why = over = None
+                if cmd is not None:
+                    why = permcheck.forbidden(self, cmd)
+                    over = permcheck.over_own_limit(self, cmd)
                 outcome: locks.ApplyOutcome = super().apply(index, data)
-                sim._applied(outcome, why)
+                sim._applied(outcome, why, over)
                 sim.ledger_check.applied(outcome, self.version)
                 sim.watch_truth.applied(member.id, outcome, self)
                 return outcome
@@ -774,8 +782,9 @@ class NodeSimulation:
             def apply_command(self, index: int, cmd: locks.Command) -> locks.ApplyOutcome:
                 sim._applying(member, index, locks.encode_command(cmd))
                 why = permcheck.forbidden(self, cmd)
+                over = permcheck.over_own_limit(self, cmd)
                 outcome: locks.ApplyOutcome = super().apply_command(index, cmd)
-                sim._applied(outcome, why)
+                sim._applied(outcome, why, over)
                 sim.ledger_check.applied(outcome, self.version)
                 sim.watch_truth.applied(member.id, outcome, self)
                 return outcome
@@ -871,11 +880,17 @@ class NodeSimulation:
                 pass
         return durable
 
-    def _applied(self, outcome: locks.ApplyOutcome, forbidden: str | None = None) -> None:
+    def _applied(
+        self, outcome: locks.ApplyOutcome, forbidden: str | None = None, over: str | None = None
+    ) -> None:
         if forbidden is not None and permcheck.effective(outcome):
             raise Violation(
                 "unpermitted", f"index {outcome.index} was applied without permission: {forbidden}"
             )
+        if over is not None:
+            if permcheck.added(outcome):
+                raise Violation("over-quota", f"index {outcome.index} was applied: {over}")
+            self.stats["own_limit_held"] += 1
         cmd = outcome.command
         if isinstance(cmd, locks.IdentityCommand) and cmd.op == "remove" and outcome.ended:
             raise Violation(
@@ -1588,8 +1603,8 @@ class NodeSimulation:
                 "server_key": rng.randbytes(32),
             }
 
-        def change(request: Any) -> Generator[RunFlow | Sleep, Any, bool]:
-            for _ in range(200):  # until the cluster runs version 3 and takes it
+        def change(request: Any, tries: int = 200) -> Generator[RunFlow | Sleep, Any, bool]:
+            for _ in range(tries):  # until the cluster runs version 3 (4) and takes it
                 if self.world.now >= self.heal_at:
                     return False
                 try:
@@ -1599,12 +1614,29 @@ class NodeSimulation:
                     yield Sleep(rng.uniform(0.1, 0.4))
             return False
 
+        def set_limits() -> Generator[RunFlow | Sleep, Any, None]:
+            """Now and then an admin gives a team its own, tight quotas (``dlm auth set``),
+            or puts them back to the default: permcheck.py checks they hold."""
+            if not self.options.identity_limits or self.options.peer_version < 4:
+                return
+            if limits_rng.random() < 0.3:
+                return
+            name = limits_rng.choice(sorted(TEAMS))
+            leases, held = limits_rng.choice((0, 1, 1, 2)), limits_rng.choice((0, 1, 1, 2))
+            self.trace(f"I{self.world.now}limits{name}{leases}{held}")
+            request = AuthSet(id=0, name=name, max_leases=leases, max_locks=held)
+            if (yield from change(request, tries=10)):
+                self.stats["identity_limits_set"] += 1
+
+        limits_rng = self.rng_for("identity-limits")
         for name, prefixes in TEAMS.items():
             yield from change(
                 AuthAdd(id=0, name=name, role="client", prefixes=list(prefixes), **verifier())
             )
+        yield from set_limits()
         while self.world.now < self.heal_at - 3 * US:
             yield Sleep(rng.uniform(2.0, 5.0))
+            yield from set_limits()
             if rng.random() < 0.5:
                 continue
             name = rng.choice(sorted(TEAMS))
@@ -2631,7 +2663,7 @@ class NodeSimulation:
             view = yield RunFlow(client, core.status_flow(client.ctx))
         except DlmError:
             return
-        applied = view.get("applied", -1)
+        applied = -1 if view.applied is None else view.applied
         self.stats["reads"] += 1
         if applied < floor:
             raise Violation(

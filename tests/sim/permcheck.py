@@ -7,6 +7,11 @@ and an entry applied with an effect while the identity lacked the permission is 
 ``unpermitted`` violation. It also checks what the removal of an identity does: no
 lease ends at that entry (a removed identity's leases run out at their TTL, after each
 holder stopped: ``removed-lease-freed``).
+
+And the quotas an admin set per identity (``dlm auth set``, in the identity table):
+before an open or an acquire is applied, ``over_own_limit`` says whether the owner
+already has as many leases (or held locks plus places in queues) as its own setting
+allows; an entry that then takes effect and adds one is an ``over-quota`` violation.
 """
 
 from __future__ import annotations
@@ -44,6 +49,38 @@ def forbidden(machine: locks.LockStateMachine, cmd: locks.Command) -> str | None
     ):
         return f"acquire of {cmd.key!r} by {who!r}, whose prefixes are {entry.prefixes}"
     return None
+
+
+QUOTA_LEASES, QUOTA_LOCKS = 0, 1
+"""Where an identity's own lease and lock limits sit in ``Identity.limits``."""
+
+
+def over_own_limit(machine: locks.LockStateMachine, cmd: locks.Command) -> str | None:
+    """Why applying ``cmd`` with effect would take its owner past the limit an admin set for
+    it (as ``machine`` stands before the entry), or None."""
+    if isinstance(cmd, locks.OpenLeaseCommand):
+        owner = cmd.owner
+        if not owner or machine.lease_terms(cmd.lease) is not None:
+            return None  # no identity, or joining a lease it has: adds nothing
+        kind, used = QUOTA_LEASES, machine.usage.of(owner).leases
+    elif isinstance(cmd, locks.AcquireCommand):
+        owner = machine.lease_owner(cmd.lease) or ""
+        if not owner or machine.holds(cmd.lease, cmd.key) or machine.waits(cmd.lease, cmd.key):
+            return None
+        kind, used = QUOTA_LOCKS, machine.usage.of(owner).locks
+    else:
+        return None
+    entry = machine.identities.get(owner)
+    limit = entry.limits[kind] if entry is not None else 0
+    if limit and used >= limit:
+        what = ("leases", "held locks and places in queues")[kind]
+        return f"{type(cmd).__name__} for {owner!r}, which has {used} {what}, its own limit {limit}"
+    return None
+
+
+def added(outcome: locks.ApplyOutcome) -> bool:
+    """Whether an open or acquire took something: a lease opened, a lock held or queued."""
+    return isinstance(outcome.result, locks.LeaseOpened | locks.Granted | locks.Queued)
 
 
 def effective(outcome: locks.ApplyOutcome) -> bool:

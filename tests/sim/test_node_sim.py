@@ -34,6 +34,7 @@ from .bugs import (
     ConfirmsUpdatesOfDoomedLeases,
     ForgetsSkips,
     FreesARemovedIdentitysLeases,
+    IgnoresIdentityLimits,
     ImagesWithoutRuns,
     LabelsBackupsWithTheLastIndex,
     NeverReplacesLinks,
@@ -413,6 +414,11 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         {"ledger"},
         LEDGER_MUTANT_SEEDS,
     ),
+    "an admin's per-identity quotas never looked up (issue 23, dlm auth set)": (
+        lambda seed: options_for(seed, lock_machine_class=IgnoresIdentityLimits),
+        {"over-quota"},
+        20,
+    ),
     "the member hears a hello before its proof (hole 2)": (
         lambda seed: options_for(seed, acceptance_class=AsksTheMemberBeforeTheProof),
         {"unauthenticated"},
@@ -429,8 +435,6 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         {"backup-uncommitted", "backup-inconsistent"},
         10,
     ),
-    # Caught after 51 seeds (seed 50): it needs a leader cut off while the backup's client
-    # still reaches it.
     # Caught after 1 seed (seed 0) as a watch-gap (watchcheck.py): the watchers hang up
     # every few seconds and resume on another member.
     "a resumed watch served from now, not after the index it names": (
@@ -438,6 +442,8 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         {"watch-gap"},
         WATCH_MUTANT_SEEDS,
     ),
+    # Caught after 51 seeds (seed 50): it needs a leader cut off while the backup's client
+    # still reaches it.
     "a backup served without a read round": (
         lambda seed: options_for(seed, machine_class=ServesBackupsWithoutARound, identities=False),
         {"backup-stale"},

@@ -189,3 +189,13 @@ def test_tls_stays_off_the_plain_cli_path() -> None:
     }
     assert "dlm.cli.main" in imported
     assert forbidden(imported, NOT_WITHOUT_TLS) == []
+
+
+def test_certificate_names_are_the_cn_then_the_dns_names_each_once() -> None:
+    peercert = {
+        "subject": ((("organizationName", "acme"),), (("commonName", "ci"),)),
+        "subjectAltName": (("DNS", "runner.example"), ("IP Address", "10.0.0.1"), ("DNS", "ci")),
+    }
+    assert tls.certificate_names(peercert) == ("ci", "runner.example")
+    assert tls.certificate_names(None) == ()
+    assert tls.certificate_names({}) == ()

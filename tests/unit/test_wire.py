@@ -266,6 +266,7 @@ def test_every_request_type_of_the_protocol_has_a_class() -> None:
         "auth_remove",
         "auth_rotate",
         "auth_finish",
+        "auth_set",
         "auth_list",
         "runs",
         "watch",
@@ -457,6 +458,10 @@ DECODED: list[tuple[dict[str, object], wire.Request]] = [
         ),
     ),
     ({"t": "auth_finish", "id": 20, "name": "ci"}, wire.AuthFinish(id=20, name="ci")),
+    (
+        {"t": "auth_set", "id": 21, "name": "ci", "max_leases": 2, "max_inflight": 0},
+        wire.AuthSet(id=21, name="ci", max_leases=2, max_inflight=0),
+    ),
     ({"t": "auth_list", "id": 21}, wire.AuthList(id=21)),
     ({"t": "runs", "id": 22, "key": "k"}, wire.Runs(id=22, key="k")),
     ({"t": "watch", "id": 23, "key": "k", "after": 3}, wire.Watch(id=23, key="k", after=3)),

@@ -173,6 +173,8 @@ def built_encodings() -> list[str]:
         wire.Runs(id=22, key="k"),
         wire.Runs(id=23),
         wire.CloseLease(id=24, lease="L", seq=4, outcome="lock_lost"),
+        wire.AuthRemove(id=25, name="ci", request=b"r" * 8),
+        wire.AuthSet(id=26, name="ci", max_leases=2, max_locks=0),
     ]
     return [f"{r!r} -> {wire.encode_frame(r.to_wire()).hex()}" for r in requests]
 

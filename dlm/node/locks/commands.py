@@ -38,9 +38,11 @@ import cbor2
 
 from dlm.limits import (
     INT_MAX,
+    REQUEST_ID_MAX_BYTES,
     check_client_id,
     check_hold_ms,
     check_identity,
+    check_identity_limit,
     check_key,
     check_lease_id,
     check_limit,
@@ -184,6 +186,11 @@ class IdentityCommand:
     ``op``: ``add`` (name, role, prefixes and the new key's verifier), ``remove``,
     ``rotate`` (the new key's verifier) or ``finish`` (the rotation's old key ends).
     Only verifiers are logged, never a secret (identities.py).
+
+    Cluster version 4 adds ``limits`` (the identity's own quotas: per
+    identities.QUOTA_KINDS a value, 0 for the members' default or -1 for unchanged) and
+    ``request`` (a removal's request id, so that a re-sent removal is answered done):
+    both in the ``identity4`` form, which only a version-4 log applies.
     """
 
     op: str
@@ -195,9 +202,15 @@ class IdentityCommand:
     server_key: bytes
     by: str
     at_ms: int
+    request: bytes = b""
+    limits: tuple[int, ...] = ()
+
+    @property
+    def needs_version_4(self) -> bool:
+        return self.op == "limits" or bool(self.request)
 
 
-IDENTITY_OPS = ("add", "remove", "rotate", "finish")
+IDENTITY_OPS = ("add", "remove", "rotate", "finish", "limits")
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,8 +366,7 @@ def _to_item(cmd: Command) -> list[Any]:
         case QuarantineCommand():
             return ["quarantine3", cmd.until_ms, cmd.at_ms]
         case IdentityCommand():
-            return [
-                "identity",
+            fields = [
                 cmd.op,
                 cmd.name,
                 cmd.role,
@@ -365,6 +377,10 @@ def _to_item(cmd: Command) -> list[Any]:
                 cmd.by,
                 cmd.at_ms,
             ]
+            if cmd.needs_version_4:
+                # The version-3 form, then the request id and the limits.
+                return ["identity4", *fields, cmd.request, list(cmd.limits)]
+            return ["identity", *fields]
 
 
 def _by(by: str, item: list[Any], report: RunReport | None = None) -> list[Any]:
@@ -404,6 +420,7 @@ _ARITY = {
     "identity": 9,
     "close4": 5 + 2,
     "update4": 7 + 2,
+    "identity4": 9 + 2,
 }
 
 
@@ -456,6 +473,16 @@ def decode_command(data: bytes) -> Command:
         return replace(cmd, by=by)
     if name == "identity":
         return _identity(f)
+    if name == "identity4":
+        change = _identity(f[:-2])
+        own = f[-1]
+        if type(own) is not list:
+            raise CommandError("limits must be a list")
+        return replace(
+            change,
+            request=_bytes(f[-2], "request"),
+            limits=tuple(_int(v, "limit") for v in own),
+        )
     match name:
         case "open":
             return OpenLeaseCommand(
@@ -644,6 +671,17 @@ def _identity_problem(cmd: IdentityCommand) -> str | None:
         problem = identities.check_prefixes(cmd.prefixes)
         if problem is not None:
             return problem
+    if len(cmd.request) > REQUEST_ID_MAX_BYTES:
+        return f"a request id is at most {REQUEST_ID_MAX_BYTES} bytes"
+    if cmd.op == "limits":
+        if len(cmd.limits) != len(identities.QUOTA_KINDS):
+            return f"a change of limits names {len(identities.QUOTA_KINDS)} of them"
+        for value in cmd.limits:
+            problem = check_identity_limit(value)
+            if problem is not None:
+                return problem
+    elif cmd.limits:
+        return f"an identity {cmd.op[:32]} changes no limits"
     if cmd.op in ("add", "rotate"):
         return identities.Verifier(cmd.key_id, cmd.stored_key, cmd.server_key).check()
     return None

@@ -597,11 +597,12 @@ class LockStateMachine:
     def _open_new(self, cmd: OpenLeaseCommand, step: _Step) -> Result:
         if cmd.lease in self._tombstones:
             return LeaseGone(cmd.lease, self.lease_ending(cmd.lease))
-        if cmd.quota and self.usage.of(cmd.owner).leases >= cmd.quota:
+        quota = _quota(self.identities, cmd.owner, cmd.quota, 0)
+        if quota and self.usage.of(cmd.owner).leases >= quota:
             # Decided from the replicated state and the quota in the entry, so every
             # replica refuses alike; remembered like any result, so a re-send is refused
             # again rather than run against a count that has moved.
-            return QuotaExceeded(cmd.owner, "leases", cmd.quota)
+            return QuotaExceeded(cmd.owner, "leases", quota)
         self._executing(cmd)
         incarnation = step.index if self._version >= 2 else 0
         lease = _Lease(
@@ -684,8 +685,9 @@ class LockStateMachine:
                 return Queued(cmd.key, self._position(entry, cmd.lease))
         _touch(self, cmd.key)
         room = entry is None or self._has_room(entry)
-        if (room or cmd.wait) and cmd.quota and self.usage.of(lease.owner).locks >= cmd.quota:
-            return QuotaExceeded(lease.owner, "locks", cmd.quota)
+        quota = _quota(self.identities, lease.owner, cmd.quota, 1)
+        if (room or cmd.wait) and quota and self.usage.of(lease.owner).locks >= quota:
+            return QuotaExceeded(lease.owner, "locks", quota)
         if entry is None:
             entry = _Key(limit=cmd.limit)
             self._keys[cmd.key] = entry
@@ -1167,10 +1169,24 @@ def _denied(table: IdentityTable, cmd: ClientCommand, lease: _Lease | None) -> D
     return None if problem is None else Denied(problem, by, action)
 
 
+def _quota(table: IdentityTable, owner: str, in_entry: int, kind: int) -> int:
+    """The quota an entry is held to: the owner's own setting in the replicated table
+    (``dlm auth set``, identities.QUOTA_KINDS[kind]) when it has one, so a change binds
+    every entry applied after it, even one proposed before; else the members' default the
+    entry carries (0: none, an entry from before identities)."""
+    if not in_entry:
+        return 0
+    return table.limits_of(owner)[kind] or in_entry
+
+
 def _change_identities(table: IdentityTable, cmd: IdentityCommand, version: int) -> Result:
-    action = f"auth_{cmd.op}"
+    action = "auth_set" if cmd.op == "limits" else f"auth_{cmd.op}"
     if version < 3:
         return Invalid("identities need cluster version 3: upgrade every member first")
+    if version < 4 and cmd.needs_version_4:
+        # A member of the previous release cannot read these: every replica refuses them
+        # alike until the log reaches version 4 (the leader never proposes one before).
+        return Invalid("per-identity limits need cluster version 4: upgrade every member first")
     problem = refusal(table, cmd.by, action, ADMIN_ONLY)
     if problem is not None:
         return Denied(problem, cmd.by, action)
@@ -1179,7 +1195,9 @@ def _change_identities(table: IdentityTable, cmd: IdentityCommand, version: int)
         case "add":
             problem = table.add(cmd.name, cmd.role, cmd.prefixes, key)
         case "remove":
-            problem = table.remove(cmd.name)
+            problem = table.remove(cmd.name, cmd.request, cmd.by)
+        case "limits":
+            problem = table.set_limits(cmd.name, cmd.limits)
         case "rotate":
             problem = table.rotate(cmd.name, key, cmd.at_ms)
         case _:

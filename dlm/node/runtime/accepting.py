@@ -138,6 +138,10 @@ class Admissions(Protocol):
     def auth_failed(self, role: str, where: str, node: str, message: str) -> None:
         """A handshake failed (counted and logged, rate-limited)."""
 
+    def identity_known(self, name: str) -> bool | None:
+        """Whether the applied identity table has ``name``; None: the table is empty (a TLS
+        client certificate may name a client's identity: admission.py)."""
+
     def client_opened(
         self,
         transport: asyncio.Transport,
@@ -271,11 +275,16 @@ class AcceptedConnection(asyncio.Protocol):
             return Responder(secret, new_nonce(), node=config.node_id)
 
         peer_identity = None
+        client_certificate = None
         if security.server_tls is not None:
-            from dlm.tls import peer_certificate_problem
+            from dlm.tls import certificate_names, peer_certificate_problem
 
             def peer_identity(node: str) -> str | None:
                 return peer_certificate_problem(transport.get_extra_info("peercert"), node)
+
+            def client_certificate() -> tuple[tuple[str, ...], bool]:
+                names = certificate_names(transport.get_extra_info("peercert"))
+                return names, server.identity_known("") is not None
 
         def identity_responder() -> Any:
             from dlm.auth import IdentityResponder, new_nonce
@@ -289,6 +298,8 @@ class AcceptedConnection(asyncio.Protocol):
             peer_identity=peer_identity,
             incarnation=config.incarnation,
             identity_responder=identity_responder,
+            client_certificate=client_certificate,
+            known=lambda name: bool(server.identity_known(name)),
         )
 
     def _step(self, outcome: Send | Ask | Refuse, rest: bytes) -> None:

@@ -876,6 +876,10 @@ class NodeServer:
         self.machine.client_connected(number, where, identity=identity)
         return client
 
+    def identity_known(self, name: str) -> bool | None:
+        table = self.machine.locks.identities
+        return None if len(table) == 0 else table.get(name) is not None
+
     def identity_verifier(self, name: str, key_id: bytes) -> tuple[bytes, bytes] | None:
         # The table as this member has applied it, at this moment's wall clock (the old
         # key of a rotation runs out by it).

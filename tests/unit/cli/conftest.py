@@ -16,7 +16,7 @@ import pytest
 from dlm.cli.settings import Settings
 from dlm.client.clock import lease_clock
 from dlm.client.core import Grant, Lease, ReleaseOutcome
-from dlm.views import LeaseSummary, LockState
+from dlm.views import LeaseSummary, LockState, StatusView
 
 
 class FakeClient:
@@ -111,34 +111,75 @@ class FakeClient:
         self._call("list_locks", prefix)
         return []
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusView:
         self._call("status")
-        return {
-            "node": "n1",
-            "address": "127.0.0.1:7700",
-            "cluster": "dlm",
-            "role": "leader",
-            "term": 3,
-            "leader": "n1",
-            "leader_address": "127.0.0.1:7700",
-            "commit": 10,
-            "applied": 10,
-            "members": [
-                {"id": "n1", "address": "127.0.0.1:7700"},
-                {"id": "n2", "address": "127.0.0.1:7701"},
-            ],
-            "sessions": 2,
-            "locks": 1,
-            "waiters": 0,
-        }
+        return StatusView.from_wire(
+            {
+                "node": "n1",
+                "address": "127.0.0.1:7700",
+                "cluster": "dlm",
+                "role": "leader",
+                "term": 3,
+                "leader": "n1",
+                "leader_address": "127.0.0.1:7700",
+                "commit": 10,
+                "applied": 10,
+                "members": [
+                    {"id": "n1", "address": "127.0.0.1:7700"},
+                    {"id": "n2", "address": "127.0.0.1:7701"},
+                ],
+                "sessions": 2,
+                "locks": 1,
+                "waiters": 0,
+            }
+        )
 
-    def member_status(self, addr: str, timeout: float = 2.0) -> dict[str, Any] | None:
+    def member_status(self, addr: str, timeout: float = 2.0) -> StatusView | None:
         if addr.endswith(":7701"):
             return None
-        return {"node": "n1", "role": "leader", "term": 3, "commit": 10, "applied": 9}
+        return StatusView.from_wire(
+            {"node": "n1", "role": "leader", "term": 3, "commit": 10, "applied": 9}
+        )
+
+    def auth_change(self, request: Any) -> dict[str, Any]:
+        self._call("auth_change", request)
+        return {"op": request.TYPE.removeprefix("auth_"), "name": request.name}
+
+    def identities(self) -> list[dict[str, Any]]:
+        self._call("identities")
+        return [dict(row) for row in IDENTITY_ROWS]
 
     def close(self) -> None:
         self.closed = True
+
+
+IDENTITY_ROWS = [
+    {
+        "name": "ci",
+        "role": "client",
+        "prefixes": ["ci/"],
+        "key_id": "00112233aabbccdd",
+        "rotating": False,
+        "old_key_until_ms": None,
+        "max_leases": 2,
+        "max_locks": None,
+        "max_connections": None,
+        "max_inflight": 64,
+    },
+    {
+        "name": "ops",
+        "role": "admin",
+        "prefixes": [],
+        "key_id": "ffeeddccbbaa9988",
+        "rotating": False,
+        "old_key_until_ms": None,
+        "max_leases": None,
+        "max_locks": None,
+        "max_connections": None,
+        "max_inflight": None,
+    },
+]
+"""What the fake cluster's `dlm auth list` answers."""
 
 
 class FakeKeepAlive:

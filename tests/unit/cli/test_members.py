@@ -10,6 +10,7 @@ import pytest
 
 from dlm.cli.main import run
 from dlm.client.errors import BadRequest, ChangeInProgress, ClusterUnavailable, UnsafeChange
+from dlm.views import MembersView, StatusView
 from tests.unit.cli.conftest import FakeClient
 
 Capture = pytest.CaptureFixture[str]
@@ -49,18 +50,18 @@ class Canned:
         """What reading the membership raises."""
         canned = self
 
-        def members_view(self: FakeClient) -> dict[str, Any]:
+        def members_view(self: FakeClient) -> MembersView:
             self._call("members_view")
             if canned.list_error is not None:
                 raise canned.list_error
-            return canned.view
+            return MembersView.from_wire(canned.view)
 
         def change(name: str) -> Any:
-            def call(self: FakeClient, *args: Any, **options: Any) -> dict[str, Any]:
+            def call(self: FakeClient, *args: Any, **options: Any) -> MembersView:
                 self._call(name, *args, **options)
                 if canned.error is not None:
                     raise canned.error
-                return canned.view
+                return MembersView.from_wire(canned.view)
 
             return call
 
@@ -68,7 +69,7 @@ class Canned:
             for member in canned.view["members"]:
                 role = canned.roles.get(member["id"])
                 if member["address"] == addr and role is not None:
-                    return {"node": member["id"], "role": role, "term": 4}
+                    return StatusView.from_wire({"node": member["id"], "role": role, "term": 4})
             return None
 
         monkeypatch.setattr(FakeClient, "members_view", members_view, raising=False)

@@ -9,6 +9,7 @@ import pytest
 
 from dlm.cli import node_join
 from dlm.cli.node_join import join_cluster
+from dlm.views import MembersView
 
 
 class BusyCluster:
@@ -27,20 +28,24 @@ class BusyCluster:
     def __exit__(self, *_exc: object) -> None:
         pass
 
-    def add_member(self, member: str, address: str) -> dict[str, Any]:
+    def add_member(self, member: str, address: str) -> MembersView:
         from dlm.client.errors import ChangeInProgress
 
         BusyCluster.attempts += 1
         if BusyCluster.attempts <= BusyCluster.busy:
             raise ChangeInProgress("another membership change is in progress; retry")
-        return {
-            "members": [
-                {"id": "n1", "address": "10.0.0.1:7700"},
-                {"id": "n4", "address": "10.0.0.4:7700"},
-                {"id": member, "address": address},
-            ],
-            "bootstrap": {"n1": "10.0.0.1:7700"},
-        }
+        return MembersView.from_wire(
+            {
+                "members": [
+                    {"id": "n1", "address": "10.0.0.1:7700"},
+                    {"id": "n4", "address": "10.0.0.4:7700"},
+                    {"id": "n6"},  # no address said: the log will tell
+                    {"id": member, "address": address},
+                ],
+                "bootstrap": {"n1": "10.0.0.1:7700"},
+                "incarnation": 4294967300,
+            }
+        )
 
 
 def test_a_join_waits_its_turn_behind_another_membership_change(
@@ -57,3 +62,4 @@ def test_a_join_waits_its_turn_behind_another_membership_change(
     assert BusyCluster.attempts == 3
     assert joined.peers == {"n1": ("10.0.0.1", 7700)}
     assert joined.join_members == {"n1": ("10.0.0.1", 7700), "n4": ("10.0.0.4", 7700)}
+    assert joined.incarnation == 4294967300

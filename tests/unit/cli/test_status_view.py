@@ -14,7 +14,7 @@ import pytest
 from dlm.cli import health, status_view
 from dlm.cli.main import run
 from dlm.client.errors import ClusterUnavailable
-from dlm.views import LeaseSummary, LockState
+from dlm.views import LeaseSummary, LockState, StatusView
 from tests.unit.cli.conftest import FakeClient
 
 Capture = pytest.CaptureFixture[str]
@@ -64,14 +64,15 @@ class Canned:
         }
         canned = self
 
-        def status(self: FakeClient) -> dict[str, Any]:
+        def status(self: FakeClient) -> StatusView:
             self.calls.append(("status", ()))
             if isinstance(canned.status, Exception):
                 raise canned.status
-            return canned.status
+            return StatusView.from_wire(canned.status)
 
         def member_status(self: FakeClient, addr: str, timeout: float = 2.0) -> Any:
-            return canned.views.get(addr)
+            view = canned.views.get(addr)
+            return None if view is None else StatusView.from_wire(view)
 
         monkeypatch.setattr(FakeClient, "status", status)
         monkeypatch.setattr(FakeClient, "member_status", member_status)

@@ -42,7 +42,7 @@ def test_each_call_through_a_redirect(member: RunningMember) -> None:
                 assert (await c.get("k")).holders[0].token == grant.token
                 assert [lock.key for lock in await c.list_locks()] == ["k"]
                 assert (await c.lease_info(lease)).keys == ["k"]
-                assert (await c.status())["node"] == "n1"
+                assert (await c.status()).node == "n1"
                 assert (await c.member_status(member.addr)) is not None
                 other = await c.open_lease(2000)
                 with pytest.raises(LockHeld):
@@ -191,15 +191,15 @@ def test_the_membership_calls_and_ping(member: RunningMember) -> None:
         async with AsyncClient(member.addr, timeout=2.0) as c:
             assert not await c.ping()  # nothing connected: nothing to keep
             view = await c.members_view()
-            assert view["leader"] == "n1" and view["members"]
+            assert view.leader == "n1" and view.members
             assert await c.ping()
             with pytest.raises(DlmError):
                 await c.remove_member("n1")  # the only voter stays
             with pytest.raises(DlmError):
                 await c.promote_member("nobody")
             added = await c.add_member("n2", "127.0.0.1:1")
-            assert any(m.get("id") == "n2" for m in added["members"])
+            assert any(m.id == "n2" for m in added.members)
             removed = await c.remove_member("n2")
-            assert not any(m.get("id") == "n2" for m in removed["members"])
+            assert not any(m.id == "n2" for m in removed.members)
 
     run(main)

@@ -933,3 +933,32 @@ def test_the_status_view_reads_back_what_a_member_of_any_release_sent() -> None:
     members = views.MembersView.from_wire({"members": [{"id": "n2"}], "bootstrap": {"n1": 1}})
     assert members.members[0].reachable  # only a member that says so is unreachable
     assert members.bootstrap == {}
+
+
+def test_a_removal_whose_answer_was_lost_is_resent_with_its_request_id_and_answered_done() -> None:
+    # The cluster's side is the replicated table itself: the first attempt removes the
+    # identity and its answer is lost; the re-send (same frame, same request id) is done.
+    from dlm.node.locks.identities import IdentityTable, Verifier
+
+    table = IdentityTable()
+    table.add("ci", "client", ("ci/",), Verifier(b"k" * 8, b"s" * 32, b"v" * 32))
+    s, clock = settings(["a:1", "b:2"])
+    sent: list[dict[str, Any]] = []
+
+    def answer(action: core.Send) -> Any:
+        sent.append(action.request)
+        problem = table.remove(action.request["name"], action.request["request"], "admin")
+        if len(sent) == 1:
+            return core.Failed("no reply within 1s")  # applied, answer lost
+        if problem is not None:
+            return error(1, ErrorCode.BAD_REQUEST, problem)
+        return ok(1, op="remove", name="ci")
+
+    request = wire.AuthRemove(id=0, name="ci", request=b"once-id!")
+    assert drive(core.read_flow(s, request), answer, clock) == {"op": "remove", "name": "ci"}
+    assert len(sent) == 2 and sent[0] == sent[1]
+    # Without the request id (a cluster before version 4), the re-send was refused.
+    table.add("ci", "client", ("ci/",), Verifier(b"k" * 8, b"s" * 32, b"v" * 32))
+    sent.clear()
+    with pytest.raises(BadRequest, match="no identity 'ci'"):
+        drive(core.read_flow(s, wire.AuthRemove(id=0, name="ci")), answer, clock)

@@ -69,7 +69,7 @@ def test_each_call_against_a_member(member: RunningMember) -> None:
         assert [lock.key for lock in c.list_locks("jobs/")] == ["jobs/a"]
         assert c.lease_info(lease).keys == ["jobs/a"]
         assert [item.id for item in c.list_leases()] == [lease.id]
-        assert c.status()["role"] == "leader"
+        assert c.status().role == "leader"
         assert c.update_lease(lease, 4000) == 4000
         released = c.release(lease, "jobs/a", token=grant.token)
         assert (released.held, released.token) == (True, grant.token)
@@ -166,7 +166,7 @@ def test_the_first_request_goes_out_behind_the_hello_without_waiting_for_the_wel
         scripted_member(answer, welcome_after_first_request=True) as double,
         client(double.addr) as c,
     ):
-        assert c.status()["node"] == "double"
+        assert c.status().node == "double"
 
 
 @pytest.mark.parametrize(
@@ -289,7 +289,7 @@ def test_sockets_are_close_on_exec_and_nodelay(member: RunningMember) -> None:
 def test_member_status_asks_one_member_and_none_when_unreachable(member: RunningMember) -> None:
     with client(member.addr) as c:
         view = c.member_status(member.addr, timeout=2.0)
-        assert view is not None and (view["node"], view["role"]) == ("n1", "leader")
+        assert view is not None and (view.node, view.role) == ("n1", "leader")
         assert member.of_type("status")[0]["stale"] is True
         assert c.member_status(free_port_addr(), timeout=0.5) is None
 
@@ -310,7 +310,7 @@ def test_a_reply_is_matched_by_id_not_by_order() -> None:
         return [ok(request["id"] + 1000, role="wrong"), ok(request["id"], role="right")]
 
     with scripted_member(stray_first) as double, client(double.addr) as c:
-        assert c.status()["role"] == "right"
+        assert c.status().role == "right"
 
 
 # --- what is not a dlm member, and the dial timeout over real sockets -------------------

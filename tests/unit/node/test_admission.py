@@ -224,3 +224,83 @@ def test_the_dialer_of_a_newer_incarnation_gives_up_on_an_older_welcome() -> Non
     new = Dialing(peer_id="n1", hello=peer_hello(incarnation=77), incarnation=77)
     failed = new.reply(welcome("n1", "c"))
     assert isinstance(failed, Failed) and "so n1 belongs to the old cluster" in failed.problem
+
+
+# ---------------------------------------------------------------------------
+# A TLS client certificate's name as the client's identity (issue 23 item 1)
+# ---------------------------------------------------------------------------
+
+TABLE = {"ci", "ops"}
+
+
+def by_certificate(
+    names: tuple[str, ...], secret: bytes | None = SECRET, table: set[str] = TABLE
+) -> Acceptance:
+    def responder_for(role: HelloRole) -> Any:
+        return None if secret is None else auth.Responder(secret, nonce(7), node="n1")
+
+    return Acceptance(
+        node_id="n1",
+        cluster="c",
+        responder_for=responder_for,
+        client_certificate=lambda: (names, bool(table)),
+        known=lambda name: name in table,
+    )
+
+
+def client_hello() -> dict[str, Any]:
+    return Hello(HelloRole.CLIENT).to_wire()
+
+
+def test_a_certificate_naming_an_identity_makes_the_client_it_without_a_secret() -> None:
+    for secret in (SECRET, None):
+        # CN first, then the subjectAltName DNS names: the first the table has.
+        accept = by_certificate(("runner-7", "ci", "ops"), secret)
+        asked = accept.hello(client_hello())
+        assert isinstance(asked, Ask), asked  # no proof asked for: TLS verified the name
+        admitted = accept.verdict(None)
+        assert isinstance(admitted, Admit) and admitted.identity == "ci"
+        assert admitted.greeting is not None and "auth_proof" not in admitted.greeting
+
+
+def test_a_certificate_never_makes_the_built_in_admin() -> None:
+    accept = by_certificate(("admin",), None)
+    refused = accept.hello(client_hello())
+    assert isinstance(refused, Refuse) and refused.why == "auth"
+
+
+def test_a_certificate_naming_no_identity_is_refused_in_one_line_where_identities_exist() -> None:
+    accept = by_certificate(("mallory", "mallory.example.net"), None)
+    refused = accept.hello(client_hello())
+    assert isinstance(refused, Refuse) and refused.frame["code"] == "AUTH_FAILED"
+    message = refused.frame["message"]
+    assert "\n" not in message
+    assert message.startswith("the TLS client certificate names 'mallory', ")
+    assert "dlm auth add" in message
+    # With a client secret the hello without proof is refused as before (it must prove it).
+    accept = by_certificate(("mallory",), SECRET)
+    refused = accept.hello(client_hello())
+    assert isinstance(refused, Refuse) and "requires authentication" in refused.frame["message"]
+    # A cluster without identities admits it as the admin, as before.
+    accept = by_certificate(("mallory",), None, table=set())
+    assert isinstance(accept.hello(client_hello()), Ask)
+    admitted = accept.verdict(None)
+    assert isinstance(admitted, Admit) and admitted.identity == "admin"
+
+
+def test_a_proof_in_the_hello_takes_precedence_over_the_certificate() -> None:
+    initiator = auth.Initiator(SECRET, nonce(4), role="client", cluster="", node="")
+    hello = {**client_hello(), **initiator.hello_fields()}
+    accept = by_certificate(("ci",), SECRET)
+    sent = accept.hello(hello)
+    assert isinstance(sent, Send)
+    assert isinstance(accept.proof(initiator.check_welcome(sent.frame)), Ask)
+    admitted = accept.verdict(None)
+    assert isinstance(admitted, Admit) and admitted.identity == "admin"  # the client secret's
+
+
+def test_without_a_certificate_nothing_changes() -> None:
+    accept = by_certificate((), None)
+    assert isinstance(accept.hello(client_hello()), Ask)
+    admitted = accept.verdict(None)
+    assert isinstance(admitted, Admit) and admitted.identity == "admin"

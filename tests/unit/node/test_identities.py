@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 
 from dlm.node.locks import identities as ids
-from dlm.node.locks.identities import ADMIN_ONLY, KEY, LEASE, LOCK, READ, IdentityTable, Verifier
+from dlm.node.locks.identities import (
+    ADMIN_ONLY,
+    KEEP,
+    KEY,
+    LEASE,
+    LOCK,
+    QUOTA_KINDS,
+    READ,
+    IdentityTable,
+    Verifier,
+)
 from dlm.node.locks.machine import COMMAND_PERMISSIONS
 from dlm.wire import REQUESTS
 
@@ -69,12 +79,86 @@ def test_an_image_restores_the_same_table_and_holds_no_secret_rows_in_listings()
     again = IdentityTable.restore(t.image())
     assert again.image() == t.image()
     for row in again.rows():
-        assert set(row) == {"name", "role", "prefixes", "key_id", "rotating", "old_key_until_ms"}
+        assert set(row) == {
+            "name",
+            "role",
+            "prefixes",
+            "key_id",
+            "rotating",
+            "old_key_until_ms",
+            *(f"max_{kind}" for kind in QUOTA_KINDS),
+        }
     with pytest.raises(ValueError):
-        IdentityTable.restore([["ci", "root", [], []]])
+        IdentityTable.restore([["ci", "root", [], [], [0, 0, 0, 0]]])
 
 
 def test_each_client_command_names_the_permission_of_its_request_kind() -> None:
     for action, permission in COMMAND_PERMISSIONS.values():
         assert permission == REQUESTS[action].PERMISSION
     assert set(ids.PERMISSIONS) >= {cls.PERMISSION for cls in REQUESTS.values()}
+
+
+def test_an_admin_sets_some_limits_the_others_keep_theirs_and_zero_goes_back_to_default() -> None:
+    t = table()
+    assert t.limits_of("ci") == (0, 0, 0, 0)
+    assert t.set_limits("ci", (2, KEEP, KEEP, 8)) is None
+    assert t.limits_of("ci") == (2, 0, 0, 8)
+    assert t.set_limits("ci", (KEEP, 5, KEEP, 0)) is None
+    assert t.limits_of("ci") == (2, 5, 0, 0)
+    assert t.limits_of("ops") == (0, 0, 0, 0)  # other identities keep theirs
+    assert t.set_limits("nobody", (1, KEEP, KEEP, KEEP)) == "no identity 'nobody'"
+    row = t.rows()[0]
+    assert (row["max_leases"], row["max_locks"], row["max_connections"]) == (2, 5, None)
+    # A rotation keeps the limits.
+    t.rotate("ci", key(9), at_ms=1)
+    t.finish("ci")
+    assert t.limits_of("ci") == (2, 5, 0, 0)
+
+
+def test_a_removal_resent_with_its_own_request_id_is_done_any_other_is_refused() -> None:
+    t = table()
+    assert t.remove("ci", b"first", "admin") is None
+    # The same request again (its answer was lost): done, not "no identity".
+    assert t.remove("ci", b"first", "admin") is None
+    # Another removal (another request id, or none): the name is gone, and it says who.
+    assert t.remove("ci", b"other", "ops") == (
+        "no identity 'ci' (identity 'admin' removed it earlier)"
+    )
+    assert t.remove("ci") == "no identity 'ci' (identity 'admin' removed it earlier)"
+    assert t.remove("never", b"first") == "no identity 'never'"
+    # Added again: the old removal no longer answers for it.
+    assert t.add("ci", "client", ("ci/",), key(1)) is None
+    assert t.remove("ci", b"second", "admin") is None
+    assert t.remove("ci", b"first", "admin") is not None
+
+
+def test_removals_kept_are_bounded() -> None:
+    t = IdentityTable()
+    for n in range(ids.REMOVALS_KEPT + 5):
+        t.add(f"i{n}", "client", ("x",), key(1))
+        t.remove(f"i{n}", b"r%d" % n, "admin")
+    assert len(t.removals_image()) == ids.REMOVALS_KEPT
+    assert t.remove("i0", b"r0") == "no identity 'i0'"  # forgotten: the oldest went first
+    last = ids.REMOVALS_KEPT + 4
+    assert t.remove(f"i{last}", b"r%d" % last) is None
+
+
+def test_the_format_4_image_keeps_limits_and_removals_and_a_format_3_table_still_opens() -> None:
+    t = table()
+    t.set_limits("ci", (2, KEEP, KEEP, KEEP))
+    t.remove("ops", b"rq", "admin")
+    again = IdentityTable.restore(t.image(), t.removals_image())
+    assert again.image() == t.image() and again.removals_image() == t.removals_image()
+    assert again.limits_of("ci") == (2, 0, 0, 0)
+    assert again.remove("ops", b"rq") is None
+    # The previous release's rows (format 3) have no limits: every identity at the default.
+    old = IdentityTable.restore(t.image(with_limits=False), with_limits=False)
+    assert old.names() == ["ci"] and old.limits_of("ci") == (0, 0, 0, 0)
+    for bad in (
+        [["ci", "client", ["ci/"], t.image()[0][3], [0, 0, 0]]],  # three limits
+        [["ci", "client", ["ci/"], t.image()[0][3], [-1, 0, 0, 0]]],
+    ):
+        with pytest.raises(ValueError):
+            IdentityTable.restore(bad)
+    with pytest.raises(ValueError):
+        IdentityTable.restore(t.image(), [["ops", "not bytes", "admin"]])

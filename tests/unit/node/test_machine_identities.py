@@ -135,6 +135,10 @@ def test_the_snapshot_image_keeps_the_table_and_a_format_2_image_still_opens() -
             "key_id": leader.locks.identities.rows()[0]["key_id"],
             "rotating": False,
             "old_key_until_ms": None,
+            "max_leases": None,
+            "max_locks": None,
+            "max_connections": None,
+            "max_inflight": None,
         }
     ]
     # A version-2 cluster's image (format 2) has no table: it opens with an empty one.
