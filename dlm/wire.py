@@ -51,7 +51,7 @@ if TYPE_CHECKING:
         def seal(self, body: bytes) -> bytes: ...
 
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 CLIENT_FRAME_LIMIT = 64 * 1024
 PEER_FRAME_LIMIT = 4 * 1024 * 1024
 DEFAULT_PORT = 7700
@@ -624,6 +624,20 @@ def _flag(msg: dict[Any, Any], name: str) -> bool:
     return bool(_field(msg, name, bool, optional=True))
 
 
+def _opt_flag(msg: dict[Any, Any], name: str) -> bool | None:
+    """A flag that newer requests carry only when set (None: absent, left out of the frame)."""
+    return _field(msg, name, bool, optional=True) or None
+
+
+def _lock_delay(msg: dict[Any, Any], name: str) -> int | None:
+    """A lease's lock-delay in ms (0 to a minute); None when the frame names none."""
+    if msg.get(name) is None:
+        return None
+    value: int = _bounded(msg, name, 0, limits.INT_MAX)
+    _checked(limits.check_lock_delay_ms(value))
+    return value
+
+
 def _meta(msg: dict[Any, Any], name: str) -> dict[str, str]:
     meta = _str_map(msg, name)
     _checked(limits.check_meta(meta))
@@ -873,8 +887,14 @@ class Request(Record, metaclass=RecordSpec):
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"t": self.TYPE}
+        table = self._TABLE
         for name in self.FIELDS:
-            out[name] = getattr(self, name)
+            value = getattr(self, name)
+            # A field added later is left out while unset, so that older members (and
+            # the golden frames) see the frames they know.
+            if value is None and table[name].omit:
+                continue
+            out[name] = value
         return out
 
 
@@ -894,6 +914,9 @@ class OpenLease(Change):
     ttl_ms: int = field(_ttl)
     ephemeral: bool = field(_flag, default=False)
     meta: dict[str, str] = field(_meta, default_factory=dict, early=True)
+    lock_delay_ms: int | None = field(_lock_delay, default=None, omit=True)
+    """How long a key this lease holds is granted to nobody after the lease expires or is
+    revoked (cluster version 4; None or 0: no delay)."""
     # A version-1 open_lease names no origin at all.
     client: str = field(_if_seq(_client, ""), default="", origin=True)
     seq: int = field(_if_seq(_count, 0), default=0, origin=True)
@@ -921,6 +944,9 @@ class CloseLease(Change):
     ROUTE = "propose"
     PERMISSION = "lease"
     lease: str = field(_lease)
+    revoke: bool | None = field(_opt_flag, default=None, omit=True)
+    """Sent by ``dlm lease revoke``: the lease's lock-delay applies (a plain close, by the
+    lease's own process, is a release). None: not a revocation."""
 
 
 class UpdateLease(Change):

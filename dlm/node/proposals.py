@@ -265,9 +265,12 @@ def command_for(
             meta=req.meta if v2 else {},
             owner=identity if v3 else "",
             quota=limits_for(identity).max_leases if v3 else 0,
+            lock_delay_ms=_lock_delay(req, machine.version),
         )
     if isinstance(req, CloseLease):
-        return locks.CloseLeaseCommand(req.lease, origin, at_ms, by)
+        # Before version 4 a revocation is a plain close: no lease has a lock-delay then.
+        revoke = bool(req.revoke) and machine.version >= 4
+        return locks.CloseLeaseCommand(req.lease, origin, at_ms, by, revoke=revoke)
     if isinstance(req, Acquire):
         # A re-sent or re-entrant acquire of a key the lease already holds or waits
         # for adds nothing, and must get its grant (or place) back, not a refusal.
@@ -303,6 +306,14 @@ def command_for(
     if not v2:
         raise upgrading("lease_update")
     return locks.UpdateLeaseCommand(req.lease, req.ttl_ms, req.finished, origin, at_ms, by)
+
+
+def _lock_delay(req: OpenLease, version: int) -> int:
+    if not req.lock_delay_ms:
+        return 0
+    if version < 4:
+        raise upgrading("--lock-delay", 4)
+    return req.lock_delay_ms
 
 
 def identity_command(

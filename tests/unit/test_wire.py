@@ -526,7 +526,7 @@ def test_a_hello_with_max_version_2_speaks_2_and_names_its_peer() -> None:
 def test_our_hello_says_version_1_for_old_members_and_max_version_for_new_ones() -> None:
     frame = wire.Hello(wire.HelloRole.CLIENT).to_wire()
     assert (frame["t"], frame["role"], frame["version"]) == ("hello", "client", 1)
-    assert frame["max_version"] == wire.PROTOCOL_VERSION == 3
+    assert frame["max_version"] == wire.PROTOCOL_VERSION == 4
     assert wire.Hello.from_wire(frame).speaks == wire.PROTOCOL_VERSION
 
 

@@ -29,9 +29,11 @@ FRAMES: list[dict[str, Any]] = [
     {"t": "open_lease", "id": 1, "lease": "L", "ttl_ms": 5000, "ephemeral": True}
     | {"meta": {"host": "h"}, **ORIGIN},
     {"t": "open_lease", "id": 1, "lease": "L", "ttl_ms": 5000},
+    {"t": "open_lease", "id": 1, "lease": "L", "ttl_ms": 5000, "lock_delay_ms": 2000, **ORIGIN},
     {"t": "keepalive", "id": 2, "lease": "L", "incarnation": 9, "client": "c-1", "seq": 8},
     {"t": "keepalive", "id": 2, "lease": "L"},
     {"t": "close_lease", "id": 3, "lease": "L", **ORIGIN},
+    {"t": "close_lease", "id": 3, "lease": "L", "revoke": True, **ORIGIN},
     {"t": "lease_update", "id": 4, "lease": "L", "ttl_ms": 1, "finished": True, **ORIGIN},
     {"t": "acquire", "id": 5, "lease": "L", "key": "jobs/a", "wait": True, "limit": 3}
     | {"meta": {"pid": "1"}, **ORIGIN},

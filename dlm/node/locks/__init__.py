@@ -30,6 +30,7 @@ a lease other than the one it was meant for.
 
 from dlm.node.locks.commands import (
     COMMAND_MAX_BYTES,
+    DELAY_LEASE_PREFIX,
     LEGACY_CLIENT,
     QUARANTINE_LEASE,
     AcquireCommand,
@@ -47,10 +48,13 @@ from dlm.node.locks.commands import (
     ReleaseCommand,
     UpdateLeaseCommand,
     decode_command,
+    delay_lease,
+    delayed_key,
     encode_command,
     is_legacy,
     validate_command,
 )
+from dlm.node.locks.delays import LockDelay, LockDelays
 from dlm.node.locks.machine import (
     MAX_UNANSWERED,
     TOMBSTONE_MS,
@@ -92,6 +96,7 @@ from dlm.node.locks.results import (
 
 __all__ = [
     "COMMAND_MAX_BYTES",
+    "DELAY_LEASE_PREFIX",
     "LEASE_CLOSED",
     "LEASE_EXPIRED",
     "LEASE_UNKNOWN",
@@ -123,6 +128,8 @@ __all__ = [
     "LeaseTerms",
     "LeaseUpdated",
     "LeaseView",
+    "LockDelay",
+    "LockDelays",
     "LockStateMachine",
     "Locked",
     "NotHeld",
@@ -140,6 +147,8 @@ __all__ = [
     "UpdateLeaseCommand",
     "Waiter",
     "decode_command",
+    "delay_lease",
+    "delayed_key",
     "encode_command",
     "is_legacy",
     "longest_ttl_ms",

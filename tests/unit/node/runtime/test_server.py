@@ -37,7 +37,8 @@ def anyio_backend() -> str:
         ({"version": 1, "max_version": 2}, 2),
         ({"version": 2}, 2),
         ({"version": 1, "max_version": 3}, 3),
-        ({"version": 1, "max_version": 9}, 3),
+        ({"version": 1, "max_version": 4}, 4),
+        ({"version": 1, "max_version": 9}, 4),
     ],
 )
 async def test_the_welcome_speaks_the_lower_of_the_two_versions(
