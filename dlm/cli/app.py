@@ -140,6 +140,16 @@ WaitOpt = Annotated[
         show_default=False,
     ),
 ]
+LockDelayOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--lock-delay",
+        metavar="DURATION",
+        help="If the lease expires or is revoked while holding the lock, nobody gets it "
+        "for DURATION after (0 to 60s; a release hands it over at once). [default: 0]",
+        show_default=False,
+    ),
+]
 LimitOpt = Annotated[
     int,
     typer.Option("--limit", metavar="N", min=1, help="Up to N holders at once (a semaphore)."),
@@ -188,6 +198,7 @@ def acquire(
     output_format: Annotated[
         str, typer.Option("--format", metavar="text|env|json", help="Output format.")
     ] = ACQUIRE_FORMAT,
+    lock_delay: LockDelayOpt = None,
 ) -> None:
     """Take a lock and print its key, fencing token, lease id and TTL.
 
@@ -209,6 +220,7 @@ def acquire(
         limit=limit,
         meta_pairs=meta or [],
         output_format=output_format,
+        lock_delay=lock_delay,
     )
 
 
@@ -332,6 +344,7 @@ def exec_(
             show_default=False,
         ),
     ] = None,
+    lock_delay: LockDelayOpt = None,
 ) -> None:
     """Run CMD (no shell) only while holding the lock; exit with CMD's code.
 
@@ -365,6 +378,7 @@ def exec_(
         quiet=quiet,
         min_hold=min_hold,
         verbose=verbose,
+        lock_delay=lock_delay,
     )
     raise typer.Exit(code)
 

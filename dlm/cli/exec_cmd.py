@@ -67,7 +67,14 @@ from collections.abc import Sequence
 from dlm.cli import exits
 from dlm.cli.exec_rules import StartGate
 from dlm.cli.exits import CliError, Interrupted, usage_error
-from dlm.cli.ops import conflict_error, duration_option, owner_meta, ttl_option, wait_option
+from dlm.cli.ops import (
+    conflict_error,
+    duration_option,
+    lock_delay_option,
+    owner_meta,
+    ttl_option,
+    wait_option,
+)
 from dlm.cli.output import complain, emit_json, iso_local
 from dlm.cli.settings import EXEC_CONFLICT_EXIT_CODE, Settings
 from dlm.limits import HOLD_MAX_MS
@@ -147,10 +154,12 @@ def run(
     quiet: bool = False,
     min_hold: str | None = None,
     verbose: bool = False,
+    lock_delay: str | None = None,
 ) -> int:
     if not command:
         raise usage_error("no command given: dlm exec --lock KEY -- CMD [ARGS...]")
     ttl_ms = ttl_option(ttl)
+    delay_ms = lock_delay_option(lock_delay)
     wait_s = wait_option(wait)
     grace_s = kill_grace_option(kill_grace, ttl_ms)
     hold_s = min_hold_option(min_hold)
@@ -169,6 +178,7 @@ def run(
     else:
         guard = Guard.start(program, command, grace_s)
     session = _Session(settings, key=key, command=command, guard=guard, grace=grace_s, hold=hold_s)
+    session.lock_delay_ms = delay_ms
     try:
         return session.run(
             ttl_ms=ttl_ms,
@@ -361,6 +371,7 @@ class _Session:
         self.grace = grace
         self.hold = hold
         self.gate = StartGate(grace)
+        self.lock_delay_ms = 0
         self.cmd_started = False
         self.cmd_gone = False  # the guard saw CMD and every process it left end
 
@@ -389,7 +400,7 @@ class _Session:
         try:
             # Who holds it, for `dlm status KEY` (on the lock) and `dlm lease list` (on the lease).
             meta = owner_meta(pid=os.getpid(), command=self.command)
-            lease = client.open_lease(ttl_ms, meta=meta)
+            lease = client.open_lease(ttl_ms, meta=meta, lock_delay_ms=self.lock_delay_ms)
             keeper = KeepAlive(
                 client,
                 lease,

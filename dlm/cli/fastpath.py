@@ -48,6 +48,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, str]]]] = {
             "--limit": ("limit", INT),
             "--meta": ("meta", MULTI),
             "--format": ("output_format", VALUE),
+            "--lock-delay": ("lock_delay", VALUE),
         },
     ),
     "release": (
@@ -73,6 +74,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, str]]]] = {
             "-v": ("verbose", FLAG),
             "--limit": ("limit", INT),
             "--min-hold": ("min_hold", VALUE),
+            "--lock-delay": ("lock_delay", VALUE),
         },
     ),
 }
@@ -222,6 +224,7 @@ def run(parsed: Parsed) -> int:
             limit=p.get("limit", 1),
             meta_pairs=p.get("meta", []),
             output_format=p.get("output_format", defaults.ACQUIRE_FORMAT),
+            lock_delay=p.get("lock_delay"),
         )
         return 0
     if parsed.command == "exec":
@@ -240,6 +243,7 @@ def run(parsed: Parsed) -> int:
             quiet=p.get("quiet", False),
             min_hold=p.get("min_hold"),
             verbose=p.get("verbose", False),
+            lock_delay=p.get("lock_delay"),
         )
     from dlm.cli import ops
 

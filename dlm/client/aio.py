@@ -568,9 +568,17 @@ class AsyncClient:
         *,
         ephemeral: bool = False,
         meta: Mapping[str, str] | None = None,
+        lock_delay_ms: int = 0,
     ) -> Lease:
         opened: Lease = await self._run(
-            core.open_lease_flow(self._ctx, ttl_ms, lease, ephemeral=ephemeral, meta=meta)
+            core.open_lease_flow(
+                self._ctx,
+                ttl_ms,
+                lease,
+                ephemeral=ephemeral,
+                meta=meta,
+                lock_delay_ms=lock_delay_ms,
+            )
         )
         self._ttl_ms[opened.id] = opened.ttl_ms
         return opened
@@ -583,10 +591,12 @@ class AsyncClient:
         self._ttl_ms[lid] = ttl
         return ttl
 
-    async def close_lease(self, lease: LeaseRef, *, must_exist: bool = False) -> list[str]:
+    async def close_lease(
+        self, lease: LeaseRef, *, must_exist: bool = False, revoke: bool = False
+    ) -> list[str]:
         lid = lease_id(lease)
         released: list[str] = await self._run(
-            core.close_lease_flow(self._ctx, lid, must_exist=must_exist)
+            core.close_lease_flow(self._ctx, lid, must_exist=must_exist, revoke=revoke)
         )
         self._ttl_ms.pop(lid, None)
         return released

@@ -787,8 +787,12 @@ def open_lease_flow(
     *,
     ephemeral: bool = False,
     meta: Mapping[str, str] | None = None,
+    lock_delay_ms: int = 0,
 ) -> Generator[Action, Outcome, Lease]:
     """Opens a lease (a fresh random id unless ``lease`` is given).
+
+    ``lock_delay_ms`` (0 to 60000; cluster version 4): when the lease expires or is
+    revoked while holding a key, the key is granted to nobody for that long.
 
     The lease's client-side clock starts when the request was first *sent*:
     whatever the server did with it happened later, so our deadline passes first.
@@ -798,7 +802,14 @@ def open_lease_flow(
     # Re-sending an open is only safe while the cluster still remembers the leases that
     # ended (five minutes of its log time): stop well before.
     budget = min(s.timeout, OPEN_RETRY_MAX_S)
-    request = OpenLease(id=0, lease=lid, ttl_ms=ttl_ms, ephemeral=ephemeral, meta=dict(meta or {}))
+    request = OpenLease(
+        id=0,
+        lease=lid,
+        ttl_ms=ttl_ms,
+        ephemeral=ephemeral,
+        meta=dict(meta or {}),
+        lock_delay_ms=lock_delay_ms or None,
+    )
     _, reply = yield from change(s, request, timeout=budget)
     opened = read_reply(LeaseOpened, reply)
     return Lease(lid, opened.ttl_ms, confirmed_at=sent, incarnation=opened.incarnation)
@@ -824,15 +835,18 @@ def keepalive_flow(
 
 
 def close_lease_flow(
-    s: Context, lease: str, *, must_exist: bool = False
+    s: Context, lease: str, *, must_exist: bool = False, revoke: bool = False
 ) -> Generator[Action, Outcome, list[str]]:
     """Ends the lease, releasing its locks; returns the keys it held.
 
     A lease that is already gone is what its owner wanted, so that is success,
     unless ``must_exist`` (an operator revoking a lease by id): then LeaseLost.
+    ``revoke``: an operator ends someone else's lease, so its lock-delay applies to
+    the keys it held (a close by the lease's own process is a release: no delay).
     """
     try:
-        _, reply = yield from change(s, CloseLease(id=0, lease=lease, seq=0))
+        request = CloseLease(id=0, lease=lease, seq=0, revoke=revoke or None)
+        _, reply = yield from change(s, request)
     except LeaseLost:
         if must_exist:
             raise

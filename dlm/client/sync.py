@@ -475,14 +475,24 @@ class Client:
         *,
         ephemeral: bool = False,
         meta: Mapping[str, str] | None = None,
+        lock_delay_ms: int = 0,
     ) -> Lease:
         """Opens a lease (a fresh random id unless ``lease`` is given).
 
         ``ephemeral``: the lease is for one lock, and a release that leaves it
-        idle ends it (what ``dlm acquire`` does).
+        idle ends it (what ``dlm acquire`` does). ``lock_delay_ms`` (0 to 60000): when
+        the lease expires or is revoked while holding a key, the key is granted to nobody
+        for that long (README, "Lock-delay"; cluster version 4).
         """
         opened: Lease = self._run(
-            core.open_lease_flow(self._ctx, ttl_ms, lease, ephemeral=ephemeral, meta=meta)
+            core.open_lease_flow(
+                self._ctx,
+                ttl_ms,
+                lease,
+                ephemeral=ephemeral,
+                meta=meta,
+                lock_delay_ms=lock_delay_ms,
+            )
         )
         self._ttl_ms[opened.id] = opened.ttl_ms
         return opened
@@ -496,7 +506,9 @@ class Client:
         self._ttl_ms[lid] = ttl
         return ttl
 
-    def close_lease(self, lease: LeaseRef, *, must_exist: bool = False) -> list[str]:
+    def close_lease(
+        self, lease: LeaseRef, *, must_exist: bool = False, revoke: bool = False
+    ) -> list[str]:
         """Ends the lease and releases its locks; returns the keys it held.
 
         A lease that is already gone counts as closed, unless ``must_exist``
@@ -504,7 +516,7 @@ class Client:
         """
         lid = lease_id(lease)
         released: list[str] = self._run(
-            core.close_lease_flow(self._ctx, lid, must_exist=must_exist)
+            core.close_lease_flow(self._ctx, lid, must_exist=must_exist, revoke=revoke)
         )
         self._ttl_ms.pop(lid, None)
         return released
