@@ -21,6 +21,7 @@ from dlm.node.admission import (
     Send,
 )
 from dlm.node.clients import ClientConn
+from dlm.node.leases import LeaseTracker
 from dlm.node.linkwatch import LinkWatch
 from dlm.node.locks.machine import OwnerUsage
 from dlm.node.machine import NodeMachine
@@ -261,3 +262,28 @@ class RestoresWithoutUsage(locks.LockStateMachine):
         machine = super()._restore(item)
         machine.usage = OwnerUsage()
         return machine
+
+
+class EndsLockDelaysOnFailover(LeaseTracker):
+    """A new leader that does not count the lock-delays again from its election: it ends
+    every one at once (as if the old leader's clock had already run them out)."""
+
+    def take_office(self, now: float, leases: Any) -> None:
+        leases = [
+            (lease, 0 if locks.delayed_key(lease) is not None else ttl_ms, incarnation)
+            for lease, ttl_ms, incarnation in leases
+        ]
+        super().take_office(now, leases)
+
+
+class _IgnoredDelays(locks.LockDelays):
+    def start(self, lease: str, delay_ms: int, keys: Any, index: int, at_ms: int) -> list[str]:
+        return []
+
+
+class ExpiresWithoutTheLockDelay(locks.LockStateMachine):
+    """Hands a key on at once when its holder's lease expires, whatever its lock-delay."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delays = _IgnoredDelays()

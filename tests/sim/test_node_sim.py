@@ -32,6 +32,8 @@ from .bugs import (
     AsksTheMemberBeforeTheProof,
     BelievesRefusalsBeforeTheProof,
     ConfirmsUpdatesOfDoomedLeases,
+    EndsLockDelaysOnFailover,
+    ExpiresWithoutTheLockDelay,
     LabelsBackupsWithTheLastIndex,
     NeverReplacesLinks,
     OrdersSpawnWithoutLooking,
@@ -67,15 +69,19 @@ def options_for(seed: int, **overrides: object) -> NodeSimOptions:
 
 
 def test_node_sim(sim_seeds: range, sim_totals: SimTotals) -> None:
-    sections = 0
+    sections = delays = 0
     for seed in sim_seeds:
         result = run_node_seed(seed, options_for(seed))
         assert result.ticks >= MIN_TICKS
         faults = sum(result.faults[k] for k in FAULT_KINDS)
         assert faults >= MIN_FAULTS, f"seed {seed} drew only {faults} faults"
         sections += result.stats["sections"]
+        delays += result.stats["lock_delays"]
         sim_totals.add("nodes", result)
     assert sections > 0, f"no client ever held a lock in seeds {sim_seeds}"
+    # Issue 27 item 4: leases with a lock-delay expire holding keys, and no key is granted
+    # inside its delay, across failovers (lockcheck.DelayChecker).
+    assert delays > 0 or len(sim_seeds) < 3, f"no lock-delay started in seeds {sim_seeds}"
 
 
 IDENTITY_SEEDS = 4
@@ -92,6 +98,8 @@ def test_node_sim_with_identities_at_version_3(sim_totals: SimTotals) -> None:
         sim_totals.add("identities", result)
 
 
+LOCK_DELAY_MUTANT_SEEDS = 40
+"""Seeds within which each lock-delay mutant must be caught."""
 STEADY_SEEDS = 12
 """Seeds of each steady fault in `make test` (about a second each)."""
 STEADY_MUTANT_SEEDS = 40
@@ -362,6 +370,18 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         lambda seed: options_for(seed, tracker_class=ShortensLeasesOnFailover),
         {"two-holders", "lease-outlived", "cmd-after-grant"},
         40,
+    ),
+    # Issue 27 item 4: a key whose holder's lease expired is granted to nobody for the
+    # lease's lock-delay, a new leader counting it again from its election.
+    "a new leader ends every lock-delay at once": (
+        lambda seed: options_for(seed, tracker_class=EndsLockDelaysOnFailover),
+        {"lock-delay"},
+        LOCK_DELAY_MUTANT_SEEDS,
+    ),
+    "an expiry ignores the lease's lock-delay": (
+        lambda seed: options_for(seed, lock_machine_class=ExpiresWithoutTheLockDelay),
+        {"lock-delay"},
+        LOCK_DELAY_MUTANT_SEEDS,
     ),
     "a peer connection that stopped delivering is never replaced": (
         lambda seed: options_for(seed, link_watch_class=NeverReplacesLinks),
