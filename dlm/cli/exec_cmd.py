@@ -85,6 +85,7 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import Any
 
+    from dlm.cli.elect import Election
     from dlm.cli.guard import Guard
     from dlm.client.core import Grant, Lease
     from dlm.client.sync import Client, KeepAlive
@@ -155,7 +156,13 @@ def run(
     min_hold: str | None = None,
     verbose: bool = False,
     lock_delay: str | None = None,
+    election: Election | None = None,
 ) -> int:
+    """``election``: run for `dlm elect` (elect.py): the value goes with the grant, the
+    election is announced once the lock is held, and without CMD a placeholder that
+    waits for a signal holds the lock."""
+    if election is not None and not command:
+        command = election.placeholder()
     if not command:
         raise usage_error("no command given: dlm exec --lock KEY -- CMD [ARGS...]")
     ttl_ms = ttl_option(ttl)
@@ -179,6 +186,7 @@ def run(
         guard = Guard.start(program, command, grace_s)
     session = _Session(settings, key=key, command=command, guard=guard, grace=grace_s, hold=hold_s)
     session.lock_delay_ms = delay_ms
+    session.election = election
     try:
         return session.run(
             ttl_ms=ttl_ms,
@@ -372,6 +380,7 @@ class _Session:
         self.hold = hold
         self.gate = StartGate(grace)
         self.lock_delay_ms = 0
+        self.election: Election | None = None
         self.cmd_started = False
         self.cmd_gone = False  # the guard saw CMD and every process it left end
 
@@ -400,6 +409,8 @@ class _Session:
         try:
             # Who holds it, for `dlm status KEY` (on the lock) and `dlm lease list` (on the lease).
             meta = owner_meta(pid=os.getpid(), command=self.command)
+            if self.election is not None:
+                meta.update(self.election.meta())
             lease = client.open_lease(ttl_ms, meta=meta, lock_delay_ms=self.lock_delay_ms)
             keeper = KeepAlive(
                 client,
@@ -432,7 +443,11 @@ class _Session:
             if keeper.lost.is_set():
                 raise _lost_error(keeper.reason, self.key, ran=False)
             self._confirm_before_start(client, keeper, lease)
+            if self.election is not None:
+                self.election.elected(grant, self.settings.json)
             code = self._supervise(grant, keeper, signals, wake_r)
+            if self.election is not None:
+                return self.election.exit_code(code)
             held_ms = None
             if self.hold is not None:
                 held_ms = self._hand_over_hold(client, keeper, lease, granted_by, self.hold)

@@ -84,6 +84,8 @@ TOP_LEVEL_HELP = (
     '  renew     Renew a lease once, or keep it alive (--keep-alive).\n'
     '  release   Give a lock back.\n'
     '  exec      Run CMD (no shell) only while holding the lock; exit with...\n'
+    '  elect     Campaign for NAME (FIFO), then lead: print the election and...\n'
+    '  leader    Print the current leader of NAME once (value null with --json...\n'
     '  status    Show the cluster: members, roles, lag, last contact, and the...\n'
     '  locks     List the held locks, one line each.\n'
     '  node      Run a cluster member.\n'
