@@ -25,27 +25,16 @@ from dlm.cli.output import emit_json, escape, say
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import Any
 
     from dlm.cli.settings import Settings
     from dlm.client.core import Grant
 
 ELECTION_VALUE = "value"
-"""The metadata entry of a grant that holds an election's value."""
+"""The metadata entry of a grant that holds an election's value (core.ELECTION_VALUE)."""
 CAMPAIGN_WAIT = "168h"
 """How long a candidate stays in the queue: the longest --wait there is."""
 RESIGNED = (128 + 2, 128 + 15)
 """The placeholder's exit codes when SIGINT or SIGTERM (passed on by dlm) ended it."""
-
-
-def iso_utc(ms: int | None) -> str | None:
-    """Milliseconds since the epoch as an RFC 3339 UTC time with milliseconds."""
-    if ms is None:
-        return None
-    import datetime
-
-    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class Election:
@@ -73,6 +62,8 @@ class Election:
     def elected(self, grant: Grant, as_json: bool) -> None:
         """Prints the election as soon as this candidate holds the key."""
         import time
+
+        from dlm.client.core import iso_utc
 
         since = iso_utc(int(time.time() * 1000))
         if as_json:
@@ -133,24 +124,6 @@ def elect(
     )
 
 
-def leadership(name: str, state: Any) -> dict[str, Any]:
-    """`dlm leader --json`'s object from a key's state: who leads ``name`` (value null
-    while nobody does). ``index`` is the log index of the entry that made this
-    leadership (its token)."""
-    holders = state.holders
-    if not holders:
-        return {"name": name, "value": None, "token": None, "since": None, "index": None}
-    holder = holders[0]
-    return {
-        "name": name,
-        "value": holder.meta.get(ELECTION_VALUE, ""),
-        "token": holder.token,
-        "since": iso_utc(holder.granted_at_ms),
-        "index": holder.token,
-        "lease": holder.lease,
-    }
-
-
 def leader(settings: Settings, name: str) -> None:
     """Prints the current leader of ``name`` once."""
     from dlm.cli.ops import check_key
@@ -167,6 +140,8 @@ def leader(settings: Settings, name: str) -> None:
             f"{name!r} is a semaphore of {state.limit} slots, not an election",
             2,
         )
+    from dlm.client.core import leadership
+
     found = leadership(name, state)
     if settings.json:
         emit_json({**found, "lease": found.get("lease")})

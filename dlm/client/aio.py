@@ -665,6 +665,25 @@ class AsyncClient:
         released: ReleaseOutcome = await self._run(flow)
         return released
 
+    async def campaign(
+        self, lease: LeaseRef, name: str, value: str = "", *, wait: float | None = None
+    ) -> Grant:
+        """Campaigns for election ``name`` (the lock key ``name``) under ``lease``, which the
+        caller keeps alive: queues FIFO (``wait`` as for ``acquire``) and returns the grant
+        once it leads, its token the leadership epoch; ``value`` is what ``leader`` shows."""
+        grant: Grant = await self.acquire(lease, name, wait=wait, meta={core.ELECTION_VALUE: value})
+        return grant
+
+    async def resign(self, lease: LeaseRef, name: str) -> None:
+        """Gives up leading (or campaigning for) ``name``: a release, so the next candidate
+        is elected at once (no lock-delay)."""
+        await self.release(lease, name, keep_lease=True)
+
+    async def leader(self, name: str) -> dict[str, Any]:
+        """Who leads ``name`` now: ``{"name", "value", "token", "since", "index", "lease"}``
+        (``value`` None while nobody leads; see ``core.leadership``)."""
+        return core.leadership(name, await self.get(name))
+
     async def get(self, key: str, *, stale: bool = False) -> LockState:
         """Who holds ``key`` and who waits for it."""
         state: LockState = await self._run(core.get_flow(self._ctx, key, stale=stale))

@@ -1314,3 +1314,48 @@ def error_from_reply(
     if code in RETRYABLE_CODES:
         return ClusterUnavailable(f"the cluster could not serve the request: {server_says}", code)
     return ServerError(code, f"the cluster answered {code}: {server_says}")
+
+
+# ---------------------------------------------------------------------------
+# Elections (issue 27): an election NAME is the lock key NAME; its leader is the key's
+# holder, its value the grant's metadata entry ELECTION_VALUE, its epoch the token.
+# ---------------------------------------------------------------------------
+
+ELECTION_VALUE = "value"
+"""The metadata entry of a grant that holds an election's value."""
+
+
+def iso_utc(ms: int | None) -> str | None:
+    """Milliseconds since the epoch as an RFC 3339 UTC time with milliseconds."""
+    if ms is None:
+        return None
+    import datetime
+
+    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def leadership(name: str, state: Any) -> dict[str, Any]:
+    """Who leads election ``name``, from its key's state (a ``LockState``):
+    ``{"name", "value", "token", "since", "index", "lease"}``, all but the name None while
+    nobody leads. ``index`` is the log index of the entry that made this leadership (the
+    token); ``since`` is when, as an RFC 3339 UTC time."""
+    holders = state.holders
+    if not holders:
+        return {
+            "name": name,
+            "value": None,
+            "token": None,
+            "since": None,
+            "index": None,
+            "lease": None,
+        }
+    holder = holders[0]
+    return {
+        "name": name,
+        "value": holder.meta.get(ELECTION_VALUE, ""),
+        "token": holder.token,
+        "since": iso_utc(holder.granted_at_ms),
+        "index": holder.token,
+        "lease": holder.lease,
+    }

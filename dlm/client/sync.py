@@ -599,6 +599,25 @@ class Client:
         released: ReleaseOutcome = self._run(flow)
         return released
 
+    def campaign(
+        self, lease: LeaseRef, name: str, value: str = "", *, wait: float | None = None
+    ) -> Grant:
+        """Campaigns for election ``name`` (the lock key ``name``) under ``lease``, which the
+        caller keeps alive: queues FIFO (``wait`` as for ``acquire``) and returns the grant
+        once it leads, its token the leadership epoch; ``value`` is what ``leader`` shows."""
+        grant: Grant = self.acquire(lease, name, wait=wait, meta={core.ELECTION_VALUE: value})
+        return grant
+
+    def resign(self, lease: LeaseRef, name: str) -> None:
+        """Gives up leading (or campaigning for) ``name``: a release, so the next candidate
+        is elected at once (no lock-delay)."""
+        self.release(lease, name, keep_lease=True)
+
+    def leader(self, name: str) -> dict[str, Any]:
+        """Who leads ``name`` now: ``{"name", "value", "token", "since", "index", "lease"}``
+        (``value`` None while nobody leads; see ``core.leadership``)."""
+        return core.leadership(name, self.get(name))
+
     def get(self, key: str, *, stale: bool = False) -> LockState:
         """Who holds ``key`` and who waits for it."""
         state: LockState = self._run(core.get_flow(self._ctx, key, stale=stale))

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from dlm.client.errors import LockHeld
 from tests.cluster.cli_harness import Dlm, finish, stop
-from tests.cluster.harness import wait_for
+from tests.cluster.harness import Cluster, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -110,3 +111,24 @@ def test_a_candidate_without_cmd_leads_until_sigterm_then_resigns(dlm: Dlm) -> N
     assert code == 0, err
     assert dlm.json("leader", "el-idle")["value"] is None
     assert dlm.run("leader", "el-idle").stdout == "nobody leads el-idle\n"
+
+
+def test_the_library_campaigns_shows_the_leader_and_resigns(shared: Cluster) -> None:
+    client = shared.client()
+    try:
+        first = client.open_lease(30_000)
+        second = client.open_lease(30_000)
+        grant = client.campaign(first, "el-lib", "one")
+        assert client.leader("el-lib")["value"] == "one"
+        with pytest.raises(LockHeld):
+            client.campaign(second, "el-lib", "two")
+        client.resign(first, "el-lib")
+        assert client.leader("el-lib")["value"] is None
+        taken = client.campaign(second, "el-lib", "two", wait=5.0)
+        assert taken.token > grant.token
+        now = client.leader("el-lib")
+        assert (now["value"], now["token"], now["lease"]) == ("two", taken.token, second.id)
+        client.close_lease(first)
+        client.close_lease(second)
+    finally:
+        client.close()

@@ -9,6 +9,7 @@ import pytest
 
 from dlm.cli import elect
 from dlm.cli.main import run
+from dlm.client.core import leadership
 from dlm.views import LockState
 from tests.unit.cli.conftest import FakeClient
 
@@ -29,7 +30,7 @@ def test_the_leadership_of_a_held_key_and_of_a_free_one() -> None:
             }
         ]
     )
-    assert elect.leadership("e", held) == {
+    assert leadership("e", held) == {
         "name": "e",
         "value": "host-a",
         "token": 42,
@@ -37,14 +38,14 @@ def test_the_leadership_of_a_held_key_and_of_a_free_one() -> None:
         "index": 42,
         "lease": "L1",
     }
-    assert elect.leadership("e", _state([])) == {
-        "name": "e", "value": None, "token": None, "since": None, "index": None,
+    assert leadership("e", _state([])) == {
+        "name": "e", "value": None, "token": None, "since": None, "index": None, "lease": None,
     }  # fmt: skip
 
 
 def test_a_holder_without_a_value_leads_with_the_empty_value() -> None:
     state = _state([{"lease": "L", "token": 3, "granted_at_ms": 0, "held_ms": 0, "meta": {}}])
-    assert elect.leadership("e", state)["value"] == ""
+    assert leadership("e", state)["value"] == ""
 
 
 def test_a_resignation_by_signal_is_a_success_only_without_cmd() -> None:
