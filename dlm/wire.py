@@ -638,6 +638,12 @@ def _lock_delay(msg: dict[Any, Any], name: str) -> int | None:
     return value
 
 
+def _election_value(msg: dict[Any, Any], name: str) -> str:
+    value: str = _field(msg, name, str)
+    _checked(limits.check_meta({"value": value}))
+    return value
+
+
 def _meta(msg: dict[Any, Any], name: str) -> dict[str, str]:
     meta = _str_map(msg, name)
     _checked(limits.check_meta(meta))
@@ -983,6 +989,18 @@ class Release(Change):
     keep_lease: bool = field(_flag, default=False)
 
 
+class Proclaim(Change):
+    """Replaces the election value of ``key`` (the grant's ``value`` metadata entry), only for
+    the lease that holds it; no new grant, the token stays (cluster version 4)."""
+
+    TYPE = "proclaim"
+    ROUTE = "propose"
+    PERMISSION = "lease"
+    lease: str = field(_lease)
+    key: str = field(_key)
+    value: str = field(_election_value)
+
+
 class Get(Request):
     TYPE = "get"
     ROUTE = "read"
@@ -1139,6 +1157,7 @@ ClientRequest = (
     | UpdateLease
     | Acquire
     | Release
+    | Proclaim
     | Get
     | ListLocks
     | LeaseInfo
@@ -1156,7 +1175,7 @@ ClientRequest = (
     | AuthFinish
     | AuthList
 )
-LockChange = OpenLease | CloseLease | UpdateLease | Acquire | Release
+LockChange = OpenLease | CloseLease | UpdateLease | Acquire | Release | Proclaim
 MemberChange = MemberAdd | MemberRemove | MemberPromote
 
 REQUESTS: dict[str, type[ClientRequest]] = {
@@ -1168,6 +1187,7 @@ REQUESTS: dict[str, type[ClientRequest]] = {
         UpdateLease,
         Acquire,
         Release,
+        Proclaim,
         Get,
         ListLocks,
         LeaseInfo,

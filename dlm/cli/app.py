@@ -440,6 +440,24 @@ def elect(
     raise typer.Exit(code)
 
 
+@app.command("proclaim")
+@with_settings
+def proclaim(
+    *,
+    settings: Settings,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The election (a lock key).")],
+    value: Annotated[str, typer.Option("--value", metavar="V", help="The new value.")],
+    lease: Annotated[str, typer.Option("--lease", metavar="ID", help="The leader's lease.")],
+) -> None:
+    """Change NAME's value without a new election (same token); exit 77 unless LEASE leads.
+
+    --json prints {"name", "value", "token", "lease"}.
+    """
+    from dlm.cli import elect as elect_cmd
+
+    elect_cmd.proclaim(settings, name, value, lease)
+
+
 @app.command("leader")
 @with_settings
 def leader(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 
+from dlm.cli import exits
 from dlm.cli.exits import CliError
 from dlm.cli.output import emit_json, escape, say
 
@@ -152,3 +153,34 @@ def leader(settings: Settings, name: str) -> None:
             f"{escape(name)} is led by lease {found['lease']}, value {escape(found['value'])!r}, "
             f"token {found['token']}, since {found['since']}"
         )
+
+
+def proclaim(settings: Settings, name: str, value: str, lease: str) -> None:
+    """Changes NAME's value without a new election, only for the lease that leads it (exit
+    77, NOT_HOLDER, otherwise)."""
+    from dlm import limits
+    from dlm.cli.ops import check_key, check_lease
+    from dlm.client.errors import NotHolder
+
+    check_key(name, "NAME")
+    check_lease(lease)
+    problem = limits.check_meta({ELECTION_VALUE: value})
+    if problem is not None:
+        raise CliError("USAGE", f"bad --value: {problem}", 2)
+    client = settings.connect()
+    try:
+        token = client.proclaim(lease, name, value)
+    except NotHolder:
+        raise CliError(
+            "NOT_HOLDER",
+            f"lease {lease} does not lead {name!r}: only the leader's lease may proclaim",
+            exits.LOST,
+            name=name,
+            lease=lease,
+        ) from None
+    finally:
+        client.close()
+    if settings.json:
+        emit_json({"name": name, "value": value, "token": token, "lease": lease})
+    else:
+        say(f"{escape(name)}: value is now {escape(value)!r} (token {token}, lease {lease})")

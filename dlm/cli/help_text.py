@@ -85,6 +85,7 @@ TOP_LEVEL_HELP = (
     '  release   Give a lock back.\n'
     '  exec      Run CMD (no shell) only while holding the lock; exit with...\n'
     '  elect     Campaign for NAME (FIFO), then lead: print the election and...\n'
+    "  proclaim  Change NAME's value without a new election (same token); exit...\n"
     '  leader    Print the current leader of NAME once (value null with --json...\n'
     '  status    Show the cluster: members, roles, lag, last contact, and the...\n'
     '  locks     List the held locks, one line each.\n'

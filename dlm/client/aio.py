@@ -679,6 +679,12 @@ class AsyncClient:
         is elected at once (no lock-delay)."""
         await self.release(lease, name, keep_lease=True)
 
+    async def proclaim(self, lease: LeaseRef, name: str, value: str) -> int:
+        """Changes the value of election ``name`` without a new election, only while
+        ``lease`` leads it (NotHolder otherwise); returns the unchanged token."""
+        token: int = await self._run(core.proclaim_flow(self._ctx, lease_id(lease), name, value))
+        return token
+
     async def leader(self, name: str) -> dict[str, Any]:
         """Who leads ``name`` now: ``{"name", "value", "token", "since", "index", "lease"}``
         (``value`` None while nobody leads; see ``core.leadership``)."""

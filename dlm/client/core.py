@@ -82,6 +82,7 @@ from dlm.wire import (
     Members,
     OpenLease,
     Ping,
+    Proclaim,
     ProtocolError,
     Record,
     Release,
@@ -956,6 +957,14 @@ def release_flow(
     _, reply = yield from change(s, request)
     answer = read_reply(LockReleased, reply)
     return ReleaseOutcome(key, answer.released == "lock", answer.token, answer.lease_ended)
+
+
+def proclaim_flow(s: Context, lease: str, name: str, value: str) -> Generator[Action, Outcome, int]:
+    """Replaces election ``name``'s value, for ``lease`` only if it leads (NotHolder else);
+    returns the leadership's token, unchanged (cluster version 4)."""
+    request = Proclaim(id=0, lease=lease, seq=0, key=name, value=value)
+    _, reply = yield from change(s, request)
+    return read_reply(LockGranted, reply).token
 
 
 def read_flow(

@@ -613,6 +613,12 @@ class Client:
         is elected at once (no lock-delay)."""
         self.release(lease, name, keep_lease=True)
 
+    def proclaim(self, lease: LeaseRef, name: str, value: str) -> int:
+        """Changes the value of election ``name`` without a new election, only while
+        ``lease`` leads it (NotHolder otherwise); returns the unchanged token."""
+        token: int = self._run(core.proclaim_flow(self._ctx, lease_id(lease), name, value))
+        return token
+
     def leader(self, name: str) -> dict[str, Any]:
         """Who leads ``name`` now: ``{"name", "value", "token", "since", "index", "lease"}``
         (``value`` None while nobody leads; see ``core.leadership``)."""

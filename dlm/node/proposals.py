@@ -36,6 +36,7 @@ from dlm.wire import (
     ErrorCode,
     LockChange,
     OpenLease,
+    Proclaim,
     Release,
     UpdateLease,
     error,
@@ -303,6 +304,10 @@ def command_for(
         return locks.ReleaseCommand(
             req.lease, req.key, req.token, req.keep_lease or not v2, origin, at_ms, by
         )
+    if isinstance(req, Proclaim):
+        if machine.version < 4:
+            raise upgrading("proclaim", 4)
+        return locks.ProclaimCommand(req.lease, req.key, req.value, origin, at_ms, by)
     if not v2:
         raise upgrading("lease_update")
     return locks.UpdateLeaseCommand(req.lease, req.ttl_ms, req.finished, origin, at_ms, by)

@@ -132,3 +132,18 @@ def test_the_library_campaigns_shows_the_leader_and_resigns(shared: Cluster) -> 
         client.close_lease(second)
     finally:
         client.close()
+
+
+def test_proclaim_changes_the_value_only_for_the_leaders_lease(dlm: Dlm) -> None:
+    held = dlm.json("acquire", "el-proc", "--meta", "value=first")
+    other = dlm.json("acquire", "el-proc-other")
+    changed = dlm.json("proclaim", "el-proc", "--value", "second", "--lease", str(held["lease"]))
+    assert (changed["value"], changed["token"]) == ("second", held["token"])
+    leads = dlm.json("leader", "el-proc")
+    assert (leads["value"], leads["token"]) == ("second", held["token"])
+    refused = dlm.run("proclaim", "el-proc", "--value", "mine", "--lease", str(other["lease"]))
+    assert refused.returncode == 77, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and "does not lead" in refused.stderr
+    assert dlm.json("leader", "el-proc")["value"] == "second"
+    dlm.json("release", "el-proc", "--lease", str(held["lease"]))
+    dlm.json("release", "el-proc-other", "--lease", str(other["lease"]))

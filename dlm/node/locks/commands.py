@@ -171,6 +171,23 @@ class UpdateLeaseCommand:
 
 
 @dataclass(frozen=True, slots=True)
+class ProclaimCommand:
+    """Replace the election value (the grant's ``value`` metadata entry) of the key the lease
+    holds, without a new grant (`dlm proclaim`; cluster version 4)."""
+
+    lease: str
+    key: str
+    value: str
+    origin: Origin
+    at_ms: int
+    by: str = ""
+
+
+ELECTION_VALUE = "value"
+"""The metadata entry of a grant that holds an election's value."""
+
+
+@dataclass(frozen=True, slots=True)
 class ExpireCommand:
     """Proposed by the leader alone when a lease's deadline passed; ends that incarnation.
 
@@ -251,11 +268,17 @@ LeaseCommand = (
     | AcquireCommand
     | ReleaseCommand
     | UpdateLeaseCommand
+    | ProclaimCommand
     | ExpireCommand
 )
 Command = LeaseCommand | ClusterVersionCommand | QuarantineCommand | IdentityCommand
 ClientCommand = (
-    OpenLeaseCommand | CloseLeaseCommand | AcquireCommand | ReleaseCommand | UpdateLeaseCommand
+    OpenLeaseCommand
+    | CloseLeaseCommand
+    | AcquireCommand
+    | ReleaseCommand
+    | UpdateLeaseCommand
+    | ProclaimCommand
 )
 
 
@@ -370,6 +393,16 @@ def _to_item(cmd: Command) -> list[Any]:
                 cmd.by,
                 ["update2", cmd.lease, cmd.ttl_ms, cmd.finished, *_origin(cmd.origin), cmd.at_ms],
             )
+        case ProclaimCommand():
+            return [
+                "proclaim4",
+                cmd.lease,
+                cmd.key,
+                cmd.value,
+                *_origin(cmd.origin),
+                cmd.at_ms,
+                cmd.by,
+            ]
         case ExpireCommand():
             if legacy:
                 return ["expire", cmd.lease, cmd.at_ms]
@@ -415,6 +448,7 @@ _ARITY = {
     "open3": 10,
     "open4": 11,
     "revoke4": 6,
+    "proclaim4": 8,
     "close2": 5,
     "acquire2": 9,
     "release2": 8,
@@ -456,6 +490,15 @@ def decode_command(data: bytes) -> Command:
         opening = decode_command(cbor2.dumps(["open3", *f[:-1]]))
         assert isinstance(opening, OpenLeaseCommand)
         return replace(opening, lock_delay_ms=_int(f[-1], "lock_delay_ms"))
+    if name == "proclaim4":
+        return ProclaimCommand(
+            lease=_str(f[0], "lease"),
+            key=_str(f[1], "key"),
+            value=_str(f[2], "value"),
+            origin=_read_origin(f[3:6]),
+            at_ms=_int(f[6], "at_ms"),
+            by=_str(f[7], "by"),
+        )
     if name == "revoke4":
         # A close2's fields, then the asking identity ("" when nothing names one).
         closing = decode_command(cbor2.dumps(["close2", *f[:-1]]))
@@ -652,6 +695,8 @@ def validate_command(cmd: Command) -> str | None:
             return check_key(cmd.key)
         case UpdateLeaseCommand():
             return check_hold_ms(cmd.ttl_ms)
+        case ProclaimCommand():
+            return check_key(cmd.key) or check_meta({ELECTION_VALUE: cmd.value})
     return None
 
 

@@ -59,6 +59,7 @@ from typing import Any, NamedTuple, Self
 import cbor2
 
 from dlm.node.locks.commands import (
+    ELECTION_VALUE,
     QUARANTINE_LEASE,
     AcquireCommand,
     ClientCommand,
@@ -70,6 +71,7 @@ from dlm.node.locks.commands import (
     IdentityCommand,
     OpenLeaseCommand,
     Origin,
+    ProclaimCommand,
     QuarantineCommand,
     ReleaseCommand,
     UpdateLeaseCommand,
@@ -120,6 +122,7 @@ COMMAND_PERMISSIONS: dict[type, tuple[str, str]] = {
     AcquireCommand: ("acquire", LOCK),
     ReleaseCommand: ("release", LEASE),
     UpdateLeaseCommand: ("lease_update", LEASE),
+    ProclaimCommand: ("proclaim", LEASE),
 }
 """Each client command's action (its request kind) and permission, as wire.py's table has
 them (tests/unit/node/locks/test_identities.py compares the two)."""
@@ -513,6 +516,15 @@ class LockStateMachine:
                     ending = _Tombstone(cmd.origin.client, cmd.origin.seq, result, self._log_ms)
                     self._end_lease(cmd.lease, step, ending)
                     return result
+            case ProclaimCommand():
+                # The value changes in place: same grant, same token, no new election.
+                entry = self._keys.get(cmd.key)
+                hold = None if entry is None else entry.holders.get(cmd.lease)
+                if hold is None or entry is None:
+                    result = NotHeld(cmd.key, () if entry is None else self._holders(entry))
+                else:
+                    hold.meta = {**hold.meta, ELECTION_VALUE: cmd.value}
+                    result = Granted(cmd.key, hold.token, cmd.lease)
             case UpdateLeaseCommand():
                 lease.ttl_ms = cmd.ttl_ms
                 if cmd.finished:
@@ -1220,6 +1232,8 @@ def _needs_version_4(cmd: Command) -> bool:
         return cmd.lock_delay_ms > 0
     if isinstance(cmd, CloseLeaseCommand):
         return cmd.revoke
+    if isinstance(cmd, ProclaimCommand):
+        return True
     return isinstance(cmd, ExpireCommand) and delayed_key(cmd.lease) is not None
 
 
