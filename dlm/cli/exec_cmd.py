@@ -83,12 +83,20 @@ from dlm.limits import HOLD_MAX_MS
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import FrameType
-    from typing import Any
+    from typing import Any, Protocol
 
-    from dlm.cli.elect import Election
     from dlm.cli.guard import Guard
     from dlm.client.core import Grant, Lease
     from dlm.client.sync import Client, KeepAlive
+
+    class Election(Protocol):
+        """What `dlm elect` (elect.py) changes in a run: see ``run``."""
+
+        def meta(self) -> dict[str, str]: ...
+        def placeholder(self) -> list[str]: ...
+        def elected(self, grant: Grant, as_json: bool) -> None: ...
+        def exit_code(self, code: int) -> int: ...
+
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 SETTLE_SECONDS = 1.0
