@@ -96,6 +96,18 @@ def check_ttl_ms(ttl_ms: int, as_written: str | None = None) -> str | None:
     return f"a lease TTL must be between 1s and 24h (got {shown})"
 
 
+LOCK_DELAY_MAX_MS = 60_000
+"""The longest lock-delay a lease may ask for (issue 27: at most a minute)."""
+
+
+def check_lock_delay_ms(delay_ms: int, as_written: str | None = None) -> str | None:
+    """A lease's lock-delay: 0 (none) up to a minute."""
+    if 0 <= delay_ms <= LOCK_DELAY_MAX_MS:
+        return None
+    shown = _ms(delay_ms) if as_written is None else as_written.strip()
+    return f"a lock-delay must be between 0s and 60s (got {shown})"
+
+
 def check_hold_ms(ttl_ms: int) -> str | None:
     """The TTL a lease may be given to finish a minimum hold: 1 ms up to a day."""
     if 1 <= ttl_ms <= HOLD_MAX_MS:

@@ -105,6 +105,15 @@ class LockState(SentView):
     limit: int | None = field(_reply_opt_int)
     holders: list[HolderView] = field(lambda msg, name: _reply_records(HolderView, msg, name))
     waiters: list[WaiterView] | int = field(_reply_waiter_list)
+    lock_delay_ms: int | None = field(_reply_opt_int, default=None, omit=True)
+    """Set while the key is in a lock-delay (granted to nobody): its length."""
+    lock_delay_lease: str | None = field(_reply_opt_text, default=None, omit="lock_delay_ms")
+    """The lease whose expiry or revocation started the delay."""
+    lock_delay_until_ms: int | None = field(_reply_opt_int, default=None, omit="lock_delay_ms")
+    """When the delay ends by the wall clock of the leader that started it (a later leader
+    counts the whole delay again from its election, so it may end later)."""
+    lock_delay_remaining_ms: int | None = field(_reply_opt_int, default=None, omit=True)
+    """How long the delay still lasts by the leader's clock (only the leader knows)."""
 
     @property
     def waiting(self) -> int:

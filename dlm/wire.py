@@ -624,6 +624,26 @@ def _flag(msg: dict[Any, Any], name: str) -> bool:
     return bool(_field(msg, name, bool, optional=True))
 
 
+def _opt_flag(msg: dict[Any, Any], name: str) -> bool | None:
+    """A flag that newer requests carry only when set (None: absent, left out of the frame)."""
+    return _field(msg, name, bool, optional=True) or None
+
+
+def _lock_delay(msg: dict[Any, Any], name: str) -> int | None:
+    """A lease's lock-delay in ms (0 to a minute); None when the frame names none."""
+    if msg.get(name) is None:
+        return None
+    value: int = _bounded(msg, name, 0, limits.INT_MAX)
+    _checked(limits.check_lock_delay_ms(value))
+    return value
+
+
+def _election_value(msg: dict[Any, Any], name: str) -> str:
+    value: str = _field(msg, name, str)
+    _checked(limits.check_meta({"value": value}))
+    return value
+
+
 def _meta(msg: dict[Any, Any], name: str) -> dict[str, str]:
     meta = _str_map(msg, name)
     _checked(limits.check_meta(meta))
@@ -929,8 +949,10 @@ class Request(Record, metaclass=RecordSpec):
         table = self._TABLE
         for name in self.FIELDS:
             value = getattr(self, name)
+            # A field added later is left out while unset, so that older members (and
+            # the golden frames) see the frames they know.
             if value is None and table[name].omit:
-                continue  # a field later releases added: absent, the frame is as before
+                continue
             out[name] = value
         return out
 
@@ -951,6 +973,9 @@ class OpenLease(Change):
     ttl_ms: int = field(_ttl)
     ephemeral: bool = field(_flag, default=False)
     meta: dict[str, str] = field(_meta, default_factory=dict, early=True)
+    lock_delay_ms: int | None = field(_lock_delay, default=None, omit=True)
+    """How long a key this lease holds is granted to nobody after the lease expires or is
+    revoked (cluster version 4; None or 0: no delay)."""
     # A version-1 open_lease names no origin at all.
     client: str = field(_if_seq(_client, ""), default="", origin=True)
     seq: int = field(_if_seq(_count, 0), default=0, origin=True)
@@ -984,6 +1009,9 @@ class CloseLease(Change):
     outcome: str | None = field(_run_outcome, default=None, omit=True)
     exit_code: int | None = field(_run_exit_code, default=None, omit=True)
     signal: int | None = field(_run_signal, default=None, omit=True)
+    revoke: bool | None = field(_opt_flag, default=None, omit=True)
+    """Sent by ``dlm lease revoke``: the lease's lock-delay applies (a plain close, by the
+    lease's own process, is a release). None: not a revocation."""
 
 
 class UpdateLease(Change):
@@ -1021,6 +1049,18 @@ class Release(Change):
     key: str = field(_key)
     token: int | None = field(_token, default=None, early=True)
     keep_lease: bool = field(_flag, default=False)
+
+
+class Proclaim(Change):
+    """Replaces the election value of ``key`` (the grant's ``value`` metadata entry), only for
+    the lease that holds it; no new grant, the token stays (cluster version 4)."""
+
+    TYPE = "proclaim"
+    ROUTE = "propose"
+    PERMISSION = "lease"
+    lease: str = field(_lease)
+    key: str = field(_key)
+    value: str = field(_election_value)
 
 
 class Get(Request):
@@ -1229,6 +1269,7 @@ ClientRequest = (
     | UpdateLease
     | Acquire
     | Release
+    | Proclaim
     | Get
     | ListLocks
     | LeaseInfo
@@ -1249,7 +1290,7 @@ ClientRequest = (
     | Runs
     | Watch
 )
-LockChange = OpenLease | CloseLease | UpdateLease | Acquire | Release
+LockChange = OpenLease | CloseLease | UpdateLease | Acquire | Release | Proclaim
 MemberChange = MemberAdd | MemberRemove | MemberPromote
 
 REQUESTS: dict[str, type[ClientRequest]] = {
@@ -1261,6 +1302,7 @@ REQUESTS: dict[str, type[ClientRequest]] = {
         UpdateLease,
         Acquire,
         Release,
+        Proclaim,
         Get,
         ListLocks,
         LeaseInfo,

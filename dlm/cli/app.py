@@ -140,6 +140,16 @@ WaitOpt = Annotated[
         show_default=False,
     ),
 ]
+LockDelayOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--lock-delay",
+        metavar="DURATION",
+        help="If the lease expires or is revoked while holding the lock, nobody gets it "
+        "for DURATION after (0 to 60s; a release hands it over at once). [default: 0]",
+        show_default=False,
+    ),
+]
 LimitOpt = Annotated[
     int,
     typer.Option("--limit", metavar="N", min=1, help="Up to N holders at once (a semaphore)."),
@@ -188,6 +198,7 @@ def acquire(
     output_format: Annotated[
         str, typer.Option("--format", metavar="text|env|json", help="Output format.")
     ] = ACQUIRE_FORMAT,
+    lock_delay: LockDelayOpt = None,
 ) -> None:
     """Take a lock and print its key, fencing token, lease id and TTL.
 
@@ -209,6 +220,7 @@ def acquire(
         limit=limit,
         meta_pairs=meta or [],
         output_format=output_format,
+        lock_delay=lock_delay,
     )
 
 
@@ -342,6 +354,7 @@ def exec_(
             show_default=False,
         ),
     ] = None,
+    lock_delay: LockDelayOpt = None,
 ) -> None:
     """Run CMD (no shell) only while holding the lock; exit with CMD's code.
 
@@ -376,8 +389,100 @@ def exec_(
         min_hold=min_hold,
         verbose=verbose,
         on_busy=on_busy,
+        lock_delay=lock_delay,
     )
     raise typer.Exit(code)
+
+
+@app.command(
+    "elect",
+    # Options may follow NAME; CMD comes after "--", so its own options stay its own.
+    context_settings={"allow_interspersed_args": True, "ignore_unknown_options": False},
+)
+@with_settings
+def elect(
+    *,
+    settings: Settings,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The election (a lock key).")],
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="[-- CMD [ARGS...]]", help="Run this while leading."),
+    ] = None,
+    value: Annotated[
+        str,
+        typer.Option("--value", metavar="V", help="This candidate's value, shown to observers."),
+    ] = "",
+    ttl: Annotated[
+        str, typer.Option("--ttl", metavar="DURATION", help="Lease TTL, renewed every TTL/3.")
+    ] = EXEC_TTL,
+    kill_grace: Annotated[
+        str | None,
+        typer.Option(
+            "--kill-grace",
+            metavar="DURATION",
+            help="As for dlm exec. [default: min(5s, TTL/4)]",
+            show_default=False,
+        ),
+    ] = EXEC_KILL_GRACE,
+    lock_delay: LockDelayOpt = None,
+) -> None:
+    """Campaign for NAME (FIFO), then lead: print the election and run CMD, or hold it.
+
+    Once elected, prints the value, the token (the leadership epoch) and since
+    when. With CMD, runs it under exactly `dlm exec`'s guarantees (CMD is stopped
+    before another candidate can be elected) and exits with its code. Without
+    CMD, leads until SIGINT or SIGTERM, then resigns (exit 0). Election is not
+    fencing: pass $DLM_FENCING_TOKEN to what the leader writes to.
+
+    \b
+    dlm elect scheduler --value "$(hostname)" -- ./scheduler
+    """
+    from dlm.cli import elect as elect_cmd
+
+    code = elect_cmd.elect(
+        settings,
+        name=name,
+        value=value,
+        command=command or [],
+        ttl=ttl,
+        kill_grace=kill_grace,
+        lock_delay=lock_delay,
+    )
+    raise typer.Exit(code)
+
+
+@app.command("proclaim")
+@with_settings
+def proclaim(
+    *,
+    settings: Settings,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The election (a lock key).")],
+    value: Annotated[str, typer.Option("--value", metavar="V", help="The new value.")],
+    lease: Annotated[str, typer.Option("--lease", metavar="ID", help="The leader's lease.")],
+) -> None:
+    """Change NAME's value without a new election (same token); exit 77 unless LEASE leads.
+
+    --json prints {"name", "value", "token", "lease"}.
+    """
+    from dlm.cli import elect as elect_cmd
+
+    elect_cmd.proclaim(settings, name, value, lease)
+
+
+@app.command("leader")
+@with_settings
+def leader(
+    *,
+    settings: Settings,
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The election (a lock key).")],
+) -> None:
+    """Print the current leader of NAME once (value null with --json while nobody leads).
+
+    --json prints {"name", "value", "token", "since", "index", "lease"}.
+    """
+    from dlm.cli import elect as elect_cmd
+
+    elect_cmd.leader(settings, name)
 
 
 @app.command()

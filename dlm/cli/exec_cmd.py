@@ -67,7 +67,14 @@ from collections.abc import Sequence
 from dlm.cli import exits
 from dlm.cli.exec_rules import StartGate
 from dlm.cli.exits import CliError, Interrupted, usage_error
-from dlm.cli.ops import conflict_error, duration_option, owner_meta, ttl_option, wait_option
+from dlm.cli.ops import (
+    conflict_error,
+    duration_option,
+    lock_delay_option,
+    owner_meta,
+    ttl_option,
+    wait_option,
+)
 from dlm.cli.output import complain, emit_json, iso_local
 from dlm.cli.settings import EXEC_CONFLICT_EXIT_CODE, Settings
 from dlm.limits import HOLD_MAX_MS
@@ -76,11 +83,20 @@ from dlm.limits import HOLD_MAX_MS
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import FrameType
-    from typing import Any
+    from typing import Any, Protocol
 
     from dlm.cli.guard import Guard
     from dlm.client.core import Grant, Lease, RunEnd
     from dlm.client.sync import Client, KeepAlive
+
+    class Election(Protocol):
+        """What `dlm elect` (elect.py) changes in a run: see ``run``."""
+
+        def meta(self) -> dict[str, str]: ...
+        def placeholder(self) -> list[str]: ...
+        def elected(self, grant: Grant, as_json: bool) -> None: ...
+        def exit_code(self, code: int) -> int: ...
+
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 SETTLE_SECONDS = 1.0
@@ -148,7 +164,14 @@ def run(
     min_hold: str | None = None,
     verbose: bool = False,
     on_busy: str | None = None,
+    lock_delay: str | None = None,
+    election: Election | None = None,
 ) -> int:
+    """``election``: run for `dlm elect` (elect.py): the value goes with the grant, the
+    election is announced once the lock is held, and without CMD a placeholder that
+    waits for a signal holds the lock."""
+    if election is not None and not command:
+        command = election.placeholder()
     if not command:
         raise usage_error("no command given: dlm exec --lock KEY -- CMD [ARGS...]")
     if on_busy is not None:
@@ -156,6 +179,7 @@ def run(
             on_busy, wait=wait, quiet=quiet, verbose=verbose, conflict_exit_code=conflict_exit_code
         )
     ttl_ms = ttl_option(ttl)
+    delay_ms = lock_delay_option(lock_delay)
     wait_s = wait_option(wait)
     grace_s = kill_grace_option(kill_grace, ttl_ms)
     hold_s = min_hold_option(min_hold)
@@ -174,6 +198,8 @@ def run(
     else:
         guard = Guard.start(program, command, grace_s)
     session = _Session(settings, key=key, command=command, guard=guard, grace=grace_s, hold=hold_s)
+    session.lock_delay_ms = delay_ms
+    session.election = election
     try:
         return session.run(
             ttl_ms=ttl_ms,
@@ -411,6 +437,8 @@ class _Session:
         self.grace = grace
         self.hold = hold
         self.gate = StartGate(grace)
+        self.lock_delay_ms = 0
+        self.election: Election | None = None
         self.cmd_started = False
         self.cmd_gone = False  # the guard saw CMD and every process it left end
         self.granted = False
@@ -442,7 +470,9 @@ class _Session:
         try:
             # Who holds it, for `dlm status KEY` (on the lock) and `dlm lease list` (on the lease).
             meta = owner_meta(pid=os.getpid(), command=self.command)
-            lease = client.open_lease(ttl_ms, meta=meta)
+            if self.election is not None:
+                meta.update(self.election.meta())
+            lease = client.open_lease(ttl_ms, meta=meta, lock_delay_ms=self.lock_delay_ms)
             keeper = KeepAlive(
                 client,
                 lease,
@@ -475,8 +505,12 @@ class _Session:
             if keeper.lost.is_set():
                 raise _lost_error(keeper.reason, self.key, ran=False)
             self._confirm_before_start(client, keeper, lease)
+            if self.election is not None:
+                self.election.elected(grant, self.settings.json)
             code = self._supervise(grant, keeper, signals, wake_r)
             self.run_code = code
+            if self.election is not None:
+                return self.election.exit_code(code)
             held_ms = None
             if self.hold is not None:
                 held_ms = self._hand_over_hold(client, keeper, lease, granted_by, self.hold)

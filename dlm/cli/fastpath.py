@@ -48,6 +48,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, str]]]] = {
             "--limit": ("limit", INT),
             "--meta": ("meta", MULTI),
             "--format": ("output_format", VALUE),
+            "--lock-delay": ("lock_delay", VALUE),
         },
     ),
     "release": (
@@ -74,6 +75,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, str]]]] = {
             "--limit": ("limit", INT),
             "--min-hold": ("min_hold", VALUE),
             "--on-busy": ("on_busy", VALUE),
+            "--lock-delay": ("lock_delay", VALUE),
         },
     ),
 }
@@ -223,6 +225,7 @@ def run(parsed: Parsed) -> int:
             limit=p.get("limit", 1),
             meta_pairs=p.get("meta", []),
             output_format=p.get("output_format", defaults.ACQUIRE_FORMAT),
+            lock_delay=p.get("lock_delay"),
         )
         return 0
     if parsed.command == "exec":
@@ -242,6 +245,7 @@ def run(parsed: Parsed) -> int:
             min_hold=p.get("min_hold"),
             verbose=p.get("verbose", False),
             on_busy=p.get("on_busy"),
+            lock_delay=p.get("lock_delay"),
         )
     from dlm.cli import ops
 

@@ -86,6 +86,9 @@ TOP_LEVEL_HELP = (
     '  renew     Renew a lease once, or keep it alive (--keep-alive).\n'
     '  release   Give a lock back.\n'
     '  exec      Run CMD (no shell) only while holding the lock; exit with...\n'
+    '  elect     Campaign for NAME (FIFO), then lead: print the election and...\n'
+    "  proclaim  Change NAME's value without a new election (same token); exit...\n"
+    '  leader    Print the current leader of NAME once (value null with --json...\n'
     '  status    Show the cluster: members, roles, lag, last contact, and the...\n'
     '  watch     Print every change of a lock (or of the locks under a prefix)...\n'
     '  observe   Print the current leader of election NAME (the holder of lock...\n'

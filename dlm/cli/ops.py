@@ -65,6 +65,18 @@ def ttl_option(text: str) -> int:
     return ttl_ms
 
 
+def lock_delay_option(text: str | None) -> int:
+    """``--lock-delay``: 0 (the default) up to 60 s, as milliseconds."""
+    if text is None:
+        return 0
+    try:
+        delay_ms = parse_duration_ms(text)
+    except DurationError as exc:
+        raise usage_error(f"bad --lock-delay: {exc}") from None
+    _check("--lock-delay", limits.check_lock_delay_ms(delay_ms, text))
+    return delay_ms
+
+
 def check_key(key: str, option: str = "KEY") -> None:
     _check(option, limits.check_key(key))
 
@@ -271,12 +283,19 @@ def acquire(
     limit: int,
     meta_pairs: Sequence[str],
     output_format: str,
+    lock_delay: str | None = None,
 ) -> None:
     if output_format not in FORMATS:
         raise usage_error(f"bad --format '{escape(output_format)}': use text, env or json")
     check_lock_options(key, limit)
     check_lease(lease)
     ttl_ms = ttl_option(ttl)
+    delay_ms = lock_delay_option(lock_delay)
+    if delay_ms and lease is not None:
+        raise usage_error(
+            "--lock-delay is set on the lease dlm acquire opens; with --lease, open that "
+            "lease with it instead"
+        )
     wait_s = wait_option(wait)
     meta = owner_meta(pid=os.getppid())
     meta.update(parse_meta(meta_pairs))
@@ -288,7 +307,14 @@ def acquire(
     try:
         try:
             grant = _take(
-                client, key, ttl_ms=ttl_ms, wait_s=wait_s, lease=lease, limit=limit, meta=meta
+                client,
+                key,
+                ttl_ms=ttl_ms,
+                wait_s=wait_s,
+                lease=lease,
+                limit=limit,
+                meta=meta,
+                lock_delay_ms=delay_ms,
             )
         except LockHeld as exc:
             next_step = (
@@ -323,6 +349,7 @@ def _take(
     lease: str | None,
     limit: int,
     meta: dict[str, str],
+    lock_delay_ms: int = 0,
 ) -> Any:
     """Opens a lease unless one is named, and takes the lock under it; the Grant."""
     from dlm.client.errors import ClusterUnavailable
@@ -335,7 +362,9 @@ def _take(
             # Ephemeral: the release of its one lock ends it, so a finished job leaves no
             # lease behind for a stray keep-alive to hold on to. Its owner shows in
             # `dlm lease list`.
-            created = client.open_lease(ttl_ms, ephemeral=True, meta=meta)
+            created = client.open_lease(
+                ttl_ms, ephemeral=True, meta=meta, lock_delay_ms=lock_delay_ms
+            )
             ref = created
         # Queued longer than a TTL, the lease must be renewed meanwhile.
         # A lease lost while queued closes the client, which ends the wait at once.
@@ -540,7 +569,7 @@ def revoke(settings: Settings, lease: str) -> None:
     client = settings.connect()
     try:
         try:
-            keys = client.close_lease(lease, must_exist=True)
+            keys = client.close_lease(lease, must_exist=True, revoke=True)
         except LeaseLost as exc:
             raise CliError(
                 "SESSION_EXPIRED",

@@ -430,10 +430,14 @@ def key_status(settings: Settings, key: str, output_format: str) -> None:
         emit_tsv(*key_tsv(key, holders, waiters, now_ms))
         return
     limit = state.limit or 1
-    if not holders and not waiters:
+    delay = delay_line(key, state)
+    if not holders and not waiters and delay is None:
         say(f"{escape(key)} is free")
         return
-    say(key_summary(key, limit, holders, waiters, now_ms))
+    if delay is not None:
+        say(delay)
+    if holders or waiters:
+        say(key_summary(key, limit, holders, waiters, now_ms))
     for h in holders:
         say("")
         say(holder_block(h, now_ms))
@@ -456,6 +460,22 @@ def key_status(settings: Settings, key: str, output_format: str) -> None:
         )
 
 
+def delay_line(key: str, state: LockState) -> str | None:
+    """The line that says ``key`` is in a lock-delay (granted to nobody), or None."""
+    if state.lock_delay_ms is None:
+        return None
+    line = (
+        f"{escape(key)} is in a lock-delay of {format_ms(state.lock_delay_ms)}: lease "
+        f"{escape(_or_unknown(state.lock_delay_lease))} expired or was revoked holding it; "
+        "nobody is granted it"
+    )
+    if state.lock_delay_remaining_ms is not None:
+        line += f" for {format_ms(state.lock_delay_remaining_ms)} more"
+    elif state.lock_delay_until_ms is not None:
+        line += f" until about {iso_local(state.lock_delay_until_ms)}"
+    return line
+
+
 def with_holds(state: LockState) -> dict[str, Any]:
     """The cluster's answer plus, for each holder, ``command_finished`` (it holds on only
     for a `dlm exec --min-hold` whose command ended) and ``hold_until`` (when that hold
@@ -474,6 +494,8 @@ def with_holds(state: LockState) -> dict[str, Any]:
         ],
         "command_finished": all_finished,
         "hold_until": None if latest is None else iso_local(latest, "milliseconds"),
+        # In a lock-delay (its holder's lease expired or was revoked): granted to nobody.
+        "delayed": state.lock_delay_ms is not None,
     }
 
 

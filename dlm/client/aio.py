@@ -589,9 +589,17 @@ class AsyncClient:
         *,
         ephemeral: bool = False,
         meta: Mapping[str, str] | None = None,
+        lock_delay_ms: int = 0,
     ) -> Lease:
         opened: Lease = await self._run(
-            core.open_lease_flow(self._ctx, ttl_ms, lease, ephemeral=ephemeral, meta=meta)
+            core.open_lease_flow(
+                self._ctx,
+                ttl_ms,
+                lease,
+                ephemeral=ephemeral,
+                meta=meta,
+                lock_delay_ms=lock_delay_ms,
+            )
         )
         self._ttl_ms[opened.id] = opened.ttl_ms
         return opened
@@ -605,11 +613,16 @@ class AsyncClient:
         return ttl
 
     async def close_lease(
-        self, lease: LeaseRef, *, must_exist: bool = False, run: core.RunEnd | None = None
+        self,
+        lease: LeaseRef,
+        *,
+        must_exist: bool = False,
+        run: core.RunEnd | None = None,
+        revoke: bool = False,
     ) -> list[str]:
         lid = lease_id(lease)
         released: list[str] = await self._run(
-            core.close_lease_flow(self._ctx, lid, must_exist=must_exist, run=run)
+            core.close_lease_flow(self._ctx, lid, must_exist=must_exist, run=run, revoke=revoke)
         )
         self._ttl_ms.pop(lid, None)
         return released
@@ -680,6 +693,31 @@ class AsyncClient:
         )
         released: ReleaseOutcome = await self._run(flow)
         return released
+
+    async def campaign(
+        self, lease: LeaseRef, name: str, value: str = "", *, wait: float | None = None
+    ) -> Grant:
+        """Campaigns for election ``name`` (the lock key ``name``) under ``lease``, which the
+        caller keeps alive: queues FIFO (``wait`` as for ``acquire``) and returns the grant
+        once it leads, its token the leadership epoch; ``value`` is what ``leader`` shows."""
+        grant: Grant = await self.acquire(lease, name, wait=wait, meta={core.ELECTION_VALUE: value})
+        return grant
+
+    async def resign(self, lease: LeaseRef, name: str) -> None:
+        """Gives up leading (or campaigning for) ``name``: a release, so the next candidate
+        is elected at once (no lock-delay)."""
+        await self.release(lease, name, keep_lease=True)
+
+    async def proclaim(self, lease: LeaseRef, name: str, value: str) -> int:
+        """Changes the value of election ``name`` without a new election, only while
+        ``lease`` leads it (NotHolder otherwise); returns the unchanged token."""
+        token: int = await self._run(core.proclaim_flow(self._ctx, lease_id(lease), name, value))
+        return token
+
+    async def leader(self, name: str) -> dict[str, Any]:
+        """Who leads ``name`` now: ``{"name", "value", "token", "since", "index", "lease"}``
+        (``value`` None while nobody leads; see ``core.leadership``)."""
+        return core.leadership(name, await self.get(name))
 
     async def get(self, key: str, *, stale: bool = False) -> LockState:
         """Who holds ``key`` and who waits for it."""

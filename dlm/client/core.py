@@ -82,6 +82,7 @@ from dlm.wire import (
     Members,
     OpenLease,
     Ping,
+    Proclaim,
     ProtocolError,
     Record,
     Release,
@@ -797,8 +798,12 @@ def open_lease_flow(
     *,
     ephemeral: bool = False,
     meta: Mapping[str, str] | None = None,
+    lock_delay_ms: int = 0,
 ) -> Generator[Action, Outcome, Lease]:
     """Opens a lease (a fresh random id unless ``lease`` is given).
+
+    ``lock_delay_ms`` (0 to 60000; cluster version 4): when the lease expires or is
+    revoked while holding a key, the key is granted to nobody for that long.
 
     The lease's client-side clock starts when the request was first *sent*:
     whatever the server did with it happened later, so our deadline passes first.
@@ -808,7 +813,14 @@ def open_lease_flow(
     # Re-sending an open is only safe while the cluster still remembers the leases that
     # ended (five minutes of its log time): stop well before.
     budget = min(s.timeout, OPEN_RETRY_MAX_S)
-    request = OpenLease(id=0, lease=lid, ttl_ms=ttl_ms, ephemeral=ephemeral, meta=dict(meta or {}))
+    request = OpenLease(
+        id=0,
+        lease=lid,
+        ttl_ms=ttl_ms,
+        ephemeral=ephemeral,
+        meta=dict(meta or {}),
+        lock_delay_ms=lock_delay_ms or None,
+    )
     _, reply = yield from change(s, request, timeout=budget)
     opened = read_reply(LeaseOpened, reply)
     return Lease(lid, opened.ttl_ms, confirmed_at=sent, incarnation=opened.incarnation)
@@ -834,16 +846,23 @@ def keepalive_flow(
 
 
 def close_lease_flow(
-    s: Context, lease: str, *, must_exist: bool = False, run: RunEnd | None = None
+    s: Context,
+    lease: str,
+    *,
+    must_exist: bool = False,
+    run: RunEnd | None = None,
+    revoke: bool = False,
 ) -> Generator[Action, Outcome, list[str]]:
     """Ends the lease, releasing its locks; returns the keys it held.
 
     A lease that is already gone is what its owner wanted, so that is success,
     unless ``must_exist`` (an operator revoking a lease by id): then LeaseLost.
     ``run``: how the run of its grant ended, for the run ledger (see ``RunEnd``).
+    ``revoke``: an operator ends someone else's lease, so its lock-delay applies to
+    the keys it held (a close by the lease's own process is a release: no delay).
     """
     try:
-        request = CloseLease(id=0, lease=lease, seq=0, **_run_fields(run))
+        request = CloseLease(id=0, lease=lease, seq=0, revoke=revoke or None, **_run_fields(run))
         _, reply = yield from change(s, request)
     except LeaseLost:
         if must_exist:
@@ -990,6 +1009,14 @@ def runs_flow(
             break
         wire = {**wire, "after": cursor}
     return out
+
+
+def proclaim_flow(s: Context, lease: str, name: str, value: str) -> Generator[Action, Outcome, int]:
+    """Replaces election ``name``'s value, for ``lease`` only if it leads (NotHolder else);
+    returns the leadership's token, unchanged (cluster version 4)."""
+    request = Proclaim(id=0, lease=lease, seq=0, key=name, value=value)
+    _, reply = yield from change(s, request)
+    return read_reply(LockGranted, reply).token
 
 
 def read_flow(
@@ -1368,3 +1395,48 @@ def error_from_reply(
     if code in RETRYABLE_CODES:
         return ClusterUnavailable(f"the cluster could not serve the request: {server_says}", code)
     return ServerError(code, f"the cluster answered {code}: {server_says}")
+
+
+# ---------------------------------------------------------------------------
+# Elections (issue 27): an election NAME is the lock key NAME; its leader is the key's
+# holder, its value the grant's metadata entry ELECTION_VALUE, its epoch the token.
+# ---------------------------------------------------------------------------
+
+ELECTION_VALUE = "value"
+"""The metadata entry of a grant that holds an election's value."""
+
+
+def iso_utc(ms: int | None) -> str | None:
+    """Milliseconds since the epoch as an RFC 3339 UTC time with milliseconds."""
+    if ms is None:
+        return None
+    import datetime
+
+    moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def leadership(name: str, state: Any) -> dict[str, Any]:
+    """Who leads election ``name``, from its key's state (a ``LockState``):
+    ``{"name", "value", "token", "since", "index", "lease"}``, all but the name None while
+    nobody leads. ``index`` is the log index of the entry that made this leadership (the
+    token); ``since`` is when, as an RFC 3339 UTC time."""
+    holders = state.holders
+    if not holders:
+        return {
+            "name": name,
+            "value": None,
+            "token": None,
+            "since": None,
+            "index": None,
+            "lease": None,
+        }
+    holder = holders[0]
+    return {
+        "name": name,
+        "value": holder.meta.get(ELECTION_VALUE, ""),
+        "token": holder.token,
+        "since": iso_utc(holder.granted_at_ms),
+        "index": holder.token,
+        "lease": holder.lease,
+    }

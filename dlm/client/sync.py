@@ -475,14 +475,24 @@ class Client:
         *,
         ephemeral: bool = False,
         meta: Mapping[str, str] | None = None,
+        lock_delay_ms: int = 0,
     ) -> Lease:
         """Opens a lease (a fresh random id unless ``lease`` is given).
 
         ``ephemeral``: the lease is for one lock, and a release that leaves it
-        idle ends it (what ``dlm acquire`` does).
+        idle ends it (what ``dlm acquire`` does). ``lock_delay_ms`` (0 to 60000): when
+        the lease expires or is revoked while holding a key, the key is granted to nobody
+        for that long (README, "Lock-delay"; cluster version 4).
         """
         opened: Lease = self._run(
-            core.open_lease_flow(self._ctx, ttl_ms, lease, ephemeral=ephemeral, meta=meta)
+            core.open_lease_flow(
+                self._ctx,
+                ttl_ms,
+                lease,
+                ephemeral=ephemeral,
+                meta=meta,
+                lock_delay_ms=lock_delay_ms,
+            )
         )
         self._ttl_ms[opened.id] = opened.ttl_ms
         return opened
@@ -497,7 +507,12 @@ class Client:
         return ttl
 
     def close_lease(
-        self, lease: LeaseRef, *, must_exist: bool = False, run: core.RunEnd | None = None
+        self,
+        lease: LeaseRef,
+        *,
+        must_exist: bool = False,
+        run: core.RunEnd | None = None,
+        revoke: bool = False,
     ) -> list[str]:
         """Ends the lease and releases its locks; returns the keys it held.
 
@@ -507,7 +522,7 @@ class Client:
         """
         lid = lease_id(lease)
         released: list[str] = self._run(
-            core.close_lease_flow(self._ctx, lid, must_exist=must_exist, run=run)
+            core.close_lease_flow(self._ctx, lid, must_exist=must_exist, run=run, revoke=revoke)
         )
         self._ttl_ms.pop(lid, None)
         return released
@@ -592,6 +607,31 @@ class Client:
         )
         released: ReleaseOutcome = self._run(flow)
         return released
+
+    def campaign(
+        self, lease: LeaseRef, name: str, value: str = "", *, wait: float | None = None
+    ) -> Grant:
+        """Campaigns for election ``name`` (the lock key ``name``) under ``lease``, which the
+        caller keeps alive: queues FIFO (``wait`` as for ``acquire``) and returns the grant
+        once it leads, its token the leadership epoch; ``value`` is what ``leader`` shows."""
+        grant: Grant = self.acquire(lease, name, wait=wait, meta={core.ELECTION_VALUE: value})
+        return grant
+
+    def resign(self, lease: LeaseRef, name: str) -> None:
+        """Gives up leading (or campaigning for) ``name``: a release, so the next candidate
+        is elected at once (no lock-delay)."""
+        self.release(lease, name, keep_lease=True)
+
+    def proclaim(self, lease: LeaseRef, name: str, value: str) -> int:
+        """Changes the value of election ``name`` without a new election, only while
+        ``lease`` leads it (NotHolder otherwise); returns the unchanged token."""
+        token: int = self._run(core.proclaim_flow(self._ctx, lease_id(lease), name, value))
+        return token
+
+    def leader(self, name: str) -> dict[str, Any]:
+        """Who leads ``name`` now: ``{"name", "value", "token", "since", "index", "lease"}``
+        (``value`` None while nobody leads; see ``core.leadership``)."""
+        return core.leadership(name, self.get(name))
 
     def get(self, key: str, *, stale: bool = False) -> LockState:
         """Who holds ``key`` and who waits for it."""

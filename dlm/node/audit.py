@@ -47,6 +47,16 @@ class Audit:
                 index=outcome.index,
                 granted=len(outcome.promotions),
             )
+        elif isinstance(cmd, locks.ExpireCommand) and locks.delayed_key(cmd.lease) is not None:
+            if isinstance(result, locks.LeaseClosed):
+                stats.lock_delays_ended += 1
+                log(
+                    "info",
+                    "lock_delay_ended",
+                    key=locks.delayed_key(cmd.lease),
+                    index=outcome.index,
+                    granted=len(outcome.promotions),
+                )
         elif isinstance(cmd, locks.QuarantineCommand):
             log("info", "quarantine_until", until_ms=cmd.until_ms, index=outcome.index)
         elif isinstance(cmd, locks.ExpireCommand) and isinstance(result, locks.LeaseClosed):
@@ -110,6 +120,19 @@ class Audit:
                 ttl_ms=result.ttl_ms,
                 index=outcome.index,
             )
+        if outcome.delayed:
+            stats.lock_delays_started += len(outcome.delayed)
+            lease = getattr(cmd, "lease", "")
+            for key in outcome.delayed:
+                delay = machine.delays.get(key)
+                log(
+                    "info",
+                    "lock_delay_started",
+                    key=key,
+                    lease=lease,
+                    delay_ms=0 if delay is None else delay.ms,
+                    index=outcome.index,
+                )
 
     def granted(
         self,

@@ -37,6 +37,7 @@ from dlm.wire import (
     ErrorCode,
     LockChange,
     OpenLease,
+    Proclaim,
     Release,
     UpdateLease,
     error,
@@ -266,9 +267,14 @@ def command_for(
             meta=req.meta if v2 else {},
             owner=identity if v3 else "",
             quota=limits_for(identity).max_leases if v3 else 0,
+            lock_delay_ms=_lock_delay(req, machine.version),
         )
     if isinstance(req, CloseLease):
-        return locks.CloseLeaseCommand(req.lease, origin, at_ms, by, run_report(req, machine))
+        # Before version 4 a revocation is a plain close: no lease has a lock-delay then.
+        revoke = bool(req.revoke) and machine.version >= 4
+        return locks.CloseLeaseCommand(
+            req.lease, origin, at_ms, by, run_report(req, machine), revoke=revoke
+        )
     if isinstance(req, Acquire):
         # A re-sent or re-entrant acquire of a key the lease already holds or waits
         # for adds nothing, and must get its grant (or place) back, not a refusal.
@@ -301,6 +307,10 @@ def command_for(
         return locks.ReleaseCommand(
             req.lease, req.key, req.token, req.keep_lease or not v2, origin, at_ms, by
         )
+    if isinstance(req, Proclaim):
+        if machine.version < 4:
+            raise upgrading("proclaim", 4)
+        return locks.ProclaimCommand(req.lease, req.key, req.value, origin, at_ms, by)
     if not v2:
         raise upgrading("lease_update")
     report = run_report(req, machine) if req.finished else None
@@ -316,6 +326,14 @@ def run_report(
     if req.outcome is None or machine.version < 4:
         return None
     return locks.RunReport(req.outcome, req.exit_code, req.signal)
+
+
+def _lock_delay(req: OpenLease, version: int) -> int:
+    if not req.lock_delay_ms:
+        return 0
+    if version < 4:
+        raise upgrading("--lock-delay", 4)
+    return req.lock_delay_ms
 
 
 def identity_command(

@@ -238,11 +238,22 @@ class Replies:
         state = self._locks.get(req.key)
         if state is None:
             return LockState(key=req.key, limit=1, holders=[], waiters=[])
+        return self._lock_state(state)
+
+    def _lock_state(self, state: locks.KeyView) -> LockState:
+        delay = state.lock_delay
+        remaining = None
+        if delay is not None and self._tracker.leading:
+            remaining = self._tracker.remaining_ms(locks.delay_lease(state.key), self._mono)
         return LockState(
-            key=req.key,
+            key=state.key,
             limit=state.limit,
             holders=self.holders(state.holders),
             waiters=self.waiters(state.waiters),
+            lock_delay_ms=None if delay is None else delay.ms,
+            lock_delay_lease=None if delay is None else delay.lease,
+            lock_delay_until_ms=None if delay is None else delay.until_ms,
+            lock_delay_remaining_ms=remaining,
         )
 
     def locks_page(self, req: ListLocks) -> LocksPage:
@@ -250,12 +261,7 @@ class Replies:
         sees_all, table = self._sees_all(), self._locks.identities
         return LocksPage(
             locks=[
-                LockState(
-                    key=v.key,
-                    limit=v.limit,
-                    holders=self.holders(v.holders),
-                    waiters=self.waiters(v.waiters),
-                )
+                self._lock_state(v)
                 for v in views
                 if sees_all or may_see(table, self._viewer, v.key)
             ],

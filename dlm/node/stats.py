@@ -72,6 +72,10 @@ class Stats:
     expiries: int = 0
     quarantines_ended: int = 0
     """Quarantines of a restored or recovered cluster this member saw end (0 or 1)."""
+    lock_delays_started: int = 0
+    """Keys that entered a lock-delay (their holder's lease expired or was revoked)."""
+    lock_delays_ended: int = 0
+    """Lock-delays that ended (their key may be granted again)."""
     locks_lost: int = 0
     """Locks whose lease expired while holding them (the holder lost them)."""
     leader_changes: int = 0

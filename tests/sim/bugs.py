@@ -22,6 +22,7 @@ from dlm.node.admission import (
     Send,
 )
 from dlm.node.clients import ClientConn
+from dlm.node.leases import LeaseTracker
 from dlm.node.linkwatch import LinkWatch
 from dlm.node.locks.identities import NO_LIMITS, IdentityTable
 from dlm.node.locks.machine import OwnerUsage, _Step, _Tombstone
@@ -331,3 +332,28 @@ class IgnoresIdentityLimits(locks.LockStateMachine):
     def identities(self, table: IdentityTable) -> None:
         table.__class__ = _LimitsIgnored  # the same table, read without its limits
         self._ignoring = table
+
+
+class EndsLockDelaysOnFailover(LeaseTracker):
+    """A new leader that does not count the lock-delays again from its election: it ends
+    every one at once (as if the old leader's clock had already run them out)."""
+
+    def take_office(self, now: float, leases: Any) -> None:
+        leases = [
+            (lease, 0 if locks.delayed_key(lease) is not None else ttl_ms, incarnation)
+            for lease, ttl_ms, incarnation in leases
+        ]
+        super().take_office(now, leases)
+
+
+class _IgnoredDelays(locks.LockDelays):
+    def start(self, lease: str, delay_ms: int, keys: Any, index: int, at_ms: int) -> list[str]:
+        return []
+
+
+class ExpiresWithoutTheLockDelay(locks.LockStateMachine):
+    """Hands a key on at once when its holder's lease expires, whatever its lock-delay."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delays = _IgnoredDelays()

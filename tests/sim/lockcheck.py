@@ -28,6 +28,10 @@ moment one of these fails:
   a keep-alive extends a lease at most once;
 * **acknowledged means durable**: an entry is applied (and so answered) only
   once a majority of voters store it;
+* **a lock-delay is kept** (issue 27): once an entry put a key in its lock-delay of D
+  (its holder's lease expired or was revoked), no entry grants that key before D has
+  passed on the fastest clock the simulation gives a member (a new leader counts D
+  again from its own election; ``DelayChecker``);
 * **fencing**: the store the clients write to never accepts a lower token
   after a higher one; writes of a client that ran past its deadline (a paused
   process) are counted, and must be refused once a later holder wrote.
@@ -90,6 +94,39 @@ class FencedStore:
         if zombie:
             self.zombie_accepted += 1
         return True
+
+
+class DelayChecker:
+    """No grant of a key inside the lock-delay an earlier entry put it in.
+
+    A delay of D started by the entry at index i is timed by the leader that applied i
+    (or, after a failover, by a later leader from its election); either arms it no
+    earlier than the first moment any member applied i, and counts D on a clock that
+    runs at most ``1 + drift`` times real time. So every entry j > i that grants the key
+    is first applied at least D / (1 + drift) of real time after i first was.
+    """
+
+    def __init__(self, drift: float) -> None:
+        self.drift = drift
+        self.delays: dict[str, dict[int, tuple[int, int]]] = {}
+        """key -> index that started a delay -> (first real time applied, ms)."""
+        self.checked = 0
+
+    def started(self, index: int, key: str, ms: int, now: int) -> None:
+        self.delays.setdefault(key, {}).setdefault(index, (now, ms))
+
+    def granted(self, index: int, key: str, now: int) -> None:
+        for start, (applied_at, ms) in self.delays.get(key, {}).items():
+            if start >= index:
+                continue
+            self.checked += 1
+            ends = applied_at + int(ms * 1000 / (1 + self.drift)) - 1
+            if now < ends:
+                raise Violation(
+                    "lock-delay",
+                    f"index {index} granted {key} at {now / 1e6:.3f}s, inside the lock-delay of "
+                    f"{ms} ms that index {start} started at {applied_at / 1e6:.3f}s",
+                )
 
 
 class LockChecker:

@@ -135,10 +135,10 @@ from .backupcheck import BackupChecker
 from .checkers import SafetyChecker, Violation
 from .harness import MemoryBackend, StorageBackend
 from .ledgercheck import LedgerChecker, SimLedger
-from .lockcheck import LockChecker, Section
+from .lockcheck import DelayChecker, LockChecker, Section
 from .stranger import Stranger
 from .watchcheck import SimWatcher, WatchTruth, check_watchers
-from .world import US, Clock, World
+from .world import DRIFT, US, Clock, World
 
 NODE_NAMES = ("n1", "n2", "n3", "n4", "n5")
 SPARE_NAMES = tuple(f"n{i}" for i in range(6, 40))
@@ -307,6 +307,9 @@ class NodeSimOptions:
     """Watching clients (watchcheck.py): one on a key, one on every key."""
     watches_class: type[Watches] | None = None
     """The members' watch hub (a mutant may stand in for it)."""
+    lock_delays: float = 0.0
+    """How often a client opens its lease with a lock-delay (cluster version 4 only; off
+    by default, so that the other runs draw what they drew before lock-delays existed)."""
 
 
 class SimFailure(AssertionError):
@@ -698,6 +701,9 @@ class NodeSimulation:
         self._commit_voters: dict[tuple[int, int], tuple[NodeId, ...]] = {}
         self.checker = LockChecker(dict(LIMITS))
         self.ledger_check = LedgerChecker()
+        self.delay_checker = DelayChecker(DRIFT)
+        self.lease_delays: dict[tuple[str, int], int] = {}
+        """(lease, incarnation) -> the lock-delay its open entry gave it."""
         self.stats: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
         self.heal_at = opts.duration_us - opts.quiet_us
@@ -908,13 +914,35 @@ class NodeSimulation:
             and self.options.check_outlived
         ):
             self._check_outlived(expire)
+        now = self.world.now
+        self._lock_delays(outcome, now)
         result = outcome.result
         if isinstance(result, locks.Granted) and result.token == outcome.index:
+            self.delay_checker.granted(outcome.index, result.key, now)
             self.checker.grant_committed(outcome.index, result.key, result.lease, self.world.now)
         for promotion in outcome.promotions:
+            self.delay_checker.granted(promotion.token, promotion.key, now)
             self.checker.grant_committed(
                 promotion.token, promotion.key, promotion.lease, self.world.now
             )
+
+    def _lock_delays(self, outcome: locks.ApplyOutcome, now: int) -> None:
+        """Tells the delay checker of every key this entry put in a lock-delay, found from
+        what the log says (the lease's delay in its open entry, the keys its Expire ended),
+        not from the machine's own account of it, which a mutant may leave out."""
+        cmd, result = outcome.command, outcome.result
+        if isinstance(cmd, locks.OpenLeaseCommand) and isinstance(result, locks.LeaseOpened):
+            if not result.joined:
+                self.lease_delays[(cmd.lease, result.incarnation)] = cmd.lock_delay_ms
+        elif (
+            isinstance(cmd, locks.ExpireCommand)
+            and isinstance(result, locks.LeaseClosed)
+            and cmd.lease in outcome.expired
+        ):
+            delay_ms = self.lease_delays.get((cmd.lease, cmd.incarnation), 0)
+            for key in result.released if delay_ms else ():
+                self.delay_checker.started(outcome.index, key, delay_ms, now)
+                self.stats["lock_delays"] += 1
 
     def _check_outlived(self, expire: locks.ExpireCommand) -> None:
         """The cluster expired a lease: no client may still count on it (its deadline
@@ -2116,9 +2144,14 @@ class NodeSimulation:
             if proc.reopen is not None:
                 lease_id = proc.reopen[0]
                 proc.reopen = None
+            delay_ms = 0
+            if self.options.lock_delays and self.options.peer_version >= 4:
+                delay_rng = self.rng_for(f"lock-delay-{proc.name}-{lease_id}")
+                if delay_rng.random() < self.options.lock_delays:
+                    delay_ms = delay_rng.choice((300, 800, 1500))
             try:
                 lease: core.Lease = yield RunFlow(
-                    main, core.open_lease_flow(main.ctx, ttl_ms, lease_id)
+                    main, core.open_lease_flow(main.ctx, ttl_ms, lease_id, lock_delay_ms=delay_ms)
                 )
             except DlmError:
                 self.stats["open_failed"] += 1

@@ -32,6 +32,8 @@ from .bugs import (
     AsksTheMemberBeforeTheProof,
     BelievesRefusalsBeforeTheProof,
     ConfirmsUpdatesOfDoomedLeases,
+    EndsLockDelaysOnFailover,
+    ExpiresWithoutTheLockDelay,
     ForgetsSkips,
     FreesARemovedIdentitysLeases,
     IgnoresIdentityLimits,
@@ -83,6 +85,22 @@ def test_node_sim(sim_seeds: range, sim_totals: SimTotals) -> None:
     assert sections > 0, f"no client ever held a lock in seeds {sim_seeds}"
 
 
+LOCK_DELAY_SEEDS = 8
+"""Seeds run with lock-delays on 30 % of the leases (about 3 s each)."""
+
+
+def test_lock_delays_hold_across_failovers(sim_totals: SimTotals) -> None:
+    """Issue 27 item 4: leases with a lock-delay expire holding keys through crashes,
+    partitions and leader changes, and no entry grants a key inside the delay an earlier
+    entry put it in (lockcheck.DelayChecker; a new leader counts the delay again)."""
+    delays = 0
+    for seed in range(LOCK_DELAY_SEEDS):
+        result = run_node_seed(seed, options_for(seed, lock_delays=0.3))
+        delays += result.stats["lock_delays"]
+        sim_totals.add("lock-delay", result)
+    assert delays > 0, "no lock-delay started"
+
+
 IDENTITY_SEEDS = 4
 """Seeds run at cluster version 3 with two client identities (leases with owners)."""
 
@@ -99,6 +117,8 @@ def test_node_sim_with_identities_at_version_3(sim_totals: SimTotals) -> None:
 
 LEDGER_MUTANT_SEEDS = 10
 """Seeds within which each run ledger mutant must be caught."""
+LOCK_DELAY_MUTANT_SEEDS = 40
+"""Seeds within which each lock-delay mutant must be caught."""
 STEADY_SEEDS = 12
 """Seeds of each steady fault in `make test` (about a second each)."""
 STEADY_MUTANT_SEEDS = 40
@@ -370,6 +390,20 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         lambda seed: options_for(seed, tracker_class=ShortensLeasesOnFailover),
         {"two-holders", "lease-outlived", "cmd-after-grant"},
         40,
+    ),
+    # Issue 27 item 4: a key whose holder's lease expired is granted to nobody for the
+    # lease's lock-delay, a new leader counting it again from its election.
+    "a new leader ends every lock-delay at once": (
+        lambda seed: options_for(seed, tracker_class=EndsLockDelaysOnFailover, lock_delays=0.3),
+        {"lock-delay"},
+        LOCK_DELAY_MUTANT_SEEDS,
+    ),
+    "an expiry ignores the lease's lock-delay": (
+        lambda seed: options_for(
+            seed, lock_machine_class=ExpiresWithoutTheLockDelay, lock_delays=0.3
+        ),
+        {"lock-delay"},
+        LOCK_DELAY_MUTANT_SEEDS,
     ),
     "a peer connection that stopped delivering is never replaced": (
         lambda seed: options_for(seed, link_watch_class=NeverReplacesLinks),

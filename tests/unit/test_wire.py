@@ -251,6 +251,7 @@ def test_every_request_type_of_the_protocol_has_a_class() -> None:
         "lease_update",
         "acquire",
         "release",
+        "proclaim",
         "get",
         "list",
         "lease_info",
@@ -275,6 +276,7 @@ def test_every_request_type_of_the_protocol_has_a_class() -> None:
         "open_lease",
         "close_lease",
         "lease_update",
+        "proclaim",
         "acquire",
         "release",
         "member_add",
@@ -326,6 +328,10 @@ def test_parse_addr_rejects(text: str) -> None:
 ORIGIN = {"client": "c-1", "seq": 7, "acked": 6}
 
 DECODED: list[tuple[dict[str, object], wire.Request]] = [
+    (
+        {"t": "proclaim", "id": 4, "lease": "L", "key": "k", "value": "v2", **ORIGIN},
+        wire.Proclaim(id=4, lease="L", key="k", value="v2", client="c-1", seq=7, acked=6),
+    ),
     (
         {
             "t": "open_lease",

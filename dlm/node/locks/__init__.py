@@ -30,6 +30,7 @@ a lease other than the one it was meant for.
 
 from dlm.node.locks.commands import (
     COMMAND_MAX_BYTES,
+    DELAY_LEASE_PREFIX,
     LEGACY_CLIENT,
     QUARANTINE_LEASE,
     AcquireCommand,
@@ -43,14 +44,18 @@ from dlm.node.locks.commands import (
     LeaseCommand,
     OpenLeaseCommand,
     Origin,
+    ProclaimCommand,
     QuarantineCommand,
     ReleaseCommand,
     UpdateLeaseCommand,
     decode_command,
+    delay_lease,
+    delayed_key,
     encode_command,
     is_legacy,
     validate_command,
 )
+from dlm.node.locks.delays import LockDelay, LockDelays
 from dlm.node.locks.ledger import Run, RunLedger, RunReport
 from dlm.node.locks.machine import (
     MAX_UNANSWERED,
@@ -95,6 +100,7 @@ from dlm.node.locks.results import (
 
 __all__ = [
     "COMMAND_MAX_BYTES",
+    "DELAY_LEASE_PREFIX",
     "LEASE_CLOSED",
     "LEASE_EXPIRED",
     "LEASE_UNKNOWN",
@@ -127,11 +133,14 @@ __all__ = [
     "LeaseTerms",
     "LeaseUpdated",
     "LeaseView",
+    "LockDelay",
+    "LockDelays",
     "LockStateMachine",
     "Locked",
     "NotHeld",
     "OpenLeaseCommand",
     "Origin",
+    "ProclaimCommand",
     "Promotion",
     "Quarantine",
     "QuarantineCommand",
@@ -147,6 +156,8 @@ __all__ = [
     "UpdateLeaseCommand",
     "Waiter",
     "decode_command",
+    "delay_lease",
+    "delayed_key",
     "encode_command",
     "is_legacy",
     "key_state",

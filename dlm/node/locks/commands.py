@@ -19,7 +19,11 @@ grant's token on ``release2``, and the commands version 1 lacks
 ``open2`` with the identity that opened the lease (its owner) and that
 identity's lease quota, and ``acquire3``, an ``acquire2`` with the asking
 identity and the owner's lock quota; an open or acquire with neither keeps its
-version-2 form. A version-1 command is encoded exactly as the
+version-2 form. A cluster at version 4 writes ``open4`` (an ``open3`` with the
+lease's lock-delay) for a lease that asks for one, and ``revoke4`` (a close by
+``dlm lease revoke``, which starts the lock-delay of the keys the lease held); the
+end of a key's lock-delay is an ``expire2`` of the pseudo-lease ``~delay:KEY``.
+A version-1 command is encoded exactly as the
 previous release did, so members of both releases apply the same bytes while
 a cluster is being upgraded (docs/PROTOCOL.md, "Mixed versions").
 
@@ -46,6 +50,7 @@ from dlm.limits import (
     check_key,
     check_lease_id,
     check_limit,
+    check_lock_delay_ms,
     check_meta,
     check_seq,
     check_ttl_ms,
@@ -88,7 +93,9 @@ class OpenLeaseCommand:
     cluster version 3, or when nothing named one); only its opener (or an admin)
     may end the lease, and the identity's quotas count it. ``quota``: the most leases
     that owner may have (the leader looks it up when it proposes, so every replica
-    decides alike from the log); 0: no such limit.
+    decides alike from the log); 0: no such limit. ``lock_delay_ms``: when the lease
+    expires or is revoked while holding a key, the key is granted to nobody for this
+    long (0: no delay; cluster version 4).
     """
 
     lease: str
@@ -99,6 +106,7 @@ class OpenLeaseCommand:
     meta: Mapping[str, str] = field(default_factory=dict, hash=False)
     owner: str = ""
     quota: int = 0
+    lock_delay_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +120,9 @@ class CloseLeaseCommand:
     """The identity that asked (cluster version 3; "" before): see identities.py."""
     report: RunReport | None = None
     """How the run of the lease's grant ended (`dlm exec`; cluster version 4): ledger.py."""
+    revoke: bool = False
+    """Asked by ``dlm lease revoke`` (cluster version 4): the lease's lock-delay applies to
+    the keys it held, as on an expiry. A close by the lease's own process is a release."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +175,23 @@ class UpdateLeaseCommand:
     by: str = ""
     report: RunReport | None = None
     """With ``finished``: how the run ended (cluster version 4), as on a close."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProclaimCommand:
+    """Replace the election value (the grant's ``value`` metadata entry) of the key the lease
+    holds, without a new grant (`dlm proclaim`; cluster version 4)."""
+
+    lease: str
+    key: str
+    value: str
+    origin: Origin
+    at_ms: int
+    by: str = ""
+
+
+ELECTION_VALUE = "value"
+"""The metadata entry of a grant that holds an election's value."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +262,22 @@ class QuarantineCommand:
 QUARANTINE_LEASE = "~quarantine"
 """The lease id under which a quarantine is tracked by the leader's lease deadlines; no
 client can name it (``~`` is not in a lease id's alphabet), so only an Expire ends it."""
+DELAY_LEASE_PREFIX = "~delay:"
+"""A key's lock-delay is tracked by the leader's lease deadlines as the pseudo-lease
+``~delay:KEY`` (as the quarantine is), so a new leader counts it afresh from its own
+election; only an Expire of it ends the delay."""
+
+
+def delay_lease(key: str) -> str:
+    """The pseudo-lease that tracks ``key``'s lock-delay."""
+    return DELAY_LEASE_PREFIX + key
+
+
+def delayed_key(lease: str) -> str | None:
+    """The key whose lock-delay ``lease`` tracks, or None for any other lease id."""
+    if lease.startswith(DELAY_LEASE_PREFIX):
+        return lease[len(DELAY_LEASE_PREFIX) :]
+    return None
 
 
 LeaseCommand = (
@@ -242,11 +286,17 @@ LeaseCommand = (
     | AcquireCommand
     | ReleaseCommand
     | UpdateLeaseCommand
+    | ProclaimCommand
     | ExpireCommand
 )
 Command = LeaseCommand | ClusterVersionCommand | QuarantineCommand | IdentityCommand
 ClientCommand = (
-    OpenLeaseCommand | CloseLeaseCommand | AcquireCommand | ReleaseCommand | UpdateLeaseCommand
+    OpenLeaseCommand
+    | CloseLeaseCommand
+    | AcquireCommand
+    | ReleaseCommand
+    | UpdateLeaseCommand
+    | ProclaimCommand
 )
 
 
@@ -269,11 +319,12 @@ def is_legacy(cmd: Command) -> bool:
                 and not cmd.meta
                 and not cmd.owner
                 and not cmd.quota
+                and not cmd.lock_delay_ms
             )
         case AcquireCommand():
             return cmd.origin.legacy and not cmd.quota
         case CloseLeaseCommand():
-            return cmd.origin.legacy
+            return cmd.origin.legacy and not cmd.revoke
         case ReleaseCommand():
             return cmd.origin.legacy and cmd.token is None and cmd.keep_lease
         case ExpireCommand():
@@ -304,12 +355,18 @@ def _to_item(cmd: Command) -> list[Any]:
                 *_origin(cmd.origin),
                 cmd.at_ms,
             ]
+            if cmd.lock_delay_ms:
+                return ["open4", *fields, cmd.owner, cmd.quota, cmd.lock_delay_ms]
             if cmd.owner or cmd.quota:
                 return ["open3", *fields, cmd.owner, cmd.quota]
             return ["open2", *fields]
         case CloseLeaseCommand():
             if legacy:
                 return ["close", cmd.lease, cmd.origin.seq, cmd.at_ms]
+            if cmd.revoke:
+                # An operator's revocation carries no run report: the run it ends ends
+                # as supervisor_gone, as on an expiry.
+                return ["revoke4", cmd.lease, *_origin(cmd.origin), cmd.at_ms, cmd.by]
             return _by(cmd.by, ["close2", cmd.lease, *_origin(cmd.origin), cmd.at_ms], cmd.report)
         case AcquireCommand():
             if legacy:
@@ -357,6 +414,16 @@ def _to_item(cmd: Command) -> list[Any]:
                 ["update2", cmd.lease, cmd.ttl_ms, cmd.finished, *_origin(cmd.origin), cmd.at_ms],
                 cmd.report,
             )
+        case ProclaimCommand():
+            return [
+                "proclaim4",
+                cmd.lease,
+                cmd.key,
+                cmd.value,
+                *_origin(cmd.origin),
+                cmd.at_ms,
+                cmd.by,
+            ]
         case ExpireCommand():
             if legacy:
                 return ["expire", cmd.lease, cmd.at_ms]
@@ -406,6 +473,9 @@ _ARITY = {
     "expire": 2,
     "open2": 8,
     "open3": 10,
+    "open4": 11,
+    "revoke4": 6,
+    "proclaim4": 8,
     "close2": 5,
     "acquire2": 9,
     "release2": 8,
@@ -445,6 +515,25 @@ def decode_command(data: bytes) -> Command:
         opening = decode_command(cbor2.dumps(["open2", *f[:-2]]))
         assert isinstance(opening, OpenLeaseCommand)
         return replace(opening, owner=_str(f[-2], "owner"), quota=_int(f[-1], "quota"))
+    if name == "open4":
+        # Its version-3 form, then the lease's lock-delay.
+        opening = decode_command(cbor2.dumps(["open3", *f[:-1]]))
+        assert isinstance(opening, OpenLeaseCommand)
+        return replace(opening, lock_delay_ms=_int(f[-1], "lock_delay_ms"))
+    if name == "proclaim4":
+        return ProclaimCommand(
+            lease=_str(f[0], "lease"),
+            key=_str(f[1], "key"),
+            value=_str(f[2], "value"),
+            origin=_read_origin(f[3:6]),
+            at_ms=_int(f[6], "at_ms"),
+            by=_str(f[7], "by"),
+        )
+    if name == "revoke4":
+        # A close2's fields, then the asking identity ("" when nothing names one).
+        closing = decode_command(cbor2.dumps(["close2", *f[:-1]]))
+        assert isinstance(closing, CloseLeaseCommand)
+        return replace(closing, by=_str(f[-1], "by"), revoke=True)
     if name == "acquire3":
         # Its version-2 form, then the asking identity and the owner's lock quota.
         acquire = decode_command(cbor2.dumps(["acquire2", *f[:-2]]))
@@ -615,6 +704,10 @@ def validate_command(cmd: Command) -> str | None:
         return None if 0 <= cmd.until_ms <= INT_MAX else "until_ms out of range"
     if isinstance(cmd, ExpireCommand) and cmd.lease == QUARANTINE_LEASE:
         return None if 0 <= cmd.incarnation <= INT_MAX else "incarnation out of range"
+    if isinstance(cmd, ExpireCommand) and (key := delayed_key(cmd.lease)) is not None:
+        if not 0 <= cmd.incarnation <= INT_MAX:
+            return "incarnation out of range"
+        return check_key(key)
     if isinstance(cmd, IdentityCommand):
         return _identity_problem(cmd)
     problem = check_lease_id(cmd.lease)
@@ -638,6 +731,7 @@ def validate_command(cmd: Command) -> str | None:
                 or check_meta(cmd.meta)
                 or check_identity(cmd.owner)
                 or _check_quota(cmd.quota)
+                or check_lock_delay_ms(cmd.lock_delay_ms)
             )
         case AcquireCommand():
             return (
@@ -652,6 +746,8 @@ def validate_command(cmd: Command) -> str | None:
             return check_key(cmd.key)
         case UpdateLeaseCommand():
             return check_hold_ms(cmd.ttl_ms) or _report_problem(cmd.report)
+        case ProclaimCommand():
+            return check_key(cmd.key) or check_meta({ELECTION_VALUE: cmd.value})
     return _report_problem(getattr(cmd, "report", None))
 
 

@@ -11,9 +11,11 @@ snapshot restore could change.
 State invariants kept by every apply step:
 
 * a key has at most ``limit`` holders;
-* a key has waiters only while all its slots are taken (so freeing a slot and
-  granting the first waiter happen in the same step);
-* a key with neither holders nor waiters does not exist (its limit is forgotten);
+* a key has waiters only while all its slots are taken, the cluster is quarantined or
+  the key is in its lock-delay (so freeing a slot and granting the first waiter happen
+  in the same step);
+* a key with neither holders nor waiters does not exist (its limit is forgotten),
+  unless it is in its lock-delay;
 * a lease holds or waits for a key at most once, and ``_Lease.holding`` /
   ``_Lease.waiting`` mirror the key table exactly.
 
@@ -33,6 +35,13 @@ idle gap counts short too; tombstones then live longer, never shorter.
 Leases have an incarnation (the index of the entry that created them); an
 ``Expire`` of another incarnation does nothing.
 
+Lock-delay (cluster version 4): a lease opened with ``lock_delay_ms`` that expires or
+is revoked while holding keys leaves each of them delayed: no grant of the key until
+the leader's Expire of the pseudo-lease ``~delay:KEY`` (``commands.delay_lease``),
+which ``leases()`` lists beside the real leases, so the leader's lease deadlines time
+it exactly as they time the quarantine (a new leader counts it afresh, in full, from
+its own election). A release or a close by the lease's own process delays nothing.
+
 Versions: ``version`` is the cluster version the log has reached
 (``ClusterVersionCommand``). At version 1 the machine keeps exactly what the
 previous release kept (no tombstones, incarnation 0, the last 32 results per
@@ -50,6 +59,7 @@ from typing import Any, NamedTuple, Self
 import cbor2
 
 from dlm.node.locks.commands import (
+    ELECTION_VALUE,
     QUARANTINE_LEASE,
     AcquireCommand,
     ClientCommand,
@@ -61,12 +71,16 @@ from dlm.node.locks.commands import (
     IdentityCommand,
     OpenLeaseCommand,
     Origin,
+    ProclaimCommand,
     QuarantineCommand,
     ReleaseCommand,
     UpdateLeaseCommand,
     decode_command,
+    delay_lease,
+    delayed_key,
     validate_command,
 )
+from dlm.node.locks.delays import LockDelay, LockDelays
 from dlm.node.locks.identities import (
     ADMIN_ONLY,
     LEASE,
@@ -109,6 +123,7 @@ COMMAND_PERMISSIONS: dict[type, tuple[str, str]] = {
     AcquireCommand: ("acquire", LOCK),
     ReleaseCommand: ("release", LEASE),
     UpdateLeaseCommand: ("lease_update", LEASE),
+    ProclaimCommand: ("proclaim", LEASE),
 }
 """Each client command's action (its request kind) and permission, as wire.py's table has
 them (tests/unit/node/locks/test_identities.py compares the two)."""
@@ -118,6 +133,9 @@ SNAPSHOT_V2 = 2
 SNAPSHOT_V3 = 3
 """Version 3 adds each lease's owner (the identity that opened it), the longest TTL
 given and the quarantine of a restored cluster."""
+SNAPSHOT_V4 = 4
+"""Version 4 (cluster version 4) adds each lease's lock-delay and the keys in their
+lock-delay."""
 LEGACY_RECENT = 32
 """Results a lease remembers for version-1 (random-seq) requests, as the previous release did."""
 MAX_UNANSWERED = 1024
@@ -159,6 +177,8 @@ class ApplyOutcome:
     """Each key this entry may have changed, with its state before the entry (None: the
     key did not exist), in the order first touched: the watch hub (dlm/node/watches.py)
     compares each with ``key_state`` after it to say what changed."""
+    delayed: tuple[str, ...] = ()
+    """Keys that entered their lock-delay in this step (sorted)."""
 
 
 class KeyState(NamedTuple):
@@ -179,6 +199,7 @@ class LeaseTerms(_Plain):
     incarnation: int
     finished_at_ms: int | None
     owner: str = ""
+    lock_delay_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +210,8 @@ class KeyView(_Plain):
     limit: int
     holders: tuple[Holder, ...]
     waiters: tuple[Waiter, ...]
+    lock_delay: LockDelay | None = None
+    """Set while the key is in a lock-delay: granted to nobody until it ends."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +230,8 @@ class LeaseView(_Plain):
     """Keys the lease waits for, sorted."""
     owner: str = ""
     """The identity that opened the lease ("" before cluster version 3)."""
+    lock_delay_ms: int = 0
+    """How long each key it holds stays ungranted after it expires or is revoked."""
 
 
 class Counts(NamedTuple):
@@ -289,6 +314,7 @@ class _Lease:
     meta: dict[str, str] = field(default_factory=dict)
     finished_at_ms: int | None = None
     owner: str = ""
+    lock_delay_ms: int = 0
     clients: dict[str, _ClientRecord] = field(default_factory=dict)
     holding: set[str] = field(default_factory=set)
     waiting: set[str] = field(default_factory=set)
@@ -328,6 +354,7 @@ class _Step:
     expired: list[str] = field(default_factory=list)
     quarantine_ended: bool = False
     before: dict[str, KeyState | None] = field(default_factory=dict)
+    delayed: list[str] = field(default_factory=list)
 
 
 class LockStateMachine:
@@ -362,6 +389,8 @@ class LockStateMachine:
         joined or updated: ``--min-hold`` holds included). Read-only outside this module."""
         self.quarantine: Quarantine | None = None
         """Set in a restored or recovered cluster until a leader ends it. Read-only."""
+        self.delays = LockDelays()
+        """Keys in their lock-delay (cluster version 4; delays.py). Read-only outside apply."""
         self._held = 0
         self._queued = 0
         self.usage = OwnerUsage()
@@ -426,6 +455,10 @@ class LockStateMachine:
             # replica refuses them alike until the log reaches version 3 (the leader never
             # proposes one before).
             return ApplyOutcome(index, Invalid("a lease owner needs cluster version 3"), cmd)
+        if self._version < 4 and _needs_version_4(cmd):
+            # Older members cannot keep a lock-delay: refused alike everywhere until the
+            # log reaches version 4 (the leader never proposes one before).
+            return ApplyOutcome(index, Invalid("a lock-delay needs cluster version 4"), cmd)
         if isinstance(cmd, ClusterVersionCommand):
             # Versions only rise: a stale proposal of an older version changes nothing.
             self._version = max(self._version, cmd.version)
@@ -442,8 +475,9 @@ class LockStateMachine:
         finally:
             self._step = None
         if self._version >= 3:
-            for _lease, ttl_ms, _incarnation in step.armed:
-                self.max_ttl_ms = max(self.max_ttl_ms, ttl_ms)
+            for armed_lease, ttl_ms, _incarnation in step.armed:
+                if delayed_key(armed_lease) is None:
+                    self.max_ttl_ms = max(self.max_ttl_ms, ttl_ms)
         return ApplyOutcome(
             index,
             result,
@@ -454,6 +488,7 @@ class LockStateMachine:
             tuple(step.expired),
             step.quarantine_ended,
             tuple(step.before.items()),
+            tuple(step.delayed),
         )
 
     def _tick_log_clock(self, at_ms: int) -> None:
@@ -496,6 +531,8 @@ class LockStateMachine:
                     self.ledger.ended(cmd.lease, cmd.at_ms, cmd.report)
                 released = tuple(sorted(lease.holding))
                 result = LeaseClosed(cmd.lease, released)
+                if cmd.revoke:
+                    _start_delays(self, cmd.lease, lease, step)
                 ending = _Tombstone(cmd.origin.client, cmd.origin.seq, result, self._log_ms)
                 self._end_lease(cmd.lease, step, ending)
                 return result  # the lease and its records are gone; the tombstone answers
@@ -507,6 +544,16 @@ class LockStateMachine:
                     ending = _Tombstone(cmd.origin.client, cmd.origin.seq, result, self._log_ms)
                     self._end_lease(cmd.lease, step, ending)
                     return result
+            case ProclaimCommand():
+                # The value changes in place: same grant, same token, no new election.
+                entry = self._keys.get(cmd.key)
+                hold = None if entry is None else entry.holders.get(cmd.lease)
+                if hold is None or entry is None:
+                    result = NotHeld(cmd.key, () if entry is None else self._holders(entry))
+                else:
+                    _touch(self, cmd.key)  # a watcher sees it as "proclaimed"
+                    hold.meta = {**hold.meta, ELECTION_VALUE: cmd.value}
+                    result = Granted(cmd.key, hold.token, cmd.lease)
             case UpdateLeaseCommand():
                 lease.ttl_ms = cmd.ttl_ms
                 if cmd.finished:
@@ -612,6 +659,7 @@ class LockStateMachine:
             ephemeral=cmd.ephemeral,
             meta=dict(cmd.meta),
             owner=cmd.owner,
+            lock_delay_ms=cmd.lock_delay_ms,
         )
         self._leases[cmd.lease] = lease
         self._sorted_leases = None
@@ -637,10 +685,21 @@ class LockStateMachine:
             for key in sorted(self._keys):
                 self._grant_waiters(key, self._keys[key], step)
             return LeaseClosed(cmd.lease, ())
+        delayed = delayed_key(cmd.lease)
+        if delayed is not None:
+            if not self.delays.end(delayed, cmd.incarnation):
+                return LeaseGone(cmd.lease)
+            step.ended.append(cmd.lease)
+            entry = self._keys.get(delayed)
+            if entry is not None:
+                self._grant_waiters(delayed, entry, step)
+                self._forget_if_idle(delayed, entry)
+            return LeaseClosed(cmd.lease, ())
         lease = self._leases.get(cmd.lease)
         if lease is None or not self._is_incarnation(lease, cmd.incarnation):
             return LeaseGone(cmd.lease)
         result = LeaseClosed(cmd.lease, tuple(sorted(lease.holding)))
+        _start_delays(self, cmd.lease, lease, step)
         self._end_lease(cmd.lease, step, _Tombstone("", 0, LeaseGone(cmd.lease), self._log_ms))
         step.expired.append(cmd.lease)
         return result
@@ -693,7 +752,8 @@ class LockStateMachine:
             self._keys[cmd.key] = entry
             self._sorted_keys = None
         quarantine = self.quarantine
-        if quarantine is not None:
+        delay = self.delays.get(cmd.key)
+        if quarantine is not None or delay is not None:
             # As if the key were held: no grant, a place in its queue under --wait.
             if cmd.wait:
                 entry.waiters[cmd.lease] = _Wait(step.at_ms, dict(cmd.meta))
@@ -701,13 +761,19 @@ class LockStateMachine:
                 self._queued += 1
                 self.usage.add(lease.owner, 1)
                 return Queued(cmd.key, len(entry.waiters))
-            retry = max(1, min(quarantine.ttl_ms, RETRY_AFTER_MAX_MS))
+            blocked_ms = max(
+                0 if quarantine is None else quarantine.ttl_ms, 0 if delay is None else delay.ms
+            )
+            retry = max(1, min(blocked_ms, RETRY_AFTER_MAX_MS))
             if entry.holders:
                 retry = self._retry_after(entry)
                 if self._version >= 4 and COMMAND_META in cmd.meta:
                     self.ledger.skipped(cmd.key, [h.token for h in entry.holders.values()])
+            until_ms = 0 if quarantine is None else quarantine.until_ms
+            if delay is not None:
+                until_ms = max(until_ms, delay.since_ms + delay.ms)
             self._forget_if_idle(cmd.key, entry)
-            return Locked(cmd.key, self._holders(entry), retry, quarantine.until_ms)
+            return Locked(cmd.key, self._holders(entry), retry, until_ms)
         if room:
             entry.holders[cmd.lease] = _Hold(step.index, step.at_ms, dict(cmd.meta))
             lease.holding.add(cmd.key)
@@ -755,11 +821,12 @@ class LockStateMachine:
             # A grant that ends before its run was reported ends it unreported.
             self.ledger.ended(lease_id, step.at_ms, None, key)
         self.usage.add(lease.owner, -1)  # a promoted waiter's owner counted its place already
-        if self.quarantine is None:
-            self._grant_waiters(key, entry, step)
+        self._grant_waiters(key, entry, step)
         self._forget_if_idle(key, entry)
 
     def _grant_waiters(self, key: str, entry: _Key, step: _Step) -> None:
+        if self.quarantine is not None or key in self.delays:
+            return  # the quarantine's or the delay's end grants them
         if entry.waiters:
             _touch(self, key)
         while entry.waiters and self._has_room(entry):
@@ -784,7 +851,8 @@ class LockStateMachine:
         self._forget_if_idle(key, entry)
 
     def _forget_if_idle(self, key: str, entry: _Key) -> None:
-        if not entry.holders and not entry.waiters:
+        # A key in its lock-delay stays, so that the delay keeps its limit and shows.
+        if not entry.holders and not entry.waiters and key not in self.delays:
             del self._keys[key]
             self._sorted_keys = None
 
@@ -865,6 +933,7 @@ class LockStateMachine:
         q = self.quarantine
         if q is not None:
             live.append((QUARANTINE_LEASE, q.ttl_ms, q.incarnation))
+        live.extend(self.delays.pseudo_leases())
         return live
 
     def lease_owner(self, lease_id: str) -> str | None:
@@ -885,7 +954,12 @@ class LockStateMachine:
         if lease is None:
             return None
         return LeaseTerms(
-            lease_id, lease.ttl_ms, lease.incarnation, lease.finished_at_ms, lease.owner
+            lease_id,
+            lease.ttl_ms,
+            lease.incarnation,
+            lease.finished_at_ms,
+            lease.owner,
+            lease.lock_delay_ms,
         )
 
     def holds(self, lease_id: str, key: str) -> bool:
@@ -918,6 +992,7 @@ class LockStateMachine:
             tuple(
                 Waiter(lease_id, w.since_ms, dict(w.meta)) for lease_id, w in entry.waiters.items()
             ),
+            self.delays.get(key),
         )
 
     # --------------------------------------------------------------- snapshot
@@ -957,6 +1032,7 @@ class LockStateMachine:
             # owner before version 3: apply refuses one); from version 3 on each lease
             # row ends with its owner.
             with_owner = self._version >= 3
+            with_delay = self._version >= 4
             leases = [
                 [
                     lease_id,
@@ -975,6 +1051,7 @@ class LockStateMachine:
                         for client, record in sorted(lease.clients.items())
                     ],
                     *([lease.owner] if with_owner else []),
+                    *([lease.lock_delay_ms] if with_delay else []),
                 ]
                 for lease_id, lease in sorted(self._leases.items())
             ]
@@ -989,6 +1066,9 @@ class LockStateMachine:
                 image[0] = SNAPSHOT_V3
                 image.append(self.max_ttl_ms)
                 image.append(None if q is None else [q.ttl_ms, q.incarnation, q.until_ms])
+            if with_delay:
+                image[0] = SNAPSHOT_V4
+                image.append(self.delays.rows())
         return bytes(cbor2.dumps(image, canonical=True))
 
     @classmethod
@@ -1017,22 +1097,31 @@ class LockStateMachine:
                     for seq, result in recent:
                         record.results[_int(seq)] = result_from_dict(result)
                 machine._leases[_str(lease_id)] = lease
-        elif (item[0] == SNAPSHOT_V2 and len(item) == 7) or (
-            item[0] == SNAPSHOT_V3 and len(item) == 9
+        elif (
+            (item[0] == SNAPSHOT_V2 and len(item) == 7)
+            or (item[0] == SNAPSHOT_V3 and len(item) == 9)
+            or (item[0] == SNAPSHOT_V4 and len(item) == 10)
         ):
             # Layout 3 (cluster version 3) ends each lease's row with its owner and adds the
             # longest TTL given and the quarantine; a layout-2 image (from a member of the
             # previous release, or of a cluster at version 2) has no owners: they are "".
             layout, applied, version, leases, keys, stones, clock = item[:7]
-            if layout == SNAPSHOT_V3:
+            if layout >= SNAPSHOT_V3:
                 machine.max_ttl_ms = _int(item[7])
                 q = item[8]
                 if q is not None:
                     ttl_ms, incarnation, until_ms = q
                     machine.quarantine = Quarantine(_int(ttl_ms), _int(incarnation))
                     machine.quarantine.until_ms = _int(until_ms)
+            if layout == SNAPSHOT_V4:
+                # Layout 4 (cluster version 4) ends each lease's row with its lock-delay and
+                # adds the keys in their lock-delay.
+                for key, ms, incarnation, by_lease, since_ms in item[9]:
+                    machine.delays.restore_row(
+                        _str(key), _int(ms), _int(incarnation), _str(by_lease), _int(since_ms)
+                    )
             machine._version = _int(version)
-            row_length = 9 if layout == SNAPSHOT_V3 else 8
+            row_length = {SNAPSHOT_V2: 8, SNAPSHOT_V3: 9, SNAPSHOT_V4: 10}[layout]
             for row in leases:
                 if type(row) is not list or len(row) != row_length:
                     raise ValueError("lock snapshot has a lease of an unknown layout")
@@ -1046,7 +1135,8 @@ class LockStateMachine:
                     ephemeral=bool(ephemeral),
                     meta=str_map(meta),
                     finished_at_ms=None if finished is None else _int(finished),
-                    owner=_str(row[8]) if layout == SNAPSHOT_V3 else "",
+                    owner=_str(row[8]) if layout >= SNAPSHOT_V3 else "",
+                    lock_delay_ms=_int(row[9]) if layout == SNAPSHOT_V4 else 0,
                 )
                 for client, floor, results in clients:
                     record = lease.clients[_str(client)] = _ClientRecord(floor=_int(floor))
@@ -1073,10 +1163,12 @@ class LockStateMachine:
                 entry.waiters[_str(lease_id)] = _Wait(_int(since_ms), str_map(meta))
                 machine._leases[lease_id].waiting.add(key)
             full = len(entry.holders) == entry.limit
-            # While quarantined, a key's waiters wait for its end, free slots or not.
-            quarantined = machine.quarantine is not None
+            # While quarantined or delayed, a key's waiters wait for its end, free slots or
+            # not; a delayed key may have neither holders nor waiters.
+            delayed = _str(key) in machine.delays
+            quarantined = machine.quarantine is not None or delayed
             if (
-                (not entry.holders and not (quarantined and entry.waiters))
+                (not entry.holders and not (quarantined and entry.waiters) and not delayed)
                 or len(entry.holders) > entry.limit
                 or (entry.waiters and not full and not quarantined)
             ):
@@ -1108,6 +1200,21 @@ def key_state(machine: LockStateMachine, key: str) -> KeyState | None:
         tuple((lid, h.token, dict(h.meta)) for lid, h in entry.holders.items()),
         tuple(entry.waiters),
     )
+
+
+def _start_delays(machine: LockStateMachine, lease_id: str, lease: _Lease, step: _Step) -> None:
+    """The lease expires or is revoked: each key it holds enters its lock-delay (before the
+    holds are dropped, so that dropping them grants nobody)."""
+    if not lease.lock_delay_ms or machine.version < 4:
+        return
+    started = machine.delays.start(
+        lease_id, lease.lock_delay_ms, lease.holding, step.index, step.at_ms
+    )
+    for key in started:
+        delay = machine.delays.get(key)
+        assert delay is not None
+        step.armed.append((delay_lease(key), delay.ms, step.index))
+    step.delayed.extend(started)
 
 
 def _idle_ephemeral(cmd: ReleaseCommand, lease: _Lease) -> bool:
@@ -1205,6 +1312,16 @@ def _change_identities(table: IdentityTable, cmd: IdentityCommand, version: int)
     if problem is not None:
         return Invalid(problem)
     return IdentityChanged(cmd.op, cmd.name)
+
+
+def _needs_version_4(cmd: Command) -> bool:
+    if isinstance(cmd, OpenLeaseCommand):
+        return cmd.lock_delay_ms > 0
+    if isinstance(cmd, CloseLeaseCommand):
+        return cmd.revoke
+    if isinstance(cmd, ProclaimCommand):
+        return True
+    return isinstance(cmd, ExpireCommand) and delayed_key(cmd.lease) is not None
 
 
 def _needs_version_3(cmd: Command) -> bool:

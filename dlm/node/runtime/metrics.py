@@ -125,6 +125,10 @@ METRIC_HELP: dict[str, str] = {
     "pushed to it.",
     "dlm_quarantines_ended_total": "Quarantines of a restored or recovered cluster that "
     "this member saw end.",
+    "dlm_lock_delays_started_total": "Keys that entered a lock-delay because their holder's "
+    "lease expired or was revoked.",
+    "dlm_lock_delays_ended_total": "Lock-delays that ended (the key may be granted again).",
+    "dlm_keys_lock_delayed": "Keys in a lock-delay now (granted to nobody until it ends).",
     "dlm_quarantined": "1 while the cluster is quarantined after a restore or recovery "
     "(it grants no lock), else 0.",
     "dlm_incarnation": "The cluster incarnation this member belongs to (0: never restored or "
@@ -199,6 +203,8 @@ class NodeCollector(Collector):
             ("dlm_rejected_input", stats.rejected_frames),
             ("dlm_snapshots", stats.snapshots_taken),
             ("dlm_quarantines_ended", stats.quarantines_ended),
+            ("dlm_lock_delays_started", stats.lock_delays_started),
+            ("dlm_lock_delays_ended", stats.lock_delays_ended),
             ("dlm_backups", server.backup_stats.backups),
             ("dlm_backup_bytes", server.backup_stats.backup_bytes),
             ("dlm_watch_events_pushed", stats.watch_events_pushed),
@@ -219,6 +225,7 @@ class NodeCollector(Collector):
             ("dlm_client_connections", server.client_count),
             ("dlm_cluster_version", machine.locks.version),
             ("dlm_quarantined", int(machine.locks.quarantine is not None)),
+            ("dlm_keys_lock_delayed", len(machine.locks.delays)),
             ("dlm_incarnation", machine.config.incarnation),
             ("dlm_watchers", len(machine.watches.watchers)),
         ):

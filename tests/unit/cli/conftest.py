@@ -53,8 +53,10 @@ class FakeClient:
         *,
         ephemeral: bool = False,
         meta: dict[str, str] | None = None,
+        lock_delay_ms: int = 0,
     ) -> Lease:
-        self._call("open_lease", ttl_ms, ephemeral=ephemeral, meta=meta)
+        delay = {"lock_delay_ms": lock_delay_ms} if lock_delay_ms else {}
+        self._call("open_lease", ttl_ms, ephemeral=ephemeral, meta=meta, **delay)
         return Lease(id=lease or "fakelease0000001", ttl_ms=ttl_ms, confirmed_at=lease_clock())
 
     def acquire(
@@ -75,8 +77,10 @@ class FakeClient:
         self._call("release", lease, key, token=token, keep_lease=keep_lease)
         return ReleaseOutcome(key, True, 4242 if token is None else token, not keep_lease)
 
-    def close_lease(self, lease: Any, *, must_exist: bool = False, run: Any = None) -> list[str]:
-        self._call("close_lease", lease, must_exist=must_exist)
+    def close_lease(
+        self, lease: Any, *, must_exist: bool = False, run: Any = None, revoke: bool = False
+    ) -> list[str]:
+        self._call("close_lease", lease, must_exist=must_exist, revoke=revoke)
         self.run_reports.append(run)
         return []
 

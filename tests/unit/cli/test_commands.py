@@ -489,8 +489,10 @@ def test_release_by_an_expired_lease_says_who_holds_it_now(
 
 
 def test_lease_revoke(capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    def close(self: FakeClient, lease: str, *, must_exist: bool = False) -> list[str]:
-        self._call("close_lease", lease, must_exist=must_exist)
+    def close(
+        self: FakeClient, lease: str, *, must_exist: bool = False, revoke: bool = False
+    ) -> list[str]:
+        self._call("close_lease", lease, must_exist=must_exist, revoke=revoke)
         return ["a", "b\tc"]
 
     monkeypatch.setattr(FakeClient, "close_lease", close)
@@ -502,7 +504,8 @@ def test_lease_revoke(capsys: Capture, fake_cluster: Any, monkeypatch: pytest.Mo
     }
     (client,) = FakeClient.instances
     assert client.calls == [("close_lease", ("abc",))]
-    assert client.options["close_lease"] == {"must_exist": True}
+    # A revocation: the lease's lock-delay, if it has one, applies (a release's would not).
+    assert client.options["close_lease"] == {"must_exist": True, "revoke": True}
     assert run(["--json", "lease", "revoke", "abc"]) == 0
     capsys.readouterr()
     assert run(["lease", "revoke", "abc"]) == 0
@@ -525,7 +528,7 @@ def test_revoking_a_lease_that_is_gone_exits_77(
     fake_cluster: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def gone(self: FakeClient, lease: str, *, must_exist: bool = False) -> list[str]:
+    def gone(self: FakeClient, lease: str, *, must_exist: bool = False, **_: Any) -> list[str]:
         assert must_exist
         raise LeaseLost("lease abc is gone", ended)
 
@@ -596,6 +599,7 @@ def test_key_status_and_locks(capsys: Capture, fake_cluster: Any) -> None:
         "waiters": [],
         "command_finished": False,
         "hold_until": None,
+        "delayed": False,
     }
     assert run(["status", "k", "--format", "table"]) == 0
     assert capsys.readouterr().out == "k is free\n"

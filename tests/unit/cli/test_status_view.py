@@ -390,6 +390,7 @@ def test_key_status_shows_absolute_times_beside_durations(
         **state,
         "command_finished": False,
         "hold_until": None,
+        "delayed": False,
     }
 
 
@@ -532,3 +533,24 @@ def test_last_contact_comes_from_the_leader_when_a_follower_answered_first(
     rows = json.loads(capsys.readouterr().out)["members"]
     assert [r["last_contact_ms"] for r in rows] == [0, 40, 3000]
     assert [r["lag"] for r in rows] == [0, 0, 2]
+
+
+def test_key_status_says_when_the_key_is_in_a_lock_delay() -> None:
+    state = LockState.from_wire(
+        {
+            "key": "k",
+            "limit": 1,
+            "holders": [],
+            "waiters": [],
+            "lock_delay_ms": 2000,
+            "lock_delay_lease": "gone1",
+            "lock_delay_until_ms": 1_700_000_000_000,
+            "lock_delay_remaining_ms": 1500,
+        }
+    )
+    line = status_view.delay_line("k", state)
+    assert line is not None
+    assert "lock-delay of 2s" in line and "gone1" in line and "1.5s more" in line
+    assert status_view.with_holds(state)["delayed"] is True
+    free = LockState.from_wire({"key": "k", "limit": 1, "holders": [], "waiters": []})
+    assert status_view.delay_line("k", free) is None

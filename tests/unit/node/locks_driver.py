@@ -68,18 +68,33 @@ class Driver:
         seq: int | None = None,
         acked: int = 0,
         owner: str = "",
+        lock_delay_ms: int = 0,
     ) -> ApplyOutcome:
         origin = self.origin(client, seq, acked)
         return self.run(
             OpenLeaseCommand(
-                lease, ttl_ms, origin, self.now(), ephemeral, dict(meta or {}), owner=owner
+                lease,
+                ttl_ms,
+                origin,
+                self.now(),
+                ephemeral,
+                dict(meta or {}),
+                owner=owner,
+                lock_delay_ms=lock_delay_ms,
             )
         )
 
     def close(
-        self, lease: str, *, client: str = "c1", seq: int | None = None, acked: int = 0
+        self,
+        lease: str,
+        *,
+        client: str = "c1",
+        seq: int | None = None,
+        acked: int = 0,
+        revoke: bool = False,
     ) -> ApplyOutcome:
-        return self.run(CloseLeaseCommand(lease, self.origin(client, seq, acked), self.now()))
+        origin = self.origin(client, seq, acked)
+        return self.run(CloseLeaseCommand(lease, origin, self.now(), revoke=revoke))
 
     def acquire(
         self,
