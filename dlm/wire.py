@@ -29,26 +29,19 @@ import struct
 import cbor2
 
 from dlm import limits
+from dlm.compiled import mypyc_attr
 
 # typing (like dataclasses) is left off the client's import path: `dlm acquire` would pay
 # milliseconds for names only the type checker reads. mypy takes any TYPE_CHECKING as true.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from typing import Any, ClassVar, Protocol, Self, TypeAlias
+    from typing import Any, ClassVar, Self, TypeAlias
+
+    from dlm.frame_protocols import FrameOpenerLike, FrameSealerLike
 
     Check: TypeAlias = Callable[[dict[Any, Any], str], Any]
     """How a request field is decoded: the frame and the field's name in, the value out."""
-
-    class FrameOpenerLike(Protocol):
-        """dlm.auth.FrameOpener, named structurally: wire never imports dlm.auth."""
-
-        overhead: int
-
-        def open(self, payload: bytes) -> bytes: ...
-
-    class FrameSealerLike(Protocol):
-        def seal(self, body: bytes) -> bytes: ...
 
 
 PROTOCOL_VERSION = 3
@@ -390,6 +383,9 @@ def as_map(obj: Any) -> dict[Any, Any]:
 _set = object.__setattr__
 
 
+# An ordinary Python class when compiled: the records here are built by a metaclass, and
+# the client's own records (interpreted) derive from it.
+@mypyc_attr(native_class=False)
 class Record:
     """Base of the small immutable value types here and in the client.
 
@@ -435,6 +431,7 @@ class HelloRole(enum.StrEnum):
     PEER = "peer"
 
 
+@mypyc_attr(native_class=False)
 class Hello(Record):
     """The first frame of a connection.
 
@@ -838,7 +835,8 @@ class RecordSpec(type):
             origin + [k for k in plain if table[k].early] + [k for k in plain if not table[k].early]
         )
         namespace["_DECODE"] = tuple((k, table[k].check) for k in steps)
-        return super().__new__(mcls, name, bases, namespace)
+        # type.__new__ by name: mypyc compiles no super() call in a metaclass.
+        return type.__new__(mcls, name, bases, namespace)
 
 
 class Request(Record, metaclass=RecordSpec):

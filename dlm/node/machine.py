@@ -55,8 +55,9 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
+from dlm.compiled import mypyc_attr
 from dlm.node import locks, permissions, replies
 from dlm.node.audit import Audit
 from dlm.node.clients import MAX_BAD_REQUESTS, ClientConn, Clients
@@ -153,6 +154,8 @@ __all__ = [
 # ---------------------------------------------------------------------------
 
 
+# The simulator's variants and mutants are interpreted subclasses of the compiled class.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class NodeMachine:
     """One member's decisions. Not thread-safe: one runtime task owns it.
 
@@ -163,11 +166,11 @@ class NodeMachine:
     """
 
     # Seams for the simulator's instrumented and bug-injected variants.
-    lock_machine_class: type[locks.LockStateMachine] = locks.LockStateMachine
-    raft_class: type[RaftNode] = RaftNode
-    tracker_class: type[LeaseTracker] = LeaseTracker
-    read_rounds_class: type[ReadRounds] = ReadRounds
-    check_permissions = True
+    lock_machine_class: ClassVar[type[locks.LockStateMachine]] = locks.LockStateMachine
+    raft_class: ClassVar[type[RaftNode]] = RaftNode
+    tracker_class: ClassVar[type[LeaseTracker]] = LeaseTracker
+    read_rounds_class: ClassVar[type[ReadRounds]] = ReadRounds
+    check_permissions: ClassVar[bool] = True
     """A seam: the simulator's mutant switches the receiving member's permission check off."""
 
     def __init__(
