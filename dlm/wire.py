@@ -784,10 +784,11 @@ def _dataclass_transform(**_: object) -> Callable[[type], type]:
     return lambda cls: cls
 
 
+# mypy reads typing's decorator; at run time a no-op stands in, put in place through
+# globals() because mypy, and so mypyc, takes an ``else`` of TYPE_CHECKING for dead code.
 if TYPE_CHECKING:
     from typing import dataclass_transform
-else:
-    dataclass_transform = _dataclass_transform
+globals().setdefault("dataclass_transform", _dataclass_transform)
 
 
 def _build(record: Any, values: dict[str, Any]) -> None:

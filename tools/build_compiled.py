@@ -28,10 +28,6 @@ COMPILED = [
     "dlm/records.py",
     "dlm/node/peer_codec.py",
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "dlm/node/raft").glob("*.py")),
-    "dlm/node/locks/commands.py",
-    "dlm/node/locks/identities.py",
-    "dlm/node/locks/machine.py",
-    "dlm/node/locks/results.py",
     "dlm/node/machine.py",
 ]
 
