@@ -404,7 +404,8 @@ class Record:
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        assert isinstance(other, Record)
+        # Same class, so a Record; no isinstance here: compiled (mypyc), an isinstance of a
+        # class that is no native one misses the subclasses it did not compile.
         return self._values() == other._values()
 
     def __hash__(self) -> int:
@@ -1228,8 +1229,10 @@ def _released_what(msg: dict[Any, Any], name: str) -> str:
 
 
 def _wire_value(value: Any) -> Any:
-    if isinstance(value, Reply):
-        return value.to_wire()
+    # Through a tuple: compiled (mypyc), isinstance(value, Reply) itself would miss the
+    # replies of dlm.views, which derive from Reply but are not compiled.
+    if isinstance(value, _REPLY_CLASSES):
+        return value.to_wire()  # type: ignore[attr-defined]
     if isinstance(value, list):
         return [_wire_value(v) for v in value]
     if isinstance(value, dict):
@@ -1276,6 +1279,9 @@ class Reply(Record, metaclass=RecordSpec):
         for name, check in cls._DECODE:
             _set(record, name, check(msg, name))
         return record
+
+
+_REPLY_CLASSES: tuple[type, ...] = (Reply,)
 
 
 class LeaseOpened(Reply):
