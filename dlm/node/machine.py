@@ -101,6 +101,7 @@ from dlm.views import MembersView, StatusView
 from dlm.wire import (
     OTHER_INCARNATION,
     Acquire,
+    AuthChange,
     AuthList,
     BadFrame,
     ClientRequest,
@@ -677,7 +678,8 @@ class NodeMachine:
         elif route in ("propose", "identity"):
             self.proposals.propose(
                 state,
-                cast(LockChange, req),
+                # The identity route's requests are AuthChanges: mypyc checks a cast.
+                cast(LockChange | AuthChange, req),
                 now,
                 raft=self.raft,
                 machine=self.locks,
