@@ -45,11 +45,10 @@ from __future__ import annotations
 import bisect
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple, Self
+from typing import Any, NamedTuple, Self
 
 import cbor2
 
-from dlm.compiled import mypyc_attr
 from dlm.node.locks.commands import (
     QUARANTINE_LEASE,
     AcquireCommand,
@@ -317,17 +316,14 @@ class _Step:
     quarantine_ended: bool = False
 
 
-# The simulator's mutants are interpreted subclasses of the compiled class, and tests set
-# the class's limits (ClassVars, so a compiled instance reads them from its class).
-@mypyc_attr(allow_interpreted_subclasses=True)
 class LockStateMachine:
     """The replicated lock table. Feed it committed entries in log order via ``apply``."""
 
-    tombstone_capacity: ClassVar[int] = TOMBSTONES
-    check_permissions: ClassVar[bool] = True
+    tombstone_capacity = TOMBSTONES
+    check_permissions = True
     """A seam: the simulator's mutant switches the apply-time permission check off."""
-    tombstone_ms: ClassVar[int] = TOMBSTONE_MS
-    max_stamp_step_ms: ClassVar[int] = MAX_STAMP_STEP_MS
+    tombstone_ms = TOMBSTONE_MS
+    max_stamp_step_ms = MAX_STAMP_STEP_MS
 
     def __init__(self) -> None:
         self._applied = 0

@@ -76,7 +76,7 @@ class _Result(_Plain):
 
 @dataclass(frozen=True, slots=True)
 class Granted(_Result):
-    kind: ClassVar[str] = "granted"
+    kind = "granted"
     key: str
     token: int
     lease: str
@@ -86,7 +86,7 @@ class Granted(_Result):
 class Queued(_Result):
     """The lease waits for ``key``; ``position`` 1 means it is next in line."""
 
-    kind: ClassVar[str] = "queued"
+    kind = "queued"
     key: str
     position: int
 
@@ -95,8 +95,8 @@ class Queued(_Result):
 class Locked(_Result):
     """No slot free and the request did not ask to wait."""
 
-    kind: ClassVar[str] = "locked"
-    code: ClassVar[str] = "LOCKED"
+    kind = "locked"
+    code = "LOCKED"
     key: str
     holders: tuple[Holder, ...]
     retry_after_ms: int
@@ -119,7 +119,7 @@ class Released(_Result):
     ``lease_ended``: the release left an ephemeral lease idle, which ended it.
     """
 
-    kind: ClassVar[str] = "released"
+    kind = "released"
     key: str
     held: bool = True
     token: int | None = None
@@ -130,8 +130,8 @@ class Released(_Result):
 class NotHeld(_Result):
     """The lease neither holds nor waits for ``key`` (or holds it under another token)."""
 
-    kind: ClassVar[str] = "not_holder"
-    code: ClassVar[str] = "NOT_HOLDER"
+    kind = "not_holder"
+    code = "NOT_HOLDER"
     key: str
     holders: tuple[Holder, ...]
 
@@ -151,8 +151,8 @@ class LeaseGone(_Result):
     compared, cached and imaged without it, as the previous release did.
     """
 
-    kind: ClassVar[str] = "session_expired"
-    code: ClassVar[str] = "SESSION_EXPIRED"
+    kind = "session_expired"
+    code = "SESSION_EXPIRED"
     lease: str
     ended: str = field(default="", compare=False)
 
@@ -167,7 +167,7 @@ class LeaseOpened(_Result):
     ``joined``: the lease was live already and this request created nothing.
     """
 
-    kind: ClassVar[str] = "lease_opened"
+    kind = "lease_opened"
     lease: str
     ttl_ms: int
     incarnation: int = 0
@@ -178,14 +178,14 @@ class LeaseOpened(_Result):
 class LeaseClosed(_Result):
     """The lease ended; ``released`` are the keys it held, sorted."""
 
-    kind: ClassVar[str] = "lease_closed"
+    kind = "lease_closed"
     lease: str
     released: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class LeaseUpdated(_Result):
-    kind: ClassVar[str] = "lease_updated"
+    kind = "lease_updated"
     lease: str
     ttl_ms: int
 
@@ -194,8 +194,8 @@ class LeaseUpdated(_Result):
 class StaleRequest(_Result):
     """A request at or below its client's acknowledged floor: answered before, not run again."""
 
-    kind: ClassVar[str] = "stale_request"
-    code: ClassVar[str] = "STALE_REQUEST"
+    kind = "stale_request"
+    code = "STALE_REQUEST"
     seq: int
 
 
@@ -204,8 +204,8 @@ class QuotaExceeded(_Result):
     """The lease's owner (``identity``) already has ``limit`` of what ``what`` counts
     ("leases", or "locks": held slots plus places in queues); nothing was done."""
 
-    kind: ClassVar[str] = "quota_exceeded"
-    code: ClassVar[str] = "QUOTA_EXCEEDED"
+    kind = "quota_exceeded"
+    code = "QUOTA_EXCEEDED"
     identity: str
     what: str
     limit: int
@@ -213,8 +213,8 @@ class QuotaExceeded(_Result):
 
 @dataclass(frozen=True, slots=True)
 class Invalid(_Result):
-    kind: ClassVar[str] = "bad_request"
-    code: ClassVar[str] = "BAD_REQUEST"
+    kind = "bad_request"
+    code = "BAD_REQUEST"
     message: str
 
 
@@ -222,8 +222,8 @@ class Invalid(_Result):
 class Denied(_Result):
     """The asking identity lacks the permission (identities.py); nothing changed."""
 
-    kind: ClassVar[str] = "permission_denied"
-    code: ClassVar[str] = "PERMISSION_DENIED"
+    kind = "permission_denied"
+    code = "PERMISSION_DENIED"
     message: str
     identity: str = ""
     action: str = ""
@@ -233,7 +233,7 @@ class Denied(_Result):
 class IdentityChanged(_Result):
     """An identity change was applied (``op``: add, remove, rotate or finish)."""
 
-    kind: ClassVar[str] = "identity_changed"
+    kind = "identity_changed"
     op: str
     name: str
 
