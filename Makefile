@@ -64,9 +64,9 @@ unit: install-dev
 sim: install-dev
 	$(PY) -m pytest tests/sim
 
-# The hot pure rooms (wire codec, Raft core, lock machine, node machine) compiled by mypyc
+# The hot pure rooms (wire codec, peer codec, Raft core, node machine) compiled by mypyc
 # to C extensions beside their sources (git ignores the .so files); `make interpreted`
-# removes them. Not part of `make install`: measured, it does not pay the issue's bar
+# removes them. Not part of `make install`: A/B-measured, it does not pay the issue's bar
 # (bench/results/mypyc.md). Needs mypy (install-dev) and a C compiler; a few minutes.
 compiled: install-dev
 	$(PY) tools/build_compiled.py

@@ -252,8 +252,9 @@ def decode_body(body: bytes) -> Any:
         raise
     except RecursionError:
         raise ProtocolError("frame is nested too deeply") from None
-    except Exception as exc:  # invalid UTF-8 in a text string, mostly
-        raise ProtocolError(f"frame is not valid CBOR: {exc}") from None
+    except Exception as err:  # invalid UTF-8 in a text string, mostly
+        # Its own name: compiled (mypyc), ``exc`` keeps the type of the first handler's.
+        raise ProtocolError(f"frame is not valid CBOR: {err}") from None
 
 
 class BadFrame:
@@ -324,8 +325,8 @@ class FrameDecoder:
                 if self._opener is not None:
                     try:
                         body = self._opener.open(body)
-                    except ValueError as exc:  # dlm.auth.AuthError, which wire does not import
-                        self._failed = str(exc)
+                    except ValueError as err:  # dlm.auth.AuthError, which wire does not import
+                        self._failed = str(err)
                         raise ProtocolError(self._failed, ErrorCode.AUTH_FAILED) from None
                 try:
                     value = decode_body(body)

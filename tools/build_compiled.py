@@ -3,7 +3,7 @@
     python tools/build_compiled.py           # build (needs mypy, hence mypyc, and a C compiler)
     python tools/build_compiled.py --clean   # remove what a build left, back to interpreted
 
-The rooms are the wire codec, the Raft core, the lock machine and the node machine: the
+The rooms are the wire codec, the peer codec, the Raft core and the node machine: the
 Python work of every request. Each ``foo.py`` gets a ``foo.<abi>.so`` beside it, which
 Python imports in its place, and all of them share one runtime library,
 ``dlm_native__mypyc.<abi>.so`` at the top of the tree. The sources do not change, so a
