@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed-stamp
 DEV_STAMP := $(VENV)/.dev-installed-stamp
 BENCH_STAMP := $(VENV)/.bench-installed-stamp
 
+# compiled / interpreted: tools/build_compiled.py (mypyc; see bench/results/mypyc.md).
+.PHONY: compiled interpreted
 .PHONY: install install-dev install-bench test lint typecheck unit sim cluster run bench bench-scale bench-wal bench-startup bench-membership bench-api zipapp soak chaos clean api-docs
 
 # What running dlm needs (`make run`): the package and its runtime dependencies. The
@@ -61,6 +63,16 @@ unit: install-dev
 
 sim: install-dev
 	$(PY) -m pytest tests/sim
+
+# The hot pure rooms (wire codec, peer codec, Raft core, node machine) compiled by mypyc
+# to C extensions beside their sources (git ignores the .so files); `make interpreted`
+# removes them. Not part of `make install`: A/B-measured, it does not pay the issue's bar
+# (bench/results/mypyc.md). Needs mypy (install-dev) and a C compiler; a few minutes.
+compiled: install-dev
+	$(PY) tools/build_compiled.py
+
+interpreted:
+	$(PY) tools/build_compiled.py --clean
 
 # The Raft and node machine scenarios (testdata/*.txt); `make traces REWRITE=1` writes
 # the actual outputs back into the files (read the git diff before committing it).

@@ -27,26 +27,19 @@ import enum
 import struct
 
 from dlm import cbor_codec, limits
+from dlm.compiled import mypyc_attr
 
 # typing (like dataclasses) is left off the client's import path: `dlm acquire` would pay
 # milliseconds for names only the type checker reads. mypy takes any TYPE_CHECKING as true.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from typing import Any, ClassVar, Protocol, Self, TypeAlias
+    from typing import Any, ClassVar, Self, TypeAlias
+
+    from dlm.frame_protocols import FrameOpenerLike, FrameSealerLike
 
     Check: TypeAlias = Callable[[dict[Any, Any], str], Any]
     """How a request field is decoded: the frame and the field's name in, the value out."""
-
-    class FrameOpenerLike(Protocol):
-        """dlm.auth.FrameOpener, named structurally: wire never imports dlm.auth."""
-
-        overhead: int
-
-        def open(self, payload: bytes) -> bytes: ...
-
-    class FrameSealerLike(Protocol):
-        def seal(self, body: bytes) -> bytes: ...
 
 
 PROTOCOL_VERSION = 4
@@ -259,8 +252,9 @@ def decode_body(body: bytes) -> Any:
         raise
     except RecursionError:
         raise ProtocolError("frame is nested too deeply") from None
-    except Exception as exc:  # invalid UTF-8 in a text string, mostly
-        raise ProtocolError(f"frame is not valid CBOR: {exc}") from None
+    except Exception as err:  # invalid UTF-8 in a text string, mostly
+        # Its own name: compiled (mypyc), ``exc`` keeps the type of the first handler's.
+        raise ProtocolError(f"frame is not valid CBOR: {err}") from None
 
 
 class BadFrame:
@@ -331,8 +325,8 @@ class FrameDecoder:
                 if self._opener is not None:
                     try:
                         body = self._opener.open(body)
-                    except ValueError as exc:  # dlm.auth.AuthError, which wire does not import
-                        self._failed = str(exc)
+                    except ValueError as err:  # dlm.auth.AuthError, which wire does not import
+                        self._failed = str(err)
                         raise ProtocolError(self._failed, ErrorCode.AUTH_FAILED) from None
                 try:
                     value = decode_body(body)
@@ -390,6 +384,9 @@ def as_map(obj: Any) -> dict[Any, Any]:
 _set = object.__setattr__
 
 
+# An ordinary Python class when compiled: the records here are built by a metaclass, and
+# the client's own records (interpreted) derive from it.
+@mypyc_attr(native_class=False)
 class Record:
     """Base of the small immutable value types here and in the client.
 
@@ -408,7 +405,8 @@ class Record:
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        assert isinstance(other, Record)
+        # Same class, so a Record; no isinstance here: compiled (mypyc), an isinstance of a
+        # class that is no native one misses the subclasses it did not compile.
         return self._values() == other._values()
 
     def __hash__(self) -> int:
@@ -435,6 +433,7 @@ class HelloRole(enum.StrEnum):
     PEER = "peer"
 
 
+@mypyc_attr(native_class=False)
 class Hello(Record):
     """The first frame of a connection.
 
@@ -859,10 +858,11 @@ def _dataclass_transform(**_: object) -> Callable[[type], type]:
     return lambda cls: cls
 
 
+# mypy reads typing's decorator; at run time a no-op stands in, put in place through
+# globals() because mypy, and so mypyc, takes an ``else`` of TYPE_CHECKING for dead code.
 if TYPE_CHECKING:
     from typing import dataclass_transform
-else:
-    dataclass_transform = _dataclass_transform
+globals().setdefault("dataclass_transform", _dataclass_transform)
 
 
 def _build(record: Any, values: dict[str, Any]) -> None:
@@ -910,7 +910,8 @@ class RecordSpec(type):
             origin + [k for k in plain if table[k].early] + [k for k in plain if not table[k].early]
         )
         namespace["_DECODE"] = tuple((k, table[k].check) for k in steps)
-        return super().__new__(mcls, name, bases, namespace)
+        # type.__new__ by name: mypyc compiles no super() call in a metaclass.
+        return type.__new__(mcls, name, bases, namespace)
 
 
 class Request(Record, metaclass=RecordSpec):
@@ -1393,8 +1394,10 @@ def _released_what(msg: dict[Any, Any], name: str) -> str:
 
 
 def _wire_value(value: Any) -> Any:
-    if isinstance(value, Reply):
-        return value.to_wire()
+    # Through a tuple: compiled (mypyc), isinstance(value, Reply) itself would miss the
+    # replies of dlm.views, which derive from Reply but are not compiled.
+    if isinstance(value, _REPLY_CLASSES):
+        return value.to_wire()  # type: ignore[attr-defined]
     if isinstance(value, list):
         return [_wire_value(v) for v in value]
     if isinstance(value, dict):
@@ -1441,6 +1444,9 @@ class Reply(Record, metaclass=RecordSpec):
         for name, check in cls._DECODE:
             _set(record, name, check(msg, name))
         return record
+
+
+_REPLY_CLASSES: tuple[type, ...] = (Reply,)
 
 
 class LeaseOpened(Reply):

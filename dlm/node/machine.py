@@ -55,8 +55,9 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
+from dlm.compiled import mypyc_attr
 from dlm.node import locks, permissions, replies
 from dlm.node.audit import Audit
 from dlm.node.clients import MAX_BAD_REQUESTS, ClientConn, Clients
@@ -102,6 +103,7 @@ from dlm.views import MembersView, StatusView
 from dlm.wire import (
     OTHER_INCARNATION,
     Acquire,
+    AuthChange,
     AuthList,
     BadFrame,
     ClientRequest,
@@ -157,6 +159,8 @@ __all__ = [
 # ---------------------------------------------------------------------------
 
 
+# The simulator's variants and mutants are interpreted subclasses of the compiled class.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class NodeMachine:
     """One member's decisions. Not thread-safe: one runtime task owns it.
 
@@ -167,12 +171,12 @@ class NodeMachine:
     """
 
     # Seams for the simulator's instrumented and bug-injected variants.
-    lock_machine_class: type[locks.LockStateMachine] = locks.LockStateMachine
-    raft_class: type[RaftNode] = RaftNode
-    tracker_class: type[LeaseTracker] = LeaseTracker
-    read_rounds_class: type[ReadRounds] = ReadRounds
-    watches_class: type[Watches] = Watches
-    check_permissions = True
+    lock_machine_class: ClassVar[type[locks.LockStateMachine]] = locks.LockStateMachine
+    raft_class: ClassVar[type[RaftNode]] = RaftNode
+    tracker_class: ClassVar[type[LeaseTracker]] = LeaseTracker
+    read_rounds_class: ClassVar[type[ReadRounds]] = ReadRounds
+    watches_class: ClassVar[type[Watches]] = Watches
+    check_permissions: ClassVar[bool] = True
     """A seam: the simulator's mutant switches the receiving member's permission check off."""
 
     def __init__(
@@ -691,7 +695,8 @@ class NodeMachine:
         elif route in ("propose", "identity"):
             self.proposals.propose(
                 state,
-                cast(LockChange, req),
+                # The identity route's requests are AuthChanges: mypyc checks a cast.
+                cast(LockChange | AuthChange, req),
                 now,
                 raft=self.raft,
                 machine=self.locks,

@@ -109,6 +109,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
+from dlm.compiled import mypyc_attr
 from dlm.node.raft.config import Config as Config  # noqa: PLC0414 (re-exported)
 from dlm.node.raft.follower import NARROW_AFTER as NARROW_AFTER  # noqa: PLC0414 (re-exported)
 from dlm.node.raft.follower import answer_stale_term, in_lease
@@ -209,6 +210,8 @@ _SEND_NOW = frozenset(
 """Messages that promise nothing about the sender's disk (only its durable term and vote)."""
 
 
+# The simulator's mutants are interpreted subclasses of the compiled class.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RaftNode:
     """One Raft member. Not thread-safe: one runtime task owns it."""
 
