@@ -23,7 +23,13 @@ from dlm.node.locks import (
     encode_command,
 )
 from dlm.node.locks.ledger import SUPERVISOR_GONE
-from dlm.node.snapshots import NODE_IMAGE_FORMAT, image, restore_image
+from dlm.node.snapshots import (
+    NODE_IMAGE_FORMAT,
+    NODE_IMAGE_FORMAT_V3,
+    identities_layout,
+    image,
+    restore_image,
+)
 from tests.unit.node.machine_driver import Cluster
 
 EXEC_META = {"host": "h1", "user": "u", "pid": "1", "cmd": "backup.sh --full"}
@@ -199,13 +205,14 @@ def test_through_the_node_a_run_is_recorded_read_back_and_kept_by_the_snapshot_i
     assert client.call("runs")["runs"][0]["key"] == "job"
     leader = cluster["n1"].machine
     data = image(leader.locks, leader.raft, leader.membership)
-    assert cbor2.loads(data)["format"] == 4
+    assert cbor2.loads(data)["format"] == NODE_IMAGE_FORMAT == 4
     restored = restore_image(data, type(leader.locks), leader.membership)
     assert restored.ledger.image() == leader.locks.ledger.image()
     # A format-3 image (cluster version 3) still opens, with an empty ledger.
     old = cbor2.loads(data)
-    old["format"] = NODE_IMAGE_FORMAT
-    del old["ledger"]
+    del old["ledger"], old["identity_removals"]
+    old.update(identities_layout(leader.locks.identities, 3))
+    assert old["format"] == NODE_IMAGE_FORMAT_V3
     back = restore_image(cbor2.dumps(old), type(leader.locks), leader.membership)
     assert len(back.ledger) == 0 and back.identities.image() == leader.locks.identities.image()
 
