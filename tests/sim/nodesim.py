@@ -746,6 +746,7 @@ class NodeSimulation:
                 proc.identity = ("", *TEAMS)[i % 3]
             self.procs.append(proc)
         self.leases_ttl_max_ms = 0
+        """The longest TTL a client's lease was opened with or updated to (the probe's bound)."""
         self.watch_truth = WatchTruth()
         self.watchers: list[SimWatcher] = []
         self.lease_views: dict[str, list[tuple[int, ClientProc, core.LeaseClock]]] = {}
@@ -2332,6 +2333,8 @@ class NodeSimulation:
         its clock says the lease lasts (a shorter TTL must not be outlived)."""
         urng = proc.update_rng
         ttl_ms = urng.choice((300, 500, 1000, 1000, 3000))
+        # The liveness probe's bound counts the longest TTL a lease may have, updated too.
+        self.leases_ttl_max_ms = max(self.leases_ttl_max_ms, ttl_ms)
         self.stats["ttl_shortened" if ttl_ms < clock.ttl_ms else "ttl_lengthened"] += 1
         ticket = clock.update_sent(proc.mono(), ttl_ms)
         keeper.nudge()
