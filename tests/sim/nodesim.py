@@ -17,7 +17,8 @@ events in simulated real time (world.py), driven by one seed:
   retransmission back-off does, until the sender replaces it; the sender
   decides that with the runtime's own ``LinkWatch`` (dlm/node/linkwatch.py),
   fed from the peer's acknowledgements, which a cut in the other direction
-  loses.
+  loses, and looked at on a timer as peers.py does (``LINK_POLL_US``), so a
+  connection a cut stalled is replaced even while nothing is written to it.
 * **clients** are processes running the client library's own flows
   (``dlm.client.core``: redirects, retries, backoff, request identity, the
   client-side lease clock), each over one connection at a time to a member,
@@ -168,6 +169,9 @@ EXEC_GRACE_MS = 150
 """How long before its deadline the exec model's guard starts stopping the command."""
 STALL_AFTER_S = TIMING.election_timeout_s
 """A peer connection with nothing acknowledged for this long is replaced (as server.py sets)."""
+LINK_POLL_US = int(STALL_AFTER_S * US / 4)
+"""How often a member looks at its outbound connections, written to or not (peers.py's
+``_until_lost`` polls every ``stall_after / 4``)."""
 RECOVERY_US = 2 * US
 """After the heal, a write (opening a lease) must succeed within this long."""
 
@@ -742,6 +746,7 @@ class NodeSimulation:
                 proc.identity = ("", *TEAMS)[i % 3]
             self.procs.append(proc)
         self.leases_ttl_max_ms = 0
+        """The longest TTL a client's lease was opened with or updated to (the probe's bound)."""
         self.watch_truth = WatchTruth()
         self.watchers: list[SimWatcher] = []
         self.lease_views: dict[str, list[tuple[int, ClientProc, core.LeaseClock]]] = {}
@@ -1246,6 +1251,29 @@ class NodeSimulation:
         link.replace(self.world.now + self._dial_delay(member.id, peer))
         # After this event, not inside it: the member is in the middle of its actions.
         self.world.after(0, lambda: self.on_member(member, self._link_broke(peer, member, False)))
+
+    def _poll_links(self) -> None:
+        """Every running member's look at its outbound connections, as peers.py's
+        ``_until_lost`` takes on a timer whether or not anything is written.
+
+        Looked at only when written to, a connection that a cut stalled stayed stalled
+        after the heal until its member next wrote to it, and that message was lost with
+        it: a member between election rounds writes nothing to its peers for a whole
+        (widened) election timeout, so every round after a heal could lose its requests
+        to connections the runtime would have replaced during the cut (seed 3601 at
+        2afbbb1: no leader for 3.1 s after the heal).
+        """
+        self.world.after(LINK_POLL_US, self._poll_links)
+        now = self.world.now
+        for (src, dst), link in list(self.peer_links.items()):
+            member = self.members.get(src)
+            if member is None or member.machine is None or member.paused or now < link.dial_at:
+                continue  # a stopped process looks at nothing; a link being dialled has no watch
+            mono = member.clock.mono(now)
+            if link.watch.observe(
+                mono, outstanding=link.sent > link.acked, acknowledged=link.acked
+            ):
+                self._replace_link(member, link, dst)
 
     def _dial_delay(self, src: str, dst: str) -> int:
         """How long a redial takes: a round trip, or a failed try and a back-off when the
@@ -2305,6 +2333,8 @@ class NodeSimulation:
         its clock says the lease lasts (a shorter TTL must not be outlived)."""
         urng = proc.update_rng
         ttl_ms = urng.choice((300, 500, 1000, 1000, 3000))
+        # The liveness probe's bound counts the longest TTL a lease may have, updated too.
+        self.leases_ttl_max_ms = max(self.leases_ttl_max_ms, ttl_ms)
         self.stats["ttl_shortened" if ttl_ms < clock.ttl_ms else "ttl_lengthened"] += 1
         ticket = clock.update_sent(proc.mono(), ttl_ms)
         keeper.nudge()
@@ -2918,6 +2948,7 @@ class NodeSimulation:
             self._steady_done = False
             self._schedule_faults()
             self.world.after(ELECTION_US, self._stale_expires)
+            self.world.after(LINK_POLL_US, self._poll_links)
             for proc in self.procs:
                 proc.spawn(self._script(proc), proc.name)
             if opts.steady is not None:
