@@ -4,6 +4,9 @@ The public Python API (docs/python.md) is what ``__all__`` lists, and nothing el
 
 - ``dlm.Client`` / ``dlm.AsyncClient`` (anyio: asyncio or trio), and the locks they
   make: ``dlm.Lock`` / ``dlm.AsyncLock`` (``client.lock(key)``, ``client.semaphore``);
+- elections (``client.election(name)``): ``dlm.Election`` / ``dlm.AsyncElection``, whose
+  ``campaign`` gives a ``dlm.Leadership`` / ``dlm.AsyncLeadership`` (a lock on the
+  election's key), and ``dlm.Leader`` (who leads, from ``leader()`` and ``observe()``);
 - ``dlm.now()``: the clock every lock deadline is on;
 - the exceptions, one per exit code of the ``dlm`` command, with the same meaning.
 
@@ -36,6 +39,8 @@ if TYPE_CHECKING:
         now,
     )
     from dlm._api.aio import AsyncClient, AsyncLock
+    from dlm._api.aio_election import AsyncElection, AsyncLeadership
+    from dlm._api.election import Election, Leader, Leadership
     from dlm._api.sync import Client, Lock
 
 _LAZY = {
@@ -43,6 +48,11 @@ _LAZY = {
     "Lock": "dlm._api.sync",
     "AsyncClient": "dlm._api.aio",
     "AsyncLock": "dlm._api.aio",
+    "Election": "dlm._api.election",
+    "Leader": "dlm._api.election",
+    "Leadership": "dlm._api.election",
+    "AsyncElection": "dlm._api.aio_election",
+    "AsyncLeadership": "dlm._api.aio_election",
 }
 """Where each public name lives (dlm._api, the public API's room, unless named here)."""
 
@@ -63,13 +73,18 @@ def __dir__() -> "list[str]":
 
 __all__ = [
     "AsyncClient",
+    "AsyncElection",
+    "AsyncLeadership",
     "AsyncLock",
     "AuthFailed",
     "BadRequest",
     "Client",
     "ClusterUnavailable",
     "DlmError",
+    "Election",
     "InertAfterFork",
+    "Leader",
+    "Leadership",
     "LeaseLost",
     "Lock",
     "LockHeld",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -30,6 +30,9 @@ from dlm.client import aio
 from dlm.client.clock import RECHECK_S, lease_clock
 from dlm.client.core import min_hold_ttl_ms
 from dlm.client.errors import DlmError, LeaseLost, LockHeld, LockLost
+
+if TYPE_CHECKING:
+    from dlm._api.aio_election import AsyncElection
 
 _IDLE_CONNECTIONS = 64
 LOST_GIVE_BACK_S = 1.0
@@ -129,6 +132,14 @@ class AsyncClient:
             limit=limit,
         )
 
+    def election(self, name: str) -> AsyncElection:
+        """Election ``name`` (the lock key ``name``, as `dlm elect NAME`): ``await
+        election.campaign(value)`` or ``async with election.campaign(value):`` to lead
+        it, ``await election.leader()``, ``async for leader in election.observe():``."""
+        from dlm._api.aio_election import AsyncElection
+
+        return AsyncElection(self, name)
+
     async def aclose(self) -> None:
         """Releases the locks still held through this client (best effort), stops their
         renewals and closes the connections. Does nothing in a forked child."""
@@ -217,6 +228,7 @@ class AsyncLock(HeldState):
         on_lost: Callable[[AsyncLock], object] | Callable[[], object] | None = None,
         cancel_margin: Duration | None = None,
         limit: int = 1,
+        lock_delay: Duration | None = None,
     ) -> None:
         ttl_ms = _options.ttl_ms(ttl)
         super().__init__(
@@ -227,6 +239,7 @@ class AsyncLock(HeldState):
             meta=_options.meta(meta),
             min_hold_s=_options.optional_seconds(min_hold, "min_hold"),
             on_lost=on_lost,
+            lock_delay_ms=_options.lock_delay_ms(lock_delay),
         )
         self._owner = Owner()
         self._client = client
@@ -393,7 +406,7 @@ class AsyncLock(HeldState):
         self._tokens = {}
         inner = self._client._borrow()
         try:
-            lease = await inner.open_lease(self._ttl_ms)
+            lease = await inner.open_lease(self._ttl_ms, lock_delay_ms=self._lock_delay_ms)
             self._lease = lease.id
             scope = anyio.CancelScope()
             self._hold_scope = scope

@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dlm._api import options as _options
 from dlm._api.fork import Owner
@@ -30,6 +30,9 @@ from dlm.client import sync
 from dlm.client.clock import lease_clock
 from dlm.client.core import min_hold_ttl_ms
 from dlm.client.errors import DlmError, LeaseLost, LockHeld, LockLost
+
+if TYPE_CHECKING:
+    from dlm._api.election import Election
 
 _IDLE_CONNECTIONS = 64
 """Connections a client keeps open between calls (more are opened while many wait)."""
@@ -128,6 +131,13 @@ class Client:
             limit=limit,
         )
 
+    def election(self, name: str) -> Election:
+        """Election ``name`` (the lock key ``name``, as `dlm elect NAME`):
+        ``election.campaign(value)`` to lead it, ``leader()``, ``observe()``."""
+        from dlm._api.election import Election
+
+        return Election(self, name)
+
     def close(self) -> None:
         """Releases the locks still held through this client (best effort), stops their
         renewals and closes the connections. Does nothing in a forked child."""
@@ -213,6 +223,7 @@ class Lock(HeldState):
         min_hold: Duration | None = None,
         on_lost: Callable[[Lock], object] | Callable[[], object] | None = None,
         limit: int = 1,
+        lock_delay: Duration | None = None,
     ) -> None:
         super().__init__(
             _options.keys(key),
@@ -222,6 +233,7 @@ class Lock(HeldState):
             meta=_options.meta(meta),
             min_hold_s=_options.optional_seconds(min_hold, "min_hold"),
             on_lost=on_lost,
+            lock_delay_ms=_options.lock_delay_ms(lock_delay),
         )
         self._owner = Owner()
         self._client = client
@@ -353,7 +365,7 @@ class Lock(HeldState):
             self._lost_reason = None
             self._tokens = {}
             with self._client._borrow() as inner:
-                lease = inner.open_lease(self._ttl_ms)
+                lease = inner.open_lease(self._ttl_ms, lock_delay_ms=self._lock_delay_ms)
                 self._lease = lease.id
                 keeper = sync.KeepAlive(
                     self._client._base, lease, on_lost=_lost_callback(self, self._lost)
