@@ -4,6 +4,7 @@ processes: FIFO candidates with rising epochs, proclaim seen by ``leader()`` and
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 import dlm
 from tests.cluster.cli_harness import Dlm
-from tests.cluster.harness import Cluster
+from tests.cluster.harness import Cluster, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -36,8 +37,6 @@ def test_the_second_candidate_leads_only_after_the_first_resigns_with_a_higher_e
 ) -> None:
     first = client.election("py/elect-fifo").campaign("a", ttl="10s")
     assert first.owned()
-    watcher = client._base.spawn()
-    changes = watcher.watch("py/elect-fifo")
     elected: list[dlm.Leadership] = []
     failed: list[BaseException] = []
 
@@ -47,69 +46,79 @@ def test_the_second_candidate_leads_only_after_the_first_resigns_with_a_higher_e
         except BaseException as exc:
             failed.append(exc)
 
+    def queued_or_done() -> bool:
+        with client._borrow() as inner:
+            return inner.get("py/elect-fifo").waiting > 0 or not thread.is_alive()
+
     thread = threading.Thread(target=second_candidate, daemon=True)
-    try:
-        thread.start()
-        for change in changes:  # bounded by the watch's timeout
-            if change.event == "queued":
-                break
-        # The second candidate is in the queue: still the first leads.
-        now = client.election("py/elect-fifo").leader()
-        assert now is not None and (now.lease, now.token, now.value) == (
-            first.lease,
-            first.token,
-            "a",
-        )
-        assert not elected
-        first.resign()
-        thread.join(WAIT_S)
-        assert not thread.is_alive() and not failed, failed
-        (second,) = elected
-        assert second.token > first.token and second.owned()
-        led = client.election("py/elect-fifo").leader()
-        assert led is not None and (led.lease, led.token, led.value) == (
-            second.lease,
-            second.token,
-            "b",
-        )
-        second.resign()
-        assert client.election("py/elect-fifo").leader() is None
-    finally:
-        watcher.close()
+    thread.start()
+    wait_for(queued_or_done, WAIT_S, "the second candidate to queue")
+    assert not failed, failed
+    # The second candidate is in the queue: still the first leads.
+    now = client.election("py/elect-fifo").leader()
+    assert now is not None and (now.lease, now.token, now.value) == (
+        first.lease,
+        first.token,
+        "a",
+    )
+    assert not elected
+    first.resign()
+    thread.join(WAIT_S)
+    assert not thread.is_alive() and not failed, failed
+    (second,) = elected
+    assert second.token > first.token and second.owned()
+    led = client.election("py/elect-fifo").leader()
+    assert led is not None and (led.lease, led.token, led.value) == (
+        second.lease,
+        second.token,
+        "b",
+    )
+    second.resign()
+    assert client.election("py/elect-fifo").leader() is None
 
 
 def test_proclaim_changes_what_leader_and_observe_say_only_while_leading(
     client: dlm.Client,
 ) -> None:
     election = client.election("py/elect-proclaim")
-    changes = election.observe(timeout="10s")
-    try:
-        assert next(changes) is None
-        with election.campaign("v1", ttl="10s") as leading:
-            shown = next(changes)
-            assert shown is not None and (shown.value, shown.token) == ("v1", leading.token)
-            leading.proclaim("v2")
-            proclaimed = next(changes)
-            assert proclaimed is not None
-            assert (proclaimed.value, proclaimed.token, proclaimed.lease) == (
-                "v2",
-                leading.token,
-                leading.lease,
-            )
-            assert proclaimed.since == shown.since  # the same election: since stays
-            assert proclaimed.index > shown.index
-            now = election.leader()
-            assert now is not None and (now.value, now.token) == ("v2", leading.token)
-            with pytest.raises(dlm.NotHolder):
-                client.election("py/elect-proclaim").proclaim("usurper")
-        assert next(changes) is None  # resigned at the end of the block
-        with pytest.raises(dlm.NotHolder):
-            leading.proclaim("v3")
-        with pytest.raises(dlm.NotHolder):
-            election.proclaim("v3")
-        assert election.leader() is None
-    finally:
+    seen: queue.Queue[dlm.Leader | None] = queue.Queue()
+
+    def follow() -> None:
+        # In a thread of its own, so a change that never comes fails the test (below)
+        # rather than hanging it: the four changes expected, then the watch is closed.
+        changes = election.observe(timeout="10s")
+        for _ in range(4):
+            seen.put(next(changes))
         changes.close()
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    assert seen.get(timeout=WAIT_S) is None
+    with election.campaign("v1", ttl="10s") as leading:
+        shown = seen.get(timeout=WAIT_S)
+        assert shown is not None and (shown.value, shown.token) == ("v1", leading.token)
+        leading.proclaim("v2")
+        proclaimed = seen.get(timeout=WAIT_S)
+        assert proclaimed is not None
+        assert (proclaimed.value, proclaimed.token, proclaimed.lease) == (
+            "v2",
+            leading.token,
+            leading.lease,
+        )
+        assert proclaimed.since == shown.since  # the same election: since stays
+        assert proclaimed.index > shown.index
+        now = election.leader()
+        assert now is not None and (now.value, now.token) == ("v2", leading.token)
+        with pytest.raises(dlm.NotHolder):
+            client.election("py/elect-proclaim").proclaim("usurper")
+    assert seen.get(timeout=WAIT_S) is None  # resigned at the end of the block
+    follower.join(WAIT_S)
+    assert not follower.is_alive()
+    with pytest.raises(dlm.NotHolder):
+        leading.proclaim("v3")
+    with pytest.raises(dlm.NotHolder):
+        election.proclaim("v3")
+    assert election.leader() is None
 
 
 def test_an_async_leaders_body_is_cancelled_when_its_lease_is_revoked(
