@@ -38,21 +38,20 @@ if TYPE_CHECKING:
         ServerError,
         now,
     )
-    from dlm._api.aio import AsyncClient, AsyncLock
-    from dlm._api.aio_election import AsyncElection, AsyncLeadership
-    from dlm._api.election import Election, Leader, Leadership
-    from dlm._api.sync import Client, Lock
+    from dlm._api.aio import AsyncClient, AsyncElection, AsyncLeadership, AsyncLock
+    from dlm._api.election import Leader
+    from dlm._api.sync import Client, Election, Leadership, Lock
 
 _LAZY = {
     "Client": "dlm._api.sync",
     "Lock": "dlm._api.sync",
     "AsyncClient": "dlm._api.aio",
     "AsyncLock": "dlm._api.aio",
-    "Election": "dlm._api.election",
+    "Election": "dlm._api.sync",
+    "Leadership": "dlm._api.sync",
     "Leader": "dlm._api.election",
-    "Leadership": "dlm._api.election",
-    "AsyncElection": "dlm._api.aio_election",
-    "AsyncLeadership": "dlm._api.aio_election",
+    "AsyncElection": "dlm._api.aio",
+    "AsyncLeadership": "dlm._api.aio",
 }
 """Where each public name lives (dlm._api, the public API's room, unless named here)."""
 
