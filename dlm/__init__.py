@@ -4,6 +4,9 @@ The public Python API (docs/python.md) is what ``__all__`` lists, and nothing el
 
 - ``dlm.Client`` / ``dlm.AsyncClient`` (anyio: asyncio or trio), and the locks they
   make: ``dlm.Lock`` / ``dlm.AsyncLock`` (``client.lock(key)``, ``client.semaphore``);
+- elections (``client.election(name)``): ``dlm.Election`` / ``dlm.AsyncElection``, whose
+  ``campaign`` gives a ``dlm.Leadership`` / ``dlm.AsyncLeadership`` (a lock on the
+  election's key), and ``dlm.Leader`` (who leads, from ``leader()`` and ``observe()``);
 - ``dlm.now()``: the clock every lock deadline is on;
 - the exceptions, one per exit code of the ``dlm`` command, with the same meaning.
 
@@ -35,14 +38,20 @@ if TYPE_CHECKING:
         ServerError,
         now,
     )
-    from dlm._api.aio import AsyncClient, AsyncLock
-    from dlm._api.sync import Client, Lock
+    from dlm._api.aio import AsyncClient, AsyncElection, AsyncLeadership, AsyncLock
+    from dlm._api.election import Leader
+    from dlm._api.sync import Client, Election, Leadership, Lock
 
 _LAZY = {
     "Client": "dlm._api.sync",
     "Lock": "dlm._api.sync",
     "AsyncClient": "dlm._api.aio",
     "AsyncLock": "dlm._api.aio",
+    "Election": "dlm._api.sync",
+    "Leadership": "dlm._api.sync",
+    "Leader": "dlm._api.election",
+    "AsyncElection": "dlm._api.aio",
+    "AsyncLeadership": "dlm._api.aio",
 }
 """Where each public name lives (dlm._api, the public API's room, unless named here)."""
 
@@ -63,13 +72,18 @@ def __dir__() -> "list[str]":
 
 __all__ = [
     "AsyncClient",
+    "AsyncElection",
+    "AsyncLeadership",
     "AsyncLock",
     "AuthFailed",
     "BadRequest",
     "Client",
     "ClusterUnavailable",
     "DlmError",
+    "Election",
     "InertAfterFork",
+    "Leader",
+    "Leadership",
     "LeaseLost",
     "Lock",
     "LockHeld",

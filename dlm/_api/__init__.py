@@ -2,6 +2,9 @@
 
 ``dlm/__init__.py`` exports these names lazily; this package holds them:
 sync.py (``Client``, ``Lock``), aio.py (``AsyncClient``, ``AsyncLock``: anyio),
+with ``client.election(name)``'s ``Election`` and ``Leadership`` (sync.py) and
+``AsyncElection`` and ``AsyncLeadership`` (aio.py), built on the locks; election.py
+(``Leader`` and the campaign's pure rules),
 held.py (what a lock object knows of what it holds, shared by both), options.py
 (the arguments read as the ``dlm`` command reads its flags and variables), fork.py
 (objects inert in a forked child), and here ``now()`` and the exceptions, which are

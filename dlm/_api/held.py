@@ -50,6 +50,7 @@ class HeldState:
         meta: dict[str, str],
         min_hold_s: float | None,
         on_lost: Callable[..., object] | None,
+        lock_delay_ms: int = 0,
     ) -> None:
         self._keys = keys
         self._ttl_ms = ttl_ms
@@ -58,6 +59,7 @@ class HeldState:
         self._meta = meta
         self._min_hold_s = min_hold_s
         self._on_lost = on_lost
+        self._lock_delay_ms = lock_delay_ms
         self._lease: str | None = None
         self._tokens: dict[str, int] = {}
         self._keeper = None

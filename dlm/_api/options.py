@@ -61,6 +61,17 @@ def ttl_ms(value: Duration, name: str = "ttl") -> int:
     return ms
 
 
+def lock_delay_ms(value: Duration | None, name: str = "lock_delay") -> int:
+    """A lease's lock-delay in milliseconds (None: none), 0 up to a minute."""
+    if value is None:
+        return 0
+    ms = milliseconds(value, name)
+    problem = limits.check_lock_delay_ms(ms, value if isinstance(value, str) else f"{value}s")
+    if problem is not None:
+        raise ValueError(f"bad {name}: {problem}")
+    return ms
+
+
 def optional_seconds(value: Duration | None, name: str) -> float | None:
     return None if value is None else seconds(value, name)
 

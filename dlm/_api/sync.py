@@ -17,12 +17,20 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
 from dlm._api import options as _options
+from dlm._api.election import (
+    Leader,
+    campaign_meta,
+    campaign_wait,
+    leader_from_state,
+    leader_from_watch,
+    not_leading,
+)
 from dlm._api.fork import Owner
 from dlm._api.held import HeldState
 from dlm._api.options import Duration
@@ -128,6 +136,11 @@ class Client:
             limit=limit,
         )
 
+    def election(self, name: str) -> Election:
+        """Election ``name`` (the lock key ``name``, as `dlm elect NAME`):
+        ``election.campaign(value)`` to lead it, ``leader()``, ``observe()``."""
+        return Election(self, name)
+
     def close(self) -> None:
         """Releases the locks still held through this client (best effort), stops their
         renewals and closes the connections. Does nothing in a forked child."""
@@ -213,6 +226,7 @@ class Lock(HeldState):
         min_hold: Duration | None = None,
         on_lost: Callable[[Lock], object] | Callable[[], object] | None = None,
         limit: int = 1,
+        lock_delay: Duration | None = None,
     ) -> None:
         super().__init__(
             _options.keys(key),
@@ -222,6 +236,7 @@ class Lock(HeldState):
             meta=_options.meta(meta),
             min_hold_s=_options.optional_seconds(min_hold, "min_hold"),
             on_lost=on_lost,
+            lock_delay_ms=_options.lock_delay_ms(lock_delay),
         )
         self._owner = Owner()
         self._client = client
@@ -353,7 +368,7 @@ class Lock(HeldState):
             self._lost_reason = None
             self._tokens = {}
             with self._client._borrow() as inner:
-                lease = inner.open_lease(self._ttl_ms)
+                lease = inner.open_lease(self._ttl_ms, lock_delay_ms=self._lock_delay_ms)
                 self._lease = lease.id
                 keeper = sync.KeepAlive(
                     self._client._base, lease, on_lost=_lost_callback(self, self._lost)
@@ -417,3 +432,141 @@ def _give_back_quietly(inner: sync.Client, lease: str, *, then_close: bool = Fal
     finally:
         if then_close:
             inner.close()
+
+
+class Leadership(Lock):
+    """This process leading an election, returned by ``Election.campaign``: a
+    ``dlm.Lock`` on the election's key (``token`` is the leadership epoch; ``lease``,
+    ``deadline``, ``time_left()``, ``check()``, ``lost`` and ``on_lost`` as for a lock),
+    plus ``value``, ``proclaim(value)`` and ``resign()``. ``with election.campaign():``
+    resigns at the end of the block, and raises ``dlm.LockLost`` if leadership was lost
+    meanwhile."""
+
+    def __init__(self, election: Election, value: str, **terms: Any) -> None:
+        super().__init__(election._client, election.name, meta=campaign_meta(value), **terms)
+        self._election = election
+        self._value = value
+
+    @property
+    def name(self) -> str:
+        """The election's name (its lock key)."""
+        return self.key
+
+    @property
+    def value(self) -> str:
+        """What this leader proclaims (the campaign's value, then each ``proclaim``'s)."""
+        return self._value
+
+    def proclaim(self, value: str) -> None:
+        """Changes the election's value without a new election (``token`` stays).
+        ``dlm.NotHolder`` (the `dlm proclaim` exit 77) unless this still leads."""
+        meta = campaign_meta(value)
+        self._owner.check("this dlm.Leadership")
+        with self._mutex:
+            if not self._holding or self._lost.is_set():
+                raise not_leading(self.name)
+            with self._client._borrow() as inner:
+                inner.proclaim(self.lease, self.name, value)
+            self._value = value
+            self._meta = {**self._meta, **meta}
+
+    def resign(self) -> None:
+        """Gives up leading: the next candidate in the queue is elected at once (no
+        lock-delay). Quiet if this no longer leads."""
+        self._owner.check("this dlm.Leadership")
+        with self._mutex:
+            if self._holding:
+                self.release()
+
+    def __enter__(self) -> Leadership:
+        if self._holding:
+            return self  # `with election.campaign():` already campaigned
+        super().__enter__()
+        return self
+
+    def _describe(self) -> str:
+        return f"leadership of {self.key!r}"
+
+
+class Election:
+    """An election, made by ``Client.election(name)``: ``campaign`` to lead it,
+    ``leader()`` to read who leads, ``observe()`` to follow every change. Thread-safe for
+    ``leader`` and ``observe``; one campaign at a time per Election object."""
+
+    def __init__(self, client: Client, name: str) -> None:
+        (self._name,) = _options.keys(name)
+        self._client = client
+        self._leading: Leadership | None = None
+
+    @property
+    def name(self) -> str:
+        """The election's name: the lock key it is held on."""
+        return self._name
+
+    def campaign(
+        self,
+        value: str = "",
+        *,
+        ttl: Duration = "30s",
+        wait: Duration | None = None,
+        lock_delay: Duration | None = None,
+        on_lost: Callable[[Leadership], object] | Callable[[], object] | None = None,
+    ) -> Leadership:
+        """Queues for the election (FIFO) and returns once this candidate leads, as a
+        ``Leadership`` whose ``token`` is the leadership epoch. ``value``: what
+        ``leader()`` and ``observe()`` show for it. ``ttl``: its lease's, renewed in the
+        background. ``wait``: how long to stay in the queue (None: as long as it
+        takes), then ``dlm.LockHeld``. ``lock_delay``: after this leader's lease
+        expires or is revoked (not after a resign), nobody is elected for that long.
+        ``on_lost``: as for ``Client.lock``. ``with election.campaign(...) as leading:``
+        resigns at the end of the block."""
+        if self._leading is not None and self._leading._holding:
+            raise RuntimeError(f"already leading {self._name!r}: resign first")
+        leading = Leadership(
+            self,
+            value,
+            ttl=ttl,
+            wait=campaign_wait(wait),
+            lock_delay=lock_delay,
+            on_lost=on_lost,
+        )
+        leading._acquire(True, None)
+        self._leading = leading
+        return leading
+
+    def resign(self) -> None:
+        """Gives up leading, if this Election's last campaign leads (else nothing)."""
+        leading = self._leading
+        if leading is not None:
+            leading.resign()
+
+    def proclaim(self, value: str) -> None:
+        """Changes the election's value while this Election's campaign leads;
+        ``dlm.NotHolder`` (exit 77's meaning) otherwise."""
+        leading = self._leading
+        if leading is None:
+            raise not_leading(self._name)
+        leading.proclaim(value)
+
+    def leader(self) -> Leader | None:
+        """Who leads now (a linearizable read), or None while nobody does."""
+        with self._client._borrow() as inner:
+            return leader_from_state(self._name, inner.get(self._name))
+
+    def observe(self, *, timeout: Duration | None = None) -> Generator[Leader | None]:
+        """The leader now, then each change (a new leader, nobody, a new value), pushed
+        by the cluster and resumed across member failures without a gap (``dlm
+        observe``). ``dlm.ClusterUnavailable`` once no member served it for ``timeout``
+        (default: the client's). Uses a connection of its own; closing the iterator (or
+        leaving the ``for`` loop) closes it."""
+        seconds = _options.optional_seconds(timeout, "timeout")
+        self._client._owner.check("this dlm.Client")
+        inner = self._client._base.spawn()
+        try:
+            for seen in inner.observe(self._name, timeout=seconds):
+                yield leader_from_watch(seen)
+        finally:
+            inner.close()
+
+    def __repr__(self) -> str:
+        return f"<dlm.Election {self._name!r}>"
