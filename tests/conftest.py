@@ -1,7 +1,7 @@
 """Options shared by all test directories (`pytest tests` and `pytest tests/sim` accept them),
 the signal dispositions every test starts from, and how tests share workers under xdist.
 
-`make test` runs the suite on several pytest-xdist workers (``-n 4 --dist loadgroup``):
+``PYTEST_WORKERS=4 make test`` runs the suite on four pytest-xdist workers (``--dist loadgroup``):
 most tests wait on processes and sockets, not on the CPU. Two kinds of test are kept
 together on one worker, by xdist_group:
 
@@ -11,6 +11,10 @@ together on one worker, by xdist_group:
   makes a group of its own, for tests that only race each other (the dev clusters' ports);
 - those that share a fixture wider than a test (a module's cluster of three members, a
   built zipapp) run on the worker that made it, so it is made once, not once per worker.
+
+`make test` itself runs two workers with ``--processes-on-one-worker``: every test that
+starts processes (tests/cluster, tests/chaos, tests/compat) runs on one of them, one after
+another as without xdist, while the simulator and the unit tests run on the other.
 """
 
 from __future__ import annotations
@@ -39,7 +43,13 @@ SERIAL_GROUP = "serial"
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.pluginmanager.hasplugin("xdist"):
         return
+    one_worker = config.getoption("--processes-on-one-worker")
     for item in items:
+        if one_worker and _starts_processes(item):
+            # Every test that starts members runs on one worker, one after another, as
+            # without xdist; the simulator and the unit tests share the other workers.
+            item.add_marker(pytest.mark.xdist_group(PROCESS_GROUP))
+            continue
         serial = item.get_closest_marker("serial")
         if serial is not None:
             # serial("name"): a group of its own, for tests that only race each other.
@@ -47,6 +57,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(group))
         elif _shares_a_wide_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+PROCESS_GROUP = "processes"
+PROCESS_DIRS = ("chaos", "cluster", "compat")
+"""The test folders whose tests start members and clients as processes."""
+
+
+def _starts_processes(item: pytest.Item) -> bool:
+    parts = item.nodeid.split("/")
+    return len(parts) > 2 and parts[0] == "tests" and parts[1] in PROCESS_DIRS
 
 
 def _shares_a_wide_fixture(item: pytest.Item) -> bool:
@@ -62,6 +82,14 @@ def _shares_a_wide_fixture(item: pytest.Item) -> bool:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--processes-on-one-worker",
+        action="store_true",
+        default=False,
+        help="under xdist, run every test of tests/cluster, tests/chaos and tests/compat on "
+        "one worker, one at a time (make test: they wait on processes; the simulator and "
+        "the unit tests, which compute, run beside them on the other workers)",
+    )
     parser.addoption(
         "--sim-seeds",
         action="store",
