@@ -295,7 +295,7 @@ class Cluster:
                 write_secret_file(path)
         problem = ""
         for _ in range(START_ATTEMPTS):
-            ports = _free_ports(self.size)
+            ports = free_ports(self.size)
             self.members = [Member(f"n{i + 1}", port, self.base) for i, port in enumerate(ports)]
             for member in self.members:
                 self._spawn(member, first=True)
@@ -494,7 +494,7 @@ def cluster(size: int = 3, **options: Any) -> Iterator[Cluster]:
         yield started
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Ports the kernel says are free now, all different (held open together while chosen)."""
     socks = []
     try:

@@ -27,25 +27,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import cbor2
 
+from dlm.testing import processes
+
+free_ports = processes.free_ports
+"""Ports free now, all different: dlm.testing's picker, which these tests share."""
+
 if TYPE_CHECKING:
     from dlm.auth import FrameOpener, FrameSealer
     from dlm.client import Client
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
-
-
-def free_ports(count: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def wait_for(

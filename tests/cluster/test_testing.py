@@ -230,7 +230,7 @@ def test_a_member_that_finds_its_port_taken_makes_the_start_try_fresh_ports(
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     calls: list[int] = []
-    real = processes._free_ports
+    real = processes.free_ports
 
     def first_one_taken(count: int) -> list[int]:
         ports = real(count)
@@ -239,7 +239,7 @@ def test_a_member_that_finds_its_port_taken_makes_the_start_try_fresh_ports(
             ports[0] = taken.getsockname()[1]
         return ports
 
-    monkeypatch.setattr(processes, "_free_ports", first_one_taken)
+    monkeypatch.setattr(processes, "free_ports", first_one_taken)
     try:
         with Cluster(3) as c:
             assert len(calls) == 2
