@@ -77,6 +77,9 @@ class ErrorCode(enum.StrEnum):
     PERMISSION_DENIED = "PERMISSION_DENIED"
     COMPACTED = "COMPACTED"
     """A watch asked to resume from an index whose changes this member no longer keeps."""
+    WRONG_PARTITION = "WRONG_PARTITION"
+    """The request names a key another partition holds (dlm/partitioning.py); the error
+    carries ``partitions``, the cluster's count, so the client can route it again."""
 
 
 # ---------------------------------------------------------------------------
