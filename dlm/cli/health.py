@@ -10,14 +10,23 @@ anything, because it takes no part in a quorum.
 - ``degraded``: the cluster serves (a leader answered with a quorum) but a
   voter is unreachable, silent for two election timeouts, or far behind;
 - ``no_quorum``: no leader with a quorum answered (decided by the caller).
+
+A cluster of P partitions (P Raft groups on the same members) is judged by
+partition 0's members as above, then each partition by its leader's account:
+it is ``degraded`` when any partition has no leader, has a voter more than
+``MAX_BEHIND_ENTRIES`` behind, or has a voter its leader has not heard from;
+each such reason names its partition.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dlm.cli.output import escape
 from dlm.durations import format_ms
+
+if TYPE_CHECKING:
+    from dlm.views import StatusView
 
 HEALTHY, DEGRADED, NO_QUORUM = "healthy", "degraded", "no_quorum"
 
@@ -110,3 +119,97 @@ def check_line(health: dict[str, Any]) -> str:
     if health["state"] == NO_QUORUM:
         return f"{state}: {health['reason']}"
     return f"{state}: {health['reason']}; {tolerance_line(health)}"
+
+
+# ---------------------------------------------------------------------------
+# Partitions: a cluster of P Raft groups is as healthy as its worst partition
+# ---------------------------------------------------------------------------
+
+
+def replication_lag(view: StatusView | None) -> int | None:
+    """A partition's ``lag``: its leader's commit index minus the match index of its
+    slowest voter, in entries (0 when every voter has every committed entry; a voter
+    ahead of the commit counts 0). From the leader's own status only, since only the
+    leader knows each voter's match: None when ``view`` is not the leader's, or it sent
+    no progress (a member of an older release)."""
+    if view is None or view.role != "leader" or view.progress is None or view.commit is None:
+        return None
+    learners = {m.id for m in view.members if m.role == "learner"}
+    matches = [
+        seen.match
+        for member, seen in view.progress.items()
+        if member not in learners and seen.match is not None
+    ]
+    if not matches:
+        return None
+    return max(0, view.commit - min(matches))
+
+
+def partition_entry(
+    partition: int, view: StatusView | None, *, commit: int | None = None
+) -> dict[str, Any]:
+    """One item of `dlm status --json`'s ``partitions``: ``{"partition", "leader", "term",
+    "commit", "lag"}`` from the partition's answer to a linearizable ``status`` (None: no
+    leader answered it, and only ``partition`` is known). ``commit``: the leader's own
+    commit index when known better than the answering member's."""
+    if view is None:
+        return {"partition": partition, "leader": None, "term": None, "commit": None, "lag": None}
+    return {
+        "partition": partition,
+        "leader": view.leader,
+        "term": view.term,
+        "commit": view.commit if commit is None else commit,
+        "lag": replication_lag(view),
+    }
+
+
+def partition_problems(
+    entry: dict[str, Any],
+    view: StatusView | None,
+    why: str | None = None,
+    known_down: frozenset[str] = frozenset(),
+) -> list[str]:
+    """What is wrong with one partition, each naming it (empty when nothing is): no
+    leader (``why`` it did not answer), a voter more than MAX_BEHIND_ENTRIES behind its
+    leader, or a voter its leader has not heard from for SILENT_AFTER_MS, unless it is in
+    ``known_down`` (members already reported as not answering us at all)."""
+    name = f"partition {entry['partition']}"
+    if entry.get("leader") is None:
+        return [f"{name} has no leader" + (f" ({why})" if why else "")]
+    problems: list[str] = []
+    lag = entry.get("lag")
+    if isinstance(lag, int) and lag > MAX_BEHIND_ENTRIES:
+        problems.append(f"{name}: its slowest voter is {lag} entries behind the leader")
+    if view is not None and view.progress is not None:
+        learners = {m.id for m in view.members if m.role == "learner"}
+        for member, seen in sorted(view.progress.items()):
+            silent = seen.last_contact_ms
+            if (
+                member in learners
+                or member in known_down
+                or member == entry.get("leader")
+                or not isinstance(silent, int)
+                or silent <= SILENT_AFTER_MS
+            ):
+                continue
+            problems.append(
+                f"{name}: its leader has not heard from {escape(member)} for {format_ms(silent)}"
+            )
+    return problems
+
+
+def with_partitions(verdict: dict[str, Any], problems: list[str], serving: bool) -> dict[str, Any]:
+    """The verdict of a partitioned cluster: ``verdict`` (partition 0's, from its members)
+    made degraded by any partition's ``problems``. ``serving``: some partition has a
+    leader, so a cluster whose partition 0 has none is degraded, not without a quorum
+    (the keys of the other partitions are still served)."""
+    if not problems:
+        return verdict
+    reason = "; ".join(problems)
+    if verdict["state"] == HEALTHY:
+        return {**verdict, "healthy": False, "state": DEGRADED, "reason": reason}
+    if verdict["state"] == DEGRADED:
+        return {**verdict, "reason": f"{verdict['reason']}; {reason}"}
+    if serving:  # no quorum in partition 0 (its problem is among ``problems``)
+        return {**verdict, "state": DEGRADED, "reason": reason}
+    return verdict

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from dlm.cli import health
+from dlm.views import StatusView
 
 
 def member(
@@ -96,3 +97,107 @@ def test_member_names_are_escaped_in_the_reason() -> None:
     odd = {**member("n3", reachable=False), "id": "n3\x1b[2J"}
     verdict = health.assess([member("n1"), member("n2"), odd], "n1")
     assert "\x1b" not in verdict["reason"] and "n3\\x1b[2J" in verdict["reason"]
+
+
+# -- partitions ---------------------------------------------------------------------------
+
+
+def partition_view(
+    commit: int = 500,
+    matches: dict[str, int] | None = None,
+    contacts: dict[str, int] | None = None,
+    role: str = "leader",
+    learners: tuple[str, ...] = (),
+) -> StatusView:
+    matches = matches if matches is not None else {"n1": 500, "n2": 500, "n3": 500}
+    contacts = contacts or {}
+    return StatusView.from_wire(
+        {
+            "node": "n1",
+            "role": role,
+            "leader": "n1",
+            "term": 3,
+            "commit": commit,
+            "members": [
+                {
+                    "id": n,
+                    "address": f"10.0.0.{n[-1]}:7700",
+                    "role": "learner" if n in learners else "voter",
+                }
+                for n in matches
+            ],
+            "progress": {
+                n: {
+                    "match": m,
+                    "next": m + 1,
+                    "active": True,
+                    "last_contact_ms": contacts.get(n, 10),
+                }
+                for n, m in matches.items()
+            },
+        }
+    )
+
+
+def test_lag_is_the_leader_s_commit_minus_the_slowest_voter_s_match() -> None:
+    view = partition_view(
+        commit=500, matches={"n1": 502, "n2": 480, "n3": 499, "n4": 3}, learners=("n4",)
+    )
+    # n4 is a learner: it takes no part in a quorum, so its 497 entries do not count.
+    assert health.replication_lag(view) == 20
+    assert health.replication_lag(partition_view(matches={"n1": 510, "n2": 505})) == 0
+    # Only the leader knows the voters' match indexes.
+    assert health.replication_lag(partition_view(role="follower")) is None
+    assert health.replication_lag(None) is None
+
+
+def test_a_partition_entry_has_exactly_the_five_fields() -> None:
+    entry = health.partition_entry(2, partition_view(matches={"n1": 500, "n2": 490}))
+    assert entry == {"partition": 2, "leader": "n1", "term": 3, "commit": 500, "lag": 10}
+    assert health.partition_entry(3, None) == {
+        "partition": 3, "leader": None, "term": None, "commit": None, "lag": None,
+    }  # fmt: skip
+
+
+def test_each_partition_problem_names_its_partition() -> None:
+    leaderless = health.partition_entry(3, None)
+    assert health.partition_problems(leaderless, None, "no quorum within 5s") == [
+        "partition 3 has no leader (no quorum within 5s)"
+    ]
+    behind = partition_view(matches={"n1": 5000, "n2": 5000, "n3": 100}, commit=5000)
+    problems = health.partition_problems(health.partition_entry(1, behind), behind)
+    assert problems == ["partition 1: its slowest voter is 4900 entries behind the leader"]
+    silent = partition_view(contacts={"n3": 9000})
+    problems = health.partition_problems(health.partition_entry(2, silent), silent)
+    assert problems == ["partition 2: its leader has not heard from n3 for 9s"]
+    # A member every partition misses is reported once, with partition 0's members.
+    assert (
+        health.partition_problems(
+            health.partition_entry(2, silent), silent, known_down=frozenset({"n3"})
+        )
+        == []
+    )
+    fine = partition_view()
+    assert health.partition_problems(health.partition_entry(1, fine), fine) == []
+
+
+def test_any_partition_s_problem_makes_the_cluster_degraded() -> None:
+    healthy = health.assess([member("n1"), member("n2"), member("n3")], "n1")
+    assert health.with_partitions(healthy, [], serving=True) is healthy
+    verdict = health.with_partitions(healthy, ["partition 2 has no leader"], serving=True)
+    assert verdict["state"] == "degraded" and verdict["healthy"] is False
+    assert health.check_line(verdict).startswith("degraded: partition 2 has no leader; survives")
+    down = health.assess([member("n1"), member("n2"), member("n3", reachable=False)], "n1")
+    both = health.with_partitions(down, ["partition 1: x"], serving=True)
+    assert both["reason"].endswith("does not answer; partition 1: x")
+    # Partition 0 without a leader while others serve: degraded, not without a quorum.
+    rows = [member("n1"), member("n2"), member("n3")]
+    lost = health.no_quorum(rows, "no leader answered")
+    partial = health.with_partitions(
+        lost, ["partition 0 has no leader (no leader answered)"], serving=True
+    )
+    assert partial["state"] == "degraded"
+    assert (
+        health.with_partitions(lost, ["partition 0 has no leader"], serving=False)["state"]
+        == "no_quorum"
+    )

@@ -32,6 +32,7 @@ PURE_LEAVES = (
     ROOT / "frame_protocols.py",
     ROOT / "cli" / "exec_rules.py",
     ROOT / "client" / "renewal.py",
+    ROOT / "client" / "fanout.py",
     ROOT / "cbor_codec.py",
     ROOT / "partitioning.py",
 )
