@@ -371,6 +371,6 @@ def test_a_member_of_one_partition_welcomes_as_before() -> None:
     accept = acceptance(None)
     accept.hello(peer_hello())
     admitted = accept.verdict(None)
-    assert isinstance(admitted, Admit)
+    assert isinstance(admitted, Admit) and admitted.greeting is not None
     assert admitted.greeting == welcome("n1", "c", admitted.greeting["version"])
     assert "partitions" not in Hello(HelloRole.PEER, cluster="c", node="n2").to_wire()

@@ -10,7 +10,7 @@ from tests.unit.node.machine_driver import Cluster
 
 
 def keys_in(partition: int, partitions: int, count: int = 3) -> list[str]:
-    found = []
+    found: list[str] = []
     i = 0
     while len(found) < count:
         key = f"key-{i}"
