@@ -162,7 +162,13 @@ def fill_progress(
 
 
 def summarize(client: Client, view: StatusView, member_timeout: float) -> dict[str, Any]:
-    """The `dlm status --json` object, from the leader's view and every member's own."""
+    """The `dlm status --json` object, from the leader's view and every member's own.
+
+    A cluster of P > 1 partitions: ``members``, ``leader``, ``term`` and ``commit`` are
+    partition 0's (every partition has the same members; partition 0 is the one a client
+    of an earlier release talks to), ``sessions``, ``locks`` and ``waiters`` are totals
+    over the partitions that answered, and ``partitions`` has every partition's leader,
+    term, commit and lag (one entry, partition 0's, for P = 1)."""
     members = view.members or [MemberEntry(id=view.node, address=view.address, role=None)]
     rows, views = gather_views(client, members, member_timeout)
     leader = view.leader
@@ -190,6 +196,11 @@ def summarize(client: Client, view: StatusView, member_timeout: float) -> dict[s
         leader_view.progress if leader_view is not None else None,
         leader_view.last_index if leader_view is not None else None,
     )
+    first = health.partition_entry(0, view, commit=leader_commit)
+    first["lag"] = health.replication_lag(leader_view)
+    # The client learned the count from the greeting; the answer says it too.
+    others = gather_partitions(client, max(client.partitions, view.partitions or 1))
+    views = [view, *(look[0] for look in others.values())]
     return {
         "cluster": view.cluster,
         "leader": leader,
@@ -197,15 +208,56 @@ def summarize(client: Client, view: StatusView, member_timeout: float) -> dict[s
         "term": view.term,
         "commit": leader_commit,
         "members": rows,
-        "sessions": view.sessions,
-        "locks": view.locks,
-        "waiters": view.waiters,
+        "sessions": _total(v.sessions if v else None for v in views),
+        "locks": _total(v.locks if v else None for v in views),
+        "waiters": _total(v.waiters if v else None for v in views),
         "incarnation": view.incarnation or 0,
         "quarantine": None
         if view.quarantine_ms is None
         else {"ms": view.quarantine_ms, "until_ms": view.quarantined_until_ms or 0},
-        "health": health.assess(rows, leader),
+        "partitions": [first, *(look[1] for look in others.values())],
+        "health": health.with_partitions(
+            health.assess(rows, leader), partition_problems(others, rows), serving=True
+        ),
     }
+
+
+def _total(counts: Iterator[int | None]) -> int | None:
+    """The sum of the counts that are known (None when none is)."""
+    known = [c for c in counts if c is not None]
+    return sum(known) if known else None
+
+
+PartitionLook = tuple[StatusView | None, dict[str, Any], str | None]
+"""A partition's answer to a linearizable status (None: no leader answered), its entry in
+``partitions``, and why it did not answer (None when it did)."""
+
+
+def gather_partitions(client: Client, count: int) -> dict[int, PartitionLook]:
+    """Every partition but 0 of ``count`` asked for a linearizable status through its own
+    leader, one after another (a cluster of one partition: none). A partition with no
+    leader costs the whole --timeout: it is what `--check` is there to find."""
+    from dlm.client.errors import ClusterUnavailable
+
+    looks: dict[int, PartitionLook] = {}
+    for partition in range(1, count):
+        try:
+            view = client.status(partition=partition)
+        except ClusterUnavailable as exc:
+            looks[partition] = (None, health.partition_entry(partition, None), exc.message)
+            continue
+        looks[partition] = (view, health.partition_entry(partition, view), None)
+    return looks
+
+
+def partition_problems(looks: dict[int, PartitionLook], rows: list[dict[str, Any]]) -> list[str]:
+    """What is wrong with partitions 1..P-1, each naming its partition; a member that does
+    not answer us at all is reported once, with the members."""
+    down = frozenset(r["id"] for r in rows if not r.get("reachable") and r.get("id"))
+    problems: list[str] = []
+    for view, entry, why in looks.values():
+        problems.extend(health.partition_problems(entry, view, why, down))
+    return problems
 
 
 def collect(settings: Settings, client: Client) -> dict[str, Any]:
@@ -222,10 +274,21 @@ def collect(settings: Settings, client: Client) -> dict[str, Any]:
         reference = max((r["commit"] for r in rows if r["commit"] is not None), default=None)
         fill_progress(rows, reference)
         error = from_client_error(exc)
+        # Partition 0 has no leader; the others (a cluster of P > 1) may still serve.
+        others = gather_partitions(client, client.partitions)
+        first = health.partition_entry(0, None)
+        problems = [
+            *health.partition_problems(first, None, error.message),
+            *partition_problems(others, rows),
+        ]
+        serving = any(look[1]["leader"] is not None for look in others.values())
         return {
             **error.to_json(),
             "members": rows,
-            "health": health.no_quorum(rows, error.message),
+            "partitions": [first, *(look[1] for look in others.values())],
+            "health": health.with_partitions(
+                health.no_quorum(rows, error.message), problems if others else [], serving
+            ),
         }
     return summarize(client, view, member_timeout)
 
@@ -246,7 +309,7 @@ def cluster_status(settings: Settings, output_format: str, *, check: bool = Fals
     code = {health.HEALTHY: OK, health.DEGRADED: CHECK_FAILED}.get(verdict["state"], UNAVAILABLE)
     if check:
         if output_format == JSON:
-            emit_json({**verdict, "members": result["members"]})
+            emit_json({**verdict, "members": result["members"], "partitions": result["partitions"]})
         else:
             say(health.check_line(verdict))
         return code
@@ -342,9 +405,11 @@ def cluster_renderable(result: dict[str, Any], width: int, *, stamp: bool = Fals
     if "error" in result:
         lines.append(Text(f"no quorum: {escape(result['error']['message'])}", style="bold red"))
     else:
+        count = len(result.get("partitions") or [])
+        which = f", {count} partitions; partition 0" if count > 1 else ""
         lines.append(
             Text(
-                f"cluster {escape(result.get('cluster') or '-')}: "
+                f"cluster {escape(result.get('cluster') or '-')}{which}: "
                 f"leader {escape(result.get('leader') or 'none')}, "
                 f"term {_dash(result.get('term'))}, commit {_dash(result.get('commit'))}; "
                 f"{_dash(result.get('sessions'))} sessions, {_dash(result.get('locks'))} locks, "
@@ -364,7 +429,31 @@ def cluster_renderable(result: dict[str, Any], width: int, *, stamp: bool = Fals
         else:
             lines.append(Text(f"healthy: {health.tolerance_line(verdict)}", style=style))
     lines.append(members_table(result["members"], result.get("leader"), width))
+    partitions = result.get("partitions") or []
+    if len(partitions) > 1:
+        lines.append(partitions_table(partitions, width))
     return Group(*lines)
+
+
+def partitions_table(entries: list[dict[str, Any]], width: int) -> Any:
+    """Each partition's leader, term, commit index and lag (a cluster of P > 1 only: with
+    one partition the first line says it all)."""
+    cells: list[list[str | Styled]] = []
+    for entry in entries:
+        leader = entry.get("leader")
+        cells.append(
+            [
+                str(entry["partition"]),
+                str(leader) if leader else Styled("(no leader)", "bold red"),
+                *(_dash(entry.get(f)) for f in ("term", "commit", "lag")),
+            ]
+        )
+    return make_table(
+        ("PARTITION", "LEADER", "TERM", "COMMIT", "LAG"),
+        cells,
+        width=width,
+        right=("PARTITION", "TERM", "COMMIT", "LAG"),
+    )
 
 
 def quarantine_line(quarantine: dict[str, Any]) -> str:

@@ -901,8 +901,9 @@ class AsyncClient:
 
     # -- cluster --------------------------------------------------------------
 
-    async def status(self, *, stale: bool = False) -> StatusView:
-        view: StatusView = await self._run(core.status_flow(self._ctx, stale=stale))
+    async def status(self, *, stale: bool = False, partition: int = 0) -> StatusView:
+        flow = core.status_flow(self._ctx, stale=stale, partition=partition)
+        view: StatusView = await self._run(flow)
         return view
 
     async def members_view(self) -> MembersView:

@@ -116,6 +116,7 @@ if TYPE_CHECKING:
 
     R = TypeVar("R", bound=ReplyRecord)
     P = TypeVar("P", LocksPage, LeasesPage)
+    T = TypeVar("T")
 
     Clock = Callable[[], float]
     Reply = dict[Any, Any]
@@ -175,13 +176,13 @@ __all__ = [
     "list_locks_flow",
     "member_change_flow",
     "members_flow",
+    "merged_listing_flow",
     "min_hold_ttl_ms",
     "new_lease_id",
     "new_seq",
     "normalise_addr",
     "open_lease_flow",
     "own_view",
-    "paged_flow",
     "parse_members",
     "payload",
     "ping_request",
@@ -1165,19 +1166,24 @@ def runs_flow(
 ) -> Generator[Action, Outcome, list[dict[str, Any]]]:
     """The run ledger: the runs of ``key`` newest first, or (no key) the last run of each
     key under ``prefix``, by key, every page (each run a map; times in ms)."""
+    from dlm.client.fanout import run_key
+
     wire = without_id(Runs(id=0, key=key, prefix=prefix, stale=stale))
-    out: list[dict[str, Any]] = []
-    for _ in range(1 << 20):  # bounded: each page moves the cursor forward
+    if key is not None:  # one key's runs: its partition's (``call`` routes by the key)
         _, reply = yield from call(s, wire)
-        answer = payload(reply)
-        rows = answer.get("runs")
-        if isinstance(rows, list):
-            out.extend(r for r in rows if isinstance(r, dict))
-        cursor = answer.get("next")
-        if key is not None or not isinstance(cursor, str) or cursor == wire.get("after"):
-            break
-        wire = {**wire, "after": cursor}
-    return out
+        return _run_rows(reply)[0]
+    return (yield from merged_listing_flow(s, wire, _run_rows, run_key))
+
+
+def _run_rows(reply: Reply) -> tuple[list[dict[str, Any]], str | None]:
+    """A ``runs`` answer's rows (each a map) and its next page's cursor."""
+    answer = payload(reply)
+    rows = answer.get("runs")
+    cursor = answer.get("next")
+    return (
+        [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else [],
+        cursor if isinstance(cursor, str) else None,
+    )
 
 
 def proclaim_flow(s: Context, lease: str, name: str, value: str) -> Generator[Action, Outcome, int]:
@@ -1196,9 +1202,12 @@ def read_flow(
     return payload(reply)
 
 
-def view_flow(s: Context, request: Any, kind: type[R]) -> Generator[Action, Outcome, R]:
-    """A read answered with one record (dlm.views), read once, here."""
-    _, reply = yield from call(s, without_id(request))
+def view_flow(
+    s: Context, request: Any, kind: type[R], *, partition: int | None = None
+) -> Generator[Action, Outcome, R]:
+    """A read answered with one record (dlm.views), read once, here; ``partition`` as
+    for ``call``."""
+    _, reply = yield from call(s, without_id(request), partition=partition)
     return read_reply(kind, payload(reply))
 
 
@@ -1214,10 +1223,15 @@ def lease_info_flow(s: Context, lease: str) -> Generator[Action, Outcome, LeaseS
     return (yield from view_flow(s, LeaseInfo(id=0, lease=lease), LeaseState))
 
 
-def status_flow(s: Context, *, stale: bool = False) -> Generator[Action, Outcome, StatusView]:
+def status_flow(
+    s: Context, *, stale: bool = False, partition: int = 0
+) -> Generator[Action, Outcome, StatusView]:
+    """``partition``'s view of its group (a cluster of P partitions has P groups, each with
+    its own leader, term and log, on the same members)."""
     from dlm.views import StatusView
 
-    return (yield from view_flow(s, Status(id=0, stale=stale), StatusView))
+    request = Status(id=0, stale=stale)
+    return (yield from view_flow(s, request, StatusView, partition=partition))
 
 
 def own_view(reply: Reply | None) -> StatusView | None:
@@ -1281,39 +1295,71 @@ class ImageAssembly:
         return b"".join(self.parts)
 
 
-def paged_flow(
-    s: Context, request: ListLocks | ListLeases, kind: type[P]
-) -> Generator[Action, Outcome, list[P]]:
-    """Every page of a paged listing, one after another (``next`` is the cursor)."""
-    pages: list[P] = []
-    wire = without_id(request)
-    for _ in range(1 << 20):  # bounded: each page moves the cursor forward
-        _, reply = yield from call(s, wire)
-        page = read_reply(kind, reply)
-        pages.append(page)
-        if page.next is None or page.next == wire.get("after"):
+def merged_listing_flow(
+    s: Context,
+    request: dict[str, Any],
+    read_page: Callable[[Reply], tuple[Sequence[T], str | None]],
+    key: Callable[[T], str],
+) -> Generator[Action, Outcome, list[T]]:
+    """Every page of a paged listing (``request``, without its ``after``) from every
+    partition, as one listing by key (dlm.client.fanout.PageMerger): partition 0 first,
+    whose greeting tells how many partitions there are, then each partition after its
+    own cursor (the last key of its last page) whenever its page is used up. A cluster of
+    one partition is asked exactly as before: page after page, each after the last."""
+    from dlm.client.fanout import MAX_PAGES, PageMerger
+
+    def page(after: str | None) -> dict[str, Any]:
+        return request if after is None else {**request, "after": after}
+
+    _, reply = yield from call(s, page(None), partition=0)
+    merger: PageMerger[T] = PageMerger(s.partitions, key)
+    merger.take(0, *read_page(reply))
+    out = list(merger.ready())
+    for _ in range(MAX_PAGES):  # bounded: each page moves its partition's cursor forward
+        if merger.finished:
             break
-        wire = {**wire, "after": page.next}
-    return pages
+        for partition in merger.wanted():
+            _, reply = yield from call(s, page(merger.cursor(partition)), partition=partition)
+            merger.take(partition, *read_page(reply))
+        out.extend(merger.ready())
+    return out
+
+
+def _page_of(kind: type[P], items: Callable[[P], Sequence[T]]) -> Callable[[Reply], Any]:
+    def read(reply: Reply) -> tuple[Sequence[T], str | None]:
+        page = read_reply(kind, reply)
+        return items(page), page.next
+
+    return read
 
 
 def list_locks_flow(
     s: Context, prefix: str = "", *, stale: bool = False
 ) -> Generator[Action, Outcome, list[LockState]]:
+    """Every held lock under ``prefix``, by key, from every partition."""
     from dlm.views import LocksPage
 
-    request = ListLocks(id=0, prefix=prefix, stale=stale)
-    pages = yield from paged_flow(s, request, LocksPage)
-    return [lock for page in pages for lock in page.locks]
+    request = without_id(ListLocks(id=0, prefix=prefix, stale=stale))
+    read = _page_of(LocksPage, lambda page: page.locks)
+    return (yield from merged_listing_flow(s, request, read, _lock_key))
+
+
+def _lock_key(lock: LockState) -> str:
+    return lock.key or ""
 
 
 def list_leases_flow(
     s: Context, *, stale: bool = False
 ) -> Generator[Action, Outcome, list[LeaseSummary]]:
+    """Every live lease, by id, from every partition: a lease with parts in several
+    partitions once, its keys from every part and its earliest deadline."""
+    from dlm.client.fanout import join_leases, lease_key
     from dlm.views import LeasesPage
 
-    pages = yield from paged_flow(s, ListLeases(id=0, stale=stale), LeasesPage)
-    return [lease for page in pages for lease in page.leases]
+    request = without_id(ListLeases(id=0, stale=stale))
+    read = _page_of(LeasesPage, lambda page: page.leases)
+    parts = yield from merged_listing_flow(s, request, read, lease_key)
+    return join_leases(parts)
 
 
 def member_change_flow(

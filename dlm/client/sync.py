@@ -795,9 +795,11 @@ class Client:
 
     # -- cluster --------------------------------------------------------------
 
-    def status(self, *, stale: bool = False) -> StatusView:
-        """The answering member's view of the cluster."""
-        view: StatusView = self._run(core.status_flow(self._ctx, stale=stale))
+    def status(self, *, stale: bool = False, partition: int = 0) -> StatusView:
+        """The answering member's view of the cluster: of ``partition``'s group (each
+        partition of a partitioned cluster has its own leader, term and log)."""
+        flow = core.status_flow(self._ctx, stale=stale, partition=partition)
+        view: StatusView = self._run(flow)
         return view
 
     def members_view(self) -> MembersView:

@@ -115,8 +115,11 @@ class FakeClient:
         self._call("list_locks", prefix)
         return []
 
-    def status(self) -> StatusView:
-        self._call("status")
+    partitions = 1
+    """The cluster's partition count, as a greeting told the client."""
+
+    def status(self, *, partition: int = 0) -> StatusView:
+        self._call("status", partition=partition)
         return StatusView.from_wire(
             {
                 "node": "n1",

@@ -57,6 +57,8 @@ class Canned:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.status: dict[str, Any] | Exception = leader_view()
+        self.partition_status: dict[int, dict[str, Any] | Exception] = {}
+        """Partitions 1..P-1's answers (a cluster of ``partitions`` P)."""
         self.views: dict[str, dict[str, Any] | None] = {
             ADDRS["n1"]: own_view("n1", "leader"),
             ADDRS["n2"]: own_view("n2"),
@@ -64,17 +66,19 @@ class Canned:
         }
         canned = self
 
-        def status(self: FakeClient) -> StatusView:
-            self.calls.append(("status", ()))
-            if isinstance(canned.status, Exception):
-                raise canned.status
-            return StatusView.from_wire(canned.status)
+        def status(self: FakeClient, *, partition: int = 0) -> StatusView:
+            self.calls.append(("status", (partition,)))
+            answer = canned.status if partition == 0 else canned.partition_status[partition]
+            if isinstance(answer, Exception):
+                raise answer
+            return StatusView.from_wire(answer)
 
         def member_status(self: FakeClient, addr: str, timeout: float = 2.0) -> Any:
             view = canned.views.get(addr)
             return None if view is None else StatusView.from_wire(view)
 
         monkeypatch.setattr(FakeClient, "status", status)
+        monkeypatch.setattr(FakeClient, "partitions", 1)
         monkeypatch.setattr(FakeClient, "member_status", member_status)
 
 
@@ -554,3 +558,133 @@ def test_key_status_says_when_the_key_is_in_a_lock_delay() -> None:
     assert status_view.with_holds(state)["delayed"] is True
     free = LockState.from_wire({"key": "k", "limit": 1, "holders": [], "waiters": []})
     assert status_view.delay_line("k", free) is None
+
+
+# --- a cluster of several partitions ------------------------------------------------------
+
+
+def partitioned(canned: Canned, monkeypatch: pytest.MonkeyPatch, count: int = 4) -> None:
+    """P = ``count``: partition p led by n1, n2, n3 in turn, each with its own figures."""
+    monkeypatch.setattr(FakeClient, "partitions", count)
+    progress = {n: {"match": 500, "last_contact_ms": 20} for n in ADDRS}
+    canned.status = leader_view(progress)
+    for p in range(1, count):
+        node = f"n{p % 3 + 1}"
+        canned.partition_status[p] = {
+            **leader_view({n: {"match": 90 + p, "last_contact_ms": 20} for n in ADDRS}),
+            "node": node,
+            "leader": node,
+            "leader_address": ADDRS[node],
+            "term": 2 + p,
+            "commit": 100 + p,
+            "locks": p,
+            "waiters": 1,
+            "sessions": 2,
+        }
+
+
+def test_status_json_lists_partition_0_for_a_cluster_of_one_partition(
+    canned: Canned, capsys: Capture
+) -> None:
+    canned.status = leader_view({"n1": {"match": 500}, "n2": {"match": 497}, "n3": {"match": 499}})
+    assert run(["status", "--json"]) == 0
+    obj = json.loads(one_line(capsys.readouterr().out))
+    # lag: the leader's commit (500) minus the slowest voter's match (497).
+    assert obj["partitions"] == [
+        {"partition": 0, "leader": "n1", "term": 4, "commit": 500, "lag": 3}
+    ]
+    assert (obj["leader"], obj["term"], obj["commit"], obj["locks"]) == ("n1", 4, 500, 1)
+    assert ("status", (1,)) not in FakeClient.instances[-1].calls
+
+
+def test_status_shows_every_partition(
+    canned: Canned, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    partitioned(canned, monkeypatch)
+    assert run(["status", "--json"]) == 0
+    obj = json.loads(one_line(capsys.readouterr().out))
+    assert obj["partitions"] == [
+        {"partition": 0, "leader": "n1", "term": 4, "commit": 500, "lag": 0},
+        {"partition": 1, "leader": "n2", "term": 3, "commit": 101, "lag": 10},
+        {"partition": 2, "leader": "n3", "term": 4, "commit": 102, "lag": 10},
+        {"partition": 3, "leader": "n1", "term": 5, "commit": 103, "lag": 10},
+    ]
+    # Partition 0's leader, term and commit; the counts of the whole cluster.
+    assert (obj["leader"], obj["term"], obj["commit"]) == ("n1", 4, 500)
+    assert (obj["locks"], obj["waiters"], obj["sessions"]) == (1 + 1 + 2 + 3, 3, 1 + 6)
+    assert obj["health"]["state"] == "healthy"
+    assert run(["status", "--format", "table"]) == 0
+    out = capsys.readouterr().out
+    assert "cluster prod, 4 partitions; partition 0: leader n1, term 4" in out
+    assert re.search(r"PARTITION\s+LEADER\s+TERM\s+COMMIT\s+LAG", out)
+    assert re.search(r"\b2\s+n3\s+4\s+102\s+10\b", out)
+    assert run(["status", "--check"]) == 0
+
+
+def test_check_is_degraded_when_one_partition_has_no_leader_and_names_it(
+    canned: Canned, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    partitioned(canned, monkeypatch)
+    canned.partition_status[2] = ClusterUnavailable("no leader with a quorum within 3s")
+    assert run(["status", "--check"]) == 1
+    line = one_line(capsys.readouterr().out)
+    assert line.startswith(
+        "degraded: partition 2 has no leader (no leader with a quorum within 3s); survives"
+    )
+    assert run(["status", "--check", "--json"]) == 1
+    obj = json.loads(one_line(capsys.readouterr().out))
+    assert obj["state"] == "degraded" and "partition 2" in obj["reason"]
+    assert obj["partitions"][2] == {
+        "partition": 2, "leader": None, "term": None, "commit": None, "lag": None,
+    }  # fmt: skip
+    assert run(["status", "--format", "table"]) == 0
+    assert re.search(r"\b2\s+\(no leader\)", capsys.readouterr().out)
+
+
+def test_check_is_degraded_when_a_partition_s_voter_lags_or_is_silent(
+    canned: Canned, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    partitioned(canned, monkeypatch)
+    behind = dict(canned.partition_status[3])  # type: ignore[arg-type]
+    behind["commit"] = 5000
+    behind["progress"] = {
+        "n1": {"match": 5000}, "n2": {"match": 5000}, "n3": {"match": 100, "last_contact_ms": 2500},
+    }  # fmt: skip
+    canned.partition_status[3] = behind
+    assert run(["status", "--check"]) == 1
+    line = one_line(capsys.readouterr().out)
+    assert "partition 3: its slowest voter is 4900 entries behind the leader" in line
+    assert "partition 3: its leader has not heard from n3 for 2.5s" in line
+
+
+def test_a_member_that_is_down_is_named_once_not_once_per_partition(
+    canned: Canned, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    partitioned(canned, monkeypatch)
+    canned.views[ADDRS["n3"]] = None
+    for p in (1, 2, 3):
+        answer = dict(canned.partition_status[p])  # type: ignore[arg-type]
+        answer["progress"] = {**answer["progress"], "n3": {"match": 1, "last_contact_ms": 9000}}
+        answer["commit"] = 1
+        canned.partition_status[p] = answer
+    assert run(["status", "--check"]) == 1
+    line = one_line(capsys.readouterr().out)
+    assert line.count("n3") == 1 and "n3 (127.0.0.1:7703) does not answer" in line
+
+
+def test_partition_0_without_a_leader_is_degraded_while_the_others_serve(
+    canned: Canned, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    partitioned(canned, monkeypatch)
+    canned.status = ClusterUnavailable("no leader with a quorum within 3s", code="NO_QUORUM")
+    assert run(["status", "--check"]) == 1
+    assert one_line(capsys.readouterr().out).startswith(
+        "degraded: partition 0 has no leader (no leader with a quorum within 3s)"
+    )
+    assert run(["status", "--json"]) == 69  # partition 0's figures are missing: as before
+    obj = json.loads(one_line(capsys.readouterr().out))
+    assert [e["leader"] for e in obj["partitions"]] == [None, "n2", "n3", "n1"]
+    for p in (1, 2, 3):
+        canned.partition_status[p] = ClusterUnavailable("no quorum")
+    assert run(["status", "--check"]) == 69
+    assert one_line(capsys.readouterr().out).startswith("no quorum: ")

@@ -797,7 +797,8 @@ def test_paged_flow_stops_when_the_cursor_does_not_move() -> None:
         return ok(1, leases=[{"id": "x"}], next="x")
 
     items = drive(core.list_leases_flow(s), answer, clock)
-    assert asked == 2 and len(items) == 2
+    # The page that did not move the cursor ends the listing; its repeat is passed over.
+    assert asked == 2 and [item.id for item in items] == ["x"]
 
 
 def test_a_page_without_its_list_is_a_bad_reply() -> None:
