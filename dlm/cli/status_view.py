@@ -199,7 +199,7 @@ def summarize(client: Client, view: StatusView, member_timeout: float) -> dict[s
     first = health.partition_entry(0, view, commit=leader_commit)
     first["lag"] = health.replication_lag(leader_view)
     # The client learned the count from the greeting; the answer says it too.
-    others = gather_partitions(client, max(client.partitions, view.partitions or 1))
+    others = gather_partitions(client, max(client.partitions, view.partitions or 1), member_timeout)
     views = [view, *(look[0] for look in others.values())]
     return {
         "cluster": view.cluster,
@@ -233,10 +233,14 @@ PartitionLook = tuple[StatusView | None, dict[str, Any], str | None]
 ``partitions``, and why it did not answer (None when it did)."""
 
 
-def gather_partitions(client: Client, count: int) -> dict[int, PartitionLook]:
-    """Every partition but 0 of ``count`` asked for a linearizable status through its own
-    leader, one after another (a cluster of one partition: none). A partition with no
-    leader costs the whole --timeout: it is what `--check` is there to find."""
+def gather_partitions(
+    client: Client, count: int, member_timeout: float
+) -> dict[int, PartitionLook]:
+    """Every partition but 0 of ``count`` asked for its ``status``, one after another (a
+    cluster of one partition: none); when another member than the partition's leader
+    answered, the leader is asked directly too, since only it knows how far behind each
+    voter is. A partition no member of which answers costs the whole --timeout: it is
+    what `--check` is there to find."""
     from dlm.client.errors import ClusterUnavailable
 
     looks: dict[int, PartitionLook] = {}
@@ -246,6 +250,10 @@ def gather_partitions(client: Client, count: int) -> dict[int, PartitionLook]:
         except ClusterUnavailable as exc:
             looks[partition] = (None, health.partition_entry(partition, None), exc.message)
             continue
+        if view.role != "leader" and view.leader is not None and view.leader_address:
+            own = client.member_status(view.leader_address, member_timeout, partition=partition)
+            if own is not None and own.role == "leader" and own.node == view.leader:
+                view = own
         looks[partition] = (view, health.partition_entry(partition, view), None)
     return looks
 
@@ -275,7 +283,7 @@ def collect(settings: Settings, client: Client) -> dict[str, Any]:
         fill_progress(rows, reference)
         error = from_client_error(exc)
         # Partition 0 has no leader; the others (a cluster of P > 1) may still serve.
-        others = gather_partitions(client, client.partitions)
+        others = gather_partitions(client, client.partitions, member_timeout)
         first = health.partition_entry(0, None)
         problems = [
             *health.partition_problems(first, None, error.message),

@@ -994,11 +994,13 @@ class AsyncClient:
                     answered = False
             return answered
 
-    async def member_status(self, addr: str, timeout: float = 2.0) -> StatusView | None:
+    async def member_status(
+        self, addr: str, timeout: float = 2.0, *, partition: int = 0
+    ) -> StatusView | None:
         deadline = time.monotonic() + timeout
         try:
             conn, greeting = await _open_connection(
-                format_addr(*parse_addr(addr)), timeout, self._secret, self._tls
+                format_addr(*parse_addr(addr)), timeout, self._secret, self._tls, partition
             )
         except (ConnectionBroken, ValueError, AuthFailed):
             return None

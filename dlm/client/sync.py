@@ -891,13 +891,15 @@ class Client:
                     answered = False
             return answered
 
-    def member_status(self, addr: str, timeout: float = 2.0) -> StatusView | None:
-        """Asks one member directly for its own (stale) view; None if it does not answer
-        (or answers with something that is not a status)."""
+    def member_status(
+        self, addr: str, timeout: float = 2.0, *, partition: int = 0
+    ) -> StatusView | None:
+        """Asks one member directly for its own (stale) view of ``partition``'s group; None
+        if it does not answer (or answers with something that is not a status)."""
         deadline = time.monotonic() + timeout
         try:
             conn, greeting = _Connection.open(
-                format_addr(*parse_addr(addr)), deadline, self._secret, self._tls
+                format_addr(*parse_addr(addr)), deadline, self._secret, self._tls, partition
             )
         except (ConnectionBroken, ValueError, AuthFailed):
             return None

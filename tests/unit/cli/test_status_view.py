@@ -59,6 +59,8 @@ class Canned:
         self.status: dict[str, Any] | Exception = leader_view()
         self.partition_status: dict[int, dict[str, Any] | Exception] = {}
         """Partitions 1..P-1's answers (a cluster of ``partitions`` P)."""
+        self.partition_views: dict[int, dict[str, dict[str, Any] | None]] = {}
+        """Partitions 1..P-1's members' own views, by address."""
         self.views: dict[str, dict[str, Any] | None] = {
             ADDRS["n1"]: own_view("n1", "leader"),
             ADDRS["n2"]: own_view("n2"),
@@ -73,8 +75,11 @@ class Canned:
                 raise answer
             return StatusView.from_wire(answer)
 
-        def member_status(self: FakeClient, addr: str, timeout: float = 2.0) -> Any:
-            view = canned.views.get(addr)
+        def member_status(
+            self: FakeClient, addr: str, timeout: float = 2.0, *, partition: int = 0
+        ) -> Any:
+            views = canned.views if partition == 0 else canned.partition_views[partition]
+            view = views.get(addr)
             return None if view is None else StatusView.from_wire(view)
 
         monkeypatch.setattr(FakeClient, "status", status)
@@ -688,3 +693,29 @@ def test_partition_0_without_a_leader_is_degraded_while_the_others_serve(
         canned.partition_status[p] = ClusterUnavailable("no quorum")
     assert run(["status", "--check"]) == 69
     assert one_line(capsys.readouterr().out).startswith("no quorum: ")
+
+
+def test_a_partition_s_lag_comes_from_its_leader_when_a_follower_answered(
+    canned: Canned, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    partitioned(canned, monkeypatch, count=2)
+    leader_own = dict(canned.partition_status[1])  # type: ignore[arg-type]
+    follower = {**leader_own, "node": "n3", "role": "follower"}
+    del follower["progress"]
+    canned.partition_status[1] = follower
+    canned.partition_views[1] = {ADDRS["n2"]: leader_own}
+    assert run(["status", "--json"]) == 0
+    entry = json.loads(one_line(capsys.readouterr().out))["partitions"][1]
+    assert entry == {"partition": 1, "leader": "n2", "term": 3, "commit": 101, "lag": 10}
+    canned.partition_views[1] = {}  # the leader does not answer directly: lag unknown
+    assert run(["status", "--json"]) == 0
+    assert json.loads(one_line(capsys.readouterr().out))["partitions"][1]["lag"] is None
+
+
+def test_a_partition_whose_members_answer_without_a_leader_has_none(
+    canned: Canned, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    partitioned(canned, monkeypatch, count=3)
+    canned.partition_status[1] = {**own_view("n2", "candidate"), "leader": None}
+    assert run(["status", "--check"]) == 1
+    assert "partition 1 has no leader" in one_line(capsys.readouterr().out)

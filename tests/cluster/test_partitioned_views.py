@@ -1,0 +1,157 @@
+"""Every view of a cluster of four partitions sees all of it: `dlm status` lists each
+partition with its leader, `--check` is degraded while one partition has no leader (its
+processes stopped on two of the three members) and healthy again after, `dlm locks` and
+the client's paged listing give every key once across partitions, and `dlm lease list`
+shows a lease with parts in two partitions once, with both keys.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dlm.partitioning import partition_of
+from dlm.wire import ListLocks
+from tests.cluster.cli_harness import Dlm
+from tests.cluster.harness import Cluster, NodeProc, RawConn, wait_for
+
+pytestmark = pytest.mark.cluster
+
+PARTITIONS = 4
+TIMEOUT = 30.0
+
+
+@pytest.fixture(scope="module")
+def partitioned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("views"), size=3, partitions=PARTITIONS)
+    try:
+        c.start_all()
+        c.wait_for_leaders(timeout=TIMEOUT)
+        yield c
+    finally:
+        c.stop_all()
+
+
+@pytest.fixture
+def dlm(partitioned: Cluster, tmp_path: Path) -> Dlm:
+    return Dlm(partitioned.members_env, tmp_path)
+
+
+def partition_pid(node: NodeProc, partition: int) -> int:
+    """The PID of ``node``'s process for ``partition`` (its supervisor starts each with the
+    partition number second to last on its command line)."""
+    for pid in node.child_pids():
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if args[-1] == b"":
+            args = args[:-1]
+        if int(args[-2]) == partition:
+            return pid
+    raise AssertionError(f"{node.node_id} has no process for partition {partition}")
+
+
+def keys_in_every_partition(count: int) -> list[str]:
+    """``count`` keys, each partition holding some."""
+    keys = [f"pv/{i:03d}" for i in range(count)]
+    assert {partition_of(k, PARTITIONS) for k in keys} == set(range(PARTITIONS))
+    return keys
+
+
+def hold(partitioned: Cluster, lease: str, keys: list[str]) -> list[RawConn]:
+    """``keys`` held by ``lease``: a part of it opened in each partition the keys are in,
+    on a connection to that partition's leader (the connections must stay open)."""
+    leaders = partitioned.wait_for_leaders(timeout=TIMEOUT)
+    conns = []
+    for partition in sorted({partition_of(k, PARTITIONS) for k in keys}):
+        conn = RawConn(leaders[partition].address, partition=partition)
+        conns.append(conn)
+        opened = conn.request({"t": "open_lease", "lease": lease, "ttl_ms": 60_000})
+        assert opened["t"] == "ok", opened
+        for seq, key in enumerate((k for k in keys if partition_of(k, PARTITIONS) == partition), 1):
+            granted = conn.request({"t": "acquire", "lease": lease, "seq": seq, "key": key})
+            assert granted.get("result") == "granted", granted
+    return conns
+
+
+def test_status_json_lists_every_partition_with_its_leader(dlm: Dlm) -> None:
+    status = dlm.json("status")
+    entries = status["partitions"]
+    assert [e["partition"] for e in entries] == list(range(PARTITIONS))
+    for entry in entries:
+        assert set(entry) == {"partition", "leader", "term", "commit", "lag"}
+        assert entry["leader"] in {"n1", "n2", "n3"}
+        assert isinstance(entry["term"], int) and isinstance(entry["commit"], int)
+        assert isinstance(entry["lag"], int) and entry["lag"] >= 0
+    # The top level is partition 0's, as a reader of the earlier object expects.
+    assert (status["leader"], status["term"]) == (entries[0]["leader"], entries[0]["term"])
+    table = dlm.run("status", "--format", "table")
+    assert table.returncode == 0, table.stderr
+    assert "PARTITION" in table.stdout and "4 partitions" in table.stdout
+
+
+def test_check_is_degraded_while_a_partition_has_no_leader(partitioned: Cluster, dlm: Dlm) -> None:
+    healthy = dlm.run("status", "--check")
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    stopped = [partition_pid(partitioned.nodes[n], 2) for n in ("n1", "n2")]
+    try:
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        degraded = dlm.run("status", "--check", "--timeout", "2s")
+        assert degraded.returncode == 1, degraded.stdout + degraded.stderr
+        assert degraded.stdout.startswith("degraded: "), degraded.stdout
+        assert "partition 2 has no leader" in degraded.stdout
+        verdict = dlm.json("status", "--check", "--timeout", "2s", code=1)
+        assert verdict["state"] == "degraded"
+        assert verdict["partitions"][2]["leader"] is None
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    partitioned.wait_for_leaders(timeout=TIMEOUT)
+    wait_for(
+        lambda: dlm.run("status", "--check").returncode == 0,
+        TIMEOUT,
+        "the cluster to be healthy again once partition 2 runs on",
+    )
+
+
+def test_locks_list_every_key_once_across_partitions_page_by_page(
+    partitioned: Cluster, dlm: Dlm
+) -> None:
+    keys = keys_in_every_partition(23)
+    conns = hold(partitioned, "pv-locks", keys)
+    try:
+        listed = dlm.json("locks", "--prefix", "pv/")
+        assert [lock["key"] for lock in listed["locks"]] == keys
+        # Pages of three: every partition is paged through with its own cursor.
+        with partitioned.client() as client:
+            from dlm.client import core
+            from dlm.views import LocksPage
+
+            request = core.without_id(ListLocks(id=0, prefix="pv/", max=3))
+            read = core._page_of(LocksPage, lambda page: page.locks)
+            flow = core.merged_listing_flow(client._ctx, request, read, core._lock_key)
+            paged = client._run(flow)
+        assert [lock.key for lock in paged] == keys
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def test_a_lease_with_parts_in_two_partitions_is_listed_once(
+    partitioned: Cluster, dlm: Dlm
+) -> None:
+    first = next(k for k in (f"lv/{i}" for i in range(100)) if partition_of(k, PARTITIONS) == 1)
+    second = next(k for k in (f"lv/{i}" for i in range(100)) if partition_of(k, PARTITIONS) == 3)
+    conns = hold(partitioned, "pv-two-parts", [first, second])
+    try:
+        listed = [item for item in dlm.json("lease", "list")["leases"]]
+        mine = [item for item in listed if item["id"] == "pv-two-parts"]
+        assert len(mine) == 1, listed
+        assert mine[0]["holding"] == sorted([first, second])
+        assert isinstance(mine[0]["left_ms"], int) and 0 < mine[0]["left_ms"] <= 60_000
+    finally:
+        for conn in conns:
+            conn.close()
