@@ -147,7 +147,7 @@ def test_a_lease_with_parts_in_two_partitions_is_listed_once(
     second = next(k for k in (f"lv/{i}" for i in range(100)) if partition_of(k, PARTITIONS) == 3)
     conns = hold(partitioned, "pv-two-parts", [first, second])
     try:
-        listed = [item for item in dlm.json("lease", "list")["leases"]]
+        listed = list(dlm.json("lease", "list")["leases"])
         mine = [item for item in listed if item["id"] == "pv-two-parts"]
         assert len(mine) == 1, listed
         assert mine[0]["holding"] == sorted([first, second])
