@@ -44,7 +44,14 @@ from dlm.client.core import (
     lease_id,
     without_id,
 )
-from dlm.client.errors import AuthFailed, ClusterUnavailable, DlmError, LeaseLost, ServerError
+from dlm.client.errors import (
+    AuthFailed,
+    BadRequest,
+    ClusterUnavailable,
+    DlmError,
+    LeaseLost,
+    ServerError,
+)
 from dlm.wire import (
     PEER_FRAME_LIMIT,
     AuthChange,
@@ -55,6 +62,7 @@ from dlm.wire import (
     MemberAdd,
     MemberPromote,
     MemberRemove,
+    Ping,
     ProtocolError,
     SnapshotHeader,
     Status,
@@ -701,22 +709,99 @@ class Client:
         breaks or the member stops: nothing is lost or repeated within the members'
         window (else WatchCompacted: re-read, then watch from now). ClusterUnavailable
         once no member served it for ``timeout`` seconds (default: the client's). Uses
-        a connection of its own; closing the iterator closes it."""
+        a connection of its own; closing the iterator closes it.
+
+        A prefix in a cluster of P > 1 partitions is watched in every partition (one
+        watch each, on its own connection and thread), and their changes come as they
+        arrive: in log order within a partition (and so for each key), with no order
+        between partitions, whose logs are apart. ``after`` is one partition's log
+        index, so it goes with a key only there."""
         from dlm.client.watching import WatchStream
 
-        stream = WatchStream(key, prefix, after, self.timeout if timeout is None else timeout)
+        budget = self.timeout if timeout is None else timeout
+        if key is None and prefix is not None and self._learn_partitions(budget) > 1:
+            if after is not None:
+                raise BadRequest(
+                    f"after={after} is a log index of one partition, and the keys under a "
+                    f"prefix are in all {self._ctx.partitions} partitions, each with its own "
+                    "log: watch the prefix from now, or one key after an index"
+                )
+            yield from self._watch_partitions(prefix, budget)
+            return
+        stream = WatchStream(key, prefix, after, budget)
         for event in self._watch(stream):
             if event is not None:
                 yield event
 
+    def _learn_partitions(self, timeout: float) -> int:
+        """How many partitions the cluster has: as learned, or (no member reached yet) as
+        the greeting of a ping says."""
+        if not self._ctx.reached:
+            self._run(core.read_flow(self._ctx, Ping(id=0), timeout=timeout))
+        return self._ctx.partitions
+
+    def _watch_partitions(self, prefix: str, timeout: float) -> Generator[WatchEvent]:
+        """``prefix``'s changes in every partition, merged as they come: a thread per
+        partition follows its watch (``_watch``) and queues each change; closing this
+        generator stops them (each connection is shut down, and one opened later is
+        closed at once)."""
+        import queue
+
+        from dlm.client.watching import WatchStream
+
+        arrived: queue.Queue[WatchEvent | BaseException] = queue.Queue()
+        stopped = threading.Event()
+        guard = threading.Lock()
+        current: dict[int, _Connection] = {}
+
+        def opened(partition: int, conn: _Connection) -> None:
+            with guard:
+                if stopped.is_set():
+                    raise _WatchStopped
+                current[partition] = conn
+
+        def follow(partition: int) -> None:
+            stream = WatchStream(None, prefix, None, timeout)
+            try:
+                for event in self._watch(stream, partition, opened):
+                    if stopped.is_set():
+                        return
+                    if event is not None:
+                        arrived.put(event)
+            except _WatchStopped:
+                return
+            except BaseException as exc:  # the watch's end (COMPACTED, unavailable, refused)
+                arrived.put(exc)
+
+        for partition in range(self._ctx.partitions):
+            threading.Thread(
+                target=follow, args=(partition,), name=f"dlm-watch-{partition}", daemon=True
+            ).start()
+        try:
+            while True:
+                item = arrived.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            with guard:
+                stopped.set()
+                for conn in current.values():
+                    conn.interrupt()
+
     def _watch(
-        self, stream: WatchStream, partition: int | None = None
+        self,
+        stream: WatchStream,
+        partition: int | None = None,
+        opened: Callable[[int, _Connection], None] | None = None,
     ) -> Generator[WatchEvent | None]:
         """``watch``'s changes, and None each time a member starts serving it.
 
         ``partition``: the partition whose changes to watch; None: the watched key's
         (partition 0 for a prefix: a prefix's keys are in every partition, and each
-        partition's watch is a stream of its own)."""
+        partition's watch is a stream of its own). ``opened(partition, connection)``
+        hears of each connection the watch opens (to shut it down from another thread;
+        an exception it raises ends the watch)."""
         import itertools
 
         from dlm.client.watching import WatchBroken
@@ -737,6 +822,8 @@ class Client:
                     self._tls,
                     core.watch_partition(ctx, stream.key, partition),
                 )
+                if opened is not None:
+                    opened(core.watch_partition(ctx, stream.key, partition), conn)
                 reply = None
                 if greeting.get("t") != "error":
                     ctx.learn_partitions(conn.partitions)
@@ -1010,6 +1097,10 @@ class Client:
     def _drop_connections(self) -> None:
         for partition in list(self._conns):
             self._drop_connection(partition)
+
+
+class _WatchStopped(Exception):
+    """A partition's watch of a prefix watched in every partition was closed."""
 
 
 class KeepAlive:

@@ -7,16 +7,21 @@ shows a lease with parts in two partitions once, with both keys.
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import signal
+import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dlm.partitioning import partition_of
 from dlm.wire import ListLocks
-from tests.cluster.cli_harness import Dlm
+from tests.cluster.cli_harness import Dlm, stop
 from tests.cluster.harness import Cluster, NodeProc, RawConn, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -39,6 +44,31 @@ def partitioned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 @pytest.fixture
 def dlm(partitioned: Cluster, tmp_path: Path) -> Dlm:
     return Dlm(partitioned.members_env, tmp_path)
+
+
+class JsonLines:
+    """A started dlm's stdout, one JSON object a line, read by a thread."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self._lines: queue.Queue[str] = queue.Queue()
+        stream = proc.stdout
+        assert stream is not None
+
+        def pump() -> None:
+            for line in stream:
+                self._lines.put(line)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def drain(self, timeout: float) -> list[dict[str, Any]]:
+        """The lines that came before the next pause of ``timeout`` seconds (bounded)."""
+        out = []
+        for _ in range(10_000):
+            try:
+                out.append(json.loads(self._lines.get(timeout=timeout)))
+            except queue.Empty:
+                break
+        return out
 
 
 def partition_pid(node: NodeProc, partition: int) -> int:
@@ -154,4 +184,64 @@ def test_a_lease_with_parts_in_two_partitions_is_listed_once(
         assert isinstance(mine[0]["left_ms"], int) and 0 < mine[0]["left_ms"] <= 60_000
     finally:
         for conn in conns:
+            conn.close()
+
+
+def test_watch_of_a_prefix_sees_the_changes_of_every_partition(
+    partitioned: Cluster, dlm: Dlm
+) -> None:
+    probes = {
+        p: next(
+            k for k in (f"pw/probe-{i}" for i in range(200)) if partition_of(k, PARTITIONS) == p
+        )
+        for p in range(PARTITIONS)
+    }
+    leaders = partitioned.wait_for_leaders(timeout=TIMEOUT)
+    conns = {p: RawConn(leaders[p].address, partition=p) for p in range(PARTITIONS)}
+    proc = dlm.start("watch", "--prefix", "pw/", "--json")
+    try:
+        lines = JsonLines(proc)
+        for conn in conns.values():
+            assert (
+                conn.request({"t": "open_lease", "lease": "pw-probe", "ttl_ms": 60_000})["t"]
+                == "ok"
+            )
+        # The watch starts from now in each partition, on its own: change a probe key of
+        # every partition not yet heard from until each has been, so that every change
+        # made after that is one the watch must show.
+        unheard, seq = set(range(PARTITIONS)), 0
+        for _ in range(30):
+            if not unheard:
+                break
+            for p in sorted(unheard):
+                seq += 1
+                conns[p].request(
+                    {"t": "acquire", "lease": "pw-probe", "seq": seq, "key": probes[p]}
+                )
+                seq += 1
+                conns[p].request(
+                    {"t": "release", "lease": "pw-probe", "seq": seq, "key": probes[p]}
+                )
+            for event in lines.drain(timeout=1.0):
+                unheard.discard(partition_of(event["key"], PARTITIONS))
+        assert not unheard, f"partitions {sorted(unheard)} never watched"
+        keys = keys_in_every_partition(12)
+        held = hold(partitioned, "pw-real", [k.replace("pv/", "pw/") for k in keys])
+        try:
+            wanted = {k.replace("pv/", "pw/") for k in keys}
+            granted: list[str] = []
+            for _ in range(100):
+                if wanted <= set(granted):
+                    break
+                granted += [
+                    e["key"] for e in lines.drain(timeout=1.0)
+                    if e["event"] == "granted" and e["lease"] == "pw-real"
+                ]  # fmt: skip
+            assert sorted(granted) == sorted(wanted)
+        finally:
+            for conn in held:
+                conn.close()
+    finally:
+        stop(proc)
+        for conn in conns.values():
             conn.close()
