@@ -245,3 +245,10 @@ def test_watch_of_a_prefix_sees_the_changes_of_every_partition(
         stop(proc)
         for conn in conns.values():
             conn.close()
+
+
+def test_watch_of_a_prefix_after_an_index_is_refused_in_one_line(dlm: Dlm) -> None:
+    refused = dlm.run("watch", "--prefix", "pw/", "--after", "5")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert "one partition" in refused.stderr
