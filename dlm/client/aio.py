@@ -55,6 +55,7 @@ from dlm.wire import (
     MemberAdd,
     MemberPromote,
     MemberRemove,
+    Ping,
     ProtocolError,
     SnapshotHeader,
     Status,
@@ -806,13 +807,72 @@ class AsyncClient:
         after: int | None = None,
         timeout: float | None = None,
     ) -> AsyncIterator[WatchEvent]:
-        """As the blocking client's ``watch``, as an async iterator."""
+        """As the blocking client's ``watch``, as an async iterator (close it, e.g. with
+        ``contextlib.aclosing``, in the task that iterates it: a prefix in a cluster of
+        several partitions is watched by a task per partition)."""
         from dlm.client.watching import WatchStream
 
-        stream = WatchStream(key, prefix, after, self.timeout if timeout is None else timeout)
+        budget = self.timeout if timeout is None else timeout
+        if key is None and prefix is not None and await self._learn_partitions(budget) > 1:
+            if after is not None:
+                raise core.prefix_after_refused(after, self._ctx.partitions)
+            merging = self._watch_partitions(prefix, budget)
+            try:
+                async for merged in merging:
+                    yield merged
+            finally:
+                # Closed here, in the task that iterates: its task group was entered here.
+                await merging.aclose()
+            return
+        stream = WatchStream(key, prefix, after, budget)
         async for event in self._watch(stream):
             if event is not None:
                 yield event
+
+    async def _learn_partitions(self, timeout: float) -> int:
+        """As the blocking client's."""
+        if not self._ctx.reached:
+            await self._run(core.read_flow(self._ctx, Ping(id=0), timeout=timeout))
+        return self._ctx.partitions
+
+    async def _watch_partitions(self, prefix: str, timeout: float) -> AsyncGenerator[WatchEvent]:
+        """``prefix``'s changes in every partition, as they come: a task per partition
+        follows its watch; closing the iterator cancels them."""
+        import math
+
+        from dlm.client.watching import WatchEvent, WatchStream
+
+        send, receive = anyio.create_memory_object_stream[WatchEvent | Exception](math.inf)
+
+        async def follow(partition: int) -> None:
+            stream = WatchStream(None, prefix, None, timeout)
+            try:
+                async for event in self._watch(stream, partition):
+                    if event is not None:
+                        send.send_nowait(event)
+            except Exception as exc:  # the watch's end (COMPACTED, unavailable, refused)
+                send.send_nowait(exc)
+
+        # Nothing is raised inside the task group (it would wrap it in an exception
+        # group): a partition's end is raised after it, and a close ends it quietly.
+        ended: Exception | None = None
+        async with anyio.create_task_group() as tasks:
+            for partition in range(self._ctx.partitions):
+                tasks.start_soon(follow, partition)
+            try:
+                async for item in receive:
+                    if isinstance(item, Exception):
+                        ended = item
+                        break
+                    yield item
+            except GeneratorExit:
+                pass
+            finally:
+                tasks.cancel_scope.cancel()
+                send.close()
+                receive.close()
+        if ended is not None:
+            raise ended
 
     async def _watch(
         self, stream: WatchStream, partition: int | None = None

@@ -186,6 +186,7 @@ __all__ = [
     "parse_members",
     "payload",
     "ping_request",
+    "prefix_after_refused",
     "proof_failed",
     "read_flow",
     "read_reply",
@@ -1200,6 +1201,15 @@ def read_flow(
     """A request that changes nothing (status, members): its ok payload."""
     _, reply = yield from call(s, without_id(request), timeout=timeout)
     return payload(reply)
+
+
+def prefix_after_refused(after: int, partitions: int) -> BadRequest:
+    """A prefix watch after a log index, in a cluster of several partitions: refused."""
+    return BadRequest(
+        f"after={after} is a log index of one partition, and the keys under a prefix are "
+        f"in all {partitions} partitions, each with its own log: watch the prefix from "
+        "now, or one key after an index"
+    )
 
 
 def view_flow(

@@ -44,14 +44,7 @@ from dlm.client.core import (
     lease_id,
     without_id,
 )
-from dlm.client.errors import (
-    AuthFailed,
-    BadRequest,
-    ClusterUnavailable,
-    DlmError,
-    LeaseLost,
-    ServerError,
-)
+from dlm.client.errors import AuthFailed, ClusterUnavailable, DlmError, LeaseLost, ServerError
 from dlm.wire import (
     PEER_FRAME_LIMIT,
     AuthChange,
@@ -721,11 +714,7 @@ class Client:
         budget = self.timeout if timeout is None else timeout
         if key is None and prefix is not None and self._learn_partitions(budget) > 1:
             if after is not None:
-                raise BadRequest(
-                    f"after={after} is a log index of one partition, and the keys under a "
-                    f"prefix are in all {self._ctx.partitions} partitions, each with its own "
-                    "log: watch the prefix from now, or one key after an index"
-                )
+                raise core.prefix_after_refused(after, self._ctx.partitions)
             yield from self._watch_partitions(prefix, budget)
             return
         stream = WatchStream(key, prefix, after, budget)

@@ -252,3 +252,63 @@ def test_watch_of_a_prefix_after_an_index_is_refused_in_one_line(dlm: Dlm) -> No
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
     assert "one partition" in refused.stderr
+
+
+def test_the_async_client_watches_a_prefix_in_every_partition(partitioned: Cluster) -> None:
+    import anyio
+
+    from dlm.client import aio
+
+    probes = {
+        p: next(k for k in (f"pa/{i}" for i in range(200)) if partition_of(k, PARTITIONS) == p)
+        for p in range(PARTITIONS)
+    }
+    leaders = partitioned.wait_for_leaders(timeout=TIMEOUT)
+    conns = {p: RawConn(leaders[p].address, partition=p) for p in range(PARTITIONS)}
+    seq = 0
+
+    def probe(partition: int) -> None:
+        nonlocal seq
+        conn = conns[partition]
+        for kind in ("acquire", "release"):
+            seq += 1
+            request = {"t": kind, "lease": "pa-probe", "seq": seq, "key": probes[partition]}
+            assert conn.request(request)["t"] == "ok"
+
+    async def main() -> set[int]:
+        heard: set[int] = set()
+        everywhere = anyio.Event()
+        async with aio.AsyncClient(partitioned.addresses, timeout=TIMEOUT) as client:
+
+            async def consume() -> None:
+                events = client.watch(prefix="pa/")
+                try:
+                    async for event in events:
+                        heard.add(partition_of(event.key, PARTITIONS))
+                        if len(heard) == PARTITIONS:
+                            everywhere.set()
+                            return
+                finally:
+                    await events.aclose()  # type: ignore[attr-defined]
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(consume)
+                # Probe every partition not yet heard from until each has been (bounded).
+                for _ in range(30):
+                    for p in set(range(PARTITIONS)) - heard:
+                        await anyio.to_thread.run_sync(probe, p)
+                    with anyio.move_on_after(1.0):
+                        await everywhere.wait()
+                    if everywhere.is_set():
+                        break
+                tasks.cancel_scope.cancel()
+        return heard
+
+    try:
+        for conn in conns.values():
+            opened = conn.request({"t": "open_lease", "lease": "pa-probe", "ttl_ms": 60_000})
+            assert opened["t"] == "ok"
+        assert anyio.run(main) == set(range(PARTITIONS))
+    finally:
+        for conn in conns.values():
+            conn.close()
