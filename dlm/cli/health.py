@@ -198,12 +198,16 @@ def partition_problems(
     return problems
 
 
-def with_partitions(verdict: dict[str, Any], problems: list[str], serving: bool) -> dict[str, Any]:
-    """The verdict of a partitioned cluster: ``verdict`` (partition 0's, from its members)
-    made degraded by any partition's ``problems``. ``serving``: some partition has a
-    leader, so a cluster whose partition 0 has none is degraded, not without a quorum
-    (the keys of the other partitions are still served)."""
+def with_partitions(
+    verdict: dict[str, Any], problems: list[str], serving: bool, count: int = 1
+) -> dict[str, Any]:
+    """The verdict of a cluster of ``count`` partitions: ``verdict`` (partition 0's, from
+    its members) made degraded by any partition's ``problems``. ``serving``: some
+    partition has a leader, so a cluster whose partition 0 has none is degraded, not
+    without a quorum (the keys of the other partitions are still served)."""
     if not problems:
+        if count > 1 and verdict["state"] == HEALTHY:
+            return {**verdict, "reason": f"{verdict['reason']}; all {count} partitions led"}
         return verdict
     reason = "; ".join(problems)
     if verdict["state"] == HEALTHY:

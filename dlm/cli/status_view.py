@@ -217,7 +217,10 @@ def summarize(client: Client, view: StatusView, member_timeout: float) -> dict[s
         else {"ms": view.quarantine_ms, "until_ms": view.quarantined_until_ms or 0},
         "partitions": [first, *(look[1] for look in others.values())],
         "health": health.with_partitions(
-            health.assess(rows, leader), partition_problems(others, rows), serving=True
+            health.assess(rows, leader),
+            partition_problems(others, rows),
+            serving=True,
+            count=1 + len(others),
         ),
     }
 

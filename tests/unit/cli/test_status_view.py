@@ -624,6 +624,9 @@ def test_status_shows_every_partition(
     assert re.search(r"PARTITION\s+LEADER\s+TERM\s+COMMIT\s+LAG", out)
     assert re.search(r"\b2\s+n3\s+4\s+102\s+10\b", out)
     assert run(["status", "--check"]) == 0
+    assert one_line(capsys.readouterr().out).startswith(
+        "healthy: all 3 voters answer, leader n1; all 4 partitions led; survives 1 more"
+    )
 
 
 def test_check_is_degraded_when_one_partition_has_no_leader_and_names_it(
