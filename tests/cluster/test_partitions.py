@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import Cluster, RawConn, wait_for
+from dlm.node.runtime.supervisor import MAX_PENDING
+from tests.cluster.harness import Cluster, NodeProc, RawConn, wait_for
 
 PARTITIONS = 4
 TIMEOUT = 30.0
@@ -92,3 +94,98 @@ def test_kill_9_of_a_whole_member_leaves_a_leader_in_every_partition(
     partitioned.nodes[victim].kill()
     after = partitioned.wait_for_leaders(timeout=TIMEOUT, not_=victim)
     assert all(leader.node_id != victim for leader in after.values())
+
+
+def test_a_restart_without_the_flag_keeps_the_count_and_another_count_is_refused(
+    partitioned: Cluster,
+) -> None:
+    node = partitioned.nodes["n1"]
+    node.kill()
+    node.partitions = 2
+    node.start()
+    assert node.wait_exit(TIMEOUT) == 2
+    lines = [line for line in node.log_tail(5).splitlines() if "created with" in line]
+    assert lines and "this data dir was created with --partitions 4" in lines[-1]
+    assert "to change the count restore a backup with --partitions" in lines[-1]
+    node.partitions = None
+    node.start()
+    wait_for(lambda: len(node.child_pids()) == PARTITIONS, TIMEOUT, "four partition processes")
+    for partition in range(PARTITIONS):
+        wait_for(
+            lambda p=partition: knows_leader(node, p),  # type: ignore[misc]
+            TIMEOUT,
+            f"n1's partition {partition} to know its leader",
+        )
+
+
+def knows_leader(node: NodeProc, partition: int) -> bool:
+    status = node.status(partition=partition)
+    return status is not None and bool(status.get("leader"))
+
+
+def test_a_member_with_another_partition_count_is_refused(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, size=3, partitions=PARTITIONS)
+    odd = cluster.nodes["n3"]
+    odd.partitions = 2
+    try:
+        cluster.start_all()
+        cluster.wait_for_leaders(timeout=TIMEOUT)
+
+        def refused() -> bool:
+            text = cluster.nodes["n1"].log_path.read_text(errors="replace")
+            return "member n1 has --partitions 4, member n3 --partitions 2" in text
+
+        wait_for(refused, TIMEOUT, "n1 to refuse n3 for its partition count")
+        # n3 reaches nobody: none of its partitions has a leader.
+        for partition in range(2):
+            status = odd.status(partition=partition)
+            assert status is not None and status["partitions"] == 2
+            assert status["role"] != "leader"
+    finally:
+        cluster.stop_all()
+
+
+def test_a_strangers_bad_or_missing_preamble_is_closed_and_costs_nothing(
+    partitioned: Cluster,
+) -> None:
+    node = partitioned.nodes["n2"]
+    host, port = node.address.rsplit(":", 1)
+    # Malformed magic, a partition this member does not have, a partition number no
+    # member has: each connection is closed, nothing is answered.
+    for first in (b"\xffDLMX\x01", b"\xffDLMP\x07", b"\xffDLMP\x00", b"\xffDLMP\xff"):
+        with RawConn(node.address, hello=False) as conn:
+            conn.send_bytes(first + b"\x00" * 64)
+            assert conn.closed_by_peer(timeout=10.0)
+    # Silent connections, and one that sent half a preamble: each is closed after the
+    # supervisor's timeout. Past the cap of waiting connections the oldest are closed
+    # at once, and the member keeps serving every partition meanwhile.
+    half = RawConn(node.address, hello=False)
+    half.send_bytes(b"\xffDL")
+    silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(MANY)]
+    try:
+        assert socket_closed(silent[0], timeout=10.0)  # shed at once: the cap held
+        for partition in range(PARTITIONS):
+            status = node.status(timeout=5.0, partition=partition)
+            assert status is not None and status["partition"] == partition
+        assert half.closed_by_peer(timeout=20.0)  # the timeout held
+        assert socket_closed(silent[-1], timeout=20.0)
+    finally:
+        half.close()
+        for sock in silent:
+            sock.close()
+    assert node.alive and len(node.child_pids()) == PARTITIONS
+
+
+MANY = MAX_PENDING + 20
+"""More connections than the supervisor lets wait for their preamble."""
+
+
+def socket_closed(sock: socket.socket, timeout: float) -> bool:
+    """Whether the other side closed ``sock`` (EOF or reset) within ``timeout``."""
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
