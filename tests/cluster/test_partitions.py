@@ -10,16 +10,20 @@ two; a stranger's bad or missing preamble costs the member nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dlm.node.runtime.supervisor import MAX_PENDING
-from tests.cluster.harness import Cluster, NodeProc, RawConn, wait_for
+from dlm.partitioning import partition_of
+from tests.cluster.harness import Cluster, NodeProc, RawConn, free_ports, wait_for
 
 PARTITIONS = 4
 TIMEOUT = 30.0
@@ -189,3 +193,88 @@ def socket_closed(sock: socket.socket, timeout: float) -> bool:
         return True
     except TimeoutError:
         return False
+
+
+def test_the_supervisor_serves_every_partitions_metrics_labelled_and_audit_names_it(
+    tmp_path: Path,
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    ports = dict(zip(("n1", "n2", "n3"), free_ports(3), strict=True))
+
+    def metrics_flag(node: NodeProc) -> list[str]:
+        return ["--metrics-listen", f"127.0.0.1:{ports[node.node_id]}"]
+
+    cluster = Cluster(tmp_path, size=3, partitions=PARTITIONS, node_args=metrics_flag)
+    try:
+        cluster.start_all()
+        leaders = cluster.wait_for_leaders(timeout=TIMEOUT)
+        node = cluster.nodes["n1"]
+        url = f"http://127.0.0.1:{ports['n1']}/metrics"
+
+        def scrape() -> dict[tuple[str, frozenset[tuple[str, str]]], float] | None:
+            with urllib.request.urlopen(url, timeout=10.0) as response:
+                text = response.read().decode()
+            samples = {
+                (s.name, frozenset(s.labels.items())): s.value
+                for family in text_string_to_metric_families(text)
+                for s in family.samples
+            }
+            up = [
+                samples.get(("dlm_partition_up", frozenset({("partition", str(p))})))
+                for p in range(PARTITIONS)
+            ]
+            return samples if up == [1.0] * PARTITIONS else None
+
+        samples = wait_for(scrape, TIMEOUT, "every partition's metrics")
+        labelled = {
+            dict(labels).get("partition") for (name, labels) in samples if name.startswith("dlm_")
+        }
+        assert labelled == {str(p) for p in range(PARTITIONS)}
+        # Each partition process says its own role, once.
+        for partition in range(PARTITIONS):
+            roles = [
+                dict(labels)["role"]
+                for (name, labels), value in samples.items()
+                if name == "dlm_raft_role"
+                and value == 1.0
+                and dict(labels).get("partition") == str(partition)
+            ]
+            assert len(roles) == 1, (partition, roles)
+        # A lock in one partition: its audit events name that partition.
+        key = "audit-me"
+        home = partition_of(key, PARTITIONS)
+        leader = leaders[home]
+        with RawConn(leader.address, partition=home) as conn:
+            opened = conn.request(
+                {"t": "open_lease", "lease": "L1", "ttl_ms": 10_000, "client": "c1", "seq": 1}
+            )
+            assert opened["t"] == "ok", opened
+            acquired = conn.request(
+                {"t": "acquire", "lease": "L1", "key": key, "client": "c1", "seq": 2}
+            )
+            assert acquired["t"] == "ok", acquired
+
+        def granted() -> list[dict[str, Any]]:
+            return [
+                r
+                for r in records_of(node)
+                if r.get("event") == "lock_granted" and r.get("key") == key
+            ]
+
+        events = wait_for(granted, TIMEOUT, "n1 to log the grant")
+        assert all(r["partition"] == home for r in events)
+        # Audit events (and every other line) of a partition process name the partition.
+        started = [r for r in records_of(node) if r.get("event") == "node_started"]
+        assert sorted(r["partition"] for r in started) == list(range(PARTITIONS))
+    finally:
+        cluster.stop_all()
+
+
+def records_of(node: NodeProc) -> list[dict[str, Any]]:
+    """The JSON lines a member (its supervisor and partition processes) logged."""
+    return [
+        json.loads(line)
+        for line in node.log_path.read_text(errors="replace").splitlines()
+        if line.startswith("{")
+    ]

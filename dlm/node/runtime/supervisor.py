@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -51,6 +52,7 @@ import dlm
 from dlm.node.runtime.config.node_config import NodeConfig, partition_dir
 from dlm.node.runtime.log import Logger
 from dlm.node.runtime.notify import NOTIFY_SOCKET_ENV, notify
+from dlm.node.runtime.partition_metrics import TOKEN_ENV, exposition
 from dlm.node.runtime.seat import CONNECTION, METRICS, SERVING
 from dlm.node.runtime.security import NodeSecurity
 from dlm.node.supervision import GiveUp, Leave, Restart, RestartPolicy
@@ -87,7 +89,13 @@ class Child:
     channel: socket.socket | None = None
     serving: bool = False
     metrics_port: int | None = None
+    metrics_token: str = ""
+    """The bearer token its metrics demand (drawn anew at each start)."""
     pid_history: list[int] = field(default_factory=list)
+
+    @property
+    def restarts(self) -> int:
+        return max(0, len(self.pid_history) - 1)
 
 
 @dataclass(slots=True)
@@ -145,6 +153,8 @@ class Supervisor:
         listener.setblocking(False)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._signalled, signum)
+        if self.config.metrics_listen is not None:
+            await self._start_metrics(*self.config.metrics_listen)
         self.log.info(
             "supervisor_started",
             address=self.config.address,
@@ -270,10 +280,12 @@ class Supervisor:
             settings = dict(self.settings)
             settings["data"] = str(partition_dir(self.config.data_dir, child.partition))
             settings["partitions"] = None
+            # A child serves its metrics on 127.0.0.1 (a port of the kernel's choice, with
+            # the token below), where the supervisor fetches them: main.py.
             settings["metrics_token_file"] = None
-            if self.config.metrics_listen is not None:
-                settings["metrics_listen"] = "127.0.0.1:0"
             env = {k: v for k, v in os.environ.items() if k != NOTIFY_SOCKET_ENV}
+            child.metrics_token = secrets.token_hex(16)
+            env[TOKEN_ENV] = child.metrics_token
             command = [
                 sys.executable,
                 "-c",
@@ -344,6 +356,29 @@ class Supervisor:
             port = news[len(METRICS) + 1 :]
             if port.isdigit() and 0 < int(port) < 65536:
                 child.metrics_port = int(port)
+
+    # ------------------------------------------------------------------ metrics
+
+    async def _start_metrics(self, host: str, port: int) -> None:
+        # prometheus-client is imported only by members that serve metrics.
+        from dlm.node.runtime.metrics import MetricsListener
+
+        security = self.security
+        listener = MetricsListener(
+            None,
+            collect=lambda: exposition(self.children),
+            log=self.log,
+            token=security.metrics_token if security is not None else None,
+            tls=security.metrics_tls if security is not None else None,
+        )
+        try:
+            await listener.start(host, port)
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"cannot serve metrics on {_where((host, port))}: {exc.strerror}"
+            ) from None
+        self.metrics = listener
+        self.log.info("metrics_serving", address=_where((host, listener.port)))
 
     # ------------------------------------------------------------------ connections
 
