@@ -278,3 +278,28 @@ def records_of(node: NodeProc) -> list[dict[str, Any]]:
         for line in node.log_path.read_text(errors="replace").splitlines()
         if line.startswith("{")
     ]
+
+
+def test_systemd_hears_ready_once_when_every_partition_serves(tmp_path: Path) -> None:
+    path = str(tmp_path / "notify.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(path)
+    cluster = Cluster(tmp_path, size=1, partitions=3, env={"NOTIFY_SOCKET": path})
+    try:
+        cluster.start_all()
+        listener.settimeout(TIMEOUT)
+        assert listener.recv(256) == b"READY=1"
+        node = cluster.nodes["n1"]
+        # Every partition serves by now (each said so before the supervisor said READY).
+        for partition in range(3):
+            assert node.status(timeout=5.0, partition=partition) is not None
+        # The partition processes do not speak to systemd themselves: nothing more.
+        listener.settimeout(1.0)
+        with pytest.raises(TimeoutError):
+            listener.recv(256)
+        assert node.terminate(grace=20.0) == 0
+        listener.settimeout(TIMEOUT)
+        assert listener.recv(256) == b"STOPPING=1"
+    finally:
+        cluster.stop_all()
+        listener.close()
