@@ -303,3 +303,30 @@ def test_systemd_hears_ready_once_when_every_partition_serves(tmp_path: Path) ->
     finally:
         cluster.stop_all()
         listener.close()
+
+
+def test_a_member_of_several_partitions_joins_every_partitions_group(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, size=3, partitions=2)
+    try:
+        cluster.start_all()
+        cluster.wait_for_leaders(timeout=TIMEOUT)
+        joined = cluster.add_node("n4")
+        joined.start()
+
+        def in_every_group() -> bool:
+            for partition in range(2):
+                leader = cluster.leader_now(partition)
+                if leader is None:
+                    return False
+                view = leader.status(partition=partition)
+                if view is None or "n4" not in {m["id"] for m in view["members"]}:
+                    return False
+                own = joined.status(partition=partition)
+                if own is None or not own.get("leader"):
+                    return False
+            return True
+
+        wait_for(in_every_group, 2 * TIMEOUT, "n4 in both partitions' groups")
+        assert len(joined.child_pids()) == 2
+    finally:
+        cluster.stop_all()
