@@ -330,3 +330,59 @@ def test_a_member_of_several_partitions_joins_every_partitions_group(tmp_path: P
         assert len(joined.child_pids()) == 2
     finally:
         cluster.stop_all()
+
+
+def test_members_of_several_partitions_over_tls_with_a_peer_secret(tmp_path: Path) -> None:
+    """The preamble goes before TLS: each partition's process does its own handshake,
+    with the member's certificate, and its peers authenticate as for partition 0."""
+    from dlm import tls
+    from dlm.auth import write_secret_file
+    from tests.pki import OPENSSL, make_pki
+
+    if OPENSSL is None:
+        pytest.skip("the openssl command is not installed")
+    pki = make_pki(tmp_path / "pki", ["n1", "n2", "n3"])
+    secret_file = str(tmp_path / "peer.secret")
+    write_secret_file(secret_file)
+
+    def flags(node: NodeProc) -> list[str]:
+        name = node.node_id
+        return [
+            "--tls-cert", str(pki / f"{name}.crt"),
+            "--tls-key", str(pki / f"{name}.key"),
+            "--tls-ca", str(pki / "ca.crt"),
+            "--peer-secret-file", secret_file,
+        ]  # fmt: skip
+
+    (tmp_path / "cluster").mkdir()
+    cluster = Cluster(
+        tmp_path / "cluster",
+        size=3,
+        partitions=3,
+        node_args=flags,
+        client_tls=tls.client_context(str(pki / "ca.crt")),
+    )
+    try:
+        cluster.start_all()
+        leaders = cluster.wait_for_leaders(timeout=TIMEOUT)
+        assert sorted(leaders) == [0, 1, 2]
+        # A stranger without the member's CA cannot get past TLS on any partition.
+        node = cluster.nodes["n2"]
+        for partition in range(3):
+            with (
+                pytest.raises((OSError, ConnectionError)),
+                RawConn(node.address, partition=partition, tls=_untrusting()) as conn,
+            ):
+                conn.recv(timeout=5.0)
+        # Every partition still serves a client that trusts the CA.
+        for partition in range(3):
+            assert node.status(timeout=5.0, partition=partition) is not None
+    finally:
+        cluster.stop_all()
+
+
+def _untrusting() -> Any:
+    """A TLS client context that trusts no CA: every member's certificate fails it."""
+    import ssl
+
+    return ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
