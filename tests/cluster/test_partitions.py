@@ -386,3 +386,31 @@ def _untrusting() -> Any:
     import ssl
 
     return ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+
+
+def test_a_partition_that_keeps_failing_to_start_stops_the_member_with_one_line(
+    tmp_path: Path,
+) -> None:
+    import fcntl
+
+    cluster = Cluster(tmp_path, size=1, partitions=2)
+    node = cluster.nodes["n1"]
+    try:
+        cluster.start_all()
+        cluster.wait_for_leaders(timeout=TIMEOUT)
+        node.kill()
+        # Another process holds partition 1's store: its process cannot open it, again
+        # and again.
+        with open(node.data_dir / "p1" / "LOCK", "a+b") as held:
+            fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            node.start()
+            assert node.wait_exit(TIMEOUT) == 1
+        lines = node.log_tail(40).splitlines()
+        said = [line for line in lines if line.startswith("dlm node: error: partition 1")]
+        assert said == [
+            "dlm node: error: partition 1 failed to start 5 times in a row (last exit code "
+            "1): see its log lines above"
+        ]
+        assert not node.child_pids()
+    finally:
+        cluster.stop_all()
