@@ -312,3 +312,27 @@ def test_the_async_client_watches_a_prefix_in_every_partition(partitioned: Clust
     finally:
         for conn in conns.values():
             conn.close()
+
+
+def test_a_lease_the_client_spread_over_two_partitions_is_listed_once(
+    partitioned: Cluster, dlm: Dlm
+) -> None:
+    from dlm.client import Client
+
+    first = next(k for k in (f"lc/{i}" for i in range(100)) if partition_of(k, PARTITIONS) == 0)
+    second = next(k for k in (f"lc/{i}" for i in range(100)) if partition_of(k, PARTITIONS) == 2)
+    with Client(partitioned.addresses, timeout=10.0) as client:
+        lease = client.open_lease(30_000)
+        client.acquire(lease, first)
+        client.acquire(lease, second)
+        try:
+            listed = dlm.json("lease", "list")["leases"]
+            mine = [item for item in listed if item["id"] == lease.id]
+            assert len(mine) == 1, listed
+            assert mine[0]["holding"] == sorted([first, second])
+            locks = dlm.json("locks", "--prefix", "lc/")["locks"]
+            assert [lock["key"] for lock in locks] == sorted([first, second])
+            rows = dlm.run("lease", "list", "--format", "tsv").stdout.splitlines()
+            assert sum(1 for row in rows if row.startswith(lease.id)) == 1
+        finally:
+            client.close_lease(lease)
