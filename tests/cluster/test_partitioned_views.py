@@ -336,3 +336,18 @@ def test_a_lease_the_client_spread_over_two_partitions_is_listed_once(
             assert sum(1 for row in rows if row.startswith(lease.id)) == 1
         finally:
             client.close_lease(lease)
+
+
+def test_runs_of_every_partition_come_as_one_ledger(dlm: Dlm) -> None:
+    keys = sorted(
+        next(k for k in (f"lr/{i}" for i in range(200)) if partition_of(k, PARTITIONS) == p)
+        for p in range(PARTITIONS)
+    )
+    for key in keys:
+        ran = dlm.run("exec", "--lock", key, "--", "true")
+        assert ran.returncode == 0, ran.stderr
+    every = dlm.json("runs", "--all")["runs"]
+    assert [run["key"] for run in every if run["key"].startswith("lr/")] == keys
+    for key in keys:
+        (run,) = dlm.json("runs", key)["runs"]
+        assert (run["outcome"], run["exit_code"]) == ("finished", 0)
