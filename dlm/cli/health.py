@@ -168,15 +168,22 @@ def partition_problems(
     view: StatusView | None,
     why: str | None = None,
     known_down: frozenset[str] = frozenset(),
+    *,
+    leader_silent: bool = False,
 ) -> list[str]:
     """What is wrong with one partition, each naming it (empty when nothing is): no
-    leader (``why`` it did not answer), a voter more than MAX_BEHIND_ENTRIES behind its
-    leader, or a voter its leader has not heard from for SILENT_AFTER_MS, unless it is in
-    ``known_down`` (members already reported as not answering us at all)."""
+    leader (``why`` it did not answer), a leader that does not answer us itself
+    (``leader_silent``: another member named it), a voter more than MAX_BEHIND_ENTRIES
+    behind its leader, or a voter its leader has not heard from for SILENT_AFTER_MS;
+    a member in ``known_down`` (already reported as not answering us at all) is not
+    named again."""
     name = f"partition {entry['partition']}"
-    if entry.get("leader") is None:
+    leader = entry.get("leader")
+    if leader is None:
         return [f"{name} has no leader" + (f" ({why})" if why else "")]
     problems: list[str] = []
+    if leader_silent and leader not in known_down:
+        problems.append(f"{name}: its leader {escape(leader)} does not answer")
     lag = entry.get("lag")
     if isinstance(lag, int) and lag > MAX_BEHIND_ENTRIES:
         problems.append(f"{name}: its slowest voter is {lag} entries behind the leader")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from dlm.cli import health
 from dlm.cli.exits import CHECK_FAILED, OK, UNAVAILABLE, CliError, usage_error
@@ -200,7 +200,7 @@ def summarize(client: Client, view: StatusView, member_timeout: float) -> dict[s
     first["lag"] = health.replication_lag(leader_view)
     # The client learned the count from the greeting; the answer says it too.
     others = gather_partitions(client, max(client.partitions, view.partitions or 1), member_timeout)
-    views = [view, *(look[0] for look in others.values())]
+    views = [view, *(look.view for look in others.values())]
     return {
         "cluster": view.cluster,
         "leader": leader,
@@ -215,7 +215,7 @@ def summarize(client: Client, view: StatusView, member_timeout: float) -> dict[s
         "quarantine": None
         if view.quarantine_ms is None
         else {"ms": view.quarantine_ms, "until_ms": view.quarantined_until_ms or 0},
-        "partitions": [first, *(look[1] for look in others.values())],
+        "partitions": [first, *(look.entry for look in others.values())],
         "health": health.with_partitions(
             health.assess(rows, leader),
             partition_problems(others, rows),
@@ -231,9 +231,18 @@ def _total(counts: Iterator[int | None]) -> int | None:
     return sum(known) if known else None
 
 
-PartitionLook = tuple[StatusView | None, dict[str, Any], str | None]
-"""A partition's answer to a linearizable status (None: no leader answered), its entry in
-``partitions``, and why it did not answer (None when it did)."""
+class PartitionLook(NamedTuple):
+    """What `dlm status` learned of one partition."""
+
+    view: StatusView | None
+    """Its answer to ``status`` (the leader's own view when it could be had; None: no
+    member answered)."""
+    entry: dict[str, Any]
+    """Its item of ``partitions``."""
+    why: str | None = None
+    """Why no member answered (None when one did)."""
+    leader_silent: bool = False
+    """A member named its leader, and the leader did not answer us directly."""
 
 
 def gather_partitions(
@@ -251,13 +260,19 @@ def gather_partitions(
         try:
             view = client.status(partition=partition)
         except ClusterUnavailable as exc:
-            looks[partition] = (None, health.partition_entry(partition, None), exc.message)
+            looks[partition] = PartitionLook(
+                None, health.partition_entry(partition, None), exc.message
+            )
             continue
+        silent = False
         if view.role != "leader" and view.leader is not None and view.leader_address:
             own = client.member_status(view.leader_address, member_timeout, partition=partition)
             if own is not None and own.role == "leader" and own.node == view.leader:
                 view = own
-        looks[partition] = (view, health.partition_entry(partition, view), None)
+            else:
+                silent = True
+        entry = health.partition_entry(partition, view)
+        looks[partition] = PartitionLook(view, entry, leader_silent=silent)
     return looks
 
 
@@ -266,8 +281,12 @@ def partition_problems(looks: dict[int, PartitionLook], rows: list[dict[str, Any
     not answer us at all is reported once, with the members."""
     down = frozenset(r["id"] for r in rows if not r.get("reachable") and r.get("id"))
     problems: list[str] = []
-    for view, entry, why in looks.values():
-        problems.extend(health.partition_problems(entry, view, why, down))
+    for look in looks.values():
+        problems.extend(
+            health.partition_problems(
+                look.entry, look.view, look.why, down, leader_silent=look.leader_silent
+            )
+        )
     return problems
 
 
@@ -292,11 +311,11 @@ def collect(settings: Settings, client: Client) -> dict[str, Any]:
             *health.partition_problems(first, None, error.message),
             *partition_problems(others, rows),
         ]
-        serving = any(look[1]["leader"] is not None for look in others.values())
+        serving = any(look.entry["leader"] is not None for look in others.values())
         return {
             **error.to_json(),
             "members": rows,
-            "partitions": [first, *(look[1] for look in others.values())],
+            "partitions": [first, *(look.entry for look in others.values())],
             "health": health.with_partitions(
                 health.no_quorum(rows, error.message), problems if others else [], serving
             ),

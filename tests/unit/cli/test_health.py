@@ -201,3 +201,11 @@ def test_any_partition_s_problem_makes_the_cluster_degraded() -> None:
         health.with_partitions(lost, ["partition 0 has no leader"], serving=False)["state"]
         == "no_quorum"
     )
+
+
+def test_a_partition_s_leader_that_does_not_answer_is_named_unless_already_down() -> None:
+    entry = health.partition_entry(1, partition_view(role="follower"))
+    assert health.partition_problems(entry, None, leader_silent=True) == [
+        "partition 1: its leader n1 does not answer"
+    ]
+    assert health.partition_problems(entry, None, None, frozenset({"n1"}), leader_silent=True) == []

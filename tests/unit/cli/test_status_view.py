@@ -713,6 +713,8 @@ def test_a_partition_s_lag_comes_from_its_leader_when_a_follower_answered(
     canned.partition_views[1] = {}  # the leader does not answer directly: lag unknown
     assert run(["status", "--json"]) == 0
     assert json.loads(one_line(capsys.readouterr().out))["partitions"][1]["lag"] is None
+    assert run(["status", "--check"]) == 1
+    assert "partition 1: its leader n2 does not answer" in one_line(capsys.readouterr().out)
 
 
 def test_a_partition_whose_members_answer_without_a_leader_has_none(
