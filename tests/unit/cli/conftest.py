@@ -118,6 +118,9 @@ class FakeClient:
     partitions = 1
     """The cluster's partition count, as a greeting told the client."""
 
+    def spawn(self) -> FakeClient:
+        return FakeClient(self.members, self.timeout, self.dial_timeout)
+
     def status(self, *, partition: int = 0) -> StatusView:
         self._call("status", partition=partition)
         return StatusView.from_wire(
