@@ -790,6 +790,36 @@ class AsyncClient:
         grant: Grant = await self._run(flow)
         return grant
 
+    async def acquire_all(
+        self,
+        lease: LeaseRef,
+        keys: Sequence[str],
+        *,
+        wait: float | None = None,
+        limit: int = 1,
+        meta: Mapping[str, str] | None = None,
+    ) -> list[Grant]:
+        """Takes every key of ``keys`` under ``lease``, all or nothing, in the one global
+        order (partitions ascending, keys sorted in each: two clients after overlapping
+        keys cannot deadlock); ``wait`` is one budget for them all. LockHeld (after
+        releasing what it took) when a key cannot be had. Grants in the order taken."""
+        lid = lease_id(lease)
+        known_ttl = lease.ttl_ms if isinstance(lease, Lease) else self._ttl_ms.get(lid)
+        if isinstance(lease, Lease) and self._book.get(lid) is None:
+            self._book.opened(lease)
+        flow = core.acquire_all_flow(
+            self._ctx,
+            self._book,
+            lid,
+            keys,
+            wait=wait,
+            limit=limit,
+            meta=meta,
+            known_ttl_ms=known_ttl,
+        )
+        grants: list[Grant] = await self._run(flow)
+        return grants
+
     async def release(
         self, lease: LeaseRef, key: str, *, token: int | None = None, keep_lease: bool = True
     ) -> ReleaseOutcome:

@@ -160,22 +160,28 @@ __all__ = [
     "Sleep",
     "VoterRoll",
     "WrongPartition",
+    "acquire_all_flow",
     "acquire_flow",
     "call",
     "change",
+    "close_all_flow",
     "close_lease_flow",
+    "close_parts_flow",
     "default_attempt_timeout",
     "describe_holders",
     "error_from_reply",
+    "find_lease_flow",
     "get_flow",
     "grant_from_reply",
     "greeting_partitions",
     "is_reply_to",
     "keepalive_flow",
+    "lease_acquire_flow",
     "lease_deadline",
     "lease_gone_text",
     "lease_id",
     "lease_info_flow",
+    "lease_partitions",
     "list_leases_flow",
     "list_locks_flow",
     "member_change_flow",
@@ -196,11 +202,13 @@ __all__ = [
     "read_flow",
     "read_reply",
     "release_flow",
+    "renew_parts_flow",
     "request_partition",
     "status_flow",
     "tls_failed",
     "update_applied",
     "update_lease_flow",
+    "update_parts_flow",
     "view_flow",
     "watch_partition",
     "without_id",
@@ -1558,6 +1566,58 @@ def lease_acquire_flow(
             ttl_ms, where = found
             book.adopt(lease, ttl_ms, where)
     raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def acquire_all_flow(
+    s: Context,
+    book: LeaseBook,
+    lease: str,
+    keys: Sequence[str],
+    *,
+    wait: float | None,
+    limit: int,
+    meta: Mapping[str, str] | None,
+    known_ttl_ms: int | None,
+) -> Generator[Action, Outcome, list[Grant]]:
+    """Takes every key of ``keys`` under ``lease``, in the one global order
+    (dlm.partitioning.partition_order: partitions ascending, keys sorted within each),
+    so that two clients after overlapping sets cannot each hold what the other waits
+    for. ``wait`` is one budget for them all. When a key cannot be had (LockHeld:
+    held, with no wait or after it), the keys already taken are released before the
+    error is raised: all or nothing. Returns the grants in the order taken."""
+    from dlm.partitioning import partition_order
+
+    wanted = list(dict.fromkeys(keys))
+    waiting = wait is not None and wait > 0
+    wait_deadline = s.clock() + (wait or 0.0)
+    grants: list[Grant] = []
+    try:
+        while len(grants) < len(wanted):
+            taken = {g.key for g in grants}
+            # Planned again after each key: the first reply may teach the partition count.
+            _, group = partition_order([k for k in wanted if k not in taken], s.partitions)[0]
+            left = max(0.0, wait_deadline - s.clock()) if waiting else None
+            if waiting and left is not None and left <= 0:
+                left = 0.001  # the wait is spent: one more try, then LockHeld
+            grant = yield from lease_acquire_flow(
+                s,
+                book,
+                lease,
+                group[0],
+                wait=left,
+                limit=limit,
+                meta=meta,
+                known_ttl_ms=known_ttl_ms,
+            )
+            grants.append(grant)
+    except LockHeld:
+        for grant in reversed(grants):
+            try:
+                yield from release_flow(s, lease, grant.key, token=grant.token)
+            except DlmError:
+                pass  # the lease's end frees it, if this release could not
+        raise
+    return grants
 
 
 def find_lease_flow(

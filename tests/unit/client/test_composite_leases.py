@@ -306,3 +306,42 @@ def test_a_waiting_acquire_in_another_partition_is_held_by_someone_else() -> Non
     cluster.locks[1][key] = "other"
     with pytest.raises(LockHeld):
         acquire(s, clock, book, cluster, key)
+
+
+# -- several keys: one global order, all or nothing ------------------------------
+
+
+def acquire_all(
+    s: core.Context, clock: Any, book: core.LeaseBook, cluster: Any, keys: list[str], **kw: Any
+) -> Any:
+    flow = core.acquire_all_flow(
+        s, book, "L", keys, wait=kw.get("wait"), limit=1, meta=None, known_ttl_ms=9000
+    )
+    return drive(flow, cluster, clock)
+
+
+def test_several_keys_are_taken_partitions_ascending_keys_sorted_within() -> None:
+    s, clock, cluster, book = lease_in([0])
+    keys = [key_in(3, P, "z"), key_in(1, P, "b"), key_in(3, P, "a"), key_in(1, P, "y")]
+    grants = acquire_all(s, clock, book, cluster, keys)
+    expected = [k for _, group in sorted(core_order(keys)) for k in group]
+    assert [g.key for g in grants] == expected
+    acquires = [p for kind, p in cluster.sent if kind == "acquire"]
+    assert acquires == sorted(acquires)
+    assert all(g.lease == "L" for g in grants)
+
+
+def core_order(keys: list[str]) -> list[tuple[int, list[str]]]:
+    from dlm.partitioning import partition_order
+
+    return partition_order(keys, P)
+
+
+def test_a_busy_key_in_a_later_partition_gives_back_what_was_taken() -> None:
+    s, clock, cluster, book = lease_in([0])
+    first, busy = key_in(0, P, "free"), key_in(2, P, "busy")
+    cluster.locks[2][busy] = "someone-else"
+    with pytest.raises(LockHeld):
+        acquire_all(s, clock, book, cluster, [busy, first])
+    assert cluster.locks[0] == {}  # taken, then released
+    assert cluster.sent[-1] == ("release", 0)
