@@ -472,7 +472,9 @@ class _Session:
             meta = owner_meta(pid=os.getpid(), command=self.command)
             if self.election is not None:
                 meta.update(self.election.meta())
-            lease = client.open_lease(ttl_ms, meta=meta, lock_delay_ms=self.lock_delay_ms)
+            lease = client.open_lease(
+                ttl_ms, meta=meta, lock_delay_ms=self.lock_delay_ms, near=[self.key]
+            )
             keeper = KeepAlive(
                 client,
                 lease,

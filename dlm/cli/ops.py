@@ -363,7 +363,7 @@ def _take(
             # lease behind for a stray keep-alive to hold on to. Its owner shows in
             # `dlm lease list`.
             created = client.open_lease(
-                ttl_ms, ephemeral=True, meta=meta, lock_delay_ms=lock_delay_ms
+                ttl_ms, ephemeral=True, meta=meta, lock_delay_ms=lock_delay_ms, near=[key]
             )
             ref = created
         # Queued longer than a TTL, the lease must be renewed meanwhile.

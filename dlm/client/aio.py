@@ -666,9 +666,19 @@ class AsyncClient:
         ephemeral: bool = False,
         meta: Mapping[str, str] | None = None,
         lock_delay_ms: int = 0,
+        near: Sequence[str] = (),
     ) -> Lease:
-        opened: Lease = await self._run(
-            core.open_lease_flow(
+        flow = (
+            core.open_near_flow(
+                self._ctx,
+                ttl_ms,
+                near,
+                ephemeral=ephemeral,
+                meta=meta,
+                lock_delay_ms=lock_delay_ms,
+            )
+            if near and lease is None
+            else core.open_lease_flow(
                 self._ctx,
                 ttl_ms,
                 lease,
@@ -677,6 +687,7 @@ class AsyncClient:
                 lock_delay_ms=lock_delay_ms,
             )
         )
+        opened: Lease = await self._run(flow)
         self._ttl_ms[opened.id] = opened.ttl_ms
         self._book.opened(opened, ephemeral=ephemeral, meta=meta, lock_delay_ms=lock_delay_ms)
         return opened

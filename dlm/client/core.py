@@ -191,6 +191,7 @@ __all__ = [
     "new_seq",
     "normalise_addr",
     "open_lease_flow",
+    "open_near_flow",
     "own_view",
     "paged_flow",
     "parse_members",
@@ -1019,6 +1020,50 @@ def open_lease_flow(
     )
 
 
+def open_near_flow(
+    s: Context,
+    ttl_ms: int,
+    near: Sequence[str],
+    *,
+    ephemeral: bool = False,
+    meta: Mapping[str, str] | None = None,
+    lock_delay_ms: int = 0,
+) -> Generator[Action, Outcome, Lease]:
+    """Opens a lease with a fresh id in the partition of the first of the keys it is
+    for (``near``, in the global acquire order), so that it has no part where it will
+    hold nothing. A client that did not know the partition count yet learns it from
+    this open's greeting; if the lease landed elsewhere, that empty lease is closed
+    and one opened where the keys are (a fresh id again: the closed one's tombstone
+    must not meet the new lease)."""
+    for _ in range(2):
+        home = _first_partition(s, near) if near else None
+        known = s.partitions
+        opened = yield from open_lease_flow(
+            s,
+            ttl_ms,
+            ephemeral=ephemeral,
+            meta=meta,
+            lock_delay_ms=lock_delay_ms,
+            partition=home,
+        )
+        if s.partitions == known or not near:
+            return opened
+        if _first_partition(s, near) == opened.partition:
+            return opened
+        try:
+            yield from close_lease_flow(
+                s, opened.id, partition=opened.partition, timeout=s.attempt_timeout
+            )
+        except DlmError:
+            return opened  # kept: it is a part of the lease like any other
+    return opened
+
+
+def _first_partition(s: Context, keys: Sequence[str]) -> int:
+    """The partition a multi-key acquire of ``keys`` starts in (the lowest of theirs)."""
+    return min(s.partition_of(key) for key in keys)
+
+
 def keepalive_flow(
     s: Context,
     lease: str,
@@ -1779,9 +1824,11 @@ def parts_ended_flow(
 ) -> Generator[Action, Outcome, None]:
     """A release ended ``lease``'s part in ``key``'s partition (an ephemeral lease left
     idle): closes its other known parts, and forgets the lease."""
-    known = book.parts(lease) or {}
+    known = book.parts(lease)
     ended = s.partition_of(key)
-    yield from close_parts_flow(s, lease, [p for p in sorted(known) if p != ended])
+    # A lease known only by id may have parts anywhere: every other partition is asked.
+    others = sorted(known) if known is not None else range(s.partitions)
+    yield from close_parts_flow(s, lease, [p for p in others if p != ended])
     book.forget(lease)
 
 
