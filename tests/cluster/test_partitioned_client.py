@@ -9,6 +9,8 @@ their own keys; the tests that kill or revoke get a cluster of their own.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from dlm.client import Client, core
 from dlm.client.errors import LeaseLost
 from dlm.partitioning import partition_of
 from tests.cluster.cli_harness import Dlm
-from tests.cluster.harness import Cluster, wait_for
+from tests.cluster.harness import Cluster, NodeProc, wait_for
 
 P = 4
 TIMEOUT = 30.0
@@ -127,3 +129,43 @@ def test_json_of_a_lease_list_is_one_object(cli: Dlm) -> None:
     proc = cli.run("lease", "list", "--json")
     assert proc.returncode == 0, proc.stderr
     json.loads(proc.stdout)
+
+
+def partition_pid(node: NodeProc, partition: int) -> int:
+    """The PID of ``node``'s process for ``partition`` (its command line ends with the
+    partition and the count)."""
+    for pid in node.child_pids():
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        args = [a for a in args if a]
+        if args[-2:] == [str(partition).encode(), str(P).encode()]:
+            return pid
+    raise AssertionError(f"no process of partition {partition} on {node.node_id}")
+
+
+def test_a_partition_whose_leader_stops_leaves_the_others_working(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, size=3, partitions=P)
+    try:
+        c.start_all()
+        leaders = c.wait_for_leaders(timeout=TIMEOUT)
+        victim = leaders[1]
+        pid = partition_pid(victim, 1)
+        others = {p: leaders[p].node_id for p in (0, 2, 3)}
+        cli = Dlm(c.members_env, tmp_path)
+        os.kill(pid, signal.SIGSTOP)  # partition 1's leader stops answering
+        try:
+            key = key_in(2, "busy-neighbour")
+            for _ in range(3):
+                proc = cli.run("exec", "--lock", key, "--", "true")
+                assert proc.returncode == 0, proc.stderr
+            # Partition 1 elects another leader; the other partitions keep theirs.
+            c.wait_for_leader(TIMEOUT, not_=victim.node_id, partition=1)
+            for p, leader in others.items():
+                now = c.leader_now(p)
+                assert now is not None and now.node_id == leader, p
+            key1 = key_in(1, "moved")
+            proc = cli.run("exec", "--lock", key1, "--", "true")
+            assert proc.returncode == 0, proc.stderr
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        c.stop_all()
