@@ -290,7 +290,14 @@ def exec_(
     command: Annotated[
         list[str], typer.Argument(metavar="[--] CMD [ARGS...]", help="The command to run.")
     ],
-    lock: Annotated[str, typer.Option("--lock", metavar="KEY", help="The lock to hold.")],
+    lock: Annotated[
+        list[str],
+        typer.Option(
+            "--lock",
+            metavar="KEY",
+            help="The lock to hold; repeat to hold several under one lease (all or none).",
+        ),
+    ],
     ttl: Annotated[
         str, typer.Option("--ttl", metavar="DURATION", help="Lease TTL, renewed every TTL/3.")
     ] = EXEC_TTL,
@@ -375,10 +382,12 @@ def exec_(
     """
     from dlm.cli import exec_cmd, ops
 
-    ops.check_lock_options(lock, limit, "--lock")
+    for key in lock:
+        ops.check_lock_options(key, limit, "--lock")
     code = exec_cmd.run(
         settings,
-        key=lock,
+        key=lock[0],
+        also=lock[1:],
         command=command,
         ttl=ttl,
         wait=wait,

@@ -1655,7 +1655,9 @@ def acquire_all_flow(
                 known_ttl_ms=known_ttl_ms,
             )
             grants.append(grant)
-    except LockHeld:
+    except LockHeld as held:
+        if held.key is None:
+            held.key = next(k for k in wanted if k not in {g.key for g in grants})
         for grant in reversed(grants):
             try:
                 yield from release_flow(s, lease, grant.key, token=grant.token)

@@ -48,8 +48,11 @@ class LockHeld(DlmError):
         holders: list[dict[str, Any]] | None = None,
         retry_after_ms: int | None = None,
         quarantined_until_ms: int | None = None,
+        key: str | None = None,
     ) -> None:
         super().__init__("LOCKED", message)
+        self.key = key
+        """The key that is held (set by a multi-key acquire: which of them it was)."""
         self.holders: list[dict[str, Any]] = list(holders or [])
         self.retry_after_ms = retry_after_ms
         self.quarantined_until_ms = quarantined_until_ms

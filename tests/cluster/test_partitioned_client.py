@@ -169,3 +169,30 @@ def test_a_partition_whose_leader_stops_leaves_the_others_working(tmp_path: Path
             os.kill(pid, signal.SIGCONT)
     finally:
         c.stop_all()
+
+
+def test_exec_holds_locks_of_two_partitions_under_one_lease(cli: Dlm, tmp_path: Path) -> None:
+    a, b = key_in(3, "pair"), key_in(1, "pair")
+    out = tmp_path / "seen"
+    script = f'echo "$DLM_LEASE_ID $DLM_LOCK_KEY $DLM_FENCING_TOKENS" > {out}'
+    got = cli.json("exec", "--lock", a, "--lock", b, "--", "sh", "-c", script)
+    assert got["exit_code"] == 0 and got["key"] == a
+    assert set(got["tokens"]) == {a, b} and got["tokens"][a] == got["token"]
+    lease, first, tokens = out.read_text().split(" ", 2)
+    assert lease == got["lease"] and first == a
+    assert json.loads(tokens) == got["tokens"]
+    # Both were released with the lease: each can be taken again at once.
+    for key in (a, b):
+        again = cli.run("exec", "--lock", key, "--", "true")
+        assert again.returncode == 0, again.stderr
+
+
+def test_exec_of_two_locks_gives_back_the_first_when_the_second_is_held(cli: Dlm) -> None:
+    a, b = key_in(0, "half"), key_in(2, "half")
+    held = cli.json("acquire", b, "--ttl", "30s")
+    proc = cli.run("exec", "--lock", a, "--lock", b, "-v", "--", "true")
+    assert proc.returncode == 75, proc.stderr
+    assert repr(b) in proc.stderr
+    free = cli.run("exec", "--lock", a, "--", "true")
+    assert free.returncode == 0, free.stderr  # a was given back
+    assert cli.run("release", b, "--lease", held["lease"]).returncode == 0
