@@ -181,7 +181,13 @@ def root(
 def acquire(
     *,
     settings: Settings,
-    key: Annotated[str, typer.Argument(metavar="KEY", help="The lock's name.")],
+    key: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="KEY...",
+            help="The lock's name; several: all of them under one lease, or none.",
+        ),
+    ],
     ttl: Annotated[
         str, typer.Option("--ttl", metavar="DURATION", help="Lifetime of a new lease.")
     ] = ACQUIRE_TTL,
@@ -213,7 +219,7 @@ def acquire(
 
     ops.acquire(
         settings,
-        key=key,
+        key=key[0],
         ttl=ttl,
         wait=wait,
         lease=lease,
@@ -221,6 +227,7 @@ def acquire(
         meta_pairs=meta or [],
         output_format=output_format,
         lock_delay=lock_delay,
+        **({"also": key[1:]} if key[1:] else {}),
     )
 
 

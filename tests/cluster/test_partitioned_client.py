@@ -196,3 +196,24 @@ def test_exec_of_two_locks_gives_back_the_first_when_the_second_is_held(cli: Dlm
     free = cli.run("exec", "--lock", a, "--", "true")
     assert free.returncode == 0, free.stderr  # a was given back
     assert cli.run("release", b, "--lease", held["lease"]).returncode == 0
+
+
+def test_acquire_of_keys_in_several_partitions_gives_one_lease_and_a_token_each(
+    cli: Dlm,
+) -> None:
+    keys = [key_in(p, "many") for p in (2, 0, 3)]
+    got = cli.json("acquire", *keys, "--ttl", "30s")
+    assert got["key"] == keys[0] and set(got["tokens"]) == set(keys)
+    assert got["tokens"][keys[0]] == got["token"]
+    lease = got["lease"]
+    renewed = cli.json("renew", lease)
+    assert renewed["lease"] == lease
+    for key in keys:  # each held under the one lease
+        assert cli.run("acquire", key, "--ttl", "5s").returncode == 75
+    revoked = cli.run("lease", "revoke", lease)
+    assert revoked.returncode == 0, revoked.stderr
+    for key in keys:  # the revoke reached every partition
+        again = cli.run("exec", "--lock", key, "--", "true")
+        assert again.returncode == 0, again.stderr
+    gone = cli.run("renew", lease)
+    assert gone.returncode == 77, gone.stderr
