@@ -765,7 +765,9 @@ class AsyncClient:
     async def lease_info(self, lease: LeaseRef) -> LeaseState:
         """The lease's TTL, the time left (the leader's count), and the keys it holds and
         waits for."""
-        info: LeaseState = await self._run(core.lease_info_flow(self._ctx, lease_id(lease)))
+        info: LeaseState = await self._run(
+            core.lease_info_flow(self._ctx, lease_id(lease), self._book)
+        )
         return info
 
     async def list_leases(self, *, stale: bool = False) -> list[LeaseSummary]:

@@ -1298,10 +1298,31 @@ def get_flow(s: Context, key: str, *, stale: bool = False) -> Generator[Action, 
     return (yield from view_flow(s, Get(id=0, key=key, stale=stale), LockState))
 
 
-def lease_info_flow(s: Context, lease: str) -> Generator[Action, Outcome, LeaseState]:
+def lease_info_flow(
+    s: Context, lease: str, book: LeaseBook | None = None
+) -> Generator[Action, Outcome, LeaseState]:
+    """The lease as one of its parts sees it (a cluster of several partitions: the first
+    part the ``book`` knows, else the first partition that has the lease; its ``keys``
+    are that part's)."""
     from dlm.views import LeaseState
 
-    return (yield from view_flow(s, LeaseInfo(id=0, lease=lease), LeaseState))
+    request = without_id(LeaseInfo(id=0, lease=lease))
+    known = book.parts(lease) if book is not None else None
+    if known:
+        _, reply = yield from call(s, request, partition=min(known))
+        return read_reply(LeaseState, payload(reply))
+    missing: LeaseLost | None = None
+    for partition in lease_partitions(s, None):
+        try:
+            _, reply = yield from call(s, request, partition=partition)
+        except LeaseLost as exc:
+            if s.partitions == 1:
+                raise
+            missing = missing if missing is not None and exc.ended == "unknown" else exc
+            continue
+        return read_reply(LeaseState, payload(reply))
+    assert missing is not None  # the loop asks partition 0 at least
+    raise missing
 
 
 def status_flow(s: Context, *, stale: bool = False) -> Generator[Action, Outcome, StatusView]:

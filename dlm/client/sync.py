@@ -648,7 +648,7 @@ class Client:
     def lease_info(self, lease: LeaseRef) -> LeaseState:
         """The lease's TTL, the time left (the leader's count), and the keys it holds and
         waits for."""
-        info: LeaseState = self._run(core.lease_info_flow(self._ctx, lease_id(lease)))
+        info: LeaseState = self._run(core.lease_info_flow(self._ctx, lease_id(lease), self._book))
         return info
 
     def list_leases(self, *, stale: bool = False) -> list[LeaseSummary]:

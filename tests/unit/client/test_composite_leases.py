@@ -365,3 +365,16 @@ def test_a_lease_for_a_key_is_opened_in_the_keys_partition_once_the_count_is_kno
     cluster.sent.clear()
     again = drive(core.open_near_flow(s, 9000, [key]), cluster, clock)
     assert again.partition == 3 and cluster.sent == [("open_lease", 3)]
+
+
+def test_lease_info_asks_a_part_the_book_knows_else_finds_one() -> None:
+    s, clock, cluster, book = lease_in([2, 3])
+    info = drive(core.lease_info_flow(s, "L", book), cluster, clock)
+    assert info.lease == "L" and cluster.sent == [("lease_info", 2)]
+    cluster.sent.clear()
+    info = drive(core.lease_info_flow(s, "L", core.LeaseBook()), cluster, clock)
+    assert [p for _, p in cluster.sent] == [0, 1, 2]
+    cluster.sent.clear()
+    with pytest.raises(LeaseLost):
+        drive(core.lease_info_flow(s, "nope", core.LeaseBook()), cluster, clock)
+    assert [p for _, p in cluster.sent] == [0, 1, 2, 3]
