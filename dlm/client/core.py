@@ -1890,6 +1890,7 @@ def update_parts_flow(
             if known is None and exc.ended == "unknown":
                 gone = exc
                 continue  # this partition never had the lease (unless none has)
+            exc.applied_elsewhere = bool(confirmed)
             raise
     if not confirmed:
         raise gone or LeaseLost(lease_gone_text(lease, "unknown"), "unknown")
@@ -1900,6 +1901,8 @@ def update_parts_flow(
 def update_applied(error: BaseException) -> bool | None:
     """What an update_lease that raised ``error`` did: False when the cluster refused it
     (it will never be applied), None when it may have been applied, or may still be."""
+    if isinstance(error, LeaseLost) and error.applied_elsewhere:
+        return None  # some parts have it: it caps their deadlines as an unsettled update
     if isinstance(error, BadRequest | LeaseLost):
         return False
     return None

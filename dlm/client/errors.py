@@ -70,6 +70,9 @@ class LeaseLost(DlmError):
     def __init__(self, message: str, ended: str | None = None) -> None:
         super().__init__("SESSION_EXPIRED", message)
         self.ended = ended
+        self.applied_elsewhere = False
+        """A TTL update that met this loss in one partition was applied by another part
+        of the lease before (so the update may be in force: see core.update_applied)."""
 
 
 class LockLost(DlmError):

@@ -378,3 +378,13 @@ def test_lease_info_asks_a_part_the_book_knows_else_finds_one() -> None:
     with pytest.raises(LeaseLost):
         drive(core.lease_info_flow(s, "nope", core.LeaseBook()), cluster, clock)
     assert [p for _, p in cluster.sent] == [0, 1, 2, 3]
+
+
+def test_an_update_that_one_part_took_before_another_was_lost_stays_in_force() -> None:
+    s, clock, cluster, book = lease_in([0, 3])
+    cluster.expire(3, "L")
+    with pytest.raises(LeaseLost) as caught:
+        drive(core.update_parts_flow(s, book, "L", 2000), cluster, clock)
+    assert cluster.leases[0]["L"] == 2000  # part 0 has the shorter TTL now
+    # So the keepers must keep counting with it: "may have been applied", not "refused".
+    assert core.update_applied(caught.value) is None
