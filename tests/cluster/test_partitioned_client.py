@@ -217,3 +217,15 @@ def test_acquire_of_keys_in_several_partitions_gives_one_lease_and_a_token_each(
         assert again.returncode == 0, again.stderr
     gone = cli.run("renew", lease)
     assert gone.returncode == 77, gone.stderr
+
+
+def test_a_python_lock_on_keys_of_two_partitions_is_one_lease(partitioned: Cluster) -> None:
+    a, b = key_in(2, "api-pair"), key_in(1, "api-pair")
+    with dlm.Client(partitioned.addresses) as client, client.lock([a, b], ttl=10.0) as held:
+        assert set(held.tokens) == {a, b}
+        assert held.owned() and held.time_left() > 0
+        rival = client.lock([b, a], ttl=10.0)
+        assert rival.acquire(blocking=False) is False
+        with Client(partitioned.addresses, timeout=10.0) as raw:
+            holders = [raw.get(key).holders for key in (a, b)]
+        assert holders[0][0].lease == holders[1][0].lease  # one lease, two partitions
