@@ -20,7 +20,7 @@ import dlm
 from dlm.client import Client, core
 from dlm.client.errors import LeaseLost
 from dlm.partitioning import partition_of
-from tests.cluster.cli_harness import Dlm
+from tests.cluster.cli_harness import Dlm, finish
 from tests.cluster.harness import Cluster, NodeProc, wait_for
 
 P = 4
@@ -229,3 +229,33 @@ def test_a_python_lock_on_keys_of_two_partitions_is_one_lease(partitioned: Clust
         with Client(partitioned.addresses, timeout=10.0) as raw:
             holders = [raw.get(key).holders for key in (a, b)]
         assert holders[0][0].lease == holders[1][0].lease  # one lease, two partitions
+
+
+def test_exec_stops_its_command_when_one_partition_revokes_its_part(
+    partitioned: Cluster, cli: Dlm
+) -> None:
+    a, b = key_in(1, "guarded"), key_in(2, "guarded")
+    proc = cli.start("exec", "--ttl", "3s", "--lock", a, "--lock", b, "--", "sleep", "120")
+    try:
+        with Client(partitioned.addresses, timeout=10.0) as admin:
+
+            def both_held() -> str | None:
+                holders = [admin.get(key).holders for key in (a, b)]
+                if all(holders) and holders[0][0].lease == holders[1][0].lease:
+                    return holders[0][0].lease
+                return None
+
+            lease = wait_for(both_held, TIMEOUT, "dlm exec to hold both keys")
+            # An operator revokes the lease's part in partition 2 only.
+            admin._run(
+                core.close_lease_flow(admin._ctx, lease, must_exist=True, revoke=True, partition=2)
+            )
+            code, _, err = finish(proc)
+            assert code == 77, err
+            assert "lost the lock" in err
+            # The client closed the part in partition 1 too: a is free again.
+            wait_for(lambda: admin.get(a).holders == [], TIMEOUT, "the other part closed")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
