@@ -1758,6 +1758,7 @@ def renew_parts_flow(
     unreached = 0
     lost: LeaseLost | None = None
     lost_in = -1
+    unreachable: ClusterUnavailable | None = None
     for partition in lease_partitions(s, known):
         left = len(known) - len(ttls) - unreached if known is not None else s.partitions - partition
         share = max(0.0, deadline - s.clock()) / max(1, left)
@@ -1772,8 +1773,9 @@ def renew_parts_flow(
                 continue  # this partition never had the lease (unless none has)
             lost, lost_in = exc, partition
             break
-        except ClusterUnavailable:
+        except ClusterUnavailable as exc:
             unreached += 1
+            unreachable = exc
             if known is None and s.partitions == 1:
                 raise
     else:
@@ -1784,6 +1786,8 @@ def renew_parts_flow(
         yield from close_parts_flow(s, lease, others)
         book.forget(lease)
         raise lost
+    if not ttls and unreachable is not None:
+        raise unreachable  # no part answered: a failed renewal, as with one partition
     if known is None and ttls:
         book.adopt(lease, min(ttls.values()), sorted(ttls))
     return PartsRenewed(ttls, whole=unreached == 0, complete=known is None and unreached == 0)
