@@ -160,12 +160,12 @@ def test_a_strangers_bad_or_missing_preamble_is_closed_and_costs_nothing(
         with RawConn(node.address, hello=False) as conn:
             conn.send_bytes(first + b"\x00" * 64)
             assert conn.closed_by_peer(timeout=10.0)
-    assert said(node, "a malformed preamble")
+    wait_for(lambda: said(node, "a malformed preamble"), TIMEOUT, "the bad preambles said")
     # Half a preamble, then silence: closed after the supervisor's timeout.
     with RawConn(node.address, hello=False) as half:
         half.send_bytes(b"\xffDL")
         assert half.closed_by_peer(timeout=20.0)
-    assert said(node, "no preamble or hello within 5 s")
+    wait_for(lambda: said(node, "no preamble or hello"), TIMEOUT, "the timeout said")
     # More silent connections than may wait at once: the oldest are closed to make room
     # (said in the member's log), and the member keeps serving every partition meanwhile.
     silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(MANY)]

@@ -504,8 +504,9 @@ class Supervisor:
     def _shed(self, reason: str, fd: int) -> None:
         """Closes a connection still waiting for its first bytes, and says why."""
         pending = self._pending.get(fd)
-        self._drop(fd)
+        # Said before the close: whoever sees the connection end finds the line written.
         self._said_shed(reason, pending.where if pending is not None else "?")
+        self._drop(fd)
 
     def _said_shed(self, reason: str, remote: str) -> None:
         """Counts a connection closed unserved; says so at most once a second per reason
