@@ -239,7 +239,15 @@ class Supervisor:
     # ------------------------------------------------------------------ children
 
     async def _keep(self, child: Child) -> None:
-        """Starts ``child`` and starts it again each time it dies, as the policy says."""
+        """Starts ``child`` and starts it again each time it dies, as the policy says; a
+        failure of the supervisor's own (a bug) stops the member rather than leave the
+        partition unwatched."""
+        try:
+            await self._keep_running(child)
+        except Exception as exc:
+            self._give_up(GiveUp(1, f"watching partition {child.partition} failed: {exc!r}"))
+
+    async def _keep_running(self, child: Child) -> None:
         loop = asyncio.get_running_loop()
         while not self._stopping:
             try:
