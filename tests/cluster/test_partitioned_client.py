@@ -259,3 +259,24 @@ def test_exec_stops_its_command_when_one_partition_revokes_its_part(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_reads_of_one_key_reach_its_partition(cli: Dlm) -> None:
+    for partition in range(P):
+        key = key_in(partition, "read")
+        held = cli.json("acquire", key, "--ttl", "30s")
+        shown = cli.run("status", key, "--json")
+        assert shown.returncode == 0, shown.stderr
+        assert held["lease"] in shown.stdout
+        released = cli.run("release", key, "--lease", held["lease"])
+        assert released.returncode == 0, released.stderr
+        ran = cli.run("exec", "--lock", key, "--", "true")
+        assert ran.returncode == 0, ran.stderr
+        runs = cli.run("runs", key, "--json")
+        assert runs.returncode == 0, runs.stderr
+        assert key in runs.stdout
+        name = key_in(partition, "election")
+        elected = cli.run("elect", name, "--value", f"v{partition}", "--", "true")
+        assert elected.returncode == 0, elected.stderr
+        leader = cli.run("leader", name, "--json")
+        assert leader.returncode == 0, leader.stderr
