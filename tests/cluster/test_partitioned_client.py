@@ -14,6 +14,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 import dlm
@@ -280,3 +281,28 @@ def test_the_reads_of_one_key_reach_its_partition(cli: Dlm) -> None:
         assert elected.returncode == 0, elected.stderr
         leader = cli.run("leader", name, "--json")
         assert leader.returncode == 0, leader.stderr
+
+
+def test_an_async_lock_over_two_partitions_is_cancelled_when_one_part_is_revoked(
+    partitioned: Cluster,
+) -> None:
+    a, b = key_in(0, "async-pair"), key_in(3, "async-pair")
+
+    async def main() -> None:
+        async with dlm.AsyncClient(partitioned.members_env, timeout="5s") as client:
+            with pytest.raises(dlm.LockLost):
+                async with client.lock([a, b], ttl="3s") as lock:
+                    assert set(lock.tokens) == {a, b}
+
+                    def revoke_part_in_3() -> None:
+                        with Client(partitioned.addresses, timeout=10.0) as admin:
+                            flow = core.close_lease_flow(
+                                admin._ctx, lock.lease, must_exist=True, revoke=True, partition=3
+                            )
+                            admin._run(flow)
+
+                    await anyio.to_thread.run_sync(revoke_part_in_3)
+                    await anyio.sleep(TIMEOUT)  # cancelled at the next renewal: 1 s
+                    pytest.fail("not cancelled")
+
+    anyio.run(main)
