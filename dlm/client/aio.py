@@ -1305,9 +1305,14 @@ class AsyncKeepAlive:
         return True
 
     def _record_round(self, sent: float, renewed: core.PartsRenewed) -> bool:
-        """A renewal round over the lease's parts; False if it came too late to count."""
+        """A renewal round over the lease's parts; False if it came too late to count (a
+        part opened meanwhile joins first: sync.KeepAlive._record_round)."""
         if self.lost.is_set():
             return False
+        self._join_parts()
+        opened = set(self._book.parts(self.lease) or ())
+        whole = renewed.whole and opened <= set(renewed.ttls)
+        renewed = core.PartsRenewed(renewed.ttls, whole, renewed.complete)
         counted_ms = self._renewer.renewed_parts(
             sent, renewed.ttls, lease_clock(), complete=renewed.complete, whole=renewed.whole
         )
@@ -1320,6 +1325,12 @@ class AsyncKeepAlive:
             except Exception as exc:  # the callback's failure must not stop the renewals
                 self.last_error = exc
         return True
+
+    def _join_parts(self) -> None:
+        """Parts opened since the last round join with a clock from their own open."""
+        for partition, part in (self._book.parts(self.lease) or {}).items():
+            opened_at = part.confirmed_at if part.confirmed_at > 0 else None
+            self._clock.add_part(partition, opened_at, part.ttl_ms)
 
     def update_sent(self, ttl_ms: int) -> int:
         """A TTL update of this lease is about to be sent (``AsyncClient.update_lease``)."""
@@ -1380,10 +1391,7 @@ class AsyncKeepAlive:
             left = self.deadline - sent
             if left <= 0:
                 return
-            for partition, part in (self._book.parts(self.lease) or {}).items():
-                # Parts opened since the last round join with their own clock.
-                opened_at = part.confirmed_at if part.confirmed_at > 0 else None
-                self._clock.add_part(partition, opened_at, part.ttl_ms)
+            self._join_parts()
             try:
                 with anyio.move_on_after(left):
                     renewed = await self._client.renew_parts(self.lease, timeout=left)

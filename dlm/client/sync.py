@@ -1344,7 +1344,15 @@ class KeepAlive:
                 self._clock.add_part(partition, opened_at, part.ttl_ms)
 
     def _record_round(self, sent: float, renewed: core.PartsRenewed) -> bool:
-        """A renewal round over the lease's parts; False if it came too late to count."""
+        """A renewal round over the lease's parts; False if it came too late to count.
+
+        A part opened while the round was under way (an acquire in a new partition from
+        another thread) joins first, with its own clock: the round did not renew it, so
+        the round neither moves its deadline nor counts as whole."""
+        self._join_parts()
+        opened = set(self._book.parts(self.lease) or ())
+        whole = renewed.whole and opened <= set(renewed.ttls)
+        renewed = core.PartsRenewed(renewed.ttls, whole, renewed.complete)
         with self._cond:
             if self._lost_marked or self._stopping.is_set():
                 return False
