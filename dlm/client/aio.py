@@ -667,9 +667,19 @@ class AsyncClient:
         ephemeral: bool = False,
         meta: Mapping[str, str] | None = None,
         lock_delay_ms: int = 0,
+        near: Sequence[str] = (),
     ) -> Lease:
-        opened: Lease = await self._run(
-            core.open_lease_flow(
+        flow = (
+            core.open_near_flow(
+                self._ctx,
+                ttl_ms,
+                near,
+                ephemeral=ephemeral,
+                meta=meta,
+                lock_delay_ms=lock_delay_ms,
+            )
+            if near and lease is None
+            else core.open_lease_flow(
                 self._ctx,
                 ttl_ms,
                 lease,
@@ -678,6 +688,7 @@ class AsyncClient:
                 lock_delay_ms=lock_delay_ms,
             )
         )
+        opened: Lease = await self._run(flow)
         self._ttl_ms[opened.id] = opened.ttl_ms
         self._book.opened(opened, ephemeral=ephemeral, meta=meta, lock_delay_ms=lock_delay_ms)
         return opened
@@ -755,7 +766,9 @@ class AsyncClient:
     async def lease_info(self, lease: LeaseRef) -> LeaseState:
         """The lease's TTL, the time left (the leader's count), and the keys it holds and
         waits for."""
-        info: LeaseState = await self._run(core.lease_info_flow(self._ctx, lease_id(lease)))
+        info: LeaseState = await self._run(
+            core.lease_info_flow(self._ctx, lease_id(lease), self._book)
+        )
         return info
 
     async def list_leases(self, *, stale: bool = False) -> list[LeaseSummary]:
@@ -790,6 +803,36 @@ class AsyncClient:
         )
         grant: Grant = await self._run(flow)
         return grant
+
+    async def acquire_all(
+        self,
+        lease: LeaseRef,
+        keys: Sequence[str],
+        *,
+        wait: float | None = None,
+        limit: int = 1,
+        meta: Mapping[str, str] | None = None,
+    ) -> list[Grant]:
+        """Takes every key of ``keys`` under ``lease``, all or nothing, in the one global
+        order (partitions ascending, keys sorted in each: two clients after overlapping
+        keys cannot deadlock); ``wait`` is one budget for them all. LockHeld (after
+        releasing what it took) when a key cannot be had. Grants in the order taken."""
+        lid = lease_id(lease)
+        known_ttl = lease.ttl_ms if isinstance(lease, Lease) else self._ttl_ms.get(lid)
+        if isinstance(lease, Lease) and self._book.get(lid) is None:
+            self._book.opened(lease)
+        flow = core.acquire_all_flow(
+            self._ctx,
+            self._book,
+            lid,
+            keys,
+            wait=wait,
+            limit=limit,
+            meta=meta,
+            known_ttl_ms=known_ttl,
+        )
+        grants: list[Grant] = await self._run(flow)
+        return grants
 
     async def release(
         self, lease: LeaseRef, key: str, *, token: int | None = None, keep_lease: bool = True
@@ -1325,9 +1368,14 @@ class AsyncKeepAlive:
         return True
 
     def _record_round(self, sent: float, renewed: core.PartsRenewed) -> bool:
-        """A renewal round over the lease's parts; False if it came too late to count."""
+        """A renewal round over the lease's parts; False if it came too late to count (a
+        part opened meanwhile joins first: sync.KeepAlive._record_round)."""
         if self.lost.is_set():
             return False
+        self._join_parts()
+        opened = set(self._book.parts(self.lease) or ())
+        whole = renewed.whole and opened <= set(renewed.ttls)
+        renewed = core.PartsRenewed(renewed.ttls, whole, renewed.complete)
         counted_ms = self._renewer.renewed_parts(
             sent, renewed.ttls, lease_clock(), complete=renewed.complete, whole=renewed.whole
         )
@@ -1340,6 +1388,12 @@ class AsyncKeepAlive:
             except Exception as exc:  # the callback's failure must not stop the renewals
                 self.last_error = exc
         return True
+
+    def _join_parts(self) -> None:
+        """Parts opened since the last round join with a clock from their own open."""
+        for partition, part in (self._book.parts(self.lease) or {}).items():
+            opened_at = part.confirmed_at if part.confirmed_at > 0 else None
+            self._clock.add_part(partition, opened_at, part.ttl_ms)
 
     def update_sent(self, ttl_ms: int) -> int:
         """A TTL update of this lease is about to be sent (``AsyncClient.update_lease``)."""
@@ -1400,10 +1454,7 @@ class AsyncKeepAlive:
             left = self.deadline - sent
             if left <= 0:
                 return
-            for partition, part in (self._book.parts(self.lease) or {}).items():
-                # Parts opened since the last round join with their own clock.
-                opened_at = part.confirmed_at if part.confirmed_at > 0 else None
-                self._clock.add_part(partition, opened_at, part.ttl_ms)
+            self._join_parts()
             try:
                 with anyio.move_on_after(left):
                     renewed = await self._client.renew_parts(self.lease, timeout=left)

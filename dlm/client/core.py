@@ -161,22 +161,28 @@ __all__ = [
     "Sleep",
     "VoterRoll",
     "WrongPartition",
+    "acquire_all_flow",
     "acquire_flow",
     "call",
     "change",
+    "close_all_flow",
     "close_lease_flow",
+    "close_parts_flow",
     "default_attempt_timeout",
     "describe_holders",
     "error_from_reply",
+    "find_lease_flow",
     "get_flow",
     "grant_from_reply",
     "greeting_partitions",
     "is_reply_to",
     "keepalive_flow",
+    "lease_acquire_flow",
     "lease_deadline",
     "lease_gone_text",
     "lease_id",
     "lease_info_flow",
+    "lease_partitions",
     "list_leases_flow",
     "list_locks_flow",
     "member_change_flow",
@@ -187,6 +193,7 @@ __all__ = [
     "new_seq",
     "normalise_addr",
     "open_lease_flow",
+    "open_near_flow",
     "own_view",
     "parse_members",
     "part_flow",
@@ -198,11 +205,13 @@ __all__ = [
     "read_flow",
     "read_reply",
     "release_flow",
+    "renew_parts_flow",
     "request_partition",
     "status_flow",
     "tls_failed",
     "update_applied",
     "update_lease_flow",
+    "update_parts_flow",
     "view_flow",
     "watch_partition",
     "without_id",
@@ -1013,6 +1022,50 @@ def open_lease_flow(
     )
 
 
+def open_near_flow(
+    s: Context,
+    ttl_ms: int,
+    near: Sequence[str],
+    *,
+    ephemeral: bool = False,
+    meta: Mapping[str, str] | None = None,
+    lock_delay_ms: int = 0,
+) -> Generator[Action, Outcome, Lease]:
+    """Opens a lease with a fresh id in the partition of the first of the keys it is
+    for (``near``, in the global acquire order), so that it has no part where it will
+    hold nothing. A client that did not know the partition count yet learns it from
+    this open's greeting; if the lease landed elsewhere, that empty lease is closed
+    and one opened where the keys are (a fresh id again: the closed one's tombstone
+    must not meet the new lease)."""
+    for _ in range(2):
+        home = _first_partition(s, near) if near else None
+        known = s.partitions
+        opened = yield from open_lease_flow(
+            s,
+            ttl_ms,
+            ephemeral=ephemeral,
+            meta=meta,
+            lock_delay_ms=lock_delay_ms,
+            partition=home,
+        )
+        if s.partitions == known or not near:
+            return opened
+        if _first_partition(s, near) == opened.partition:
+            return opened
+        try:
+            yield from close_lease_flow(
+                s, opened.id, partition=opened.partition, timeout=s.attempt_timeout
+            )
+        except DlmError:
+            return opened  # kept: it is a part of the lease like any other
+    return opened
+
+
+def _first_partition(s: Context, keys: Sequence[str]) -> int:
+    """The partition a multi-key acquire of ``keys`` starts in (the lowest of theirs)."""
+    return min(s.partition_of(key) for key in keys)
+
+
 def keepalive_flow(
     s: Context,
     lease: str,
@@ -1264,10 +1317,31 @@ def get_flow(s: Context, key: str, *, stale: bool = False) -> Generator[Action, 
     return (yield from view_flow(s, Get(id=0, key=key, stale=stale), LockState))
 
 
-def lease_info_flow(s: Context, lease: str) -> Generator[Action, Outcome, LeaseState]:
+def lease_info_flow(
+    s: Context, lease: str, book: LeaseBook | None = None
+) -> Generator[Action, Outcome, LeaseState]:
+    """The lease as one of its parts sees it (a cluster of several partitions: the first
+    part the ``book`` knows, else the first partition that has the lease; its ``keys``
+    are that part's)."""
     from dlm.views import LeaseState
 
-    return (yield from view_flow(s, LeaseInfo(id=0, lease=lease), LeaseState))
+    request = without_id(LeaseInfo(id=0, lease=lease))
+    known = book.parts(lease) if book is not None else None
+    if known:
+        _, reply = yield from call(s, request, partition=min(known))
+        return read_reply(LeaseState, payload(reply))
+    missing: LeaseLost | None = None
+    for partition in lease_partitions(s, None):
+        try:
+            _, reply = yield from call(s, request, partition=partition)
+        except LeaseLost as exc:
+            if s.partitions == 1:
+                raise
+            missing = missing if missing is not None and exc.ended == "unknown" else exc
+            continue
+        return read_reply(LeaseState, payload(reply))
+    assert missing is not None  # the loop asks partition 0 at least
+    raise missing
 
 
 def status_flow(
@@ -1616,6 +1690,60 @@ def lease_acquire_flow(
     raise AssertionError("unreachable")  # the loop returns or raises
 
 
+def acquire_all_flow(
+    s: Context,
+    book: LeaseBook,
+    lease: str,
+    keys: Sequence[str],
+    *,
+    wait: float | None,
+    limit: int,
+    meta: Mapping[str, str] | None,
+    known_ttl_ms: int | None,
+) -> Generator[Action, Outcome, list[Grant]]:
+    """Takes every key of ``keys`` under ``lease``, in the one global order
+    (dlm.partitioning.partition_order: partitions ascending, keys sorted within each),
+    so that two clients after overlapping sets cannot each hold what the other waits
+    for. ``wait`` is one budget for them all. When a key cannot be had (LockHeld:
+    held, with no wait or after it), the keys already taken are released before the
+    error is raised: all or nothing. Returns the grants in the order taken."""
+    from dlm.partitioning import partition_order
+
+    wanted = list(dict.fromkeys(keys))
+    waiting = wait is not None and wait > 0
+    wait_deadline = s.clock() + (wait or 0.0)
+    grants: list[Grant] = []
+    try:
+        while len(grants) < len(wanted):
+            taken = {g.key for g in grants}
+            # Planned again after each key: the first reply may teach the partition count.
+            _, group = partition_order([k for k in wanted if k not in taken], s.partitions)[0]
+            left = max(0.0, wait_deadline - s.clock()) if waiting else None
+            if waiting and left is not None and left <= 0:
+                left = 0.001  # the wait is spent: one more try, then LockHeld
+            grant = yield from lease_acquire_flow(
+                s,
+                book,
+                lease,
+                group[0],
+                wait=left,
+                limit=limit,
+                meta=meta,
+                known_ttl_ms=known_ttl_ms,
+            )
+            grants.append(grant)
+    except LockHeld as held:
+        if held.key is None:
+            held.key = next(k for k in wanted if k not in {g.key for g in grants})
+        for grant in reversed(grants):
+            try:
+                yield from release_flow(s, lease, grant.key, token=grant.token)
+            except DlmError:
+                pass  # the lease's end frees it, if this release could not
+        raise
+    return grants
+
+
 def find_lease_flow(
     s: Context, lease: str, *, skip: int | None = None
 ) -> Generator[Action, Outcome, tuple[int, list[int]] | None]:
@@ -1686,6 +1814,7 @@ def renew_parts_flow(
     unreached = 0
     lost: LeaseLost | None = None
     lost_in = -1
+    unreachable: ClusterUnavailable | None = None
     for partition in lease_partitions(s, known):
         left = len(known) - len(ttls) - unreached if known is not None else s.partitions - partition
         share = max(0.0, deadline - s.clock()) / max(1, left)
@@ -1700,8 +1829,9 @@ def renew_parts_flow(
                 continue  # this partition never had the lease (unless none has)
             lost, lost_in = exc, partition
             break
-        except ClusterUnavailable:
+        except ClusterUnavailable as exc:
             unreached += 1
+            unreachable = exc
             if known is None and s.partitions == 1:
                 raise
     else:
@@ -1712,6 +1842,8 @@ def renew_parts_flow(
         yield from close_parts_flow(s, lease, others)
         book.forget(lease)
         raise lost
+    if not ttls and unreachable is not None:
+        raise unreachable  # no part answered: a failed renewal, as with one partition
     if known is None and ttls:
         book.adopt(lease, min(ttls.values()), sorted(ttls))
     return PartsRenewed(ttls, whole=unreached == 0, complete=known is None and unreached == 0)
@@ -1775,9 +1907,11 @@ def parts_ended_flow(
 ) -> Generator[Action, Outcome, None]:
     """A release ended ``lease``'s part in ``key``'s partition (an ephemeral lease left
     idle): closes its other known parts, and forgets the lease."""
-    known = book.parts(lease) or {}
+    known = book.parts(lease)
     ended = s.partition_of(key)
-    yield from close_parts_flow(s, lease, [p for p in sorted(known) if p != ended])
+    # A lease known only by id may have parts anywhere: every other partition is asked.
+    others = sorted(known) if known is not None else range(s.partitions)
+    yield from close_parts_flow(s, lease, [p for p in others if p != ended])
     book.forget(lease)
 
 
@@ -1816,6 +1950,7 @@ def update_parts_flow(
             if known is None and exc.ended == "unknown":
                 gone = exc
                 continue  # this partition never had the lease (unless none has)
+            exc.applied_elsewhere = bool(confirmed)
             raise
     if not confirmed:
         raise gone or LeaseLost(lease_gone_text(lease, "unknown"), "unknown")
@@ -1826,6 +1961,8 @@ def update_parts_flow(
 def update_applied(error: BaseException) -> bool | None:
     """What an update_lease that raised ``error`` did: False when the cluster refused it
     (it will never be applied), None when it may have been applied, or may still be."""
+    if isinstance(error, LeaseLost) and error.applied_elsewhere:
+        return None  # some parts have it: it caps their deadlines as an unsettled update
     if isinstance(error, BadRequest | LeaseLost):
         return False
     return None

@@ -529,16 +529,28 @@ class Client:
         ephemeral: bool = False,
         meta: Mapping[str, str] | None = None,
         lock_delay_ms: int = 0,
+        near: Sequence[str] = (),
     ) -> Lease:
         """Opens a lease (a fresh random id unless ``lease`` is given).
 
         ``ephemeral``: the lease is for one lock, and a release that leaves it
         idle ends it (what ``dlm acquire`` does). ``lock_delay_ms`` (0 to 60000): when
         the lease expires or is revoked while holding a key, the key is granted to nobody
-        for that long (README, "Lock-delay"; cluster version 4).
+        for that long (README, "Lock-delay"; cluster version 4). ``near``: the keys the
+        new lease is for; it is opened in the partition of the first (in the global
+        acquire order), so it has no part where it holds nothing (``core.open_near_flow``).
         """
-        opened: Lease = self._run(
-            core.open_lease_flow(
+        flow = (
+            core.open_near_flow(
+                self._ctx,
+                ttl_ms,
+                near,
+                ephemeral=ephemeral,
+                meta=meta,
+                lock_delay_ms=lock_delay_ms,
+            )
+            if near and lease is None
+            else core.open_lease_flow(
                 self._ctx,
                 ttl_ms,
                 lease,
@@ -547,6 +559,7 @@ class Client:
                 lock_delay_ms=lock_delay_ms,
             )
         )
+        opened: Lease = self._run(flow)
         self._ttl_ms[opened.id] = opened.ttl_ms
         self._book.opened(opened, ephemeral=ephemeral, meta=meta, lock_delay_ms=lock_delay_ms)
         return opened
@@ -636,7 +649,7 @@ class Client:
     def lease_info(self, lease: LeaseRef) -> LeaseState:
         """The lease's TTL, the time left (the leader's count), and the keys it holds and
         waits for."""
-        info: LeaseState = self._run(core.lease_info_flow(self._ctx, lease_id(lease)))
+        info: LeaseState = self._run(core.lease_info_flow(self._ctx, lease_id(lease), self._book))
         return info
 
     def list_leases(self, *, stale: bool = False) -> list[LeaseSummary]:
@@ -673,6 +686,36 @@ class Client:
         )
         grant: Grant = self._run(flow)
         return grant
+
+    def acquire_all(
+        self,
+        lease: LeaseRef,
+        keys: Sequence[str],
+        *,
+        wait: float | None = None,
+        limit: int = 1,
+        meta: Mapping[str, str] | None = None,
+    ) -> list[Grant]:
+        """Takes every key of ``keys`` under ``lease``, all or nothing, in the one global
+        order (partitions ascending, keys sorted in each: two clients after overlapping
+        keys cannot deadlock); ``wait`` is one budget for them all. LockHeld (after
+        releasing what it took) when a key cannot be had. Grants in the order taken."""
+        lid = lease_id(lease)
+        known_ttl = lease.ttl_ms if isinstance(lease, Lease) else self._ttl_ms.get(lid)
+        if isinstance(lease, Lease) and self._book.get(lid) is None:
+            self._book.opened(lease)
+        flow = core.acquire_all_flow(
+            self._ctx,
+            self._book,
+            lid,
+            keys,
+            wait=wait,
+            limit=limit,
+            meta=meta,
+            known_ttl_ms=known_ttl,
+        )
+        grants: list[Grant] = self._run(flow)
+        return grants
 
     def release(
         self,
@@ -1385,7 +1428,15 @@ class KeepAlive:
                 self._clock.add_part(partition, opened_at, part.ttl_ms)
 
     def _record_round(self, sent: float, renewed: core.PartsRenewed) -> bool:
-        """A renewal round over the lease's parts; False if it came too late to count."""
+        """A renewal round over the lease's parts; False if it came too late to count.
+
+        A part opened while the round was under way (an acquire in a new partition from
+        another thread) joins first, with its own clock: the round did not renew it, so
+        the round neither moves its deadline nor counts as whole."""
+        self._join_parts()
+        opened = set(self._book.parts(self.lease) or ())
+        whole = renewed.whole and opened <= set(renewed.ttls)
+        renewed = core.PartsRenewed(renewed.ttls, whole, renewed.complete)
         with self._cond:
             if self._lost_marked or self._stopping.is_set():
                 return False

@@ -215,8 +215,7 @@ class CannedConnection:
     def __init__(self, addr: str) -> None:
         self.addr = addr
         self.framed = True
-        self.partitions: int | None = 1  # a cluster of one partition, as its greeting says
-        self.partition: int | None = 0
+        self.partitions, self.partition = 1, 0  # a cluster of one partition
 
     @classmethod
     def start(
