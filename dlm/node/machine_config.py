@@ -109,3 +109,7 @@ class MachineConfig:
     """The members a joining member was told of when it joined, with their addresses: it
     dials them until its own log names the configuration, so that it can answer a leader
     that is not among the first members."""
+    partition: int = 0
+    """The partition (Raft group) this machine serves, 0 to ``partitions`` - 1."""
+    partitions: int = 1
+    """The cluster's partition count (dlm/partitioning.py); 1: one group, no leader spread."""
