@@ -69,7 +69,7 @@ import hashlib
 import random
 from collections import Counter, deque
 from collections.abc import Callable, Generator, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -107,7 +107,9 @@ from dlm.node.machine_config import PROTOCOL_SPOKEN
 from dlm.node.raft.quorum import majority
 from dlm.node.raft.types import Message, Role, VoteRequest, VoteResponse
 from dlm.node.snapshots import image as node_image
+from dlm.node.spread import leader_counts_bound
 from dlm.node.watches import Watches
+from dlm.partitioning import partition_of
 from dlm.records import (
     ConfState,
     Entry,
@@ -198,6 +200,10 @@ FAULT_KINDS = (
     # Every member stops; the one whose log goes furthest is recovered (`dlm node recover`:
     # everything its log holds, committed or not) and the others rebuilt from it.
     "recover",
+    # One partition's process dies (on its leader's member, or any) and is restarted by
+    # the member's supervisor; the other partitions keep their leaders. Partitioned runs
+    # only (``partitioned_options``).
+    "crash_partition",
 )
 DEFAULT_WEIGHTS: dict[str, int] = {
     "partition": 3,
@@ -217,6 +223,14 @@ DEFAULT_WEIGHTS: dict[str, int] = {
     "stall": 2,
     "host_suspend": 2,
 }
+PARTITIONED_WEIGHTS: dict[str, int] = {"crash_partition": 3}
+"""Faults a partitioned run draws besides the others."""
+PARTITIONED_OFF = ("restore", "recover")
+"""Faults a partitioned run does not draw (a backup and restore of every partition is
+another helper's work: part-admin)."""
+PARTITIONED_KEYS = {"k3": 1, "k6": 1}
+"""Keys a partitioned run adds to LIMITS: with them every partition of 2, 3 or 4 holds
+some (dlm/partitioning.py's partition_of)."""
 CLIENT_FAULTS = frozenset(
     {"client_cut", "client_cut_leader", "client_pause", "client_slow", "host_suspend"}
 )
@@ -314,6 +328,33 @@ class NodeSimOptions:
     lock_delays: float = 0.0
     """How often a client opens its lease with a lock-delay (cluster version 4 only; off
     by default, so that the other runs draw what they drew before lock-delays existed)."""
+    partitions: int = 1
+    """Raft groups per cluster (issue 25): each member hosts one NodeMachine per partition,
+    each with its own store, disk queue and peer connections, on the member's clock; the
+    clients route each key to its partition. 1 is the simulator of before, drawing exactly
+    the same numbers; above 1, the run draws partition faults too (``crash_partition``:
+    one partition's process dies and its supervisor restarts it, the others run on), and
+    membership changes, backups, restores, identities, watchers and the stranger are off
+    (their cluster-wide fan-out is other helpers' work: docs/ARCHITECTURE.md)."""
+
+
+def partitioned_options(options: NodeSimOptions) -> NodeSimOptions:
+    """What a partitioned run (``partitions`` > 1) runs with: the partition faults on, and
+    off what has no cluster-wide form here yet (membership changes, backups and restores,
+    identities, watchers, the stranger)."""
+    weights = {k: w for k, w in options.fault_weights.items() if k not in PARTITIONED_OFF}
+    for kind, weight in PARTITIONED_WEIGHTS.items():
+        weights.setdefault(kind, weight)
+    return replace(
+        options,
+        fault_weights=weights,
+        membership=False,
+        backups=False,
+        identities=False,
+        identity_limits=False,
+        watchers=0,
+        stranger=False,
+    )
 
 
 class SimFailure(AssertionError):
@@ -348,10 +389,26 @@ class _DiskJob:
 
 
 class SimMember:
-    def __init__(self, sim: NodeSimulation, node_id: NodeId, storage: Storage) -> None:
+    """One member process: the whole member, or (partitioned) one partition's child.
+
+    Partition i > 0 of member n is named ``n/p<i>`` in traces and checks; it shares the
+    member's clock (one host) and has the member's id in its group, as every partition's
+    group has the same member ids.
+    """
+
+    def __init__(
+        self,
+        sim: NodeSimulation,
+        node_id: NodeId,
+        storage: Storage,
+        partition: int = 0,
+        clock: Clock | None = None,
+    ) -> None:
         self.sim = sim
         self.id = node_id
-        self.clock = Clock(sim.rng_for(f"clock-{node_id}"))
+        self.partition = partition
+        self.name = node_id if partition == 0 else f"{node_id}/p{partition}"
+        self.clock = clock or Clock(sim.rng_for(f"clock-{node_id}"))
         self.storage = storage
         self.machine: NodeMachine | None = None
         self.generation = 0
@@ -383,10 +440,12 @@ class SimMember:
 class SimPeerLink:
     """One member's outbound connection to one peer (peers.py's PeerLink), replaced whole."""
 
-    __slots__ = ("acked", "conn", "dial_at", "sent", "stalled", "watch")
+    __slots__ = ("acked", "conn", "dial_at", "partition", "sent", "stalled", "watch")
 
-    def __init__(self, watch: LinkWatch) -> None:
+    def __init__(self, watch: LinkWatch, partition: int = 0) -> None:
         self.watch = watch
+        self.partition = partition
+        """The partition whose processes it joins (a connection with that preamble)."""
         self.conn = 0
         """Which connection: messages of an older one are lost with it."""
         self.stalled = False
@@ -684,6 +743,12 @@ class NodeSimulation:
     def __init__(self, seed: int, options: NodeSimOptions | None = None) -> None:
         self.seed = seed
         self.options = opts = options or NodeSimOptions()
+        self.partitions = opts.partitions
+        if self.partitions > 1:
+            self.options = opts = partitioned_options(opts)
+        self.limits = dict(LIMITS) if self.partitions == 1 else {**LIMITS, **PARTITIONED_KEYS}
+        """The workload's keys and their limits (a partitioned run has more, so that every
+        partition of up to 4 holds some)."""
         self._root = random.Random(seed)
         self.rng = random.Random(self._root.getrandbits(64))
         self.net_rng = random.Random(self._root.getrandbits(64))
@@ -702,9 +767,18 @@ class NodeSimulation:
         self.backups = BackupChecker(
             self.raft_checker, _replay_class(opts.lock_machine_class, opts)
         )
-        self._commit_voters: dict[tuple[int, int], tuple[NodeId, ...]] = {}
-        self.checker = LockChecker(dict(LIMITS))
+        self._commit_voters: dict[tuple[int, int, int], tuple[NodeId, ...]] = {}
+        """(partition, index, term) -> the voters whose majority the leader counted."""
+        self.checker = LockChecker(dict(self.limits))
         self.ledger_check = LedgerChecker()
+        self.group_checkers: dict[int, SafetyChecker] = {
+            p: SafetyChecker() for p in range(1, self.partitions)
+        }
+        """Raft's checks of partitions 1 and up (``raft_checker`` is partition 0's)."""
+        self.group_ledgers: dict[int, LedgerChecker] = {
+            p: LedgerChecker() for p in range(1, self.partitions)
+        }
+        """The run ledger's checks of partitions 1 and up (indexes are per partition)."""
         self.delay_checker = DelayChecker(DRIFT)
         self.lease_delays: dict[tuple[str, int], int] = {}
         """(lease, incarnation) -> the lock-delay its open entry gave it."""
@@ -731,11 +805,29 @@ class NodeSimulation:
         """Extra latency (µs, drawn up to) on one client's links: a congested network."""
         self.backend = opts.backend(self.ids, random.Random(self._root.getrandbits(64)))
         self.members: dict[NodeId, SimMember] = {}
+        """Partition 0's member processes (every member's, when there is one partition)."""
         for node_id in self.ids:
             member = SimMember(self, node_id, self.backend.fresh(node_id))
             self.members[node_id] = member
-        for member in self.members.values():
-            self._boot(member)
+        self.groups: list[dict[NodeId, SimMember]] = [self.members]
+        """Each partition's member processes, by member id."""
+        for partition in range(1, self.partitions):
+            group = {}
+            for node_id in self.ids:
+                name = f"{node_id}/p{partition}"
+                host_clock = self.members[node_id].clock
+                group[node_id] = SimMember(
+                    self, node_id, self.backend.fresh(name), partition, host_clock
+                )
+            self.groups.append(group)
+        self._leaders: dict[int, tuple[NodeId, int]] = {}
+        """partition -> (its latest leader, the real time it was elected)."""
+        self.by_name: dict[str, SimMember] = {
+            m.name: m for group in self.groups for m in group.values()
+        }
+        for group in self.groups:
+            for member in group.values():
+                self._boot(member)
         self.procs: list[ClientProc] = []
         self.client_count = 0
         n_clients = self.rng.randint(*opts.clients)
@@ -760,6 +852,22 @@ class NodeSimulation:
 
     def trace(self, record: str) -> None:
         self._trace.update(record.encode())
+
+    def _raft_checker_of(self, member: SimMember) -> SafetyChecker:
+        return self.raft_checker if member.partition == 0 else self.group_checkers[member.partition]
+
+    def _ledger_of(self, partition: int) -> LedgerChecker:
+        return self.ledger_check if partition == 0 else self.group_ledgers[partition]
+
+    def _group_of(self, member: SimMember) -> dict[NodeId, SimMember]:
+        return self.groups[member.partition]
+
+    def host(self, member: SimMember) -> list[SimMember]:
+        """Every process of ``member``'s member: one per partition (a host-wide fault)."""
+        return [group[member.id] for group in self.groups if member.id in group]
+
+    def all_members(self) -> list[SimMember]:
+        return [m for group in self.groups for m in group.values()]
 
     def _machine_class_for(self, member: SimMember) -> type[NodeMachine]:
         """The node machine with the simulator's instruments (and any injected bug)."""
@@ -786,8 +894,9 @@ class NodeSimulation:
                     over = permcheck.over_own_limit(self, cmd)
                 outcome: locks.ApplyOutcome = super().apply(index, data)
                 sim._applied(outcome, why, over)
-                sim.ledger_check.applied(outcome, self.version)
-                sim.watch_truth.applied(member.id, outcome, self)
+                sim._ledger_of(member.partition).applied(outcome, self.version)
+                if member.partition == 0:  # (watchers run with one partition only)
+                    sim.watch_truth.applied(member.id, outcome, self)
                 return outcome
 
             def apply_command(self, index: int, cmd: locks.Command) -> locks.ApplyOutcome:
@@ -796,8 +905,9 @@ class NodeSimulation:
                 over = permcheck.over_own_limit(self, cmd)
                 outcome: locks.ApplyOutcome = super().apply_command(index, cmd)
                 sim._applied(outcome, why, over)
-                sim.ledger_check.applied(outcome, self.version)
-                sim.watch_truth.applied(member.id, outcome, self)
+                sim._ledger_of(member.partition).applied(outcome, self.version)
+                if member.partition == 0:  # (watchers run with one partition only)
+                    sim.watch_truth.applied(member.id, outcome, self)
                 return outcome
 
             def skip(self, index: int) -> None:
@@ -805,7 +915,10 @@ class NodeSimulation:
                 super().skip(index)
 
             def _executing(self, cmd: locks.ClientCommand) -> None:
-                sim.checker.executed_request(cmd.origin.client, cmd.origin.seq, self.applied_index)
+                client = cmd.origin.client
+                if member.partition and client:
+                    client = f"{client}@p{member.partition}"  # indexes are per partition
+                sim.checker.executed_request(client, cmd.origin.seq, self.applied_index)
 
         class CountingTracker(tracker_base):  # type: ignore[valid-type,misc]
             def renew(self, lease: str, received_at: float, client: str = "", seq: int = 0) -> bool:
@@ -814,7 +927,7 @@ class NodeSimulation:
                 after = self.remaining_ms(lease, received_at)
                 if renewed and before is not None and after is not None and after > before:
                     term = member.machine.raft.term if member.machine is not None else 0
-                    sim.checker.renewed(member.id, term, lease, client, seq)
+                    sim.checker.renewed(member.name, term, lease, client, seq)
                 return renewed
 
         class CommitRecordingRaft(base.raft_class):  # type: ignore[name-defined,misc]
@@ -822,7 +935,7 @@ class NodeSimulation:
                 before = self._log.committed
                 moved: bool = super()._maybe_commit()
                 if moved:
-                    sim._committed_under(self._log, before, self.voters)
+                    sim._committed_under(member, self._log, before, self.voters)
                 return moved
 
         class SimNodeMachine(base):  # type: ignore[valid-type,misc]
@@ -842,41 +955,47 @@ class NodeSimulation:
         log = machine.raft._log
         term = log.term(index)
         if data is not None:
-            self.raft_checker.observe_apply(member.id, Entry(index, term, data))
-        else:
+            self._raft_checker_of(member).observe_apply(member.id, Entry(index, term, data))
+        elif member.partition == 0:  # (backups are taken with one partition only)
             self.backups.skipped(index, term)
         # An entry commits under the configuration its leader used, the latest in the leader's
         # log: the one at the entry or one change after it, which a follower may not have yet.
         # A majority of that configuration, recorded when the leader counted, is what counts.
         configs = []
-        used = self._commit_voters.get((index, term))
+        used = self._commit_voters.get((member.partition, index, term))
         if used is not None:
             configs.append(used)
         try:
             configs.append(machine.raft.conf_state_at(index).voters)
         except ValueError:
             pass
-        counts = [(self._durable_on(voters, index, term), voters) for voters in configs]
+        group = self._group_of(member)
+        counts = [(self._durable_on(group, voters, index, term), voters) for voters in configs]
         if not any(durable >= majority(voters) for durable, voters in counts):
             durable, voters = counts[-1]
             raise Violation(
                 "applied-before-durable",
-                f"{member.id} applied index {index} (term {term}) while only {durable} of "
+                f"{member.name} applied index {index} (term {term}) while only {durable} of "
                 f"{len(voters)} voters stored it",
             )
 
-    def _committed_under(self, log: Any, before: int, voters: Iterable[NodeId]) -> None:
+    def _committed_under(
+        self, member: SimMember, log: Any, before: int, voters: Iterable[NodeId]
+    ) -> None:
         """A leader moved its commit index past ``before``, counting a majority of ``voters``."""
         counted = tuple(sorted(voters))
+        partition = member.partition
         for index in range(max(before + 1, log.committed - 4096), log.committed + 1):
             term = log.term_or_none(index)
             if term is not None:
-                self._commit_voters.setdefault((index, term), counted)
+                self._commit_voters.setdefault((partition, index, term), counted)
 
-    def _durable_on(self, voters: tuple[NodeId, ...], index: int, term: int) -> int:
+    def _durable_on(
+        self, group: dict[NodeId, SimMember], voters: tuple[NodeId, ...], index: int, term: int
+    ) -> int:
         durable = 0
         for voter in voters:
-            other = self.members.get(voter)
+            other = group.get(voter)
             if other is None:
                 continue
             storage = other.storage
@@ -997,8 +1116,10 @@ class NodeSimulation:
             timing=TIMING,
             snapshot_every=self.options.snapshot_every,
             snapshot_keep=self.options.snapshot_keep,
+            partition=member.partition,
+            partitions=self.partitions,
         )
-        rng = self.rng_for(f"node-{member.id}-{member.generation}")
+        rng = self.rng_for(f"node-{member.name}-{member.generation}")
         machine_class = self._machine_class_for(member)
         member.machine = machine = machine_class(
             config, member.storage, rng, member.clock.instant(self.world.now)
@@ -1073,7 +1194,10 @@ class NodeSimulation:
                     self._to_client(conn, {**action.header, "t": "ok", "id": action.request_id})
                     for frame in backup_chunk_frames(action.request_id, image):
                         self._to_client(conn, frame)
-            elif isinstance(action, LogEvent | PeersChanged):
+            elif isinstance(action, LogEvent):
+                if self.partitions > 1 and action.event == "transfer_leadership":
+                    self.stats["spread_transfers"] += 1
+            elif isinstance(action, PeersChanged):
                 pass
         if member.machine is not None and member.machine.next_timer() < member.timer_at:
             # As the runtime's timer task: an input brought the timer forward (keep-alives
@@ -1085,10 +1209,12 @@ class NodeSimulation:
         machine = member.machine
         assert machine is not None
         raft = machine.raft
-        checker = self.raft_checker
+        checker = self._raft_checker_of(member)
         if checker.observe_role(member.id, raft.term, raft.role is Role.LEADER):
             self.stats["elections"] += 1
-            self.trace(f"L{self.world.now}{member.id}{raft.term}")
+            self.trace(f"L{self.world.now}{member.name}{raft.term}")
+            if self.partitions > 1:
+                self._leader_moved(member)
             checker.check_leader_completeness(member.id, raft.term, _LogView(member))
         checker.observe_commit(member.id, raft.term, raft.commit_index, _LogView(member))
         if self.unproved:
@@ -1096,10 +1222,39 @@ class NodeSimulation:
         if self.options.identities:
             table = machine.locks
             # Once per applied index (or image) per member: nothing else moves the counts.
-            if self._usage_checked.get(member.id) != (id(table), table.applied_index):
-                self._usage_checked[member.id] = (id(table), table.applied_index)
+            if self._usage_checked.get(member.name) != (id(table), table.applied_index):
+                self._usage_checked[member.name] = (id(table), table.applied_index)
                 if _check_usage(member.id, table):
                     self.stats["owned_lease_checks"] += 1
+
+    def _leader_moved(self, member: SimMember) -> None:
+        """A partition elected ``member``: counted as a lone move when every other partition
+        kept its leader for the last second (one group's failover leaves the others be)."""
+        now = self.world.now
+        self._leaders[member.partition] = (member.id, now)
+        others = [self._leaders.get(p) for p in range(self.partitions) if p != member.partition]
+        if all(held is not None and now - held[1] >= US for held in others):
+            self.stats["lone_leader_moves"] += 1
+
+    def _check_spread(self) -> None:
+        """Once the cluster is healthy (the end of the run, long after the heal), every
+        partition has a leader and no member leads more than ceil(P/N) of them."""
+        counts: Counter[str] = Counter()
+        for partition in range(self.partitions):
+            leader = self.leader(partition)
+            if leader is None or leader.machine is None:
+                raise Violation("spread", f"partition {partition} has no leader at the end")
+            counts[leader.id] += 1
+            voters = len(leader.machine.raft.voters)
+        bound = leader_counts_bound(self.partitions, voters)
+        busiest, led = counts.most_common(1)[0]
+        self.stats["max_led"] = max(self.stats["max_led"], led)
+        if led > bound:
+            raise Violation(
+                "spread",
+                f"{busiest} leads {led} of {self.partitions} partitions at the end "
+                f"(at most {bound} with {voters} voters): {dict(counts)}",
+            )
 
     def _check_unproved(self, member: SimMember) -> None:
         """A member added where nothing proves the peer secret never counts as a voter, and
@@ -1168,12 +1323,14 @@ class NodeSimulation:
                     first = action.entries[0].index
                     prev_term = storage.term(first - 1)
                     storage.append(action.entries)
-                    self.raft_checker.observe_persisted(member.id, action.entries, prev_term)
+                    self._raft_checker_of(member).observe_persisted(
+                        member.id, action.entries, prev_term
+                    )
                 if action.hard_state is not None:
                     storage.set_hard_state(action.hard_state)
                     member.acked_hard_state = action.hard_state
             else:
-                self.raft_checker.observe_image(member.id, action.index, action.data)
+                self._raft_checker_of(member).observe_image(member.id, action.index, action.data)
                 existing = storage.snapshot()
                 if existing is None or existing.meta.index < action.index:
                     storage.create_snapshot(action.index, action.conf, action.data)
@@ -1199,14 +1356,15 @@ class NodeSimulation:
             if not msg.pre_vote:  # type: ignore[union-attr]
                 member.promised_term = max(member.promised_term, msg.term)
                 if kind is VoteResponse and msg.granted:  # type: ignore[union-attr]
-                    self.raft_checker.observe_vote_granted(msg.src, msg.term, msg.dst)
+                    checker = self._raft_checker_of(member)
+                    checker.observe_vote_granted(msg.src, msg.term, msg.dst)
         elif msg.term > member.promised_term:
             member.promised_term = msg.term
         rng = self.net_rng
         if rng.random() < self.drop + self.extra_drop:
             self.stats["dropped"] += 1
             return
-        link = self._peer_link(msg.src, msg.dst)
+        link = self._peer_link(member.name, _process_name(msg.dst, member.partition))
         now = self.world.now
         if now < link.dial_at:
             self.stats["dropped"] += 1  # the link is down: PeerLink.send drops
@@ -1226,7 +1384,7 @@ class NodeSimulation:
             while losses < MAX_RETRANSMITS and rng.random() < self.packet_loss:
                 losses += 1
             delay += RETRANSMIT_US * ((1 << losses) - 1)
-            key = (msg.src, msg.dst, conn)
+            key = (member.name, _process_name(msg.dst, member.partition), conn)
             at = max(self.world.now + delay, self._link_free_at.get(key, 0))
             self._link_free_at[key] = at  # in order, as on one TCP connection
             self.world.at(at, lambda: self._deliver_peer(msg, link, conn, seq))
@@ -1237,9 +1395,11 @@ class NodeSimulation:
             self.world.after(delay, lambda: self._deliver_peer(msg, link, conn, seq))
 
     def _peer_link(self, src: str, dst: str) -> SimPeerLink:
+        """The connection from process ``src`` to process ``dst`` (names: ``n1``, ``n1/p2``)."""
         link = self.peer_links.get((src, dst))
         if link is None:
-            link = SimPeerLink(self.options.link_watch_class(STALL_AFTER_S))
+            partition = self.by_name[src].partition if src in self.by_name else 0
+            link = SimPeerLink(self.options.link_watch_class(STALL_AFTER_S), partition)
             self.peer_links[(src, dst)] = link
         return link
 
@@ -1247,7 +1407,7 @@ class NodeSimulation:
         """The member drops a connection that stopped delivering and dials a new one; the
         runtime tells the machine the link went down (peers.py's on_down)."""
         self.stats["links_replaced"] += 1
-        self.trace(f"K{self.world.now}{member.id}{peer}")
+        self.trace(f"K{self.world.now}{member.name}{peer}")
         link.replace(self.world.now + self._dial_delay(member.id, peer))
         # After this event, not inside it: the member is in the middle of its actions.
         self.world.after(0, lambda: self.on_member(member, self._link_broke(peer, member, False)))
@@ -1266,14 +1426,14 @@ class NodeSimulation:
         self.world.after(LINK_POLL_US, self._poll_links)
         now = self.world.now
         for (src, dst), link in list(self.peer_links.items()):
-            member = self.members.get(src)
+            member = self.by_name.get(src)
             if member is None or member.machine is None or member.paused or now < link.dial_at:
                 continue  # a stopped process looks at nothing; a link being dialled has no watch
             mono = member.clock.mono(now)
             if link.watch.observe(
                 mono, outstanding=link.sent > link.acked, acknowledged=link.acked
             ):
-                self._replace_link(member, link, dst)
+                self._replace_link(member, link, _node_of_process(dst))
 
     def _dial_delay(self, src: str, dst: str) -> int:
         """How long a redial takes: a round trip, or a failed try and a back-off when the
@@ -1302,7 +1462,7 @@ class NodeSimulation:
         if link.stalled:
             self.stats["stalled"] += 1
             return
-        member = self.members.get(msg.dst)
+        member = self.groups[link.partition].get(msg.dst)
         if member is None or member.machine is None:
             return
         # The peer's kernel acknowledges it (even while the process is paused); the
@@ -1473,7 +1633,12 @@ class NodeSimulation:
             return
         if isinstance(action, core.AwaitGrant):
             conn = client.conn
-            if conn is None or conn.member.id != _node_of(action.addr) or conn.broken:
+            if (
+                conn is None
+                or conn.member.id != _node_of(action.addr)
+                or conn.member.partition != _partition_of_action(action)
+                or conn.broken
+            ):
                 runner.step(core.Failed("connection lost while waiting"))
                 return
             client.wait_token += 1
@@ -1489,7 +1654,9 @@ class NodeSimulation:
             self._check_grant_wait(client)
             return
         assert isinstance(action, core.Send)
-        member = self.members[_node_of(action.addr)]
+        # (A connection to partition i > 0 starts with its preamble: the member's
+        # supervisor hands it to that partition's process.)
+        member = self.groups[_partition_of_action(action)][_node_of(action.addr)]
         conn = client.conn
         if conn is None or conn.member is not member or conn.broken:
             client.drop()
@@ -1553,7 +1720,7 @@ class NodeSimulation:
         if "removed" not in reason:
             raise Violation("stop", f"{member.id} asked to stop: {reason}")
         self.stats["removed_stopped"] += 1
-        self.trace(f"X{self.world.now}{member.id}")
+        self.trace(f"X{self.world.now}{member.name}")
         member.removed = True
         member.machine = None
         member.generation += 1
@@ -1708,6 +1875,7 @@ class NodeSimulation:
     def _spawn_member(self, node_id: NodeId) -> None:
         member = SimMember(self, node_id, self.backend.fresh(node_id))
         self.members[node_id] = member
+        self.by_name[node_id] = member
         for other in self.members.values():
             if other.machine is not None and other is not member:
                 other.machine.peer_version(node_id, self.options.peer_version)
@@ -1715,14 +1883,21 @@ class NodeSimulation:
 
     # -- crash, restart, pause ------------------------------------------------------
 
+    def crash_host(self, member: SimMember) -> None:
+        """``member``'s host dies: every partition's process of it (kill -9 of the member)."""
+        for process in self.host(member):
+            self.crash(process)
+
     def crash(self, member: SimMember) -> None:
+        """One member process dies (with one partition: the member)."""
         if member.machine is None or member.removed:
             return
         acked = member.acked_hard_state
-        self.raft_checker.observe_hard_state(member.id, acked.term, acked.vote)
+        checker = self._raft_checker_of(member)
+        checker.observe_hard_state(member.id, acked.term, acked.vote)
         # A term adopted but not yet durable is legitimately forgotten by a crash (nothing
         # was promised in it: messages that promise wait for the disk).
-        self.raft_checker.max_term[member.id] = acked.term
+        checker.max_term[member.id] = acked.term
         member.machine = None
         member.generation += 1
         member.paused = False
@@ -1731,14 +1906,14 @@ class NodeSimulation:
         for conn in list(member.conns.values()):
             self._break(conn)
         member.conns.clear()
-        member.storage = self.backend.after_crash(member.id, member.storage)
-        self._reset_links(member.id)
+        member.storage = self.backend.after_crash(member.name, member.storage)
+        self._reset_links(member.name)
         self.stats["crashes"] += 1
-        self.trace(f"C{self.world.now}{member.id}")
+        self.trace(f"C{self.world.now}{member.name}")
         # The others' links to a crashed process break at once and their redials are
         # refused, and the runtime says so (server.py: peer_unreachable(gone=True); a
         # follower of it then campaigns sooner).
-        for other in list(self.members.values()):
+        for other in list(self._group_of(member).values()):
             if other is not member and other.up:
                 self.on_member(other, self._link_broke(member.id, other))
 
@@ -1845,16 +2020,27 @@ class NodeSimulation:
             return
         self._boot(member)
         recovered = member.storage.initial_state()[0]
-        self.raft_checker.observe_hard_state(member.id, recovered.term, recovered.vote)
+        checker = self._raft_checker_of(member)
+        checker.observe_hard_state(member.id, recovered.term, recovered.vote)
         assert member.machine is not None
         status = member.machine.raft.status()
-        self.raft_checker.check_promises(member.id, status.term, status.vote, member.promised_term)
+        checker.check_promises(member.id, status.term, status.vote, member.promised_term)
         self.stats["restarts"] += 1
-        self.trace(f"R{self.world.now}{member.id}")
+        self.trace(f"R{self.world.now}{member.name}")
+
+    def restart_host(self, member: SimMember) -> None:
+        for process in self.host(member):
+            self.restart(process)
 
     def pause(self, member: SimMember) -> None:
-        member.paused = True
+        """The member's host is paused (SIGSTOP of the member: every partition's process)."""
+        for process in self.host(member):
+            process.paused = True
         self.trace(f"P{self.world.now}{member.id}")
+
+    def resume_host(self, member: SimMember) -> None:
+        for process in self.host(member):
+            self.resume(process)
 
     def resume(self, member: SimMember) -> None:
         if not member.paused:
@@ -1878,9 +2064,10 @@ class NodeSimulation:
         for fn in deferred:
             proc.run(fn)
 
-    def leader(self) -> SimMember | None:
+    def leader(self, partition: int = 0) -> SimMember | None:
+        """The partition's leader that is running (of the highest term), if any."""
         best: SimMember | None = None
-        for member in self.members.values():
+        for member in self.groups[partition].values():
             machine = member.machine
             if machine is None or member.paused or machine.raft.role is not Role.LEADER:
                 continue
@@ -1941,6 +2128,8 @@ class NodeSimulation:
         self.trace(f"F{self.world.now}{kind}")
         ids = self.current_ids()
         undo: Callable[[], None]
+        # Which partition's leader a leader fault aims at (no draw with one partition).
+        aim = rng.randrange(self.partitions) if self.partitions > 1 else 0
         if kind == "partition":
             rng.shuffle(ids)
             k = rng.randint(1, len(ids) // 2)
@@ -1948,31 +2137,38 @@ class NodeSimulation:
             links += [(b, a) for a, b in links]
             undo = self._cut(links)
         elif kind == "isolate_leader":
-            leader = self.leader()
+            leader = self.leader(aim)
             victim = leader.id if leader is not None else rng.choice(ids)
             links = [(victim, o) for o in ids if o != victim]
             links += [(o, victim) for o in ids if o != victim]
             links += [(p.name, victim) for p in self.procs]
             undo = self._cut(links)
-        elif kind in ("crash", "crash_leader"):
-            target = self.leader() if kind == "crash_leader" else None
+        elif kind in ("crash", "crash_leader", "crash_partition"):
+            target = self.leader(aim) if kind != "crash" else None
             running = [m for m in self.members.values() if m.machine is not None]
             if target is None and running:
                 target = rng.choice(running)
             if target is None:
                 return
             down = target
-            if rng.random() < 0.5 and self.backend.arm_crash(down.id, rng):
+            if kind == "crash_partition":
+                # One partition's process dies; its supervisor starts it again (after a
+                # back-off), while the member's other partitions run on.
+                down = self.groups[aim][down.id]
+                self.crash(down)
+                self.world.at(end, lambda: self.restart(down))
+                return
+            if rng.random() < 0.5 and self.backend.arm_crash(down.name, rng):
                 self.faults["crash_mid_write"] += 1
 
                 def disarm_restart() -> None:
-                    self.backend.disarm(down.id)
-                    self.restart(down)
+                    self.backend.disarm(down.name)
+                    self.restart_host(down)
 
                 self.world.at(end, disarm_restart)
                 return
-            self.crash(down)
-            self.world.at(end, lambda: self.restart(down))
+            self.crash_host(down)
+            self.world.at(end, lambda: self.restart_host(down))
             return
         elif kind == "restore":
             self._take_backup(end)
@@ -1988,12 +2184,13 @@ class NodeSimulation:
                 return
             paused = rng.choice(running)
             self.pause(paused)
-            undo = lambda: self.resume(paused)  # noqa: E731
+            undo = lambda: self.resume_host(paused)  # noqa: E731
         elif kind == "fsync_stall":
-            leader = self.leader()
+            leader = self.leader(aim)
             target = leader if leader is not None and rng.random() < 0.5 else None
             stalled = target or self.members[rng.choice(ids)]
-            stalled.stall_until = end
+            for process in self.host(stalled):  # one disk under all of them
+                process.stall_until = end
             return
         elif kind == "slow_disks":
             undo = self._slow_disks(rng)
@@ -2018,7 +2215,7 @@ class NodeSimulation:
         elif kind in ("client_cut", "client_cut_leader"):
             proc = rng.choice(self.procs)
             if kind == "client_cut_leader":
-                leader = self.leader()
+                leader = self.leader(aim)
                 targets = [leader.id] if leader is not None else [rng.choice(ids)]
             else:
                 targets = ids
@@ -2035,7 +2232,8 @@ class NodeSimulation:
             rng.shuffle(ids)
             if len(ids) < 2:
                 return
-            self._peer_link(ids[0], ids[1]).stalled = True
+            src, dst = _process_name(ids[0], aim), _process_name(ids[1], aim)
+            self._peer_link(src, dst).stalled = True
             return
         elif kind == "client_slow":
             proc = rng.choice(self.procs)
@@ -2073,12 +2271,14 @@ class NodeSimulation:
         slowed = [self.members[n] for n in rng.sample(ids, min(count, len(ids)))]
         write_us = rng.choice((ELECTION_US, 3 * ELECTION_US))
         for member in slowed:
-            member.slow_write_us = write_us
+            for process in self.host(member):
+                process.slow_write_us = write_us
         self.trace(f"S{self.world.now}{','.join(m.id for m in slowed)}{write_us}")
 
         def fast() -> None:
             for member in slowed:
-                member.slow_write_us = 0
+                for process in self.host(member):
+                    process.slow_write_us = 0
 
         return fast
 
@@ -2120,10 +2320,10 @@ class NodeSimulation:
         self.extra_drop = 0.0
         self.extra_delay_us = 0
         self.packet_loss = 0.0
-        for member in self.members.values():
+        for member in self.all_members():
             member.stall_until = 0
             member.slow_write_us = 0
-            self.backend.disarm(member.id)
+            self.backend.disarm(member.name)
             self.resume(member)
             self.restart(member)
         for proc in self.procs:
@@ -2203,7 +2403,7 @@ class NodeSimulation:
             for _ in range(rng.randint(1, 4)):
                 if lost.is_set() or proc.stopping.is_set():
                     break
-                key = rng.choice(sorted(LIMITS))
+                key = rng.choice(sorted(self.limits))
                 wait = rng.choice((None, 0.5, 2.0))
                 proc.acquire_sent = proc.mono()
                 try:
@@ -2214,7 +2414,7 @@ class NodeSimulation:
                             lease.id,
                             key,
                             wait=wait,
-                            limit=LIMITS[key],
+                            limit=self.limits[key],
                             # dlm exec names its command: the grant is a run (ledger.py).
                             meta={
                                 "c": proc.name,
@@ -2573,7 +2773,8 @@ class NodeSimulation:
             cmd=True,
         )
         run.section = section
-        self.ledger_check.cmd_started(grant.key, grant.token, grant.lease)
+        partition = partition_of(grant.key, self.partitions)
+        self._ledger_of(partition).cmd_started(grant.key, grant.token, grant.lease)
         self.checker.enter(section, self.world.now)
         self.stats["sections"] += 1
         self.stats["cmds"] += 1
@@ -2695,7 +2896,7 @@ class NodeSimulation:
                     lease.id,
                     grant.key,
                     wait=None,
-                    limit=LIMITS[grant.key],
+                    limit=self.limits[grant.key],
                     meta={"c": proc.name},
                     known_ttl_ms=joined.ttl_ms,
                 ),
@@ -2877,7 +3078,7 @@ class NodeSimulation:
         deadline_s = (self.leases_ttl_max_ms / 1000) + 2 * ELECTION_US / US + 3.0
         started = self.world.now
         lease: core.Lease = yield RunFlow(client, core.open_lease_flow(client.ctx, 60_000))
-        for key in sorted(LIMITS):
+        for key in sorted(self.limits):
             try:
                 yield RunFlow(
                     client,
@@ -2886,7 +3087,7 @@ class NodeSimulation:
                         lease.id,
                         key,
                         wait=deadline_s,
-                        limit=LIMITS[key],
+                        limit=self.limits[key],
                         meta={},
                         known_ttl_ms=lease.ttl_ms,
                     ),
@@ -2977,10 +3178,15 @@ class NodeSimulation:
             if not self._recovered:
                 raise Violation("slow-recovery", "the write after the heal never finished")
             self.checker.check_history()
-            for member in self.members.values():
+            for member in self.all_members():
                 if member.machine is not None:
-                    self.ledger_check.check(member.id, member.machine.locks)
+                    ledger = self._ledger_of(member.partition)
+                    ledger.check(member.name, member.machine.locks)
             self.stats["ledger_runs_checked"] += self.ledger_check.checked_runs
+            for ledger in self.group_ledgers.values():
+                self.stats["ledger_runs_checked"] += ledger.checked_runs
+            if self.partitions > 1:
+                self._check_spread()
             check_watchers(self.watchers, self.watch_truth)
         except Violation as violation:
             raise SimFailure(self.seed, self.world.now, violation, self.REPLAY_TEST) from violation
@@ -3054,6 +3260,21 @@ def _lease_id(rng: random.Random) -> str:
 
 def _node_of(addr: str) -> str:
     return addr.partition(":")[0]
+
+
+def _partition_of_action(action: Any) -> int:
+    """The partition a client's Send or AwaitGrant is for (0 before routing existed)."""
+    partition = getattr(action, "partition", 0)
+    return partition if isinstance(partition, int) else 0
+
+
+def _process_name(node: NodeId, partition: int) -> str:
+    """The name of ``node``'s process of ``partition`` (SimMember.name)."""
+    return node if partition == 0 else f"{node}/p{partition}"
+
+
+def _node_of_process(name: str) -> NodeId:
+    return name.partition("/")[0]
 
 
 def run_node_seed(seed: int, options: NodeSimOptions | None = None) -> NodeSimResult:
