@@ -357,3 +357,21 @@ class ExpiresWithoutTheLockDelay(locks.LockStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.delays = _IgnoredDelays()
+
+
+class SpreadsWithoutRotation(NodeMachine):
+    """Issue 25, leader spread: every partition prefers the voters in the same order (no
+    rotation by the partition), so one member ends up leading them all."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spread.partition = 0
+
+
+class NeverSpreads(NodeMachine):
+    """Issue 25, leader spread: a leader never hands leadership over; whoever won the
+    elections after the faults keeps what it leads."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spread.partitions = 1
