@@ -109,7 +109,7 @@ from dlm.node.raft.types import Message, Role, VoteRequest, VoteResponse
 from dlm.node.snapshots import image as node_image
 from dlm.node.spread import leader_counts_bound
 from dlm.node.watches import Watches
-from dlm.partitioning import partition_of
+from dlm.partitioning import check_partitions, partition_of
 from dlm.records import (
     ConfState,
     Entry,
@@ -744,8 +744,12 @@ class NodeSimulation:
         self.seed = seed
         self.options = opts = options or NodeSimOptions()
         self.partitions = opts.partitions
+        problem = check_partitions(self.partitions)
+        if problem is not None:
+            raise ValueError(problem)
         if self.partitions > 1:
             self.options = opts = partitioned_options(opts)
+            self.REPLAY_TEST = "tests/sim/test_node_sim.py::test_node_sim_partitioned"
         self.limits = dict(LIMITS) if self.partitions == 1 else {**LIMITS, **PARTITIONED_KEYS}
         """The workload's keys and their limits (a partitioned run has more, so that every
         partition of up to 4 holds some)."""

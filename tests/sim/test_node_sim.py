@@ -163,6 +163,14 @@ def test_node_sim_partitioned(sim_seeds: range, sim_totals: SimTotals) -> None:
         assert totals["crash_partition"] > 0, "no partition's process crashed alone"
 
 
+def test_a_partitioned_seed_replays_the_same_run() -> None:
+    seed = 4
+    first = run_node_seed(seed, partitioned_options(seed))
+    second = run_node_seed(seed, partitioned_options(seed))
+    assert first.trace_hash == second.trace_hash
+    assert first.stats == second.stats
+
+
 def steady_options(seed: int, steady: str, **overrides: object) -> NodeSimOptions:
     """No scheduled faults: only ``steady``, from the start to the heal."""
     # Healed at 8 s (12 s on lossy links): the slowest of 40 seeds served its first write
