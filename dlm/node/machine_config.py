@@ -110,6 +110,7 @@ class MachineConfig:
     dials them until its own log names the configuration, so that it can answer a leader
     that is not among the first members."""
     partition: int = 0
-    """The partition (Raft group) this machine serves, 0 to ``partitions`` - 1."""
+    """The partition whose Raft group this machine is (0 in a cluster of one partition)."""
     partitions: int = 1
-    """The cluster's partition count (dlm/partitioning.py); 1: one group, no leader spread."""
+    """The cluster's partition count: a request about a key of another partition is
+    refused (partition_guard.py)."""
