@@ -3,12 +3,10 @@ choice of a successor, and the node machine handing leadership over on its tick.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 
 import pytest
 
-from dlm.node.machine import MachineConfig
 from dlm.node.raft.types import Role
 from dlm.node.spread import (
     CAUGHT_UP_LAG,
@@ -140,17 +138,9 @@ def test_losing_leadership_forgets_what_the_leader_saw() -> None:
 # -- the node machine ---------------------------------------------------------------
 
 
-class PartitionCluster(Cluster):
+def _group(partition: int, partitions: int) -> Cluster:
     """Three machines of one partition's group."""
-
-    def __init__(self, partition: int, partitions: int) -> None:
-        self.partition, self.partitions = partition, partitions
-        super().__init__(3)
-
-    def config(self, node: NodeId, peers: dict[NodeId, str] | None = None) -> MachineConfig:
-        return dataclasses.replace(
-            super().config(node, peers), partition=self.partition, partitions=self.partitions
-        )
+    return Cluster(3, partition=partition, partitions=partitions)
 
 
 def _settle_s(cluster: Cluster) -> float:
@@ -158,7 +148,7 @@ def _settle_s(cluster: Cluster) -> float:
 
 
 def test_the_leader_of_partition_1_hands_leadership_to_n2() -> None:
-    cluster = PartitionCluster(partition=1, partitions=3)
+    cluster = _group(partition=1, partitions=3)
     cluster.elect("n1")
     cluster.run_until(lambda: cluster["n2"].role is Role.LEADER, 3 * _settle_s(cluster), "n2 leads")
     assert cluster.leader.id == "n2"
@@ -169,14 +159,14 @@ def test_the_leader_of_partition_1_hands_leadership_to_n2() -> None:
 
 
 def test_with_one_partition_the_first_leader_keeps_leading() -> None:
-    cluster = PartitionCluster(partition=1, partitions=1)
+    cluster = _group(partition=1, partitions=1)
     cluster.elect("n1")
     cluster.advance(3 * _settle_s(cluster))
     assert cluster.leader.id == "n1"
 
 
 def test_the_spread_returns_once_the_preferred_member_is_back_and_settled() -> None:
-    cluster = PartitionCluster(partition=1, partitions=3)
+    cluster = _group(partition=1, partitions=3)
     cluster.elect("n2")
     cluster.advance(_settle_s(cluster))
     assert cluster.leader.id == "n2"
