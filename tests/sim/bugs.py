@@ -375,3 +375,15 @@ class NeverSpreads(NodeMachine):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.spread.partitions = 1
+
+
+class ServesEveryPartitionsKeys(NodeMachine):
+    """Issue 25: a partition's process serves a request about any key, its own partition's
+    or not (no WRONG_PARTITION): a client that routed a key by a count it had not learned
+    yet takes it in a group that does not own it, beside the group that does."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The machine refuses another partition's key only when it knows of partitions;
+        # its spread was set up already, and keeps spreading.
+        self.config = dataclasses.replace(self.config, partitions=1)

@@ -679,6 +679,9 @@ class ClientProc:
         self.net_rng: random.Random | None = None
         """A process with draws of its own for its links' latency (a watcher), so that
         adding it leaves every other draw of the seed as it was."""
+        self.pinned: int | None = host.pinned if host is not None else None
+        """The one partition this process's requests reach (a partitioned run's client of
+        one partition: its keys, its leases), or None to route by the client library."""
 
     def run(self, fn: Callable[[], None]) -> None:
         """Runs ``fn`` now, or when the process is resumed."""
@@ -840,6 +843,8 @@ class NodeSimulation:
             proc = ClientProc(self, f"c{i}", kind)
             if opts.identities:
                 proc.identity = ("", *TEAMS)[i % 3]
+            if self.partitions > 1:
+                proc.pinned = i % self.partitions
             self.procs.append(proc)
         self.leases_ttl_max_ms = 0
         """The longest TTL a client's lease was opened with or updated to (the probe's bound)."""
@@ -859,6 +864,12 @@ class NodeSimulation:
 
     def _raft_checker_of(self, member: SimMember) -> SafetyChecker:
         return self.raft_checker if member.partition == 0 else self.group_checkers[member.partition]
+
+    def _keys_for(self, proc: ClientProc) -> list[str]:
+        """The keys a client draws from: every key, or its partition's."""
+        if proc.pinned is None:
+            return sorted(self.limits)
+        return [k for k in sorted(self.limits) if partition_of(k, self.partitions) == proc.pinned]
 
     def _ledger_of(self, partition: int) -> LedgerChecker:
         return self.ledger_check if partition == 0 else self.group_ledgers[partition]
@@ -1640,7 +1651,7 @@ class NodeSimulation:
             if (
                 conn is None
                 or conn.member.id != _node_of(action.addr)
-                or conn.member.partition != _partition_of_action(action)
+                or conn.member.partition != self._partition_for(proc, action)
                 or conn.broken
             ):
                 runner.step(core.Failed("connection lost while waiting"))
@@ -1660,7 +1671,7 @@ class NodeSimulation:
         assert isinstance(action, core.Send)
         # (A connection to partition i > 0 starts with its preamble: the member's
         # supervisor hands it to that partition's process.)
-        member = self.groups[_partition_of_action(action)][_node_of(action.addr)]
+        member = self.groups[self._partition_for(proc, action)][_node_of(action.addr)]
         conn = client.conn
         if conn is None or conn.member is not member or conn.broken:
             client.drop()
@@ -1697,6 +1708,9 @@ class NodeSimulation:
             resume_reply(core.Failed("no reply in time"))
 
         proc.after(action.timeout, timeout)
+
+    def _partition_for(self, proc: ClientProc, action: Any) -> int:
+        return proc.pinned if proc.pinned is not None else _partition_of_action(action)
 
     def _grant_timeout(self, client: SimClient, token: int) -> None:
         if client.wait_token != token or client.grant_wait is None:
@@ -2407,7 +2421,7 @@ class NodeSimulation:
             for _ in range(rng.randint(1, 4)):
                 if lost.is_set() or proc.stopping.is_set():
                     break
-                key = rng.choice(sorted(self.limits))
+                key = rng.choice(self._keys_for(proc))
                 wait = rng.choice((None, 0.5, 2.0))
                 proc.acquire_sent = proc.mono()
                 try:
@@ -2925,7 +2939,9 @@ class NodeSimulation:
     def _linearizable_read(self, client: SimClient) -> Script:
         """A read must reflect everything committed before it was sent, whichever member
         answers it."""
-        floor = self.raft_checker.commit_high_water
+        pinned = client.proc.pinned
+        checker = self.raft_checker if not pinned else self.group_checkers[pinned]
+        floor = checker.commit_high_water
         client.ctx.router.redirect(f"{client.proc.rng.choice(self.current_ids())}:7700")
         try:
             view = yield RunFlow(client, core.status_flow(client.ctx))
@@ -3078,11 +3094,19 @@ class NodeSimulation:
     def _liveness_probe(self) -> Script:
         """After the heal: every key is obtainable within TTL + an election timeout + slack."""
         proc = ClientProc(self, "probe", "library")
-        client = SimClient(proc, "probe")
         deadline_s = (self.leases_ttl_max_ms / 1000) + 2 * ELECTION_US / US + 3.0
         started = self.world.now
+        for pinned in range(self.partitions) if self.partitions > 1 else [None]:
+            proc.pinned = pinned
+            yield from self._probe_keys(proc, deadline_s)
+        self.stats["probe_ms"] = (self.world.now - started) // MS
+        self._probe_done = True
+
+    def _probe_keys(self, proc: ClientProc, deadline_s: float) -> Script:
+        """The liveness probe's acquires: every key (of its partition, if it has one)."""
+        client = SimClient(proc, "probe")
         lease: core.Lease = yield RunFlow(client, core.open_lease_flow(client.ctx, 60_000))
-        for key in sorted(self.limits):
+        for key in self._keys_for(proc):
             try:
                 yield RunFlow(
                     client,
@@ -3101,8 +3125,8 @@ class NodeSimulation:
                     "liveness",
                     f"after the heal, {key} was not obtainable within {deadline_s:.1f}s: {exc}",
                 ) from None
-        self.stats["probe_ms"] = (self.world.now - started) // MS
-        self._probe_done = True
+        if proc.pinned is not None:
+            client.drop()  # (the next partition's probe; one partition: the end of the run)
 
     def _steady_probe(self, proc: ClientProc) -> Script:
         """Under a fault that lasts until the heal, a client's write must still succeed."""
