@@ -843,8 +843,10 @@ class NodeSimulation:
             proc = ClientProc(self, f"c{i}", kind)
             if opts.identities:
                 proc.identity = ("", *TEAMS)[i % 3]
-            if self.partitions > 1:
-                proc.pinned = i % self.partitions
+            if self.partitions > 1 and i % (self.partitions + 1) != self.partitions:
+                # Pinned to one partition (its keys and leases); the others route by the
+                # client library, learning the count from WRONG_PARTITION replies.
+                proc.pinned = i % (self.partitions + 1)
             self.procs.append(proc)
         self.leases_ttl_max_ms = 0
         """The longest TTL a client's lease was opened with or updated to (the probe's bound)."""
@@ -1588,6 +1590,8 @@ class NodeSimulation:
         if frame.get("t") == "chunk":
             client.chunks.append(frame)
             return
+        if self.partitions > 1 and frame.get("code") == "WRONG_PARTITION":
+            self.stats["wrong_partition"] += 1
         waiting = client.waiting
         if waiting is not None and frame.get("id") == waiting[0]:
             client.waiting = None
@@ -2866,6 +2870,7 @@ class NodeSimulation:
     ) -> None:
         heir = ClientProc(self, f"{proc.name}h{self.client_count}", "library")
         heir.identity = proc.identity
+        heir.pinned = proc.pinned  # (the lease it joins lives in that partition)
         self.procs.append(heir)
         # Aim at the moment the cluster expires the lease: a little after our deadline, by the
         # margin the deadline keeps (core.lease_deadline), give or take.

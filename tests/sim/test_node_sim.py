@@ -48,6 +48,7 @@ from .bugs import (
     RestoresWithoutUsage,
     ResumesFromNow,
     ServesBackupsWithoutARound,
+    ServesEveryPartitionsKeys,
     SkipsPermissionChecks,
     SpawnsWithoutLooking,
     SpreadsWithoutRotation,
@@ -161,6 +162,7 @@ def test_node_sim_partitioned(sim_seeds: range, sim_totals: SimTotals) -> None:
         assert totals["spread_transfers"] > 0, "no leader handed over to spread the leaders"
         assert totals["lone_leader_moves"] > 0, "no partition's leader moved alone"
         assert totals["crash_partition"] > 0, "no partition's process crashed alone"
+        assert totals["wrong_partition"] > 0, "no request reached another partition's process"
 
 
 def test_a_partitioned_seed_replays_the_same_run() -> None:
@@ -557,6 +559,11 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     "every partition prefers the same voter (no rotation)": (
         lambda seed: partitioned_options(seed, machine_class=SpreadsWithoutRotation),
         {"spread"},
+        PARTITIONED_MUTANT_SEEDS,
+    ),
+    "a partition's process serves another partition's keys (no WRONG_PARTITION)": (
+        lambda seed: partitioned_options(seed, machine_class=ServesEveryPartitionsKeys),
+        {"two-holders", "token-order", "history", "lost-grant", "cmd-after-grant", "min-hold"},
         PARTITIONED_MUTANT_SEEDS,
     ),
     "a leader never hands over to spread the leaders": (
