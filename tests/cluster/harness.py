@@ -248,6 +248,8 @@ class NodeProc:
         self.paused = False
         self.release: Path | None = None
         """Where another release's ``dlm`` package lives (tests/compat), to run it instead."""
+        self.partitions: int | None = cluster.partitions if cluster.partitions > 1 else None
+        """The --partitions this member is started with (None: the flag is not given)."""
         self.by_hand = False
         """Start with --id, --data and --cluster-id only (and ``flags``): no --listen, no
         --peers or --join, as an operator restarts a member whose data directory exists."""
@@ -266,8 +268,8 @@ class NodeProc:
         return self.proc.pid
 
     def command(self) -> list[str]:
-        partitions = self.cluster.partitions
-        more = ["--partitions", str(partitions)] if partitions > 1 else []
+        partitions = self.partitions
+        more = ["--partitions", str(partitions)] if partitions is not None else []
         return [*self._base_command(), *more, *self.cluster.node_args(self)]
 
     def child_pids(self) -> list[int]:

@@ -135,6 +135,10 @@ def start_node(
             return _fail(str(exc), EXIT_USAGE)
     else:
         config = replace(config, partition=seat.partition, partitions=seat.partitions)
+        if config.metrics_listen is not None:
+            # Its supervisor serves --metrics-listen, and fetches this partition's
+            # metrics from loopback (partition_metrics.py).
+            config = replace(config, metrics_listen=("127.0.0.1", 0))
     if partitions > 1:
         # Where it listens, and what it recorded: partition 0's data directory says.
         config = replace(config, partitions=partitions)
@@ -164,6 +168,13 @@ def start_node(
         security = load_security(settings, _listen_address(config), config.metrics_listen)
     except SecurityError as exc:
         return _fail(resolved.explain(str(exc)) if resolved else str(exc), EXIT_CONFIG)
+    if seat is not None:
+        # Its supervisor scrapes it on 127.0.0.1 with the token it drew for it.
+        from dlm.node.runtime.partition_metrics import TOKEN_ENV
+
+        token = os.environ.pop(TOKEN_ENV, "")
+        if token and security is not None:
+            security = replace(security, metrics_token=token.encode("ascii"))
     if os.environ.get("DLM_NO_FSYNC", "") == "1":
         config = replace(config, fsync=False)
     # Tuning knobs for tests and experiments, not flags a user should need.

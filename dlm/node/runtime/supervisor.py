@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -51,6 +52,7 @@ import dlm
 from dlm.node.runtime.config.node_config import NodeConfig, partition_dir
 from dlm.node.runtime.log import Logger
 from dlm.node.runtime.notify import NOTIFY_SOCKET_ENV, notify
+from dlm.node.runtime.partition_metrics import TOKEN_ENV, exposition
 from dlm.node.runtime.seat import CONNECTION, METRICS, SERVING
 from dlm.node.runtime.security import NodeSecurity
 from dlm.node.supervision import GiveUp, Leave, Restart, RestartPolicy
@@ -63,6 +65,8 @@ MAX_PENDING = 512
 STOP_GRACE_S = 10.0
 """How long a child has to stop after SIGTERM before it gets SIGKILL."""
 ACCEPTS_PER_TURN = 64
+ACCEPT_PAUSE_S = 0.1
+"""How long the listener is left alone after an accept failed (out of descriptors)."""
 BOOT = (
     "import sys\n"
     "sys.path.insert(0, sys.argv[1])\n"
@@ -87,7 +91,13 @@ class Child:
     channel: socket.socket | None = None
     serving: bool = False
     metrics_port: int | None = None
+    metrics_token: str = ""
+    """The bearer token its metrics demand (drawn anew at each start)."""
     pid_history: list[int] = field(default_factory=list)
+
+    @property
+    def restarts(self) -> int:
+        return max(0, len(self.pid_history) - 1)
 
 
 @dataclass(slots=True)
@@ -127,6 +137,7 @@ class Supervisor:
         self._pending: dict[int, _Pending] = {}
         """Connections still sending their first bytes, by descriptor, oldest first."""
         self._ready_said = False
+        self._accept_warned_at = float("-inf")
         self._loop: asyncio.AbstractEventLoop | None = None
         self.metrics: Any = None
         self.shed = 0
@@ -145,6 +156,8 @@ class Supervisor:
         listener.setblocking(False)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._signalled, signum)
+        if self.config.metrics_listen is not None:
+            await self._start_metrics(*self.config.metrics_listen)
         self.log.info(
             "supervisor_started",
             address=self.config.address,
@@ -270,10 +283,12 @@ class Supervisor:
             settings = dict(self.settings)
             settings["data"] = str(partition_dir(self.config.data_dir, child.partition))
             settings["partitions"] = None
+            # A child serves its metrics on 127.0.0.1 (a port of the kernel's choice, with
+            # the token below), where the supervisor fetches them: main.py.
             settings["metrics_token_file"] = None
-            if self.config.metrics_listen is not None:
-                settings["metrics_listen"] = "127.0.0.1:0"
             env = {k: v for k, v in os.environ.items() if k != NOTIFY_SOCKET_ENV}
+            child.metrics_token = secrets.token_hex(16)
+            env[TOKEN_ENV] = child.metrics_token
             command = [
                 sys.executable,
                 "-c",
@@ -345,6 +360,29 @@ class Supervisor:
             if port.isdigit() and 0 < int(port) < 65536:
                 child.metrics_port = int(port)
 
+    # ------------------------------------------------------------------ metrics
+
+    async def _start_metrics(self, host: str, port: int) -> None:
+        # prometheus-client is imported only by members that serve metrics.
+        from dlm.node.runtime.metrics import MetricsListener
+
+        security = self.security
+        listener = MetricsListener(
+            None,
+            collect=lambda: exposition(self.children),
+            log=self.log,
+            token=security.metrics_token if security is not None else None,
+            tls=security.metrics_tls if security is not None else None,
+        )
+        try:
+            await listener.start(host, port)
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"cannot serve metrics on {_where((host, port))}: {exc.strerror}"
+            ) from None
+        self.metrics = listener
+        self.log.info("metrics_serving", address=_where((host, listener.port)))
+
     # ------------------------------------------------------------------ connections
 
     def _accept(self) -> None:
@@ -357,8 +395,10 @@ class Supervisor:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                # Out of descriptors, most likely: the connection stays in the backlog.
-                self.log.warning("accept_failed", error=str(exc))
+                # Out of descriptors, most likely: the connection stays in the backlog,
+                # and the listener, still readable, is left alone for a moment (else the
+                # loop would spin on it).
+                self._accept_later(exc)
                 return
             sock.setblocking(False)
             pending = _Pending(sock, time.monotonic(), _where(addr))
@@ -370,6 +410,23 @@ class Supervisor:
             if fd in self._pending:
                 assert self._loop is not None
                 self._loop.add_reader(fd, self._first_bytes, fd)
+
+    def _accept_later(self, exc: OSError) -> None:
+        listener, loop = self._listener, self._loop
+        if listener is None or loop is None:
+            return
+        now = time.monotonic()
+        if now - self._accept_warned_at >= 1.0:  # at most a line a second
+            self._accept_warned_at = now
+            self.log.warning("accept_failed", error=str(exc))
+        with contextlib.suppress(ValueError, OSError):
+            loop.remove_reader(listener.fileno())
+        loop.call_later(ACCEPT_PAUSE_S, self._accept_again)
+
+    def _accept_again(self) -> None:
+        listener, loop = self._listener, self._loop
+        if listener is not None and loop is not None:
+            loop.add_reader(listener.fileno(), self._accept)
 
     def _first_bytes(self, fd: int) -> None:
         pending = self._pending.get(fd)
