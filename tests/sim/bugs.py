@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 from dlm.cli.exec_rules import GuardRules, StartGate
-from dlm.client.core import LeaseClock, lease_deadline
+from dlm.client.core import LeaseClock, PartClocks, lease_deadline
 from dlm.node import locks
 from dlm.node.admission import (
     Acceptance,
@@ -387,3 +387,13 @@ class ServesEveryPartitionsKeys(NodeMachine):
         # The machine refuses another partition's key only when it knows of partitions;
         # its spread was set up already, and keeps spreading.
         self.config = dataclasses.replace(self.config, partitions=1)
+
+
+class CountsOnTheLatestPart(PartClocks):
+    """Issue 25, leases with parts: the client counts on its lease until the LATEST part's
+    deadline, not the earliest; a part that was not renewed (its partition out of reach)
+    expires, and its keys are given away, while the client still holds them."""
+
+    @property
+    def deadline(self) -> float:
+        return max(c.deadline for c in self._clocks())

@@ -52,6 +52,14 @@ events in simulated real time (world.py), driven by one seed:
   why it is not one.
 * **lease views**: the cluster expiring a lease that some client still counts
   on (its deadline not yet passed) is a violation by itself (lease-outlived).
+* **partitions** (``NodeSimOptions.partitions`` > 1, issue 25): each member
+  hosts one NodeMachine per partition (its own store, disk queue and peer
+  connections, the member's clock); member faults hit all of them,
+  ``crash_partition`` one; exec clients are pinned to one partition, library
+  clients route through the client library (WRONG_PARTITION teaches them the
+  count) with leases that have a part in each partition they take a key of;
+  Raft's checks run per partition, the lock checks per key across them, and
+  once healthy no member leads more than ceil(P/N) partitions (``spread``).
 * **checks** run after every event: Raft's invariants (checkers.py) and the
   lock-level promises users rely on (lockcheck.py), in real time; and after each
   of the stranger's frames, that it changed nothing in the member.
@@ -293,6 +301,9 @@ class NodeSimOptions:
     dialing_class: type[Dialing] = Dialing
     """The admission objects the members use (mutants replace them)."""
     lease_clock_class: type[core.LeaseClock] = core.LeaseClock
+    part_clocks_class: type[core.PartClocks] = core.PartClocks
+    """The clocks of a lease with parts in several partitions (partitioned runs' clients
+    that route through the library; a mutant may stand in for it)."""
     """The client-side lease clock (a mutant may stand in for it)."""
     check_outlived: bool = True
     """Whether an expired lease that a client still counts on is a violation by itself
@@ -330,8 +341,9 @@ class NodeSimOptions:
     by default, so that the other runs draw what they drew before lock-delays existed)."""
     partitions: int = 1
     """Raft groups per cluster (issue 25): each member hosts one NodeMachine per partition,
-    each with its own store, disk queue and peer connections, on the member's clock; the
-    clients route each key to its partition. 1 is the simulator of before, drawing exactly
+    each with its own store, disk queue and peer connections, on the member's clock; exec
+    clients are pinned to one partition, library clients route each key to its partition
+    through the client library. 1 is the simulator of before, drawing exactly
     the same numbers; above 1, the run draws partition faults too (``crash_partition``:
     one partition's process dies and its supervisor restarts it, the others run on), and
     membership changes, backups, restores, identities, watchers and the stranger are off
@@ -843,17 +855,20 @@ class NodeSimulation:
             proc = ClientProc(self, f"c{i}", kind)
             if opts.identities:
                 proc.identity = ("", *TEAMS)[i % 3]
-            if self.partitions > 1 and i % (self.partitions + 1) != self.partitions:
-                # Pinned to one partition (its keys and leases); the others route by the
-                # client library, learning the count from WRONG_PARTITION replies.
-                proc.pinned = i % (self.partitions + 1)
+            if self.partitions > 1 and kind == "exec":
+                # An exec client is pinned to one partition (its keys and leases); a
+                # library client routes by the client library, learning the count from
+                # WRONG_PARTITION replies, its leases opening a part in each partition it
+                # takes a key of.
+                proc.pinned = (i // 2) % self.partitions
             self.procs.append(proc)
         self.leases_ttl_max_ms = 0
         """The longest TTL a client's lease was opened with or updated to (the probe's bound)."""
         self.watch_truth = WatchTruth()
         self.watchers: list[SimWatcher] = []
-        self.lease_views: dict[str, list[tuple[int, ClientProc, core.LeaseClock]]] = {}
-        """lease id -> (incarnation, process, clock) of every client that counts on it."""
+        self.lease_views: dict[str, list[tuple[int, ClientProc, Any, Any]]] = {}
+        """lease id -> (incarnation, process, clock, lease book) of every client that counts
+        on it (the book: its parts, by partition, for a lease with parts; else None)."""
 
     # -- plumbing ----------------------------------------------------------------
 
@@ -910,7 +925,7 @@ class NodeSimulation:
                     why = permcheck.forbidden(self, cmd)
                     over = permcheck.over_own_limit(self, cmd)
                 outcome: locks.ApplyOutcome = super().apply(index, data)
-                sim._applied(outcome, why, over)
+                sim._applied(outcome, why, over, member.partition)
                 sim._ledger_of(member.partition).applied(outcome, self.version)
                 if member.partition == 0:  # (watchers run with one partition only)
                     sim.watch_truth.applied(member.id, outcome, self)
@@ -921,7 +936,7 @@ class NodeSimulation:
                 why = permcheck.forbidden(self, cmd)
                 over = permcheck.over_own_limit(self, cmd)
                 outcome: locks.ApplyOutcome = super().apply_command(index, cmd)
-                sim._applied(outcome, why, over)
+                sim._applied(outcome, why, over, member.partition)
                 sim._ledger_of(member.partition).applied(outcome, self.version)
                 if member.partition == 0:  # (watchers run with one partition only)
                     sim.watch_truth.applied(member.id, outcome, self)
@@ -1028,7 +1043,11 @@ class NodeSimulation:
         return durable
 
     def _applied(
-        self, outcome: locks.ApplyOutcome, forbidden: str | None = None, over: str | None = None
+        self,
+        outcome: locks.ApplyOutcome,
+        forbidden: str | None = None,
+        over: str | None = None,
+        partition: int = 0,
     ) -> None:
         if forbidden is not None and permcheck.effective(outcome):
             raise Violation(
@@ -1054,7 +1073,7 @@ class NodeSimulation:
             and isinstance(expire, locks.ExpireCommand)
             and self.options.check_outlived
         ):
-            self._check_outlived(expire)
+            self._check_outlived(expire, partition)
         now = self.world.now
         self._lock_delays(outcome, now)
         result = outcome.result
@@ -1085,12 +1104,20 @@ class NodeSimulation:
                 self.delay_checker.started(outcome.index, key, delay_ms, now)
                 self.stats["lock_delays"] += 1
 
-    def _check_outlived(self, expire: locks.ExpireCommand) -> None:
+    def _check_outlived(self, expire: locks.ExpireCommand, partition: int = 0) -> None:
         """The cluster expired a lease: no client may still count on it (its deadline
         passes before the leader's, whatever happened to the lease's TTL)."""
         now = self.world.now
         views = self.lease_views.get(expire.lease, [])
-        for incarnation, proc, clock in views:
+        for opened, proc, clock, book in views:
+            incarnation = opened
+            if book is not None:
+                # A lease with parts: the expired part is this partition's; the client
+                # counts on it if it knows it (the earliest part's deadline is the lease's).
+                part = (book.parts(expire.lease) or {}).get(partition)
+                if part is None:
+                    continue
+                incarnation = part.incarnation
             if expire.incarnation not in (0, incarnation):
                 continue
             if clock.lost:
@@ -1103,16 +1130,18 @@ class NodeSimulation:
                     f"{now / US:.3f}s while {proc.name} counted on it until {until / US:.3f}s",
                 )
         # Views of an expired lease are of no further use.
-        kept = [v for v in views if expire.incarnation not in (0, v[0])]
+        kept = [v for v in views if v[3] is not None or expire.incarnation not in (0, v[0])]
         if kept:
             self.lease_views[expire.lease] = kept
         else:
             self.lease_views.pop(expire.lease, None)
 
-    def _watch_lease(self, proc: ClientProc, lease: core.Lease, clock: core.LeaseClock) -> None:
-        self.lease_views.setdefault(lease.id, []).append((lease.incarnation, proc, clock))
+    def _watch_lease(
+        self, proc: ClientProc, lease: core.Lease, clock: Any, book: Any = None
+    ) -> None:
+        self.lease_views.setdefault(lease.id, []).append((lease.incarnation, proc, clock, book))
 
-    def _forget_lease(self, lease: str, clock: core.LeaseClock) -> None:
+    def _forget_lease(self, lease: str, clock: Any) -> None:
         views = [v for v in self.lease_views.get(lease, []) if v[2] is not clock]
         if views:
             self.lease_views[lease] = views
@@ -2373,6 +2402,7 @@ class NodeSimulation:
     def _script(self, proc: ClientProc) -> Script:
         rng = proc.rng
         main = SimClient(proc, proc.name)
+        routed = self.partitions > 1 and proc.pinned is None
         while not proc.stopping.is_set():
             if proc.reopen is not None:
                 wait_us = proc.reopen[1] - self.world.now
@@ -2408,15 +2438,24 @@ class NodeSimulation:
                 continue
             # (The mutant counts from when the answer arrived, the correct client from the send.)
             start = proc.mono() if self.options.lease_clock_from_reply else lease.confirmed_at
-            clock = self.options.lease_clock_class(lease.ttl_ms, start)
-            self._watch_lease(proc, lease, clock)
+            book: core.LeaseBook | None = None
+            clock: Any
+            if routed:
+                # A lease with a part in each partition it takes a key of (issue 25): its
+                # keeper renews every part, its deadline is the earliest part's.
+                book = core.LeaseBook()
+                book.opened(lease, lock_delay_ms=delay_ms)
+                clock = self.options.part_clocks_class(lease.ttl_ms, start, parts=[lease.partition])
+            else:
+                clock = self.options.lease_clock_class(lease.ttl_ms, start)
+            self._watch_lease(proc, lease, clock, book)
             lost = Flag()
             keeper_client = SimClient(proc, proc.name + "k")
             holder = proc.spawn(
-                self._keeper(proc, keeper_client, lease, clock, lost), f"{proc.name}-keeper"
+                self._keeper(proc, keeper_client, lease, clock, lost, book), f"{proc.name}-keeper"
             )
             zombie = rng.random() < 0.15
-            handover = not zombie and rng.random() < 0.1
+            handover = not zombie and rng.random() < 0.1 and not routed
             # dlm exec's zombie: the supervisor stopped (SIGSTOP) for longer than its lease
             # while CMD runs on; only the guard then ends CMD in time.
             frozen_supervisor = zombie and proc.kind == "exec"
@@ -2429,10 +2468,14 @@ class NodeSimulation:
                 wait = rng.choice((None, 0.5, 2.0))
                 proc.acquire_sent = proc.mono()
                 try:
+                    acquiring = (
+                        partial(core.acquire_flow, main.ctx)
+                        if book is None
+                        else partial(core.lease_acquire_flow, main.ctx, book)
+                    )
                     grant = yield RunFlow(
                         main,
-                        core.acquire_flow(
-                            main.ctx,
+                        acquiring(
                             lease.id,
                             key,
                             wait=wait,
@@ -2457,6 +2500,8 @@ class NodeSimulation:
                     self.stats["acquire_failed"] += 1
                     continue
                 granted_by = proc.mono()  # the grant's reply is here: the hold counts from now
+                if book is not None:
+                    _join_parts(clock, book, lease.id)
                 if lost.is_set() or self.world.now >= proc.clock.real_us(clock.deadline):
                     # The grant arrived after our deadline: it is not ours to use.
                     self.stats["late_grants"] += 1
@@ -2491,7 +2536,7 @@ class NodeSimulation:
                     self._write(proc, section, clock)
                 if proc.kind == "library" and proc.update_rng.random() < self.options.ttl_updates:
                     yield from self._update_ttl(
-                        proc, main, lease, clock, keeper=holder, section=section
+                        proc, main, lease, clock, keeper=holder, section=section, book=book
                     )
                 if zombie:
                     break  # stops renewing below and vanishes without releasing
@@ -2515,6 +2560,8 @@ class NodeSimulation:
                     # expires it (a join of a doomed lease must be refused), or once it
                     # surely has (a new incarnation: tombstones are few here).
                     deadline = proc.clock.real_us(clock.deadline)
+                    if routed:
+                        continue  # (an id reopened by a routed client: not modelled)
                     if rng.random() < 0.5:
                         back = deadline + rng.randint(0, 60 * MS)
                     else:
@@ -2522,11 +2569,20 @@ class NodeSimulation:
                     proc.reopen = (lease.id, back)
                 continue
             holder.cancel(_Cancelled())
+            if book is not None and len(book.parts(lease.id) or {}) > 1:
+                self.stats["spanning_leases"] += 1  # a lease with parts in several partitions
             if not lost.is_set():
+                closing = (
+                    core.close_lease_flow(main.ctx, lease.id)
+                    if book is None
+                    else core.close_all_flow(main.ctx, book, lease.id)
+                )
                 try:
-                    yield RunFlow(main, core.close_lease_flow(main.ctx, lease.id))
+                    yield RunFlow(main, closing)
                 except DlmError:
                     self.stats["close_failed"] += 1
+            if routed:
+                continue
             if not handover and rng.random() < 0.1:
                 proc.reopen = (lease.id, self.world.now)  # a tombstone answers, or a new lease
         main.drop()
@@ -2549,6 +2605,7 @@ class NodeSimulation:
         *,
         keeper: Task,
         section: Section,
+        book: core.LeaseBook | None = None,
     ) -> Script:
         """``Client.update_lease`` while holding: the keeper hears of it before it is sent
         (as KeepAlive does), then the client holds on for a while, writing, as long as
@@ -2561,10 +2618,13 @@ class NodeSimulation:
         ticket = clock.update_sent(proc.mono(), ttl_ms)
         keeper.nudge()
         try:
-            confirmed = yield RunFlow(
-                main,
-                core.update_lease_flow(main.ctx, lease.id, ttl_ms, timeout=urng.uniform(0.3, 3.0)),
+            timeout = urng.uniform(0.3, 3.0)
+            updating = (
+                core.update_lease_flow(main.ctx, lease.id, ttl_ms, timeout=timeout)
+                if book is None
+                else core.update_parts_flow(main.ctx, book, lease.id, ttl_ms, timeout=timeout)
             )
+            confirmed = yield RunFlow(main, updating)
         except DlmError as exc:
             self.stats["ttl_update_failed"] += 1
             clock.update_settled(ticket, None, proc.mono(), applied=core.update_applied(exc))
@@ -2975,16 +3035,18 @@ class NodeSimulation:
 
         proc.after(0.002, land)
 
-    def _keeper(
+    def _keeper(  # noqa: PLR0917
         self,
         proc: ClientProc,
         client: SimClient,
         lease: core.Lease,
-        clock: core.LeaseClock,
+        clock: Any,
         lost: Flag,
+        book: core.LeaseBook | None = None,
     ) -> Script:
         """KeepAlive's driver: performs what ``core.Renewer`` (the keep-alives' own logic)
-        says, renew or ping, from its own connection until the lease is lost."""
+        says, renew or ping, from its own connection until the lease is lost. A lease with
+        parts (``book``) is renewed part by part, as KeepAlive does (``renew_parts_flow``)."""
         renewer = core.Renewer(clock, proc.mono())
         while True:
             step = renewer.next_step(proc.mono())
@@ -3005,7 +3067,8 @@ class NodeSimulation:
                 conn = client.conn
                 if conn is not None and not conn.broken:
                     try:
-                        yield RunFlow(client, _ping_flow(f"{conn.member.id}:7700"))
+                        ping = _ping_flow(f"{conn.member.id}:7700", conn.member.partition)
+                        yield RunFlow(client, ping)
                     except _Cancelled:
                         client.drop()
                         return
@@ -3016,6 +3079,19 @@ class NodeSimulation:
                 lost.set()
                 client.drop()
                 return
+            if book is not None:
+                try:
+                    outcome = yield from self._renew_parts(
+                        proc, client, lease=lease, clock=clock, book=book, renewer=renewer
+                    )
+                except _Cancelled:
+                    client.drop()
+                    return
+                if outcome is None:
+                    lost.set()
+                    client.drop()
+                    return
+                continue
             try:
                 ttl = yield RunFlow(
                     client,
@@ -3048,6 +3124,42 @@ class NodeSimulation:
             if proc.kind == "exec":  # the supervisor tells its guard each new D
                 deadline = clock.deadline
                 self._tell_guard(proc, partial(_offer, deadline))
+
+    def _renew_parts(
+        self,
+        proc: ClientProc,
+        client: SimClient,
+        *,
+        lease: core.Lease,
+        clock: Any,
+        book: core.LeaseBook,
+        renewer: core.Renewer,
+    ) -> Generator[RunFlow | Sleep, Any, bool | None]:
+        """One renewal round of every part (``core.renew_parts_flow``), recorded as
+        KeepAlive records it; None: the lease is lost (or the round came too late)."""
+        _join_parts(clock, book, lease.id)
+        sent = proc.mono()
+        try:
+            renewed = yield RunFlow(
+                client,
+                core.renew_parts_flow(client.ctx, book, lease.id, timeout=clock.deadline - sent),
+            )
+        except LeaseLost:
+            return None
+        except (ClusterUnavailable, DlmError):
+            self.stats["renew_failed"] += 1
+            renewer.renewal_failed(proc.mono())
+            return False
+        now = proc.mono()
+        counted = renewer.renewed_parts(
+            sent, renewed.ttls, now, complete=renewed.complete, whole=renewed.whole
+        )
+        if counted is None:
+            self.stats["late_confirmations"] += 1
+            return None
+        self.stats["renewals"] += 1
+        self.stats["part_renewals"] += len(renewed.ttls)
+        return True
 
     # -- the end -----------------------------------------------------------------------
 
@@ -3314,10 +3426,18 @@ def run_node_seed(seed: int, options: NodeSimOptions | None = None) -> NodeSimRe
     return NodeSimulation(seed, options).run()
 
 
-def _ping_flow(addr: str) -> Generator[core.Send, Any, None]:
-    """One ping on the connection to ``addr`` (the keeper's idle connection): its answer,
-    or its failure, changes nothing."""
-    yield core.Send(addr, core.ping_request(), 2.0)
+def _ping_flow(addr: str, partition: int = 0) -> Generator[core.Send, Any, None]:
+    """One ping on the connection to ``addr`` (the keeper's idle connection, of
+    ``partition``): its answer, or its failure, changes nothing."""
+    yield core.Send(addr, core.ping_request(), 2.0, partition=partition)
+
+
+def _join_parts(clock: Any, book: core.LeaseBook, lease: str) -> None:
+    """The lease's parts opened since (an acquire in a new partition) get a clock from
+    when their open was sent, as KeepAlive's ``_join_parts`` does."""
+    for partition, part in (book.parts(lease) or {}).items():
+        opened_at = part.confirmed_at if part.confirmed_at > 0 else None
+        clock.add_part(partition, opened_at, part.ttl_ms)
 
 
 def _replay_class(

@@ -33,6 +33,7 @@ from .bugs import (
     AsksTheMemberBeforeTheProof,
     BelievesRefusalsBeforeTheProof,
     ConfirmsUpdatesOfDoomedLeases,
+    CountsOnTheLatestPart,
     EndsLockDelaysOnFailover,
     ExpiresWithoutTheLockDelay,
     ForgetsSkips,
@@ -163,6 +164,7 @@ def test_node_sim_partitioned(sim_seeds: range, sim_totals: SimTotals) -> None:
         assert totals["lone_leader_moves"] > 0, "no partition's leader moved alone"
         assert totals["crash_partition"] > 0, "no partition's process crashed alone"
         assert totals["wrong_partition"] > 0, "no request reached another partition's process"
+        assert totals["spanning_leases"] > 0, "no lease held keys in several partitions"
 
 
 def test_a_partitioned_seed_replays_the_same_run() -> None:
@@ -565,6 +567,11 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         lambda seed: partitioned_options(seed, machine_class=ServesEveryPartitionsKeys),
         {"two-holders", "token-order", "history", "lost-grant", "cmd-after-grant", "min-hold"},
         PARTITIONED_MUTANT_SEEDS,
+    ),
+    "a lease with parts counts on its latest part's deadline": (
+        lambda seed: partitioned_options(seed, part_clocks_class=CountsOnTheLatestPart),
+        {"lease-outlived", "two-holders", "min-hold"},
+        2 * PARTITIONED_MUTANT_SEEDS,
     ),
     "a leader never hands over to spread the leaders": (
         lambda seed: partitioned_options(seed, machine_class=NeverSpreads),
