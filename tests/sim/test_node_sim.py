@@ -573,6 +573,13 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         {"lease-outlived", "two-holders", "min-hold"},
         2 * PARTITIONED_MUTANT_SEEDS,
     ),
+    # Raft's checks run per partition (each group its own SafetyChecker, durable copies
+    # counted among the group's own members): caught in the first seed.
+    "leader counts its own write before it is durable (partitioned)": (
+        lambda seed: partitioned_options(seed, machine_class=CommitsBeforeItsOwnWriteIsDurable),
+        {"applied-before-durable"},
+        PARTITIONED_MUTANT_SEEDS,
+    ),
     "a leader never hands over to spread the leaders": (
         lambda seed: partitioned_options(seed, machine_class=NeverSpreads),
         {"spread"},
