@@ -160,21 +160,27 @@ def test_a_strangers_bad_or_missing_preamble_is_closed_and_costs_nothing(
         with RawConn(node.address, hello=False) as conn:
             conn.send_bytes(first + b"\x00" * 64)
             assert conn.closed_by_peer(timeout=10.0)
-    # Silent connections, and one that sent half a preamble: each is closed after the
-    # supervisor's timeout. Past the cap of waiting connections the oldest are closed
-    # at once, and the member keeps serving every partition meanwhile.
-    half = RawConn(node.address, hello=False)
-    half.send_bytes(b"\xffDL")
+    wait_for(lambda: said(node, "a malformed preamble"), TIMEOUT, "the bad preambles said")
+    # Half a preamble, then silence: closed after the supervisor's timeout.
+    with RawConn(node.address, hello=False) as half:
+        half.send_bytes(b"\xffDL")
+        assert half.closed_by_peer(timeout=20.0)
+    wait_for(lambda: said(node, "no preamble or hello"), TIMEOUT, "the timeout said")
+    # More silent connections than may wait at once: the oldest are closed to make room
+    # (said in the member's log), and the member keeps serving every partition meanwhile.
     silent = [socket.create_connection((host, int(port)), timeout=10) for _ in range(MANY)]
     try:
-        assert socket_closed(silent[0], timeout=10.0)  # shed at once: the cap held
+        wait_for(
+            lambda: said(node, "too many connections waiting for their preamble"),
+            TIMEOUT,
+            "the supervisor to shed connections past its cap",
+        )
         for partition in range(PARTITIONS):
             status = node.status(timeout=5.0, partition=partition)
             assert status is not None and status["partition"] == partition
-        assert half.closed_by_peer(timeout=20.0)  # the timeout held
-        assert socket_closed(silent[-1], timeout=20.0)
+        assert socket_closed(silent[0], timeout=20.0)
+        assert socket_closed(silent[-1], timeout=20.0)  # and the rest time out
     finally:
-        half.close()
         for sock in silent:
             sock.close()
     assert node.alive and len(node.child_pids()) == PARTITIONS
@@ -182,6 +188,14 @@ def test_a_strangers_bad_or_missing_preamble_is_closed_and_costs_nothing(
 
 MANY = MAX_PENDING + 20
 """More connections than the supervisor lets wait for their preamble."""
+
+
+def said(node: NodeProc, reason: str) -> bool:
+    """Whether the member's supervisor logged shedding a connection for ``reason``."""
+    return any(
+        r.get("event") == "connection_shed" and str(r.get("reason", "")).startswith(reason)
+        for r in records_of(node)
+    )
 
 
 def socket_closed(sock: socket.socket, timeout: float) -> bool:

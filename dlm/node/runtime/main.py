@@ -35,6 +35,7 @@ import anyio.abc
 
 from dlm.node.runtime.config.node_config import (
     META_FORMAT,
+    PARTITIONS_FILE,
     ConfigError,
     DataDirMeta,
     ForeignDataDir,
@@ -465,7 +466,8 @@ def _supervise(
         return _fail(str(_listen_failed(config, exc)), EXIT_FAILURE)
     try:
         try:
-            write_partitions(config, partitions)
+            if not (config.data_dir / PARTITIONS_FILE).exists():
+                write_partitions(config, partitions)  # a new directory: its count, for good
         except OSError as exc:
             return _fail(
                 f"cannot write to data dir {config.data_dir}: {exc.strerror or exc}", EXIT_FAILURE

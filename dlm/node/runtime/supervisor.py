@@ -138,6 +138,9 @@ class Supervisor:
         """Connections still sending their first bytes, by descriptor, oldest first."""
         self._ready_said = False
         self._accept_warned_at = float("-inf")
+        self._shed_said_at: dict[str, float] = {}
+        self._shed_unsaid: dict[str, int] = {}
+        """Connections shed per reason since the last line that said so."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self.metrics: Any = None
         self.shed = 0
@@ -236,7 +239,15 @@ class Supervisor:
     # ------------------------------------------------------------------ children
 
     async def _keep(self, child: Child) -> None:
-        """Starts ``child`` and starts it again each time it dies, as the policy says."""
+        """Starts ``child`` and starts it again each time it dies, as the policy says; a
+        failure of the supervisor's own (a bug) stops the member rather than leave the
+        partition unwatched."""
+        try:
+            await self._keep_running(child)
+        except Exception as exc:
+            self._give_up(GiveUp(1, f"watching partition {child.partition} failed: {exc!r}"))
+
+    async def _keep_running(self, child: Child) -> None:
         loop = asyncio.get_running_loop()
         while not self._stopping:
             try:
@@ -405,8 +416,8 @@ class Supervisor:
             fd = sock.fileno()
             self._pending[fd] = pending
             if len(self._pending) > MAX_PENDING:
-                self.shed += 1
-                self._drop(next(iter(self._pending)))
+                oldest = next(iter(self._pending))
+                self._shed("too many connections waiting for their preamble", oldest)
             if fd in self._pending:
                 assert self._loop is not None
                 self._loop.add_reader(fd, self._first_bytes, fd)
@@ -456,14 +467,7 @@ class Supervisor:
             return
         partition = read_preamble(pending.read)
         if partition is None or partition >= self.partitions:
-            self.shed += 1
-            self.log.warning(
-                "bad_preamble",
-                remote=pending.where,
-                partitions=self.partitions,
-                named=None if partition is None else partition,
-            )
-            self._drop(fd)
+            self._shed("a malformed preamble, or one naming no partition of this member", fd)
             return
         self._hand_over(fd, partition)
 
@@ -491,7 +495,7 @@ class Supervisor:
         except OSError:
             # The child is restarting, or its channel is full (it stopped reading):
             # the client tries again, or another member.
-            self.shed += 1
+            self._said_shed(f"partition {partition} is not taking connections", pending.where)
         finally:
             pending.sock.close()
 
@@ -503,8 +507,26 @@ class Supervisor:
             for fd, pending in list(self._pending.items()):
                 if pending.since > cutoff:
                     break  # oldest first: the rest are younger
-                self.shed += 1
-                self._drop(fd)
+                self._shed("no preamble or hello within 5 s", fd)
+
+    def _shed(self, reason: str, fd: int) -> None:
+        """Closes a connection still waiting for its first bytes, and says why."""
+        pending = self._pending.get(fd)
+        # Said before the close: whoever sees the connection end finds the line written.
+        self._said_shed(reason, pending.where if pending is not None else "?")
+        self._drop(fd)
+
+    def _said_shed(self, reason: str, remote: str) -> None:
+        """Counts a connection closed unserved; says so at most once a second per reason
+        (strangers choose how many: the log must not be theirs to fill)."""
+        self.shed += 1
+        count = self._shed_unsaid[reason] = self._shed_unsaid.get(reason, 0) + 1
+        now = time.monotonic()
+        if now - self._shed_said_at.get(reason, float("-inf")) < 1.0:
+            return
+        self._shed_said_at[reason] = now
+        self._shed_unsaid[reason] = 0
+        self.log.warning("connection_shed", reason=reason, remote=remote, count=count)
 
 
 def _where(addr: Any) -> str:

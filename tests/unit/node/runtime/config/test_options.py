@@ -196,3 +196,12 @@ def test_a_malformed_metrics_address_is_one_line_naming_the_flag(text: str, word
 )
 def test_a_metrics_address_is_host_and_port(text: str, addr: tuple[str, int]) -> None:
     assert parse_metrics_listen(text) == addr
+
+
+def test_the_partition_count_comes_from_its_flag_dlm_partitions_or_the_file(
+    tmp_path: Path,
+) -> None:
+    assert resolve({}, {"DLM_PARTITIONS": "4"}).values["partitions"] == "4"
+    assert resolve({"partitions": "2"}, {"DLM_PARTITIONS": "4"}).values["partitions"] == "2"
+    config = write(tmp_path, 'partitions = "8"\n')
+    assert resolve({"config": config}, {}).values["partitions"] == "8"
