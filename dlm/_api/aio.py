@@ -409,7 +409,9 @@ class AsyncLock(HeldState):
         self._tokens = {}
         inner = self._client._borrow()
         try:
-            lease = await inner.open_lease(self._ttl_ms, lock_delay_ms=self._lock_delay_ms)
+            lease = await inner.open_lease(
+                self._ttl_ms, lock_delay_ms=self._lock_delay_ms, near=sorted(self._keys)
+            )
             self._lease = lease.id
             scope = anyio.CancelScope()
             self._hold_scope = scope
@@ -430,11 +432,13 @@ class AsyncLock(HeldState):
             raise LockLost(self._lost_message())
 
     async def _take_keys(self, inner: aio.AsyncClient, lease: str, wait: float | None) -> None:
-        ends = None if not wait else lease_clock() + wait
-        for key in sorted(self._keys):
-            left = None if ends is None else max(0.001, ends - lease_clock())
-            grant = await inner.acquire(lease, key, wait=left, limit=self._limit, meta=self._meta)
-            self._tokens[key] = grant.token
+        # One global order (partitions ascending, keys sorted in each), all or nothing:
+        # two holders of overlapping keys cannot deadlock, in one partition or several.
+        grants = await inner.acquire_all(
+            lease, sorted(self._keys), wait=wait or None, limit=self._limit, meta=self._meta
+        )
+        for grant in grants:
+            self._tokens[grant.key] = grant.token
         self._granted_at = lease_clock()
         self._tokens = {key: self._tokens[key] for key in self._keys}
 

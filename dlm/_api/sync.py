@@ -368,7 +368,9 @@ class Lock(HeldState):
             self._lost_reason = None
             self._tokens = {}
             with self._client._borrow() as inner:
-                lease = inner.open_lease(self._ttl_ms, lock_delay_ms=self._lock_delay_ms)
+                lease = inner.open_lease(
+                    self._ttl_ms, lock_delay_ms=self._lock_delay_ms, near=sorted(self._keys)
+                )
                 self._lease = lease.id
                 keeper = sync.KeepAlive(
                     self._client._base, lease, on_lost=_lost_callback(self, self._lost)
@@ -390,11 +392,13 @@ class Lock(HeldState):
                 raise LockLost(self._lost_message())
 
     def _take_keys(self, inner: sync.Client, lease: str, wait: float | None) -> None:
-        ends = None if not wait else lease_clock() + wait
-        for key in sorted(self._keys):
-            left = None if ends is None else max(0.001, ends - lease_clock())
-            grant = inner.acquire(lease, key, wait=left, limit=self._limit, meta=self._meta)
-            self._tokens[key] = grant.token
+        # One global order (partitions ascending, keys sorted in each), all or nothing:
+        # two holders of overlapping keys cannot deadlock, in one partition or several.
+        grants = inner.acquire_all(
+            lease, sorted(self._keys), wait=wait or None, limit=self._limit, meta=self._meta
+        )
+        for grant in grants:
+            self._tokens[grant.key] = grant.token
         self._granted_at = lease_clock()
         self._tokens = {key: self._tokens[key] for key in self._keys}
 

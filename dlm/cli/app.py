@@ -181,7 +181,13 @@ def root(
 def acquire(
     *,
     settings: Settings,
-    key: Annotated[str, typer.Argument(metavar="KEY", help="The lock's name.")],
+    key: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="KEY...",
+            help="The lock's name; several: all of them under one lease, or none.",
+        ),
+    ],
     ttl: Annotated[
         str, typer.Option("--ttl", metavar="DURATION", help="Lifetime of a new lease.")
     ] = ACQUIRE_TTL,
@@ -213,7 +219,7 @@ def acquire(
 
     ops.acquire(
         settings,
-        key=key,
+        key=key[0],
         ttl=ttl,
         wait=wait,
         lease=lease,
@@ -221,6 +227,7 @@ def acquire(
         meta_pairs=meta or [],
         output_format=output_format,
         lock_delay=lock_delay,
+        **({"also": key[1:]} if key[1:] else {}),
     )
 
 
@@ -290,7 +297,14 @@ def exec_(
     command: Annotated[
         list[str], typer.Argument(metavar="[--] CMD [ARGS...]", help="The command to run.")
     ],
-    lock: Annotated[str, typer.Option("--lock", metavar="KEY", help="The lock to hold.")],
+    lock: Annotated[
+        list[str],
+        typer.Option(
+            "--lock",
+            metavar="KEY",
+            help="The lock to hold; repeat to hold several under one lease (all or none).",
+        ),
+    ],
     ttl: Annotated[
         str, typer.Option("--ttl", metavar="DURATION", help="Lease TTL, renewed every TTL/3.")
     ] = EXEC_TTL,
@@ -375,10 +389,12 @@ def exec_(
     """
     from dlm.cli import exec_cmd, ops
 
-    ops.check_lock_options(lock, limit, "--lock")
+    for key in lock:
+        ops.check_lock_options(key, limit, "--lock")
     code = exec_cmd.run(
         settings,
-        key=lock,
+        key=lock[0],
+        also=lock[1:],
         command=command,
         ttl=ttl,
         wait=wait,

@@ -166,10 +166,12 @@ def run(
     on_busy: str | None = None,
     lock_delay: str | None = None,
     election: Election | None = None,
+    also: Sequence[str] = (),
 ) -> int:
     """``election``: run for `dlm elect` (elect.py): the value goes with the grant, the
     election is announced once the lock is held, and without CMD a placeholder that
-    waits for a signal holds the lock."""
+    waits for a signal holds the lock. ``also``: more locks to hold with ``key`` under
+    the same lease (`--lock` repeated), taken all or none in the one global order."""
     if election is not None and not command:
         command = election.placeholder()
     if not command:
@@ -198,6 +200,7 @@ def run(
     else:
         guard = Guard.start(program, command, grace_s)
     session = _Session(settings, key=key, command=command, guard=guard, grace=grace_s, hold=hold_s)
+    session.keys = list(dict.fromkeys([key, *also]))
     session.lock_delay_ms = delay_ms
     session.election = election
     try:
@@ -352,14 +355,21 @@ def _which(name: str) -> str | None:
     return None
 
 
-def child_env(grant: Grant, ttl_ms: int) -> dict[str, str]:
-    """The variables CMD gets over the environment dlm was started with."""
-    return {
+def child_env(grant: Grant, ttl_ms: int, tokens: dict[str, int] | None = None) -> dict[str, str]:
+    """The variables CMD gets over the environment dlm was started with. Holding several
+    locks (``tokens``: each key's token), DLM_LOCK_KEY and DLM_FENCING_TOKEN are the
+    first --lock's, and DLM_FENCING_TOKENS is every key's token as a JSON object."""
+    env = {
         "DLM_LOCK_KEY": grant.key,
         "DLM_FENCING_TOKEN": str(grant.token),
         "DLM_LEASE_ID": grant.lease,
         "DLM_LEASE_TTL_MS": str(ttl_ms),
     }
+    if tokens is not None and len(tokens) > 1:
+        import json
+
+        env["DLM_FENCING_TOKENS"] = json.dumps(tokens, separators=(",", ":"))
+    return env
 
 
 def _on_lost(client: Client, wake_fd: int) -> None:
@@ -438,6 +448,9 @@ class _Session:
         self.hold = hold
         self.gate = StartGate(grace)
         self.lock_delay_ms = 0
+        self.keys = [key]
+        """Every lock to hold (``key`` first), under the one lease."""
+        self.tokens: dict[str, int] = {}
         self.election: Election | None = None
         self.cmd_started = False
         self.cmd_gone = False  # the guard saw CMD and every process it left end
@@ -472,7 +485,9 @@ class _Session:
             meta = owner_meta(pid=os.getpid(), command=self.command)
             if self.election is not None:
                 meta.update(self.election.meta())
-            lease = client.open_lease(ttl_ms, meta=meta, lock_delay_ms=self.lock_delay_ms)
+            lease = client.open_lease(
+                ttl_ms, meta=meta, lock_delay_ms=self.lock_delay_ms, near=self.keys
+            )
             keeper = KeepAlive(
                 client,
                 lease,
@@ -483,14 +498,23 @@ class _Session:
             )
             keeper.start()
             try:
-                grant = client.acquire(lease, self.key, wait=wait_s, limit=limit, meta=meta)
+                if len(self.keys) == 1:
+                    grant = client.acquire(lease, self.key, wait=wait_s, limit=limit, meta=meta)
+                    self.tokens = {grant.key: grant.token}
+                else:
+                    grants = client.acquire_all(
+                        lease, self.keys, wait=wait_s, limit=limit, meta=meta
+                    )
+                    by_key = {g.key: g for g in grants}
+                    grant = by_key[self.key]
+                    self.tokens = {key: by_key[key].token for key in self.keys}
                 # The reply is in, so the grant happened before this: a hold counted from
                 # here cannot end early.
                 granted_by = lease_clock()
             except LockHeld as exc:
                 show = self.settings.json or not quiet_conflict
                 error = conflict_error(
-                    exc, self.key, waited=wait_s, client=client if show else None,
+                    exc, exc.key or self.key, waited=wait_s, client=client if show else None,
                     next_step="; not running CMD",
                 )  # fmt: skip
                 error.exit_code = conflict_code
@@ -525,6 +549,7 @@ class _Session:
                         "ttl_ms": grant.ttl_ms,
                         "exit_code": code,
                         "hold_until": _hold_until(held_ms),
+                        **({"tokens": self.tokens} if len(self.tokens) > 1 else {}),
                     }
                 )
             return code
@@ -648,7 +673,7 @@ class _Session:
         if not self.gate.may_order_spawn(lease_clock(), deadline):
             signals.phase = signals.DONE
             raise _lost_error(_TOO_LATE_TO_START, self.key, ran=False)
-        guard.spawn(child_env(grant, keeper.ttl_ms), deadline)
+        guard.spawn(child_env(grant, keeper.ttl_ms, self.tokens), deadline)
         report = guard.next_report()
         if report is None or report[0] != lifeline.STARTED:
             signals.phase = signals.DONE

@@ -63,7 +63,7 @@ COMMANDS: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, str]]]] = {
     "exec": (
         (),
         {
-            "--lock": ("lock", VALUE),
+            "--lock": ("lock", MULTI),
             "--ttl": ("ttl", VALUE),
             "--wait": ("wait", VALUE),
             "--kill-grace": ("kill_grace", VALUE),
@@ -231,10 +231,12 @@ def run(parsed: Parsed) -> int:
     if parsed.command == "exec":
         from dlm.cli import exec_cmd, ops
 
-        ops.check_lock_options(p["lock"], p.get("limit", 1), "--lock")
+        for key in p["lock"]:
+            ops.check_lock_options(key, p.get("limit", 1), "--lock")
         return exec_cmd.run(
             settings,
-            key=p["lock"],
+            key=p["lock"][0],
+            also=p["lock"][1:],
             command=p["command"],
             ttl=p.get("ttl", defaults.EXEC_TTL),
             wait=p.get("wait"),

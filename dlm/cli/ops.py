@@ -284,10 +284,15 @@ def acquire(
     meta_pairs: Sequence[str],
     output_format: str,
     lock_delay: str | None = None,
+    also: Sequence[str] = (),
 ) -> None:
+    """``also``: more keys to take with ``key`` under the same lease (all or none, in
+    the one global order); the output then gives every key's token."""
     if output_format not in FORMATS:
         raise usage_error(f"bad --format '{escape(output_format)}': use text, env or json")
-    check_lock_options(key, limit)
+    keys = list(dict.fromkeys([key, *also]))
+    for each in keys:
+        check_lock_options(each, limit)
     check_lease(lease)
     ttl_ms = ttl_option(ttl)
     delay_ms = lock_delay_option(lock_delay)
@@ -306,9 +311,9 @@ def acquire(
     client = settings.connect()
     try:
         try:
-            grant = _take(
+            grants = _take(
                 client,
-                key,
+                keys,
                 ttl_ms=ttl_ms,
                 wait_s=wait_s,
                 lease=lease,
@@ -323,26 +328,35 @@ def acquire(
                 else ": try again later, or wait for it (--wait)"
             )
             raise conflict_error(
-                exc, key, waited=wait_s, client=client, next_step=next_step
+                exc, exc.key or key, waited=wait_s, client=client, next_step=next_step
             ) from None
     finally:
         client.close()
 
-    result = {"key": grant.key, "token": grant.token, "lease": grant.lease, "ttl_ms": grant.ttl_ms}
+    grant = grants[0]
+    result: dict[str, Any] = {
+        "key": grant.key,
+        "token": grant.token,
+        "lease": grant.lease,
+        "ttl_ms": grant.ttl_ms,
+    }
+    if len(grants) > 1:
+        result["tokens"] = {g.key: g.token for g in grants}
     if settings.json or output_format == "json":
         emit_json(result)
     elif output_format == "env":
         say(format_env(result))
     else:
-        say(
-            f"acquired {escape(grant.key)}: token {grant.token}, lease {escape(grant.lease)}, "
-            f"ttl {format_ms(grant.ttl_ms)}"
-        )
+        for each in grants:
+            say(
+                f"acquired {escape(each.key)}: token {each.token}, lease {escape(each.lease)}, "
+                f"ttl {format_ms(each.ttl_ms)}"
+            )
 
 
 def _take(
     client: Client,
-    key: str,
+    keys: Sequence[str],
     *,
     ttl_ms: int,
     wait_s: float | None,
@@ -351,7 +365,9 @@ def _take(
     meta: dict[str, str],
     lock_delay_ms: int = 0,
 ) -> Any:
-    """Opens a lease unless one is named, and takes the lock under it; the Grant."""
+    """Opens a lease unless one is named, and takes the locks under it (several: all or
+    none, in the one global order); the Grants, in the order of ``keys``."""
+    key = keys[0]
     from dlm.client.errors import ClusterUnavailable
     from dlm.client.sync import KeepAlive
 
@@ -363,7 +379,7 @@ def _take(
             # lease behind for a stray keep-alive to hold on to. Its owner shows in
             # `dlm lease list`.
             created = client.open_lease(
-                ttl_ms, ephemeral=True, meta=meta, lock_delay_ms=lock_delay_ms
+                ttl_ms, ephemeral=True, meta=meta, lock_delay_ms=lock_delay_ms, near=keys
             )
             ref = created
         # Queued longer than a TTL, the lease must be renewed meanwhile.
@@ -376,7 +392,12 @@ def _take(
         try:
             if keeper is not None:
                 keeper.start()
-            grant = client.acquire(ref, key, wait=wait_s, limit=limit, meta=meta)
+            if len(keys) == 1:
+                grants = [client.acquire(ref, key, wait=wait_s, limit=limit, meta=meta)]
+            else:
+                taken = client.acquire_all(ref, keys, wait=wait_s, limit=limit, meta=meta)
+                by_key = {g.key: g for g in taken}
+                grants = [by_key[k] for k in keys]
         except ClusterUnavailable as exc:
             if exc.code == "CLOSED" and keeper is not None and keeper.lost.wait(2.0):
                 raise CliError(
@@ -393,20 +414,25 @@ def _take(
         finally:
             if keeper is not None:
                 keeper.stop()
-    return grant
+    return grants
 
 
 def format_env(result: dict[str, Any]) -> str:
-    """NAME=value lines, quoted for the shell, for `eval "$(dlm acquire ... --format env)"`."""
+    """NAME=value lines, quoted for the shell, for `eval "$(dlm acquire ... --format env)"`
+    (several keys: DLM_FENCING_TOKENS too, every key's token as a JSON object)."""
     import shlex
 
-    return "\n".join(
-        [
-            f"DLM_LOCK_KEY={shlex.quote(str(result['key']))}",
-            f"DLM_FENCING_TOKEN={int(result['token'])}",
-            f"DLM_LEASE_ID={shlex.quote(str(result['lease']))}",
-        ]
-    )
+    lines = [
+        f"DLM_LOCK_KEY={shlex.quote(str(result['key']))}",
+        f"DLM_FENCING_TOKEN={int(result['token'])}",
+        f"DLM_LEASE_ID={shlex.quote(str(result['lease']))}",
+    ]
+    if "tokens" in result:
+        import json
+
+        tokens = json.dumps(result["tokens"], separators=(",", ":"))
+        lines.append(f"DLM_FENCING_TOKENS={shlex.quote(tokens)}")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------

@@ -666,9 +666,19 @@ class AsyncClient:
         ephemeral: bool = False,
         meta: Mapping[str, str] | None = None,
         lock_delay_ms: int = 0,
+        near: Sequence[str] = (),
     ) -> Lease:
-        opened: Lease = await self._run(
-            core.open_lease_flow(
+        flow = (
+            core.open_near_flow(
+                self._ctx,
+                ttl_ms,
+                near,
+                ephemeral=ephemeral,
+                meta=meta,
+                lock_delay_ms=lock_delay_ms,
+            )
+            if near and lease is None
+            else core.open_lease_flow(
                 self._ctx,
                 ttl_ms,
                 lease,
@@ -677,6 +687,7 @@ class AsyncClient:
                 lock_delay_ms=lock_delay_ms,
             )
         )
+        opened: Lease = await self._run(flow)
         self._ttl_ms[opened.id] = opened.ttl_ms
         self._book.opened(opened, ephemeral=ephemeral, meta=meta, lock_delay_ms=lock_delay_ms)
         return opened
@@ -754,7 +765,9 @@ class AsyncClient:
     async def lease_info(self, lease: LeaseRef) -> LeaseState:
         """The lease's TTL, the time left (the leader's count), and the keys it holds and
         waits for."""
-        info: LeaseState = await self._run(core.lease_info_flow(self._ctx, lease_id(lease)))
+        info: LeaseState = await self._run(
+            core.lease_info_flow(self._ctx, lease_id(lease), self._book)
+        )
         return info
 
     async def list_leases(self, *, stale: bool = False) -> list[LeaseSummary]:

@@ -191,6 +191,7 @@ __all__ = [
     "new_seq",
     "normalise_addr",
     "open_lease_flow",
+    "open_near_flow",
     "own_view",
     "paged_flow",
     "parse_members",
@@ -1019,6 +1020,50 @@ def open_lease_flow(
     )
 
 
+def open_near_flow(
+    s: Context,
+    ttl_ms: int,
+    near: Sequence[str],
+    *,
+    ephemeral: bool = False,
+    meta: Mapping[str, str] | None = None,
+    lock_delay_ms: int = 0,
+) -> Generator[Action, Outcome, Lease]:
+    """Opens a lease with a fresh id in the partition of the first of the keys it is
+    for (``near``, in the global acquire order), so that it has no part where it will
+    hold nothing. A client that did not know the partition count yet learns it from
+    this open's greeting; if the lease landed elsewhere, that empty lease is closed
+    and one opened where the keys are (a fresh id again: the closed one's tombstone
+    must not meet the new lease)."""
+    for _ in range(2):
+        home = _first_partition(s, near) if near else None
+        known = s.partitions
+        opened = yield from open_lease_flow(
+            s,
+            ttl_ms,
+            ephemeral=ephemeral,
+            meta=meta,
+            lock_delay_ms=lock_delay_ms,
+            partition=home,
+        )
+        if s.partitions == known or not near:
+            return opened
+        if _first_partition(s, near) == opened.partition:
+            return opened
+        try:
+            yield from close_lease_flow(
+                s, opened.id, partition=opened.partition, timeout=s.attempt_timeout
+            )
+        except DlmError:
+            return opened  # kept: it is a part of the lease like any other
+    return opened
+
+
+def _first_partition(s: Context, keys: Sequence[str]) -> int:
+    """The partition a multi-key acquire of ``keys`` starts in (the lowest of theirs)."""
+    return min(s.partition_of(key) for key in keys)
+
+
 def keepalive_flow(
     s: Context,
     lease: str,
@@ -1253,10 +1298,31 @@ def get_flow(s: Context, key: str, *, stale: bool = False) -> Generator[Action, 
     return (yield from view_flow(s, Get(id=0, key=key, stale=stale), LockState))
 
 
-def lease_info_flow(s: Context, lease: str) -> Generator[Action, Outcome, LeaseState]:
+def lease_info_flow(
+    s: Context, lease: str, book: LeaseBook | None = None
+) -> Generator[Action, Outcome, LeaseState]:
+    """The lease as one of its parts sees it (a cluster of several partitions: the first
+    part the ``book`` knows, else the first partition that has the lease; its ``keys``
+    are that part's)."""
     from dlm.views import LeaseState
 
-    return (yield from view_flow(s, LeaseInfo(id=0, lease=lease), LeaseState))
+    request = without_id(LeaseInfo(id=0, lease=lease))
+    known = book.parts(lease) if book is not None else None
+    if known:
+        _, reply = yield from call(s, request, partition=min(known))
+        return read_reply(LeaseState, payload(reply))
+    missing: LeaseLost | None = None
+    for partition in lease_partitions(s, None):
+        try:
+            _, reply = yield from call(s, request, partition=partition)
+        except LeaseLost as exc:
+            if s.partitions == 1:
+                raise
+            missing = missing if missing is not None and exc.ended == "unknown" else exc
+            continue
+        return read_reply(LeaseState, payload(reply))
+    assert missing is not None  # the loop asks partition 0 at least
+    raise missing
 
 
 def status_flow(s: Context, *, stale: bool = False) -> Generator[Action, Outcome, StatusView]:
@@ -1610,7 +1676,9 @@ def acquire_all_flow(
                 known_ttl_ms=known_ttl_ms,
             )
             grants.append(grant)
-    except LockHeld:
+    except LockHeld as held:
+        if held.key is None:
+            held.key = next(k for k in wanted if k not in {g.key for g in grants})
         for grant in reversed(grants):
             try:
                 yield from release_flow(s, lease, grant.key, token=grant.token)
@@ -1779,9 +1847,11 @@ def parts_ended_flow(
 ) -> Generator[Action, Outcome, None]:
     """A release ended ``lease``'s part in ``key``'s partition (an ephemeral lease left
     idle): closes its other known parts, and forgets the lease."""
-    known = book.parts(lease) or {}
+    known = book.parts(lease)
     ended = s.partition_of(key)
-    yield from close_parts_flow(s, lease, [p for p in sorted(known) if p != ended])
+    # A lease known only by id may have parts anywhere: every other partition is asked.
+    others = sorted(known) if known is not None else range(s.partitions)
+    yield from close_parts_flow(s, lease, [p for p in others if p != ended])
     book.forget(lease)
 
 
@@ -1820,6 +1890,7 @@ def update_parts_flow(
             if known is None and exc.ended == "unknown":
                 gone = exc
                 continue  # this partition never had the lease (unless none has)
+            exc.applied_elsewhere = bool(confirmed)
             raise
     if not confirmed:
         raise gone or LeaseLost(lease_gone_text(lease, "unknown"), "unknown")
@@ -1830,6 +1901,8 @@ def update_parts_flow(
 def update_applied(error: BaseException) -> bool | None:
     """What an update_lease that raised ``error`` did: False when the cluster refused it
     (it will never be applied), None when it may have been applied, or may still be."""
+    if isinstance(error, LeaseLost) and error.applied_elsewhere:
+        return None  # some parts have it: it caps their deadlines as an unsettled update
     if isinstance(error, BadRequest | LeaseLost):
         return False
     return None

@@ -48,8 +48,11 @@ class LockHeld(DlmError):
         holders: list[dict[str, Any]] | None = None,
         retry_after_ms: int | None = None,
         quarantined_until_ms: int | None = None,
+        key: str | None = None,
     ) -> None:
         super().__init__("LOCKED", message)
+        self.key = key
+        """The key that is held (set by a multi-key acquire: which of them it was)."""
         self.holders: list[dict[str, Any]] = list(holders or [])
         self.retry_after_ms = retry_after_ms
         self.quarantined_until_ms = quarantined_until_ms
@@ -67,6 +70,9 @@ class LeaseLost(DlmError):
     def __init__(self, message: str, ended: str | None = None) -> None:
         super().__init__("SESSION_EXPIRED", message)
         self.ended = ended
+        self.applied_elsewhere = False
+        """A TTL update that met this loss in one partition was applied by another part
+        of the lease before (so the update may be in force: see core.update_applied)."""
 
 
 class LockLost(DlmError):

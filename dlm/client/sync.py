@@ -528,16 +528,28 @@ class Client:
         ephemeral: bool = False,
         meta: Mapping[str, str] | None = None,
         lock_delay_ms: int = 0,
+        near: Sequence[str] = (),
     ) -> Lease:
         """Opens a lease (a fresh random id unless ``lease`` is given).
 
         ``ephemeral``: the lease is for one lock, and a release that leaves it
         idle ends it (what ``dlm acquire`` does). ``lock_delay_ms`` (0 to 60000): when
         the lease expires or is revoked while holding a key, the key is granted to nobody
-        for that long (README, "Lock-delay"; cluster version 4).
+        for that long (README, "Lock-delay"; cluster version 4). ``near``: the keys the
+        new lease is for; it is opened in the partition of the first (in the global
+        acquire order), so it has no part where it holds nothing (``core.open_near_flow``).
         """
-        opened: Lease = self._run(
-            core.open_lease_flow(
+        flow = (
+            core.open_near_flow(
+                self._ctx,
+                ttl_ms,
+                near,
+                ephemeral=ephemeral,
+                meta=meta,
+                lock_delay_ms=lock_delay_ms,
+            )
+            if near and lease is None
+            else core.open_lease_flow(
                 self._ctx,
                 ttl_ms,
                 lease,
@@ -546,6 +558,7 @@ class Client:
                 lock_delay_ms=lock_delay_ms,
             )
         )
+        opened: Lease = self._run(flow)
         self._ttl_ms[opened.id] = opened.ttl_ms
         self._book.opened(opened, ephemeral=ephemeral, meta=meta, lock_delay_ms=lock_delay_ms)
         return opened
@@ -635,7 +648,7 @@ class Client:
     def lease_info(self, lease: LeaseRef) -> LeaseState:
         """The lease's TTL, the time left (the leader's count), and the keys it holds and
         waits for."""
-        info: LeaseState = self._run(core.lease_info_flow(self._ctx, lease_id(lease)))
+        info: LeaseState = self._run(core.lease_info_flow(self._ctx, lease_id(lease), self._book))
         return info
 
     def list_leases(self, *, stale: bool = False) -> list[LeaseSummary]:

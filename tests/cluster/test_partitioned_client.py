@@ -9,6 +9,8 @@ their own keys; the tests that kill or revoke get a cluster of their own.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from dlm.client import Client, core
 from dlm.client.errors import LeaseLost
 from dlm.partitioning import partition_of
 from tests.cluster.cli_harness import Dlm
-from tests.cluster.harness import Cluster, wait_for
+from tests.cluster.harness import Cluster, NodeProc, wait_for
 
 P = 4
 TIMEOUT = 30.0
@@ -127,3 +129,91 @@ def test_json_of_a_lease_list_is_one_object(cli: Dlm) -> None:
     proc = cli.run("lease", "list", "--json")
     assert proc.returncode == 0, proc.stderr
     json.loads(proc.stdout)
+
+
+def partition_pid(node: NodeProc, partition: int) -> int:
+    """The PID of ``node``'s process for ``partition`` (its command line ends with the
+    partition and the count)."""
+    for pid in node.child_pids():
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        args = [a for a in args if a]
+        if args[-2:] == [str(partition).encode(), str(P).encode()]:
+            return pid
+    raise AssertionError(f"no process of partition {partition} on {node.node_id}")
+
+
+def test_a_partition_whose_leader_stops_leaves_the_others_working(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, size=3, partitions=P)
+    try:
+        c.start_all()
+        leaders = c.wait_for_leaders(timeout=TIMEOUT)
+        victim = leaders[1]
+        pid = partition_pid(victim, 1)
+        others = {p: leaders[p].node_id for p in (0, 2, 3)}
+        cli = Dlm(c.members_env, tmp_path)
+        os.kill(pid, signal.SIGSTOP)  # partition 1's leader stops answering
+        try:
+            key = key_in(2, "busy-neighbour")
+            for _ in range(3):
+                proc = cli.run("exec", "--lock", key, "--", "true")
+                assert proc.returncode == 0, proc.stderr
+            # Partition 1 elects another leader; the other partitions keep theirs.
+            c.wait_for_leader(TIMEOUT, not_=victim.node_id, partition=1)
+            for p, leader in others.items():
+                now = c.leader_now(p)
+                assert now is not None and now.node_id == leader, p
+            key1 = key_in(1, "moved")
+            proc = cli.run("exec", "--lock", key1, "--", "true")
+            assert proc.returncode == 0, proc.stderr
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        c.stop_all()
+
+
+def test_exec_holds_locks_of_two_partitions_under_one_lease(cli: Dlm, tmp_path: Path) -> None:
+    a, b = key_in(3, "pair"), key_in(1, "pair")
+    out = tmp_path / "seen"
+    script = f'echo "$DLM_LEASE_ID $DLM_LOCK_KEY $DLM_FENCING_TOKENS" > {out}'
+    got = cli.json("exec", "--lock", a, "--lock", b, "--", "sh", "-c", script)
+    assert got["exit_code"] == 0 and got["key"] == a
+    assert set(got["tokens"]) == {a, b} and got["tokens"][a] == got["token"]
+    lease, first, tokens = out.read_text().split(" ", 2)
+    assert lease == got["lease"] and first == a
+    assert json.loads(tokens) == got["tokens"]
+    # Both were released with the lease: each can be taken again at once.
+    for key in (a, b):
+        again = cli.run("exec", "--lock", key, "--", "true")
+        assert again.returncode == 0, again.stderr
+
+
+def test_exec_of_two_locks_gives_back_the_first_when_the_second_is_held(cli: Dlm) -> None:
+    a, b = key_in(0, "half"), key_in(2, "half")
+    held = cli.json("acquire", b, "--ttl", "30s")
+    proc = cli.run("exec", "--lock", a, "--lock", b, "-v", "--", "true")
+    assert proc.returncode == 75, proc.stderr
+    assert repr(b) in proc.stderr
+    free = cli.run("exec", "--lock", a, "--", "true")
+    assert free.returncode == 0, free.stderr  # a was given back
+    assert cli.run("release", b, "--lease", held["lease"]).returncode == 0
+
+
+def test_acquire_of_keys_in_several_partitions_gives_one_lease_and_a_token_each(
+    cli: Dlm,
+) -> None:
+    keys = [key_in(p, "many") for p in (2, 0, 3)]
+    got = cli.json("acquire", *keys, "--ttl", "30s")
+    assert got["key"] == keys[0] and set(got["tokens"]) == set(keys)
+    assert got["tokens"][keys[0]] == got["token"]
+    lease = got["lease"]
+    renewed = cli.json("renew", lease)
+    assert renewed["lease"] == lease
+    for key in keys:  # each held under the one lease
+        assert cli.run("acquire", key, "--ttl", "5s").returncode == 75
+    revoked = cli.run("lease", "revoke", lease)
+    assert revoked.returncode == 0, revoked.stderr
+    for key in keys:  # the revoke reached every partition
+        again = cli.run("exec", "--lock", key, "--", "true")
+        assert again.returncode == 0, again.stderr
+    gone = cli.run("renew", lease)
+    assert gone.returncode == 77, gone.stderr

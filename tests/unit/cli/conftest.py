@@ -8,7 +8,7 @@ opened. Tests against real nodes live in tests/cluster/test_cli_*.py.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -54,7 +54,10 @@ class FakeClient:
         ephemeral: bool = False,
         meta: dict[str, str] | None = None,
         lock_delay_ms: int = 0,
+        near: Sequence[str] = (),
     ) -> Lease:
+        # ``near`` (where to open it in a cluster of several partitions) is not recorded:
+        # the calls a test expects are the one-partition cluster's.
         delay = {"lock_delay_ms": lock_delay_ms} if lock_delay_ms else {}
         self._call("open_lease", ttl_ms, ephemeral=ephemeral, meta=meta, **delay)
         return Lease(id=lease or "fakelease0000001", ttl_ms=ttl_ms, confirmed_at=lease_clock())

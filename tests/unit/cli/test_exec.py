@@ -550,6 +550,7 @@ def _lease_confirmed_long_ago(monkeypatch: pytest.MonkeyPatch, ago: float) -> No
     def open_lease(
         self: FakeClient, ttl_ms: int, lease: str | None = None, **options: Any
     ) -> Lease:
+        options.pop("near", None)
         self._call("open_lease", ttl_ms, **options)
         return Lease("fakelease0000001", ttl_ms, confirmed_at=lease_clock() - ago)
 

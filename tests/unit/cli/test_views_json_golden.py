@@ -215,9 +215,12 @@ class CannedConnection:
     def __init__(self, addr: str) -> None:
         self.addr = addr
         self.framed = True
+        self.partitions, self.partition = 1, 0  # a cluster of one partition
 
     @classmethod
-    def start(cls, addr: str, deadline: float, secret: Any = None, tls: Any = None) -> Any:
+    def start(
+        cls, addr: str, deadline: float, secret: Any = None, tls: Any = None, partition: int = 0
+    ) -> Any:
         """A connection for the cluster's requests: only to a member that answers some."""
         from dlm.client.core import ConnectionBroken
 
@@ -226,7 +229,9 @@ class CannedConnection:
         return cls(addr)
 
     @classmethod
-    def open(cls, addr: str, deadline: float, secret: Any = None, tls: Any = None) -> Any:
+    def open(
+        cls, addr: str, deadline: float, secret: Any = None, tls: Any = None, partition: int = 0
+    ) -> Any:
         """A direct connection for a member's own view (``member_status``)."""
         from dlm.client.core import ConnectionBroken
 

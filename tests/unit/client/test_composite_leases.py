@@ -345,3 +345,46 @@ def test_a_busy_key_in_a_later_partition_gives_back_what_was_taken() -> None:
         acquire_all(s, clock, book, cluster, [busy, first])
     assert cluster.locks[0] == {}  # taken, then released
     assert cluster.sent[-1] == ("release", 0)
+
+
+def test_a_lease_for_a_key_is_opened_in_the_keys_partition_once_the_count_is_known() -> None:
+    s, clock = settings(["a:1"])
+    cluster = FakeCluster()
+    key = key_in(3, P)
+
+    def answer(action: Any) -> Any:
+        # The member's greeting teaches the count with the first reply.
+        s.learn_partitions(P)
+        return cluster(action)
+
+    opened = drive(core.open_near_flow(s, 9000, [key]), answer, clock)
+    assert opened.partition == 3
+    assert all(not cluster.leases[p] for p in (0, 1, 2)) and opened.id in cluster.leases[3]
+    assert [k for k, _ in cluster.sent] == ["open_lease", "close_lease", "open_lease"]
+    # Known from the start: one open, in the key's partition.
+    cluster.sent.clear()
+    again = drive(core.open_near_flow(s, 9000, [key]), cluster, clock)
+    assert again.partition == 3 and cluster.sent == [("open_lease", 3)]
+
+
+def test_lease_info_asks_a_part_the_book_knows_else_finds_one() -> None:
+    s, clock, cluster, book = lease_in([2, 3])
+    info = drive(core.lease_info_flow(s, "L", book), cluster, clock)
+    assert info.lease == "L" and cluster.sent == [("lease_info", 2)]
+    cluster.sent.clear()
+    info = drive(core.lease_info_flow(s, "L", core.LeaseBook()), cluster, clock)
+    assert [p for _, p in cluster.sent] == [0, 1, 2]
+    cluster.sent.clear()
+    with pytest.raises(LeaseLost):
+        drive(core.lease_info_flow(s, "nope", core.LeaseBook()), cluster, clock)
+    assert [p for _, p in cluster.sent] == [0, 1, 2, 3]
+
+
+def test_an_update_that_one_part_took_before_another_was_lost_stays_in_force() -> None:
+    s, clock, cluster, book = lease_in([0, 3])
+    cluster.expire(3, "L")
+    with pytest.raises(LeaseLost) as caught:
+        drive(core.update_parts_flow(s, book, "L", 2000), cluster, clock)
+    assert cluster.leases[0]["L"] == 2000  # part 0 has the shorter TTL now
+    # So the keepers must keep counting with it: "may have been applied", not "refused".
+    assert core.update_applied(caught.value) is None
