@@ -1064,7 +1064,10 @@ class NodeSimulation:
                 f"removing identity {cmd.name} ended leases {outcome.ended} at once",
             )
         for lease, _, incarnation in outcome.armed:
-            seen = self.incarnations.setdefault(lease, [])
+            # (Each partition numbers its part's incarnations on its own: the stale Expires,
+            # proposed in partition 0, draw from partition 0's.)
+            named = lease if partition == 0 else f"{lease}@p{partition}"
+            seen = self.incarnations.setdefault(named, [])
             if incarnation not in seen:
                 seen.append(incarnation)
         expire = outcome.command
