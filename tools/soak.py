@@ -2,7 +2,8 @@
 
 Usage: python tools/soak.py START:COUNT. Each process runs a contiguous share of the
 range through both simulators (tests/sim: the Raft core alone, and whole members
-with clients); the exit code is non-zero if any share failed, and each failing seed
+with clients, with one partition and partitioned: ``test_node_sim_partitioned``, P = 2
+to 4 by the seed); the exit code is non-zero if any share failed, and each failing seed
 prints the command that replays it.
 """
 
@@ -39,7 +40,7 @@ def main(argv: list[str]) -> int:
                     "-q",
                     f"--sim-seeds={first}:{n}",
                     "-k",
-                    "test_raft_sim or test_node_sim",
+                    "test_raft_sim or test_node_sim or test_node_sim_partitioned",
                 ]
             )
         )

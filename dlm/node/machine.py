@@ -97,6 +97,7 @@ from dlm.node.raft.types import AppendEntriesResponse, Message, Ready, Role
 from dlm.node.read_rounds import Read, ReadRounds, renew_confirmed
 from dlm.node.replies import Replies, denied, lease_gone
 from dlm.node.snapshots import Snapshots, restore_image
+from dlm.node.spread import SETTLE_ELECTION_TIMEOUTS, LeaderSpread, spread_tick
 from dlm.node.stats import Stats
 from dlm.node.watches import Watches
 from dlm.records import Entry, EntryKind, LogStorage, NodeId, Snapshot
@@ -256,6 +257,12 @@ class NodeMachine:
         self._queued_mono = self.audit.queued_at
         self._stopping = False
         self._stopped = False
+        self.spread = LeaderSpread(
+            config.partition,
+            config.partitions,
+            settle_s=timing.election_timeout_s * SETTLE_ELECTION_TIMEOUTS,
+        )
+        """Which voter this partition's leader hands leadership to (spread.py)."""
         self.membership.announce(self.raft)
         self.pump(now)
 
@@ -318,6 +325,13 @@ class NodeMachine:
                         retry_after_s=self._timing.election_timeout_s * 4,
                         now=now,
                     )
+                    if not self._stopping:
+                        health = self.health
+                        to = spread_tick(
+                            self.spread, raft, lambda m: health.answers(m, now), now.mono
+                        )
+                        if to is not None:
+                            self.out.log("info", "transfer_leadership", to=to, reason="spread")
                 self.membership.promote_caught_up_learners(
                     raft, self.locks.version, self.health.proved
                 )
@@ -476,6 +490,7 @@ class NodeMachine:
             self.proposals.took_office()
         elif was_leader and role is not Role.LEADER:
             self.tracker.leave_office()
+            self.spread.left_office()
             self.proposals.fail_all()
             self.clients.left_office(self.out)
             self.membership.fail_proposals()

@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 from dlm.cli.exec_rules import GuardRules, StartGate
-from dlm.client.core import LeaseClock, lease_deadline
+from dlm.client.core import LeaseClock, PartClocks, lease_deadline
 from dlm.node import locks
 from dlm.node.admission import (
     Acceptance,
@@ -357,3 +357,43 @@ class ExpiresWithoutTheLockDelay(locks.LockStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.delays = _IgnoredDelays()
+
+
+class SpreadsWithoutRotation(NodeMachine):
+    """Issue 25, leader spread: every partition prefers the voters in the same order (no
+    rotation by the partition), so one member ends up leading them all."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spread.partition = 0
+
+
+class NeverSpreads(NodeMachine):
+    """Issue 25, leader spread: a leader never hands leadership over; whoever won the
+    elections after the faults keeps what it leads."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spread.partitions = 1
+
+
+class ServesEveryPartitionsKeys(NodeMachine):
+    """Issue 25: a partition's process serves a request about any key, its own partition's
+    or not (no WRONG_PARTITION): a client that routed a key by a count it had not learned
+    yet takes it in a group that does not own it, beside the group that does."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The machine refuses another partition's key only when it knows of partitions;
+        # its spread was set up already, and keeps spreading.
+        self.config = dataclasses.replace(self.config, partitions=1)
+
+
+class CountsOnTheLatestPart(PartClocks):
+    """Issue 25, leases with parts: the client counts on its lease until the LATEST part's
+    deadline, not the earliest; a part that was not renewed (its partition out of reach)
+    expires, and its keys are given away, while the client still holds them."""
+
+    @property
+    def deadline(self) -> float:
+        return max(c.deadline for c in self._clocks())

@@ -52,6 +52,14 @@ events in simulated real time (world.py), driven by one seed:
   why it is not one.
 * **lease views**: the cluster expiring a lease that some client still counts
   on (its deadline not yet passed) is a violation by itself (lease-outlived).
+* **partitions** (``NodeSimOptions.partitions`` > 1, issue 25): each member
+  hosts one NodeMachine per partition (its own store, disk queue and peer
+  connections, the member's clock); member faults hit all of them,
+  ``crash_partition`` one; exec clients are pinned to one partition, library
+  clients route through the client library (WRONG_PARTITION teaches them the
+  count) with leases that have a part in each partition they take a key of;
+  Raft's checks run per partition, the lock checks per key across them, and
+  once healthy no member leads more than ceil(P/N) partitions (``spread``).
 * **checks** run after every event: Raft's invariants (checkers.py) and the
   lock-level promises users rely on (lockcheck.py), in real time; and after each
   of the stranger's frames, that it changed nothing in the member.
@@ -69,7 +77,7 @@ import hashlib
 import random
 from collections import Counter, deque
 from collections.abc import Callable, Generator, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -107,7 +115,9 @@ from dlm.node.machine_config import PROTOCOL_SPOKEN
 from dlm.node.raft.quorum import majority
 from dlm.node.raft.types import Message, Role, VoteRequest, VoteResponse
 from dlm.node.snapshots import image as node_image
+from dlm.node.spread import leader_counts_bound
 from dlm.node.watches import Watches
+from dlm.partitioning import check_partitions, partition_of
 from dlm.records import (
     ConfState,
     Entry,
@@ -198,6 +208,10 @@ FAULT_KINDS = (
     # Every member stops; the one whose log goes furthest is recovered (`dlm node recover`:
     # everything its log holds, committed or not) and the others rebuilt from it.
     "recover",
+    # One partition's process dies (on its leader's member, or any) and is restarted by
+    # the member's supervisor; the other partitions keep their leaders. Partitioned runs
+    # only (``partitioned_options``).
+    "crash_partition",
 )
 DEFAULT_WEIGHTS: dict[str, int] = {
     "partition": 3,
@@ -217,6 +231,14 @@ DEFAULT_WEIGHTS: dict[str, int] = {
     "stall": 2,
     "host_suspend": 2,
 }
+PARTITIONED_WEIGHTS: dict[str, int] = {"crash_partition": 3}
+"""Faults a partitioned run draws besides the others."""
+PARTITIONED_OFF = ("restore", "recover")
+"""Faults a partitioned run does not draw (a backup and restore of every partition is
+another helper's work: part-admin)."""
+PARTITIONED_KEYS = {"k3": 1, "k6": 1}
+"""Keys a partitioned run adds to LIMITS: with them every partition of 2, 3 or 4 holds
+some (dlm/partitioning.py's partition_of)."""
 CLIENT_FAULTS = frozenset(
     {"client_cut", "client_cut_leader", "client_pause", "client_slow", "host_suspend"}
 )
@@ -279,6 +301,9 @@ class NodeSimOptions:
     dialing_class: type[Dialing] = Dialing
     """The admission objects the members use (mutants replace them)."""
     lease_clock_class: type[core.LeaseClock] = core.LeaseClock
+    part_clocks_class: type[core.PartClocks] = core.PartClocks
+    """The clocks of a lease with parts in several partitions (partitioned runs' clients
+    that route through the library; a mutant may stand in for it)."""
     """The client-side lease clock (a mutant may stand in for it)."""
     check_outlived: bool = True
     """Whether an expired lease that a client still counts on is a violation by itself
@@ -314,6 +339,34 @@ class NodeSimOptions:
     lock_delays: float = 0.0
     """How often a client opens its lease with a lock-delay (cluster version 4 only; off
     by default, so that the other runs draw what they drew before lock-delays existed)."""
+    partitions: int = 1
+    """Raft groups per cluster (issue 25): each member hosts one NodeMachine per partition,
+    each with its own store, disk queue and peer connections, on the member's clock; exec
+    clients are pinned to one partition, library clients route each key to its partition
+    through the client library. 1 is the simulator of before, drawing exactly
+    the same numbers; above 1, the run draws partition faults too (``crash_partition``:
+    one partition's process dies and its supervisor restarts it, the others run on), and
+    membership changes, backups, restores, identities, watchers and the stranger are off
+    (their cluster-wide fan-out is other helpers' work: docs/ARCHITECTURE.md)."""
+
+
+def partitioned_options(options: NodeSimOptions) -> NodeSimOptions:
+    """What a partitioned run (``partitions`` > 1) runs with: the partition faults on, and
+    off what has no cluster-wide form here yet (membership changes, backups and restores,
+    identities, watchers, the stranger)."""
+    weights = {k: w for k, w in options.fault_weights.items() if k not in PARTITIONED_OFF}
+    for kind, weight in PARTITIONED_WEIGHTS.items():
+        weights.setdefault(kind, weight)
+    return replace(
+        options,
+        fault_weights=weights,
+        membership=False,
+        backups=False,
+        identities=False,
+        identity_limits=False,
+        watchers=0,
+        stranger=False,
+    )
 
 
 class SimFailure(AssertionError):
@@ -348,10 +401,26 @@ class _DiskJob:
 
 
 class SimMember:
-    def __init__(self, sim: NodeSimulation, node_id: NodeId, storage: Storage) -> None:
+    """One member process: the whole member, or (partitioned) one partition's child.
+
+    Partition i > 0 of member n is named ``n/p<i>`` in traces and checks; it shares the
+    member's clock (one host) and has the member's id in its group, as every partition's
+    group has the same member ids.
+    """
+
+    def __init__(
+        self,
+        sim: NodeSimulation,
+        node_id: NodeId,
+        storage: Storage,
+        partition: int = 0,
+        clock: Clock | None = None,
+    ) -> None:
         self.sim = sim
         self.id = node_id
-        self.clock = Clock(sim.rng_for(f"clock-{node_id}"))
+        self.partition = partition
+        self.name = node_id if partition == 0 else f"{node_id}/p{partition}"
+        self.clock = clock or Clock(sim.rng_for(f"clock-{node_id}"))
         self.storage = storage
         self.machine: NodeMachine | None = None
         self.generation = 0
@@ -383,10 +452,12 @@ class SimMember:
 class SimPeerLink:
     """One member's outbound connection to one peer (peers.py's PeerLink), replaced whole."""
 
-    __slots__ = ("acked", "conn", "dial_at", "sent", "stalled", "watch")
+    __slots__ = ("acked", "conn", "dial_at", "partition", "sent", "stalled", "watch")
 
-    def __init__(self, watch: LinkWatch) -> None:
+    def __init__(self, watch: LinkWatch, partition: int = 0) -> None:
         self.watch = watch
+        self.partition = partition
+        """The partition whose processes it joins (a connection with that preamble)."""
         self.conn = 0
         """Which connection: messages of an older one are lost with it."""
         self.stalled = False
@@ -620,6 +691,9 @@ class ClientProc:
         self.net_rng: random.Random | None = None
         """A process with draws of its own for its links' latency (a watcher), so that
         adding it leaves every other draw of the seed as it was."""
+        self.pinned: int | None = host.pinned if host is not None else None
+        """The one partition this process's requests reach (a partitioned run's client of
+        one partition: its keys, its leases), or None to route by the client library."""
 
     def run(self, fn: Callable[[], None]) -> None:
         """Runs ``fn`` now, or when the process is resumed."""
@@ -684,6 +758,16 @@ class NodeSimulation:
     def __init__(self, seed: int, options: NodeSimOptions | None = None) -> None:
         self.seed = seed
         self.options = opts = options or NodeSimOptions()
+        self.partitions = opts.partitions
+        problem = check_partitions(self.partitions)
+        if problem is not None:
+            raise ValueError(problem)
+        if self.partitions > 1:
+            self.options = opts = partitioned_options(opts)
+            self.REPLAY_TEST = "tests/sim/test_node_sim.py::test_node_sim_partitioned"
+        self.limits = dict(LIMITS) if self.partitions == 1 else {**LIMITS, **PARTITIONED_KEYS}
+        """The workload's keys and their limits (a partitioned run has more, so that every
+        partition of up to 4 holds some)."""
         self._root = random.Random(seed)
         self.rng = random.Random(self._root.getrandbits(64))
         self.net_rng = random.Random(self._root.getrandbits(64))
@@ -702,9 +786,18 @@ class NodeSimulation:
         self.backups = BackupChecker(
             self.raft_checker, _replay_class(opts.lock_machine_class, opts)
         )
-        self._commit_voters: dict[tuple[int, int], tuple[NodeId, ...]] = {}
-        self.checker = LockChecker(dict(LIMITS))
+        self._commit_voters: dict[tuple[int, int, int], tuple[NodeId, ...]] = {}
+        """(partition, index, term) -> the voters whose majority the leader counted."""
+        self.checker = LockChecker(dict(self.limits))
         self.ledger_check = LedgerChecker()
+        self.group_checkers: dict[int, SafetyChecker] = {
+            p: SafetyChecker() for p in range(1, self.partitions)
+        }
+        """Raft's checks of partitions 1 and up (``raft_checker`` is partition 0's)."""
+        self.group_ledgers: dict[int, LedgerChecker] = {
+            p: LedgerChecker() for p in range(1, self.partitions)
+        }
+        """The run ledger's checks of partitions 1 and up (indexes are per partition)."""
         self.delay_checker = DelayChecker(DRIFT)
         self.lease_delays: dict[tuple[str, int], int] = {}
         """(lease, incarnation) -> the lock-delay its open entry gave it."""
@@ -731,11 +824,29 @@ class NodeSimulation:
         """Extra latency (µs, drawn up to) on one client's links: a congested network."""
         self.backend = opts.backend(self.ids, random.Random(self._root.getrandbits(64)))
         self.members: dict[NodeId, SimMember] = {}
+        """Partition 0's member processes (every member's, when there is one partition)."""
         for node_id in self.ids:
             member = SimMember(self, node_id, self.backend.fresh(node_id))
             self.members[node_id] = member
-        for member in self.members.values():
-            self._boot(member)
+        self.groups: list[dict[NodeId, SimMember]] = [self.members]
+        """Each partition's member processes, by member id."""
+        for partition in range(1, self.partitions):
+            group = {}
+            for node_id in self.ids:
+                name = f"{node_id}/p{partition}"
+                host_clock = self.members[node_id].clock
+                group[node_id] = SimMember(
+                    self, node_id, self.backend.fresh(name), partition, host_clock
+                )
+            self.groups.append(group)
+        self._leaders: dict[int, tuple[NodeId, int]] = {}
+        """partition -> (its latest leader, the real time it was elected)."""
+        self.by_name: dict[str, SimMember] = {
+            m.name: m for group in self.groups for m in group.values()
+        }
+        for group in self.groups:
+            for member in group.values():
+                self._boot(member)
         self.procs: list[ClientProc] = []
         self.client_count = 0
         n_clients = self.rng.randint(*opts.clients)
@@ -744,13 +855,20 @@ class NodeSimulation:
             proc = ClientProc(self, f"c{i}", kind)
             if opts.identities:
                 proc.identity = ("", *TEAMS)[i % 3]
+            if self.partitions > 1 and kind == "exec":
+                # An exec client is pinned to one partition (its keys and leases); a
+                # library client routes by the client library, learning the count from
+                # WRONG_PARTITION replies, its leases opening a part in each partition it
+                # takes a key of.
+                proc.pinned = (i // 2) % self.partitions
             self.procs.append(proc)
         self.leases_ttl_max_ms = 0
         """The longest TTL a client's lease was opened with or updated to (the probe's bound)."""
         self.watch_truth = WatchTruth()
         self.watchers: list[SimWatcher] = []
-        self.lease_views: dict[str, list[tuple[int, ClientProc, core.LeaseClock]]] = {}
-        """lease id -> (incarnation, process, clock) of every client that counts on it."""
+        self.lease_views: dict[str, list[tuple[int, ClientProc, Any, Any]]] = {}
+        """lease id -> (incarnation, process, clock, lease book) of every client that counts
+        on it (the book: its parts, by partition, for a lease with parts; else None)."""
 
     # -- plumbing ----------------------------------------------------------------
 
@@ -760,6 +878,28 @@ class NodeSimulation:
 
     def trace(self, record: str) -> None:
         self._trace.update(record.encode())
+
+    def _raft_checker_of(self, member: SimMember) -> SafetyChecker:
+        return self.raft_checker if member.partition == 0 else self.group_checkers[member.partition]
+
+    def _keys_for(self, proc: ClientProc) -> list[str]:
+        """The keys a client draws from: every key, or its partition's."""
+        if proc.pinned is None:
+            return sorted(self.limits)
+        return [k for k in sorted(self.limits) if partition_of(k, self.partitions) == proc.pinned]
+
+    def _ledger_of(self, partition: int) -> LedgerChecker:
+        return self.ledger_check if partition == 0 else self.group_ledgers[partition]
+
+    def _group_of(self, member: SimMember) -> dict[NodeId, SimMember]:
+        return self.groups[member.partition]
+
+    def host(self, member: SimMember) -> list[SimMember]:
+        """Every process of ``member``'s member: one per partition (a host-wide fault)."""
+        return [group[member.id] for group in self.groups if member.id in group]
+
+    def all_members(self) -> list[SimMember]:
+        return [m for group in self.groups for m in group.values()]
 
     def _machine_class_for(self, member: SimMember) -> type[NodeMachine]:
         """The node machine with the simulator's instruments (and any injected bug)."""
@@ -785,9 +925,10 @@ class NodeSimulation:
                     why = permcheck.forbidden(self, cmd)
                     over = permcheck.over_own_limit(self, cmd)
                 outcome: locks.ApplyOutcome = super().apply(index, data)
-                sim._applied(outcome, why, over)
-                sim.ledger_check.applied(outcome, self.version)
-                sim.watch_truth.applied(member.id, outcome, self)
+                sim._applied(outcome, why, over, member.partition)
+                sim._ledger_of(member.partition).applied(outcome, self.version)
+                if member.partition == 0:  # (watchers run with one partition only)
+                    sim.watch_truth.applied(member.id, outcome, self)
                 return outcome
 
             def apply_command(self, index: int, cmd: locks.Command) -> locks.ApplyOutcome:
@@ -795,9 +936,10 @@ class NodeSimulation:
                 why = permcheck.forbidden(self, cmd)
                 over = permcheck.over_own_limit(self, cmd)
                 outcome: locks.ApplyOutcome = super().apply_command(index, cmd)
-                sim._applied(outcome, why, over)
-                sim.ledger_check.applied(outcome, self.version)
-                sim.watch_truth.applied(member.id, outcome, self)
+                sim._applied(outcome, why, over, member.partition)
+                sim._ledger_of(member.partition).applied(outcome, self.version)
+                if member.partition == 0:  # (watchers run with one partition only)
+                    sim.watch_truth.applied(member.id, outcome, self)
                 return outcome
 
             def skip(self, index: int) -> None:
@@ -805,7 +947,10 @@ class NodeSimulation:
                 super().skip(index)
 
             def _executing(self, cmd: locks.ClientCommand) -> None:
-                sim.checker.executed_request(cmd.origin.client, cmd.origin.seq, self.applied_index)
+                client = cmd.origin.client
+                if member.partition and client:
+                    client = f"{client}@p{member.partition}"  # indexes are per partition
+                sim.checker.executed_request(client, cmd.origin.seq, self.applied_index)
 
         class CountingTracker(tracker_base):  # type: ignore[valid-type,misc]
             def renew(self, lease: str, received_at: float, client: str = "", seq: int = 0) -> bool:
@@ -814,7 +959,7 @@ class NodeSimulation:
                 after = self.remaining_ms(lease, received_at)
                 if renewed and before is not None and after is not None and after > before:
                     term = member.machine.raft.term if member.machine is not None else 0
-                    sim.checker.renewed(member.id, term, lease, client, seq)
+                    sim.checker.renewed(member.name, term, lease, client, seq)
                 return renewed
 
         class CommitRecordingRaft(base.raft_class):  # type: ignore[name-defined,misc]
@@ -822,7 +967,7 @@ class NodeSimulation:
                 before = self._log.committed
                 moved: bool = super()._maybe_commit()
                 if moved:
-                    sim._committed_under(self._log, before, self.voters)
+                    sim._committed_under(member, self._log, before, self.voters)
                 return moved
 
         class SimNodeMachine(base):  # type: ignore[valid-type,misc]
@@ -842,41 +987,47 @@ class NodeSimulation:
         log = machine.raft._log
         term = log.term(index)
         if data is not None:
-            self.raft_checker.observe_apply(member.id, Entry(index, term, data))
-        else:
+            self._raft_checker_of(member).observe_apply(member.id, Entry(index, term, data))
+        elif member.partition == 0:  # (backups are taken with one partition only)
             self.backups.skipped(index, term)
         # An entry commits under the configuration its leader used, the latest in the leader's
         # log: the one at the entry or one change after it, which a follower may not have yet.
         # A majority of that configuration, recorded when the leader counted, is what counts.
         configs = []
-        used = self._commit_voters.get((index, term))
+        used = self._commit_voters.get((member.partition, index, term))
         if used is not None:
             configs.append(used)
         try:
             configs.append(machine.raft.conf_state_at(index).voters)
         except ValueError:
             pass
-        counts = [(self._durable_on(voters, index, term), voters) for voters in configs]
+        group = self._group_of(member)
+        counts = [(self._durable_on(group, voters, index, term), voters) for voters in configs]
         if not any(durable >= majority(voters) for durable, voters in counts):
             durable, voters = counts[-1]
             raise Violation(
                 "applied-before-durable",
-                f"{member.id} applied index {index} (term {term}) while only {durable} of "
+                f"{member.name} applied index {index} (term {term}) while only {durable} of "
                 f"{len(voters)} voters stored it",
             )
 
-    def _committed_under(self, log: Any, before: int, voters: Iterable[NodeId]) -> None:
+    def _committed_under(
+        self, member: SimMember, log: Any, before: int, voters: Iterable[NodeId]
+    ) -> None:
         """A leader moved its commit index past ``before``, counting a majority of ``voters``."""
         counted = tuple(sorted(voters))
+        partition = member.partition
         for index in range(max(before + 1, log.committed - 4096), log.committed + 1):
             term = log.term_or_none(index)
             if term is not None:
-                self._commit_voters.setdefault((index, term), counted)
+                self._commit_voters.setdefault((partition, index, term), counted)
 
-    def _durable_on(self, voters: tuple[NodeId, ...], index: int, term: int) -> int:
+    def _durable_on(
+        self, group: dict[NodeId, SimMember], voters: tuple[NodeId, ...], index: int, term: int
+    ) -> int:
         durable = 0
         for voter in voters:
-            other = self.members.get(voter)
+            other = group.get(voter)
             if other is None:
                 continue
             storage = other.storage
@@ -892,7 +1043,11 @@ class NodeSimulation:
         return durable
 
     def _applied(
-        self, outcome: locks.ApplyOutcome, forbidden: str | None = None, over: str | None = None
+        self,
+        outcome: locks.ApplyOutcome,
+        forbidden: str | None = None,
+        over: str | None = None,
+        partition: int = 0,
     ) -> None:
         if forbidden is not None and permcheck.effective(outcome):
             raise Violation(
@@ -909,7 +1064,10 @@ class NodeSimulation:
                 f"removing identity {cmd.name} ended leases {outcome.ended} at once",
             )
         for lease, _, incarnation in outcome.armed:
-            seen = self.incarnations.setdefault(lease, [])
+            # (Each partition numbers its part's incarnations on its own: the stale Expires,
+            # proposed in partition 0, draw from partition 0's.)
+            named = lease if partition == 0 else f"{lease}@p{partition}"
+            seen = self.incarnations.setdefault(named, [])
             if incarnation not in seen:
                 seen.append(incarnation)
         expire = outcome.command
@@ -918,7 +1076,7 @@ class NodeSimulation:
             and isinstance(expire, locks.ExpireCommand)
             and self.options.check_outlived
         ):
-            self._check_outlived(expire)
+            self._check_outlived(expire, partition)
         now = self.world.now
         self._lock_delays(outcome, now)
         result = outcome.result
@@ -949,12 +1107,20 @@ class NodeSimulation:
                 self.delay_checker.started(outcome.index, key, delay_ms, now)
                 self.stats["lock_delays"] += 1
 
-    def _check_outlived(self, expire: locks.ExpireCommand) -> None:
+    def _check_outlived(self, expire: locks.ExpireCommand, partition: int = 0) -> None:
         """The cluster expired a lease: no client may still count on it (its deadline
         passes before the leader's, whatever happened to the lease's TTL)."""
         now = self.world.now
         views = self.lease_views.get(expire.lease, [])
-        for incarnation, proc, clock in views:
+        for opened, proc, clock, book in views:
+            incarnation = opened
+            if book is not None:
+                # A lease with parts: the expired part is this partition's; the client
+                # counts on it if it knows it (the earliest part's deadline is the lease's).
+                part = (book.parts(expire.lease) or {}).get(partition)
+                if part is None:
+                    continue
+                incarnation = part.incarnation
             if expire.incarnation not in (0, incarnation):
                 continue
             if clock.lost:
@@ -967,16 +1133,18 @@ class NodeSimulation:
                     f"{now / US:.3f}s while {proc.name} counted on it until {until / US:.3f}s",
                 )
         # Views of an expired lease are of no further use.
-        kept = [v for v in views if expire.incarnation not in (0, v[0])]
+        kept = [v for v in views if v[3] is not None or expire.incarnation not in (0, v[0])]
         if kept:
             self.lease_views[expire.lease] = kept
         else:
             self.lease_views.pop(expire.lease, None)
 
-    def _watch_lease(self, proc: ClientProc, lease: core.Lease, clock: core.LeaseClock) -> None:
-        self.lease_views.setdefault(lease.id, []).append((lease.incarnation, proc, clock))
+    def _watch_lease(
+        self, proc: ClientProc, lease: core.Lease, clock: Any, book: Any = None
+    ) -> None:
+        self.lease_views.setdefault(lease.id, []).append((lease.incarnation, proc, clock, book))
 
-    def _forget_lease(self, lease: str, clock: core.LeaseClock) -> None:
+    def _forget_lease(self, lease: str, clock: Any) -> None:
         views = [v for v in self.lease_views.get(lease, []) if v[2] is not clock]
         if views:
             self.lease_views[lease] = views
@@ -997,8 +1165,10 @@ class NodeSimulation:
             timing=TIMING,
             snapshot_every=self.options.snapshot_every,
             snapshot_keep=self.options.snapshot_keep,
+            partition=member.partition,
+            partitions=self.partitions,
         )
-        rng = self.rng_for(f"node-{member.id}-{member.generation}")
+        rng = self.rng_for(f"node-{member.name}-{member.generation}")
         machine_class = self._machine_class_for(member)
         member.machine = machine = machine_class(
             config, member.storage, rng, member.clock.instant(self.world.now)
@@ -1073,7 +1243,10 @@ class NodeSimulation:
                     self._to_client(conn, {**action.header, "t": "ok", "id": action.request_id})
                     for frame in backup_chunk_frames(action.request_id, image):
                         self._to_client(conn, frame)
-            elif isinstance(action, LogEvent | PeersChanged):
+            elif isinstance(action, LogEvent):
+                if self.partitions > 1 and action.event == "transfer_leadership":
+                    self.stats["spread_transfers"] += 1
+            elif isinstance(action, PeersChanged):
                 pass
         if member.machine is not None and member.machine.next_timer() < member.timer_at:
             # As the runtime's timer task: an input brought the timer forward (keep-alives
@@ -1085,10 +1258,12 @@ class NodeSimulation:
         machine = member.machine
         assert machine is not None
         raft = machine.raft
-        checker = self.raft_checker
+        checker = self._raft_checker_of(member)
         if checker.observe_role(member.id, raft.term, raft.role is Role.LEADER):
             self.stats["elections"] += 1
-            self.trace(f"L{self.world.now}{member.id}{raft.term}")
+            self.trace(f"L{self.world.now}{member.name}{raft.term}")
+            if self.partitions > 1:
+                self._leader_moved(member)
             checker.check_leader_completeness(member.id, raft.term, _LogView(member))
         checker.observe_commit(member.id, raft.term, raft.commit_index, _LogView(member))
         if self.unproved:
@@ -1096,10 +1271,39 @@ class NodeSimulation:
         if self.options.identities:
             table = machine.locks
             # Once per applied index (or image) per member: nothing else moves the counts.
-            if self._usage_checked.get(member.id) != (id(table), table.applied_index):
-                self._usage_checked[member.id] = (id(table), table.applied_index)
+            if self._usage_checked.get(member.name) != (id(table), table.applied_index):
+                self._usage_checked[member.name] = (id(table), table.applied_index)
                 if _check_usage(member.id, table):
                     self.stats["owned_lease_checks"] += 1
+
+    def _leader_moved(self, member: SimMember) -> None:
+        """A partition elected ``member``: counted as a lone move when every other partition
+        kept its leader for the last second (one group's failover leaves the others be)."""
+        now = self.world.now
+        self._leaders[member.partition] = (member.id, now)
+        others = [self._leaders.get(p) for p in range(self.partitions) if p != member.partition]
+        if all(held is not None and now - held[1] >= US for held in others):
+            self.stats["lone_leader_moves"] += 1
+
+    def _check_spread(self) -> None:
+        """Once the cluster is healthy (the end of the run, long after the heal), every
+        partition has a leader and no member leads more than ceil(P/N) of them."""
+        counts: Counter[str] = Counter()
+        for partition in range(self.partitions):
+            leader = self.leader(partition)
+            if leader is None or leader.machine is None:
+                raise Violation("spread", f"partition {partition} has no leader at the end")
+            counts[leader.id] += 1
+            voters = len(leader.machine.raft.voters)
+        bound = leader_counts_bound(self.partitions, voters)
+        busiest, led = counts.most_common(1)[0]
+        self.stats["max_led"] = max(self.stats["max_led"], led)
+        if led > bound:
+            raise Violation(
+                "spread",
+                f"{busiest} leads {led} of {self.partitions} partitions at the end "
+                f"(at most {bound} with {voters} voters): {dict(counts)}",
+            )
 
     def _check_unproved(self, member: SimMember) -> None:
         """A member added where nothing proves the peer secret never counts as a voter, and
@@ -1168,12 +1372,14 @@ class NodeSimulation:
                     first = action.entries[0].index
                     prev_term = storage.term(first - 1)
                     storage.append(action.entries)
-                    self.raft_checker.observe_persisted(member.id, action.entries, prev_term)
+                    self._raft_checker_of(member).observe_persisted(
+                        member.id, action.entries, prev_term
+                    )
                 if action.hard_state is not None:
                     storage.set_hard_state(action.hard_state)
                     member.acked_hard_state = action.hard_state
             else:
-                self.raft_checker.observe_image(member.id, action.index, action.data)
+                self._raft_checker_of(member).observe_image(member.id, action.index, action.data)
                 existing = storage.snapshot()
                 if existing is None or existing.meta.index < action.index:
                     storage.create_snapshot(action.index, action.conf, action.data)
@@ -1199,14 +1405,15 @@ class NodeSimulation:
             if not msg.pre_vote:  # type: ignore[union-attr]
                 member.promised_term = max(member.promised_term, msg.term)
                 if kind is VoteResponse and msg.granted:  # type: ignore[union-attr]
-                    self.raft_checker.observe_vote_granted(msg.src, msg.term, msg.dst)
+                    checker = self._raft_checker_of(member)
+                    checker.observe_vote_granted(msg.src, msg.term, msg.dst)
         elif msg.term > member.promised_term:
             member.promised_term = msg.term
         rng = self.net_rng
         if rng.random() < self.drop + self.extra_drop:
             self.stats["dropped"] += 1
             return
-        link = self._peer_link(msg.src, msg.dst)
+        link = self._peer_link(member.name, _process_name(msg.dst, member.partition))
         now = self.world.now
         if now < link.dial_at:
             self.stats["dropped"] += 1  # the link is down: PeerLink.send drops
@@ -1226,7 +1433,7 @@ class NodeSimulation:
             while losses < MAX_RETRANSMITS and rng.random() < self.packet_loss:
                 losses += 1
             delay += RETRANSMIT_US * ((1 << losses) - 1)
-            key = (msg.src, msg.dst, conn)
+            key = (member.name, _process_name(msg.dst, member.partition), conn)
             at = max(self.world.now + delay, self._link_free_at.get(key, 0))
             self._link_free_at[key] = at  # in order, as on one TCP connection
             self.world.at(at, lambda: self._deliver_peer(msg, link, conn, seq))
@@ -1237,9 +1444,11 @@ class NodeSimulation:
             self.world.after(delay, lambda: self._deliver_peer(msg, link, conn, seq))
 
     def _peer_link(self, src: str, dst: str) -> SimPeerLink:
+        """The connection from process ``src`` to process ``dst`` (names: ``n1``, ``n1/p2``)."""
         link = self.peer_links.get((src, dst))
         if link is None:
-            link = SimPeerLink(self.options.link_watch_class(STALL_AFTER_S))
+            partition = self.by_name[src].partition if src in self.by_name else 0
+            link = SimPeerLink(self.options.link_watch_class(STALL_AFTER_S), partition)
             self.peer_links[(src, dst)] = link
         return link
 
@@ -1247,7 +1456,7 @@ class NodeSimulation:
         """The member drops a connection that stopped delivering and dials a new one; the
         runtime tells the machine the link went down (peers.py's on_down)."""
         self.stats["links_replaced"] += 1
-        self.trace(f"K{self.world.now}{member.id}{peer}")
+        self.trace(f"K{self.world.now}{member.name}{peer}")
         link.replace(self.world.now + self._dial_delay(member.id, peer))
         # After this event, not inside it: the member is in the middle of its actions.
         self.world.after(0, lambda: self.on_member(member, self._link_broke(peer, member, False)))
@@ -1266,14 +1475,14 @@ class NodeSimulation:
         self.world.after(LINK_POLL_US, self._poll_links)
         now = self.world.now
         for (src, dst), link in list(self.peer_links.items()):
-            member = self.members.get(src)
+            member = self.by_name.get(src)
             if member is None or member.machine is None or member.paused or now < link.dial_at:
                 continue  # a stopped process looks at nothing; a link being dialled has no watch
             mono = member.clock.mono(now)
             if link.watch.observe(
                 mono, outstanding=link.sent > link.acked, acknowledged=link.acked
             ):
-                self._replace_link(member, link, dst)
+                self._replace_link(member, link, _node_of_process(dst))
 
     def _dial_delay(self, src: str, dst: str) -> int:
         """How long a redial takes: a round trip, or a failed try and a back-off when the
@@ -1302,7 +1511,7 @@ class NodeSimulation:
         if link.stalled:
             self.stats["stalled"] += 1
             return
-        member = self.members.get(msg.dst)
+        member = self.groups[link.partition].get(msg.dst)
         if member is None or member.machine is None:
             return
         # The peer's kernel acknowledges it (even while the process is paused); the
@@ -1413,6 +1622,8 @@ class NodeSimulation:
         if frame.get("t") == "chunk":
             client.chunks.append(frame)
             return
+        if self.partitions > 1 and frame.get("code") == "WRONG_PARTITION":
+            self.stats["wrong_partition"] += 1
         waiting = client.waiting
         if waiting is not None and frame.get("id") == waiting[0]:
             client.waiting = None
@@ -1473,7 +1684,12 @@ class NodeSimulation:
             return
         if isinstance(action, core.AwaitGrant):
             conn = client.conn
-            if conn is None or conn.member.id != _node_of(action.addr) or conn.broken:
+            if (
+                conn is None
+                or conn.member.id != _node_of(action.addr)
+                or conn.member.partition != self._partition_for(proc, action)
+                or conn.broken
+            ):
                 runner.step(core.Failed("connection lost while waiting"))
                 return
             client.wait_token += 1
@@ -1489,7 +1705,9 @@ class NodeSimulation:
             self._check_grant_wait(client)
             return
         assert isinstance(action, core.Send)
-        member = self.members[_node_of(action.addr)]
+        # (A connection to partition i > 0 starts with its preamble: the member's
+        # supervisor hands it to that partition's process.)
+        member = self.groups[self._partition_for(proc, action)][_node_of(action.addr)]
         conn = client.conn
         if conn is None or conn.member is not member or conn.broken:
             client.drop()
@@ -1527,6 +1745,9 @@ class NodeSimulation:
 
         proc.after(action.timeout, timeout)
 
+    def _partition_for(self, proc: ClientProc, action: Any) -> int:
+        return proc.pinned if proc.pinned is not None else _partition_of_action(action)
+
     def _grant_timeout(self, client: SimClient, token: int) -> None:
         if client.wait_token != token or client.grant_wait is None:
             return
@@ -1553,7 +1774,7 @@ class NodeSimulation:
         if "removed" not in reason:
             raise Violation("stop", f"{member.id} asked to stop: {reason}")
         self.stats["removed_stopped"] += 1
-        self.trace(f"X{self.world.now}{member.id}")
+        self.trace(f"X{self.world.now}{member.name}")
         member.removed = True
         member.machine = None
         member.generation += 1
@@ -1708,6 +1929,7 @@ class NodeSimulation:
     def _spawn_member(self, node_id: NodeId) -> None:
         member = SimMember(self, node_id, self.backend.fresh(node_id))
         self.members[node_id] = member
+        self.by_name[node_id] = member
         for other in self.members.values():
             if other.machine is not None and other is not member:
                 other.machine.peer_version(node_id, self.options.peer_version)
@@ -1715,14 +1937,21 @@ class NodeSimulation:
 
     # -- crash, restart, pause ------------------------------------------------------
 
+    def crash_host(self, member: SimMember) -> None:
+        """``member``'s host dies: every partition's process of it (kill -9 of the member)."""
+        for process in self.host(member):
+            self.crash(process)
+
     def crash(self, member: SimMember) -> None:
+        """One member process dies (with one partition: the member)."""
         if member.machine is None or member.removed:
             return
         acked = member.acked_hard_state
-        self.raft_checker.observe_hard_state(member.id, acked.term, acked.vote)
+        checker = self._raft_checker_of(member)
+        checker.observe_hard_state(member.id, acked.term, acked.vote)
         # A term adopted but not yet durable is legitimately forgotten by a crash (nothing
         # was promised in it: messages that promise wait for the disk).
-        self.raft_checker.max_term[member.id] = acked.term
+        checker.max_term[member.id] = acked.term
         member.machine = None
         member.generation += 1
         member.paused = False
@@ -1731,14 +1960,14 @@ class NodeSimulation:
         for conn in list(member.conns.values()):
             self._break(conn)
         member.conns.clear()
-        member.storage = self.backend.after_crash(member.id, member.storage)
-        self._reset_links(member.id)
+        member.storage = self.backend.after_crash(member.name, member.storage)
+        self._reset_links(member.name)
         self.stats["crashes"] += 1
-        self.trace(f"C{self.world.now}{member.id}")
+        self.trace(f"C{self.world.now}{member.name}")
         # The others' links to a crashed process break at once and their redials are
         # refused, and the runtime says so (server.py: peer_unreachable(gone=True); a
         # follower of it then campaigns sooner).
-        for other in list(self.members.values()):
+        for other in list(self._group_of(member).values()):
             if other is not member and other.up:
                 self.on_member(other, self._link_broke(member.id, other))
 
@@ -1845,16 +2074,27 @@ class NodeSimulation:
             return
         self._boot(member)
         recovered = member.storage.initial_state()[0]
-        self.raft_checker.observe_hard_state(member.id, recovered.term, recovered.vote)
+        checker = self._raft_checker_of(member)
+        checker.observe_hard_state(member.id, recovered.term, recovered.vote)
         assert member.machine is not None
         status = member.machine.raft.status()
-        self.raft_checker.check_promises(member.id, status.term, status.vote, member.promised_term)
+        checker.check_promises(member.id, status.term, status.vote, member.promised_term)
         self.stats["restarts"] += 1
-        self.trace(f"R{self.world.now}{member.id}")
+        self.trace(f"R{self.world.now}{member.name}")
+
+    def restart_host(self, member: SimMember) -> None:
+        for process in self.host(member):
+            self.restart(process)
 
     def pause(self, member: SimMember) -> None:
-        member.paused = True
+        """The member's host is paused (SIGSTOP of the member: every partition's process)."""
+        for process in self.host(member):
+            process.paused = True
         self.trace(f"P{self.world.now}{member.id}")
+
+    def resume_host(self, member: SimMember) -> None:
+        for process in self.host(member):
+            self.resume(process)
 
     def resume(self, member: SimMember) -> None:
         if not member.paused:
@@ -1878,9 +2118,10 @@ class NodeSimulation:
         for fn in deferred:
             proc.run(fn)
 
-    def leader(self) -> SimMember | None:
+    def leader(self, partition: int = 0) -> SimMember | None:
+        """The partition's leader that is running (of the highest term), if any."""
         best: SimMember | None = None
-        for member in self.members.values():
+        for member in self.groups[partition].values():
             machine = member.machine
             if machine is None or member.paused or machine.raft.role is not Role.LEADER:
                 continue
@@ -1941,6 +2182,8 @@ class NodeSimulation:
         self.trace(f"F{self.world.now}{kind}")
         ids = self.current_ids()
         undo: Callable[[], None]
+        # Which partition's leader a leader fault aims at (no draw with one partition).
+        aim = rng.randrange(self.partitions) if self.partitions > 1 else 0
         if kind == "partition":
             rng.shuffle(ids)
             k = rng.randint(1, len(ids) // 2)
@@ -1948,31 +2191,38 @@ class NodeSimulation:
             links += [(b, a) for a, b in links]
             undo = self._cut(links)
         elif kind == "isolate_leader":
-            leader = self.leader()
+            leader = self.leader(aim)
             victim = leader.id if leader is not None else rng.choice(ids)
             links = [(victim, o) for o in ids if o != victim]
             links += [(o, victim) for o in ids if o != victim]
             links += [(p.name, victim) for p in self.procs]
             undo = self._cut(links)
-        elif kind in ("crash", "crash_leader"):
-            target = self.leader() if kind == "crash_leader" else None
+        elif kind in ("crash", "crash_leader", "crash_partition"):
+            target = self.leader(aim) if kind != "crash" else None
             running = [m for m in self.members.values() if m.machine is not None]
             if target is None and running:
                 target = rng.choice(running)
             if target is None:
                 return
             down = target
-            if rng.random() < 0.5 and self.backend.arm_crash(down.id, rng):
+            if kind == "crash_partition":
+                # One partition's process dies; its supervisor starts it again (after a
+                # back-off), while the member's other partitions run on.
+                down = self.groups[aim][down.id]
+                self.crash(down)
+                self.world.at(end, lambda: self.restart(down))
+                return
+            if rng.random() < 0.5 and self.backend.arm_crash(down.name, rng):
                 self.faults["crash_mid_write"] += 1
 
                 def disarm_restart() -> None:
-                    self.backend.disarm(down.id)
-                    self.restart(down)
+                    self.backend.disarm(down.name)
+                    self.restart_host(down)
 
                 self.world.at(end, disarm_restart)
                 return
-            self.crash(down)
-            self.world.at(end, lambda: self.restart(down))
+            self.crash_host(down)
+            self.world.at(end, lambda: self.restart_host(down))
             return
         elif kind == "restore":
             self._take_backup(end)
@@ -1988,12 +2238,13 @@ class NodeSimulation:
                 return
             paused = rng.choice(running)
             self.pause(paused)
-            undo = lambda: self.resume(paused)  # noqa: E731
+            undo = lambda: self.resume_host(paused)  # noqa: E731
         elif kind == "fsync_stall":
-            leader = self.leader()
+            leader = self.leader(aim)
             target = leader if leader is not None and rng.random() < 0.5 else None
             stalled = target or self.members[rng.choice(ids)]
-            stalled.stall_until = end
+            for process in self.host(stalled):  # one disk under all of them
+                process.stall_until = end
             return
         elif kind == "slow_disks":
             undo = self._slow_disks(rng)
@@ -2018,7 +2269,7 @@ class NodeSimulation:
         elif kind in ("client_cut", "client_cut_leader"):
             proc = rng.choice(self.procs)
             if kind == "client_cut_leader":
-                leader = self.leader()
+                leader = self.leader(aim)
                 targets = [leader.id] if leader is not None else [rng.choice(ids)]
             else:
                 targets = ids
@@ -2035,7 +2286,8 @@ class NodeSimulation:
             rng.shuffle(ids)
             if len(ids) < 2:
                 return
-            self._peer_link(ids[0], ids[1]).stalled = True
+            src, dst = _process_name(ids[0], aim), _process_name(ids[1], aim)
+            self._peer_link(src, dst).stalled = True
             return
         elif kind == "client_slow":
             proc = rng.choice(self.procs)
@@ -2073,12 +2325,14 @@ class NodeSimulation:
         slowed = [self.members[n] for n in rng.sample(ids, min(count, len(ids)))]
         write_us = rng.choice((ELECTION_US, 3 * ELECTION_US))
         for member in slowed:
-            member.slow_write_us = write_us
+            for process in self.host(member):
+                process.slow_write_us = write_us
         self.trace(f"S{self.world.now}{','.join(m.id for m in slowed)}{write_us}")
 
         def fast() -> None:
             for member in slowed:
-                member.slow_write_us = 0
+                for process in self.host(member):
+                    process.slow_write_us = 0
 
         return fast
 
@@ -2120,10 +2374,10 @@ class NodeSimulation:
         self.extra_drop = 0.0
         self.extra_delay_us = 0
         self.packet_loss = 0.0
-        for member in self.members.values():
+        for member in self.all_members():
             member.stall_until = 0
             member.slow_write_us = 0
-            self.backend.disarm(member.id)
+            self.backend.disarm(member.name)
             self.resume(member)
             self.restart(member)
         for proc in self.procs:
@@ -2151,6 +2405,7 @@ class NodeSimulation:
     def _script(self, proc: ClientProc) -> Script:
         rng = proc.rng
         main = SimClient(proc, proc.name)
+        routed = self.partitions > 1 and proc.pinned is None
         while not proc.stopping.is_set():
             if proc.reopen is not None:
                 wait_us = proc.reopen[1] - self.world.now
@@ -2186,15 +2441,24 @@ class NodeSimulation:
                 continue
             # (The mutant counts from when the answer arrived, the correct client from the send.)
             start = proc.mono() if self.options.lease_clock_from_reply else lease.confirmed_at
-            clock = self.options.lease_clock_class(lease.ttl_ms, start)
-            self._watch_lease(proc, lease, clock)
+            book: core.LeaseBook | None = None
+            clock: Any
+            if routed:
+                # A lease with a part in each partition it takes a key of (issue 25): its
+                # keeper renews every part, its deadline is the earliest part's.
+                book = core.LeaseBook()
+                book.opened(lease, lock_delay_ms=delay_ms)
+                clock = self.options.part_clocks_class(lease.ttl_ms, start, parts=[lease.partition])
+            else:
+                clock = self.options.lease_clock_class(lease.ttl_ms, start)
+            self._watch_lease(proc, lease, clock, book)
             lost = Flag()
             keeper_client = SimClient(proc, proc.name + "k")
             holder = proc.spawn(
-                self._keeper(proc, keeper_client, lease, clock, lost), f"{proc.name}-keeper"
+                self._keeper(proc, keeper_client, lease, clock, lost, book), f"{proc.name}-keeper"
             )
             zombie = rng.random() < 0.15
-            handover = not zombie and rng.random() < 0.1
+            handover = not zombie and rng.random() < 0.1 and not routed
             # dlm exec's zombie: the supervisor stopped (SIGSTOP) for longer than its lease
             # while CMD runs on; only the guard then ends CMD in time.
             frozen_supervisor = zombie and proc.kind == "exec"
@@ -2203,18 +2467,22 @@ class NodeSimulation:
             for _ in range(rng.randint(1, 4)):
                 if lost.is_set() or proc.stopping.is_set():
                     break
-                key = rng.choice(sorted(LIMITS))
+                key = rng.choice(self._keys_for(proc))
                 wait = rng.choice((None, 0.5, 2.0))
                 proc.acquire_sent = proc.mono()
                 try:
+                    acquiring = (
+                        partial(core.acquire_flow, main.ctx)
+                        if book is None
+                        else partial(core.lease_acquire_flow, main.ctx, book)
+                    )
                     grant = yield RunFlow(
                         main,
-                        core.acquire_flow(
-                            main.ctx,
+                        acquiring(
                             lease.id,
                             key,
                             wait=wait,
-                            limit=LIMITS[key],
+                            limit=self.limits[key],
                             # dlm exec names its command: the grant is a run (ledger.py).
                             meta={
                                 "c": proc.name,
@@ -2235,6 +2503,8 @@ class NodeSimulation:
                     self.stats["acquire_failed"] += 1
                     continue
                 granted_by = proc.mono()  # the grant's reply is here: the hold counts from now
+                if book is not None:
+                    _join_parts(clock, book, lease.id)
                 if lost.is_set() or self.world.now >= proc.clock.real_us(clock.deadline):
                     # The grant arrived after our deadline: it is not ours to use.
                     self.stats["late_grants"] += 1
@@ -2269,7 +2539,7 @@ class NodeSimulation:
                     self._write(proc, section, clock)
                 if proc.kind == "library" and proc.update_rng.random() < self.options.ttl_updates:
                     yield from self._update_ttl(
-                        proc, main, lease, clock, keeper=holder, section=section
+                        proc, main, lease, clock, keeper=holder, section=section, book=book
                     )
                 if zombie:
                     break  # stops renewing below and vanishes without releasing
@@ -2293,6 +2563,8 @@ class NodeSimulation:
                     # expires it (a join of a doomed lease must be refused), or once it
                     # surely has (a new incarnation: tombstones are few here).
                     deadline = proc.clock.real_us(clock.deadline)
+                    if routed:
+                        continue  # (an id reopened by a routed client: not modelled)
                     if rng.random() < 0.5:
                         back = deadline + rng.randint(0, 60 * MS)
                     else:
@@ -2300,11 +2572,20 @@ class NodeSimulation:
                     proc.reopen = (lease.id, back)
                 continue
             holder.cancel(_Cancelled())
+            if book is not None and len(book.parts(lease.id) or {}) > 1:
+                self.stats["spanning_leases"] += 1  # a lease with parts in several partitions
             if not lost.is_set():
+                closing = (
+                    core.close_lease_flow(main.ctx, lease.id)
+                    if book is None
+                    else core.close_all_flow(main.ctx, book, lease.id)
+                )
                 try:
-                    yield RunFlow(main, core.close_lease_flow(main.ctx, lease.id))
+                    yield RunFlow(main, closing)
                 except DlmError:
                     self.stats["close_failed"] += 1
+            if routed:
+                continue
             if not handover and rng.random() < 0.1:
                 proc.reopen = (lease.id, self.world.now)  # a tombstone answers, or a new lease
         main.drop()
@@ -2327,6 +2608,7 @@ class NodeSimulation:
         *,
         keeper: Task,
         section: Section,
+        book: core.LeaseBook | None = None,
     ) -> Script:
         """``Client.update_lease`` while holding: the keeper hears of it before it is sent
         (as KeepAlive does), then the client holds on for a while, writing, as long as
@@ -2339,10 +2621,13 @@ class NodeSimulation:
         ticket = clock.update_sent(proc.mono(), ttl_ms)
         keeper.nudge()
         try:
-            confirmed = yield RunFlow(
-                main,
-                core.update_lease_flow(main.ctx, lease.id, ttl_ms, timeout=urng.uniform(0.3, 3.0)),
+            timeout = urng.uniform(0.3, 3.0)
+            updating = (
+                core.update_lease_flow(main.ctx, lease.id, ttl_ms, timeout=timeout)
+                if book is None
+                else core.update_parts_flow(main.ctx, book, lease.id, ttl_ms, timeout=timeout)
             )
+            confirmed = yield RunFlow(main, updating)
         except DlmError as exc:
             self.stats["ttl_update_failed"] += 1
             clock.update_settled(ticket, None, proc.mono(), applied=core.update_applied(exc))
@@ -2573,7 +2858,8 @@ class NodeSimulation:
             cmd=True,
         )
         run.section = section
-        self.ledger_check.cmd_started(grant.key, grant.token, grant.lease)
+        partition = partition_of(grant.key, self.partitions)
+        self._ledger_of(partition).cmd_started(grant.key, grant.token, grant.lease)
         self.checker.enter(section, self.world.now)
         self.stats["sections"] += 1
         self.stats["cmds"] += 1
@@ -2647,6 +2933,7 @@ class NodeSimulation:
     ) -> None:
         heir = ClientProc(self, f"{proc.name}h{self.client_count}", "library")
         heir.identity = proc.identity
+        heir.pinned = proc.pinned  # (the lease it joins lives in that partition)
         self.procs.append(heir)
         # Aim at the moment the cluster expires the lease: a little after our deadline, by the
         # margin the deadline keeps (core.lease_deadline), give or take.
@@ -2695,7 +2982,7 @@ class NodeSimulation:
                     lease.id,
                     grant.key,
                     wait=None,
-                    limit=LIMITS[grant.key],
+                    limit=self.limits[grant.key],
                     meta={"c": proc.name},
                     known_ttl_ms=joined.ttl_ms,
                 ),
@@ -2720,7 +3007,9 @@ class NodeSimulation:
     def _linearizable_read(self, client: SimClient) -> Script:
         """A read must reflect everything committed before it was sent, whichever member
         answers it."""
-        floor = self.raft_checker.commit_high_water
+        pinned = client.proc.pinned
+        checker = self.raft_checker if not pinned else self.group_checkers[pinned]
+        floor = checker.commit_high_water
         client.ctx.router.redirect(f"{client.proc.rng.choice(self.current_ids())}:7700")
         try:
             view = yield RunFlow(client, core.status_flow(client.ctx))
@@ -2749,16 +3038,18 @@ class NodeSimulation:
 
         proc.after(0.002, land)
 
-    def _keeper(
+    def _keeper(  # noqa: PLR0917
         self,
         proc: ClientProc,
         client: SimClient,
         lease: core.Lease,
-        clock: core.LeaseClock,
+        clock: Any,
         lost: Flag,
+        book: core.LeaseBook | None = None,
     ) -> Script:
         """KeepAlive's driver: performs what ``core.Renewer`` (the keep-alives' own logic)
-        says, renew or ping, from its own connection until the lease is lost."""
+        says, renew or ping, from its own connection until the lease is lost. A lease with
+        parts (``book``) is renewed part by part, as KeepAlive does (``renew_parts_flow``)."""
         renewer = core.Renewer(clock, proc.mono())
         while True:
             step = renewer.next_step(proc.mono())
@@ -2779,7 +3070,8 @@ class NodeSimulation:
                 conn = client.conn
                 if conn is not None and not conn.broken:
                     try:
-                        yield RunFlow(client, _ping_flow(f"{conn.member.id}:7700"))
+                        ping = _ping_flow(f"{conn.member.id}:7700", conn.member.partition)
+                        yield RunFlow(client, ping)
                     except _Cancelled:
                         client.drop()
                         return
@@ -2790,6 +3082,19 @@ class NodeSimulation:
                 lost.set()
                 client.drop()
                 return
+            if book is not None:
+                try:
+                    outcome = yield from self._renew_parts(
+                        proc, client, lease=lease, clock=clock, book=book, renewer=renewer
+                    )
+                except _Cancelled:
+                    client.drop()
+                    return
+                if outcome is None:
+                    lost.set()
+                    client.drop()
+                    return
+                continue
             try:
                 ttl = yield RunFlow(
                     client,
@@ -2822,6 +3127,42 @@ class NodeSimulation:
             if proc.kind == "exec":  # the supervisor tells its guard each new D
                 deadline = clock.deadline
                 self._tell_guard(proc, partial(_offer, deadline))
+
+    def _renew_parts(
+        self,
+        proc: ClientProc,
+        client: SimClient,
+        *,
+        lease: core.Lease,
+        clock: Any,
+        book: core.LeaseBook,
+        renewer: core.Renewer,
+    ) -> Generator[RunFlow | Sleep, Any, bool | None]:
+        """One renewal round of every part (``core.renew_parts_flow``), recorded as
+        KeepAlive records it; None: the lease is lost (or the round came too late)."""
+        _join_parts(clock, book, lease.id)
+        sent = proc.mono()
+        try:
+            renewed = yield RunFlow(
+                client,
+                core.renew_parts_flow(client.ctx, book, lease.id, timeout=clock.deadline - sent),
+            )
+        except LeaseLost:
+            return None
+        except (ClusterUnavailable, DlmError):
+            self.stats["renew_failed"] += 1
+            renewer.renewal_failed(proc.mono())
+            return False
+        now = proc.mono()
+        counted = renewer.renewed_parts(
+            sent, renewed.ttls, now, complete=renewed.complete, whole=renewed.whole
+        )
+        if counted is None:
+            self.stats["late_confirmations"] += 1
+            return None
+        self.stats["renewals"] += 1
+        self.stats["part_renewals"] += len(renewed.ttls)
+        return True
 
     # -- the end -----------------------------------------------------------------------
 
@@ -2873,11 +3214,19 @@ class NodeSimulation:
     def _liveness_probe(self) -> Script:
         """After the heal: every key is obtainable within TTL + an election timeout + slack."""
         proc = ClientProc(self, "probe", "library")
-        client = SimClient(proc, "probe")
         deadline_s = (self.leases_ttl_max_ms / 1000) + 2 * ELECTION_US / US + 3.0
         started = self.world.now
+        for pinned in range(self.partitions) if self.partitions > 1 else [None]:
+            proc.pinned = pinned
+            yield from self._probe_keys(proc, deadline_s)
+        self.stats["probe_ms"] = (self.world.now - started) // MS
+        self._probe_done = True
+
+    def _probe_keys(self, proc: ClientProc, deadline_s: float) -> Script:
+        """The liveness probe's acquires: every key (of its partition, if it has one)."""
+        client = SimClient(proc, "probe")
         lease: core.Lease = yield RunFlow(client, core.open_lease_flow(client.ctx, 60_000))
-        for key in sorted(LIMITS):
+        for key in self._keys_for(proc):
             try:
                 yield RunFlow(
                     client,
@@ -2886,7 +3235,7 @@ class NodeSimulation:
                         lease.id,
                         key,
                         wait=deadline_s,
-                        limit=LIMITS[key],
+                        limit=self.limits[key],
                         meta={},
                         known_ttl_ms=lease.ttl_ms,
                     ),
@@ -2896,8 +3245,8 @@ class NodeSimulation:
                     "liveness",
                     f"after the heal, {key} was not obtainable within {deadline_s:.1f}s: {exc}",
                 ) from None
-        self.stats["probe_ms"] = (self.world.now - started) // MS
-        self._probe_done = True
+        if proc.pinned is not None:
+            client.drop()  # (the next partition's probe; one partition: the end of the run)
 
     def _steady_probe(self, proc: ClientProc) -> Script:
         """Under a fault that lasts until the heal, a client's write must still succeed."""
@@ -2977,10 +3326,15 @@ class NodeSimulation:
             if not self._recovered:
                 raise Violation("slow-recovery", "the write after the heal never finished")
             self.checker.check_history()
-            for member in self.members.values():
+            for member in self.all_members():
                 if member.machine is not None:
-                    self.ledger_check.check(member.id, member.machine.locks)
+                    ledger = self._ledger_of(member.partition)
+                    ledger.check(member.name, member.machine.locks)
             self.stats["ledger_runs_checked"] += self.ledger_check.checked_runs
+            for ledger in self.group_ledgers.values():
+                self.stats["ledger_runs_checked"] += ledger.checked_runs
+            if self.partitions > 1:
+                self._check_spread()
             check_watchers(self.watchers, self.watch_truth)
         except Violation as violation:
             raise SimFailure(self.seed, self.world.now, violation, self.REPLAY_TEST) from violation
@@ -3056,14 +3410,37 @@ def _node_of(addr: str) -> str:
     return addr.partition(":")[0]
 
 
+def _partition_of_action(action: Any) -> int:
+    """The partition a client's Send or AwaitGrant is for (0 before routing existed)."""
+    partition = getattr(action, "partition", 0)
+    return partition if isinstance(partition, int) else 0
+
+
+def _process_name(node: NodeId, partition: int) -> str:
+    """The name of ``node``'s process of ``partition`` (SimMember.name)."""
+    return node if partition == 0 else f"{node}/p{partition}"
+
+
+def _node_of_process(name: str) -> NodeId:
+    return name.partition("/")[0]
+
+
 def run_node_seed(seed: int, options: NodeSimOptions | None = None) -> NodeSimResult:
     return NodeSimulation(seed, options).run()
 
 
-def _ping_flow(addr: str) -> Generator[core.Send, Any, None]:
-    """One ping on the connection to ``addr`` (the keeper's idle connection): its answer,
-    or its failure, changes nothing."""
-    yield core.Send(addr, core.ping_request(), 2.0)
+def _ping_flow(addr: str, partition: int = 0) -> Generator[core.Send, Any, None]:
+    """One ping on the connection to ``addr`` (the keeper's idle connection, of
+    ``partition``): its answer, or its failure, changes nothing."""
+    yield core.Send(addr, core.ping_request(), 2.0, partition=partition)
+
+
+def _join_parts(clock: Any, book: core.LeaseBook, lease: str) -> None:
+    """The lease's parts opened since (an acquire in a new partition) get a clock from
+    when their open was sent, as KeepAlive's ``_join_parts`` does."""
+    for partition, part in (book.parts(lease) or {}).items():
+        opened_at = part.confirmed_at if part.confirmed_at > 0 else None
+        clock.add_part(partition, opened_at, part.ttl_ms)
 
 
 def _replay_class(

@@ -190,6 +190,8 @@ class RaftStatus:
     removed: bool = False
     progress: dict[NodeId, FollowerProgress] = field(default_factory=dict)
     """Per-member replication state (the leader itself and learners too); empty unless leader."""
+    conf_pending: bool = False
+    """The latest configuration change in the log is not committed yet."""
 
 
 _LEADER_MESSAGES = (AppendEntries, Heartbeat, InstallSnapshot)
@@ -708,6 +710,7 @@ class RaftNode:
             learners=self._tracker.learners,
             removed=self._removed,
             progress=progress,
+            conf_pending=self._conf_history.latest_index > log.committed,
         )
 
     # ------------------------------------------------------------------

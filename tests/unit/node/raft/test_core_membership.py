@@ -157,10 +157,13 @@ def test_a_removed_leader_leads_on_until_the_new_configuration_commits_its_remov
 
 def test_a_change_is_refused_while_another_is_uncommitted() -> None:
     net, leader = settled()
+    assert not leader.status().conf_pending
     change(net, "n1", ADD, "n4")
+    assert leader.status().conf_pending  # (the leader spread waits for it: spread.py)
     refused = leader.propose_conf_change(ConfChange(ADD, "n5"))
     assert isinstance(refused, ConfChangeRefused) and "not committed" in refused.reason
     net.deliver()
+    assert not leader.status().conf_pending
     assert isinstance(leader.propose_conf_change(ConfChange(ADD, "n5")), int)
 
 
