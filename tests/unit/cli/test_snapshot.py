@@ -178,3 +178,35 @@ def test_save_without_a_leader_exits_69(
     assert run(["snapshot", "save", str(path)]) == 69
     assert "no leader" in capsys.readouterr().err
     assert not path.exists()
+
+
+def test_inspect_of_a_partitioned_backup_sums_its_partitions(
+    capsys: Capture, tmp_path: Path
+) -> None:
+    from dlm.store.backup import write_backup_set
+
+    image, index = _image()
+    parts = [
+        Backup("prod", index, 3 + p, 1_790_000_000_000 + p, ("n1", "n2"), (), image, f"n{p + 1}")
+        for p in range(2)
+    ]
+    path = str(tmp_path / "b.dlm")
+    write_backup_set(path, parts, 1_790_000_000_000)
+    assert run(["snapshot", "inspect", path, "--json"]) == 0
+    report = _one(capsys.readouterr().out)
+    assert report["format"] == 2 and report["partitions"] == 2
+    assert (report["index"], report["term"]) == (5, 4)
+    assert (report["leases"], report["locks"], report["waiters"]) == (4, 4, 2)
+    assert [(row["partition"], row["leader"], row["locks"]) for row in report["parts"]] == [
+        (0, "n1", 2),
+        (1, "n2", 2),
+    ]
+    assert run(["snapshot", "inspect", path]) == 0
+    text = capsys.readouterr().out
+    assert "intact (format 2" in text and "partitions     2" in text
+    assert "4 held, 2 waiting" in text
+    # A damaged partition is named.
+    broken = Backup("prod", index + 1, 3, 0, ("n1",), (), image)
+    write_backup_set(path, [parts[0], broken], 1)
+    assert run(["snapshot", "inspect", path]) == 1
+    assert "partition 1: corrupt: its image is at index 5" in capsys.readouterr().err
