@@ -44,35 +44,47 @@ def _writable_destination(path: str) -> str:
 
 def save(settings: Settings, path: str) -> None:
     from dlm.client.errors import DlmError
-    from dlm.store.backup import Backup, describe_write_error, write_backup
+    from dlm.store.backup import Backup, describe_write_error, write_backup_set
 
     _writable_destination(path)
     started = time.monotonic()
+    taken_at_ms = int(time.time() * 1000)
     client = settings.connect()
+    timeout = max(IMAGE_TIMEOUT_S, settings.timeout)
+    parts: list[Backup] = []
     try:
-        header, image = client.save_snapshot(image_timeout=max(IMAGE_TIMEOUT_S, settings.timeout))
+        parts.append(_backup_of(*client.save_snapshot(image_timeout=timeout)))
+        # A partitioned cluster: every partition's leader, in turn, each at its own
+        # committed index (partition 0's greeting told the client the count).
+        for partition in range(1, int(getattr(client, "partitions", 1))):
+            try:
+                taken = client.save_snapshot(image_timeout=timeout, partition=partition)
+            except DlmError as exc:
+                cli = from_client_error(exc)
+                raise CliError(
+                    cli.code,
+                    f"partition {partition}: {cli.message} (nothing was written: run dlm "
+                    "snapshot save again)",
+                    cli.exit_code,
+                ) from None
+            parts.append(_backup_of(*taken))
     except DlmError as exc:
         raise from_client_error(exc) from None
     finally:
         client.close()
-    backup = Backup(
-        cluster=header.cluster,
-        index=header.index,
-        term=header.term,
-        taken_at_ms=header.taken_at_ms,
-        voters=tuple(header.voters),
-        learners=tuple(header.learners),
-        image=image,
-        leader=header.leader,
-    )
     try:
-        size = write_backup(path, backup)
+        size = write_backup_set(path, parts, taken_at_ms)
     except ValueError as exc:
         raise CliError("BAD_REPLY", f"the leader's backup cannot be written: {exc}", 70) from None
     except OSError as exc:
         raise CliError("CANT_CREATE", describe_write_error(path, exc), CANT_CREATE) from None
     seconds = time.monotonic() - started
-    if settings.json:
+    backup = parts[0]
+    if len(parts) > 1:
+        _saved_partitions(
+            path, parts, size, seconds, taken_at_ms=taken_at_ms, as_json=settings.json
+        )
+    elif settings.json:
         emit_json(
             {
                 "file": path,
@@ -92,6 +104,59 @@ def save(settings: Settings, path: str) -> None:
             f"(term {backup.term}, from {backup.leader}) to {path}: "
             f"{format_bytes(size)} in {seconds:.1f}s"
         )
+
+
+def _backup_of(header: Any, image: bytes) -> Any:
+    from dlm.store.backup import Backup
+
+    return Backup(
+        cluster=header.cluster,
+        index=header.index,
+        term=header.term,
+        taken_at_ms=header.taken_at_ms,
+        voters=tuple(header.voters),
+        learners=tuple(header.learners),
+        image=image,
+        leader=header.leader,
+    )
+
+
+def _saved_partitions(
+    path: str, parts: list[Any], size: int, seconds: float, *, taken_at_ms: int, as_json: bool
+) -> None:
+    cluster = parts[0].cluster
+    index = max(part.index for part in parts)
+    if as_json:
+        emit_json(
+            {
+                "file": path,
+                "cluster": cluster,
+                "partitions": len(parts),
+                "index": index,
+                "term": max(part.term for part in parts),
+                "taken_at": _iso(taken_at_ms),
+                "taken_at_ms": taken_at_ms,
+                "leader": "",
+                "bytes": size,
+                "seconds": round(seconds, 3),
+                "parts": [
+                    {
+                        "partition": p,
+                        "index": part.index,
+                        "term": part.term,
+                        "taken_at_ms": part.taken_at_ms,
+                        "leader": part.leader,
+                    }
+                    for p, part in enumerate(parts)
+                ],
+            }
+        )
+        return
+    each = ", ".join(f"{p}: {part.index} from {part.leader}" for p, part in enumerate(parts))
+    say(
+        f"saved a backup of cluster {cluster}'s {len(parts)} partitions (indexes {each}) "
+        f"to {path}: {format_bytes(size)} in {seconds:.1f}s"
+    )
 
 
 def inspect(path: str, as_json: bool) -> None:
