@@ -5,6 +5,7 @@ the incarnation, and a recovered survivor keeps every entry its log held."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import cbor2
@@ -197,3 +198,26 @@ def test_a_restore_with_another_partition_count_rehashes_every_key(
         assert meta["incarnation"] == top + 1_000
     assert found == tokens
     assert not (tmp_path / "n1.building").exists()
+
+
+def test_dlm_node_restore_partitions_reports_and_refuses_a_bad_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dlm.cli.main import run
+
+    path, tokens, top = partitioned_backup(tmp_path, 4)
+    common = ["node", "restore", str(path), "--id", "n1", "--peers", PEERS]
+    data = str(tmp_path / "n1")
+    assert run([*common, "--data", data, "--partitions", "0"]) == 2
+    assert "--partitions: the partition count must be 1 to 64, not '0'" in capsys.readouterr().err
+    assert run([*common, "--data", data, "--partitions", "two"]) == 2
+    capsys.readouterr()
+    assert run([*common, "--data", data, "--partitions", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["restored"]
+    assert (report["partitions"], report["from_partitions"]) == (2, 4)
+    assert report["locks"] == len(tokens) and report["first_index"] == top + 2**32 + 1
+    # Without --partitions: the backup's count.
+    assert run([*common, "--data", str(tmp_path / "n2")]) == 0
+    out = capsys.readouterr().out
+    assert "4 partition(s) from the backup's 4" in out
+    assert sorted(os.listdir(tmp_path / "n2")) == ["p0", "p1", "p2", "p3", "partitions.json"]
