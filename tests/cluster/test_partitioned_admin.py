@@ -1,0 +1,175 @@
+"""Cluster-wide state of a partitioned cluster with real members (issue 25 item 5).
+
+Three members of four partitions each: `dlm auth add` and `dlm auth set` reach every
+partition (a limited identity is refused, and held to its quota, by each partition on
+its own copy); `dlm members add` adds a fourth member to every partition's group, and
+it joins them all; `dlm snapshot save` takes every partition into one file, which
+`dlm node restore --partitions` turns into a cluster of two partitions and of one:
+every lock is there with its token, and new grants' tokens are above every old one.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dlm.partitioning import partition_of
+from tests.cluster.cli_harness import Dlm
+from tests.cluster.harness import Cluster, RawConn, wait_for
+
+pytestmark = pytest.mark.cluster
+
+PARTITIONS = 4
+TIMEOUT = 30.0
+
+
+def key_in(partition: int, partitions: int, prefix: str, skip: int = 0) -> str:
+    """A key of ``partition`` (the ``skip``-th one) among ``prefix``0, ``prefix``1, ..."""
+    found = 0
+    for n in range(10_000):
+        key = f"{prefix}{n}"
+        if partition_of(key, partitions) == partition:
+            if found == skip:
+                return key
+            found += 1
+    raise AssertionError("no such key")
+
+
+@pytest.fixture
+def partitioned(tmp_path: Path) -> Iterator[Cluster]:
+    (tmp_path / "c").mkdir()
+    c = Cluster(tmp_path / "c", size=3, partitions=PARTITIONS)
+    try:
+        c.start_all()
+        c.wait_for_leaders(timeout=TIMEOUT)
+        yield c
+    finally:
+        c.stop_all()
+
+
+def as_identity(admin: Dlm, credential: Path) -> Dlm:
+    dlm = Dlm(admin.env["DLM_CLUSTER"], admin.cwd)
+    dlm.env["DLM_SECRET_FILE"] = str(credential)
+    return dlm
+
+
+def error_of(dlm: Dlm, *args: str, code: int) -> dict[str, Any]:
+    error = dlm.json(*args, code=code)["error"]
+    assert isinstance(error, dict)
+    return error
+
+
+def test_auth_changes_reach_every_partition(partitioned: Cluster, tmp_path: Path) -> None:
+    admin = Dlm(partitioned.members_env, tmp_path)
+    credential = tmp_path / "ci.cred"
+    admin.json("auth", "add", "ci", "--role", "client", "--prefix", "ci/", "--out", str(credential))
+    ci = as_identity(admin, credential)
+    for p in range(PARTITIONS):
+        # Outside its prefix: refused by every partition, each on its own copy.
+        error = error_of(ci, "acquire", key_in(p, PARTITIONS, "prod/"), "--ttl", "20s", code=77)
+        assert error["code"] == "PERMISSION_DENIED", (p, error)
+    admin.json("auth", "set", "ci", "--max-locks", "1")
+    for p in range(PARTITIONS):
+        taken = ci.json("acquire", key_in(p, PARTITIONS, "ci/"), "--ttl", "20s")
+        assert taken["token"] > 0
+        # Each partition holds ci to its own limit (a quota counts per partition).
+        error = error_of(ci, "acquire", key_in(p, PARTITIONS, "ci/", 1), "--ttl", "20s", code=77)
+        assert error["code"] == "QUOTA_EXCEEDED", (p, error)
+    # Removed everywhere: no partition lets it in any more.
+    admin.json("auth", "remove", "ci")
+    for p in range(PARTITIONS):
+        proc = ci.run("acquire", key_in(p, PARTITIONS, "ci/", 2), "--ttl", "5s")
+        assert proc.returncode == 78, (p, proc.stdout, proc.stderr)
+
+
+def test_members_add_joins_a_fourth_member_to_every_group(
+    partitioned: Cluster, tmp_path: Path
+) -> None:
+    admin = Dlm(partitioned.members_env, tmp_path)
+    n4 = partitioned.add_node("n4")
+    added = admin.json("members", "add", "n4", n4.address)
+    assert added["partitions"] == PARTITIONS and added["added"]["id"] == "n4"
+    n4.start()
+
+    def a_voter_everywhere() -> bool:
+        for p in range(PARTITIONS):
+            leader = partitioned.leader_now(p)
+            if leader is None:
+                return False
+            with RawConn(leader.address, partition=p) as conn:
+                view = conn.request({"t": "members"})
+            roles = {m["id"]: m["role"] for m in view["members"]}
+            if roles.get("n4") in (None, "learner"):
+                return False
+        return True
+
+    wait_for(a_voter_everywhere, 60.0, "n4 to be a voter in every partition's group")
+    listed = admin.json("members", "list")
+    assert listed["partitions"] == PARTITIONS and listed["disagree"] == []
+    assert "n4" in {m["id"] for m in listed["members"]}
+
+
+def restore_into(cluster: Cluster, dlm: Dlm, backup: Path, partitions: int) -> list[dict[str, Any]]:
+    """Every member stopped, its data gone, rebuilt from ``backup`` with ``partitions``
+    partitions and started again (without --partitions: the directory says it)."""
+    cluster.stop_all()
+    reports = []
+    for node in cluster.nodes.values():
+        shutil.rmtree(node.data_dir, ignore_errors=True)
+        report = dlm.json(
+            "node",
+            "restore",
+            str(backup),
+            "--data",
+            str(node.data_dir),
+            "--id",
+            node.node_id,
+            "--peers",
+            cluster.peers_flag,
+            "--partitions",
+            str(partitions),
+            "--quarantine",
+            "1s",
+        )["restored"]
+        reports.append(report)
+        node.partitions = None
+    cluster.partitions = partitions
+    cluster.start_all()
+    cluster.wait_for_leaders(timeout=TIMEOUT)
+    return reports
+
+
+def test_a_backup_of_four_partitions_restores_into_two_and_into_one(
+    partitioned: Cluster, tmp_path: Path
+) -> None:
+    dlm = Dlm(partitioned.members_env, tmp_path)
+    held: dict[str, int] = {}
+    for p in range(PARTITIONS):
+        for skip in range(2):
+            key = key_in(p, PARTITIONS, "job/", skip)
+            held[key] = int(dlm.json("acquire", key, "--ttl", "10m")["token"])
+    backup = tmp_path / "p4.dlmbackup"
+    saved = dlm.json("snapshot", "save", str(backup))
+    assert saved["partitions"] == PARTITIONS and len(saved["parts"]) == PARTITIONS
+    top = max(part["index"] for part in saved["parts"])
+    inspected = dlm.json("snapshot", "inspect", str(backup))
+    assert inspected["format"] == 2 and inspected["locks"] == len(held)
+    assert [row["locks"] for row in inspected["parts"]] == [2] * PARTITIONS
+
+    for partitions in (2, 1):
+        reports = restore_into(partitioned, dlm, backup, partitions)
+        assert {r["first_index"] for r in reports} == {top + 2**32 + 1}
+        assert all(r["locks"] == len(held) for r in reports)
+        with partitioned.client(timeout=TIMEOUT) as client:
+            for key, token in held.items():
+                state = client.get(key)
+                assert [h.token for h in state.holders] == [token], (partitions, key, state)
+        # New grants, in every new partition, are above every token the old cluster gave.
+        for p in range(partitions):
+            fresh = key_in(p, partitions, f"fresh{partitions}/")
+            token = int(dlm.json("acquire", fresh, "--ttl", "30s", "--wait", "30s")["token"])
+            assert token > top + 2**32 > max(held.values())
