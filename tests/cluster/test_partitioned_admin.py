@@ -10,6 +10,7 @@ every lock is there with its token, and new grants' tokens are above every old o
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.cluster
 
 PARTITIONS = 4
 TIMEOUT = 30.0
+SEQS = itertools.count(2)
 
 
 def key_in(partition: int, partitions: int, prefix: str, skip: int = 0) -> str:
@@ -143,6 +145,29 @@ def restore_into(cluster: Cluster, dlm: Dlm, backup: Path, partitions: int) -> l
     return reports
 
 
+def hold(cluster: Cluster, key: str, ttl_ms: int) -> int:
+    """``key`` taken by a lease of its own in its partition (asked of that partition's
+    leader directly); the grant's token."""
+    partition = partition_of(key, cluster.partitions)
+    lease = f"lease-{key}".replace("/", "-")
+
+    def granted() -> int | None:
+        leader = cluster.leader_now(partition)
+        if leader is None:
+            return None
+        with RawConn(leader.address, partition=partition, timeout=10.0) as conn:
+            opened = conn.request({"t": "open_lease", "lease": lease, "ttl_ms": ttl_ms})
+            if opened.get("t") != "ok":
+                return None
+            # A new seq each try: a re-sent seq is answered from the lease's memory.
+            seq = next(SEQS)
+            reply = conn.request({"t": "acquire", "lease": lease, "seq": seq, "key": key})
+        return int(reply["token"]) if reply.get("t") == "ok" else None
+
+    token: int = wait_for(granted, TIMEOUT, f"{key} to be granted")
+    return token
+
+
 def test_a_backup_of_four_partitions_restores_into_two_and_into_one(
     partitioned: Cluster, tmp_path: Path
 ) -> None:
@@ -151,7 +176,7 @@ def test_a_backup_of_four_partitions_restores_into_two_and_into_one(
     for p in range(PARTITIONS):
         for skip in range(2):
             key = key_in(p, PARTITIONS, "job/", skip)
-            held[key] = int(dlm.json("acquire", key, "--ttl", "10m")["token"])
+            held[key] = hold(partitioned, key, 600_000)
     backup = tmp_path / "p4.dlmbackup"
     saved = dlm.json("snapshot", "save", str(backup))
     assert saved["partitions"] == PARTITIONS and len(saved["parts"]) == PARTITIONS
@@ -170,6 +195,5 @@ def test_a_backup_of_four_partitions_restores_into_two_and_into_one(
                 assert [h.token for h in state.holders] == [token], (partitions, key, state)
         # New grants, in every new partition, are above every token the old cluster gave.
         for p in range(partitions):
-            fresh = key_in(p, partitions, f"fresh{partitions}/")
-            token = int(dlm.json("acquire", fresh, "--ttl", "30s", "--wait", "30s")["token"])
+            token = hold(partitioned, key_in(p, partitions, f"fresh{partitions}/"), 30_000)
             assert token > top + 2**32 > max(held.values())
