@@ -106,6 +106,11 @@ def _send(settings: Settings, out: str | None, make: Any) -> dict[str, Any]:
     return answer
 
 
+def _partitions(count: int) -> dict[str, int]:
+    """``partitions`` in a partitioned cluster's JSON answer (left out for one)."""
+    return {"partitions": count} if count > 1 else {}
+
+
 def _forget(out: str | None) -> None:
     if out is not None:
         try:
@@ -175,12 +180,13 @@ def add(settings: Settings, name: str, role: str, prefixes: list[str], out: str 
         stored_key=stored_key,
         server_key=server_key,
     )
-    _change(settings, out if created else None, request, f"auth add {name}")
+    count = _change(settings, out if created else None, request, f"auth add {name}")
     if settings.json:
         emit_json(
             {
                 "added": {"name": name, "role": role, "prefixes": prefixes, "key_id": key_id.hex()},
                 "credential_file": out,
+                **_partitions(count),
             }
         )
         return
@@ -197,9 +203,9 @@ def remove(settings: Settings, name: str) -> None:
     check_name(name)
     # One id for this removal, the same on each re-send (identities.py remembers it).
     request = AuthRemove(id=0, name=name, request=os.urandom(8))
-    _change(settings, None, request, f"auth remove {name}")
+    count = _change(settings, None, request, f"auth remove {name}")
     if settings.json:
-        emit_json({"removed": {"name": name}})
+        emit_json({"removed": {"name": name}, **_partitions(count)})
         return
     say(
         f"removed identity {name}: its connections are closed and its leases are no longer "
@@ -239,10 +245,10 @@ def set_limits(settings: Settings, name: str, given: dict[str, str | None], *, c
     values = dict.fromkeys(QUOTA_KINDS, 0 if clear else -1)
     values.update({kind: _limit_value(kind, text) for kind, text in named.items()})
     request = AuthSet(id=0, name=name, **{f"max_{kind}": v for kind, v in values.items()})
-    _change(settings, None, request, f"auth set {name}")
+    count = _change(settings, None, request, f"auth set {name}")
     changed = {f"max_{kind}": values[kind] or None for kind in QUOTA_KINDS if values[kind] >= 0}
     if settings.json:
-        emit_json({"set": {"name": name, **changed}})
+        emit_json({"set": {"name": name, **changed}, **_partitions(count)})
         return
     said = ", ".join(
         f"--max-{key[4:]} {value if value is not None else 'default'}"
@@ -263,9 +269,9 @@ def rotate(settings: Settings, name: str, out: str | None, finish: bool) -> None
             else "rotate needs --out FILE for the new credential, or --finish"
         )
     if finish:
-        _change(settings, None, AuthFinish(id=0, name=name), f"auth rotate {name} --finish")
+        count = _change(settings, None, AuthFinish(id=0, name=name), f"auth rotate {name} --finish")
         if settings.json:
-            emit_json({"rotated": {"name": name, "finished": True}})
+            emit_json({"rotated": {"name": name, "finished": True}, **_partitions(count)})
             return
         say(f"finished the rotation of {name}: only its new key is valid now")
         return
@@ -274,12 +280,13 @@ def rotate(settings: Settings, name: str, out: str | None, finish: bool) -> None
     request = AuthRotate(
         id=0, name=name, key_id=key_id, stored_key=stored_key, server_key=server_key
     )
-    _change(settings, out if created else None, request, f"auth rotate {name}")
+    count = _change(settings, out if created else None, request, f"auth rotate {name}")
     if settings.json:
         emit_json(
             {
                 "rotated": {"name": name, "key_id": key_id.hex(), "finished": False},
                 "credential_file": out,
+                **_partitions(count),
             }
         )
         return

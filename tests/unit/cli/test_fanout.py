@@ -111,6 +111,8 @@ def test_auth_add_reaches_every_partition(capsys: Capture, tmp_path: Path) -> No
     keys = {t["ci"] for t in Partitioned.tables}
     assert len(keys) == 1
     assert "added identity ci" in capsys.readouterr().out
+    assert run(["auth", "set", "ci", "--max-locks", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["partitions"] == PARTITIONS
 
 
 @pytest.mark.usefixtures("cluster")
