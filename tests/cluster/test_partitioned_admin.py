@@ -79,6 +79,12 @@ def test_auth_changes_reach_every_partition(partitioned: Cluster, tmp_path: Path
     assert [identities_in(partitioned, p).get("ci", {}).get("max_locks") for p in PARTS] == [
         1
     ] * PARTITIONS
+    for p in PARTS:
+        taken = ci.json("acquire", key_in(p, PARTITIONS, "ci/"), "--ttl", "20s")
+        assert taken["token"] > 0
+        # Each partition holds ci to its own copy of the limit (counted per partition).
+        error = error_of(ci, "acquire", key_in(p, PARTITIONS, "ci/", 1), "--ttl", "20s", code=77)
+        assert error["code"] == "QUOTA_EXCEEDED", (p, error)
     # Removed everywhere: no partition knows it any more.
     admin.json("auth", "remove", "ci")
     assert all("ci" not in identities_in(partitioned, p) for p in PARTS)
