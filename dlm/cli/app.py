@@ -1039,10 +1039,22 @@ def node_restore(
     ] = None,
     bump: BumpOpt = None,
     quarantine: QuarantineOpt = None,
+    partitions: Annotated[
+        str | None,
+        typer.Option(
+            "--partitions",
+            metavar="P",
+            help="Partitions of the restored cluster, 1 to 64 (every key re-hashed to its new "
+            "partition). Default: the backup's.",
+            show_default=False,
+        ),
+    ] = None,
     json: JsonOpt = False,
 ) -> None:
     """Build a member's data directory of a new cluster incarnation from a backup (run once
-    per member, from the same file, with every member of the old cluster stopped).
+    per member, from the same file, with every member of the old cluster stopped). With
+    --partitions P the restored cluster has P partitions: this is how the partition count
+    changes.
 
     Exits 0 when built, 1 for a file that is not an intact backup, 2 for anything to
     change first (flags, a --data directory that is not empty).
@@ -1059,6 +1071,7 @@ def node_restore(
         bump=bump,
         quarantine=quarantine,
         as_json=json or (isinstance(top, GlobalOptions) and top.json),
+        partitions=partitions,
     )
 
 

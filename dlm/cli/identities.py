@@ -19,6 +19,13 @@ the identity is answered done (exit 0). Removing a name nobody has, or one anoth
 removal took away, is still refused (exit 2), so a typo is never taken for success.
 
 A limited identity's refusals exit 77 (PERMISSION_DENIED), as dlm.cli.exits says.
+
+In a partitioned cluster every change goes to every partition's group (each enforces
+its own copy of the identity table: dlm/cli/fanout.py). Each is idempotent per
+partition: an add or rotate sends the same key everywhere, a removal the same request
+id. A change some partitions did not take exits non-zero naming them; the same command
+run again completes it: ``add``/``rotate`` with ``--out`` naming the credential file the
+first run wrote re-send that credential's key instead of making a new one.
 """
 
 from __future__ import annotations
@@ -53,16 +60,36 @@ def check_name(name: str) -> None:
         )
 
 
-def _write_credential(out: str, name: str) -> tuple[bytes, bytes, bytes]:
-    """Creates ``out`` (mode 600) with a new credential for ``name``; its verifier."""
+def _write_credential(out: str, name: str) -> tuple[tuple[bytes, bytes, bytes], bool]:
+    """Creates ``out`` (mode 600) with a new credential for ``name``; its verifier, and
+    True. A file that already holds ``name``'s credential (a re-run of a change some
+    partitions did not take) is used as it is: its verifier, and False."""
     from dlm import auth
 
+    existing = _existing_credential(out, name)
+    if existing is not None:
+        return existing, False
     content, verifier = auth.new_credential(name)
     try:
         auth.write_credential_file(out, content)
     except auth.SecretFileError as exc:
         raise CliError("USAGE", str(exc), USAGE) from None
-    return verifier
+    return verifier, True
+
+
+def _existing_credential(out: str, name: str) -> tuple[bytes, bytes, bytes] | None:
+    """The verifier of ``name``'s credential in ``out`` (None: no such file, or not one)."""
+    from dlm import auth
+
+    try:
+        with open(out, "rb") as f:
+            content = f.read(4096)
+    except OSError:
+        return None
+    parsed = auth.parse_credential(content)
+    if parsed is None or parsed[0] != name:
+        return None
+    return auth.derive_verifier(name, parsed[1])
 
 
 def _send(settings: Settings, out: str | None, make: Any) -> dict[str, Any]:
@@ -74,13 +101,55 @@ def _send(settings: Settings, out: str | None, make: Any) -> dict[str, Any]:
         finally:
             client.close()
     except BaseException:
-        if out is not None:
-            try:
-                os.unlink(out)
-            except OSError:
-                pass
+        _forget(out)
         raise
     return answer
+
+
+def _partitions(count: int) -> dict[str, int]:
+    """``partitions`` in a partitioned cluster's JSON answer (left out for one)."""
+    return {"partitions": count} if count > 1 else {}
+
+
+def _forget(out: str | None) -> None:
+    if out is not None:
+        try:
+            os.unlink(out)
+        except OSError:
+            pass
+
+
+def _change(settings: Settings, out: str | None, request: Any, what: str) -> int:
+    """Sends the change ``request`` to every partition (dlm/cli/fanout.py); the partition
+    count. ``out``: the credential file this run created, removed again unless some
+    partition took its key."""
+    from dlm.cli.fanout import FanOut, settle, to_every_partition
+
+    def send(client: Client, partition: int) -> dict[str, Any]:
+        if partition == 0:
+            return client.auth_change(request)
+        return client.auth_change(request, partition=partition)
+
+    def had_it(exc: Exception) -> bool:
+        # A removal re-run where an earlier run removed it already.
+        return request.TYPE == "auth_remove" and "removed it earlier" in str(exc)
+
+    result: FanOut[dict[str, Any]] = FanOut()
+
+    def make(client: Client) -> dict[str, Any]:
+        nonlocal result
+        result = to_every_partition(
+            lambda: int(getattr(client, "partitions", 1)),
+            lambda p: send(client, p),
+            had_it=had_it,
+        )
+        return {}
+
+    _send(settings, out, make)
+    if not result.took:
+        _forget(out)
+    settle(result, what)
+    return result.partitions
 
 
 def add(settings: Settings, name: str, role: str, prefixes: list[str], out: str | None) -> None:
@@ -101,7 +170,7 @@ def add(settings: Settings, name: str, role: str, prefixes: list[str], out: str 
         raise usage_error("an admin may lock every key: --prefix is for --role client")
     if not out:
         raise usage_error("--out FILE is required: the new identity's credential goes there")
-    key_id, stored_key, server_key = _write_credential(out, name)
+    (key_id, stored_key, server_key), created = _write_credential(out, name)
     request = AuthAdd(
         id=0,
         name=name,
@@ -111,12 +180,13 @@ def add(settings: Settings, name: str, role: str, prefixes: list[str], out: str 
         stored_key=stored_key,
         server_key=server_key,
     )
-    _send(settings, out, lambda client: client.auth_change(request))
+    count = _change(settings, out if created else None, request, f"auth add {name}")
     if settings.json:
         emit_json(
             {
                 "added": {"name": name, "role": role, "prefixes": prefixes, "key_id": key_id.hex()},
                 "credential_file": out,
+                **_partitions(count),
             }
         )
         return
@@ -133,9 +203,9 @@ def remove(settings: Settings, name: str) -> None:
     check_name(name)
     # One id for this removal, the same on each re-send (identities.py remembers it).
     request = AuthRemove(id=0, name=name, request=os.urandom(8))
-    _send(settings, None, lambda client: client.auth_change(request))
+    count = _change(settings, None, request, f"auth remove {name}")
     if settings.json:
-        emit_json({"removed": {"name": name}})
+        emit_json({"removed": {"name": name}, **_partitions(count)})
         return
     say(
         f"removed identity {name}: its connections are closed and its leases are no longer "
@@ -175,10 +245,10 @@ def set_limits(settings: Settings, name: str, given: dict[str, str | None], *, c
     values = dict.fromkeys(QUOTA_KINDS, 0 if clear else -1)
     values.update({kind: _limit_value(kind, text) for kind, text in named.items()})
     request = AuthSet(id=0, name=name, **{f"max_{kind}": v for kind, v in values.items()})
-    _send(settings, None, lambda client: client.auth_change(request))
+    count = _change(settings, None, request, f"auth set {name}")
     changed = {f"max_{kind}": values[kind] or None for kind in QUOTA_KINDS if values[kind] >= 0}
     if settings.json:
-        emit_json({"set": {"name": name, **changed}})
+        emit_json({"set": {"name": name, **changed}, **_partitions(count)})
         return
     said = ", ".join(
         f"--max-{key[4:]} {value if value is not None else 'default'}"
@@ -199,23 +269,24 @@ def rotate(settings: Settings, name: str, out: str | None, finish: bool) -> None
             else "rotate needs --out FILE for the new credential, or --finish"
         )
     if finish:
-        _send(settings, None, lambda client: client.auth_change(AuthFinish(id=0, name=name)))
+        count = _change(settings, None, AuthFinish(id=0, name=name), f"auth rotate {name} --finish")
         if settings.json:
-            emit_json({"rotated": {"name": name, "finished": True}})
+            emit_json({"rotated": {"name": name, "finished": True}, **_partitions(count)})
             return
         say(f"finished the rotation of {name}: only its new key is valid now")
         return
     assert out is not None
-    key_id, stored_key, server_key = _write_credential(out, name)
+    (key_id, stored_key, server_key), created = _write_credential(out, name)
     request = AuthRotate(
         id=0, name=name, key_id=key_id, stored_key=stored_key, server_key=server_key
     )
-    _send(settings, out, lambda client: client.auth_change(request))
+    count = _change(settings, out if created else None, request, f"auth rotate {name}")
     if settings.json:
         emit_json(
             {
                 "rotated": {"name": name, "key_id": key_id.hex(), "finished": False},
                 "credential_file": out,
+                **_partitions(count),
             }
         )
         return

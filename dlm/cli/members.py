@@ -13,6 +13,13 @@ exit code (dlm.cli.exits): a request that makes no sense (an id or address in
 use, an unknown id, the last voter) and a removal that would leave no quorum
 of answering voters exit 2; a change while another is pending exits 75; no
 quorum exits 69.
+
+In a partitioned cluster every partition's Raft group has the same members: a change
+goes to every group in turn (dlm/cli/fanout.py), partition 0 first. Each is idempotent
+per partition: a partition that already made it (the member is there, a voter, or gone)
+counts as done, so a change some partitions did not take (exit non-zero, one line naming
+them) is completed by running the same command again. `list` shows partition 0's
+membership and says which partitions disagree with it.
 """
 
 from __future__ import annotations
@@ -217,20 +224,82 @@ def list_members(settings: Settings, output_format: str) -> None:
     try:
         view = client.members_view()
         rows = member_rows(client, view, min(MEMBER_TIMEOUT, settings.timeout))
+        disagree = _disagreements(client, view)
     finally:
         client.close()
+    partitions = int(getattr(client, "partitions", 1))
+    if partitions <= 1:
+        show(rows, _leader(view), output_format)
+        return
+    if output_format == JSON:
+        show(
+            rows,
+            _leader(view),
+            output_format,
+            extra={"partitions": partitions, "disagree": disagree},
+        )
+        return
+    if disagree:
+        import sys
+
+        sys.stderr.write(
+            "dlm: warning: the partitions disagree about the membership ("
+            + "; ".join(f"partition {d['partition']}: {d['problem']}" for d in disagree)
+            + "): run the membership change again to complete it\n"
+        )
     show(rows, _leader(view), output_format)
+
+
+def _membership(view: MembersView) -> dict[str, tuple[str | None, bool]]:
+    """Who is a member, at which address, voter or not, in one partition's view."""
+    return {m.id: (m.address, m.role != "learner") for m in view.members if m.id is not None}
+
+
+def _disagreements(client: Client, first: MembersView) -> list[dict[str, Any]]:
+    """Each other partition whose membership is not partition 0's, and how."""
+    from dlm.client.errors import DlmError
+
+    partitions = int(getattr(client, "partitions", 1))
+    mine = _membership(first)
+    out: list[dict[str, Any]] = []
+    for partition in range(1, partitions):
+        try:
+            theirs = _membership(client.members_view(partition=partition))
+        except DlmError as exc:
+            out.append({"partition": partition, "problem": f"no answer ({exc})"})
+            continue
+        problems = []
+        for member in sorted(set(mine) - set(theirs)):
+            problems.append(f"{member} is not a member")
+        for member in sorted(set(theirs) - set(mine)):
+            problems.append(f"{member} is a member (not in partition 0)")
+        for member in sorted(set(mine) & set(theirs)):
+            (addr, voter), (their_addr, their_voter) = mine[member], theirs[member]
+            if voter != their_voter:
+                problems.append(f"{member} is a {'voter' if their_voter else 'learner'}")
+            elif addr != their_addr:
+                problems.append(f"{member} is at {their_addr}")
+        if problems:
+            out.append({"partition": partition, "problem": ", ".join(problems)})
+    return out
 
 
 def add(settings: Settings, member: str, address: str, output_format: str) -> None:
     check_member_id(member)
     where = check_address(address)
-    view, rows = _change(settings, lambda client: client.add_member(member, where))
+    view, rows, partitions = _change(
+        settings,
+        lambda client, p: client.add_member(member, where, **_in(p)),
+        f"members add {member}",
+        "is already a member",
+    )
     headline = (
         f"added {member} ({where}) as a learner: once it runs and has caught up, the leader "
         f"makes it a voter (if the members run with --auto-promote off: dlm members promote "
         f"{member})"
     )
+    if partitions > 1:
+        headline = f"in every partition ({partitions}): {headline}"
     mine = [r for r in rows if r["id"] == member]
     if mine and not mine[0]["reachable"]:
         headline += (
@@ -242,43 +311,78 @@ def add(settings: Settings, member: str, address: str, output_format: str) -> No
         _leader(view),
         output_format,
         headline=headline,
-        extra={"added": {"id": member, "address": where}},
+        extra={"added": {"id": member, "address": where}, **_count(partitions)},
     )
 
 
 def remove(settings: Settings, member: str, force: bool, output_format: str) -> None:
     check_member_id(member)
-    view, rows = _change(settings, lambda client: client.remove_member(member, force=force))
+    view, rows, partitions = _change(
+        settings,
+        lambda client, p: client.remove_member(member, force=force, **_in(p)),
+        f"members remove {member}",
+        "is not a member: nothing to remove",
+    )
+    where = f" from every partition ({partitions})" if partitions > 1 else ""
     show(
         rows,
         _leader(view),
         output_format,
-        headline=f"removed {member}: its process stops by itself (exit 0) once it learns it",
-        extra={"removed": {"id": member}},
+        headline=f"removed {member}{where}: its process stops by itself (exit 0) once it learns it",
+        extra={"removed": {"id": member}, **_count(partitions)},
     )
 
 
 def promote(settings: Settings, member: str, output_format: str) -> None:
     check_member_id(member)
-    view, rows = _change(settings, lambda client: client.promote_member(member))
+    view, rows, partitions = _change(
+        settings,
+        lambda client, p: client.promote_member(member, **_in(p)),
+        f"members promote {member}",
+        "already a voter",
+    )
+    where = f" in every partition ({partitions})" if partitions > 1 else ""
     show(
         rows,
         _leader(view),
         output_format,
-        headline=f"promoted {member}: it is a voter now",
-        extra={"promoted": {"id": member}},
+        headline=f"promoted {member}: it is a voter now{where}",
+        extra={"promoted": {"id": member}, **_count(partitions)},
     )
 
 
-def _change(settings: Settings, make: Any) -> tuple[MembersView, list[dict[str, Any]]]:
-    """Makes the change; the leader's view of the new membership and its rows."""
+def _in(partition: int) -> dict[str, int]:
+    """The keyword that sends a request to ``partition`` (none for partition 0)."""
+    return {"partition": partition} if partition else {}
+
+
+def _count(partitions: int) -> dict[str, int]:
+    return {"partitions": partitions} if partitions > 1 else {}
+
+
+def _change(
+    settings: Settings, make: Any, what: str, done_already: str
+) -> tuple[MembersView, list[dict[str, Any]], int]:
+    """Makes the change in every partition (dlm/cli/fanout.py); partition 0's view of the
+    new membership, its rows, and the partition count. ``done_already``: the words of
+    the refusal of a partition that made the change before (a re-run)."""
+    from dlm.cli.fanout import settle, to_every_partition
+
     client = settings.connect()
     try:
-        view: MembersView = make(client)
+        result = to_every_partition(
+            lambda: int(getattr(client, "partitions", 1)),
+            lambda p: make(client, p),
+            had_it=lambda exc: done_already in str(exc),
+        )
+        settle(result, what)
+        view: MembersView | None = result.took.get(0)
+        if view is None:
+            view = client.members_view()
         rows = member_rows(client, view, min(MEMBER_TIMEOUT, settings.timeout))
     finally:
         client.close()
-    return view, rows
+    return view, rows, result.partitions
 
 
 def _leader(view: MembersView) -> str | None:

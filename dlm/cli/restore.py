@@ -47,6 +47,25 @@ def _bump(text: str | None) -> int:
         raise usage_error(str(exc)) from None
 
 
+def _partitions(text: str | None) -> int | None:
+    """``--partitions P`` (None: the backup's count)."""
+    if text is None or not text.strip():
+        return None
+    from dlm.partitioning import MAX_PARTITIONS, check_partitions
+
+    raw = text.strip()
+    problem = (
+        check_partitions(int(raw))
+        if raw.isdigit()
+        else f"the partition count must be a whole number from 1 to {MAX_PARTITIONS}"
+    )
+    if problem is not None and raw.isdigit():
+        problem = f"the partition count must be 1 to {MAX_PARTITIONS}"
+    if problem is not None:
+        raise usage_error(f"--partitions: {problem}, not {raw!r}")
+    return int(raw)
+
+
 def restore(
     backup_file: str,
     *,
@@ -57,25 +76,38 @@ def restore(
     bump: str | None,
     quarantine: str | None,
     as_json: bool,
+    partitions: str | None = None,
 ) -> None:
-    """Builds one member's data directory of the restored cluster."""
+    """Builds one member's data directory of the restored cluster (with ``partitions``
+    partitions: the backup's count unless given, which is how the count changes)."""
     from dlm.node.incarnation import IncarnationError
     from dlm.node.runtime.config.node_config import ConfigError, NodeConfig
-    from dlm.node.runtime.incarnation import restore_member
+    from dlm.node.runtime.incarnation import restore_member, restore_partitioned
     from dlm.store import StoreError
-    from dlm.store.backup import BackupError, read_backup
+    from dlm.store.backup import BackupError, read_backup_set
 
     bump_by, quarantine_ms = _bump(bump), _quarantine_ms(quarantine)
+    wanted = _partitions(partitions)
     try:
-        backup = read_backup(backup_file)
+        backups = read_backup_set(backup_file)
         config = NodeConfig.from_flags(
             node_id=node_id,
             listen=None,
             peers=peers,
             data=data,
-            cluster=cluster if cluster is not None else backup.cluster,
+            cluster=cluster if cluster is not None else backups.cluster,
         )
-        built = restore_member(backup_file, config, bump=bump_by, quarantine_ms=quarantine_ms)
+        count = backups.partitions if wanted is None else wanted
+        if count == 1 and backups.partitions == 1:
+            built = restore_member(backup_file, config, bump=bump_by, quarantine_ms=quarantine_ms)
+        else:
+            built = restore_partitioned(
+                backup_file,
+                config,
+                partitions=count,
+                bump=bump_by,
+                quarantine_ms=quarantine_ms,
+            )
     except BackupError as exc:
         raise CliError("NOT_A_BACKUP", str(exc), CHECK_FAILED) from None
     except (ConfigError, IncarnationError, StoreError, OSError) as exc:
@@ -129,6 +161,18 @@ def _report(event: str, built: Any, backup_file: str | None, as_json: bool) -> N
             "backup": backup_file,
         }
     }
+    partitions, before = built.partitions, built.from_partitions
+    if partitions > 1 or before > 1:
+        # A partitioned restore says how many partitions it made, from how many.
+        report[event]["partitions"] = partitions
+        report[event]["from_partitions"] = before
+    differing = built.differing
+    if differing:
+        sys.stderr.write(
+            "dlm: warning: the identities of partition(s) "
+            f"{', '.join(str(p) for p in differing)} differed from partition 0's (an admin "
+            "change some partitions did not take): every partition now has partition 0's\n"
+        )
     if as_json:
         emit_json(report)
         return
@@ -150,6 +194,11 @@ def _report(event: str, built: Any, backup_file: str | None, as_json: bool) -> N
         f"{counts.sessions} leases, {counts.locks} locks, {counts.waiters} waiters kept; "
         f"members {', '.join(built.members)}\n"
     )
+    if partitions > 1 or before > 1:
+        out.write(
+            f"{partitions} partition(s) from the backup's {before}: every key re-hashed to its "
+            f"partition, every partition's log above {new.index}\n"
+        )
     if built.kept:
         out.write(f"the previous data directory is kept as {built.kept}\n")
     cluster = "" if built.cluster == "dlm" else f" --cluster-id {built.cluster}"

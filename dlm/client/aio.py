@@ -1042,25 +1042,36 @@ class AsyncClient:
         view: StatusView = await self._run(flow)
         return view
 
-    async def members_view(self) -> MembersView:
-        """The leader's view of the membership: ``members`` and ``leader``."""
-        view: MembersView = await self._run(core.members_flow(self._ctx))
+    async def members_view(self, *, partition: int = 0) -> MembersView:
+        """The leader's view of the membership: ``members`` and ``leader`` (of ``partition``'s
+        group, in a partitioned cluster)."""
+        view: MembersView = await self._run(core.members_flow(self._ctx, partition=partition))
         return view
 
-    async def add_member(self, member: str, address: str) -> MembersView:
+    async def add_member(self, member: str, address: str, *, partition: int = 0) -> MembersView:
         request = MemberAdd(id=0, member=member, address=address, seq=0)
-        view: MembersView = await self._run(core.member_change_flow(self._ctx, request))
+        view: MembersView = await self._run(
+            core.member_change_flow(self._ctx, request, partition=partition)
+        )
         return view
 
-    async def remove_member(self, member: str, *, force: bool = False) -> MembersView:
+    async def remove_member(
+        self, member: str, *, force: bool = False, partition: int = 0
+    ) -> MembersView:
         request = MemberRemove(id=0, member=member, force=force, seq=0)
-        view: MembersView = await self._run(core.member_change_flow(self._ctx, request))
+        view: MembersView = await self._run(
+            core.member_change_flow(self._ctx, request, partition=partition)
+        )
         return view
 
-    async def auth_change(self, request: AuthChange) -> dict[str, Any]:
+    async def auth_change(self, request: AuthChange, *, partition: int = 0) -> dict[str, Any]:
         """Adds, removes or rotates an identity (an admin's request; ``request`` is a wire
-        ``auth_*`` request with id 0): the cluster's answer, ``op`` and ``name``."""
-        answer: dict[str, Any] = await self._run(core.read_flow(self._ctx, request))
+        ``auth_*`` request with id 0): the cluster's answer, ``op`` and ``name``. In a
+        partitioned cluster each partition keeps its own copy: ``partition`` names the
+        one to change (`dlm auth` changes every one in turn)."""
+        answer: dict[str, Any] = await self._run(
+            core.read_flow(self._ctx, request, partition=partition)
+        )
         return answer
 
     async def runs(
@@ -1078,22 +1089,26 @@ class AsyncClient:
         rows = answer.get("identities")
         return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
-    async def promote_member(self, member: str) -> MembersView:
+    async def promote_member(self, member: str, *, partition: int = 0) -> MembersView:
         request = MemberPromote(id=0, member=member, seq=0)
-        view: MembersView = await self._run(core.member_change_flow(self._ctx, request))
+        view: MembersView = await self._run(
+            core.member_change_flow(self._ctx, request, partition=partition)
+        )
         return view
 
-    async def save_snapshot(self, *, image_timeout: float = 600.0) -> tuple[SnapshotHeader, bytes]:
+    async def save_snapshot(
+        self, *, image_timeout: float = 600.0, partition: int = 0
+    ) -> tuple[SnapshotHeader, bytes]:
         """A backup from the leader, as ``Client.save_snapshot``: the header, and the image
         at its committed index, each chunk within ``image_timeout`` of the last."""
-        reply = (await self._run(core.snapshot_save_flow(self._ctx)))[1]
+        reply = (await self._run(core.snapshot_save_flow(self._ctx, partition=partition)))[1]
         header = core.read_reply(SnapshotHeader, reply)
         rid = reply.get("id")
         if not isinstance(rid, int) or isinstance(rid, bool):
             raise ServerError("BAD_REPLY", "the backup header has no request id")
         assembly = core.ImageAssembly(rid)
         async with self._call_lock():
-            conn = self._conn
+            conn = self._conns.get(partition)
             if conn is None:
                 raise ClusterUnavailable("the connection closed before the image came")
             try:
@@ -1105,10 +1120,10 @@ class AsyncClient:
                         )
                     assembly.take(frame)  # a grant push or a late reply is passed over
             except ConnectionBroken as exc:
-                await self._drop_connection()
+                await self._drop_connection(partition)
                 raise ClusterUnavailable(f"the connection broke during the image: {exc}") from None
             except BaseException:
-                await self._drop_connection()
+                await self._drop_connection(partition)
                 raise
         return header, assembly.image()
 

@@ -1286,10 +1286,11 @@ def proclaim_flow(s: Context, lease: str, name: str, value: str) -> Generator[Ac
 
 
 def read_flow(
-    s: Context, request: Any, *, timeout: float | None = None
+    s: Context, request: Any, *, timeout: float | None = None, partition: int | None = None
 ) -> Generator[Action, Outcome, dict[str, Any]]:
-    """A request that changes nothing (status, members): its ok payload."""
-    _, reply = yield from call(s, without_id(request), timeout=timeout)
+    """A request that changes nothing (status, members), or an admin's identity change:
+    its ok payload. ``partition``: the partition's group to ask (None: as ``call``)."""
+    _, reply = yield from call(s, without_id(request), timeout=timeout, partition=partition)
     return payload(reply)
 
 
@@ -1368,16 +1369,23 @@ def own_view(reply: Reply | None) -> StatusView | None:
         return None
 
 
-def members_flow(s: Context) -> Generator[Action, Outcome, MembersView]:
+def members_flow(
+    s: Context, *, partition: int | None = None
+) -> Generator[Action, Outcome, MembersView]:
+    """The membership as ``partition``'s leader sees it (every partition's group has the
+    same members, changed by the admin commands one group at a time)."""
     from dlm.views import MembersView
 
-    return (yield from view_flow(s, Members(id=0), MembersView))
+    return (yield from view_flow(s, Members(id=0), MembersView, partition=partition))
 
 
-def snapshot_save_flow(s: Context) -> Generator[Action, Outcome, tuple[str, Reply]]:
-    """The header of a backup from the leader: (address, the ok reply, its ``id`` kept so
-    that the chunks that follow on the same connection can be told apart)."""
-    return (yield from call(s, without_id(SnapshotSave(id=0))))
+def snapshot_save_flow(
+    s: Context, *, partition: int | None = None
+) -> Generator[Action, Outcome, tuple[str, Reply]]:
+    """The header of a backup from ``partition``'s leader (None: partition 0's): (address,
+    the ok reply, its ``id`` kept so that the chunks that follow on the same connection
+    can be told apart)."""
+    return (yield from call(s, without_id(SnapshotSave(id=0)), partition=partition))
 
 
 class ImageAssembly:
@@ -1484,12 +1492,13 @@ def list_leases_flow(
 
 
 def member_change_flow(
-    s: Context, request: MemberAdd | MemberRemove | MemberPromote
+    s: Context, request: MemberAdd | MemberRemove | MemberPromote, *, partition: int | None = None
 ) -> Generator[Action, Outcome, MembersView]:
-    """A membership change: the leader's view of the new membership."""
+    """A membership change (in ``partition``'s group): the leader's view of the new
+    membership."""
     from dlm.views import MembersView
 
-    _, reply = yield from change(s, request)
+    _, reply = yield from change(s, request, partition=partition)
     return read_reply(MembersView, payload(reply))
 
 

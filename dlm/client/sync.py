@@ -957,25 +957,32 @@ class Client:
         view: StatusView = self._run(flow)
         return view
 
-    def members_view(self) -> MembersView:
-        """The leader's view of the membership: ``members`` and ``leader``."""
-        view: MembersView = self._run(core.members_flow(self._ctx))
+    def members_view(self, *, partition: int = 0) -> MembersView:
+        """The leader's view of the membership: ``members`` and ``leader`` (of ``partition``'s
+        group, in a partitioned cluster)."""
+        view: MembersView = self._run(core.members_flow(self._ctx, partition=partition))
         return view
 
-    def add_member(self, member: str, address: str) -> MembersView:
+    def add_member(self, member: str, address: str, *, partition: int = 0) -> MembersView:
         request = MemberAdd(id=0, member=member, address=address, seq=0)
-        view: MembersView = self._run(core.member_change_flow(self._ctx, request))
+        view: MembersView = self._run(
+            core.member_change_flow(self._ctx, request, partition=partition)
+        )
         return view
 
-    def remove_member(self, member: str, *, force: bool = False) -> MembersView:
+    def remove_member(self, member: str, *, force: bool = False, partition: int = 0) -> MembersView:
         request = MemberRemove(id=0, member=member, force=force, seq=0)
-        view: MembersView = self._run(core.member_change_flow(self._ctx, request))
+        view: MembersView = self._run(
+            core.member_change_flow(self._ctx, request, partition=partition)
+        )
         return view
 
-    def auth_change(self, request: AuthChange) -> dict[str, Any]:
+    def auth_change(self, request: AuthChange, *, partition: int = 0) -> dict[str, Any]:
         """Adds, removes or rotates an identity (an admin's request; ``request`` is a wire
-        ``auth_*`` request with id 0): the cluster's answer, ``op`` and ``name``."""
-        answer: dict[str, Any] = self._run(core.read_flow(self._ctx, request))
+        ``auth_*`` request with id 0): the cluster's answer, ``op`` and ``name``. In a
+        partitioned cluster each partition keeps its own copy: ``partition`` names the
+        one to change (`dlm auth` changes every one in turn)."""
+        answer: dict[str, Any] = self._run(core.read_flow(self._ctx, request, partition=partition))
         return answer
 
     def runs(
@@ -993,24 +1000,29 @@ class Client:
         rows = answer.get("identities")
         return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
-    def promote_member(self, member: str) -> MembersView:
+    def promote_member(self, member: str, *, partition: int = 0) -> MembersView:
         request = MemberPromote(id=0, member=member, seq=0)
-        view: MembersView = self._run(core.member_change_flow(self._ctx, request))
+        view: MembersView = self._run(
+            core.member_change_flow(self._ctx, request, partition=partition)
+        )
         return view
 
-    def save_snapshot(self, *, image_timeout: float = 600.0) -> tuple[SnapshotHeader, bytes]:
+    def save_snapshot(
+        self, *, image_timeout: float = 600.0, partition: int = 0
+    ) -> tuple[SnapshotHeader, bytes]:
         """A backup from the leader (``dlm snapshot save``): the header, and the image of
         the replicated state at the header's committed index. The image arrives in chunks
         after the header; each must come within ``image_timeout`` of the last (the first
-        waits for the leader to build the image)."""
-        reply = self._run(core.snapshot_save_flow(self._ctx))[1]
+        waits for the leader to build the image). In a partitioned cluster, the image of
+        ``partition`` from its leader."""
+        reply = self._run(core.snapshot_save_flow(self._ctx, partition=partition))[1]
         header = core.read_reply(SnapshotHeader, reply)
         rid = reply.get("id")
         if not isinstance(rid, int) or isinstance(rid, bool):
             raise ServerError("BAD_REPLY", "the backup header has no request id")
         assembly = core.ImageAssembly(rid)
         with self._lock:
-            conn = self._conn
+            conn = self._conns.get(partition)
             if conn is None:
                 raise ClusterUnavailable("the connection closed before the image came")
             try:
@@ -1022,10 +1034,12 @@ class Client:
                         )
                     assembly.take(frame)  # a grant push or a late reply is passed over
             except ConnectionBroken as exc:
-                self._drop_connection()
+                self._drop_connection(partition)
                 raise ClusterUnavailable(f"the connection broke during the image: {exc}") from None
             except BaseException:
-                self._drop_connection()  # the rest of the image must not meet a later request
+                self._drop_connection(
+                    partition
+                )  # the rest of the image must not meet a later request
                 raise
         return header, assembly.image()
 

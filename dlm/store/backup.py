@@ -20,6 +20,21 @@ may be empty), ``image_bytes``. A reader of format 1 ignores header fields it do
 not know, so a later format may add some without a new number; a format it does not
 know is refused rather than guessed at.
 
+Format 2 is a partitioned cluster's backup (``--partitions P`` with P > 1): one whole
+format-1 file per partition, each with its own header and checksum, in one container::
+
+    b"DLMBACKUP\x00" | u16 2 | u32 header_len
+    | header: canonical CBOR map of header_len bytes
+    | part 0 (a whole format-1 file) | part 1 | ... | part P-1
+    | SHA-256 of every byte before it (32 bytes)
+
+Header fields (format 2): ``cluster``, ``partitions`` (P, 2 to 64), ``taken_at_ms``
+(when the save began) and ``part_bytes`` (each part's length, in partition order).
+Each part is taken from its own partition's leader at its own committed index, so the
+parts are not one instant of the whole cluster: each is one consistent instant of its
+partition (a key is in exactly one partition, so every key is consistent). A
+one-partition cluster's backup is always format 1, exactly as before.
+
 The checksum covers everything, so a flipped bit anywhere, a cut tail or bytes
 appended all make the file not intact; every such case raises ``BackupError`` with
 one line naming the file and what is wrong. Encoding and decoding are pure; only
@@ -32,6 +47,7 @@ import errno
 import hashlib
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,14 +58,19 @@ from dlm.store import out_of_range
 
 MAGIC = b"DLMBACKUP\x00"
 FORMAT = 1
-"""The format this release writes; ``READABLE_FORMATS`` are those it opens."""
-READABLE_FORMATS = frozenset({1})
+"""The format this release writes for one partition; ``READABLE_FORMATS`` are those it opens."""
+PARTITIONED_FORMAT = 2
+"""The format of a partitioned cluster's backup (one format-1 file per partition)."""
+READABLE_FORMATS = frozenset({FORMAT, PARTITIONED_FORMAT})
 HEADER_MAX_BYTES = 1 << 20
 """A header is a few hundred bytes; more than this is not a header dlm wrote."""
 NAME_MAX_CHARS = 255
 MEMBERS_MAX = 1024
+PARTITIONS_MAX = 64
+"""The most partitions a backup holds (dlm.partitioning.MAX_PARTITIONS)."""
 _PREFIX = struct.Struct("<10sHI")
 _DIGEST_BYTES = 32
+_DAMAGED = "checksum mismatch (the file is damaged)"
 
 
 class BackupError(Exception):
@@ -183,6 +204,8 @@ def decode_backup(buf: bytes, path: str) -> Backup:
     if size < _PREFIX.size:
         raise fail(f"truncated: {size} bytes, shorter than a backup's header")
     _, version, header_len = _PREFIX.unpack_from(buf)
+    if version == PARTITIONED_FORMAT:
+        raise fail("a partitioned cluster's backup: read it as a set (read_backup_set)")
     if version not in READABLE_FORMATS:
         raise fail(
             f"unknown backup format {version} (this dlm reads format "
@@ -235,7 +258,16 @@ def write_backup(path: str, backup: Backup) -> int:
     """Write ``backup`` to ``path`` atomically: a crash leaves the old file (or none) or
     the whole new one, never part of it. Returns the bytes written. OSError as the disk
     raises it (the temporary file is removed); ValueError for an unwritable backup."""
-    data = encode_backup(backup)
+    return _write_atomically(path, encode_backup(backup))
+
+
+def write_backup_set(path: str, parts: Sequence[Backup], taken_at_ms: int) -> int:
+    """Write the backup of every partition (in partition order) to ``path`` atomically,
+    as ``write_backup`` does: format 1 for one partition, format 2 for more."""
+    return _write_atomically(path, encode_backup_set(parts, taken_at_ms))
+
+
+def _write_atomically(path: str, data: bytes) -> int:
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -265,16 +297,151 @@ def write_backup(path: str, backup: Backup) -> int:
 def read_backup(path: str) -> Backup:
     """The backup in the file at ``path``; BackupError (one line) if it is missing,
     unreadable or not an intact backup of a format this release reads."""
+    return decode_backup(_read(path), path)
+
+
+def read_backup_set(path: str) -> BackupSet:
+    """Every partition's backup in the file at ``path`` (format 1: one), BackupError
+    (one line) as ``read_backup``."""
+    return decode_backup_set(_read(path), path)
+
+
+def _read(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
-            buf = f.read()
+            return f.read()
     except FileNotFoundError:
         raise BackupError(path, "no such file") from None
     except IsADirectoryError:
         raise BackupError(path, "is a directory, not a backup file") from None
     except OSError as exc:
         raise BackupError(path, f"cannot be read ({exc.strerror or exc})") from None
-    return decode_backup(buf, path)
+
+
+# ---------------------------------------------------------------------------
+# A partitioned cluster's backup (format 2)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BackupSet:
+    """What a backup file holds, by partition: ``parts[i]`` is partition i's backup (one
+    part for a format-1 file)."""
+
+    parts: tuple[Backup, ...]
+    format: int
+    taken_at_ms: int
+
+    @property
+    def partitions(self) -> int:
+        return len(self.parts)
+
+    @property
+    def cluster(self) -> str:
+        return self.parts[0].cluster
+
+    @property
+    def index(self) -> int:
+        """The highest index of any partition's image (a restore starts above it)."""
+        return max(part.index for part in self.parts)
+
+    @property
+    def term(self) -> int:
+        return max(part.term for part in self.parts)
+
+
+def encode_backup_set(parts: Sequence[Backup], taken_at_ms: int) -> bytes:
+    """The file's bytes: format 1 for one partition (exactly ``encode_backup``), format 2
+    for more; ValueError for parts no reader would accept."""
+    if len(parts) == 1:
+        return encode_backup(parts[0])
+    if not 2 <= len(parts) <= PARTITIONS_MAX:
+        raise ValueError(f"refusing to write a backup of {len(parts)} partitions")
+    if len({part.cluster for part in parts}) != 1:
+        raise ValueError("refusing to write a backup whose partitions name different clusters")
+    bad = _check_int("taken_at_ms", taken_at_ms)
+    if bad is not None:
+        raise ValueError(f"refusing to write a backup: {bad}")
+    files = [encode_backup(part) for part in parts]
+    header = bytes(
+        cbor2.dumps(
+            {
+                "cluster": parts[0].cluster,
+                "partitions": len(parts),
+                "taken_at_ms": taken_at_ms,
+                "part_bytes": [len(f) for f in files],
+            },
+            canonical=True,
+        )
+    )
+    digest = hashlib.sha256()
+    out = [_PREFIX.pack(MAGIC, PARTITIONED_FORMAT, len(header)), header, *files]
+    for piece in out:
+        digest.update(piece)
+    return b"".join([*out, digest.digest()])
+
+
+def decode_backup_set(buf: bytes, path: str) -> BackupSet:
+    """Parse and verify a whole backup file of either format; BackupError (naming
+    ``path`` and, for a damaged part, its partition) if it is not intact."""
+
+    def fail(reason: str) -> BackupError:
+        return BackupError(path, reason)
+
+    if len(buf) < _PREFIX.size or buf[: len(MAGIC)] != MAGIC:
+        single = decode_backup(buf, path)  # raises its own one line
+        return BackupSet((single,), single.format, single.taken_at_ms)
+    _, version, header_len = _PREFIX.unpack_from(buf)
+    if version != PARTITIONED_FORMAT:
+        single = decode_backup(buf, path)
+        return BackupSet((single,), single.format, single.taken_at_ms)
+    if header_len > HEADER_MAX_BYTES:
+        raise fail(f"corrupt: header length {header_len} is beyond {HEADER_MAX_BYTES}")
+    parts_at = _PREFIX.size + header_len
+    if len(buf) < parts_at + _DIGEST_BYTES:
+        raise fail(f"truncated: {len(buf)} bytes, cut inside its header")
+    intact = hashlib.sha256(memoryview(buf)[:-_DIGEST_BYTES]).digest() == buf[-_DIGEST_BYTES:]
+    try:
+        header: Any = cbor2.loads(buf[_PREFIX.size : parts_at])
+    except Exception:
+        header = None
+    sizes = header.get("part_bytes") if isinstance(header, dict) else None
+    count = header.get("partitions") if isinstance(header, dict) else None
+    if (
+        type(sizes) is not list
+        or type(count) is not int
+        or not 2 <= count <= PARTITIONS_MAX
+        or len(sizes) != count
+        or not all(type(n) is int and n >= 0 for n in sizes)
+    ):
+        # The checksum decides whether this is rot or a writer's bug; rot is likelier.
+        raise fail("corrupt: its header cannot be read" if intact else _DAMAGED)
+    expected = parts_at + sum(sizes) + _DIGEST_BYTES
+    if len(buf) < expected:
+        raise fail(f"truncated: {len(buf)} bytes where its header says {expected}")
+    if len(buf) > expected:
+        raise fail(
+            f"corrupt: {len(buf) - expected} bytes after its end (expected {expected} bytes)"
+        )
+    if not intact:
+        raise fail(_DAMAGED)
+    parts = []
+    at = parts_at
+    for partition, size in enumerate(sizes):
+        try:
+            parts.append(decode_backup(buf[at : at + size], path))
+        except BackupError as exc:
+            raise fail(f"partition {partition}: {exc.reason}") from None
+        at += size
+    taken_at_ms = header.get("taken_at_ms")
+    bad = _check_text("the cluster id", header.get("cluster")) or _check_int(
+        "taken_at_ms", taken_at_ms
+    )
+    if bad is None and any(part.cluster != header["cluster"] for part in parts):
+        bad = "its partitions name different clusters"
+    if bad is not None:
+        raise fail(f"corrupt: {bad}")
+    return BackupSet(tuple(parts), PARTITIONED_FORMAT, taken_at_ms)
 
 
 def describe_write_error(path: str, exc: OSError) -> str:
@@ -286,10 +453,16 @@ def describe_write_error(path: str, exc: OSError) -> str:
 
 __all__ = [
     "FORMAT",
+    "PARTITIONED_FORMAT",
     "Backup",
     "BackupError",
+    "BackupSet",
     "decode_backup",
+    "decode_backup_set",
     "encode_backup",
+    "encode_backup_set",
     "read_backup",
+    "read_backup_set",
     "write_backup",
+    "write_backup_set",
 ]

@@ -6,6 +6,13 @@ survivor's directory as the only voter of a new incarnation, from everything its
 holds. What the new state is, and why it is safe, is decided by the pure
 dlm/node/incarnation.py; here it is read and written.
 
+``restore_partitioned`` builds a member of a partitioned cluster (or restores a
+partitioned backup, or changes the partition count): the old partitions' states are
+merged and split by the new count (the pure dlm/node/repartition.py), and every new
+partition's directory ``DIR/p<i>`` is built as a member's, all starting above the
+highest index of any old partition plus the jump; ``DIR/partitions.json`` records
+the count (the layout `dlm node start --partitions` uses).
+
 A directory is built beside its final place (``DIR.building``) and renamed into it, so
 an interrupted run leaves no half-made data directory under the name a member starts
 on. A recovered survivor's old directory is kept as ``DIR.before-recover``.
@@ -34,7 +41,7 @@ from dlm.node.runtime.config.node_config import (
 )
 from dlm.records import ConfState, EntryKind, HardState, Snapshot, SnapshotMeta
 from dlm.store import StoreError
-from dlm.store.backup import read_backup
+from dlm.store.backup import read_backup, read_backup_set
 from dlm.store.disk import DiskStorage
 from dlm.store.fs import RealFS
 from dlm.store.inspect import is_data_dir
@@ -59,6 +66,12 @@ class Built:
     seconds: float
     kept: str | None = None
     """Where a recovered survivor's previous directory was kept."""
+    partitions: int = 1
+    """How many partitions the restored member has (its directory's layout)."""
+    from_partitions: int = 1
+    """How many partitions the backup had."""
+    differing: tuple[int, ...] = ()
+    """Old partitions whose identity table differed from partition 0's (which was copied)."""
 
 
 def restore_member(
@@ -98,6 +111,106 @@ def restore_member(
         conf.voters,
         time.monotonic() - started,
     )
+
+
+def restore_partitioned(
+    backup_path: str,
+    config: NodeConfig,
+    *,
+    partitions: int,
+    bump: int,
+    quarantine_ms: int | None,
+) -> Built:
+    """Build ``config.data_dir`` for member ``config.node_id`` of a new incarnation with
+    ``partitions`` partitions, from a backup of any partition count (re-hashing every
+    key when the count changes). For ``partitions`` 1 the directory has the layout of
+    one partition; else one directory per partition under it. Raises as
+    ``restore_member``."""
+    from dlm.node.repartition import RepartitionError, identities_differ, split
+
+    started = time.monotonic()
+    backups = read_backup_set(backup_path)
+    target = os.fspath(config.data_dir)
+    _check_free(target)
+    olds = [lock_machine_of(part.image) for part in backups.parts]
+    try:
+        news = split(olds, partitions)
+    except RepartitionError as exc:
+        raise IncarnationError(f"{backup_path}: {exc}") from None
+    members = {m: format_addr(*addr) for m, addr in config.peers.items()}
+    # Every new partition starts above the highest index of EVERY old partition plus the
+    # jump: a key that moved keeps rising tokens, whichever partition it came from.
+    made = [
+        new_incarnation(
+            machine,
+            last_index=backups.index,
+            bump=bump,
+            members=members,
+            quarantine_ms=quarantine_ms,
+        )
+        for machine in news
+    ]
+    conf = ConfState(voters=tuple(sorted(config.peers)))
+    first = made[0]
+    base = replace(config, incarnation=first.index, made_by="restored")
+    if partitions == 1:
+        _build(target, base, first, backups.term, conf)
+    else:
+        _build_partitions(target, base, made, backups.term, conf)
+    counts = locks.Counts(
+        sessions=sum(n.counts.sessions for n in made),
+        locks=sum(n.counts.locks for n in made),
+        waiters=sum(n.counts.waiters for n in made),
+    )
+    summary = replace(
+        first,
+        counts=counts,
+        quarantine_ms=max(n.quarantine_ms for n in made),
+        longest_ttl_ms=max(n.longest_ttl_ms for n in made),
+        warning=next((n.warning for n in made if n.warning), None),
+    )
+    return Built(
+        target,
+        config.node_id,
+        config.cluster,
+        summary,
+        backups.index,
+        backups.term,
+        conf.voters,
+        time.monotonic() - started,
+        partitions=partitions,
+        from_partitions=backups.partitions,
+        differing=tuple(identities_differ(olds)),
+    )
+
+
+def _build_partitions(
+    target: str, config: NodeConfig, made: list[NewIncarnation], term: int, conf: ConfState
+) -> None:
+    """Write DIR/p<i> for each new partition and DIR/partitions.json, beside ``target``
+    first, then moved into place in one rename."""
+    from dlm.node.runtime.config.node_config import partition_dir, write_partitions
+
+    building = Path(target.rstrip("/") + BUILDING_SUFFIX)
+    if building.exists():
+        shutil.rmtree(building)  # an interrupted earlier run of ours
+    try:
+        building.mkdir(parents=True)
+        for partition, new in enumerate(made):
+            part = replace(
+                config,
+                data_dir=partition_dir(building, partition),
+                partition=partition,
+                partitions=len(made),
+            )
+            _build(os.fspath(part.data_dir), part, new, term, conf, rename=False, suffix="")
+        write_partitions(replace(config, data_dir=building), len(made))
+    except OSError as exc:
+        raise IncarnationError(f"cannot write {building}: {exc}") from None
+    if os.path.isdir(target):
+        os.rmdir(target)  # empty: checked before
+    os.rename(building, target)
+    _fsync_dir(os.path.dirname(os.path.abspath(target)))
 
 
 def recover_member(data_dir: str, *, bump: int, quarantine_ms: int | None) -> Built:
@@ -211,10 +324,11 @@ def _build(
     conf: ConfState,
     *,
     rename: bool = True,
+    suffix: str = BUILDING_SUFFIX,
 ) -> str:
-    """Write the new data directory at ``target + .building`` and (``rename``) move it
+    """Write the new data directory at ``target + suffix`` and (``rename``) move it
     to ``target``; returns where it is."""
-    building = target.rstrip("/") + BUILDING_SUFFIX
+    building = target.rstrip("/") + suffix
     if os.path.exists(building):
         shutil.rmtree(building)  # an interrupted earlier run of ours
     try:

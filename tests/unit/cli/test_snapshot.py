@@ -178,3 +178,85 @@ def test_save_without_a_leader_exits_69(
     assert run(["snapshot", "save", str(path)]) == 69
     assert "no leader" in capsys.readouterr().err
     assert not path.exists()
+
+
+def test_inspect_of_a_partitioned_backup_sums_its_partitions(
+    capsys: Capture, tmp_path: Path
+) -> None:
+    from dlm.store.backup import write_backup_set
+
+    image, index = _image()
+    parts = [
+        Backup("prod", index, 3 + p, 1_790_000_000_000 + p, ("n1", "n2"), (), image, f"n{p + 1}")
+        for p in range(2)
+    ]
+    path = str(tmp_path / "b.dlm")
+    write_backup_set(path, parts, 1_790_000_000_000)
+    assert run(["snapshot", "inspect", path, "--json"]) == 0
+    report = _one(capsys.readouterr().out)
+    assert report["format"] == 2 and report["partitions"] == 2
+    assert (report["index"], report["term"]) == (5, 4)
+    assert (report["leases"], report["locks"], report["waiters"]) == (4, 4, 2)
+    assert [(row["partition"], row["leader"], row["locks"]) for row in report["parts"]] == [
+        (0, "n1", 2),
+        (1, "n2", 2),
+    ]
+    assert run(["snapshot", "inspect", path]) == 0
+    text = capsys.readouterr().out
+    assert "intact (format 2" in text and "partitions     2" in text
+    assert "4 held, 2 waiting" in text
+    # A damaged partition is named.
+    broken = Backup("prod", index + 1, 3, 0, ("n1",), (), image)
+    write_backup_set(path, [parts[0], broken], 1)
+    assert run(["snapshot", "inspect", path]) == 1
+    assert "partition 1: corrupt: its image is at index 5" in capsys.readouterr().err
+
+
+class _PartitionedSaver(_Saver):
+    partitions = 3
+    failing: int | None = None
+
+    def save_snapshot(
+        self, *, image_timeout: float = 600.0, partition: int = 0
+    ) -> tuple[SnapshotHeader, bytes]:
+        if partition == self.failing:
+            raise ClusterUnavailable("no leader within 10s")
+        backup = _backup()
+        header = SnapshotHeader(
+            cluster=backup.cluster,
+            index=backup.index + partition,
+            term=backup.term,
+            voters=list(backup.voters),
+            learners=[],
+            leader=backup.leader,
+            taken_at_ms=backup.taken_at_ms,
+        )
+        return header, backup.image
+
+
+def test_save_of_a_partitioned_cluster_takes_every_partition(
+    capsys: Capture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_cluster: Any
+) -> None:
+    from dlm.cli.settings import Settings
+    from dlm.store.backup import read_backup_set
+
+    monkeypatch.setattr(
+        Settings, "connect", lambda self: _PartitionedSaver(list(self.members), self.timeout)
+    )
+    path = tmp_path / "b.dlm"
+    assert run(["snapshot", "save", str(path), "--json"]) == 0
+    report = _one(capsys.readouterr().out)
+    assert report["partitions"] == 3 and report["index"] == 7
+    assert [p["index"] for p in report["parts"]] == [5, 6, 7]
+    saved = read_backup_set(str(path))
+    assert saved.partitions == 3 and [p.index for p in saved.parts] == [5, 6, 7]
+    assert report["bytes"] == path.stat().st_size
+    # One partition without a leader: nothing is written, and the line names it.
+    _PartitionedSaver.failing = 2
+    other = tmp_path / "c.dlm"
+    try:
+        assert run(["snapshot", "save", str(other)]) == 69
+    finally:
+        _PartitionedSaver.failing = None
+    assert "partition 2: no leader" in capsys.readouterr().err
+    assert not other.exists()

@@ -8,6 +8,7 @@ import random
 import struct
 from pathlib import Path
 
+import cbor2
 import pytest
 
 from dlm.node import locks
@@ -16,12 +17,17 @@ from dlm.records import ConfState
 from dlm.store.backup import (
     FORMAT,
     MAGIC,
+    PARTITIONED_FORMAT,
     Backup,
     BackupError,
     decode_backup,
+    decode_backup_set,
     encode_backup,
+    encode_backup_set,
     read_backup,
+    read_backup_set,
     write_backup,
+    write_backup_set,
 )
 from dlm.store.snapshot import encode_snapshot
 
@@ -131,9 +137,11 @@ def test_bytes_appended_are_refused() -> None:
 
 def test_an_unknown_format_is_refused_by_number() -> None:
     data = bytearray(encode_backup(SAMPLE))
-    struct.pack_into("<H", data, len(MAGIC), FORMAT + 1)
-    with pytest.raises(BackupError, match=rf"^x: unknown backup format {FORMAT + 1} "):
+    struct.pack_into("<H", data, len(MAGIC), 9)
+    with pytest.raises(BackupError, match=r"^x: unknown backup format 9 \(this dlm reads"):
         decode_backup(bytes(data), "x")
+    with pytest.raises(BackupError, match=r"^x: unknown backup format 9 "):
+        decode_backup_set(bytes(data), "x")
 
 
 @pytest.mark.parametrize(
@@ -201,3 +209,85 @@ def test_read_errors_are_one_line(tmp_path: Path) -> None:
         read_backup(str(tmp_path / "missing"))
     with pytest.raises(BackupError, match=r": is a directory, not a backup file$"):
         read_backup(str(tmp_path))
+
+
+# ---------------------------------------------------------------------------
+# A partitioned cluster's backup (format 2)
+# ---------------------------------------------------------------------------
+
+PARTS = tuple(
+    Backup(
+        cluster="prod-eu",
+        index=1000 + 17 * p,
+        term=3 + p,
+        taken_at_ms=1_790_000_000_000 + p,
+        voters=("n1", "n2", "n3"),
+        learners=(),
+        image=bytes([p]) * (50 + p),
+        leader=f"n{p % 3 + 1}",
+    )
+    for p in range(4)
+)
+
+
+def test_one_partition_is_written_exactly_as_before() -> None:
+    assert encode_backup_set([SAMPLE], 5) == encode_backup(SAMPLE) == GOLDEN.read_bytes()
+    read = decode_backup_set(GOLDEN.read_bytes(), "f")
+    assert read.parts == (SAMPLE,) and read.format == FORMAT and read.partitions == 1
+
+
+def test_a_partitioned_backup_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "b.dlmbackup"
+    size = write_backup_set(str(path), PARTS, 1_790_000_000_000)
+    assert size == path.stat().st_size
+    read = read_backup_set(str(path))
+    assert read.parts == PARTS and read.format == PARTITIONED_FORMAT
+    assert (read.partitions, read.cluster, read.index, read.term) == (4, "prod-eu", 1051, 6)
+    assert read.taken_at_ms == 1_790_000_000_000
+    # Each part is a whole format-1 file, checksum and all.
+    data = path.read_bytes()
+    assert all(encode_backup(part) in data for part in PARTS)
+    with pytest.raises(BackupError, match="a partitioned cluster's backup"):
+        read_backup(str(path))
+
+
+def test_a_flipped_bit_anywhere_in_a_partitioned_backup_is_refused() -> None:
+    data = encode_backup_set(PARTS, 1)
+    rng = random.Random(25)
+    for _ in range(200):
+        at = rng.randrange(len(data))
+        bad = bytearray(data)
+        bad[at] ^= 1 << rng.randrange(8)
+        with pytest.raises(BackupError, match=r"^x: "):
+            decode_backup_set(bytes(bad), "x")
+    for cut in (len(data) - 1, len(data) // 2, 20):
+        with pytest.raises(BackupError, match=r"^x: "):
+            decode_backup_set(data[:cut], "x")
+    with pytest.raises(BackupError, match=r"^x: corrupt: "):
+        decode_backup_set(data + b"!", "x")
+
+
+def test_a_damaged_part_is_named_by_its_partition() -> None:
+    files = [encode_backup(part) for part in PARTS]
+    broken = bytearray(files[2])
+    broken[-1] ^= 1
+    files[2] = bytes(broken)
+    header = cbor2.dumps(
+        {
+            "cluster": "prod-eu",
+            "partitions": 4,
+            "taken_at_ms": 1,
+            "part_bytes": [len(f) for f in files],
+        },
+        canonical=True,
+    )
+    body = struct.pack("<10sHI", MAGIC, PARTITIONED_FORMAT, len(header)) + header + b"".join(files)
+    data = body + hashlib.sha256(body).digest()
+    with pytest.raises(BackupError, match=r"^x: partition 2: checksum mismatch"):
+        decode_backup_set(data, "x")
+
+
+def test_parts_of_different_clusters_are_not_written() -> None:
+    other = Backup("other", 1, 1, 0, ("n1",), (), b"")
+    with pytest.raises(ValueError, match="different clusters"):
+        encode_backup_set([PARTS[0], other], 1)

@@ -5,6 +5,7 @@ the incarnation, and a recovered survivor keeps every entry its log held."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import cbor2
@@ -127,3 +128,96 @@ def test_a_second_recovery_waits_until_the_first_ones_copy_is_moved_away(tmp_pat
 def test_recover_refuses_a_directory_that_is_not_a_data_directory(tmp_path: Path) -> None:
     with pytest.raises(IncarnationError, match="not a data directory"):
         recover_member(str(tmp_path), bump=1, quarantine_ms=None)
+
+
+def partitioned_backup(tmp_path: Path, partitions: int) -> tuple[Path, dict[str, int], int]:
+    """A backup of a cluster of ``partitions`` partitions, each holding its own keys with
+    tokens of its own log; the keys' tokens, and the highest index of any partition."""
+    from dlm.partitioning import partition_of
+    from dlm.store.backup import write_backup_set
+
+    parts = []
+    tokens: dict[str, int] = {}
+    top = 0
+    for p in range(partitions):
+        machine = locks.LockStateMachine()
+        index = 0
+        commands: list[locks.Command] = [locks.ClusterVersionCommand(4, 1)]
+        commands.append(locks.OpenLeaseCommand("shared", 20_000, locks.Origin("c", 1), 2))
+        mine = [k for k in (f"key-{n}" for n in range(40)) if partition_of(k, partitions) == p]
+        for n, key in enumerate(mine):
+            commands.append(
+                locks.AcquireCommand("shared", key, False, 1, {}, locks.Origin("c", n + 2), 3)
+            )
+        # Partitions' logs have different lengths: their indexes differ.
+        commands += [locks.ClusterVersionCommand(4, 4)] * (7 * p)
+        for cmd in commands:
+            index += 1
+            outcome = machine.apply(index, locks.encode_command(cmd))
+            if isinstance(cmd, locks.AcquireCommand):
+                tokens[cmd.key] = outcome.index
+        image = {"format": NODE_IMAGE_FORMAT_V2, "locks": machine.snapshot(), "members": {}}
+        data = bytes(cbor2.dumps({**image, "removed": []}, canonical=True))
+        parts.append(Backup("prod", index, 4, 0, ("n1", "n2", "n3"), (), data, "n1"))
+        top = max(top, index)
+    path = tmp_path / "p.dlmbackup"
+    write_backup_set(str(path), parts, 0)
+    return path, tokens, top
+
+
+@pytest.mark.parametrize(("before", "after"), [(4, 2), (4, 1), (1, 3), (3, 3)])
+def test_a_restore_with_another_partition_count_rehashes_every_key(
+    tmp_path: Path, before: int, after: int
+) -> None:
+    from dlm.node.runtime.config.node_config import recorded_partitions
+    from dlm.node.runtime.incarnation import restore_partitioned
+    from dlm.partitioning import partition_of
+
+    path, tokens, top = partitioned_backup(tmp_path, before)
+    built = restore_partitioned(
+        str(path), config(tmp_path, "n1"), partitions=after, bump=1_000, quarantine_ms=None
+    )
+    assert built.incarnation.index == top + 1_000
+    assert (built.partitions, built.from_partitions) == (after, before)
+    assert built.incarnation.counts.locks == len(tokens)
+    data = tmp_path / "n1"
+    assert recorded_partitions(data) == after
+    dirs = [data] if after == 1 else [data / f"p{p}" for p in range(after)]
+    found: dict[str, int] = {}
+    for p, directory in enumerate(dirs):
+        with DiskStorage.open(directory) as storage:
+            # Every partition's log starts above every old partition's highest index.
+            assert storage.first_index() == top + 1_001
+            snap = storage.snapshot()
+            assert snap is not None
+            machine = lock_machine_of(snap.data)
+        for view in machine.list_locks()[0]:
+            assert partition_of(view.key, after) == p
+            found[view.key] = view.holders[0].token
+        meta = json.loads((directory / "node.json").read_text())
+        assert meta["incarnation"] == top + 1_000
+    assert found == tokens
+    assert not (tmp_path / "n1.building").exists()
+
+
+def test_dlm_node_restore_partitions_reports_and_refuses_a_bad_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dlm.cli.main import run
+
+    path, tokens, top = partitioned_backup(tmp_path, 4)
+    common = ["node", "restore", str(path), "--id", "n1", "--peers", PEERS]
+    data = str(tmp_path / "n1")
+    assert run([*common, "--data", data, "--partitions", "0"]) == 2
+    assert "--partitions: the partition count must be 1 to 64, not '0'" in capsys.readouterr().err
+    assert run([*common, "--data", data, "--partitions", "two"]) == 2
+    capsys.readouterr()
+    assert run([*common, "--data", data, "--partitions", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["restored"]
+    assert (report["partitions"], report["from_partitions"]) == (2, 4)
+    assert report["locks"] == len(tokens) and report["first_index"] == top + 2**32 + 1
+    # Without --partitions: the backup's count.
+    assert run([*common, "--data", str(tmp_path / "n2")]) == 0
+    out = capsys.readouterr().out
+    assert "4 partition(s) from the backup's 4" in out
+    assert sorted(os.listdir(tmp_path / "n2")) == ["p0", "p1", "p2", "p3", "partitions.json"]
