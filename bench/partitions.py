@@ -263,9 +263,14 @@ def run_phase(args: argparse.Namespace, base_dir: str) -> PartitionRun:
                     continue
                 result = contender.run.cells[-1]
                 run.cells.append(_cell_record(result, setup, round_no))
+                supervisors = (
+                    f", supervisors {result.supervisor_cpu:.3f} cores"
+                    if setup.partitions > 1
+                    else ""
+                )
                 print(
-                    f"    ({setup.name}, round {round_no}: load average {result.load_average:.1f},"
-                    f" supervisors {result.supervisor_cpu:.3f} cores)",
+                    f"    ({setup.name}, round {round_no}: load average"
+                    f" {result.load_average:.1f}{supervisors})",
                     flush=True,
                 )
         for setup in contenders:
@@ -576,7 +581,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(heading)
     for name, body in sections:
-        print(f"\n{name}:\n{body}")
+        if body:
+            print(f"\n{name}:\n{body}")
     for line in run.errors:
         print(line)
     if args.results:
