@@ -88,7 +88,7 @@ cluster: install-dev
 
 # A local 3-node cluster in the foreground on 127.0.0.1:7701-7703; Ctrl-C stops it.
 run: install
-	$(PY) -m dlm.devcluster
+	$(PY) -m dlm.devcluster $(if $(PARTITIONS),--partitions $(PARTITIONS))
 
 BENCH_ARGS ?=
 

@@ -20,6 +20,9 @@ events a restarted member applies again from its log (``replayed``) are
 left out, as they are not news.
 
 ``--base-port`` and ``--data`` move it elsewhere (two dev clusters side by side).
+``--partitions P`` (``make run PARTITIONS=4``) starts members of P partitions, each
+a supervisor of P processes, one Raft group per partition; it is recorded in the
+members' data, so a later run without it starts them as they were.
 """
 
 from __future__ import annotations
@@ -72,8 +75,10 @@ def _recorded_port(meta: dict[str, object], node: str) -> int | None:
 
 
 class DevCluster:
-    def __init__(self, base_port: int, data: Path) -> None:
+    def __init__(self, base_port: int, data: Path, partitions: int | None = None) -> None:
         self.base_port = base_port
+        self.partitions = partitions
+        """--partitions for every member (None: not given, each keeps what it recorded)."""
         self.ports = [base_port + i for i in range(1, SIZE + 1)]
         self.ids = [f"n{i}" for i in range(1, SIZE + 1)]
         self.data = data
@@ -124,11 +129,14 @@ class DevCluster:
         return list(found.values())
 
     def _meta(self, node: str) -> dict[str, object] | None:
-        try:
-            meta = json.loads((self.data / node / "node.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return meta if isinstance(meta, dict) else None
+        """A member's node.json (a member of several partitions: its partition 0's)."""
+        for path in (self.data / node / "node.json", self.data / node / "p0" / "node.json"):
+            try:
+                meta = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            return meta if isinstance(meta, dict) else None
+        return None
 
     @property
     def addresses(self) -> str:
@@ -182,6 +190,8 @@ class DevCluster:
                 peers=self.peers if member.node in self.ids else None,
                 flags=["--peer-secret-file", str(self.peer_secret)],
             )
+            if self.partitions is not None:
+                command += ["--partitions", str(self.partitions)]
             if text:
                 command += ["--log-format", "text"]
             # Members log to our stderr, through us (to leave replayed events out); stdout
@@ -397,9 +407,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--base-port", type=int, default=7700, help="members use +1..+3")
     parser.add_argument("--data", default=os.path.join("dlm-data", "devcluster"))
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        metavar="P",
+        help="members of P partitions (1 to 64; default: as their data says, else 1)",
+    )
     args = parser.parse_args(argv)
+    if args.partitions is not None and not 1 <= args.partitions <= 64:
+        parser.error(f"--partitions must be 1 to 64, not {args.partitions}")
 
-    cluster = DevCluster(args.base_port, Path(os.path.abspath(args.data)))
+    cluster = DevCluster(args.base_port, Path(os.path.abspath(args.data)), args.partitions)
     new = [m.port for m in cluster.members if m.first_start]
     busy = cluster.skip_busy()
     if set(busy) & set(new) or len(busy) == len(cluster.members):
@@ -440,8 +459,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if leader_proc is not None and leader_proc.poll() is None
             else ""
         )
+        shape = (
+            f", {cluster.partitions} partitions, each with its own leader"
+            if cluster.partitions is not None and cluster.partitions > 1
+            else ""
+        )
         print(
-            f"\ndlm dev cluster is up: {cluster.serving()} (leader {leader})\n"
+            f"\ndlm dev cluster is up: {cluster.serving()} (leader {leader}{shape})\n"
             f"members: {pids}\n"
             f"data: {cluster.data}\n"
             f"Ctrl-C stops {', '.join(running)}. {kill}"

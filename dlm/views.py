@@ -213,6 +213,10 @@ class StatusView(SentView):
     """While quarantined after a restore or recovery: its length (else left out)."""
     quarantined_until_ms: int | None = field(_reply_opt_int, default=None, omit=True)
     """While quarantined: when it ends, as its leader said (0: not said yet)."""
+    partition: int | None = field(_reply_opt_int, default=None, omit=True)
+    """Which partition this view is of (left out, None, in a cluster of one partition)."""
+    partitions: int | None = field(_reply_opt_int, default=None, omit=True)
+    """The cluster's partition count (left out, None, in a cluster of one partition)."""
     progress: dict[str, Progress] | None = field(
         lambda msg, name: _reply_record_map(Progress, msg, name), default=None, omit=True
     )

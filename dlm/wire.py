@@ -28,6 +28,7 @@ import struct
 
 from dlm import cbor_codec, limits
 from dlm.compiled import mypyc_attr
+from dlm.partitioning import MAX_PARTITIONS
 
 # typing (like dataclasses) is left off the client's import path: `dlm acquire` would pay
 # milliseconds for names only the type checker reads. mypy takes any TYPE_CHECKING as true.
@@ -446,9 +447,36 @@ class Hello(Record):
     ``version`` is 1, so our clients and members send 1 there.
     """
 
-    __slots__ = ("addr", "cluster", "incarnation", "max_version", "node", "role", "version")
-    FIELDS = ("role", "version", "cluster", "node", "max_version", "addr", "incarnation")
-    __match_args__ = ("role", "version", "cluster", "node", "max_version", "addr", "incarnation")
+    __slots__ = (
+        "addr",
+        "cluster",
+        "incarnation",
+        "max_version",
+        "node",
+        "partitions",
+        "role",
+        "version",
+    )
+    FIELDS = (
+        "role",
+        "version",
+        "cluster",
+        "node",
+        "max_version",
+        "addr",
+        "incarnation",
+        "partitions",
+    )
+    __match_args__ = (
+        "role",
+        "version",
+        "cluster",
+        "node",
+        "max_version",
+        "addr",
+        "incarnation",
+        "partitions",
+    )
     role: HelloRole
     version: int
     cluster: str
@@ -461,6 +489,9 @@ class Hello(Record):
     """A peer's cluster incarnation (0, and left out, for a cluster never restored or
     recovered; else the index its new log started after). Peers of different
     incarnations refuse each other."""
+    partitions: int
+    """A peer's partition count (1, and left out, for a cluster of one partition).
+    Members with different counts refuse each other."""
 
     def __init__(
         self,
@@ -472,6 +503,7 @@ class Hello(Record):
         *,
         addr: str = "",
         incarnation: int = 0,
+        partitions: int = 1,
     ) -> None:
         _set(self, "role", role)
         _set(self, "version", version)
@@ -480,6 +512,7 @@ class Hello(Record):
         _set(self, "max_version", max_version)
         _set(self, "addr", addr)
         _set(self, "incarnation", incarnation)
+        _set(self, "partitions", partitions)
 
     @property
     def speaks(self) -> int:
@@ -499,6 +532,8 @@ class Hello(Record):
             frame["addr"] = self.addr
         if self.incarnation:
             frame["incarnation"] = self.incarnation
+        if self.partitions != 1:
+            frame["partitions"] = self.partitions
         return frame
 
     @classmethod
@@ -519,6 +554,7 @@ class Hello(Record):
             max_version=version if max_version is None else min(max(max_version, 1), 1 << 16),
             addr=_hello_addr(msg),
             incarnation=_opt_bounded(msg, "incarnation", 0, limits.INT_MAX, 0),
+            partitions=_opt_bounded(msg, "partitions", 1, MAX_PARTITIONS, 1),
         )
 
 
@@ -536,12 +572,33 @@ def _hello_addr(msg: dict[Any, Any]) -> str:
 
 
 def welcome(
-    node: str, cluster: str, version: int = PROTOCOL_VERSION, incarnation: int = 0
+    node: str,
+    cluster: str,
+    version: int = PROTOCOL_VERSION,
+    incarnation: int = 0,
+    *,
+    partitions: int = 1,
+    partition: int = 0,
 ) -> dict[str, Any]:
+    """The answer to a hello. ``partitions`` (left out when 1) tells a client how many
+    partitions the cluster has, so that it can route; ``partition`` (left out when 0)
+    which one this connection reached."""
     frame: dict[str, Any] = {"t": "welcome", "version": version, "node": node, "cluster": cluster}
     if incarnation:
         frame["incarnation"] = incarnation
+    if partitions != 1:
+        frame["partitions"] = partitions
+    if partition:
+        frame["partition"] = partition
     return frame
+
+
+def partitions_mismatch(local: str, mine: int, peer: str, theirs: int) -> str:
+    """The one line that refuses a peer created with another partition count."""
+    return (
+        f"partition count mismatch: member {local} has --partitions {mine}, member {peer} "
+        f"--partitions {theirs}; every member of a cluster must have the same count"
+    )
 
 
 OTHER_INCARNATION = "cluster incarnation mismatch"

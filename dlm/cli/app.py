@@ -924,7 +924,9 @@ def node_start(**flags: str | bool | None) -> None:
         name: ("true" if value else None) if isinstance(value, bool) else value
         for name, value in flags.items()
     }
-    raise typer.Exit(start_from_options(given, join=join_cluster))
+    raise typer.Exit(
+        start_from_options(given, join=join_cluster, child_module="dlm.cli.node_child")
+    )
 
 
 def _node_flag(option: NodeOption) -> inspect.Parameter:

@@ -55,6 +55,7 @@ from dlm.wire import (
     as_map,
     error,
     incarnation_mismatch,
+    partitions_mismatch,
     welcome,
 )
 
@@ -83,7 +84,8 @@ class Refuse:
 
     ``why``: "hello" (not a usable hello), "auth" (a proof or certificate failed),
     "cluster" (another cluster), "incarnation" (another incarnation of this cluster:
-    restored or recovered; sealed once the peer proved itself), "member" (the member
+    restored or recovered; sealed once the peer proved itself), "partitions" (a peer
+    created with another partition count), "member" (the member
     refused it)."""
 
     frame: dict[str, Any]
@@ -161,6 +163,8 @@ class Acceptance:
         "_known",
         "_node_id",
         "_opener",
+        "_partition",
+        "_partitions",
         "_peer_identity",
         "_responder",
         "_responder_for",
@@ -176,6 +180,8 @@ class Acceptance:
         responder_for: Callable[[HelloRole], Any],
         peer_identity: Callable[[str], str | None] | None = None,
         incarnation: int = 0,
+        partition: int = 0,
+        partitions: int = 1,
         identity_responder: Callable[[], Any] | None = None,
         client_certificate: Callable[[], tuple[tuple[str, ...], bool]] | None = None,
         known: Callable[[str], bool] | None = None,
@@ -187,6 +193,8 @@ class Acceptance:
         self._certificate_identity: str | None = None
         self._cluster = cluster
         self._incarnation = incarnation
+        self._partition = partition
+        self._partitions = partitions
         self._responder_for = responder_for
         self._peer_identity = peer_identity
         self._responder: Any = None
@@ -250,7 +258,7 @@ class Acceptance:
         else:
             responder = self._responder_for(hello.role)
         if responder is None:
-            other = self._other_incarnation(hello)
+            other = self._other_incarnation(hello) or self._other_partitions(hello)
             if other is not None:
                 return other
             self._state = "verdict"
@@ -290,7 +298,7 @@ class Acceptance:
         assert self._hello is not None
         # After the proof, so the refusal is sealed: the peer may believe it (and a member
         # of the old incarnation stops: NodeMachine.peer_refused).
-        other = self._other_incarnation(self._hello)
+        other = self._other_incarnation(self._hello) or self._other_partitions(self._hello)
         if other is not None:
             return other
         self._state = "verdict"
@@ -304,12 +312,22 @@ class Acceptance:
         )
         return Refuse(error(None, ErrorCode.BAD_REQUEST, message), "incarnation", self._sealer)
 
+    def _other_partitions(self, hello: Hello) -> Refuse | None:
+        """The refusal of a peer created with another partition count: its partition i
+        is not our partition i, and the two would mix keys of different groups."""
+        if hello.role is not HelloRole.PEER or hello.partitions == self._partitions:
+            return None
+        message = partitions_mismatch(self._node_id, self._partitions, hello.node, hello.partitions)
+        return Refuse(error(None, ErrorCode.BAD_REQUEST, message), "partitions", self._sealer)
+
     def _welcome(self, hello: Hello) -> dict[str, Any]:
         return welcome(
             self._node_id,
             self._cluster,
             min(hello.speaks, PROTOCOL_VERSION),
             self._incarnation if hello.role is HelloRole.PEER else 0,
+            partitions=self._partitions,
+            partition=self._partition,
         )
 
     def verdict(self, refusal: dict[str, Any] | None) -> Admit | Refuse:

@@ -79,6 +79,7 @@ from dlm.node.outbox import (
     SendMessages,
     Stop,
 )
+from dlm.node.partition_guard import partition_refusal
 from dlm.node.peer_health import PeerHealth
 from dlm.node.persist_jobs import PersistJobs
 from dlm.node.proposals import Proposal as _Proposal
@@ -669,6 +670,12 @@ class NodeMachine:
                 conn, req.TYPE, error(req.id, ErrorCode.SHUTTING_DOWN, "member is shutting down")
             )
             return
+        config = self.config
+        if config.partitions != 1:
+            misrouted = partition_refusal(req, config.partition, config.partitions)
+            if misrouted is not None:
+                self._answer_request(conn, req.TYPE, misrouted)
+                return
         leading = self._role is Role.LEADER
         problem = permissions.request_refusal(
             self.locks, self.out, state, req, leading=leading, enforce=self.check_permissions
@@ -861,6 +868,8 @@ class NodeMachine:
             last_contact_ms=lambda member: self._last_contact_ms(member, now),
             incarnation=self.config.incarnation,
             quarantine=self.locks.quarantine,
+            partition=self.config.partition,
+            partitions=self.config.partitions,
         )
 
     def members_view(self, now: Instant) -> MembersView:

@@ -109,3 +109,8 @@ class MachineConfig:
     """The members a joining member was told of when it joined, with their addresses: it
     dials them until its own log names the configuration, so that it can answer a leader
     that is not among the first members."""
+    partition: int = 0
+    """The partition whose Raft group this machine is (0 in a cluster of one partition)."""
+    partitions: int = 1
+    """The cluster's partition count: a request about a key of another partition is
+    refused (partition_guard.py)."""

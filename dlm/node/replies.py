@@ -343,6 +343,8 @@ def status_view(
     last_contact_ms: LastContact,
     incarnation: int = 0,
     quarantine: locks.Quarantine | None = None,
+    partition: int = 0,
+    partitions: int = 1,
 ) -> StatusView:
     """What ``status`` answers: this member's view (``progress`` only from the leader)."""
     learner_set = set(learners)
@@ -374,6 +376,9 @@ def status_view(
         incarnation=incarnation or None,  # left out for a cluster never restored
         quarantine_ms=None if quarantine is None else quarantine.ttl_ms,
         quarantined_until_ms=None if quarantine is None else quarantine.until_ms,
+        # Both left out in a cluster of one partition (its reply is as it always was).
+        partition=None if partitions == 1 else partition,
+        partitions=None if partitions == 1 else partitions,
         progress={
             member: Progress(
                 match=p.match,

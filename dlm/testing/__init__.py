@@ -13,11 +13,15 @@
         held = link.client()                   # ... which cut() silences, both ways
         link.cut(); link.restore()
 
+    with dlm.testing.cluster(3, partitions=4) as c:   # a leader in each of 4 partitions
+        c.wait_for_leaders()                   # {partition: Member}
+
 The members are child processes (``python -m dlm node start``) on free 127.0.0.1 ports,
 each with a data directory under one temporary directory, started with a generated peer
 secret and client secret. Leaving the ``with`` block stops every process it started, by
 PID (SIGTERM, then SIGKILL after a grace period), also when the block raised, and removes
-the temporary directory.
+the temporary directory. With ``partitions=P`` each member supervises P partition processes;
+``kill``, ``pause`` and ``resume`` reach all of a member's processes.
 
 For pytest, ``pytest_plugins = ["dlm.testing.pytest_plugin"]`` in your conftest.py gives
 the ``dlm_cluster`` fixture.

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from dlm.client import core
 from dlm.devcluster import describe_exit, member_command, stop_processes
@@ -53,6 +53,24 @@ _PORT_TAKEN = "already in use"
 
 class ClusterError(RuntimeError):
     """The test cluster could not do what was asked (it did not start, no leader in time)."""
+
+
+class _View(NamedTuple):
+    """What a member says of one partition: who it is, its role, term and leader."""
+
+    node: str | None
+    role: str | None
+    term: int
+    leader: str | None
+
+    @classmethod
+    def of(cls, reply: dict[str, Any]) -> _View:
+        def text(name: str) -> str | None:
+            value = reply.get(name)
+            return value if isinstance(value, str) else None
+
+        term = reply.get("term")
+        return cls(text("node"), text("role"), term if isinstance(term, int) else 0, text("leader"))
 
 
 class Member:
@@ -187,7 +205,9 @@ class Cluster:
     node start` flags) are given to every member. ``fsync=False`` (the default) runs the
     members with DLM_NO_FSYNC=1: a killed process loses nothing by it (its writes are in
     the kernel already); only a machine crash would. ``base_dir``: where the temporary
-    directory goes (default: the system's).
+    directory goes (default: the system's). ``partitions``: the members' ``--partitions``
+    (1, the default: no partitions); with more, ``start`` waits for a leader in every
+    partition, and kills, pauses and resumes reach every process of a member.
     """
 
     def __init__(
@@ -199,14 +219,23 @@ class Cluster:
         fsync: bool = False,
         start_timeout: float = 30.0,
         base_dir: str | os.PathLike[str] | None = None,
+        partitions: int = 1,
     ) -> None:
         if size < 1:
             raise ValueError("a cluster needs at least one member")
+        from dlm.partitioning import check_partitions
+
+        problem = check_partitions(partitions)
+        if problem is not None:
+            raise ValueError(problem)
         self.size = size
+        self.partitions = partitions
         self.start_timeout = start_timeout
         self._flags = [*node_flags]
         if election_timeout is not None:
             self._flags += ["--election-timeout", election_timeout]
+        if partitions > 1:
+            self._flags += ["--partitions", str(partitions)]
         self._fsync = fsync
         self.base = Path(tempfile.mkdtemp(prefix="dlm-testing-", dir=base_dir))
         self.peer_secret_file = str(self.base / "peer.secret")
@@ -300,7 +329,7 @@ class Cluster:
             for member in self.members:
                 self._spawn(member, first=True)
             try:
-                self.wait_for_leader(self.start_timeout)
+                self.wait_for_leaders(self.start_timeout)
                 stopped = [m for m in self.members if not m.alive]
                 if not stopped:
                     return self
@@ -344,10 +373,12 @@ class Cluster:
     # -- faults -------------------------------------------------------------
 
     def kill(self, ref: MemberRef) -> Member:
-        """kill -9 the member, and reap it."""
+        """kill -9 the member (each of its processes), and reap it."""
         member = self.member(ref)
         if member.proc is not None and member.proc.poll() is None:
+            children = _children(member.proc.pid)
             member.proc.kill()
+            _kill_all(children)
             member.proc.wait(timeout=STOP_GRACE)
         member.paused = False
         return member
@@ -368,56 +399,89 @@ class Cluster:
         """SIGSTOP: the member stalls, its sockets stay open (a long GC pause, a frozen VM)."""
         member = self._running(ref)
         assert member.proc is not None
-        member.proc.send_signal(signal.SIGSTOP)
+        _signal_member(member.proc.pid, signal.SIGSTOP)
         member.paused = True
         return member
 
     def resume(self, ref: MemberRef) -> Member:
         member = self._running(ref)
         assert member.proc is not None
-        member.proc.send_signal(signal.SIGCONT)
+        _signal_member(member.proc.pid, signal.SIGCONT)
         member.paused = False
         return member
 
     # -- waiting ------------------------------------------------------------
 
-    def leader(self) -> Member | None:
-        """The member that says it leads, in the newest term, named by a majority; None if
-        no member is such now."""
-        views = []
-        with self.raw_client(timeout=PROBE_TIMEOUT) as probe:
-            for member in self.members:
-                if member.alive and not member.paused:
+    def leader(self, partition: int = 0) -> Member | None:
+        """The member that says it leads ``partition``, in its newest term, named by a
+        majority; None if no member is such now."""
+        views: list[_View] = []
+        live = [m for m in self.members if m.alive and not m.paused]
+        if partition == 0:
+            with self.raw_client(timeout=PROBE_TIMEOUT) as probe:
+                for member in live:
                     view = probe.member_status(member.address, timeout=PROBE_TIMEOUT)
                     if view is not None:
-                        views.append(view)
+                        views.append(_View(view.node, view.role, view.term or 0, view.leader))
+        else:
+            from dlm.testing.probe import partition_status
+
+            for member in live:
+                reply = partition_status(
+                    member.address,
+                    partition,
+                    secret=self.secret(),
+                    tls_ca=self.tls_ca,
+                    timeout=PROBE_TIMEOUT,
+                )
+                if reply is not None:
+                    views.append(_View.of(reply))
         if not views:
             return None
-        term = max(v.term or 0 for v in views)
+        term = max(v.term for v in views)
         named = [v.leader for v in views if v.term == term]
-        for view in views:
-            node = view.node
-            if view.role == "leader" and view.term == term and named.count(node) > self.size // 2:
-                return self.member(str(node))
+        for seen in views:
+            if (
+                seen.role == "leader"
+                and seen.term == term
+                and named.count(seen.node) > self.size // 2
+            ):
+                return self.member(str(seen.node))
         return None
 
-    def wait_for_leader(self, timeout: float = 10.0, *, not_: MemberRef | None = None) -> Member:
-        """The leader, once there is one (other than ``not_``); ClusterError after
-        ``timeout`` seconds."""
+    def wait_for_leader(
+        self, timeout: float = 10.0, *, not_: MemberRef | None = None, partition: int = 0
+    ) -> Member:
+        """The leader of ``partition``, once there is one (other than ``not_``);
+        ClusterError after ``timeout`` seconds."""
         avoid = self.member(not_) if not_ is not None else None
 
         def found() -> Member | None:
-            leader = self.leader()
+            leader = self.leader(partition)
             return leader if leader is not None and leader is not avoid else None
 
+        what = "a leader" if self.partitions == 1 else f"a leader of partition {partition}"
         try:
-            return _wait_for(found, timeout, "a leader", self.members)
+            return _wait_for(found, timeout, what, self.members)
         except ClusterError as exc:
             logs = "\n".join(
                 f"--- {m.name} ({'running' if m.alive else 'not running'}):\n{m.log_tail(8)}"
                 for m in self.members
             )
             raise ClusterError(f"{exc}\n{logs}") from None
+
+    def wait_for_leaders(
+        self, timeout: float = 10.0, *, not_: MemberRef | None = None
+    ) -> dict[int, Member]:
+        """Every partition's leader (other than ``not_``), by partition, once each has one;
+        ClusterError after ``timeout`` seconds in all."""
+        deadline = time.monotonic() + timeout
+        return {
+            partition: self.wait_for_leader(
+                max(POLL, deadline - time.monotonic()), not_=not_, partition=partition
+            )
+            for partition in range(self.partitions)
+        }
 
     # -- inside -------------------------------------------------------------
 
@@ -471,7 +535,11 @@ class Cluster:
 
     def _stop_members(self) -> None:
         procs = {m.name: m.proc for m in self.members if m.proc is not None}
+        children = [pid for proc in procs.values() for pid in _children(proc.pid)]
         stop_processes(procs, STOP_GRACE)
+        # A supervisor stops its partition processes; one that had to be killed leaves
+        # them to stop when they notice, which they are not left to do here.
+        _kill_all(children)
         for member in self.members:
             member.paused = False
 
@@ -492,6 +560,42 @@ def cluster(size: int = 3, **options: Any) -> Iterator[Cluster]:
     stopped and the data removed when the block ends, however it ends."""
     with Cluster(size, **options) as started:
         yield started
+
+
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started (a partitioned member's partition processes)."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(child) for child in text.split()]
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
+
+
+def _kill_all(pids: Sequence[int]) -> None:
+    """kill -9 each of ``pids`` still running, and wait (bounded) until none runs."""
+    for pid in pids:
+        if _running(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + STOP_GRACE
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(POLL)
+
+
+def _signal_member(pid: int, signum: int) -> None:
+    """``signum`` to a member's process and each of its partition processes."""
+    for target in (*_children(pid), pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(target, signum)
 
 
 def free_ports(count: int) -> list[int]:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import cbor2
 
+from dlm.partitioning import preamble
 from dlm.testing import processes
 
 free_ports = processes.free_ports
@@ -62,6 +63,8 @@ class RawConn:
     frame is sealed and opened (``send_raw_body`` and ``send_bytes`` stay raw).
     ``tls`` is an ssl.SSLContext to wrap the socket with (``server_hostname``:
     the name to verify, default the host). ``sent`` records every byte written.
+    ``partition``: the partition of a member of several to reach (its preamble is sent
+    first, before TLS and the hello).
     """
 
     def __init__(
@@ -73,10 +76,13 @@ class RawConn:
         secret: bytes | None = None,
         tls: Any = None,
         server_hostname: str | None = None,
+        partition: int = 0,
     ):
         host, port = addr.rsplit(":", 1)
         sock = socket.create_connection((host, int(port)), timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if partition:
+            sock.sendall(preamble(partition))
         if tls is not None:
             try:
                 sock = tls.wrap_socket(sock, server_hostname=server_hostname or host)
@@ -202,6 +208,23 @@ _LOWER_AND_EXEC = (
 """Sets the open-files limit (soft and hard), then becomes the command after it."""
 
 
+def _wait_gone(pids: Sequence[int], timeout: float = 10.0) -> None:
+    """Waits (bounded) until none of ``pids`` (a member's partition processes, reaped by
+    their supervisor or by init) is running any more."""
+
+    def gone() -> bool:
+        for pid in pids:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state != "Z":
+                return False
+        return True
+
+    wait_for(gone, timeout, f"processes {list(pids)} to end")
+
+
 class NodeProc:
     def __init__(
         self,
@@ -225,6 +248,8 @@ class NodeProc:
         self.paused = False
         self.release: Path | None = None
         """Where another release's ``dlm`` package lives (tests/compat), to run it instead."""
+        self.partitions: int | None = cluster.partitions if cluster.partitions > 1 else None
+        """The --partitions this member is started with (None: the flag is not given)."""
         self.by_hand = False
         """Start with --id, --data and --cluster-id only (and ``flags``): no --listen, no
         --peers or --join, as an operator restarts a member whose data directory exists."""
@@ -243,7 +268,31 @@ class NodeProc:
         return self.proc.pid
 
     def command(self) -> list[str]:
-        return [*self._base_command(), *self.cluster.node_args(self)]
+        partitions = self.partitions
+        more = ["--partitions", str(partitions)] if partitions is not None else []
+        return [*self._base_command(), *more, *self.cluster.node_args(self)]
+
+    def child_pids(self) -> list[int]:
+        """The PIDs of this member's partition processes (none for a member of one)."""
+        if not self.alive:
+            return []
+        try:
+            text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(pid) for pid in text.split()]
+
+    def _signal_all(self, signum: int) -> None:
+        """``signum`` to the member's process and, for a member of several partitions,
+        to each of its partition processes (children first, as read before)."""
+        children = self.child_pids()
+        for pid in children:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signum)
 
     def _base_command(self) -> list[str]:
         members = (
@@ -290,12 +339,14 @@ class NodeProc:
         self.paused = False
 
     def kill(self) -> None:
-        """kill -9, and reap."""
+        """kill -9 (of every process of the member), and reap."""
         if self.proc is None:
             return
+        children = self.child_pids()
         if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
+            self._signal_all(signal.SIGKILL)
         self.proc.wait(timeout=10)
+        _wait_gone(children)
         self.paused = False
 
     def terminate(self, grace: float = 5.0) -> int | None:
@@ -304,21 +355,28 @@ class NodeProc:
             return None
         if self.proc.poll() is None:
             if self.paused:
-                os.kill(self.proc.pid, signal.SIGCONT)
+                self._signal_all(signal.SIGCONT)
+            children = self.child_pids()
             os.kill(self.proc.pid, signal.SIGTERM)
             try:
                 return self.proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
+                self._signal_all(signal.SIGKILL)
                 self.proc.wait(timeout=10)
+                for pid in children:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            _wait_gone(children)
         return self.proc.returncode
 
     def pause(self) -> None:
-        os.kill(self.pid, signal.SIGSTOP)
+        self._signal_all(signal.SIGSTOP)
         self.paused = True
 
     def resume(self) -> None:
-        os.kill(self.pid, signal.SIGCONT)
+        self._signal_all(signal.SIGCONT)
         self.paused = False
 
     def restart(self) -> None:
@@ -342,8 +400,9 @@ class NodeProc:
         except OSError:
             return "(no log)"
 
-    def status(self, timeout: float = 1.0) -> dict[str, Any] | None:
-        """This member's own view (a stale read), or None if it does not answer."""
+    def status(self, timeout: float = 1.0, *, partition: int = 0) -> dict[str, Any] | None:
+        """This member's own view (a stale read) of ``partition``, or None if it does not
+        answer."""
         if not self.alive or self.paused:
             return None
         try:
@@ -352,6 +411,7 @@ class NodeProc:
                 timeout=timeout,
                 secret=self.cluster.client_secret,
                 tls=self.cluster.client_tls,
+                partition=partition,
             ) as conn:
                 reply = conn.request({"t": "status", "stale": True}, timeout=timeout)
         except (OSError, ConnectionError, TimeoutError, ValueError):
@@ -371,9 +431,12 @@ class Cluster:
         client_secret: bytes | None = None,
         client_tls: Any = None,
         open_files: int | None = None,
+        partitions: int = 1,
     ) -> None:
-        """``open_files``: the members' open-files limit (soft and hard), when given."""
+        """``open_files``: the members' open-files limit (soft and hard), when given;
+        ``partitions``: the members' --partitions (1: not given)."""
         self.base = base
+        self.partitions = partitions
         self.env = env or {}
         self.node_args: Callable[[NodeProc], list[str]] = node_args or (lambda _: [])
         self.client_secret = client_secret
@@ -435,7 +498,7 @@ class Cluster:
             if node.alive:
                 if node.paused:
                     node.resume()
-                os.kill(node.pid, signal.SIGTERM)
+                os.kill(node.pid, signal.SIGTERM)  # a supervisor stops its children itself
         for node in every:
             node.terminate(grace=5.0)
 
@@ -443,9 +506,12 @@ class Cluster:
         for node in [*self.nodes.values(), *self.retired.values()]:
             node.kill()
 
-    def leader_now(self) -> NodeProc | None:
-        """The member a majority of the live members name as leader in the newest term."""
-        views = [s for s in (n.status() for n in self.nodes.values()) if s is not None]
+    def leader_now(self, partition: int = 0) -> NodeProc | None:
+        """The member a majority of the live members name as ``partition``'s leader in its
+        newest term."""
+        views = [
+            s for s in (n.status(partition=partition) for n in self.nodes.values()) if s is not None
+        ]
         if not views:
             return None
         term = max(v["term"] for v in views)
@@ -460,9 +526,11 @@ class Cluster:
                 return self.nodes[view["node"]]
         return None
 
-    def wait_for_leader(self, timeout: float = 10.0, *, not_: str | None = None) -> NodeProc:
+    def wait_for_leader(
+        self, timeout: float = 10.0, *, not_: str | None = None, partition: int = 0
+    ) -> NodeProc:
         def found() -> NodeProc | None:
-            leader = self.leader_now()
+            leader = self.leader_now(partition)
             if leader is not None and leader.node_id != not_:
                 return leader
             return None
@@ -471,7 +539,19 @@ class Cluster:
             return wait_for(found, timeout, "a leader")
         except AssertionError:
             logs = "\n".join(f"--- {n.node_id}\n{n.log_tail(15)}" for n in self.nodes.values())
-            raise AssertionError(f"no leader within {timeout}s\n{logs}") from None
+            raise AssertionError(
+                f"no leader of partition {partition} within {timeout}s\n{logs}"
+            ) from None
+
+    def wait_for_leaders(
+        self, timeout: float = 20.0, *, not_: str | None = None
+    ) -> dict[int, NodeProc]:
+        """Every partition's leader (``not_``: other than that member), by partition."""
+        deadline = time.monotonic() + timeout
+        return {
+            p: self.wait_for_leader(max(0.5, deadline - time.monotonic()), not_=not_, partition=p)
+            for p in range(self.partitions)
+        }
 
     def client(self, **kwargs: Any) -> Client:
         from dlm.client import Client

@@ -105,17 +105,20 @@ PASTE_MARKER = "exec --lock demo"
 
 
 def _start(
-    tmp_path: Path, base: int | None = None, console: Path | None = None
+    tmp_path: Path,
+    base: int | None = None,
+    console: Path | None = None,
+    extra: tuple[str, ...] = (),
 ) -> tuple[subprocess.Popen[bytes], int, dict[str, str]]:
     """A devcluster on ``base`` (default: free ports), its stderr (the members' logs) in
-    ``console`` if given."""
+    ``console`` if given; ``extra``: more of its flags."""
     base = _three_free_ports_after() if base is None else base
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("DLM_NODE_LOG_FORMAT", None)
     with open(console or os.devnull, "ab") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "dlm.devcluster", "--base-port", str(base),
-             "--data", str(tmp_path / "data")],
+             "--data", str(tmp_path / "data"), *extra],
             stdout=subprocess.PIPE, stderr=err, env=env, cwd=tmp_path,
         )  # fmt: skip
     return proc, base, env
@@ -290,3 +293,38 @@ def test_the_dev_cluster_shows_its_pids_and_a_join_line_that_replaces_a_member(
             os.kill(fourth.pid, signal.SIGKILL)
         if fourth is not None:
             fourth.wait(timeout=10)
+
+
+def test_the_dev_cluster_of_four_partitions_elects_in_each_and_stops_every_process(
+    tmp_path: Path,
+) -> None:
+    from dlm.testing.probe import partition_status
+
+    proc, base, _env = _start(tmp_path, extra=("--partitions", "4"))
+    try:
+        banner = _banner(proc)
+        assert "4 partitions, each with its own leader" in banner
+        members = _member_pids(proc.pid)
+        assert sorted(members) == ["n1", "n2", "n3"]
+        processes = {node: _children(pid) for node, pid in members.items()}
+        assert all(len(children) == 4 for children in processes.values()), processes
+
+        def leader_of(partition: int) -> str | None:
+            for port in range(base + 1, base + 4):
+                view = partition_status(f"127.0.0.1:{port}", partition, secret=None)
+                if view is not None and view.get("leader"):
+                    return str(view["leader"])
+            return None
+
+        for partition in range(4):
+            wait_for(partial(leader_of, partition), UP_TIMEOUT, f"partition {partition}'s leader")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        every = [pid for children in processes.values() for pid in children]
+        wait_for(
+            lambda: not any(Path(f"/proc/{pid}").exists() for pid in every),
+            10.0,
+            "every partition process to end",
+        )
+    finally:
+        _stop(proc)

@@ -247,3 +247,30 @@ def test_a_member_that_finds_its_port_taken_makes_the_start_try_fresh_ports(
             assert taken.getsockname()[1] not in {m.port for m in c.members}
     finally:
         taken.close()
+
+
+def test_a_partitioned_cluster_elects_in_every_partition_and_survives_a_killed_member() -> None:
+    with dlm.testing.cluster(3, partitions=3) as c:
+        assert c.partitions == 3
+        leaders = c.wait_for_leaders(WAIT_S)
+        assert sorted(leaders) == [0, 1, 2]
+        victim = leaders[1]
+        assert victim.pid is not None
+        children = [
+            int(pid)
+            for pid in Path(f"/proc/{victim.pid}/task/{victim.pid}/children").read_text().split()
+        ]
+        assert len(children) == 3
+        c.kill(victim)
+        assert all(_gone(pid) or _zombie(pid) for pid in children)
+        after = c.wait_for_leaders(WAIT_S, not_=victim)
+        assert all(member is not victim for member in after.values())
+        c.restart(victim)
+        c.wait_for_leaders(WAIT_S)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+    except OSError:
+        return True

@@ -576,11 +576,32 @@ def test_welcome_carries_the_negotiated_version() -> None:
         {"t": "hello", "role": "admin", "version": 1},
         {"t": "ping", "role": "client", "version": 1},
         {"t": "hello", "role": "peer", "version": 1, "node": 7},
+        {"t": "hello", "role": "peer", "version": 1, "partitions": 0},
+        {"t": "hello", "role": "peer", "version": 1, "partitions": 65},
+        {"t": "hello", "role": "peer", "version": 1, "partitions": "4"},
     ],
 )
 def test_bad_hellos_are_protocol_errors(frame: dict[str, object]) -> None:
     with pytest.raises(wire.ProtocolError):
         wire.Hello.from_wire(frame)
+
+
+def test_the_partition_count_rides_in_peer_hellos_and_welcomes_only_when_not_1() -> None:
+    hello = wire.Hello(wire.HelloRole.PEER, cluster="c", node="n2", partitions=4)
+    assert hello.to_wire()["partitions"] == 4
+    assert wire.Hello.from_wire(hello.to_wire()).partitions == 4
+    plain = wire.Hello(wire.HelloRole.PEER, cluster="c", node="n2").to_wire()
+    assert "partitions" not in plain and wire.Hello.from_wire(plain).partitions == 1
+    assert wire.welcome("n1", "c", 4, partitions=8, partition=3) == {
+        "t": "welcome",
+        "version": 4,
+        "node": "n1",
+        "cluster": "c",
+        "partitions": 8,
+        "partition": 3,
+    }
+    assert "partition" not in wire.welcome("n1", "c", 4, partitions=8, partition=0)
+    assert wire.welcome("n1", "c", 4, partitions=1) == wire.welcome("n1", "c", 4)
 
 
 INT_MAX = 2**63 - 1

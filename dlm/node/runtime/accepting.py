@@ -297,6 +297,8 @@ class AcceptedConnection(asyncio.Protocol):
             responder_for=responder_for,
             peer_identity=peer_identity,
             incarnation=config.incarnation,
+            partition=config.partition,
+            partitions=config.partitions,
             identity_responder=identity_responder,
             client_certificate=client_certificate,
             known=lambda name: bool(server.identity_known(name)),

@@ -33,7 +33,7 @@ JSON_FORMAT, TEXT_FORMAT = "json", "text"
 
 _LEVELS = {"debug": DEBUG, "info": INFO, "warning": WARNING, "warn": WARNING, "error": ERROR}
 _NAMES = {DEBUG: "debug", INFO: "info", WARNING: "warning", ERROR: "error"}
-_RESERVED = frozenset({"time", "ts", "level", "node", "event"})
+_RESERVED = frozenset({"time", "ts", "level", "node", "partition", "event"})
 """The keys every JSON line starts with; an event field of the same name replaces them."""
 
 
@@ -69,7 +69,17 @@ def default_format(stream: TextIO | None = None) -> str:
 class Logger:
     """Writes one line per event for one node; ``stream`` defaults to stderr at write time."""
 
-    __slots__ = ("_stamp", "_stamped_ms", "format", "level", "node", "stream")
+    __slots__ = (
+        "_head",
+        "_label",
+        "_stamp",
+        "_stamped_ms",
+        "format",
+        "level",
+        "node",
+        "partition",
+        "stream",
+    )
 
     def __init__(
         self,
@@ -78,10 +88,18 @@ class Logger:
         level: int | None = None,
         stream: TextIO | None = None,
         format: str = JSON_FORMAT,
+        partition: int | None = None,
     ):
         if format not in (JSON_FORMAT, TEXT_FORMAT):
             raise ValueError(f"unknown log format {format!r}: use json or text")
         self.node = node
+        self.partition = partition
+        """The partition this process serves, named in every line (None: a member of one
+        partition, or a supervisor, whose lines name none)."""
+        self._head = f'"node":{json.dumps(node)}'
+        if partition is not None:
+            self._head += f',"partition":{partition}'
+        self._label = node if partition is None else f"{node}/p{partition}"
         self.level = level_from_env() if level is None else level
         self.stream = stream
         self.format = format
@@ -106,20 +124,21 @@ class Logger:
         if at_ms is not None:
             if self.format == TEXT_FORMAT:
                 return text_line(
-                    at_ms / 1000, _NAMES.get(level, str(level)), self.node, event, fields
+                    at_ms / 1000, _NAMES.get(level, str(level)), self._label, event, fields
                 )
             record: dict[str, Any] = {
                 "time": stamp_of(at_ms),
                 "ts": at_ms / 1000,
                 "level": _NAMES.get(level, str(level)),
                 "node": self.node,
+                **self._partition_field(),
                 "event": event,
                 **fields,
             }
             return json.dumps(record, default=str, separators=(",", ":"))
         now = time.time()
         if self.format == TEXT_FORMAT:
-            return text_line(now, _NAMES.get(level, str(level)), self.node, event, fields)
+            return text_line(now, _NAMES.get(level, str(level)), self._label, event, fields)
         # One millisecond for both stamps (rounding one and truncating the other
         # could put them a millisecond apart).
         ms = int(now * 1000)
@@ -131,7 +150,7 @@ class Logger:
             # head is built once per millisecond, and only the fields are encoded.
             head = (
                 f"{self._stamp}{json.dumps(_NAMES.get(level, str(level)))},"
-                f'"node":{json.dumps(self.node)},"event":{json.dumps(event)}'
+                f'{self._head},"event":{json.dumps(event)}'
             )
             if not fields:
                 return head + "}"
@@ -141,10 +160,14 @@ class Logger:
             "ts": ms / 1000,
             "level": _NAMES.get(level, str(level)),
             "node": self.node,
+            **self._partition_field(),
             "event": event,
         }
         record.update(fields)
         return json.dumps(record, default=str, separators=(",", ":"))
+
+    def _partition_field(self) -> dict[str, int]:
+        return {} if self.partition is None else {"partition": self.partition}
 
     def write_lines(self, lines: list[str]) -> None:
         """Writes ``lines`` with one write and one flush (the runtime's events of one turn)."""

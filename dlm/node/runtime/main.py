@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import gc
 import importlib.util
 import os
@@ -39,10 +40,16 @@ from dlm.node.runtime.config.node_config import (
     ForeignDataDir,
     NodeConfig,
     check_data_dir,
+    parse_partitions,
+    partition_dir,
+    recorded_partitions,
+    settle_partitions,
     write_meta,
+    write_partitions,
 )
 from dlm.node.runtime.config.options import ALL_OPTIONS, OptionError, Resolved, resolve
 from dlm.node.runtime.log import Logger, default_format, level_named
+from dlm.node.runtime.seat import Seat
 from dlm.node.runtime.security import NodeSecurity, SecurityError
 from dlm.node.runtime.security import load as load_security
 from dlm.node.runtime.server import RemovedMember, run
@@ -82,6 +89,7 @@ def start_from_options(
     environ: Mapping[str, str] | None = None,
     *,
     join: Joiner | None = None,
+    child_module: str = __name__,
 ) -> int:
     """Runs a member from its flags (None: not given), the DLM_NODE_* variables and the
     --config file, in that order of precedence; returns the exit code."""
@@ -89,7 +97,7 @@ def start_from_options(
         resolved = resolve(flags, os.environ if environ is None else environ)
     except OptionError as exc:
         return _fail(str(exc), EXIT_USAGE)
-    return start_node(resolved.values, resolved=resolved, join=join)
+    return start_node(resolved.values, resolved=resolved, join=join, child_module=child_module)
 
 
 def start_node(
@@ -98,20 +106,50 @@ def start_node(
     on_started: Callable[[Any], None] | None = None,
     resolved: Resolved | None = None,
     join: Joiner | None = None,
+    seat: Seat | None = None,
+    child_module: str = __name__,
 ) -> int:
     """Runs a member in the foreground until SIGTERM/SIGINT; returns the exit code.
 
     ``settings`` are the values of dlm.node.runtime.config.options.NODE_OPTIONS by parameter
     name (missing or None: not set). ``resolved`` says where each came from, so an
-    error about one names the variable or file that set it."""
+    error about one names the variable or file that set it. ``seat``: this process is
+    one partition of a member whose supervisor accepts its connections. A member of
+    more than one partition (``--partitions``, or its data directory's record) runs
+    the supervisor instead (supervisor.py), whose children run ``child_module``'s
+    ``child_main``."""
+    partitions, recorded = 1, None
     try:
         config = NodeConfig.from_settings(settings)
+        given = parse_partitions(settings.get("partitions"))
     except ConfigError as exc:
         return _fail(resolved.explain(str(exc)) if resolved else str(exc), EXIT_USAGE)
+    if seat is None:
+        try:
+            recorded = recorded_partitions(config.data_dir)
+        except ConfigError as exc:
+            return _fail(str(exc), EXIT_FAILURE)
+        try:
+            partitions = settle_partitions(given, recorded, config.data_dir)
+        except ConfigError as exc:
+            return _fail(str(exc), EXIT_USAGE)
+    else:
+        config = replace(config, partition=seat.partition, partitions=seat.partitions)
+        if config.metrics_listen is not None:
+            # Its supervisor serves --metrics-listen, and fetches this partition's
+            # metrics from loopback (partition_metrics.py).
+            config = replace(config, metrics_listen=("127.0.0.1", 0))
+    if partitions > 1:
+        # Where it listens, and what it recorded: partition 0's data directory says.
+        config = replace(config, partitions=partitions)
+        config = replace(config, listen=_listen_address(_partition_config(config, 0)))
     log_level, log_format = settings.get("log_level"), settings.get("log_format")
     try:
         log = Logger(
-            config.node_id, level=level_named(log_level), format=log_format or default_format()
+            config.node_id,
+            level=level_named(log_level),
+            format=log_format or default_format(),
+            partition=None if seat is None else seat.partition,
         )
     except ValueError as exc:
         return _fail(str(exc), EXIT_USAGE)
@@ -130,6 +168,13 @@ def start_node(
         security = load_security(settings, _listen_address(config), config.metrics_listen)
     except SecurityError as exc:
         return _fail(resolved.explain(str(exc)) if resolved else str(exc), EXIT_CONFIG)
+    if seat is not None:
+        # Its supervisor scrapes it on 127.0.0.1 with the token it drew for it.
+        from dlm.node.runtime.partition_metrics import TOKEN_ENV
+
+        token = os.environ.pop(TOKEN_ENV, "")
+        if token and security is not None:
+            security = replace(security, metrics_token=token.encode("ascii"))
     if os.environ.get("DLM_NO_FSYNC", "") == "1":
         config = replace(config, fsync=False)
     # Tuning knobs for tests and experiments, not flags a user should need.
@@ -144,8 +189,18 @@ def start_node(
     # passes while the heap grows) walks that table again and again: applying 100,000
     # grants took half again as long. Reference counting frees the rest as before.
     gc.set_threshold(GC_THRESHOLD, 10, 10)
+    if partitions > 1:
+        return _supervise(
+            config,
+            settings=settings,
+            partitions=partitions,
+            log=log,
+            security=security,
+            child_module=child_module,
+        )
     try:
-        return anyio.run(_main, config, log, on_started, security, join, backend="asyncio")
+        main = functools.partial(_main, seat=seat)
+        return anyio.run(main, config, log, on_started, security, join, backend="asyncio")
     except StartupError as exc:
         return _fail(str(exc), EXIT_FAILURE)
     except ForeignDataDir as exc:
@@ -198,6 +253,8 @@ async def _main(
     on_started: Callable[[Any], None] | None,
     security: NodeSecurity | None = None,
     join: Joiner | None = None,
+    *,
+    seat: Seat | None = None,
 ) -> int:
     meta = check_data_dir(config)
     if meta is None and config.join:
@@ -207,7 +264,8 @@ async def _main(
         log.info("joined", cluster=config.cluster, first_members=sorted(config.peers))
     elif meta is not None:
         config = _settled(config, meta, log)
-    listener = await _listen(config)
+    # A partition child listens nowhere: its supervisor hands it its connections.
+    listener = await _listen(config) if seat is None else None
     try:
         try:
             storage = DiskStorage.open(
@@ -243,7 +301,13 @@ async def _main(
                     ) from None
             try:
                 return await run(
-                    config, storage, listener, log=log, on_started=on_started, security=security
+                    config,
+                    storage,
+                    listener,
+                    log=log,
+                    on_started=on_started,
+                    security=security,
+                    seat=seat,
                 )
             except RemovedMember as exc:
                 # Not a failure: the member is simply no longer one, and a service manager
@@ -260,7 +324,8 @@ async def _main(
             storage.close()
             log.info("node_stopped")
     finally:
-        await listener.aclose()
+        if listener is not None:
+            await listener.aclose()
 
 
 def _settled(config: NodeConfig, meta: DataDirMeta, log: Logger) -> NodeConfig:
@@ -344,19 +409,95 @@ def _meta_outdated(config: NodeConfig, meta: DataDirMeta) -> bool:
 
 async def _listen(config: NodeConfig) -> anyio.abc.Listener[Any]:
     host, port = config.listen
-    addr = format_addr(host, port)
     try:
         return await anyio.create_tcp_listener(local_host=host, local_port=port)
     except OSError as exc:
-        if exc.errno == errno.EADDRINUSE or "address already in use" in str(exc).lower():
-            raise StartupError(
-                f"{addr} is already in use: stop the other process or choose --listen"
-            ) from None
-        if exc.errno == errno.EADDRNOTAVAIL:
-            raise StartupError(f"cannot listen on {addr}: no such local address") from None
-        if exc.errno == errno.EACCES:
-            raise StartupError(f"cannot listen on {addr}: permission denied") from None
-        raise StartupError(f"cannot listen on {addr}: {exc.strerror or exc}") from None
+        raise _listen_failed(config, exc) from None
+
+
+def _listen_failed(config: NodeConfig, exc: OSError) -> StartupError:
+    """The one line for an address this member cannot listen on."""
+    addr = format_addr(*config.listen)
+    if exc.errno == errno.EADDRINUSE or "address already in use" in str(exc).lower():
+        return StartupError(f"{addr} is already in use: stop the other process or choose --listen")
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return StartupError(f"cannot listen on {addr}: no such local address")
+    if exc.errno == errno.EACCES:
+        return StartupError(f"cannot listen on {addr}: permission denied")
+    return StartupError(f"cannot listen on {addr}: {exc.strerror or exc}")
+
+
+def _partition_config(config: NodeConfig, partition: int) -> NodeConfig:
+    """The config of one partition's process: its own data directory under the member's."""
+    return replace(
+        config,
+        data_dir=partition_dir(config.data_dir, partition),
+        partition=partition,
+    )
+
+
+def _supervise(
+    config: NodeConfig,
+    *,
+    settings: Mapping[str, str | None],
+    partitions: int,
+    log: Logger,
+    security: NodeSecurity | None,
+    child_module: str,
+) -> int:
+    """Runs the supervisor of a member of ``partitions`` partitions (supervisor.py)."""
+    import asyncio
+    import socket
+
+    from dlm.node.runtime.supervisor import Supervisor
+
+    try:
+        check_data_dir(config)  # a member's directory of one partition: refused by name
+        for partition in range(partitions):
+            check_data_dir(_partition_config(config, partition))
+    except ForeignDataDir as exc:
+        return _fail(str(exc), EXIT_FOREIGN_DATA)
+    except ConfigError as exc:
+        return _fail(str(exc), EXIT_FAILURE)
+    try:
+        listener = socket.create_server(config.listen, family=_family(config.listen[0]))
+    except OSError as exc:
+        return _fail(str(_listen_failed(config, exc)), EXIT_FAILURE)
+    try:
+        try:
+            write_partitions(config, partitions)
+        except OSError as exc:
+            return _fail(
+                f"cannot write to data dir {config.data_dir}: {exc.strerror or exc}", EXIT_FAILURE
+            )
+        supervisor = Supervisor(
+            config, settings, partitions, log, child_module=child_module, security=security
+        )
+        try:
+            return asyncio.run(supervisor.run(listener))
+        except KeyboardInterrupt:
+            return EXIT_OK
+        except Exception as exc:
+            return _fail(_describe(exc), EXIT_FAILURE)
+    finally:
+        listener.close()
+
+
+def _family(host: str) -> int:
+    import socket
+
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def child_main(argv: Sequence[str], join: Joiner | None = None) -> int:
+    """A partition child's entry (supervisor.py starts it): SETTINGS-JSON CHANNEL-FD
+    PARTITION PARTITIONS."""
+    import json
+
+    settings_json, fd, partition, partitions = argv
+    seat = Seat.from_fd(int(fd), int(partition), int(partitions))
+    settings = json.loads(settings_json)
+    return start_node(settings, seat=seat, join=join)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
@@ -335,8 +335,9 @@ class MetricsListener:
 
     def __init__(
         self,
-        registry: CollectorRegistry,
+        registry: CollectorRegistry | None,
         *,
+        collect: Callable[[], Awaitable[bytes]] | None = None,
         log: Logger | None = None,
         request_timeout: float = REQUEST_TIMEOUT,
         request_limit: int = REQUEST_LIMIT,
@@ -345,6 +346,9 @@ class MetricsListener:
         tls: Any = None,
     ) -> None:
         self._registry = registry
+        self._collect = collect
+        """Builds the exposition instead of the registry (a supervisor's: its partitions'
+        samples, fetched when scraped)."""
         self._token = token
         """A scrape must carry ``Authorization: Bearer <token>`` (None: no token needed)."""
         self._tls = tls
@@ -410,7 +414,10 @@ class MetricsListener:
             if writer not in self._open:
                 return  # evicted meanwhile
             self._open[writer] = False
-            writer.write(self._answer(head))
+            answer = self._answer(head)
+            if not answer:  # _COLLECT: the exposition is collected asynchronously
+                answer = await self._collected(head or b"")
+            writer.write(answer)
             try:
                 await asyncio.wait_for(writer.drain(), timeout=self._request_timeout)
             except (TimeoutError, ConnectionError):
@@ -433,16 +440,36 @@ class MetricsListener:
         if self._token is not None and not _bearer_matches(head, self._token):
             self.unauthorized += 1
             return _response(401, b"send the metrics token: Authorization: Bearer TOKEN\n")
+        if self._collect is not None:
+            return _COLLECT
         try:
+            assert self._registry is not None
             body = generate_latest(self._registry)
         except Exception as exc:  # a bug in a collector: say so, keep serving
-            if self._log is not None:
-                self._log.error("metrics_failed", error=repr(exc))
-            return _response(500, f"collecting metrics failed: {exc!r}\n".encode())
-        response = _response(200, body, CONTENT_TYPE)
-        if method == b"HEAD":
-            return response[: len(response) - len(body)]
-        return response
+            return self._failed(exc)
+        return _ok(body, head_only=method == b"HEAD")
+
+    async def _collected(self, head: bytes) -> bytes:
+        assert self._collect is not None
+        try:
+            body = await self._collect()
+        except Exception as exc:
+            return self._failed(exc)
+        return _ok(body, head_only=head.startswith(b"HEAD "))
+
+    def _failed(self, exc: Exception) -> bytes:
+        if self._log is not None:
+            self._log.error("metrics_failed", error=repr(exc))
+        return _response(500, f"collecting metrics failed: {exc!r}\n".encode())
+
+
+_COLLECT = b""
+"""What ``_answer`` says when the exposition must be collected (asynchronously)."""
+
+
+def _ok(body: bytes, *, head_only: bool) -> bytes:
+    response = _response(200, body, CONTENT_TYPE)
+    return response[: len(response) - len(body)] if head_only else response
 
 
 def _bearer_matches(head: bytes, token: bytes) -> bool:

@@ -69,6 +69,7 @@ from dlm.node.machine import REMOVED
 from dlm.node.peer_codec import raft_frame
 from dlm.node.raft.types import AppendEntries, InstallSnapshot, Message
 from dlm.node.runtime.log import Logger
+from dlm.partitioning import preamble
 from dlm.wire import (
     CLIENT_FRAME_LIMIT,
     PEER_FRAME_LIMIT,
@@ -304,6 +305,8 @@ class PeerLink:
         advertise: str = "",
         stall_after: float | None = None,
         ack_probe: AckProbe = tcp_acknowledgements,
+        partition: int = 0,
+        partitions: int = 1,
     ) -> None:
         """``secret``: the peer secret (None: no handshake); ``tls``: the ssl.SSLContext
         to dial with (None: plain TCP); ``advertise``: our own address, told in the hello;
@@ -312,6 +315,9 @@ class PeerLink:
         connection's acknowledgements (``tcp_acknowledgements``)."""
         self.peer_id = peer_id
         self.address = address
+        self._preamble = preamble(partition)
+        """What the connection sends before anything else: which of the peer's partition
+        processes it is for (nothing for partition 0)."""
         self._local_id = local_id
         self._cluster = cluster
         self._incarnation = incarnation
@@ -321,6 +327,7 @@ class PeerLink:
             node=local_id,
             addr=advertise,
             incarnation=incarnation,
+            partitions=partitions,
         ).to_wire()
         self._secret = secret
         self._tls = tls
@@ -530,9 +537,12 @@ class PeerLink:
         self._refused = False
         try:
             with anyio.fail_after(self._connect_timeout + (HELLO_TIMEOUT if tls else 0.0)):
-                transport, protocol = await loop.create_connection(
-                    lambda: _LinkProtocol(loop), host, port, **tls
-                )
+                if self._preamble:
+                    transport, protocol = await self._dial_partition(loop, tls)
+                else:
+                    transport, protocol = await loop.create_connection(
+                        lambda: _LinkProtocol(loop), host, port, **tls
+                    )
         except TimeoutError:
             return None
         except OSError as exc:
@@ -588,6 +598,26 @@ class PeerLink:
         if self._on_welcome is not None and outcome.version is not None:
             self._on_welcome(self.peer_id, outcome.version)
         return transport, protocol
+
+    async def _dial_partition(
+        self, loop: asyncio.AbstractEventLoop, tls: dict[str, Any]
+    ) -> tuple[asyncio.Transport, _LinkProtocol]:
+        """A connection to one of the peer's partition processes: the TCP connection, the
+        preamble its supervisor reads to pick the process, then TLS and the hello."""
+        host, port = self.address
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        if not infos:
+            raise OSError(errno.EHOSTUNREACH, f"no address for {host}")
+        family, kind, proto, _name, where = infos[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, where)
+            await loop.sock_sendall(sock, self._preamble)
+            return await loop.create_connection(lambda: _LinkProtocol(loop), sock=sock, **tls)
+        except BaseException:
+            sock.close()
+            raise
 
     def _refused_by_peer(self, refusal: Refused) -> None:
         """Only a refusal the peer proved it wrote reaches the member (admission.py)."""

@@ -82,6 +82,7 @@ from dlm.node.runtime.peers import PeerLink
 from dlm.node.runtime.persister import Persister
 from dlm.node.runtime.quiet import QuietLog, loop_exception_handler
 from dlm.node.runtime.rlimits import raise_open_files_limit
+from dlm.node.runtime.seat import METRICS, SERVING, Seat
 from dlm.node.runtime.security import NodeSecurity
 from dlm.node.snapshots import PERIODIC
 from dlm.node.stats import BackupStats, DiskStats
@@ -188,8 +189,12 @@ class NodeServer:
         rng: random.Random | None = None,
         limits: Limits | None = None,
         security: NodeSecurity | None = None,
+        seat: Seat | None = None,
     ) -> None:
         self.config = config
+        self.seat = seat
+        """A partition child's channel to its supervisor, which accepts its connections
+        (None: this process listens itself)."""
         self.storage = storage
         self.log = log or Logger(config.node_id)
         self.quiet = QuietLog(self.log)
@@ -211,6 +216,8 @@ class NodeServer:
                 snapshot_every=config.snapshot_every,
                 snapshot_keep=config.snapshot_keep,
                 quotas=replace(config.quotas, max_connections=self.budget.clients),
+                partition=config.partition,
+                partitions=config.partitions,
             ),
             storage,
             self._rng,
@@ -261,13 +268,15 @@ class NodeServer:
         self.imager: ForkImager | None = None
         """Builds snapshot and backup images in a forked child (imaging.py)."""
         self.backup_stats = BackupStats()
+        self._adoptions: set[asyncio.Task[Any]] = set()
+        """Connections from the supervisor still being adopted (their TLS handshakes)."""
         self._image_s: dict[int, tuple[float, float]] = {}
         """Seconds each periodic image took to build off the loop, and its fork held the
         loop, by index (read once)."""
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def serve(self, listener: anyio.abc.Listener[Any]) -> None:
+    async def serve(self, listener: anyio.abc.Listener[Any] | None) -> None:
         """Runs until ``shutdown`` (or cancellation); closes nothing it did not open."""
         self._listener = listener
         loop = self._loop = asyncio.get_running_loop()
@@ -279,7 +288,9 @@ class NodeServer:
         self.budget = Budget.for_process(len(self.config.peers), self.limits.max_connections)
         self.machine.member_connections(self.budget.clients)
         tls = self.security.server_tls
-        for sock in _raw_sockets(listener):
+        if self.seat is not None:
+            self.seat.start(loop, self._adopt, self._supervisor_gone)
+        for sock in _raw_sockets(listener) if listener is not None else []:
             server = await loop.create_server(
                 lambda: AcceptedConnection(self),
                 sock=sock,
@@ -312,6 +323,8 @@ class NodeServer:
                 )
                 self._run_actions()
                 notify("READY=1")  # systemd's Type=notify: serving from now on
+                if self.seat is not None:
+                    self.seat.tell(SERVING)
                 try:
                     await self.stopped.wait()
                 finally:
@@ -344,6 +357,8 @@ class NodeServer:
                 exc.errno, f"cannot serve metrics on {_addr_text((host, port))}: {exc.strerror}"
             ) from None
         self.metrics = listener
+        if self.seat is not None:
+            self.seat.tell(METRICS + b" %d" % listener.port)
         self.log.info(
             "metrics_serving",
             address=_addr_text((host, listener.port)),
@@ -385,7 +400,44 @@ class NodeServer:
             await anyio.sleep(0.01)
         self.stopped.set()
 
+    def _adopt(self, sock: socket.socket) -> None:
+        """A connection the supervisor accepted for this partition: served exactly as one
+        this process accepted itself (TLS handshake included)."""
+        loop = self._loop
+        if self._stopping or loop is None:
+            sock.close()
+            return
+        tls = self.security.server_tls
+        task = loop.create_task(
+            loop.connect_accepted_socket(
+                lambda: AcceptedConnection(self),
+                sock,
+                ssl=tls,
+                ssl_handshake_timeout=self.limits.hello_timeout if tls is not None else None,
+            )
+        )
+        self._adoptions.add(task)
+        task.add_done_callback(self._adopted)
+
+    def _adopted(self, task: asyncio.Task[Any]) -> None:
+        self._adoptions.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # A failed TLS handshake or a connection reset before it was adopted: its
+            # socket is closed already, as a listener's would be.
+            self.quiet.warning("connection_not_adopted", error=str(task.exception())[:200])
+
+    def _supervisor_gone(self) -> None:
+        """The member's supervisor is gone: a partition never outlives its member."""
+        self.log.warning("supervisor_gone")
+        tg = self._task_group
+        if tg is None:
+            self.stopped.set()
+        else:
+            tg.start_soon(self.shutdown)
+
     def _stop_serving(self) -> None:
+        if self.seat is not None:
+            self.seat.stop()
         for srv in self._servers:
             srv.close()
         self._servers = []
@@ -779,6 +831,8 @@ class NodeServer:
                 advertise=self.config.address,
                 # A connection that has delivered nothing for an election timeout is replaced.
                 stall_after=self.config.timing.election_timeout_s,
+                partition=self.config.partition,
+                partitions=self.config.partitions,
             )
             self._links[peer_id] = link
             scope = anyio.CancelScope()
@@ -1000,18 +1054,19 @@ def _addr_text(addr: tuple[str, int]) -> str:
 async def run(
     config: NodeConfig,
     storage: Storage,
-    listener: anyio.abc.Listener[Any],
+    listener: anyio.abc.Listener[Any] | None,
     *,
     log: Logger,
     on_started: Callable[[NodeServer], None] | None = None,
     security: NodeSecurity | None = None,
+    seat: Seat | None = None,
 ) -> int:
     """Serves until SIGTERM/SIGINT (then shuts down gracefully) or until the machine says
     stop; returns the exit code."""
     limit = raise_open_files_limit()
     if limit.after != limit.before or limit.error is not None:
         log.info("open_files_limit", before=limit.before, after=limit.after, error=limit.error)
-    server = NodeServer(config, storage, log=log, security=security)
+    server = NodeServer(config, storage, log=log, security=security, seat=seat)
     if server.machine.raft.removed:
         raise RemovedMember(
             f"member {config.node_id} was removed from the cluster: to bring it back, remove "

@@ -142,7 +142,12 @@ class Cluster:
         seed: int = 7,
         links_follow_peers: bool = False,
         peers_authenticated: bool = False,
+        partition: int = 0,
+        partitions: int = 1,
     ) -> None:
+        self.partition = partition
+        self.partitions = partitions
+        """Which partition's group these members are, of how many (1: no partitions)."""
         self.first = NODE_IDS[:size]
         """The first members (the bootstrap configuration)."""
         self.ids: tuple[NodeId, ...] = self.first
@@ -183,6 +188,8 @@ class Cluster:
             address=address(node),
             join_members=self._join_members.get(node, {}),
             peers_authenticated=self.peers_authenticated,
+            partition=self.partition,
+            partitions=self.partitions,
         )
 
     def join(self, node: NodeId, told: dict[NodeId, str]) -> Member:

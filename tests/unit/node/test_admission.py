@@ -304,3 +304,73 @@ def test_without_a_certificate_nothing_changes() -> None:
     assert isinstance(accept.hello(client_hello()), Ask)
     admitted = accept.verdict(None)
     assert isinstance(admitted, Admit) and admitted.identity == "admin"
+
+
+# ---------------------------------------------------------------------------
+# Partitions
+# ---------------------------------------------------------------------------
+
+
+def partitioned(partition: int, partitions: int, secret: bytes | None = None) -> Acceptance:
+    def responder_for(role: HelloRole) -> Any:
+        return None if secret is None else auth.Responder(secret, nonce(7), node="n1")
+
+    return Acceptance(
+        node_id="n1",
+        cluster="c",
+        responder_for=responder_for,
+        partition=partition,
+        partitions=partitions,
+    )
+
+
+def test_the_welcome_names_the_partition_count_and_the_partition_reached() -> None:
+    accept = partitioned(2, 4)
+    assert isinstance(accept.hello({"t": "hello", "role": "client", "version": 1}), Ask)
+    admitted = accept.verdict(None)
+    assert isinstance(admitted, Admit) and admitted.greeting is not None
+    assert admitted.greeting["partitions"] == 4 and admitted.greeting["partition"] == 2
+    accept = partitioned(0, 4)
+    accept.hello({"t": "hello", "role": "client", "version": 1})
+    greeting = accept.verdict(None)
+    assert isinstance(greeting, Admit) and greeting.greeting is not None
+    assert greeting.greeting["partitions"] == 4 and "partition" not in greeting.greeting
+
+
+def test_a_peer_with_another_partition_count_is_refused_naming_both() -> None:
+    hello = Hello(HelloRole.PEER, cluster="c", node="n2", partitions=2).to_wire()
+    refused = partitioned(0, 4).hello(hello)
+    assert isinstance(refused, Refuse) and refused.why == "partitions"
+    assert "n1 has --partitions 4" in refused.reason and "n2 --partitions 2" in refused.reason
+    # A peer of one partition (it says nothing) and a member of four.
+    refused = partitioned(1, 4).hello(peer_hello())
+    assert isinstance(refused, Refuse) and refused.why == "partitions"
+    # The same count is admitted; so is a client, which never says a count.
+    same = Hello(HelloRole.PEER, cluster="c", node="n2", partitions=4).to_wire()
+    assert isinstance(partitioned(3, 4).hello(same), Ask)
+
+
+def test_with_a_secret_the_partition_refusal_waits_for_the_proof_and_is_sealed() -> None:
+    initiator = auth.Initiator(SECRET, nonce(3), role="peer", cluster="c", node="n2")
+    hello = {
+        **Hello(HelloRole.PEER, cluster="c", node="n2", partitions=2).to_wire(),
+        **initiator.hello_fields(),
+    }
+    dial = Dialing(peer_id="n1", hello=hello, initiator=initiator, tls=False)
+    accept = partitioned(0, 4, SECRET)
+    sent = accept.hello(dial.hello)
+    assert isinstance(sent, Send)
+    connected = dial.reply(sent.frame)
+    assert isinstance(connected, Connected)
+    refused = accept.proof(connected.auth_frame)
+    assert isinstance(refused, Refuse) and refused.why == "partitions"
+    assert refused.sealer is not None
+
+
+def test_a_member_of_one_partition_welcomes_as_before() -> None:
+    accept = acceptance(None)
+    accept.hello(peer_hello())
+    admitted = accept.verdict(None)
+    assert isinstance(admitted, Admit) and admitted.greeting is not None
+    assert admitted.greeting == welcome("n1", "c", admitted.greeting["version"])
+    assert "partitions" not in Hello(HelloRole.PEER, cluster="c", node="n2").to_wire()

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dlm.durations import DurationError, parse_duration
 from dlm.node.machine import Quotas, Timing
+from dlm.partitioning import check_partitions
 from dlm.wire import format_addr, parse_addr
 
 DEFAULT_NODE_ID = "n1"
@@ -97,6 +98,10 @@ class NodeConfig:
     Members of different incarnations refuse each other's links."""
     made_by: str = ""
     """``restored`` or ``recovered`` for a directory `dlm node restore`/`recover` built."""
+    partition: int = 0
+    """Which partition's Raft group this process serves (0 for a member of one partition)."""
+    partitions: int = 1
+    """How many partitions the cluster has (``--partitions``; 1: one group, no supervisor)."""
 
     @property
     def address(self) -> str:
@@ -385,12 +390,96 @@ def _recorded_addr(raw: object) -> tuple[str, int] | None:
     return parse_addr(raw)
 
 
+PARTITIONS_FILE = "partitions.json"
+"""In the data directory of a member with more than one partition: the partition count
+it was created with, and whose directory it is. Each partition's own data directory
+(``p0``, ``p1``, ...) beside it is a complete member data directory. A member of one
+partition has none: its directory is laid out as in every earlier release."""
+
+
+def partition_dir(data_dir: Path, partition: int) -> Path:
+    """The data directory of one partition of a member with more than one."""
+    return data_dir / f"p{partition}"
+
+
+def parse_partitions(text: str | None) -> int | None:
+    """``--partitions`` as a count (None: not given); ConfigError, one line, if it is bad."""
+    if text is None or not text.strip():
+        return None
+    stripped = text.strip()
+    if not stripped.isdigit():
+        raise ConfigError(f"--partitions must be a whole number from 1 to 64, not {stripped!r}")
+    count = int(stripped)
+    problem = check_partitions(count)
+    if problem is not None:
+        raise ConfigError(f"--partitions: {problem}")
+    return count
+
+
+def recorded_partitions(data_dir: Path) -> int | None:
+    """The partition count a data directory was created with (None: a new directory).
+    A directory laid out for one partition (node.json at its top) says 1."""
+    path = data_dir / PARTITIONS_FILE
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return 1 if (data_dir / META_FILE).exists() else None
+    except OSError:
+        return None  # an unusable data dir: refused, with its reason, when it is opened
+
+    try:
+        count = json.loads(raw)["partitions"]
+        if type(count) is not int or check_partitions(count) is not None:
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(
+            f"{path} is damaged: it should say how many partitions this data dir has"
+        ) from None
+    return int(count)
+
+
+def settle_partitions(given: int | None, recorded: int | None, data_dir: Path) -> int:
+    """The partition count to start with: the one ``data_dir`` recorded, which
+    ``--partitions`` may repeat but not change; ConfigError (one line) when it tries."""
+    if recorded is None:
+        return given or 1
+    if given is not None and given != recorded:
+        raise ConfigError(
+            f"this data dir was created with --partitions {recorded}: {data_dir} cannot be "
+            f"started with --partitions {given} (start it without --partitions, or with "
+            f"--partitions {recorded}); to change the count restore a backup with --partitions"
+        )
+    return recorded
+
+
+def write_partitions(config: NodeConfig, partitions: int) -> None:
+    """Records the partition count of a new member data directory (atomically)."""
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    body = json.dumps(
+        {"format": 1, "partitions": partitions, "node": config.node_id, "cluster": config.cluster}
+    )
+    _write_atomically(config.data_dir, config.data_dir / PARTITIONS_FILE, body + "\n")
+
+
+def _write_atomically(directory: Path, path: Path, body: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 def write_meta(config: NodeConfig) -> None:
     """Records the owner of a data dir, the cluster's first members and where this member
     listens (atomically: temp file, fsync, rename, fsync of the directory)."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
     path = config.data_dir / META_FILE
-    tmp = path.with_suffix(".tmp")
     meta: dict[str, object] = {
         "format": META_FORMAT,
         "node": config.node_id,
@@ -405,14 +494,4 @@ def write_meta(config: NodeConfig) -> None:
         meta["advertise"] = format_addr(*config.advertise)
     if config.join_members:
         meta["join_members"] = {k: format_addr(*v) for k, v in sorted(config.join_members.items())}
-    body = json.dumps(meta)
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(body + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(config.data_dir, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    _write_atomically(config.data_dir, path, json.dumps(meta) + "\n")

@@ -35,7 +35,7 @@ class OptionError(Exception):
 class NodeOption:
     """One setting: ``param`` is its keyword in dlm.node.runtime.main.start_node."""
 
-    __slots__ = ("choices", "flag", "help", "is_flag", "metavar", "param")
+    __slots__ = ("_env", "choices", "flag", "help", "is_flag", "metavar", "param")
 
     def __init__(
         self,
@@ -46,8 +46,10 @@ class NodeOption:
         choices: tuple[str, ...] = (),
         *,
         is_flag: bool = False,
+        env: str | None = None,
     ) -> None:
         self.param = param
+        self._env = env
         self.flag = flag
         self.metavar = metavar
         self.help = help
@@ -62,6 +64,8 @@ class NodeOption:
 
     @property
     def env(self) -> str:
+        if self._env is not None:
+            return self._env
         return ENV_PREFIX + self.name.replace("-", "_").upper()
 
     def __repr__(self) -> str:
@@ -200,6 +204,15 @@ NODE_OPTIONS = (
         "N",
         "Most requests one client connection may have sent and not yet had answered. "
         "[default: 512]",
+    ),
+    NodeOption(
+        "partitions",
+        "--partitions",
+        "P",
+        "Split the keys over P Raft groups (1 to 64), each served by a process of its own "
+        "on every member; fixed when the data directory is created (a later start without "
+        "it uses the recorded count). Give every member the same. [default: 1]",
+        env="DLM_PARTITIONS",
     ),
     NodeOption(
         "peer_secret_file",

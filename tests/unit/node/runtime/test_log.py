@@ -31,6 +31,22 @@ def test_json_lines_are_unchanged() -> None:
     assert (record["level"], record["role"], record["term"]) == ("info", "leader", 3)
 
 
+def test_a_partition_process_names_its_partition_in_every_line(utc: None) -> None:
+    out = io.StringIO()
+    log = Logger("n1", level=INFO, stream=out, partition=2)
+    log.info("role_changed", role="leader")
+    log.info("audit", partition=9)  # an event's own field of that name wins
+    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+    assert first["node"] == "n1" and first["partition"] == 2 and first["event"] == "role_changed"
+    assert second["partition"] == 9  # the event's own field, as with any reserved name
+    text = io.StringIO()
+    Logger("n1", level=INFO, stream=text, format="text", partition=2).info("x")
+    assert " n1/p2 x" in text.getvalue()
+    plain = io.StringIO()
+    Logger("n1", level=INFO, stream=plain).info("x")
+    assert "partition" not in json.loads(plain.getvalue())
+
+
 def test_text_is_time_level_node_event_then_fields(utc: None) -> None:
     line = text_line(1_700_000_000.123, "info", "n1", "role_changed", {"role": "leader", "term": 3})
     assert line == "2023-11-14T22:13:20.123+00:00 INFO  n1 role_changed role=leader term=3"

@@ -34,6 +34,8 @@ def test_every_option_has_a_variable_and_a_file_key_named_after_its_flag() -> No
     assert names["--cluster-id"] == ("DLM_NODE_CLUSTER_ID", "cluster-id")
     assert names["--log-level"] == ("DLM_NODE_LOG_LEVEL", "log-level")
     assert names["--log-format"] == ("DLM_NODE_LOG_FORMAT", "log-format")
+    # The cluster-wide shape, named as issue 25 names it (not a DLM_NODE_ variable).
+    assert names["--partitions"] == ("DLM_PARTITIONS", "partitions")
 
 
 def test_the_typer_command_takes_exactly_the_table() -> None:
@@ -41,8 +43,10 @@ def test_the_typer_command_takes_exactly_the_table() -> None:
     start = group.commands["node"].commands["start"]  # type: ignore[attr-defined]
     options = {opt: param.name for param in start.params for opt in param.opts}
     assert options == {option.flag: option.param for option in ALL_OPTIONS}
+    env = {option.param: option.env for option in ALL_OPTIONS}
     for param in start.params:
-        assert "[env: DLM_NODE_" in (param.help or "")
+        assert f"[env: {env[str(param.name)]}]" in (param.help or "")
+        assert env[str(param.name)].startswith("DLM_NODE_") or param.name == "partitions"
 
 
 def test_flag_beats_variable_beats_file(tmp_path: Path) -> None:
