@@ -44,6 +44,7 @@ from dlm.client.core import (
     without_id,
 )
 from dlm.client.errors import AuthFailed, ClusterUnavailable, DlmError, LeaseLost, ServerError
+from dlm.partitioning import preamble
 from dlm.wire import (
     PEER_FRAME_LIMIT,
     AuthChange,
@@ -128,15 +129,31 @@ class _StreamConnection:
 
     @classmethod
     async def open(
-        cls, addr: str, timeout: float, secret: bytes | None = None, tls: Any = None
+        cls,
+        addr: str,
+        timeout: float,
+        secret: bytes | None = None,
+        tls: Any = None,
+        partition: int = 0,
     ) -> tuple[_StreamConnection, dict[Any, Any]]:
         host, port = parse_addr(addr)
         try:
             with anyio.fail_after(max(0.001, timeout)):
-                if tls is not None:
-                    stream: anyio.abc.ByteStream = await anyio.connect_tcp(
-                        host, port, ssl_context=tls, tls_hostname=host
-                    )
+                if partition:
+                    # The preamble goes first, on the bare connection, before TLS.
+                    tcp = await anyio.connect_tcp(host, port)
+                    try:
+                        await tcp.send(preamble(partition))
+                        stream: anyio.abc.ByteStream = tcp
+                        if tls is not None:
+                            from anyio.streams.tls import TLSStream
+
+                            stream = await TLSStream.wrap(tcp, hostname=host, ssl_context=tls)
+                    except BaseException:
+                        await tcp.aclose()
+                        raise
+                elif tls is not None:
+                    stream = await anyio.connect_tcp(host, port, ssl_context=tls, tls_hostname=host)
                 else:
                     stream = await anyio.connect_tcp(host, port)
                 conn = cls(addr, stream)
@@ -334,7 +351,12 @@ class _AsyncioConnection:
 
     @classmethod
     async def open(
-        cls, addr: str, timeout: float, secret: bytes | None = None, tls: Any = None
+        cls,
+        addr: str,
+        timeout: float,
+        secret: bytes | None = None,
+        tls: Any = None,
+        partition: int = 0,
     ) -> tuple[_AsyncioConnection, dict[Any, Any]]:
         host, port = parse_addr(addr)
         loop = asyncio.get_running_loop()
@@ -345,7 +367,20 @@ class _AsyncioConnection:
             options = {"ssl": tls, "server_hostname": host}
         try:
             with anyio.fail_after(max(0.001, timeout)):
-                transport, _ = await loop.create_connection(lambda: protocol, host, port, **options)
+                if partition:
+                    # The preamble goes first, on the bare socket, before TLS and the hello.
+                    sock = await _dial_with_preamble(loop, host, port, partition)
+                    try:
+                        transport, _ = await loop.create_connection(
+                            lambda: protocol, sock=sock, **options
+                        )
+                    except BaseException:
+                        sock.close()
+                        raise
+                else:
+                    transport, _ = await loop.create_connection(
+                        lambda: protocol, host, port, **options
+                    )
         except TimeoutError:
             raise ConnectionBroken("no greeting in time") from None
         except OSError as exc:
@@ -471,6 +506,31 @@ class _AsyncioConnection:
                 await anyio.sleep(0)
 
 
+async def _dial_with_preamble(
+    loop: asyncio.AbstractEventLoop, host: str, port: int, partition: int
+) -> socket.socket:
+    """A connected socket to ``host`` (each of its addresses in turn) that has sent the
+    preamble of ``partition``: what the member's supervisor reads to hand it on."""
+    last: OSError | None = None
+    for family, kind, proto, _, address in await loop.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM
+    ):
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, address)
+            await loop.sock_sendall(sock, preamble(partition))
+        except OSError as exc:
+            sock.close()
+            last = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    raise last or OSError(f"no address found for {host!r}")
+
+
 def _on_asyncio() -> bool:
     """Whether the running loop is asyncio's (anyio may also run on trio)."""
     if not NATIVE_ASYNCIO:
@@ -483,11 +543,12 @@ def _on_asyncio() -> bool:
 
 
 async def _open_connection(
-    addr: str, timeout: float, secret: bytes | None = None, tls: Any = None
+    addr: str, timeout: float, secret: bytes | None = None, tls: Any = None, partition: int = 0
 ) -> tuple[_AnyConnection, dict[Any, Any]]:
+    """A connection to ``partition``'s group on the member at ``addr``, and its greeting."""
     if _on_asyncio():
-        return await _AsyncioConnection.open(addr, timeout, secret, tls)
-    return await _StreamConnection.open(addr, timeout, secret, tls)
+        return await _AsyncioConnection.open(addr, timeout, secret, tls, partition)
+    return await _StreamConnection.open(addr, timeout, secret, tls, partition)
 
 
 _AnyConnection = _StreamConnection | _AsyncioConnection
@@ -535,7 +596,8 @@ class AsyncClient:
         )
         # asyncio's Lock takes no checkpoint when free; anyio's is the portable fallback.
         self._lock: asyncio.Lock | anyio.Lock | None = None
-        self._conn: _AnyConnection | None = None
+        # One connection per partition, to the address its router chose last.
+        self._conns: dict[int, _AnyConnection] = {}
         self._closed = False
         self._ttl_ms: dict[str, int] = {}
         # Shared with spawned clients: a keep_alive renews from one (see sync.Client).
@@ -554,11 +616,21 @@ class AsyncClient:
 
     async def aclose(self) -> None:
         self._closed = True
-        await self._drop_connection()
+        await self._drop_connections()
+
+    @property
+    def _conn(self) -> _AnyConnection | None:
+        """Partition 0's connection (the only one in a cluster of one partition)."""
+        return self._conns.get(0)
 
     @property
     def connected_to(self) -> str | None:
         return self._conn.addr if self._conn is not None else None
+
+    @property
+    def partitions(self) -> int:
+        """How many partitions the cluster has, as far as this client has learned."""
+        return self._ctx.partitions
 
     @property
     def client_id(self) -> str:
@@ -576,6 +648,8 @@ class AsyncClient:
             tls=self._tls,
         )
         child._ctx.router.preferred = self._ctx.router.preferred
+        child._ctx.partitions = self._ctx.partitions
+        child._ctx.routers = {p: router.copy() for p, router in self._ctx.routers.items()}
         child._ttl_ms = dict(self._ttl_ms)
         child._watchers = self._watchers
         return child
@@ -740,24 +814,38 @@ class AsyncClient:
             if event is not None:
                 yield event
 
-    async def _watch(self, stream: WatchStream) -> AsyncGenerator[WatchEvent | None]:
-        """``watch``'s changes, and None each time a member starts serving it."""
+    async def _watch(
+        self, stream: WatchStream, partition: int | None = None
+    ) -> AsyncGenerator[WatchEvent | None]:
+        """``watch``'s changes, and None each time a member starts serving it;
+        ``partition`` as for the blocking client's."""
         import itertools
 
         from dlm.client.watching import WatchBroken
 
         members = list(self.members)
-        preferred = self._ctx.router.preferred
+        ctx = self._ctx
+        preferred = ctx.router_for(core.watch_partition(ctx, stream.key, partition)).preferred
         first = members.index(preferred) if preferred in members else 0
-        attempt = self._ctx.attempt_timeout
+        attempt = ctx.attempt_timeout
         for tried in itertools.count(first):
             addr = members[tried % len(members)]
             conn: _AnyConnection | None = None
             try:
-                conn, greeting = await _open_connection(addr, attempt, self._secret, self._tls)
+                conn, greeting = await _open_connection(
+                    addr,
+                    attempt,
+                    self._secret,
+                    self._tls,
+                    core.watch_partition(ctx, stream.key, partition),
+                )
                 reply = None
                 if greeting.get("t") != "error":
+                    ctx.learn_partitions(core.greeting_partitions(greeting)[0])
                     reply = await conn.request(stream.request(), attempt)
+                    if reply is not None and reply.get("code") == "WRONG_PARTITION":
+                        # The key is another partition's: the next try goes there.
+                        ctx.learn_partitions(reply.get("partitions"))
                 node = greeting.get("node")
                 if reply is not None and stream.started(
                     reply, node if isinstance(node, str) else addr
@@ -888,19 +976,22 @@ class AsyncClient:
         return header, assembly.image()
 
     async def ping(self) -> bool:
-        """Tells the member this idle connection is still wanted; False if there is none
-        (nothing is connected then, and nothing is opened for it)."""
+        """Tells the members these idle connections (one per partition) are still wanted;
+        False if there is none, or one did not answer (nothing is opened for it)."""
         lock = self._call_lock()
         async with lock:
-            conn = self._conn
-            if conn is None or self._closed:
+            if not self._conns or self._closed:
                 return False
-            try:
-                reply = await conn.request(core.ping_request(), 2.0)
-            except ConnectionBroken:
-                await self._drop_connection()
-                return False
-            return reply is not None and reply.get("t") == "ok"
+            answered = True
+            for partition, conn in list(self._conns.items()):
+                try:
+                    reply = await conn.request(core.ping_request(), 2.0)
+                except ConnectionBroken:
+                    reply = None
+                if reply is None or reply.get("t") != "ok":
+                    await self._drop_connection(partition)
+                    answered = False
+            return answered
 
     async def member_status(self, addr: str, timeout: float = 2.0) -> StatusView | None:
         deadline = time.monotonic() + timeout
@@ -985,49 +1076,61 @@ class AsyncClient:
                 await anyio.sleep(action.seconds)
             return None
         if isinstance(action, AwaitGrant):
-            conn = self._conn
+            conn = self._conns.get(action.partition)
             if conn is None or conn.addr != action.addr:
                 return Failed("connection lost while waiting")
             try:
                 return await conn.await_grant(action.lease, action.key, action.timeout)
             except ConnectionBroken as exc:
-                await self._drop_connection()
+                await self._drop_connection(action.partition)
                 return Failed(str(exc))
         return await self._send(action)
 
     async def _send(self, action: Send) -> Outcome:
         deadline = time.monotonic() + action.timeout
-        conn = self._conn
+        partition = action.partition
+        conn = self._conns.get(partition)
         if conn is None or conn.addr != action.addr:
-            await self._drop_connection()
+            await self._drop_connection(partition)
             try:
                 conn, greeting = await _open_connection(
-                    action.addr, action.timeout, self._secret, self._tls
+                    action.addr, action.timeout, self._secret, self._tls, partition
                 )
             except ConnectionBroken as exc:
                 return Failed(str(exc))
             if greeting.get("t") != "welcome":
                 await conn.aclose()
                 return greeting if greeting.get("t") == "error" else Failed("no welcome")
-            self._conn = conn
+            count, greeted = core.greeting_partitions(greeting)
+            self._ctx.learn_partitions(count)
+            if greeted != partition:
+                # The member's supervisor handed us to another group than the preamble
+                # named (or the greeting is garbled): nothing it answers here counts.
+                await conn.aclose()
+                return Failed(f"answered for partition {greeted}, not {partition}")
+            self._conns[partition] = conn
         if action.drop_pushes_for is not None:
             conn.drop_pushes(*action.drop_pushes_for)
         try:
             reply = await conn.request(action.request, max(0.001, deadline - time.monotonic()))
         except ConnectionBroken as exc:
-            await self._drop_connection()
+            await self._drop_connection(partition)
             return Failed(str(exc))
         if reply is None:
-            await self._drop_connection()
+            await self._drop_connection(partition)
             return Failed(f"no reply within {action.timeout:.3g}s")
         if reply.get("t") == "error" and "id" not in reply:
-            await self._drop_connection()
+            await self._drop_connection(partition)
         return reply
 
-    async def _drop_connection(self) -> None:
-        conn, self._conn = self._conn, None
+    async def _drop_connection(self, partition: int = 0) -> None:
+        conn = self._conns.pop(partition, None)
         if conn is not None:
             await conn.aclose()
+
+    async def _drop_connections(self) -> None:
+        for partition in list(self._conns):
+            await self._drop_connection(partition)
 
 
 async def _next_frame(conn: _AnyConnection, timeout: float) -> dict[Any, Any] | None:

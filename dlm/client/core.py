@@ -125,6 +125,7 @@ __all__ = [
     "CLOCK_RATE_BOUND",
     "LEASE_ENDINGS",
     "LEASE_SLACK_S",
+    "MAX_PARTITION_REROUTES",
     "MAX_REDIRECT_HOPS",
     "NOT_A_MEMBER",
     "OPEN_RETRY_MAX_S",
@@ -153,6 +154,7 @@ __all__ = [
     "Sequencer",
     "Sleep",
     "VoterRoll",
+    "WrongPartition",
     "acquire_flow",
     "call",
     "change",
@@ -162,6 +164,7 @@ __all__ = [
     "error_from_reply",
     "get_flow",
     "grant_from_reply",
+    "greeting_partitions",
     "is_reply_to",
     "keepalive_flow",
     "lease_deadline",
@@ -186,11 +189,13 @@ __all__ = [
     "read_flow",
     "read_reply",
     "release_flow",
+    "request_partition",
     "status_flow",
     "tls_failed",
     "update_applied",
     "update_lease_flow",
     "view_flow",
+    "watch_partition",
     "without_id",
 ]
 
@@ -391,6 +396,23 @@ class Router:
     def answered(self, addr: str) -> None:
         self.preferred = addr
 
+    def copy(self) -> Router:
+        """An independent router of the same kind in the same state (a spawned client's)."""
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other.members = list(self.members)
+        return other
+
+    def for_partition(self, partition: int) -> Router:
+        """A router of the same kind for another partition's group: no leader known yet,
+        and the turn starts ``partition`` members further on, since the partitions'
+        leaders are spread over the members (partition i prefers the voters rotated by i).
+        A subclass (a test's routing through a proxy) keeps its own settings."""
+        other = self.copy()
+        other.preferred = None
+        other._turn = (self._turn + partition) % len(self.members)
+        return other
+
     def failed(self, addr: str) -> None:
         """``addr`` is down or not useful: forget it and move on.
 
@@ -447,14 +469,18 @@ class Backoff:
 
 
 class Send(Record):
-    __slots__ = ("addr", "drop_pushes_for", "request", "timeout")
-    FIELDS = ("addr", "request", "timeout", "drop_pushes_for")
+    __slots__ = ("addr", "drop_pushes_for", "partition", "request", "timeout")
+    FIELDS = ("addr", "request", "timeout", "drop_pushes_for", "partition")
     addr: str
     request: dict[str, Any]  # without "id": the driver assigns one per attempt
     timeout: float
     # A grant push for this (lease, key) that is already buffered is stale once we
     # send a new acquire for it; the driver drops it before sending.
     drop_pushes_for: tuple[str, str] | None
+    # Which of the member's partitions (Raft groups) the request is for: the driver
+    # keeps a connection per (address, partition) and dials partition i > 0 with
+    # dlm.partitioning.preamble(i).
+    partition: int
 
     def __init__(
         self,
@@ -462,11 +488,13 @@ class Send(Record):
         request: dict[str, Any],
         timeout: float,
         drop_pushes_for: tuple[str, str] | None = None,
+        partition: int = 0,
     ) -> None:
         _set(self, "addr", addr)
         _set(self, "request", request)
         _set(self, "timeout", timeout)
         _set(self, "drop_pushes_for", drop_pushes_for)
+        _set(self, "partition", partition)
 
 
 class Sleep(Record):
@@ -479,18 +507,20 @@ class Sleep(Record):
 
 
 class AwaitGrant(Record):
-    __slots__ = ("addr", "key", "lease", "timeout")
-    FIELDS = ("addr", "lease", "key", "timeout")
+    __slots__ = ("addr", "key", "lease", "partition", "timeout")
+    FIELDS = ("addr", "lease", "key", "timeout", "partition")
     addr: str
     lease: str
     key: str
     timeout: float
+    partition: int  # the connection (to ``addr``, for this partition) the push comes on
 
-    def __init__(self, addr: str, lease: str, key: str, timeout: float) -> None:
+    def __init__(self, addr: str, lease: str, key: str, timeout: float, partition: int = 0) -> None:
         _set(self, "addr", addr)
         _set(self, "lease", lease)
         _set(self, "key", key)
         _set(self, "timeout", timeout)
+        _set(self, "partition", partition)
 
 
 class ConnectionBroken(Exception):
@@ -520,7 +550,14 @@ if TYPE_CHECKING:
 
 
 class Context:
-    """What every call of one client shares: members, routing, backoff, clock, identity."""
+    """What every call of one client shares: members, routing, backoff, clock, identity.
+
+    Partitions (issue 25): a cluster may run ``partitions`` Raft groups, each with its own
+    leader, on the same members. The client learns the count from a member's greeting or
+    a WRONG_PARTITION reply (it is 1 until then: a cluster of one partition is exactly the
+    cluster of earlier releases), and keeps one Router per partition: ``router`` is
+    partition 0's, ``router_for(p)`` any partition's.
+    """
 
     __slots__ = (
         "attempt_timeout",
@@ -529,8 +566,10 @@ class Context:
         "clock",
         "dial_timeout",
         "members",
+        "partitions",
         "reached",
         "router",
+        "routers",
         "seqs",
         "timeout",
     )
@@ -561,6 +600,58 @@ class Context:
         # a member that stops answering is an outage to ride out, not a wrong address.
         self.dial_timeout = dial_timeout
         self.reached = False
+        self.partitions = 1
+        # The routers of partitions other than 0, made on first use from ``router``.
+        self.routers: dict[int, Router] = {}
+
+    def router_for(self, partition: int) -> Router:
+        """The router of ``partition``'s group (``router`` itself for partition 0)."""
+        if partition == 0:
+            return self.router
+        router = self.routers.get(partition)
+        if router is None:
+            router = self.routers[partition] = self.router.for_partition(partition)
+        return router
+
+    def learn_partitions(self, count: object) -> bool:
+        """A member said the cluster has ``count`` partitions (its greeting, or a
+        WRONG_PARTITION reply): True when that changed what this client knew. A count
+        that is no valid partition count is ignored (bytes from outside are untrusted)."""
+        if count == self.partitions or not isinstance(count, int):
+            return False
+        from dlm.partitioning import check_partitions
+
+        if check_partitions(count) is not None:
+            return False
+        self.partitions = count
+        return True
+
+    def partition_of(self, key: str) -> int:
+        """The partition that holds ``key``, as far as this client knows the cluster."""
+        if self.partitions == 1:
+            return 0  # without loading hashlib: `dlm acquire` on a one-partition cluster
+        from dlm.partitioning import partition_of
+
+        return partition_of(key, self.partitions)
+
+
+def greeting_partitions(greeting: Mapping[Any, Any]) -> tuple[int | None, int | None]:
+    """What a member's welcome says of partitions: (the cluster's count, the partition
+    this connection reached). A welcome that names neither is from a cluster of one
+    partition (or an earlier release): (1, 0). A value that is not a valid count or
+    partition number reads as None (bytes from outside are untrusted)."""
+    count = greeting.get("partitions", 1)
+    partition = greeting.get("partition", 0)
+    if count == 1 and partition == 0 and not isinstance(count, bool | float):
+        return 1, 0  # the one-partition cluster's welcome, decided without more imports
+    from dlm.partitioning import MAX_PARTITIONS, check_partitions
+
+    if not isinstance(count, int) or check_partitions(count) is not None:
+        count = None
+    valid = isinstance(partition, int) and not isinstance(partition, bool)
+    if not valid or not 0 <= partition < (count or MAX_PARTITIONS):
+        partition = None
+    return count, partition
 
 
 def default_attempt_timeout(timeout: float) -> float:
@@ -574,19 +665,60 @@ def default_attempt_timeout(timeout: float) -> float:
 # ---------------------------------------------------------------------------
 
 
+class WrongPartition(ServerError):
+    """A member answered WRONG_PARTITION to a request sent to a partition the caller
+    chose (``call(..., partition=p)``): the key is another partition's. ``partitions``
+    is the count the member gave (the context has learned it): the caller plans again."""
+
+    def __init__(self, message: str, partitions: int) -> None:
+        super().__init__(ErrorCode.WRONG_PARTITION.value, message)
+        self.partitions = partitions
+
+
+MAX_PARTITION_REROUTES = 4
+"""WRONG_PARTITION replies one call follows before it gives up: a cluster whose members
+disagree about the count (mid-restore, say) must not send the client in circles."""
+
+
+def request_partition(s: Context, request: Mapping[str, Any]) -> int:
+    """The partition a request goes to when the caller names none: its key's, for a
+    request that names one (acquire, release, get, proclaim, runs or watch of a key),
+    else partition 0."""
+    key = request.get("key")
+    return s.partition_of(key) if isinstance(key, str) else 0
+
+
+def watch_partition(s: Context, key: str | None, partition: int | None = None) -> int:
+    """The partition a watch goes to: ``partition`` when given, else the watched key's
+    (a prefix's watch: partition 0, unless the caller names another)."""
+    if partition is not None:
+        return partition
+    return s.partition_of(key) if key is not None else 0
+
+
 def call(
     s: Context,
     request: dict[str, Any],
     *,
     timeout: float | None = None,
     drop_pushes_for: tuple[str, str] | None = None,
+    partition: int | None = None,
 ) -> Generator[Action, Outcome, tuple[str, Reply]]:
     """Sends ``request`` until some member answers it; returns (address, ok reply).
 
     Retryable failures are retried with the very same request (same ``seq``)
     until ``timeout`` (default: the client's) runs out, then ClusterUnavailable.
     Any other error reply is raised as its exception.
+
+    ``partition``: the partition (Raft group) to ask. None routes by the request's
+    key (``request_partition``), and a WRONG_PARTITION reply re-routes it by the count
+    that reply gives (at most MAX_PARTITION_REROUTES times). A partition named here is
+    kept: a WRONG_PARTITION reply raises WrongPartition, for the caller to plan again
+    (a lease's part may have to be opened in the key's partition first).
     """
+    routed = partition is None
+    target_partition = request_partition(s, request) if partition is None else partition
+    reroutes = 0
     budget = s.timeout if timeout is None else timeout
     deadline = s.clock() + budget
     dial = None if s.reached else s.dial_timeout
@@ -605,12 +737,15 @@ def call(
         remaining = deadline - s.clock()
         if remaining <= 0:
             raise _unavailable(s.members, budget, answered, last_problem)
-        addr = s.router.target()
+        router = s.router_for(target_partition)
+        addr = router.target()
         attempt = min(remaining, s.attempt_timeout)
         if dial is not None and (not answered or leaderless):
             # An equal share each, so one silent address cannot use up the dial budget.
             attempt = min(attempt, dial / len(s.members))
-        outcome = yield Send(addr, request, attempt, drop_pushes_for=drop_pushes_for)
+        outcome = yield Send(
+            addr, request, attempt, drop_pushes_for=drop_pushes_for, partition=target_partition
+        )
         delay = 0.0
         if roll is not None:
             roll.saw(addr, outcome)
@@ -623,7 +758,7 @@ def call(
                 last_problem = f"{addr} {NOT_A_MEMBER} within {waited:g}s{detail}"
             else:
                 last_problem = reason if reason.startswith(addr) else f"{addr}: {reason}"
-            s.router.failed(addr)
+            router.failed(addr)
             misses_in_row += 1
             hops = 0
             if misses_in_row % len(s.members) == 0:
@@ -639,14 +774,35 @@ def call(
             answered = s.reached = True
             kind = outcome.get("t")
             if kind == "ok":
-                s.router.answered(addr)
+                router.answered(addr)
                 return addr, outcome
             code = outcome.get("code")
             if kind != "error" or not isinstance(code, str):
                 last_problem = f"{addr}: unexpected reply {kind!r}"
-                s.router.failed(addr)
+                router.failed(addr)
                 delay = s.backoff.delay(failures)
                 failures += 1
+            elif code == ErrorCode.WRONG_PARTITION.value:
+                # Not this partition's key: the member says how many there are. The
+                # member answered, so the router keeps it; only the partition changes.
+                count = outcome.get("partitions")
+                s.learn_partitions(count)
+                message = (
+                    f"{addr} says the key is not partition {target_partition}'s "
+                    f"(the cluster has {count!r} partitions)"
+                )
+                if not routed:
+                    raise WrongPartition(message, s.partitions)
+                moved = request_partition(s, request)
+                reroutes += 1
+                if moved == target_partition or reroutes > MAX_PARTITION_REROUTES:
+                    raise ServerError(
+                        ErrorCode.WRONG_PARTITION.value,
+                        f"{message}; the members disagree about the partition count: "
+                        "check that every member runs with the same --partitions",
+                    )
+                target_partition = moved
+                continue
             elif code not in RETRYABLE_CODES:
                 raise error_from_reply(outcome, request)
             else:
@@ -655,11 +811,11 @@ def call(
                 if code == ErrorCode.NOT_LEADER.value and leader and leader != addr:
                     if hops < MAX_REDIRECT_HOPS:
                         hops += 1
-                        s.router.redirect(leader, addr)
+                        router.redirect(leader, addr)
                         continue
-                    s.router.redirect(leader, addr)
+                    router.redirect(leader, addr)
                 elif code in (ErrorCode.NOT_LEADER.value, ErrorCode.SHUTTING_DOWN.value):
-                    s.router.failed(addr)
+                    router.failed(addr)
                 if code in (ErrorCode.NOT_LEADER.value, ErrorCode.NO_QUORUM.value) and not (
                     leader and leader != addr
                 ):
@@ -774,7 +930,12 @@ def _unavailable(
 
 
 def change(
-    s: Context, request: Any, *, timeout: float | None = None, drop_pushes_for: Any = None
+    s: Context,
+    request: Any,
+    *,
+    timeout: float | None = None,
+    drop_pushes_for: Any = None,
+    partition: int | None = None,
 ) -> Generator[Action, Outcome, tuple[str, Reply]]:
     """``call`` for a request that changes state: it carries this client's identity.
 
@@ -786,7 +947,11 @@ def change(
     wire = without_id(request)
     wire.update(client=s.client, seq=seq, acked=s.seqs.acked)
     try:
-        return (yield from call(s, wire, timeout=timeout, drop_pushes_for=drop_pushes_for))
+        return (
+            yield from call(
+                s, wire, timeout=timeout, drop_pushes_for=drop_pushes_for, partition=partition
+            )
+        )
     finally:
         s.seqs.done(seq)
 
@@ -926,7 +1091,11 @@ def acquire_flow(
                 return grant_from_reply(reply, lease, key)
             if result != "queued" or not waiting:
                 raise ServerError("BAD_REPLY", f"unexpected acquire reply {result!r} from {addr}")
-            outcome = yield AwaitGrant(addr, lease, key, max(0.0, wait_deadline - s.clock()))
+            # The push comes on the connection the acquire was answered on: its key's
+            # partition's (``call`` routed it there).
+            outcome = yield AwaitGrant(
+                addr, lease, key, max(0.0, wait_deadline - s.clock()), s.partition_of(key)
+            )
             if isinstance(outcome, dict):
                 token = outcome.get("token")
                 if not isinstance(token, int) or isinstance(token, bool):

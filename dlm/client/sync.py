@@ -102,6 +102,8 @@ class _Connection:
         self.addr = addr
         self.sock = sock
         self.node = ""
+        self.partitions: int | None = None  # as the greeting says (None: none yet, or garbled)
+        self.partition: int | None = None  # the partition the greeting names (0 unnamed)
         self._tls = tls
         self.greeting: dict[Any, Any] | None = None
         """The member's welcome, when the handshake has already read it."""
@@ -114,10 +116,15 @@ class _Connection:
 
     @classmethod
     def open(
-        cls, addr: str, deadline: float, secret: bytes | None = None, tls: Any = None
+        cls,
+        addr: str,
+        deadline: float,
+        secret: bytes | None = None,
+        tls: Any = None,
+        partition: int = 0,
     ) -> tuple[_Connection, dict[Any, Any]]:
         """Connects and says hello; returns the connection and the member's greeting."""
-        conn = cls.start(addr, deadline, secret, tls)
+        conn = cls.start(addr, deadline, secret, tls, partition)
         try:
             greeting = conn.greeting or conn.read(deadline)
         except BaseException:
@@ -131,9 +138,18 @@ class _Connection:
 
     @classmethod
     def start(
-        cls, addr: str, deadline: float, secret: bytes | None = None, tls: Any = None
+        cls,
+        addr: str,
+        deadline: float,
+        secret: bytes | None = None,
+        tls: Any = None,
+        partition: int = 0,
     ) -> _Connection:
         """Connects and sends the hello, without waiting for the greeting.
+
+        ``partition`` > 0: the connection is for that partition's group on the member;
+        its preamble (dlm/partitioning.py) goes first, on the bare socket, before TLS
+        and the hello, for the member's supervisor to hand the connection on.
 
         A request may follow at once: the member reads frames in order, so it
         answers the hello first and the request after, and a run saves a round
@@ -152,6 +168,8 @@ class _Connection:
         except OSError as exc:
             raise ConnectionBroken(exc.strerror or str(exc)) from None
         sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+        if partition:
+            _send_preamble(sock, partition, deadline)
         if tls is not None:
             sock = _wrap_tls(sock, tls, host, addr, deadline)
         conn = cls(addr, sock, tls=tls is not None)
@@ -198,6 +216,8 @@ class _Connection:
     def greeted(self, greeting: dict[Any, Any]) -> None:
         node = greeting.get("node")
         self.node = node if isinstance(node, str) else ""
+        if greeting.get("t") == "welcome":
+            self.partitions, self.partition = core.greeting_partitions(greeting)
 
     def send(self, obj: Any, deadline: float) -> None:
         data = encode_frame(obj, self._sealer)
@@ -310,6 +330,20 @@ class _Connection:
             pass
 
 
+def _send_preamble(sock: _socket.socket, partition: int, deadline: float) -> None:
+    from dlm.partitioning import preamble
+
+    try:
+        sock.settimeout(max(0.001, _left(deadline)))
+        sock.sendall(preamble(partition))
+    except TimeoutError:
+        sock.close()
+        raise ConnectionBroken("send timed out") from None
+    except OSError as exc:
+        sock.close()
+        raise ConnectionBroken(exc.strerror or str(exc)) from None
+
+
 def _wrap_tls(raw: _socket.socket, context: Any, host: str, addr: str, deadline: float) -> Any:
     """``raw`` after a TLS handshake that verified the member's certificate against the CA
     and ``host``; AuthFailed if it could not be verified or TLS failed, ConnectionBroken if the
@@ -401,7 +435,9 @@ class Client:
             dial_timeout=dial_timeout,
         )
         self._lock = threading.RLock()
-        self._conn: _Connection | None = None
+        # One connection per partition, to the address its router chose last: a cluster
+        # of P partitions has P leaders, often on different members.
+        self._conns: dict[int, _Connection] = {}
         self._closed = False
         self._wake = threading.Event()
         self._ttl_ms: dict[str, int] = {}
@@ -423,22 +459,32 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        """Closes the connection; a call blocked in another thread fails promptly."""
+        """Closes the connections; a call blocked in another thread fails promptly."""
         self._closed = True
         self._wake.set()
-        conn = self._conn
-        if conn is not None:
+        for conn in list(self._conns.values()):
             conn.interrupt()
         if self._lock.acquire(timeout=5.0):
             try:
-                self._drop_connection()
+                self._drop_connections()
             finally:
                 self._lock.release()
+
+    @property
+    def _conn(self) -> _Connection | None:
+        """Partition 0's connection (the only one in a cluster of one partition)."""
+        return self._conns.get(0)
 
     @property
     def connected_to(self) -> str | None:
         conn = self._conn
         return conn.addr if conn is not None else None
+
+    @property
+    def partitions(self) -> int:
+        """How many partitions the cluster has, as far as this client has learned (1
+        until a member said otherwise)."""
+        return self._ctx.partitions
 
     @property
     def client_id(self) -> str:
@@ -462,6 +508,8 @@ class Client:
             tls=self._tls,
         )
         child._ctx.router.preferred = self._ctx.router.preferred
+        child._ctx.partitions = self._ctx.partitions
+        child._ctx.routers = {p: router.copy() for p, router in self._ctx.routers.items()}
         child._ttl_ms = dict(self._ttl_ms)
         child._watchers = self._watchers
         return child
@@ -661,26 +709,41 @@ class Client:
             if event is not None:
                 yield event
 
-    def _watch(self, stream: WatchStream) -> Generator[WatchEvent | None]:
-        """``watch``'s changes, and None each time a member starts serving it."""
+    def _watch(
+        self, stream: WatchStream, partition: int | None = None
+    ) -> Generator[WatchEvent | None]:
+        """``watch``'s changes, and None each time a member starts serving it.
+
+        ``partition``: the partition whose changes to watch; None: the watched key's
+        (partition 0 for a prefix: a prefix's keys are in every partition, and each
+        partition's watch is a stream of its own)."""
         import itertools
 
         from dlm.client.watching import WatchBroken
 
         members = list(self.members)
-        preferred = self._ctx.router.preferred
+        ctx = self._ctx
+        preferred = ctx.router_for(core.watch_partition(ctx, stream.key, partition)).preferred
         first = members.index(preferred) if preferred in members else 0
-        attempt = self._ctx.attempt_timeout
+        attempt = ctx.attempt_timeout
         for tried in itertools.count(first):
             addr = members[tried % len(members)]
             conn: _Connection | None = None
             try:
                 conn, greeting = _Connection.open(
-                    addr, time.monotonic() + attempt, self._secret, self._tls
+                    addr,
+                    time.monotonic() + attempt,
+                    self._secret,
+                    self._tls,
+                    core.watch_partition(ctx, stream.key, partition),
                 )
                 reply = None
                 if greeting.get("t") != "error":
+                    ctx.learn_partitions(conn.partitions)
                     reply = conn.request(stream.request(), time.monotonic() + attempt)
+                    if reply is not None and reply.get("code") == "WRONG_PARTITION":
+                        # The key is another partition's: the next try goes there.
+                        ctx.learn_partitions(reply.get("partitions"))
                 if reply is not None and stream.started(reply, conn.node or addr):
                     yield None
                     watch_id = int(reply.get("id", -1))
@@ -810,18 +873,21 @@ class Client:
         return header, assembly.image()
 
     def ping(self) -> bool:
-        """Tells the member this idle connection is still wanted; False if there is none
-        (nothing is connected then, and nothing is opened for it)."""
+        """Tells the members these idle connections (one per partition) are still wanted;
+        False if there is none, or one did not answer (nothing is opened for it)."""
         with self._lock:
-            conn = self._conn
-            if conn is None:
+            if not self._conns:
                 return False
-            try:
-                reply = conn.request(core.ping_request(), time.monotonic() + 2.0)
-            except ConnectionBroken:
-                self._drop_connection()
-                return False
-            return reply is not None and reply.get("t") == "ok"
+            answered = True
+            for partition, conn in list(self._conns.items()):
+                try:
+                    reply = conn.request(core.ping_request(), time.monotonic() + 2.0)
+                except ConnectionBroken:
+                    reply = None
+                if reply is None or reply.get("t") != "ok":
+                    self._drop_connection(partition)
+                    answered = False
+            return answered
 
     def member_status(self, addr: str, timeout: float = 2.0) -> StatusView | None:
         """Asks one member directly for its own (stale) view; None if it does not answer
@@ -889,46 +955,57 @@ class Client:
             return None
         deadline = time.monotonic() + action.timeout
         if isinstance(action, AwaitGrant):
-            conn = self._conn
+            conn = self._conns.get(action.partition)
             if conn is None or conn.addr != action.addr:
                 return Failed("connection lost while waiting")
             try:
                 return conn.await_grant(action.lease, action.key, deadline)
             except ConnectionBroken as exc:
-                self._drop_connection()
+                self._drop_connection(action.partition)
                 return Failed(str(exc))
         return self._send(action, deadline)
 
     def _send(self, action: Send, deadline: float) -> Outcome:
-        conn = self._conn
+        partition = action.partition
+        conn = self._conns.get(partition)
         if conn is None or conn.addr != action.addr:
-            self._drop_connection()
+            self._drop_connection(partition)
             try:
-                conn = _Connection.start(action.addr, deadline, self._secret, self._tls)
+                conn = _Connection.start(action.addr, deadline, self._secret, self._tls, partition)
             except ConnectionBroken as exc:
                 return Failed(str(exc))
-            self._conn = conn
+            self._conns[partition] = conn
         if action.drop_pushes_for is not None:
             conn.drop_pushes(*action.drop_pushes_for)
         try:
             reply = conn.request(action.request, deadline)
         except ConnectionBroken as exc:
-            self._drop_connection()
+            self._drop_connection(partition)
             return Failed(str(exc))
         if reply is None:
             # A late reply would be confusing on a reused connection: start afresh.
-            self._drop_connection()
+            self._drop_connection(partition)
             if not conn.framed:
                 return Failed(core.NOT_A_MEMBER)  # not even a greeting came back
             return Failed(f"no reply within {action.timeout:.3g}s")
+        self._ctx.learn_partitions(conn.partitions)
+        if conn.partition is not None and conn.partition != partition:
+            # The member's supervisor handed us to another partition's group than the
+            # preamble named: nothing it answers on this connection can be trusted.
+            self._drop_connection(partition)
+            return Failed(f"answered for partition {conn.partition}, not {partition}")
         if reply.get("t") == "error" and "id" not in reply:
-            self._drop_connection()
+            self._drop_connection(partition)
         return reply
 
-    def _drop_connection(self) -> None:
-        conn, self._conn = self._conn, None
+    def _drop_connection(self, partition: int = 0) -> None:
+        conn = self._conns.pop(partition, None)
         if conn is not None:
             conn.close()
+
+    def _drop_connections(self) -> None:
+        for partition in list(self._conns):
+            self._drop_connection(partition)
 
 
 class KeepAlive:

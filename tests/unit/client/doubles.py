@@ -286,3 +286,83 @@ def cutting_proxy(target: str, **rules: Any) -> Iterator[CuttingProxy]:
         yield proxy
     finally:
         proxy._listener.stop()
+
+
+class PartitionedMember(_Recorder):
+    """One address serving ``partitions`` groups, as a member's supervisor does: a
+    connection that starts with a preamble (dlm/partitioning.py) is partition i's, any
+    other partition 0's. Each connection is welcomed with the count and its partition; a
+    request naming a key of another partition gets WRONG_PARTITION (with the count),
+    any other ``script(partition, request)``. ``seen`` records (partition, request)."""
+
+    def __init__(self, partitions: int, script: Callable[[int, Frame], list[Frame]]) -> None:
+        super().__init__()
+        self.partitions = partitions
+        self._script = script
+        self.seen: list[tuple[int, Frame]] = []
+        self._listener = _Listener(self._serve)
+        self.addr = self._listener.addr
+
+    def _partition(self, sock: socket.socket) -> int | None:
+        from dlm.partitioning import PREAMBLE_SIZE, read_preamble
+
+        readable, _, _ = select.select([sock], [], [], WAIT)
+        if not readable:
+            return None
+        first = sock.recv(PREAMBLE_SIZE, socket.MSG_PEEK)
+        if first[:1] == b"\xff":
+            first = b""
+            while len(first) < PREAMBLE_SIZE:
+                more = sock.recv(PREAMBLE_SIZE - len(first))
+                if not more:
+                    return None
+                first += more
+        return read_preamble(first)
+
+    def _serve(self, sock: socket.socket) -> None:
+        from dlm.partitioning import partition_of
+
+        partition = self._partition(sock)
+        if partition is None:
+            sock.close()
+            return
+        hello_seen = False
+        for frame, _ in _frames(sock, self._listener.stopping):
+            if not hello_seen:
+                hello_seen = True
+                greeting = welcome("double", "unit")
+                if self.partitions > 1:
+                    greeting["partitions"] = self.partitions
+                if partition:
+                    greeting["partition"] = partition
+                _send(sock, greeting)
+                continue
+            self._saw(frame)
+            with self._cond:
+                self.seen.append((partition, frame))
+            key = frame.get("key")
+            if isinstance(key, str) and partition_of(key, self.partitions) != partition:
+                _send(
+                    sock,
+                    error(
+                        frame.get("id"),
+                        ErrorCode.WRONG_PARTITION,
+                        "not this partition's key",
+                        partitions=self.partitions,
+                    ),
+                )
+                continue
+            for reply in self._script(partition, frame):
+                _send(sock, reply)
+
+
+@contextmanager
+def partitioned_member(
+    partitions: int, script: Callable[[int, Frame], list[Frame]]
+) -> Iterator[PartitionedMember]:
+    double = PartitionedMember(partitions, script)
+    double._listener.start()
+    try:
+        yield double
+    finally:
+        double._listener.stop()
