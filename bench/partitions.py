@@ -10,8 +10,8 @@ partitions, same run, and the scale model the figures feed (bench/README.md).
    five voters: this cluster measures what a leader and a follower cost
    with four followers). All run side by side for the whole phase, idle
    while another is measured; their idle CPU is measured first and shown.
-2. Every partition of every cluster is warmed: a lock in each partition is
-   taken and released, so each partition has a leader before any window.
+2. Every partition of every cluster is warmed: a key of each partition is
+   read from its leader, so each partition has a leader before any window.
 3. Cells: c clients (default 64) on distinct keys, closed loop, ``--procs``
    load processes, ``--partition-rounds`` rounds (default 2), each round in
    the opposite order of the one before (1, 2, 4, then 4, 2, 1), so load from
@@ -146,7 +146,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _warm_every_partition(cluster: DlmCluster, secret_file: str | None) -> None:
-    """Takes and releases a lock in each partition, so each has a leader before any cell."""
+    """Reads a key of each partition from its leader, so each has one before any cell."""
     from dlm.client.sync import Client
 
     secret = None
@@ -161,11 +161,8 @@ def _warm_every_partition(cluster: DlmCluster, secret_file: str | None) -> None:
         keys.setdefault(partition_of(key, cluster.partitions), key)
         n += 1
     with Client(cluster.addrs, timeout=WARM_TIMEOUT_S, secret=secret) as client:
-        lease = client.open_lease(30_000)
         for key in keys.values():
-            client.acquire(lease, key)
-            client.release(lease, key)
-        client.close_lease(lease)
+            client.get(key)  # a read that is not stale: that partition's leader answers it
 
 
 def _measure_idle(clusters: dict[Setup, DlmCluster]) -> dict[str, float]:
