@@ -257,21 +257,56 @@ class DlmCluster(ProcessCluster):
         self.spawn_all()
         self.leader_index(LEADER_TIMEOUT_S)
 
-    def _views(self) -> dict[int, StatusView]:
+    def _member_status(self, i: int, partition: int) -> StatusView | None:
+        if partition == 0:
+            return self._client.member_status(self.addrs[i], timeout=1.0)
+        # Partition i > 0 of a member: its own view, over a connection dialled with the
+        # partition's preamble (the client's connection, as its drivers use it).
+        from dlm.client import core
+        from dlm.client.core import ConnectionBroken, without_id
+        from dlm.client.errors import AuthFailed
+        from dlm.client.sync import _Connection
+        from dlm.wire import Status
+
+        deadline = time.monotonic() + 1.0
+        try:
+            conn, greeting = _Connection.open(
+                self.addrs[i], deadline, self._client._secret, None, partition
+            )
+        except (ConnectionBroken, ValueError, AuthFailed):
+            return None
+        try:
+            if greeting.get("t") != "welcome":
+                return None
+            reply = conn.request(without_id(Status(id=0, stale=True)), deadline)
+        except ConnectionBroken:
+            return None
+        finally:
+            conn.close()
+        return core.own_view(reply)
+
+    def _views(self, partition: int = 0) -> dict[int, StatusView]:
         views = {}
         for i, proc in enumerate(self.procs):
             if proc is None or proc.poll() is not None:
                 continue
-            view = self._client.member_status(self.addrs[i], timeout=1.0)
+            view = self._member_status(i, partition)
             if view is not None:
                 views[i] = view
         return views
 
-    def leader_index(self, timeout: float) -> int:
-        """The member that says it leads, in the highest term any live member reports."""
+    def leader_of(self, key: str, timeout: float) -> int:
+        """The member leading the partition of ``key``."""
+        from dlm.partitioning import partition_of
+
+        return self.leader_index(timeout, partition_of(key, self.partitions))
+
+    def leader_index(self, timeout: float, partition: int = 0) -> int:
+        """The member that says it leads (``partition``), in the highest term any live
+        member reports."""
         deadline = time.monotonic() + timeout
         while True:
-            views = self._views()
+            views = self._views(partition)
             top_term = max((v.term or 0 for v in views.values()), default=0)
             for i, view in views.items():
                 if view.role == "leader" and (view.term or 0) == top_term:
@@ -284,18 +319,24 @@ class DlmCluster(ProcessCluster):
             time.sleep(0.05)
 
     def max_term(self) -> int:
-        return max((v.term or 0 for v in self._views().values()), default=0)
+        """The highest term of each partition, summed: what it gains is how many elections
+        there were, in any partition."""
+        return sum(
+            max((v.term or 0 for v in self._views(p).values()), default=0)
+            for p in range(self.partitions)
+        )
 
     def wait_all_agree(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while True:
-            views = self._views()
-            leaders = {v.leader for v in views.values()}
-            if len(views) == len(self.names) and len(leaders) == 1 and None not in leaders:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError("dlm members do not agree on a leader")
-            time.sleep(0.05)
+        for partition in range(self.partitions):
+            while True:
+                views = self._views(partition)
+                leaders = {v.leader for v in views.values()}
+                if len(views) == len(self.names) and len(leaders) == 1 and None not in leaders:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"dlm members do not agree on a leader of {partition}")
+                time.sleep(0.05)
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:
@@ -562,7 +603,10 @@ def measure_failover(
 ) -> list[float | None]:
     samples: list[float | None] = []
     for _ in range(repeats):
-        leader = cluster.leader_index(LEADER_TIMEOUT_S)
+        if isinstance(cluster, DlmCluster):  # the leader of the key's partition (P > 1)
+            leader = cluster.leader_of(FAILOVER_KEY, LEADER_TIMEOUT_S)
+        else:
+            leader = cluster.leader_index(LEADER_TIMEOUT_S)
         ordered = (endpoints[leader], *(a for i, a in enumerate(endpoints) if i != leader))
         attempt = ETCD_FAILOVER_ATTEMPT_S if system == "etcd" else None
         target = Target(system, ordered, attempt, getattr(cluster, "secret_file", None))
