@@ -53,7 +53,7 @@ from bench.locks import (
     SystemRun,
     cpu_seconds,
 )
-from bench.procs import tree_usage
+from bench.procs import thread_cpu_s
 from dlm.partitioning import MAX_PARTITIONS, partition_of, preamble
 
 DEFAULT_COUNTS = (1, 2, 4)
@@ -61,7 +61,7 @@ DEFAULT_CLIENTS = 64
 DEFAULT_ROUNDS = 2
 DEFAULT_SCALE_MEMBERS = 5
 IDLE_SAMPLE_S = 2.0
-CONNECTS = 300
+CONNECTS = 1000
 WARM_TIMEOUT_S = 30.0
 
 # The cluster the scale model describes (bench/README.md, "Partitions: a scale model").
@@ -177,14 +177,14 @@ def _measure_connects(cluster: DlmCluster) -> float:
     connection sends the preamble and closes, so the supervisor accepts it, reads the
     preamble and hands the socket over; nothing else."""
     pids = cluster.pids
-    before = sum(u.root_cpu_s for u in tree_usage(pids))
+    before = sum(thread_cpu_s(pid) for pid in pids)
     first = preamble(1)
     for n in range(CONNECTS):
         host, port = cluster.addrs[n % len(cluster.addrs)].rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=5.0) as sock:
             sock.sendall(first)
     time.sleep(0.5)  # let the last hand-overs finish before reading the CPU
-    after = sum(u.root_cpu_s for u in tree_usage(pids))
+    after = sum(thread_cpu_s(pid) for pid in pids)
     return (after - before) / CONNECTS * 1e6
 
 
@@ -443,18 +443,25 @@ class ScaleModel:
     """A partition leader's CPU per pair with four followers (5-member cell, or scaled)."""
     follower_us: float
     pair_us: float
-    """Every replica's CPU per pair: leader + 4 followers, times the partitioning overhead."""
+    """Every replica's CPU per pair: leader + 4 followers."""
+    idle_process_cores: float
+    """What one idle partition process costs (heartbeats, timers), from the widest cluster."""
     overhead: float
-    """CPU per pair at the largest P over P = 1, same run (3 members)."""
-    usable_cores: int
+    """CPU per pair at the largest P over P = 1, same run (3 members): what partitioning
+    cost here, where each of P partitions carried 1/P of the load."""
+    widest: int
+    """That largest P."""
+    partitions: int
+    usable_cores_per_host: float
     cpu_bound_pairs_s: float
     partition_bound_pairs_s: float
     """What one partition does when its leader process has a whole core."""
-    partitions: int
     pairs_s: float
+    pessimistic_pairs_s: float
+    """``pairs_s`` if every pair also cost ``overhead`` times more."""
     bytes_per_pair: float
     nic_share: float
-    """Busiest host's bytes written per second over its NIC's capacity."""
+    """A host's bytes written per second over its NIC's capacity."""
     log_entries_per_host_s: float
     note: str
 
@@ -462,17 +469,19 @@ class ScaleModel:
 def scale_model(run: PartitionRun) -> ScaleModel | None:
     summaries = {s.setup: s for s in summarize_setups(run)}
     p1 = summaries.get(Setup(3, 1))
-    if p1 is None or math.isnan(p1.cpu_per_pair_us):
+    if p1 is None or math.isnan(p1.cpu_per_pair_us) or math.isnan(p1.leader_cpu_per_pair_us):
         return None
     widest = max(
         (s for s in summaries.values() if s.setup.members == 3), key=lambda s: s.setup.partitions
     )
     overhead = widest.cpu_per_pair_us / p1.cpu_per_pair_us
+    idle = run.idle_cpu.get(widest.setup.name, math.nan)
+    idle_process = idle / (3 * widest.setup.partitions) if not math.isnan(idle) else 0.0
     five = summaries.get(Setup(5, 1))
     if five is not None and not math.isnan(five.leader_cpu_per_pair_us):
         leader, follower = five.leader_cpu_per_pair_us, five.follower_cpu_per_pair_us
         bytes_per_pair = five.write_bytes_per_pair
-        note = "leader and follower CPU per pair measured with 5 members (P = 1)"
+        note = "leader and follower CPU per pair measured with 5 members, P = 1"
     else:
         # Without the 5-member cell: a follower costs what it costs with 3 members, and the
         # leader's work grows with what it sends: assume half its CPU is per follower.
@@ -480,24 +489,35 @@ def scale_model(run: PartitionRun) -> ScaleModel | None:
         leader = p1.leader_cpu_per_pair_us * (0.5 + 0.5 * 4 / 2)
         bytes_per_pair = p1.write_bytes_per_pair * 5 / 3
         note = "5-member figures extrapolated from 3 members (no 5-member cell)"
-    pair_us = (leader + 4 * follower) * overhead
-    usable = MODEL_HOSTS * (MODEL_CORES - MODEL_RESERVED_CORES)
-    cpu_bound = usable * 1e6 / pair_us
-    partition_bound = 1e6 / (leader * overhead)
-    needed = math.ceil(cpu_bound / partition_bound)
-    partitions = min(MAX_PARTITIONS, MODEL_HOSTS * math.ceil(needed / MODEL_HOSTS))
+    pair_us = leader + 4 * follower
+    partition_bound = 1e6 / leader
+    # The partition count and the cores left for pairs depend on each other (every
+    # partition process costs its idle share on every host): a few rounds settle it.
+    partitions = MODEL_HOSTS
+    usable = cpu_bound = 0.0
+    for _ in range(8):
+        usable = MODEL_CORES - MODEL_RESERVED_CORES - partitions * idle_process
+        cpu_bound = MODEL_HOSTS * usable * 1e6 / pair_us
+        wanted = MODEL_HOSTS * math.ceil(cpu_bound / partition_bound / MODEL_HOSTS)
+        wanted = min(MAX_PARTITIONS - MAX_PARTITIONS % MODEL_HOSTS, max(MODEL_HOSTS, wanted))
+        if wanted == partitions:
+            break
+        partitions = wanted
     pairs_s = min(cpu_bound, partitions * partition_bound)
     per_host_bytes = pairs_s * bytes_per_pair / MODEL_HOSTS
     return ScaleModel(
         leader_us=leader,
         follower_us=follower,
         pair_us=pair_us,
+        idle_process_cores=idle_process,
         overhead=overhead,
-        usable_cores=usable,
+        widest=widest.setup.partitions,
+        partitions=partitions,
+        usable_cores_per_host=usable,
         cpu_bound_pairs_s=cpu_bound,
         partition_bound_pairs_s=partition_bound,
-        partitions=partitions,
         pairs_s=pairs_s,
+        pessimistic_pairs_s=min(cpu_bound, partitions * partition_bound) / overhead,
         bytes_per_pair=bytes_per_pair,
         nic_share=per_host_bytes / MODEL_NIC_BYTES_S,
         log_entries_per_host_s=2 * pairs_s,
@@ -505,39 +525,56 @@ def scale_model(run: PartitionRun) -> ScaleModel | None:
     )
 
 
-def render_scale_model(run: PartitionRun, fsync_ms: float | None) -> str:
+def render_scale_model(
+    run: PartitionRun, fsync_ms: float | None, connect_us: float | None = None
+) -> str:
     m = scale_model(run)
     if m is None:
         return ""
+    h, k, r = MODEL_HOSTS, MODEL_CORES, MODEL_RESERVED_CORES
     lines = [
         f"From this run ({m.note}); bench/README.md states the assumptions.",
         "",
-        f"- CPU per pair, every replica of a 5-voter partition: (leader {m.leader_us:,.0f} us"
-        f" + 4 x follower {m.follower_us:,.0f} us) x partitioning overhead {m.overhead:.2f}"
-        f" = {m.pair_us:,.0f} us",
-        f"- CPU bound: {MODEL_HOSTS} hosts x ({MODEL_CORES} - {MODEL_RESERVED_CORES}) cores"
-        f" = {m.usable_cores} cores; {m.usable_cores} x 1e6 / {m.pair_us:,.0f}"
-        f" = {m.cpu_bound_pairs_s:,.0f} pairs/s",
-        f"- One partition (its leader's process on one core): 1e6 / ({m.leader_us:,.0f} x"
-        f" {m.overhead:.2f}) = {m.partition_bound_pairs_s:,.0f} pairs/s",
+        f"- CPU per pair, every replica of a 5-voter partition: leader {m.leader_us:,.0f} us"
+        f" + 4 x follower {m.follower_us:,.0f} us = {m.pair_us:,.0f} us",
+        f"- One partition (its leader's process on one core): 1e6 / {m.leader_us:,.0f}"
+        f" = {m.partition_bound_pairs_s:,.0f} pairs/s",
+        f"- An idle partition process costs {m.idle_process_cores:.3f} cores (idle CPU of the"
+        f" P = {m.widest} cluster / its {3 * m.widest} partition processes)",
+        f"- Cores for pairs per host: {k} - {r} reserved - P x {m.idle_process_cores:.3f}"
+        f" = {m.usable_cores_per_host:.1f}; CPU bound {h} x {m.usable_cores_per_host:.1f}"
+        f" x 1e6 / {m.pair_us:,.0f} = {m.cpu_bound_pairs_s:,.0f} pairs/s",
         f"- Partitions: {m.cpu_bound_pairs_s:,.0f} / {m.partition_bound_pairs_s:,.0f} rounded up"
-        f" to a multiple of {MODEL_HOSTS} (even leader spread) = P = {m.partitions}"
-        f" ({m.partitions} processes on every host, {m.partitions // MODEL_HOSTS} of them leading)",
-        f"- Throughput: min(CPU bound, P x one partition) = {m.pairs_s:,.0f} pairs/s",
-        f"- Network: {m.bytes_per_pair:,.0f} B written per pair (log and sockets; an upper bound"
-        f" for the network) x {m.pairs_s:,.0f} / {MODEL_HOSTS} hosts"
-        f" = {m.pairs_s * m.bytes_per_pair / MODEL_HOSTS / 1e6:,.0f} MB/s per host,"
+        f" to a multiple of {h} (leaders spread evenly): P = {m.partitions}, i.e. {m.partitions}"
+        f" partition processes on every host, {m.partitions // h} of them leading",
+        f"- Throughput: min(CPU bound, P x one partition) = {m.pairs_s:,.0f} pairs/s;"
+        f" if every pair cost {m.overhead:.2f} x more, as at P = {m.widest} here (each partition"
+        f" at 1/{m.widest} of the load, smaller batches): {m.pessimistic_pairs_s:,.0f} pairs/s",
+        f"- Network: {m.bytes_per_pair:,.0f} B written per pair (5 members; log and sockets"
+        f" together, an upper bound for the network) x {m.pairs_s:,.0f} / {h} hosts"
+        f" = {m.pairs_s * m.bytes_per_pair / h / 1e6:,.0f} MB/s per host,"
         f" {m.nic_share:.1%} of 10 Gbit/s",
-        f"- Log: every host appends every entry: 2 x {m.pairs_s:,.0f}"
-        f" = {m.log_entries_per_host_s:,.0f} entries/s per host over {m.partitions} logs",
+        f"- Log: every host appends every entry, 2 per pair: 2 x {m.pairs_s:,.0f}"
+        f" = {m.log_entries_per_host_s:,.0f} entries/s per host over {m.partitions} logs"
+        f" ({m.log_entries_per_host_s / m.partitions:,.0f} per log)",
     ]
     if fsync_ms:
         serial = 1e3 / fsync_ms
         lines.append(
-            f"  - fsync here {fsync_ms:.2f} ms: a device that flushes one at a time does"
-            f" {serial:,.0f} fsyncs/s, so each fsync must carry"
-            f" {m.log_entries_per_host_s / serial:,.0f} entries"
-            f" ({m.log_entries_per_host_s / serial / m.partitions:,.1f} per partition log)"
+            f"- fsync: {fsync_ms:.2f} ms here (p50 of the floor). A log that syncs back to back"
+            f" does {serial:,.0f} fsyncs/s, so each of its fsyncs carries"
+            f" {m.log_entries_per_host_s / m.partitions / serial:,.1f} entries; a device that"
+            f" flushes one file at a time does {serial:,.0f} for the whole host, so each"
+            f" fsync would carry {m.log_entries_per_host_s / serial:,.0f} entries and a commit"
+            f" could wait for the other {m.partitions - 1} logs' flushes"
+            f" ({(m.partitions - 1) * fsync_ms:,.0f} ms)"
+        )
+    if connect_us is not None:
+        lines.append(
+            f"- Supervisor accept path: {connect_us:,.0f} us of CPU per connection: one"
+            f" supervisor per host accepts at most {1e6 / connect_us:,.0f} connections/s"
+            f" ({h * 1e6 / connect_us:,.0f} for the cluster); a connection is handed over once,"
+            f" requests never pass through it"
         )
     return "\n".join(lines)
 
@@ -620,7 +657,14 @@ def sections_of(run: PartitionRun, fsync_ms: float | None) -> list[tuple[str, st
             if connects
             else "",
         ),
-        ("Scale model: 5 hosts x 16 cores", render_scale_model(run, fsync_ms)),
+        (
+            "Scale model: 5 hosts x 16 cores",
+            render_scale_model(
+                run,
+                fsync_ms,
+                max(run.supervisor_us_per_connect.values(), default=None),
+            ),
+        ),
     ]
 
 

@@ -73,18 +73,23 @@ def test_a_setups_cpu_per_pair_and_the_leaders_share() -> None:
 
 
 def test_the_scale_model_shows_its_arithmetic() -> None:
-    model = partitions.scale_model(_run())
+    run = _run()
+    run.idle_cpu["3 members, P=4"] = 0.12  # 12 partition processes: 0.01 cores each
+    model = partitions.scale_model(run)
     assert model is not None
-    assert model.overhead == pytest.approx(1.1)
-    assert model.pair_us == pytest.approx((500 + 4 * 200) * 1.1)  # 1,430 us
-    assert model.usable_cores == 75
-    assert model.cpu_bound_pairs_s == pytest.approx(75e6 / 1430)
-    assert model.partition_bound_pairs_s == pytest.approx(1e6 / 550)
-    # 52,448 / 1,818 = 28.8 partitions: 30, a multiple of the 5 hosts.
+    assert model.pair_us == pytest.approx(500 + 4 * 200)  # the 5-member cell: 1,300 us
+    assert model.partition_bound_pairs_s == pytest.approx(2000)  # 1e6 / 500 us
+    assert model.idle_process_cores == pytest.approx(0.01)
+    # 30 partitions on every host cost 0.3 cores idle: 16 - 1 - 0.3 = 14.7 cores for pairs.
+    assert model.usable_cores_per_host == pytest.approx(14.7)
+    assert model.cpu_bound_pairs_s == pytest.approx(5 * 14.7e6 / 1300)  # 56,538
+    # 56,538 / 2,000 = 28.3 partitions: 30, a multiple of the 5 hosts.
     assert model.partitions == 30
-    assert model.pairs_s == pytest.approx(75e6 / 1430)
-    text = partitions.render_scale_model(_run(), fsync_ms=0.2)
-    assert "P = 30" in text and "5,000 fsyncs/s" in text
+    assert model.pairs_s == pytest.approx(5 * 14.7e6 / 1300)
+    assert model.overhead == pytest.approx(1.1)
+    assert model.pessimistic_pairs_s == pytest.approx(5 * 14.7e6 / 1300 / 1.1)
+    text = partitions.render_scale_model(run, fsync_ms=0.2, connect_us=50.0)
+    assert "P = 30" in text and "5,000 fsyncs/s" in text and "20,000 connections/s" in text
 
 
 def test_the_table_puts_each_count_beside_p_1() -> None:
