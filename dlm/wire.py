@@ -28,7 +28,6 @@ import struct
 
 from dlm import cbor_codec, limits
 from dlm.compiled import mypyc_attr
-from dlm.partitioning import MAX_PARTITIONS
 
 # typing (like dataclasses) is left off the client's import path: `dlm acquire` would pay
 # milliseconds for names only the type checker reads. mypy takes any TYPE_CHECKING as true.
@@ -554,8 +553,13 @@ class Hello(Record):
             max_version=version if max_version is None else min(max(max_version, 1), 1 << 16),
             addr=_hello_addr(msg),
             incarnation=_opt_bounded(msg, "incarnation", 0, limits.INT_MAX, 0),
-            partitions=_opt_bounded(msg, "partitions", 1, MAX_PARTITIONS, 1),
+            partitions=_opt_bounded(msg, "partitions", 1, _MAX_PARTITIONS, 1),
         )
+
+
+_MAX_PARTITIONS = 64
+"""dlm.partitioning.MAX_PARTITIONS, not imported: that module loads hashlib, which a
+client's plain start does not need (tests/unit/test_wire.py keeps the two equal)."""
 
 
 def _hello_addr(msg: dict[Any, Any]) -> str:

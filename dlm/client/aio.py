@@ -35,7 +35,6 @@ from dlm.client.core import (
     Failed,
     Grant,
     Lease,
-    LeaseClock,
     LeaseRef,
     ReleaseOutcome,
     Send,
@@ -602,6 +601,8 @@ class AsyncClient:
         self._ttl_ms: dict[str, int] = {}
         # Shared with spawned clients: a keep_alive renews from one (see sync.Client).
         self._watchers = core.LeaseWatchers()
+        # The leases opened through this family of clients and their parts (sync.Client).
+        self._book = core.LeaseBook()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -652,6 +653,7 @@ class AsyncClient:
         child._ctx.routers = {p: router.copy() for p, router in self._ctx.routers.items()}
         child._ttl_ms = dict(self._ttl_ms)
         child._watchers = self._watchers
+        child._book = self._book
         return child
 
     # -- leases (each method is the blocking client's, as a coroutine) ----------
@@ -676,15 +678,33 @@ class AsyncClient:
             )
         )
         self._ttl_ms[opened.id] = opened.ttl_ms
+        self._book.opened(opened, ephemeral=ephemeral, meta=meta, lock_delay_ms=lock_delay_ms)
         return opened
 
     async def keepalive(self, lease: LeaseRef, *, timeout: float | None = None) -> int:
+        """As the blocking client's: every part renewed, the shortest TTL returned."""
         lid = lease_id(lease)
-        ttl: int = await self._run(
-            core.keepalive_flow(self._ctx, lid, incarnation=_incarnation(lease), timeout=timeout)
-        )
+        renewed = await self.renew_parts(lease, timeout=timeout)
+        if not renewed.whole:
+            raise ClusterUnavailable(
+                f"lease {lid}: a partition that holds part of it could not be reached "
+                f"(renewed in partitions {sorted(renewed.ttls)} only)"
+            )
+        ttl = min(renewed.ttls.values())
         self._ttl_ms[lid] = ttl
         return ttl
+
+    async def renew_parts(
+        self, lease: LeaseRef, *, timeout: float | None = None
+    ) -> core.PartsRenewed:
+        """One renewal round of every part of the lease (as the blocking client's)."""
+        lid = lease_id(lease)
+        if isinstance(lease, Lease) and self._book.get(lid) is None:
+            self._book.opened(lease)
+        renewed: core.PartsRenewed = await self._run(
+            core.renew_parts_flow(self._ctx, self._book, lid, timeout=timeout)
+        )
+        return renewed
 
     async def close_lease(
         self,
@@ -696,7 +716,9 @@ class AsyncClient:
     ) -> list[str]:
         lid = lease_id(lease)
         released: list[str] = await self._run(
-            core.close_lease_flow(self._ctx, lid, must_exist=must_exist, run=run, revoke=revoke)
+            core.close_all_flow(
+                self._ctx, self._book, lid, must_exist=must_exist, run=run, revoke=revoke
+            )
         )
         self._ttl_ms.pop(lid, None)
         return released
@@ -713,8 +735,8 @@ class AsyncClient:
         """As the blocking client's: every keep_alive of this lease made from this client
         (or one it spawned) hears of the update before it is sent."""
         lid = lease_id(lease)
-        flow = core.update_lease_flow(
-            self._ctx, lid, ttl_ms, finished=finished, timeout=timeout, run=run
+        flow = core.update_parts_flow(
+            self._ctx, self._book, lid, ttl_ms, finished=finished, timeout=timeout, run=run
         )
         tickets = [(w, w.update_sent(ttl_ms)) for w in self._watchers.of(lid)]
         try:
@@ -753,19 +775,60 @@ class AsyncClient:
     ) -> Grant:
         lid = lease_id(lease)
         known_ttl = lease.ttl_ms if isinstance(lease, Lease) else self._ttl_ms.get(lid)
-        flow = core.acquire_flow(
-            self._ctx, lid, key, wait=wait, limit=limit, meta=meta, known_ttl_ms=known_ttl
+        if isinstance(lease, Lease) and self._book.get(lid) is None:
+            self._book.opened(lease)
+        flow = core.lease_acquire_flow(
+            self._ctx,
+            self._book,
+            lid,
+            key,
+            wait=wait,
+            limit=limit,
+            meta=meta,
+            known_ttl_ms=known_ttl,
         )
         grant: Grant = await self._run(flow)
         return grant
 
+    async def acquire_all(
+        self,
+        lease: LeaseRef,
+        keys: Sequence[str],
+        *,
+        wait: float | None = None,
+        limit: int = 1,
+        meta: Mapping[str, str] | None = None,
+    ) -> list[Grant]:
+        """Takes every key of ``keys`` under ``lease``, all or nothing, in the one global
+        order (partitions ascending, keys sorted in each: two clients after overlapping
+        keys cannot deadlock); ``wait`` is one budget for them all. LockHeld (after
+        releasing what it took) when a key cannot be had. Grants in the order taken."""
+        lid = lease_id(lease)
+        known_ttl = lease.ttl_ms if isinstance(lease, Lease) else self._ttl_ms.get(lid)
+        if isinstance(lease, Lease) and self._book.get(lid) is None:
+            self._book.opened(lease)
+        flow = core.acquire_all_flow(
+            self._ctx,
+            self._book,
+            lid,
+            keys,
+            wait=wait,
+            limit=limit,
+            meta=meta,
+            known_ttl_ms=known_ttl,
+        )
+        grants: list[Grant] = await self._run(flow)
+        return grants
+
     async def release(
         self, lease: LeaseRef, key: str, *, token: int | None = None, keep_lease: bool = True
     ) -> ReleaseOutcome:
-        flow = core.release_flow(
-            self._ctx, lease_id(lease), key, token=token, keep_lease=keep_lease
-        )
+        lid = lease_id(lease)
+        flow = core.release_flow(self._ctx, lid, key, token=token, keep_lease=keep_lease)
         released: ReleaseOutcome = await self._run(flow)
+        if released.lease_ended:
+            # The release ended the lease's part in the key's partition: end the rest.
+            await self._run(core.parts_ended_flow(self._ctx, self._book, lid, key))
         return released
 
     async def campaign(
@@ -1170,7 +1233,17 @@ class AsyncKeepAlive:
         self.lost = anyio.Event()
         self.reason: str | None = None
         self.last_error: BaseException | None = None
-        self._clock = LeaseClock(ttl_ms, confirmed_at, deadline_of or core.lease_deadline)
+        if isinstance(lease, Lease) and client._book.get(lease.id) is None:
+            client._book.opened(lease)
+        self._book = client._book
+        known = self._book.parts(self.lease)
+        # One clock per part; the lease's deadline is the earliest (sync.KeepAlive).
+        self._clock = core.PartClocks(
+            ttl_ms,
+            confirmed_at,
+            deadline_of or core.lease_deadline,
+            parts=None if known is None else sorted(known),
+        )
         self._renewer = core.Renewer(self._clock, lease_clock(), interval=interval)
         self._client = client
         self._on_lost = on_lost
@@ -1212,6 +1285,23 @@ class AsyncKeepAlive:
             return False
         self._wake()
         if counted_ms and self._on_renewed is not None:
+            try:
+                self._on_renewed(sent, counted_ms)
+            except Exception as exc:  # the callback's failure must not stop the renewals
+                self.last_error = exc
+        return True
+
+    def _record_round(self, sent: float, renewed: core.PartsRenewed) -> bool:
+        """A renewal round over the lease's parts; False if it came too late to count."""
+        if self.lost.is_set():
+            return False
+        counted_ms = self._renewer.renewed_parts(
+            sent, renewed.ttls, lease_clock(), complete=renewed.complete, whole=renewed.whole
+        )
+        if counted_ms is None:
+            return False
+        self._wake()
+        if counted_ms and renewed.whole and self._on_renewed is not None:
             try:
                 self._on_renewed(sent, counted_ms)
             except Exception as exc:  # the callback's failure must not stop the renewals
@@ -1277,10 +1367,14 @@ class AsyncKeepAlive:
             left = self.deadline - sent
             if left <= 0:
                 return
+            for partition, part in (self._book.parts(self.lease) or {}).items():
+                # Parts opened since the last round join with their own clock.
+                opened_at = part.confirmed_at if part.confirmed_at > 0 else None
+                self._clock.add_part(partition, opened_at, part.ttl_ms)
             try:
                 with anyio.move_on_after(left):
-                    ttl = await self._client.keepalive(self.lease, timeout=left)
-                    if not self._record(sent, ttl, renewing=True):
+                    renewed = await self._client.renew_parts(self.lease, timeout=left)
+                    if not self._record_round(sent, renewed):
                         return  # too late to count: the watcher reports the loss
                     continue
             except LeaseLost as exc:

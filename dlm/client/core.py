@@ -56,6 +56,7 @@ from dlm.client.renewal import (
     PING_EVERY_S,
     LeaseClock,
     Lost,
+    PartClocks,
     PingAt,
     RenewAt,
     Renewer,
@@ -100,7 +101,7 @@ from dlm.wire import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import random
-    from collections.abc import Callable, Generator, Mapping, Sequence
+    from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
     from typing import Any, TypeVar
 
     from dlm.views import (
@@ -140,10 +141,14 @@ __all__ = [
     "Failed",
     "Grant",
     "Lease",
+    "LeaseBook",
     "LeaseClock",
+    "LeaseParts",
     "LeaseRef",
     "LeaseWatchers",
     "Lost",
+    "PartClocks",
+    "PartsRenewed",
     "PingAt",
     "ReleaseOutcome",
     "RenewAt",
@@ -155,22 +160,28 @@ __all__ = [
     "Sleep",
     "VoterRoll",
     "WrongPartition",
+    "acquire_all_flow",
     "acquire_flow",
     "call",
     "change",
+    "close_all_flow",
     "close_lease_flow",
+    "close_parts_flow",
     "default_attempt_timeout",
     "describe_holders",
     "error_from_reply",
+    "find_lease_flow",
     "get_flow",
     "grant_from_reply",
     "greeting_partitions",
     "is_reply_to",
     "keepalive_flow",
+    "lease_acquire_flow",
     "lease_deadline",
     "lease_gone_text",
     "lease_id",
     "lease_info_flow",
+    "lease_partitions",
     "list_leases_flow",
     "list_locks_flow",
     "member_change_flow",
@@ -183,17 +194,21 @@ __all__ = [
     "own_view",
     "paged_flow",
     "parse_members",
+    "part_flow",
+    "parts_ended_flow",
     "payload",
     "ping_request",
     "proof_failed",
     "read_flow",
     "read_reply",
     "release_flow",
+    "renew_parts_flow",
     "request_partition",
     "status_flow",
     "tls_failed",
     "update_applied",
     "update_lease_flow",
+    "update_parts_flow",
     "view_flow",
     "watch_partition",
     "without_id",
@@ -229,21 +244,28 @@ class Lease(Record):
     ``incarnation`` tells this lease from a later one that reuses the id (0: unknown).
     Two leases are equal when their id and TTL are (``confirmed_at`` is not compared)."""
 
-    __slots__ = ("confirmed_at", "id", "incarnation", "ttl_ms")
+    __slots__ = ("confirmed_at", "id", "incarnation", "partition", "ttl_ms")
     FIELDS = ("id", "ttl_ms")
     __match_args__ = ("id", "ttl_ms", "confirmed_at")
     id: str
     ttl_ms: int
     confirmed_at: float
     incarnation: int
+    partition: int  # the partition this part of the lease lives in (issue 25)
 
     def __init__(
-        self, id: str, ttl_ms: int, confirmed_at: float = 0.0, incarnation: int = 0
+        self,
+        id: str,
+        ttl_ms: int,
+        confirmed_at: float = 0.0,
+        incarnation: int = 0,
+        partition: int = 0,
     ) -> None:
         _set(self, "id", id)
         _set(self, "ttl_ms", ttl_ms)
         _set(self, "confirmed_at", confirmed_at)
         _set(self, "incarnation", incarnation)
+        _set(self, "partition", partition)
 
     def __repr__(self) -> str:
         return (
@@ -964,16 +986,20 @@ def open_lease_flow(
     ephemeral: bool = False,
     meta: Mapping[str, str] | None = None,
     lock_delay_ms: int = 0,
+    partition: int | None = None,
 ) -> Generator[Action, Outcome, Lease]:
     """Opens a lease (a fresh random id unless ``lease`` is given).
 
     ``lock_delay_ms`` (0 to 60000; cluster version 4): when the lease expires or is
     revoked while holding a key, the key is granted to nobody for that long.
+    ``partition``: where to open it (a part of a lease with keys in several
+    partitions); None: the lease id's own partition (``partition_of(id)``).
 
     The lease's client-side clock starts when the request was first *sent*:
     whatever the server did with it happened later, so our deadline passes first.
     """
     lid = lease or new_lease_id()
+    where = s.partition_of(lid) if partition is None else partition
     sent = s.clock()
     # Re-sending an open is only safe while the cluster still remembers the leases that
     # ended (five minutes of its log time): stop well before.
@@ -986,13 +1012,20 @@ def open_lease_flow(
         meta=dict(meta or {}),
         lock_delay_ms=lock_delay_ms or None,
     )
-    _, reply = yield from change(s, request, timeout=budget)
+    _, reply = yield from change(s, request, timeout=budget, partition=where)
     opened = read_reply(LeaseOpened, reply)
-    return Lease(lid, opened.ttl_ms, confirmed_at=sent, incarnation=opened.incarnation)
+    return Lease(
+        lid, opened.ttl_ms, confirmed_at=sent, incarnation=opened.incarnation, partition=where
+    )
 
 
 def keepalive_flow(
-    s: Context, lease: str, *, incarnation: int = 0, timeout: float | None = None
+    s: Context,
+    lease: str,
+    *,
+    incarnation: int = 0,
+    timeout: float | None = None,
+    partition: int = 0,
 ) -> Generator[Action, Outcome, int]:
     """Renews the lease; returns its TTL in ms. LeaseLost if it is gone.
 
@@ -1006,7 +1039,7 @@ def keepalive_flow(
     request = without_id(
         Renew(id=0, lease=lease, incarnation=incarnation, client=s.client, seq=seq)
     )
-    _, reply = yield from call(s, request, timeout=timeout)
+    _, reply = yield from call(s, request, timeout=timeout, partition=partition)
     return read_reply(LeaseTerms, reply).ttl_ms
 
 
@@ -1017,6 +1050,8 @@ def close_lease_flow(
     must_exist: bool = False,
     run: RunEnd | None = None,
     revoke: bool = False,
+    partition: int = 0,
+    timeout: float | None = None,
 ) -> Generator[Action, Outcome, list[str]]:
     """Ends the lease, releasing its locks; returns the keys it held.
 
@@ -1028,7 +1063,7 @@ def close_lease_flow(
     """
     try:
         request = CloseLease(id=0, lease=lease, seq=0, revoke=revoke or None, **_run_fields(run))
-        _, reply = yield from change(s, request)
+        _, reply = yield from change(s, request, partition=partition, timeout=timeout)
     except LeaseLost:
         if must_exist:
             raise
@@ -1044,13 +1079,14 @@ def update_lease_flow(
     finished: bool = False,
     timeout: float | None = None,
     run: RunEnd | None = None,
+    partition: int = 0,
 ) -> Generator[Action, Outcome, int]:
     """Gives the lease a new TTL from now; returns it. ``timeout``: how long to keep
     re-sending it (default: the client's). ``run`` (with ``finished``): as on a close."""
     request = UpdateLease(
         id=0, lease=lease, ttl_ms=ttl_ms, finished=finished, seq=0, **_run_fields(run)
     )
-    _, reply = yield from change(s, request, timeout=timeout)
+    _, reply = yield from change(s, request, timeout=timeout, partition=partition)
     return read_reply(LeaseTerms, reply).ttl_ms
 
 
@@ -1063,8 +1099,10 @@ def acquire_flow(
     limit: int,
     meta: Mapping[str, str] | None,
     known_ttl_ms: int | None,
+    partition: int | None = None,
 ) -> Generator[Action, Outcome, Grant]:
-    """Takes ``key``: once (LockHeld if held), or queued FIFO for up to ``wait`` seconds."""
+    """Takes ``key``: once (LockHeld if held), or queued FIFO for up to ``wait`` seconds.
+    ``partition``: as for ``call`` (None: the key's, re-routed on WRONG_PARTITION)."""
     waiting = wait is not None and wait > 0
     seq = s.seqs.issue()
     try:
@@ -1085,7 +1123,9 @@ def acquire_flow(
         wait_deadline = s.clock() + wait_s
         while True:
             budget = max(0.0, wait_deadline - s.clock()) + s.timeout
-            addr, reply = yield from call(s, request, timeout=budget, drop_pushes_for=(lease, key))
+            addr, reply = yield from call(
+                s, request, timeout=budget, drop_pushes_for=(lease, key), partition=partition
+            )
             result = reply.get("result")
             if result == "granted":
                 return grant_from_reply(reply, lease, key)
@@ -1094,7 +1134,11 @@ def acquire_flow(
             # The push comes on the connection the acquire was answered on: its key's
             # partition's (``call`` routed it there).
             outcome = yield AwaitGrant(
-                addr, lease, key, max(0.0, wait_deadline - s.clock()), s.partition_of(key)
+                addr,
+                lease,
+                key,
+                max(0.0, wait_deadline - s.clock()),
+                s.partition_of(key) if partition is None else partition,
             )
             if isinstance(outcome, dict):
                 token = outcome.get("token")
@@ -1110,7 +1154,8 @@ def acquire_flow(
                 # answers from its state (granted meanwhile, or still queued).
                 continue
             # The wait ran out. Leave the queue; if the grant raced in, this releases it.
-            yield from change(s, Release(id=0, lease=lease, seq=0, key=key, keep_lease=True))
+            leave = Release(id=0, lease=lease, seq=0, key=key, keep_lease=True)
+            yield from change(s, leave, partition=partition)
             raise LockHeld(
                 f"lock {key!r} is still held by someone else after waiting {wait_s:g}s: "
                 "try again later or wait longer (--wait)"
@@ -1361,6 +1406,425 @@ class LeaseWatchers:
     def of(self, lease: str) -> list[Any]:
         with self._lock:
             return list(self._by_lease.get(lease, ()))
+
+
+# ---------------------------------------------------------------------------
+# Leases with parts in several partitions (issue 25)
+#
+# A lease id names one lease however many partitions hold its keys: each partition that
+# holds a key of it has a PART, an ordinary lease with the same id, TTL and metadata.
+# The client opens a part the first time it takes a key of that partition with the
+# lease; renewals, TTL updates and closes go to every part; the lease is lost when any
+# part is (its keys there may be given away), and the other parts are closed then.
+# ---------------------------------------------------------------------------
+
+
+class LeaseParts:
+    """What a client (and those it spawned) knows of one of its leases: the terms a
+    new part is opened with, and each part it knows, by partition (a ``Lease`` each:
+    when its open was sent, its incarnation)."""
+
+    __slots__ = ("ephemeral", "lock_delay_ms", "meta", "parts", "ttl_ms")
+
+    def __init__(
+        self,
+        ttl_ms: int,
+        *,
+        ephemeral: bool = False,
+        meta: Mapping[str, str] | None = None,
+        lock_delay_ms: int = 0,
+    ) -> None:
+        self.ttl_ms = ttl_ms
+        self.ephemeral = ephemeral
+        self.meta = dict(meta or {})
+        self.lock_delay_ms = lock_delay_ms
+        self.parts: dict[int, Lease] = {}
+
+
+class LeaseBook:
+    """The leases of one family of clients (a client and those it spawned), each with
+    its parts: an acquire through one client opens a part that the KeepAlive renewing
+    from another must renew too. Safe to use from any thread."""
+
+    __slots__ = ("_leases", "_lock")
+
+    def __init__(self) -> None:
+        self._leases: dict[str, LeaseParts] = {}
+        self._lock = threading.Lock()
+
+    def get(self, lease: str) -> LeaseParts | None:
+        with self._lock:
+            return self._leases.get(lease)
+
+    def opened(
+        self,
+        part: Lease,
+        *,
+        ephemeral: bool = False,
+        meta: Mapping[str, str] | None = None,
+        lock_delay_ms: int = 0,
+    ) -> LeaseParts:
+        """A part was opened (the first part: the lease, with these terms)."""
+        with self._lock:
+            entry = self._leases.get(part.id)
+            if entry is None:
+                entry = self._leases[part.id] = LeaseParts(
+                    part.ttl_ms, ephemeral=ephemeral, meta=meta, lock_delay_ms=lock_delay_ms
+                )
+            entry.parts[part.partition] = part
+            return entry
+
+    def adopt(self, lease: str, ttl_ms: int, parts: Sequence[int]) -> LeaseParts:
+        """A lease this family did not open (its id given by the user), found in ``parts``."""
+        with self._lock:
+            entry = self._leases.get(lease)
+            if entry is None:
+                entry = self._leases[lease] = LeaseParts(ttl_ms)
+            for partition in parts:
+                entry.parts.setdefault(partition, Lease(lease, ttl_ms, partition=partition))
+            return entry
+
+    def parts(self, lease: str) -> dict[int, Lease] | None:
+        """The parts known of ``lease`` (None: the lease is not known here)."""
+        with self._lock:
+            entry = self._leases.get(lease)
+            return None if entry is None else dict(entry.parts)
+
+    def set_ttl(self, lease: str, ttl_ms: int) -> None:
+        with self._lock:
+            entry = self._leases.get(lease)
+            if entry is not None:
+                entry.ttl_ms = ttl_ms
+
+    def forget(self, lease: str) -> None:
+        with self._lock:
+            self._leases.pop(lease, None)
+
+
+def part_flow(
+    s: Context, book: LeaseBook, lease: str, partition: int
+) -> Generator[Action, Outcome, Lease | None]:
+    """Opens ``lease``'s part in ``partition`` unless it has one (the lease known to the
+    book: else None, and nothing is sent). Returns the part opened, if one was."""
+    entry = book.get(lease)
+    if entry is None or partition in entry.parts:
+        return None
+    part = yield from open_lease_flow(
+        s,
+        entry.ttl_ms,
+        lease,
+        ephemeral=entry.ephemeral,
+        meta=entry.meta,
+        lock_delay_ms=entry.lock_delay_ms,
+        partition=partition,
+    )
+    book.opened(part)
+    return part
+
+
+def lease_acquire_flow(
+    s: Context,
+    book: LeaseBook,
+    lease: str,
+    key: str,
+    *,
+    wait: float | None,
+    limit: int,
+    meta: Mapping[str, str] | None,
+    known_ttl_ms: int | None,
+) -> Generator[Action, Outcome, Grant]:
+    """``acquire_flow`` in the key's partition, after opening the lease's part there if
+    it has none. A lease the book does not know (an id from elsewhere) that the key's
+    partition does not know either is looked for in the other partitions, and its part
+    opened here with the TTL found. Re-planned when a member says the key is another
+    partition's (bounded)."""
+    for attempt in range(MAX_PARTITION_REROUTES + 1):
+        partition = s.partition_of(key)
+        yield from part_flow(s, book, lease, partition)
+        try:
+            return (
+                yield from acquire_flow(
+                    s,
+                    lease,
+                    key,
+                    wait=wait,
+                    limit=limit,
+                    meta=meta,
+                    known_ttl_ms=known_ttl_ms,
+                    partition=partition,
+                )
+            )
+        except WrongPartition:
+            if attempt == MAX_PARTITION_REROUTES:
+                raise
+        except LeaseLost as lost:
+            if lost.ended != "unknown" or s.partitions == 1 or book.get(lease) is not None:
+                raise
+            found = yield from find_lease_flow(s, lease, skip=partition)
+            if found is None:
+                raise
+            ttl_ms, where = found
+            book.adopt(lease, ttl_ms, where)
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def acquire_all_flow(
+    s: Context,
+    book: LeaseBook,
+    lease: str,
+    keys: Sequence[str],
+    *,
+    wait: float | None,
+    limit: int,
+    meta: Mapping[str, str] | None,
+    known_ttl_ms: int | None,
+) -> Generator[Action, Outcome, list[Grant]]:
+    """Takes every key of ``keys`` under ``lease``, in the one global order
+    (dlm.partitioning.partition_order: partitions ascending, keys sorted within each),
+    so that two clients after overlapping sets cannot each hold what the other waits
+    for. ``wait`` is one budget for them all. When a key cannot be had (LockHeld:
+    held, with no wait or after it), the keys already taken are released before the
+    error is raised: all or nothing. Returns the grants in the order taken."""
+    from dlm.partitioning import partition_order
+
+    wanted = list(dict.fromkeys(keys))
+    waiting = wait is not None and wait > 0
+    wait_deadline = s.clock() + (wait or 0.0)
+    grants: list[Grant] = []
+    try:
+        while len(grants) < len(wanted):
+            taken = {g.key for g in grants}
+            # Planned again after each key: the first reply may teach the partition count.
+            _, group = partition_order([k for k in wanted if k not in taken], s.partitions)[0]
+            left = max(0.0, wait_deadline - s.clock()) if waiting else None
+            if waiting and left is not None and left <= 0:
+                left = 0.001  # the wait is spent: one more try, then LockHeld
+            grant = yield from lease_acquire_flow(
+                s,
+                book,
+                lease,
+                group[0],
+                wait=left,
+                limit=limit,
+                meta=meta,
+                known_ttl_ms=known_ttl_ms,
+            )
+            grants.append(grant)
+    except LockHeld:
+        for grant in reversed(grants):
+            try:
+                yield from release_flow(s, lease, grant.key, token=grant.token)
+            except DlmError:
+                pass  # the lease's end frees it, if this release could not
+        raise
+    return grants
+
+
+def find_lease_flow(
+    s: Context, lease: str, *, skip: int | None = None
+) -> Generator[Action, Outcome, tuple[int, list[int]] | None]:
+    """Where a lease lives: (its TTL, the partitions that have a live part), None when no
+    partition does. Asks every partition (but ``skip``)."""
+    ttl_ms: int | None = None
+    where: list[int] = []
+    for partition in lease_partitions(s, None):
+        if partition == skip:
+            continue
+        try:
+            _, reply = yield from call(
+                s, without_id(LeaseInfo(id=0, lease=lease)), partition=partition
+            )
+        except LeaseLost:
+            continue
+        ttl = reply.get("ttl_ms")
+        if isinstance(ttl, int) and not isinstance(ttl, bool) and ttl > 0:
+            ttl_ms = ttl if ttl_ms is None else min(ttl_ms, ttl)
+            where.append(partition)
+    return None if ttl_ms is None else (ttl_ms, where)
+
+
+def lease_partitions(s: Context, known: Mapping[int, Any] | None) -> Iterator[int]:
+    """The partitions to send a lease's request to: its known parts, else every
+    partition, counted as the client learns the count: partition 0 is asked first, and
+    its greeting tells how many more there are (no extra round trip to learn it)."""
+    if known is not None:
+        yield from sorted(known)
+        return
+    partition = 0
+    while partition < s.partitions:
+        yield partition
+        partition += 1
+
+
+class PartsRenewed(Record):
+    """A renewal round of a lease's parts: the TTL each part that answered confirmed,
+    whether every part it asked answered (``whole``), and whether the partitions asked
+    were every one that may hold a part (``complete``: the lease was not known, and
+    every partition answered)."""
+
+    __slots__ = ("complete", "ttls", "whole")
+    FIELDS = ("ttls", "whole", "complete")
+    ttls: dict[int, int]
+    whole: bool
+    complete: bool
+
+    def __init__(self, ttls: dict[int, int], whole: bool, complete: bool) -> None:
+        _set(self, "ttls", ttls)
+        _set(self, "whole", whole)
+        _set(self, "complete", complete)
+
+
+def renew_parts_flow(
+    s: Context, book: LeaseBook, lease: str, *, timeout: float | None = None
+) -> Generator[Action, Outcome, PartsRenewed]:
+    """Renews every part of ``lease`` (the book's; for a lease it does not know, every
+    partition's, where one that never had it is passed over). LeaseLost when a part is
+    gone (a known part the cluster no longer knows, or a tombstone that says it ended),
+    after closing the others; a part that could not be reached is left out of ``ttls``.
+    ``timeout`` is shared among the parts, so one unreachable partition cannot keep
+    the others from being renewed."""
+    known = book.parts(lease)
+    budget = s.timeout if timeout is None else timeout
+    deadline = s.clock() + budget
+    ttls: dict[int, int] = {}
+    unreached = 0
+    lost: LeaseLost | None = None
+    lost_in = -1
+    for partition in lease_partitions(s, known):
+        left = len(known) - len(ttls) - unreached if known is not None else s.partitions - partition
+        share = max(0.0, deadline - s.clock()) / max(1, left)
+        incarnation = known[partition].incarnation if known is not None else 0
+        try:
+            ttls[partition] = yield from keepalive_flow(
+                s, lease, incarnation=incarnation, timeout=share, partition=partition
+            )
+        except LeaseLost as exc:
+            if known is None and exc.ended == "unknown" and s.partitions > 1:
+                lost = lost or exc
+                continue  # this partition never had the lease (unless none has)
+            lost, lost_in = exc, partition
+            break
+        except ClusterUnavailable:
+            unreached += 1
+            if known is None and s.partitions == 1:
+                raise
+    else:
+        if ttls or unreached:
+            lost = None  # some partition has it (or may): "never had it" was no loss
+    if lost is not None:
+        others = [p for p in (known if known is not None else ttls) if p != lost_in]
+        yield from close_parts_flow(s, lease, others)
+        book.forget(lease)
+        raise lost
+    if known is None and ttls:
+        book.adopt(lease, min(ttls.values()), sorted(ttls))
+    return PartsRenewed(ttls, whole=unreached == 0, complete=known is None and unreached == 0)
+
+
+def close_parts_flow(
+    s: Context,
+    lease: str,
+    partitions: Sequence[int],
+    *,
+    run: RunEnd | None = None,
+    revoke: bool = False,
+) -> Generator[Action, Outcome, list[str]]:
+    """Closes the parts in ``partitions``, best effort (one that is already gone or out of
+    reach is passed over): what a client does with the rest of a lease it lost."""
+    released: list[str] = []
+    for partition in partitions:
+        try:
+            released += yield from close_lease_flow(
+                s, lease, run=run, revoke=revoke, partition=partition, timeout=s.attempt_timeout
+            )
+        except DlmError:
+            continue
+    return released
+
+
+def close_all_flow(
+    s: Context,
+    book: LeaseBook,
+    lease: str,
+    *,
+    must_exist: bool = False,
+    run: RunEnd | None = None,
+    revoke: bool = False,
+) -> Generator[Action, Outcome, list[str]]:
+    """Ends every part of ``lease`` (the book's, or every partition's for a lease it does
+    not know); returns the keys they held. A partition that never had the lease is no
+    error; with ``must_exist`` (an operator revoking an id), LeaseLost when no partition
+    had it live, naming how it ended where a tombstone says."""
+    known = book.parts(lease)
+    released: list[str] = []
+    live = 0
+    gone: LeaseLost | None = None
+    for partition in lease_partitions(s, known):
+        try:
+            released += yield from close_lease_flow(
+                s, lease, must_exist=True, run=run, revoke=revoke, partition=partition
+            )
+            live += 1
+        except LeaseLost as exc:
+            if gone is None or gone.ended == "unknown":
+                gone = exc
+    book.forget(lease)
+    if must_exist and not live and gone is not None:
+        raise gone
+    return released
+
+
+def parts_ended_flow(
+    s: Context, book: LeaseBook, lease: str, key: str
+) -> Generator[Action, Outcome, None]:
+    """A release ended ``lease``'s part in ``key``'s partition (an ephemeral lease left
+    idle): closes its other known parts, and forgets the lease."""
+    known = book.parts(lease) or {}
+    ended = s.partition_of(key)
+    yield from close_parts_flow(s, lease, [p for p in sorted(known) if p != ended])
+    book.forget(lease)
+
+
+def update_parts_flow(
+    s: Context,
+    book: LeaseBook,
+    lease: str,
+    ttl_ms: int,
+    *,
+    finished: bool = False,
+    timeout: float | None = None,
+    run: RunEnd | None = None,
+) -> Generator[Action, Outcome, int]:
+    """``update_lease_flow`` on every part (the book's, or every partition's that has the
+    lease); returns the shortest TTL they confirmed. LeaseLost when a part is gone (the
+    caller's clocks keep the update pending: it may have reached the other parts)."""
+    known = book.parts(lease)
+    confirmed: list[int] = []
+    gone: LeaseLost | None = None
+    for partition in lease_partitions(s, known):
+        try:
+            confirmed.append(
+                (
+                    yield from update_lease_flow(
+                        s,
+                        lease,
+                        ttl_ms,
+                        finished=finished,
+                        timeout=timeout,
+                        run=run,
+                        partition=partition,
+                    )
+                )
+            )
+        except LeaseLost as exc:
+            if known is None and exc.ended == "unknown":
+                gone = exc
+                continue  # this partition never had the lease (unless none has)
+            raise
+    if not confirmed:
+        raise gone or LeaseLost(lease_gone_text(lease, "unknown"), "unknown")
+    book.set_ttl(lease, ttl_ms)
+    return min(confirmed)
 
 
 def update_applied(error: BaseException) -> bool | None:

@@ -17,7 +17,7 @@ from dlm.wire import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable, Mapping
 
 _set = object.__setattr__
 
@@ -239,6 +239,161 @@ class LeaseClock:
 _NEVER = float("inf")
 
 
+EVERY_PARTITION = -1
+"""The part of ``PartClocks`` that stands for partitions not yet asked about a lease."""
+
+
+class PartClocks:
+    """The clocks of a lease with parts in several partitions (issue 25): one
+    ``LeaseClock`` per part, and the lease's deadline is the EARLIEST of them. A lease
+    is lost when any part is, since that part's keys may be given away then.
+
+    It reads as one ``LeaseClock`` (``Renewer`` and the keepers use it unchanged):
+    ``deadline``, ``last_sent`` (so the next renewal is due when the least recently
+    confirmed part's is), ``ttl_ms`` and the interval are the parts' earliest or least.
+    A confirmation of the whole lease (``confirmed``) and TTL updates apply to every
+    part; ``confirmed_parts`` records a renewal round whose parts answered one by one.
+
+    A part opened while the lease is kept (``add_part`` with its open's send time and
+    TTL) starts its own clock there. A part found by a renewal round starts as a copy
+    of ``base``: the lease as last confirmed as a whole (every part it had then, in one
+    round), with every TTL update sent since; that is no later than the part's own last
+    confirmation, so its deadline is never overstated. Until the parts are known
+    (``known``), the partitions not yet asked count as one part (EVERY_PARTITION) that
+    only a complete round confirms.
+    """
+
+    __slots__ = ("base", "parts")
+
+    def __init__(
+        self,
+        ttl_ms: int,
+        confirmed_at: float,
+        deadline_of: Callable[[float, int], float] = lease_deadline,
+        *,
+        parts: Iterable[int] | None = None,
+    ) -> None:
+        self.base = LeaseClock(ttl_ms, confirmed_at, deadline_of)
+        self.parts: dict[int, LeaseClock] = {}
+        for partition in [EVERY_PARTITION] if parts is None else parts:
+            self.add_part(partition)
+
+    def add_part(
+        self, partition: int, confirmed_at: float | None = None, ttl_ms: int | None = None
+    ) -> LeaseClock:
+        """The clock of ``partition``'s part. A new one starts at ``confirmed_at`` with
+        ``ttl_ms`` (a part this client just opened), else as a copy of ``base``; TTL
+        updates still pending cap it either way."""
+        clock = self.parts.get(partition)
+        if clock is None:
+            clock = _copy_clock(self.base)
+            if confirmed_at is not None and ttl_ms is not None:
+                fresh = LeaseClock(ttl_ms, confirmed_at, self.base._deadline_of)
+                fresh._tickets, fresh._updates = clock._tickets, clock._updates
+                fresh.floor = max(fresh.floor, clock.floor)
+                fresh.deadline = fresh._recount()
+                clock = fresh
+            self.parts[partition] = clock
+        return clock
+
+    @property
+    def known(self) -> bool:
+        """Whether the partitions that hold a part of the lease are known."""
+        return EVERY_PARTITION not in self.parts
+
+    def _clocks(self) -> list[LeaseClock]:
+        return list(self.parts.values()) or [self.base]
+
+    @property
+    def deadline(self) -> float:
+        return min(c.deadline for c in self._clocks())
+
+    @property
+    def last_sent(self) -> float:
+        return min(c.last_sent for c in self._clocks())
+
+    @property
+    def floor(self) -> float:
+        return min(c.floor for c in self._clocks())
+
+    @property
+    def lost(self) -> bool:
+        return any(c.lost for c in self._clocks())
+
+    @property
+    def reported_ttl_ms(self) -> int:
+        return min(c.reported_ttl_ms for c in self._clocks())
+
+    @property
+    def ttl_ms(self) -> int:
+        return min(c.ttl_ms for c in self._clocks())
+
+    def expired(self, now: float) -> bool:
+        # Every clock looks, so each marks itself lost: none may count a late reply.
+        expired = [c.expired(now) for c in self._clocks()]
+        return any(expired)
+
+    def counts(self, sent_at: float) -> bool:
+        return not self.lost and any(c.counts(sent_at) for c in self._clocks())
+
+    def confirmed(self, sent_at: float, ttl_ms: int, now: float) -> bool:
+        """Every part was confirmed by requests sent at or after ``sent_at``."""
+        if self.expired(now):
+            return False
+        for clock in [self.base, *self.parts.values()]:
+            clock.confirmed(sent_at, ttl_ms, now)
+        return True
+
+    def confirmed_parts(
+        self, sent_at: float, ttls: Mapping[int, int], now: float, *, complete: bool
+    ) -> bool:
+        """A renewal round sent at ``sent_at``: ``ttls`` is what each part that answered
+        confirmed (a part not named got no answer and keeps its deadline). ``complete``:
+        every partition that may hold a part was asked and answered, so the stand-in
+        for the partitions not yet asked goes. False when the lease is lost."""
+        if self.expired(now):
+            return False
+        whole = set(self.parts) - {EVERY_PARTITION} <= set(ttls) and (complete or self.known)
+        for partition, ttl_ms in ttls.items():
+            self.add_part(partition).confirmed(sent_at, ttl_ms, now)
+        if complete and ttls:
+            self.parts.pop(EVERY_PARTITION, None)
+        if whole and ttls:
+            self.base.confirmed(sent_at, min(ttls.values()), now)
+        return not self.expired(now)
+
+    def update_sent(self, sent_at: float, ttl_ms: int) -> int:
+        ticket = self.base.update_sent(sent_at, ttl_ms)
+        for clock in self.parts.values():
+            # The tickets of every clock advance together (each counts its own updates
+            # from the same start, and a part's clock begins as a copy of base).
+            clock.update_sent(sent_at, ttl_ms)
+        return ticket
+
+    def update_settled(
+        self, ticket: int, ttl_ms: int | None, now: float, *, applied: bool | None
+    ) -> bool:
+        self.base.update_settled(ticket, ttl_ms, now, applied=applied)
+        results = [
+            c.update_settled(ticket, ttl_ms, now, applied=applied) for c in self.parts.values()
+        ]
+        return all(results) and not self.expired(now)
+
+    def interval(self) -> float:
+        return min(c.interval() for c in self._clocks())
+
+    def next_renewal(self) -> float:
+        return min(c.next_renewal() for c in self._clocks())
+
+
+def _copy_clock(clock: LeaseClock) -> LeaseClock:
+    copy = LeaseClock.__new__(LeaseClock)
+    for name in LeaseClock.__slots__:
+        setattr(copy, name, getattr(clock, name))
+    copy._updates = dict(clock._updates)
+    return copy
+
+
 class RenewAt(Record):
     """Renew the lease at ``at`` (now or earlier: at once)."""
 
@@ -286,7 +441,9 @@ class Renewer:
 
     __slots__ = ("_fixed_interval", "_idle_since", "_retry_at", "clock", "renewals")
 
-    def __init__(self, clock: LeaseClock, now: float, *, interval: float | None = None) -> None:
+    def __init__(
+        self, clock: LeaseClock | PartClocks, now: float, *, interval: float | None = None
+    ) -> None:
         self.clock = clock
         self._fixed_interval = interval
         self._retry_at: float | None = None
@@ -331,6 +488,26 @@ class Renewer:
         self._idle_since = now
         self._retry_at = None
         return self.confirmed(sent, ttl_ms, now)
+
+    def renewed_parts(
+        self, sent: float, ttls: Mapping[int, int], now: float, *, complete: bool, whole: bool
+    ) -> int | None:
+        """A renewal round of a lease with parts (``clock`` is a ``PartClocks``): ``ttls``
+        is what each part that answered confirmed; ``whole``: every part it renewed
+        answered (else the round is retried soon, as a failed renewal is);
+        ``complete``: as ``PartClocks.confirmed_parts``. Returns as ``renewed``."""
+        clock = self.clock
+        if not isinstance(clock, PartClocks):
+            raise TypeError("renewed_parts needs a PartClocks")
+        self._idle_since = now
+        self._retry_at = None if whole else now + min(self.interval() / 4, 0.25)
+        counts = clock.counts(sent)
+        if not clock.confirmed_parts(sent, ttls, now, complete=complete):
+            return None
+        if not counts or not ttls:
+            return 0
+        self.renewals += 1
+        return clock.reported_ttl_ms
 
     def confirmed(self, sent: float, ttl_ms: int, now: float) -> int | None:
         """As ``renewed``, for a renewal made elsewhere (not on the renewing connection)."""

@@ -444,6 +444,9 @@ class Client:
         # Shared with the clients this one spawns: a KeepAlive renews from a spawned
         # client, and must hear of a TTL update sent through this one.
         self._watchers = core.LeaseWatchers()
+        # The leases opened through this family of clients and their parts (one per
+        # partition that holds a key of the lease), shared with spawned clients too.
+        self._book = core.LeaseBook()
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -512,6 +515,7 @@ class Client:
         child._ctx.routers = {p: router.copy() for p, router in self._ctx.routers.items()}
         child._ttl_ms = dict(self._ttl_ms)
         child._watchers = self._watchers
+        child._book = self._book
         return child
 
     # -- leases ---------------------------------------------------------------
@@ -543,16 +547,35 @@ class Client:
             )
         )
         self._ttl_ms[opened.id] = opened.ttl_ms
+        self._book.opened(opened, ephemeral=ephemeral, meta=meta, lock_delay_ms=lock_delay_ms)
         return opened
 
     def keepalive(self, lease: LeaseRef, *, timeout: float | None = None) -> int:
-        """Renews the lease; returns its TTL in ms. LeaseLost if it is gone."""
+        """Renews the lease (every part of it, in each partition that holds its keys);
+        returns its TTL in ms (the shortest of the parts'). LeaseLost if it (any part of
+        it) is gone, ClusterUnavailable if a part could not be reached."""
         lid = lease_id(lease)
-        ttl: int = self._run(
-            core.keepalive_flow(self._ctx, lid, incarnation=_incarnation(lease), timeout=timeout)
-        )
+        renewed = self.renew_parts(lease, timeout=timeout)
+        if not renewed.whole:
+            raise ClusterUnavailable(
+                f"lease {lid}: a partition that holds part of it could not be reached "
+                f"(renewed in partitions {sorted(renewed.ttls)} only)"
+            )
+        ttl = min(renewed.ttls.values())
         self._ttl_ms[lid] = ttl
         return ttl
+
+    def renew_parts(self, lease: LeaseRef, *, timeout: float | None = None) -> core.PartsRenewed:
+        """One renewal round of every part of the lease (``core.renew_parts_flow``): the
+        TTL each part confirmed; a part out of reach is left out. LeaseLost if a part is
+        gone (the others are closed first)."""
+        lid = lease_id(lease)
+        if isinstance(lease, Lease) and self._book.get(lid) is None:
+            self._book.opened(lease)
+        renewed: core.PartsRenewed = self._run(
+            core.renew_parts_flow(self._ctx, self._book, lid, timeout=timeout)
+        )
+        return renewed
 
     def close_lease(
         self,
@@ -570,7 +593,9 @@ class Client:
         """
         lid = lease_id(lease)
         released: list[str] = self._run(
-            core.close_lease_flow(self._ctx, lid, must_exist=must_exist, run=run, revoke=revoke)
+            core.close_all_flow(
+                self._ctx, self._book, lid, must_exist=must_exist, run=run, revoke=revoke
+            )
         )
         self._ttl_ms.pop(lid, None)
         return released
@@ -591,8 +616,8 @@ class Client:
         of it before it is sent: a shorter TTL lowers its deadline at once, whatever
         becomes of the update, and sets the pace of its renewals."""
         lid = lease_id(lease)
-        flow = core.update_lease_flow(
-            self._ctx, lid, ttl_ms, finished=finished, timeout=timeout, run=run
+        flow = core.update_parts_flow(
+            self._ctx, self._book, lid, ttl_ms, finished=finished, timeout=timeout, run=run
         )
         tickets = [(w, w.update_sent(ttl_ms)) for w in self._watchers.of(lid)]
         try:
@@ -633,11 +658,50 @@ class Client:
         FIFO and block until granted, or leave the queue and raise LockHeld when it runs out."""
         lid = lease_id(lease)
         known_ttl = lease.ttl_ms if isinstance(lease, Lease) else self._ttl_ms.get(lid)
-        flow = core.acquire_flow(
-            self._ctx, lid, key, wait=wait, limit=limit, meta=meta, known_ttl_ms=known_ttl
+        if isinstance(lease, Lease) and self._book.get(lid) is None:
+            self._book.opened(lease)
+        flow = core.lease_acquire_flow(
+            self._ctx,
+            self._book,
+            lid,
+            key,
+            wait=wait,
+            limit=limit,
+            meta=meta,
+            known_ttl_ms=known_ttl,
         )
         grant: Grant = self._run(flow)
         return grant
+
+    def acquire_all(
+        self,
+        lease: LeaseRef,
+        keys: Sequence[str],
+        *,
+        wait: float | None = None,
+        limit: int = 1,
+        meta: Mapping[str, str] | None = None,
+    ) -> list[Grant]:
+        """Takes every key of ``keys`` under ``lease``, all or nothing, in the one global
+        order (partitions ascending, keys sorted in each: two clients after overlapping
+        keys cannot deadlock); ``wait`` is one budget for them all. LockHeld (after
+        releasing what it took) when a key cannot be had. Grants in the order taken."""
+        lid = lease_id(lease)
+        known_ttl = lease.ttl_ms if isinstance(lease, Lease) else self._ttl_ms.get(lid)
+        if isinstance(lease, Lease) and self._book.get(lid) is None:
+            self._book.opened(lease)
+        flow = core.acquire_all_flow(
+            self._ctx,
+            self._book,
+            lid,
+            keys,
+            wait=wait,
+            limit=limit,
+            meta=meta,
+            known_ttl_ms=known_ttl,
+        )
+        grants: list[Grant] = self._run(flow)
+        return grants
 
     def release(
         self,
@@ -650,10 +714,12 @@ class Client:
         """Releases ``key`` (or leaves its queue). NotHolder if this lease has neither, or
         holds it under another token than ``token``. ``keep_lease=False`` ends an
         ephemeral lease that the release leaves idle."""
-        flow = core.release_flow(
-            self._ctx, lease_id(lease), key, token=token, keep_lease=keep_lease
-        )
+        lid = lease_id(lease)
+        flow = core.release_flow(self._ctx, lid, key, token=token, keep_lease=keep_lease)
         released: ReleaseOutcome = self._run(flow)
+        if released.lease_ended:
+            # The release ended the lease's part in the key's partition: end the rest.
+            self._run(core.parts_ended_flow(self._ctx, self._book, lid, key))
         return released
 
     def campaign(
@@ -1054,10 +1120,21 @@ class KeepAlive:
         self.reason: str | None = None
         self.last_error: BaseException | None = None
         self._watchers = client._watchers
+        if isinstance(lease, Lease) and client._book.get(lease.id) is None:
+            client._book.opened(lease)
+        self._book = client._book
         self._client = client.spawn()
         self._on_lost = on_lost
         self._on_renewed = on_renewed
-        self._clock = core.LeaseClock(ttl_ms, confirmed_at, deadline_of or core.lease_deadline)
+        # One clock per part of the lease (a partition that holds its keys); the lease's
+        # deadline is the earliest. Parts opened later join at the next renewal.
+        known = self._book.parts(self.lease)
+        self._clock = core.PartClocks(
+            ttl_ms,
+            confirmed_at,
+            deadline_of or core.lease_deadline,
+            parts=None if known is None else sorted(known),
+        )
         self._renewer = core.Renewer(self._clock, lease_clock(), interval=interval)
         self._cond = threading.Condition()
         self._stopping = threading.Event()
@@ -1229,8 +1306,9 @@ class KeepAlive:
             left = deadline - sent
             if left <= 0:
                 return  # the watcher reports it
+            self._join_parts()
             try:
-                ttl = self._client.keepalive(self.lease, timeout=left)
+                renewed = self._client.renew_parts(self.lease, timeout=left)
             except LeaseLost as exc:
                 self._mark_lost(exc.message)
                 return
@@ -1239,8 +1317,36 @@ class KeepAlive:
                 with self._cond:
                     self._renewer.renewal_failed(lease_clock())
                 continue
-            if not self._record(sent, ttl, renewing=True):
+            if not self._record_round(sent, renewed):
                 return  # confirmed too late: the watcher reports the loss
+
+    def _join_parts(self) -> None:
+        """Parts opened since the last round (an acquire in a new partition) get a clock,
+        from when their open was sent."""
+        with self._cond:
+            for partition, part in (self._book.parts(self.lease) or {}).items():
+                # A part found rather than opened here has no send time: it starts as
+                # the lease's whole-lease clock does.
+                opened_at = part.confirmed_at if part.confirmed_at > 0 else None
+                self._clock.add_part(partition, opened_at, part.ttl_ms)
+
+    def _record_round(self, sent: float, renewed: core.PartsRenewed) -> bool:
+        """A renewal round over the lease's parts; False if it came too late to count."""
+        with self._cond:
+            if self._lost_marked or self._stopping.is_set():
+                return False
+            counted_ms = self._renewer.renewed_parts(
+                sent, renewed.ttls, lease_clock(), complete=renewed.complete, whole=renewed.whole
+            )
+            if counted_ms is None:
+                return False
+            self._cond.notify_all()
+        if counted_ms and renewed.whole and self._on_renewed is not None:
+            try:
+                self._on_renewed(sent, counted_ms)
+            except Exception as exc:  # the callback's failure must not stop the renewals
+                self.last_error = exc
+        return True
 
 
 def _incarnation(lease: LeaseRef) -> int:

@@ -145,9 +145,9 @@ class ChaosCluster(Cluster):
     def current(self) -> list[Member]:
         return [m for m in self.members.values() if m.is_member]
 
-    def leader_now(self) -> NodeProc | None:
+    def leader_now(self, partition: int = 0) -> NodeProc | None:
         members = self.current()
-        views = [s for s in (n.status() for n in members) if s is not None]
+        views = [s for s in (n.status(partition=partition) for n in members) if s is not None]
         if not views:
             return None
         term = max(v["term"] for v in views)

@@ -146,3 +146,35 @@ def test_exec_through_the_zipapp(zdlm: Dlm) -> None:
     finally:
         stop(keeper)
     assert code == 128 + signal.SIGTERM, err
+
+
+def test_a_member_of_two_partitions_runs_from_the_zipapp(pyz: Path, tmp_path: Path) -> None:
+    """Its supervisor starts each partition's process from the same archive."""
+    from dlm.testing.probe import partition_status
+
+    (port,) = free_ports(1)
+    address = f"127.0.0.1:{port}"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with open(tmp_path / "node.log", "wb") as log:
+        proc = subprocess.Popen(
+            [real_python3(), "-I", str(pyz), "node", "start", "--id", "z1", "--listen", address,
+             "--data", str(tmp_path / "data"), "--partitions", "2"],
+            cwd=empty,
+            stdout=log,
+            stderr=log,
+            env={k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+        )  # fmt: skip
+    try:
+
+        def leads(partition: int) -> bool:
+            view = partition_status(address, partition, secret=None)
+            return view is not None and view.get("role") == "leader"
+
+        wait_for(lambda: leads(0) and leads(1), 60.0, "both partitions to lead")
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)

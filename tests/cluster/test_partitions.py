@@ -278,3 +278,139 @@ def records_of(node: NodeProc) -> list[dict[str, Any]]:
         for line in node.log_path.read_text(errors="replace").splitlines()
         if line.startswith("{")
     ]
+
+
+def test_systemd_hears_ready_once_when_every_partition_serves(tmp_path: Path) -> None:
+    path = str(tmp_path / "notify.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(path)
+    cluster = Cluster(tmp_path, size=1, partitions=3, env={"NOTIFY_SOCKET": path})
+    try:
+        cluster.start_all()
+        listener.settimeout(TIMEOUT)
+        assert listener.recv(256) == b"READY=1"
+        node = cluster.nodes["n1"]
+        # Every partition serves by now (each said so before the supervisor said READY).
+        for partition in range(3):
+            assert node.status(timeout=5.0, partition=partition) is not None
+        # The partition processes do not speak to systemd themselves: nothing more.
+        listener.settimeout(1.0)
+        with pytest.raises(TimeoutError):
+            listener.recv(256)
+        assert node.terminate(grace=20.0) == 0
+        listener.settimeout(TIMEOUT)
+        assert listener.recv(256) == b"STOPPING=1"
+    finally:
+        cluster.stop_all()
+        listener.close()
+
+
+def test_a_member_of_several_partitions_joins_every_partitions_group(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, size=3, partitions=2)
+    try:
+        cluster.start_all()
+        cluster.wait_for_leaders(timeout=TIMEOUT)
+        joined = cluster.add_node("n4")
+        joined.start()
+
+        def in_every_group() -> bool:
+            for partition in range(2):
+                leader = cluster.leader_now(partition)
+                if leader is None:
+                    return False
+                view = leader.status(partition=partition)
+                if view is None or "n4" not in {m["id"] for m in view["members"]}:
+                    return False
+                own = joined.status(partition=partition)
+                if own is None or not own.get("leader"):
+                    return False
+            return True
+
+        wait_for(in_every_group, 2 * TIMEOUT, "n4 in both partitions' groups")
+        assert len(joined.child_pids()) == 2
+    finally:
+        cluster.stop_all()
+
+
+def test_members_of_several_partitions_over_tls_with_a_peer_secret(tmp_path: Path) -> None:
+    """The preamble goes before TLS: each partition's process does its own handshake,
+    with the member's certificate, and its peers authenticate as for partition 0."""
+    from dlm import tls
+    from dlm.auth import write_secret_file
+    from tests.pki import OPENSSL, make_pki
+
+    if OPENSSL is None:
+        pytest.skip("the openssl command is not installed")
+    pki = make_pki(tmp_path / "pki", ["n1", "n2", "n3"])
+    secret_file = str(tmp_path / "peer.secret")
+    write_secret_file(secret_file)
+
+    def flags(node: NodeProc) -> list[str]:
+        name = node.node_id
+        return [
+            "--tls-cert", str(pki / f"{name}.crt"),
+            "--tls-key", str(pki / f"{name}.key"),
+            "--tls-ca", str(pki / "ca.crt"),
+            "--peer-secret-file", secret_file,
+        ]  # fmt: skip
+
+    (tmp_path / "cluster").mkdir()
+    cluster = Cluster(
+        tmp_path / "cluster",
+        size=3,
+        partitions=3,
+        node_args=flags,
+        client_tls=tls.client_context(str(pki / "ca.crt")),
+    )
+    try:
+        cluster.start_all()
+        leaders = cluster.wait_for_leaders(timeout=TIMEOUT)
+        assert sorted(leaders) == [0, 1, 2]
+        # A stranger without the member's CA cannot get past TLS on any partition.
+        node = cluster.nodes["n2"]
+        for partition in range(3):
+            with (
+                pytest.raises((OSError, ConnectionError)),
+                RawConn(node.address, partition=partition, tls=_untrusting()) as conn,
+            ):
+                conn.recv(timeout=5.0)
+        # Every partition still serves a client that trusts the CA.
+        for partition in range(3):
+            assert node.status(timeout=5.0, partition=partition) is not None
+    finally:
+        cluster.stop_all()
+
+
+def _untrusting() -> Any:
+    """A TLS client context that trusts no CA: every member's certificate fails it."""
+    import ssl
+
+    return ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+
+
+def test_a_partition_that_keeps_failing_to_start_stops_the_member_with_one_line(
+    tmp_path: Path,
+) -> None:
+    import fcntl
+
+    cluster = Cluster(tmp_path, size=1, partitions=2)
+    node = cluster.nodes["n1"]
+    try:
+        cluster.start_all()
+        cluster.wait_for_leaders(timeout=TIMEOUT)
+        node.kill()
+        # Another process holds partition 1's store: its process cannot open it, again
+        # and again.
+        with open(node.data_dir / "p1" / "LOCK", "a+b") as held:
+            fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            node.start()
+            assert node.wait_exit(TIMEOUT) == 1
+        lines = node.log_tail(40).splitlines()
+        said = [line for line in lines if line.startswith("dlm node: error: partition 1")]
+        assert said == [
+            "dlm node: error: partition 1 failed to start 5 times in a row (last exit code "
+            "1): see its log lines above"
+        ]
+        assert not node.child_pids()
+    finally:
+        cluster.stop_all()

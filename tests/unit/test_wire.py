@@ -586,6 +586,12 @@ def test_bad_hellos_are_protocol_errors(frame: dict[str, object]) -> None:
         wire.Hello.from_wire(frame)
 
 
+def test_the_wire_bounds_the_partition_count_as_partitioning_does() -> None:
+    from dlm.partitioning import MAX_PARTITIONS
+
+    assert wire._MAX_PARTITIONS == MAX_PARTITIONS
+
+
 def test_the_partition_count_rides_in_peer_hellos_and_welcomes_only_when_not_1() -> None:
     hello = wire.Hello(wire.HelloRole.PEER, cluster="c", node="n2", partitions=4)
     assert hello.to_wire()["partitions"] == 4

@@ -65,6 +65,8 @@ MAX_PENDING = 512
 STOP_GRACE_S = 10.0
 """How long a child has to stop after SIGTERM before it gets SIGKILL."""
 ACCEPTS_PER_TURN = 64
+ACCEPT_PAUSE_S = 0.1
+"""How long the listener is left alone after an accept failed (out of descriptors)."""
 BOOT = (
     "import sys\n"
     "sys.path.insert(0, sys.argv[1])\n"
@@ -135,6 +137,7 @@ class Supervisor:
         self._pending: dict[int, _Pending] = {}
         """Connections still sending their first bytes, by descriptor, oldest first."""
         self._ready_said = False
+        self._accept_warned_at = float("-inf")
         self._loop: asyncio.AbstractEventLoop | None = None
         self.metrics: Any = None
         self.shed = 0
@@ -392,8 +395,10 @@ class Supervisor:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                # Out of descriptors, most likely: the connection stays in the backlog.
-                self.log.warning("accept_failed", error=str(exc))
+                # Out of descriptors, most likely: the connection stays in the backlog,
+                # and the listener, still readable, is left alone for a moment (else the
+                # loop would spin on it).
+                self._accept_later(exc)
                 return
             sock.setblocking(False)
             pending = _Pending(sock, time.monotonic(), _where(addr))
@@ -405,6 +410,23 @@ class Supervisor:
             if fd in self._pending:
                 assert self._loop is not None
                 self._loop.add_reader(fd, self._first_bytes, fd)
+
+    def _accept_later(self, exc: OSError) -> None:
+        listener, loop = self._listener, self._loop
+        if listener is None or loop is None:
+            return
+        now = time.monotonic()
+        if now - self._accept_warned_at >= 1.0:  # at most a line a second
+            self._accept_warned_at = now
+            self.log.warning("accept_failed", error=str(exc))
+        with contextlib.suppress(ValueError, OSError):
+            loop.remove_reader(listener.fileno())
+        loop.call_later(ACCEPT_PAUSE_S, self._accept_again)
+
+    def _accept_again(self) -> None:
+        listener, loop = self._listener, self._loop
+        if listener is not None and loop is not None:
+            loop.add_reader(listener.fileno(), self._accept)
 
     def _first_bytes(self, fd: int) -> None:
         pending = self._pending.get(fd)
