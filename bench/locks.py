@@ -99,19 +99,17 @@ class LockSession(Protocol):
 
 
 class DlmSession:
-    """One dlm client: its own AsyncClient (so its own connection) and its own lease."""
+    """One dlm client: its own AsyncClient (so its own connection) and its own lease.
 
-    def __init__(self, client: Any, lease: Any, lease_partition: int | None = None) -> None:
+    In a partitioned cluster the client finds its key's partition, and its lease gets a
+    part there when the key is first taken (the client library's composite lease)."""
+
+    def __init__(self, client: Any, lease: Any) -> None:
         self._client = client
         self._lease = lease
-        self._lease_partition = lease_partition
 
     @classmethod
-    async def open(
-        cls, endpoints: Sequence[str], secret_file: str | None = None, key: str | None = None
-    ) -> DlmSession:
-        """``key``: the one key this session will take. In a partitioned cluster its lease
-        is opened in that key's partition (see ``_open_lease_in``)."""
+    async def open(cls, endpoints: Sequence[str], secret_file: str | None = None) -> DlmSession:
         # Lazy: the etcd half of the benchmark runs without dlm's client.
         from dlm.client.aio import AsyncClient
 
@@ -122,21 +120,11 @@ class DlmSession:
             secret = auth.load_secret(secret_file)
         client = AsyncClient(list(endpoints), timeout=OP_TIMEOUT_S, secret=secret)
         try:
-            partition = None
-            if key is not None:
-                await client.get(key, stale=True)  # the greeting tells the partition count
-                if client.partitions > 1:
-                    from dlm.partitioning import partition_of
-
-                    partition = partition_of(key, client.partitions)
-            if partition:
-                lease = await _open_lease_in(client, partition)
-            else:
-                lease = await client.open_lease(LEASE_TTL_MS)
+            lease = await client.open_lease(LEASE_TTL_MS)
         except BaseException:
             await client.aclose()
             raise
-        return cls(client, lease, partition)
+        return cls(client, lease)
 
     async def acquire(self, key: str, *, wait: bool) -> None:
         await self._client.acquire(self._lease, key, wait=HOT_WAIT_S if wait else None)
@@ -146,47 +134,14 @@ class DlmSession:
 
     async def close(self) -> None:
         try:
-            if self._lease_partition:
-                await _close_lease_in(self._client, self._lease, self._lease_partition)
-            else:
-                await self._client.close_lease(self._lease)
+            await self._client.close_lease(self._lease)
         finally:
             await self._client.aclose()
 
 
-# A session takes one key, so its lease needs to exist only in that key's partition: the
-# benchmark opens it there itself (the wire's OpenLease sent to that partition), one part,
-# as the client library's composite lease would for a lease whose keys are all in one
-# partition. Steady pairs cost the same either way; only the session's set-up differs.
-async def _open_lease_in(client: Any, partition: int) -> Any:
-    from dlm.client import core
-    from dlm.wire import LeaseOpened, OpenLease
-
-    def flow() -> Any:
-        lid = core.new_lease_id()
-        sent = client._ctx.clock()
-        request = OpenLease(id=0, lease=lid, ttl_ms=LEASE_TTL_MS, ephemeral=False, meta={})
-        _, reply = yield from core.change(client._ctx, request, partition=partition)
-        opened = core.read_reply(LeaseOpened, reply)
-        return core.Lease(lid, opened.ttl_ms, confirmed_at=sent, incarnation=opened.incarnation)
-
-    return await client._run(flow())
-
-
-async def _close_lease_in(client: Any, lease: Any, partition: int) -> None:
-    from dlm.client import core
-    from dlm.wire import CloseLease
-
-    def flow() -> Any:
-        request = CloseLease(id=0, lease=lease.id, seq=0)
-        yield from core.change(client._ctx, request, partition=partition)
-
-    await client._run(flow())
-
-
-async def open_session(target: Target, key: str | None = None) -> LockSession:
+async def open_session(target: Target) -> LockSession:
     if target.system == "dlm":
-        return await DlmSession.open(target.endpoints, target.secret_file, key)
+        return await DlmSession.open(target.endpoints, target.secret_file)
     return await etcd_bench.EtcdSession.open(
         target.endpoints, 0, op_timeout=OP_TIMEOUT_S, attempt_timeout=target.attempt_timeout_s
     )
@@ -400,7 +355,7 @@ async def _drive(target: Target, cell: Cell, indices: Sequence[int], barrier: An
     out = WorkerResult()
     keys = [f"{cell.key_prefix}/hot" if cell.hot else f"{cell.key_prefix}/{i}" for i in indices]
     sessions = await asyncio.wait_for(
-        asyncio.gather(*(open_session(target, key) for key in keys)), SETUP_TIMEOUT_S
+        asyncio.gather(*(open_session(target) for _ in keys)), SETUP_TIMEOUT_S
     )
     try:
         await asyncio.to_thread(barrier.wait, SETUP_TIMEOUT_S)
@@ -554,7 +509,7 @@ def run_cell(target: Target, cell: Cell, server_pids: Sequence[int]) -> CellResu
 
 
 async def _failover_once(target: Target, kill_leader: Callable[[], None]) -> float | None:
-    session = await asyncio.wait_for(open_session(target, FAILOVER_KEY), SETUP_TIMEOUT_S)
+    session = await asyncio.wait_for(open_session(target), SETUP_TIMEOUT_S)
     kill_at: float | None = None
     recovered = asyncio.Event()
     recovered_at = 0.0
