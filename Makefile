@@ -9,7 +9,7 @@ BENCH_STAMP := $(VENV)/.bench-installed-stamp
 
 # compiled / interpreted: tools/build_compiled.py (mypyc; see bench/results/mypyc.md).
 .PHONY: compiled interpreted
-.PHONY: install install-dev install-bench test lint typecheck unit sim cluster run bench bench-scale bench-wal bench-startup bench-membership bench-api zipapp soak chaos clean api-docs
+.PHONY: install install-dev install-bench test lint typecheck unit sim cluster run bench bench-partitions bench-scale bench-wal bench-startup bench-membership bench-api zipapp soak chaos clean api-docs
 
 # What running dlm needs (`make run`): the package and its runtime dependencies. The
 # bytecode of dlm itself is compiled here, so a `dlm` run starts warm even where
@@ -92,10 +92,16 @@ run: install
 
 BENCH_ARGS ?=
 
-# The lock-service benchmark: machine floor, a dlm 3-node cluster, etcd 3.4 if installed.
+# The lock-service benchmark: machine floor, a dlm 3-node cluster, etcd 3.4 if installed,
+# then clusters of 1, 2 and 4 partitions side by side (bench/partitions.py).
 # Writes bench/results/locks.md, .png and .json.
 bench: install install-bench
 	$(PY) -m bench.locks $(BENCH_ARGS)
+
+# The partitioned cells alone (P = 1, 2, 4 side by side; make bench runs them too).
+# Writes bench/results/partitions.md and .json.
+bench-partitions: install install-bench
+	$(PY) -m bench.partitions $(BENCH_ARGS)
 
 # Fleet scale: 10,000 leases kept alive, 100,000 held locks (bench/results/scale.md, .png).
 bench-scale: install install-bench

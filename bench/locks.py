@@ -49,8 +49,9 @@ from typing import Any, Protocol
 
 from bench import etcd as etcd_bench
 from bench.floor import Floor, Percentiles, free_ports, measure_floor, summarize
-from bench.procs import ProcessCluster
+from bench.procs import ProcessCluster, tree_usage
 from dlm.client.sync import Client
+from dlm.partitioning import check_partitions
 from dlm.views import StatusView
 
 CLIENT_COUNTS = (1, 16, 64)
@@ -69,7 +70,7 @@ FAILOVER_TIMEOUT_S = 20.0
 # timeout fires; a real client would give up sooner and try another member. 1 s is etcd's
 # election timeout, so a retry after it usually finds the new leader.
 ETCD_FAILOVER_ATTEMPT_S = 1.0
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
+FAILOVER_KEY = "bench/failover"
 
 
 # ---------------------------------------------------------------------------
@@ -98,7 +99,10 @@ class LockSession(Protocol):
 
 
 class DlmSession:
-    """One dlm client: its own AsyncClient (so its own connection) and its own lease."""
+    """One dlm client: its own AsyncClient (so its own connection) and its own lease.
+
+    In a partitioned cluster the client finds its key's partition, and its lease gets a
+    part there when the key is first taken (the client library's composite lease)."""
 
     def __init__(self, client: Any, lease: Any) -> None:
         self._client = client
@@ -172,9 +176,13 @@ class Cluster(Protocol):
 class DlmCluster(ProcessCluster):
     """Three `dlm node start` processes on 127.0.0.1, data under ``base_dir``."""
 
-    def __init__(self, base_dir: str, size: int = 3, *, auth: bool = False) -> None:
+    def __init__(
+        self, base_dir: str, size: int = 3, *, auth: bool = False, partitions: int = 1
+    ) -> None:
         super().__init__(base_dir, [f"n{i + 1}" for i in range(size)])
         self.addrs = [f"127.0.0.1:{p}" for p in free_ports(size)]
+        self.partitions = partitions
+        """Raft groups per member (P > 1: each member is a supervisor and P children)."""
         self.secret_file: str | None = None
         self._peer_secret_file: str | None = None
         secret = None
@@ -196,27 +204,64 @@ class DlmCluster(ProcessCluster):
         if self.secret_file is not None and self._peer_secret_file is not None:
             args += ["--client-secret-file", self.secret_file]
             args += ["--peer-secret-file", self._peer_secret_file]
+        if self.partitions != 1:  # P = 1 stays today's command line, byte for byte
+            args += ["--partitions", str(self.partitions)]
         return [sys.executable, "-m", "dlm", "node", "start", *args]
 
     def start(self) -> None:
         self.spawn_all()
         self.leader_index(LEADER_TIMEOUT_S)
 
-    def _views(self) -> dict[int, StatusView]:
+    def _member_status(self, i: int, partition: int) -> StatusView | None:
+        if partition == 0:
+            return self._client.member_status(self.addrs[i], timeout=1.0)
+        # Partition i > 0 of a member: its own view, over a connection dialled with the
+        # partition's preamble (the client's connection, as its drivers use it).
+        from dlm.client import core
+        from dlm.client.core import ConnectionBroken, without_id
+        from dlm.client.errors import AuthFailed
+        from dlm.client.sync import _Connection
+        from dlm.wire import Status
+
+        deadline = time.monotonic() + 1.0
+        try:
+            conn, greeting = _Connection.open(
+                self.addrs[i], deadline, self._client._secret, None, partition
+            )
+        except (ConnectionBroken, ValueError, AuthFailed):
+            return None
+        try:
+            if greeting.get("t") != "welcome":
+                return None
+            reply = conn.request(without_id(Status(id=0, stale=True)), deadline)
+        except ConnectionBroken:
+            return None
+        finally:
+            conn.close()
+        return core.own_view(reply)
+
+    def _views(self, partition: int = 0) -> dict[int, StatusView]:
         views = {}
         for i, proc in enumerate(self.procs):
             if proc is None or proc.poll() is not None:
                 continue
-            view = self._client.member_status(self.addrs[i], timeout=1.0)
+            view = self._member_status(i, partition)
             if view is not None:
                 views[i] = view
         return views
 
-    def leader_index(self, timeout: float) -> int:
-        """The member that says it leads, in the highest term any live member reports."""
+    def leader_of(self, key: str, timeout: float) -> int:
+        """The member leading the partition of ``key``."""
+        from dlm.partitioning import partition_of
+
+        return self.leader_index(timeout, partition_of(key, self.partitions))
+
+    def leader_index(self, timeout: float, partition: int = 0) -> int:
+        """The member that says it leads (``partition``), in the highest term any live
+        member reports."""
         deadline = time.monotonic() + timeout
         while True:
-            views = self._views()
+            views = self._views(partition)
             top_term = max((v.term or 0 for v in views.values()), default=0)
             for i, view in views.items():
                 if view.role == "leader" and (view.term or 0) == top_term:
@@ -229,31 +274,30 @@ class DlmCluster(ProcessCluster):
             time.sleep(0.05)
 
     def max_term(self) -> int:
-        return max((v.term or 0 for v in self._views().values()), default=0)
+        """The highest term of each partition, summed: what it gains is how many elections
+        there were, in any partition."""
+        return sum(
+            max((v.term or 0 for v in self._views(p).values()), default=0)
+            for p in range(self.partitions)
+        )
 
     def wait_all_agree(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while True:
-            views = self._views()
-            leaders = {v.leader for v in views.values()}
-            if len(views) == len(self.names) and len(leaders) == 1 and None not in leaders:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError("dlm members do not agree on a leader")
-            time.sleep(0.05)
+        for partition in range(self.partitions):
+            while True:
+                views = self._views(partition)
+                leaders = {v.leader for v in views.values()}
+                if len(views) == len(self.names) and len(leaders) == 1 and None not in leaders:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"dlm members do not agree on a leader of {partition}")
+                time.sleep(0.05)
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:
-    """User + system CPU time the given processes have used so far."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        except (OSError, IndexError, ValueError):
-            continue
-    return total / _CLK_TCK
+    """User + system CPU time the given members have used so far, each member's whole
+    process tree (a partitioned member's supervisor and partitions, snapshot children)."""
+    return sum(usage.cpu_s for usage in tree_usage(pids))
 
 
 # ---------------------------------------------------------------------------
@@ -309,8 +353,9 @@ async def _client_loop(
 
 async def _drive(target: Target, cell: Cell, indices: Sequence[int], barrier: Any) -> WorkerResult:
     out = WorkerResult()
+    keys = [f"{cell.key_prefix}/hot" if cell.hot else f"{cell.key_prefix}/{i}" for i in indices]
     sessions = await asyncio.wait_for(
-        asyncio.gather(*(open_session(target) for _ in indices)), SETUP_TIMEOUT_S
+        asyncio.gather(*(open_session(target) for _ in keys)), SETUP_TIMEOUT_S
     )
     try:
         await asyncio.to_thread(barrier.wait, SETUP_TIMEOUT_S)
@@ -323,7 +368,6 @@ async def _drive(target: Target, cell: Cell, indices: Sequence[int], barrier: An
             await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
             out.cpu_s = time.process_time() - started
 
-        keys = [f"{cell.key_prefix}/hot" if cell.hot else f"{cell.key_prefix}/{i}" for i in indices]
         await asyncio.gather(
             sample_cpu(),
             *(
@@ -364,11 +408,28 @@ class CellResult:
     server_cpu: float
     elections: int = 0
     """Terms the cluster went through during the cell (warm-up included); 0 when steady."""
+    partitions: int = 1
+    """The partition count of the cluster measured (etcd: 1)."""
+    server_cpu_members: list[float] = field(default_factory=list)
+    """server_cpu of each member (its whole process tree), in the cluster's member order."""
+    server_write_bytes: float = 0.0
+    """Bytes per second the members handed to write/send calls (sockets and files)."""
+    supervisor_cpu: float = 0.0
+    """The members' top processes alone (P > 1: the supervisors, which accept connections)."""
+    leader: int | None = None
+    """The member that led (partition 0) when the cell started, an index into the above."""
+    load_average: float = math.nan
+    """The machine's 1-minute load average when the window ended (other work shows here)."""
 
     @property
     def server_cpu_per_pair_us(self) -> float:
         """Server CPU (every member) per completed pair, in microseconds."""
         return self.server_cpu / self.pairs_per_s * 1e6 if self.pairs_per_s else math.nan
+
+    @property
+    def write_bytes_per_pair(self) -> float:
+        """Bytes the members wrote (network and log together) per completed pair."""
+        return self.server_write_bytes / self.pairs_per_s if self.pairs_per_s else math.nan
 
 
 def run_cell(target: Target, cell: Cell, server_pids: Sequence[int]) -> CellResult:
@@ -381,7 +442,9 @@ def run_cell(target: Target, cell: Cell, server_pids: Sequence[int]) -> CellResu
         for share in shares
         if share
     ]
-    server_cpu = 0.0
+    members = [0.0] * len(server_pids)
+    written = supervisors = 0.0
+    load_average = math.nan
     collected: list[WorkerResult] = []
     for w in workers:
         w.start()
@@ -389,9 +452,19 @@ def run_cell(target: Target, cell: Cell, server_pids: Sequence[int]) -> CellResu
         try:
             barrier.wait(SETUP_TIMEOUT_S)
             time.sleep(cell.warmup)
-            cpu_before = cpu_seconds(server_pids)
+            before = tree_usage(server_pids)
             time.sleep(cell.seconds)
-            server_cpu = (cpu_seconds(server_pids) - cpu_before) / cell.seconds
+            after = tree_usage(server_pids)
+            load_average = os.getloadavg()[0]
+            members = [
+                (a.cpu_s - b.cpu_s) / cell.seconds for a, b in zip(after, before, strict=True)
+            ]
+            written = sum(a.write_bytes - b.write_bytes for a, b in zip(after, before, strict=True))
+            written /= cell.seconds
+            supervisors = sum(
+                a.root_cpu_s - b.root_cpu_s for a, b in zip(after, before, strict=True)
+            )
+            supervisors /= cell.seconds
         except threading.BrokenBarrierError:
             pass  # a worker failed its set-up; its result says why
         deadline = time.monotonic() + OP_TIMEOUT_S + HOT_WAIT_S + 15
@@ -422,7 +495,11 @@ def run_cell(target: Target, cell: Cell, server_pids: Sequence[int]) -> CellResu
         errors=sum(r.errors for r in collected) + missing,
         first_error=first_error,
         client_cpu=sum(r.cpu_s for r in collected) / cell.seconds,
-        server_cpu=server_cpu,
+        server_cpu=sum(members),
+        server_cpu_members=members,
+        server_write_bytes=written,
+        supervisor_cpu=supervisors,
+        load_average=load_average,
     )
 
 
@@ -445,7 +522,7 @@ async def _failover_once(target: Target, kill_leader: Callable[[], None]) -> flo
         while not stop:
             issued = time.monotonic()
             try:
-                await session.acquire("bench/failover", wait=True)
+                await session.acquire(FAILOVER_KEY, wait=True)
             except Exception:
                 await asyncio.sleep(0.01)
                 continue
@@ -453,7 +530,7 @@ async def _failover_once(target: Target, kill_leader: Callable[[], None]) -> flo
                 recovered_at = time.monotonic()
                 recovered.set()
             with contextlib.suppress(Exception):
-                await session.release("bench/failover")
+                await session.release(FAILOVER_KEY)
             pairs += 1
             if pairs >= 20:
                 steady.set()
@@ -481,7 +558,10 @@ def measure_failover(
 ) -> list[float | None]:
     samples: list[float | None] = []
     for _ in range(repeats):
-        leader = cluster.leader_index(LEADER_TIMEOUT_S)
+        if isinstance(cluster, DlmCluster):  # the leader of the key's partition (P > 1)
+            leader = cluster.leader_of(FAILOVER_KEY, LEADER_TIMEOUT_S)
+        else:
+            leader = cluster.leader_index(LEADER_TIMEOUT_S)
         ordered = (endpoints[leader], *(a for i, a in enumerate(endpoints) if i != leader))
         attempt = ETCD_FAILOVER_ATTEMPT_S if system == "etcd" else None
         target = Target(system, ordered, attempt, getattr(cluster, "secret_file", None))
@@ -542,10 +622,12 @@ class Contender:
     cluster: Cluster
     endpoints: list[str]
     target: Target | None = None
+    leader: int | None = None
+    """The member that led when ``target`` was made (partition 0's leader when P > 1)."""
 
     def run_cell(self, args: argparse.Namespace, hot: bool, clients: int, procs: int) -> None:
         if self.target is None:
-            leader = self.cluster.leader_index(LEADER_TIMEOUT_S)
+            leader = self.leader = self.cluster.leader_index(LEADER_TIMEOUT_S)
             ordered = (
                 self.endpoints[leader],
                 *(a for i, a in enumerate(self.endpoints) if i != leader),
@@ -558,6 +640,8 @@ class Contender:
         term_before = self.cluster.max_term()
         result = run_cell(self.target, cell, self.cluster.pids)
         result.elections = max(0, self.cluster.max_term() - term_before)
+        result.partitions = getattr(self.cluster, "partitions", 1)
+        result.leader = self.leader
         self.run.cells.append(result)
         _progress(system, result)
 
@@ -611,12 +695,13 @@ def bench_both(args: argparse.Namespace, base_dir: str) -> tuple[SystemRun, Syst
     interleaved, and stops every process by PID."""
     dlm_run, etcd_run = SystemRun("dlm"), SystemRun("etcd")
     clusters: list[tuple[SystemRun, DlmCluster | etcd_bench.EtcdCluster, list[str], str]] = []
-    if args.only != "etcd":
-        dlm = DlmCluster(os.path.join(base_dir, "dlm"), auth=args.auth)
-        clusters.append((dlm_run, dlm, dlm.addrs, "dlm: 3 nodes up"))
+    if args.only in ("all", "dlm"):
+        dlm = DlmCluster(os.path.join(base_dir, "dlm"), auth=args.auth, partitions=args.partitions)
+        partitions = f", {args.partitions} partitions" if args.partitions > 1 else ""
+        clusters.append((dlm_run, dlm, dlm.addrs, f"dlm: 3 nodes up{partitions}"))
     else:
         dlm_run.error = "not run (--only)"
-    if args.only == "dlm":
+    if args.only in ("dlm", "partitions"):
         etcd_run.error = "not run (--only)"
     elif (version := etcd_bench.etcd_version()) is None:
         etcd_run.error = "etcd is not installed (apt-get install etcd-server etcd-client)"
@@ -912,7 +997,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--keys", choices=("both", "distinct", "hot"), default="both", help="which cells run"
     )
     parser.add_argument("--failovers", type=int, default=DEFAULT_FAILOVERS, help="0 to skip")
-    parser.add_argument("--only", choices=("all", "dlm", "etcd"), default="all")
+    parser.add_argument(
+        "--only",
+        choices=("all", "dlm", "etcd", "partitions"),
+        default="all",
+        help="partitions: only the partitioned cells (dlm alone)",
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=1,
+        metavar="P",
+        help="partitions of the dlm cluster the main cells and failovers run on (default 1)",
+    )
     parser.add_argument("--no-etcd", action="store_true", help="same as --only dlm")
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE")
     parser.add_argument(
@@ -931,7 +1028,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="dlm's members require a client secret and a peer secret (every frame carries a MAC)",
     )
     parser.add_argument("--label", default=None, help="what the heading says was run")
+    from bench import partitions
+
+    partitions.add_arguments(parser)
     args = parser.parse_args(argv)
+    if (problem := check_partitions(args.partitions)) is not None:
+        parser.error(problem)
     if args.no_etcd:
         args.only = "dlm"
     if args.label is None:
@@ -952,10 +1054,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
         dlm, etcd = bench_both(args, base_dir)
+        parted = None
+        if args.only in ("all", "dlm", "partitions") and args.partition_cells:
+            from bench import partitions
+
+            # After the dlm/etcd cells, whose clusters are stopped by now: the partition
+            # clusters run side by side with each other only.
+            parted = partitions.run_phase(args, base_dir)
     load_after = os.getloadavg()
     rows = build_rows(floor, dlm, etcd, args.clients)
+    members = (
+        f"3 members ({args.partitions} partitions each)" if args.partitions > 1 else ("3 members")
+    )
     heading = (
-        f"dlm lock benchmark ({args.label}): 3 members on 127.0.0.1, fsync on, "
+        f"dlm lock benchmark ({args.label}): {members} on 127.0.0.1, fsync on, "
         f"{args.seconds:g} s per cell after {args.warmup:g} s warm-up; {os.cpu_count()} CPUs; "
         f"etcd {etcd.version or '-'}; load average {load_before[0]:.1f} before, "
         f"{load_after[0]:.1f} after"
@@ -964,16 +1076,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells = render_cells([dlm, etcd])
     models = render_models([dlm, etcd])
     errors = [f"{run.system}: {run.error}" for run in (dlm, etcd) if run.error]
-    print()
-    print(heading)
-    print(table)
-    print()
-    print("Every cell (elections: terms the cluster went through during the cell):")
-    print(cells)
-    if models:
+    if args.only == "partitions":
+        errors = []
+    partition_sections: list[tuple[str, str]] = []
+    if parted is not None:
+        from bench import partitions
+
+        partition_sections = [
+            ("Partitioned cells", partitions.heading_line(parted)),
+            *partitions.sections_of(parted, floor.fsync.p50_ms),
+        ]
+        errors += [f"partitions: {line}" for line in parted.errors]
+    main_sections = [
+        ("dlm beside etcd", table),
+        ("Every cell", cells),
+        ("Load generator models", models),
+    ]
+    if args.only == "partitions":  # no dlm/etcd cells: no empty tables either
+        main_sections = []
+    else:
         print()
-        print("Load generator models (the table above uses the better of the two):")
-        print(models)
+        print(heading)
+        print(table)
+        print()
+        print("Every cell (elections: terms the cluster went through during the cell):")
+        print(cells)
+        if models:
+            print()
+            print("Load generator models (the table above uses the better of the two):")
+            print(models)
+    for name, body in partition_sections:
+        if body:
+            print(f"\n{name}:\n{body}")
     for line in errors:
         print(line)
     print(f"\ntotal {time.monotonic() - started:.0f} s")
@@ -986,6 +1120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load_average_after": load_after,
         "dlm": _jsonable(dlm),
         "etcd": _jsonable(etcd),
+        "partitions": None if parted is None else asdict(parted),
         "table": [
             {
                 "figure": r.figure,
@@ -1010,11 +1145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.results,
             args.name,
             heading=heading,
-            sections=[
-                ("dlm beside etcd", table),
-                ("Every cell", cells),
-                ("Load generator models", models),
-            ],
+            sections=[*main_sections, *partition_sections],
             notes=errors,
             runs=(dlm, etcd),
             everything=everything,
