@@ -38,9 +38,7 @@ class Partitioned(FakeClient):
         cls.members = [{"n1": "127.0.0.1:7701", "n2": "127.0.0.1:7702"} for _ in range(PARTITIONS)]
         cls.sent = []
 
-    @property
-    def partitions(self) -> int:
-        return PARTITIONS
+    partitions = PARTITIONS
 
     def _reach(self, what: str, partition: int) -> None:
         Partitioned.sent.append((what, partition))
