@@ -83,3 +83,57 @@ def test_a_name_whose_every_address_refused_counts_as_refused() -> None:
     assert dial_refused(ConnectionRefusedError(111, "refused"))
     assert not dial_refused(TimeoutError())
     assert not dial_refused(OSError(113, "No route to host"))
+
+
+def test_a_link_to_a_partition_sends_its_preamble_then_a_hello_naming_the_count() -> None:
+    import asyncio
+    import io
+    import random
+    import struct
+
+    import cbor2
+
+    from dlm.node.runtime.log import Logger
+    from dlm.node.runtime.peers import PeerLink
+    from dlm.partitioning import preamble
+    from dlm.wire import encode_frame, welcome
+
+    async def main() -> bytes:
+        seen = bytearray()
+        got_hello = asyncio.Event()
+
+        async def member(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen.extend(await reader.readexactly(len(preamble(3))))
+            (length,) = struct.unpack(">I", await reader.readexactly(4))
+            seen.extend(await reader.readexactly(length))
+            got_hello.set()
+            writer.write(encode_frame(welcome("n2", "unit", 4, partitions=4, partition=3)))
+            await writer.drain()
+            await asyncio.sleep(30)
+
+        server = await asyncio.start_server(member, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        link = PeerLink(
+            local_id="n1",
+            peer_id="n2",
+            address=("127.0.0.1", port),
+            cluster="unit",
+            log=Logger("n1", stream=io.StringIO()),
+            on_down=lambda peer, gone: None,
+            rng=random.Random(7),
+            partition=3,
+            partitions=4,
+        )
+        task = asyncio.ensure_future(link.run())
+        try:
+            await asyncio.wait_for(got_hello.wait(), 10.0)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            server.close()
+        return bytes(seen)
+
+    seen = asyncio.run(main())
+    assert seen[:6] == preamble(3)
+    hello = cbor2.loads(seen[6:])
+    assert hello["t"] == "hello" and hello["role"] == "peer" and hello["partitions"] == 4
