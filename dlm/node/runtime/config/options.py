@@ -212,7 +212,6 @@ NODE_OPTIONS = (
         "Split the keys over P Raft groups (1 to 64), each served by a process of its own "
         "on every member; fixed when the data directory is created (a later start without "
         "it uses the recorded count). Give every member the same. [default: 1]",
-        env="DLM_PARTITIONS",
     ),
     NodeOption(
         "peer_secret_file",

@@ -35,7 +35,7 @@ def test_every_option_has_a_variable_and_a_file_key_named_after_its_flag() -> No
     assert names["--log-level"] == ("DLM_NODE_LOG_LEVEL", "log-level")
     assert names["--log-format"] == ("DLM_NODE_LOG_FORMAT", "log-format")
     # The cluster-wide shape, named as issue 25 names it (not a DLM_NODE_ variable).
-    assert names["--partitions"] == ("DLM_PARTITIONS", "partitions")
+    assert names["--partitions"] == ("DLM_NODE_PARTITIONS", "partitions")
 
 
 def test_the_typer_command_takes_exactly_the_table() -> None:
@@ -201,7 +201,7 @@ def test_a_metrics_address_is_host_and_port(text: str, addr: tuple[str, int]) ->
 def test_the_partition_count_comes_from_its_flag_dlm_partitions_or_the_file(
     tmp_path: Path,
 ) -> None:
-    assert resolve({}, {"DLM_PARTITIONS": "4"}).values["partitions"] == "4"
-    assert resolve({"partitions": "2"}, {"DLM_PARTITIONS": "4"}).values["partitions"] == "2"
+    assert resolve({}, {"DLM_NODE_PARTITIONS": "4"}).values["partitions"] == "4"
+    assert resolve({"partitions": "2"}, {"DLM_NODE_PARTITIONS": "4"}).values["partitions"] == "2"
     config = write(tmp_path, 'partitions = "8"\n')
     assert resolve({"config": config}, {}).values["partitions"] == "8"
