@@ -125,6 +125,7 @@ class ChaosCluster(Cluster):
         self.client_secret = None
         self.client_tls = None
         self.open_files = None
+        self.partitions = 1
         self.retired: dict[str, NodeProc] = {}
         self.nodes: dict[str, NodeProc] = {}
         self.members: dict[str, Member] = {}
