@@ -59,7 +59,7 @@ typecheck: install-dev
 PYTEST_WORKERS ?= 2
 PYTEST_SPLIT ?= --processes-on-one-worker
 test: lint typecheck
-	$(PY) -m pytest tests -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_SPLIT)
+	$(PY) -m pytest tests -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_SPLIT) --durations=25
 
 unit: install-dev
 	$(PY) -m pytest tests/unit
