@@ -143,11 +143,22 @@ def partition_pid(node: NodeProc, partition: int) -> int:
     raise AssertionError(f"no process of partition {partition} on {node.node_id}")
 
 
+def _spread(c: Cluster) -> list[NodeProc] | None:
+    now = [c.leader_now(p) for p in range(P)]
+    leaders = [leader for leader in now if leader is not None]
+    if len(leaders) != P or any(m.node_id != f"n{p % 3 + 1}" for p, m in enumerate(leaders)):
+        return None
+    return leaders
+
+
 def test_a_partition_whose_leader_stops_leaves_the_others_working(tmp_path: Path) -> None:
     c = Cluster(tmp_path, size=3, partitions=P)
     try:
         c.start_all()
-        leaders = c.wait_for_leaders(timeout=TIMEOUT)
+        c.wait_for_leaders(timeout=TIMEOUT)
+        # Wait for the leaders to spread (partition p led by n(p mod 3 + 1)): a hand-over
+        # still to come would move a leader this test expects to stay.
+        leaders = wait_for(lambda: _spread(c), TIMEOUT, "the leaders to spread over the members")
         victim = leaders[1]
         pid = partition_pid(victim, 1)
         others = {p: leaders[p].node_id for p in (0, 2, 3)}

@@ -416,7 +416,16 @@ def test_a_partition_that_keeps_failing_to_start_stops_the_member_with_one_line(
         # Another process holds partition 1's store: its process cannot open it, again
         # and again.
         with open(node.data_dir / "p1" / "LOCK", "a+b") as held:
-            fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+            def taken() -> bool:
+                # The killed partition process holds the lock until it has fully exited.
+                try:
+                    fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return False
+                return True
+
+            wait_for(taken, TIMEOUT, "the killed partition process to let go of its store")
             node.start()
             assert node.wait_exit(TIMEOUT) == 1
         lines = node.log_tail(40).splitlines()
