@@ -21,7 +21,8 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -559,3 +560,18 @@ class Cluster:
         kwargs.setdefault("secret", self.client_secret)
         kwargs.setdefault("tls", self.client_tls)
         return Client(self.addresses, **kwargs)
+
+
+@contextmanager
+def partitioned_cluster(
+    base: Path, partitions: int, *, size: int = 3, timeout: float = 30.0
+) -> Iterator[Cluster]:
+    """``size`` members of ``partitions`` partitions each, started, every partition with a
+    leader; every process stopped (by its PID) on the way out."""
+    c = Cluster(base, size=size, partitions=partitions)
+    try:
+        c.start_all()
+        c.wait_for_leaders(timeout=timeout)
+        yield c
+    finally:
+        c.stop_all()

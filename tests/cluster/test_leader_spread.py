@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dlm.node.spread import leader_counts_bound, preference
-from tests.cluster.harness import Cluster, wait_for
+from tests.cluster.harness import Cluster, partitioned_cluster, wait_for
 
 PARTITIONS = 4
 TIMEOUT = 60.0
@@ -25,13 +25,8 @@ on a machine other tests load too."""
 
 @pytest.fixture
 def partitioned(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, size=3, partitions=PARTITIONS)
-    try:
-        c.start_all()
-        c.wait_for_leaders(timeout=TIMEOUT)
+    with partitioned_cluster(tmp_path, PARTITIONS, timeout=TIMEOUT) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 def _leaders(cluster: Cluster) -> dict[int, str]:

@@ -20,7 +20,7 @@ import pytest
 
 from dlm.partitioning import partition_of
 from tests.cluster.cli_harness import Dlm
-from tests.cluster.harness import Cluster, RawConn, wait_for
+from tests.cluster.harness import Cluster, RawConn, partitioned_cluster, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -44,13 +44,8 @@ def key_in(partition: int, partitions: int, prefix: str, skip: int = 0) -> str:
 @pytest.fixture
 def partitioned(tmp_path: Path) -> Iterator[Cluster]:
     (tmp_path / "c").mkdir()
-    c = Cluster(tmp_path / "c", size=3, partitions=PARTITIONS)
-    try:
-        c.start_all()
-        c.wait_for_leaders(timeout=TIMEOUT)
+    with partitioned_cluster(tmp_path / "c", PARTITIONS, timeout=TIMEOUT) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 def as_identity(admin: Dlm, credential: Path) -> Dlm:

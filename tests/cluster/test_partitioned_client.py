@@ -22,7 +22,7 @@ from dlm.client import Client, core
 from dlm.client.errors import LeaseLost
 from dlm.partitioning import partition_of
 from tests.cluster.cli_harness import Dlm, finish
-from tests.cluster.harness import Cluster, NodeProc, wait_for
+from tests.cluster.harness import Cluster, NodeProc, partitioned_cluster, wait_for
 
 P = 4
 TIMEOUT = 30.0
@@ -38,13 +38,8 @@ def key_in(partition: int, stem: str) -> str:
 
 @pytest.fixture(scope="module")
 def partitioned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("partitioned"), size=3, partitions=P)
-    try:
-        c.start_all()
-        c.wait_for_leaders(timeout=TIMEOUT)
+    with partitioned_cluster(tmp_path_factory.mktemp("partitioned"), P, timeout=TIMEOUT) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import pytest
 from dlm.partitioning import partition_of
 from dlm.wire import ListLocks
 from tests.cluster.cli_harness import Dlm, stop
-from tests.cluster.harness import Cluster, NodeProc, RawConn, wait_for
+from tests.cluster.harness import Cluster, NodeProc, RawConn, partitioned_cluster, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -32,13 +32,8 @@ TIMEOUT = 30.0
 
 @pytest.fixture(scope="module")
 def partitioned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("views"), size=3, partitions=PARTITIONS)
-    try:
-        c.start_all()
-        c.wait_for_leaders(timeout=TIMEOUT)
+    with partitioned_cluster(tmp_path_factory.mktemp("views"), PARTITIONS, timeout=TIMEOUT) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 @pytest.fixture

@@ -23,7 +23,14 @@ import pytest
 
 from dlm.node.runtime.supervisor import MAX_PENDING
 from dlm.partitioning import partition_of
-from tests.cluster.harness import Cluster, NodeProc, RawConn, free_ports, wait_for
+from tests.cluster.harness import (
+    Cluster,
+    NodeProc,
+    RawConn,
+    free_ports,
+    partitioned_cluster,
+    wait_for,
+)
 
 PARTITIONS = 4
 TIMEOUT = 30.0
@@ -32,13 +39,8 @@ TIMEOUT = 30.0
 @pytest.fixture
 def partitioned(tmp_path: Path) -> Iterator[Cluster]:
     """Three members of four partitions each, every partition with a leader."""
-    c = Cluster(tmp_path, size=3, partitions=PARTITIONS)
-    try:
-        c.start_all()
-        c.wait_for_leaders(timeout=TIMEOUT)
+    with partitioned_cluster(tmp_path, PARTITIONS, timeout=TIMEOUT) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 def test_every_partition_elects_and_says_which_it_is(partitioned: Cluster) -> None:
