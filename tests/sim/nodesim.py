@@ -55,9 +55,11 @@ events in simulated real time (world.py), driven by one seed:
 * **partitions** (``NodeSimOptions.partitions`` > 1, issue 25): each member
   hosts one NodeMachine per partition (its own store, disk queue and peer
   connections, the member's clock); member faults hit all of them,
-  ``crash_partition`` one; exec clients are pinned to one partition, library
-  clients route through the client library (WRONG_PARTITION teaches them the
-  count) with leases that have a part in each partition they take a key of;
+  ``crash_partition`` one (restarted when the member's own ``RestartPolicy``,
+  dlm/node/supervision.py, says, as the runtime's supervisor asks it); exec
+  clients are pinned to one partition, library clients route through the
+  client library (WRONG_PARTITION teaches them the count) with leases that
+  have a part in each partition they take a key of;
   Raft's checks run per partition, the lock checks per key across them, and
   once healthy no member leads more than ceil(P/N) partitions (``spread``).
 * **checks** run after every event: Raft's invariants (checkers.py) and the
@@ -350,7 +352,8 @@ class NodeSimOptions:
     clients are pinned to one partition, library clients route each key to its partition
     through the client library. 1 is the simulator of before, drawing exactly
     the same numbers; above 1, the run draws partition faults too (``crash_partition``:
-    one partition's process dies and its supervisor restarts it, the others run on), and
+    one partition's process dies and its supervisor restarts it as its
+    ``restart_policy_class`` decides, the others run on), and
     membership changes, backups, restores, identities, watchers and the stranger are off
     (their cluster-wide fan-out is other helpers' work: docs/ARCHITECTURE.md)."""
 
