@@ -34,6 +34,7 @@ from dlm.node.raft.core import RaftNode
 from dlm.node.raft.membership import check_change
 from dlm.node.raft.types import Role
 from dlm.node.snapshots import BackupImage
+from dlm.node.supervision import GiveUp, Restart, RestartPolicy, Verdict
 from dlm.node.watches import Watches
 from dlm.records import ConfChange, HardState, NodeId
 from dlm.wire import ClientRequest, SnapshotSave, Watch, ok
@@ -387,6 +388,18 @@ class ServesEveryPartitionsKeys(NodeMachine):
         # The machine refuses another partition's key only when it knows of partitions;
         # its spread was set up already, and keeps spreading.
         self.config = dataclasses.replace(self.config, partitions=1)
+
+
+class StopsTheMemberAtAnyCrash(RestartPolicy):
+    """Issue 25, the supervisor: takes any exit of a partition's process but 0 as final, as
+    it should only the codes no restart can fix: one partition's crash stops every partition
+    of the member and the member exits, for good."""
+
+    def exited(self, partition: int, code: int, now: float) -> Verdict:
+        verdict = super().exited(partition, code, now)
+        if isinstance(verdict, Restart):
+            return GiveUp(1, f"partition {partition} stopped with exit code {code}")
+        return verdict
 
 
 class CountsOnTheLatestPart(PartClocks):

@@ -55,9 +55,11 @@ events in simulated real time (world.py), driven by one seed:
 * **partitions** (``NodeSimOptions.partitions`` > 1, issue 25): each member
   hosts one NodeMachine per partition (its own store, disk queue and peer
   connections, the member's clock); member faults hit all of them,
-  ``crash_partition`` one; exec clients are pinned to one partition, library
-  clients route through the client library (WRONG_PARTITION teaches them the
-  count) with leases that have a part in each partition they take a key of;
+  ``crash_partition`` one (restarted when the member's own ``RestartPolicy``,
+  dlm/node/supervision.py, says, as the runtime's supervisor asks it); exec
+  clients are pinned to one partition, library clients route through the
+  client library (WRONG_PARTITION teaches them the count) with leases that
+  have a part in each partition they take a key of;
   Raft's checks run per partition, the lock checks per key across them, and
   once healthy no member leads more than ceil(P/N) partitions (``spread``).
 * **checks** run after every event: Raft's invariants (checkers.py) and the
@@ -75,6 +77,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import signal
 from collections import Counter, deque
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field, replace
@@ -116,6 +119,7 @@ from dlm.node.raft.quorum import majority
 from dlm.node.raft.types import Message, Role, VoteRequest, VoteResponse
 from dlm.node.snapshots import image as node_image
 from dlm.node.spread import leader_counts_bound
+from dlm.node.supervision import GiveUp, Leave, RestartPolicy
 from dlm.node.watches import Watches
 from dlm.partitioning import check_partitions, partition_of
 from dlm.records import (
@@ -336,6 +340,9 @@ class NodeSimOptions:
     """Watching clients (watchcheck.py): one on a key, one on every key."""
     watches_class: type[Watches] | None = None
     """The members' watch hub (a mutant may stand in for it)."""
+    restart_policy_class: type[RestartPolicy] = RestartPolicy
+    """What each member's supervisor decides about a partition process that died
+    (dlm/node/supervision.py; a mutant may stand in for it)."""
     lock_delays: float = 0.0
     """How often a client opens its lease with a lock-delay (cluster version 4 only; off
     by default, so that the other runs draw what they drew before lock-delays existed)."""
@@ -345,7 +352,8 @@ class NodeSimOptions:
     clients are pinned to one partition, library clients route each key to its partition
     through the client library. 1 is the simulator of before, drawing exactly
     the same numbers; above 1, the run draws partition faults too (``crash_partition``:
-    one partition's process dies and its supervisor restarts it, the others run on), and
+    one partition's process dies and its supervisor restarts it as its
+    ``restart_policy_class`` decides, the others run on), and
     membership changes, backups, restores, identities, watchers and the stranger are off
     (their cluster-wide fan-out is other helpers' work: docs/ARCHITECTURE.md)."""
 
@@ -443,6 +451,9 @@ class SimMember:
         """The cluster incarnation it belongs to (a restore fault makes a new one)."""
         self.removed = False
         """It was removed from the cluster and has stopped for good."""
+        self.abandoned = False
+        """Its supervisor will not start it again (it gave up, or left it down): nothing in
+        the run does, the heal neither (its operator would have to)."""
 
     @property
     def up(self) -> bool:
@@ -847,6 +858,12 @@ class NodeSimulation:
         for group in self.groups:
             for member in group.values():
                 self._boot(member)
+        self.supervisors: dict[NodeId, RestartPolicy] = {}
+        """Each member's supervisor's restart decisions (partitioned runs): a new one each
+        time the member starts, as the real supervisor process is."""
+        if self.partitions > 1:
+            for node_id in self.ids:
+                self._start_supervisor(self.members[node_id])
         self.procs: list[ClientProc] = []
         self.client_count = 0
         n_clients = self.rng.randint(*opts.clients)
@@ -1938,9 +1955,70 @@ class NodeSimulation:
     # -- crash, restart, pause ------------------------------------------------------
 
     def crash_host(self, member: SimMember) -> None:
-        """``member``'s host dies: every partition's process of it (kill -9 of the member)."""
+        """``member``'s host dies: every partition's process of it (kill -9 of the member),
+        and its supervisor with them (the restarts it had planned die with it)."""
         for process in self.host(member):
             self.crash(process)
+        self.supervisors.pop(member.id, None)
+
+    # -- a member's supervisor (partitioned runs) ---------------------------------------
+
+    def _supervisor_now(self) -> float:
+        """The supervisor's monotonic clock (its event loop's time): only differences count."""
+        return self.world.now / US
+
+    def _start_supervisor(self, member: SimMember) -> None:
+        """``member``'s supervisor starts (with the member): a fresh restart policy, told of
+        each of the member's partition processes that runs."""
+        self.supervisors[member.id] = self.options.restart_policy_class(self.partitions)
+        for process in self.host(member):
+            if process.up:
+                self._tell_serving(process)
+
+    def _tell_serving(self, process: SimMember) -> None:
+        """The supervisor started ``process`` and hears it serve, as supervisor.py tells the
+        policy: ``started`` at the spawn, ``serving`` at the child's SERVING (a simulated
+        process serves as soon as it boots)."""
+        policy = self.supervisors.get(process.id)
+        if policy is not None:
+            now = self._supervisor_now()
+            policy.started(process.partition, now)
+            policy.serving(process.partition, now)
+
+    def crash_partition(self, process: SimMember) -> None:
+        """One partition's process dies alone (kill -9 of the child): its member's supervisor
+        hears it exit and does what its restart policy (dlm/node/supervision.py) decides, as
+        supervisor.py does: start it again after the delay, leave it down, or stop every
+        partition of the member and exit (the member then stays down: nothing restarts it)."""
+        policy = self.supervisors.get(process.id)
+        if process.machine is None or process.removed or policy is None:
+            return
+        self.crash(process)
+        verdict = policy.exited(process.partition, -signal.SIGKILL, self._supervisor_now())
+        if isinstance(verdict, GiveUp):
+            self.stats["supervisors_gave_up"] += 1
+            self.trace(f"G{self.world.now}{process.id}")
+            for other in self.host(process):
+                self.crash(other)
+                other.abandoned = True
+            self.supervisors.pop(process.id, None)
+            return
+        if isinstance(verdict, Leave):
+            self.stats["partitions_left_down"] += 1
+            process.abandoned = True
+            return
+        self.stats["partition_restarts"] += 1
+        restart_at = self.world.now + round(verdict.delay_s * US)
+        self.world.at(restart_at, partial(self._supervised_restart, process, policy))
+
+    def _supervised_restart(self, process: SimMember, policy: RestartPolicy) -> None:
+        # A supervisor that died since (its host crashed) starts nothing; the member's next
+        # start brings every partition back.
+        if self.supervisors.get(process.id) is not policy:
+            return
+        self.restart(process)
+        if any(other.paused for other in self.host(process)):
+            process.paused = True  # its host is stopped (the pause fault): so is the child
 
     def crash(self, member: SimMember) -> None:
         """One member process dies (with one partition: the member)."""
@@ -2070,9 +2148,14 @@ class NodeSimulation:
         return tell
 
     def restart(self, member: SimMember) -> None:
-        if member.up or member.removed:
+        if member.up or member.removed or member.abandoned:
             return
         self._boot(member)
+        if self.partitions > 1:
+            if member.id not in self.supervisors:
+                self._start_supervisor(member)  # the member starts: its supervisor first
+            else:
+                self._tell_serving(member)
         recovered = member.storage.initial_state()[0]
         checker = self._raft_checker_of(member)
         checker.observe_hard_state(member.id, recovered.term, recovered.vote)
@@ -2206,11 +2289,9 @@ class NodeSimulation:
                 return
             down = target
             if kind == "crash_partition":
-                # One partition's process dies; its supervisor starts it again (after a
-                # back-off), while the member's other partitions run on.
-                down = self.groups[aim][down.id]
-                self.crash(down)
-                self.world.at(end, lambda: self.restart(down))
+                # One partition's process dies; its member's supervisor decides when it
+                # starts again, while the member's other partitions run on.
+                self.crash_partition(self.groups[aim][down.id])
                 return
             if rng.random() < 0.5 and self.backend.arm_crash(down.name, rng):
                 self.faults["crash_mid_write"] += 1

@@ -53,6 +53,7 @@ from .bugs import (
     SkipsPermissionChecks,
     SpawnsWithoutLooking,
     SpreadsWithoutRotation,
+    StopsTheMemberAtAnyCrash,
 )
 from .conftest import SimTotals
 from .harness import DiskBackend, MemoryBackend
@@ -163,6 +164,7 @@ def test_node_sim_partitioned(sim_seeds: range, sim_totals: SimTotals) -> None:
         assert totals["spread_transfers"] > 0, "no leader handed over to spread the leaders"
         assert totals["lone_leader_moves"] > 0, "no partition's leader moved alone"
         assert totals["crash_partition"] > 0, "no partition's process crashed alone"
+        assert totals["partition_restarts"] > 0, "no supervisor restarted a partition"
         assert totals["wrong_partition"] > 0, "no request reached another partition's process"
         assert totals["spanning_leases"] > 0, "no lease held keys in several partitions"
 
@@ -585,6 +587,13 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     "a leader never hands over to spread the leaders": (
         lambda seed: partitioned_options(seed, machine_class=NeverSpreads),
         {"spread"},
+        PARTITIONED_MUTANT_SEEDS,
+    ),
+    # Issue 25, the supervisor: crash_partition's restart is what the member's restart
+    # policy decides (dlm/node/supervision.py, as supervisor.py asks it).
+    "a member's supervisor stops the member at a partition's first crash": (
+        lambda seed: partitioned_options(seed, restart_policy_class=StopsTheMemberAtAnyCrash),
+        {"liveness", "slow-recovery", "spread"},
         PARTITIONED_MUTANT_SEEDS,
     ),
     "heartbeat replies wait for the disk": (
