@@ -1404,8 +1404,10 @@ class NodeSimulation:
                 if action.compact_to > storage.first_index() - 1:
                     storage.compact(min(action.compact_to, action.index))
         except SimulatedCrash:
+            # The power cut armed by a host crash: every partition's process of the member
+            # dies with it, not only the one whose write it landed in.
             self.stats["crashes_mid_write"] += 1
-            self.crash(member)
+            self.crash_host(member)
             return False
         if isinstance(action, Persist):
             self.on_member(member, lambda m: m.persisted(action.job, self._now(member)))
