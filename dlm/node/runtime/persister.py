@@ -11,6 +11,7 @@ test that runs a member.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import queue
 import threading
@@ -38,9 +39,15 @@ class Persister:
         loop: asyncio.AbstractEventLoop,
         on_done: Callable[[list[Persist | SaveSnapshot], BaseException | None], None],
     ) -> None:
+        """Starts the thread; construct it on the loop's thread, inside the loop."""
         self._storage = storage
         self._loop = loop
         self._on_done = on_done
+        # Completions run in the loop's context, not in this thread's empty one: the loop
+        # code they start (a pump, a peer link) calls anyio, which finds its event loop
+        # through a context variable; without it a member add was lost half-way (a
+        # NoEventLoopError in the middle of a batch of actions).
+        self._context = contextvars.copy_context()
         # Test-only (tests/chaos): a slow disk, this many ms more for every write that
         # fsyncs: entries, and a term or vote (what a vote waits for).
         delay = os.environ.get("DLM_TEST_FSYNC_DELAY_MS", "").strip()
@@ -88,9 +95,11 @@ class Persister:
                     self._write(group)
                 except BaseException as exc:  # the loop decides what a failed disk means
                     self.failure = exc
-                    self._loop.call_soon_threadsafe(self._on_done, group, exc)
+                    self._loop.call_soon_threadsafe(
+                        self._on_done, group, exc, context=self._context
+                    )
                     return
-                self._loop.call_soon_threadsafe(self._on_done, group, None)
+                self._loop.call_soon_threadsafe(self._on_done, group, None, context=self._context)
             if stop:
                 return
 

@@ -445,6 +445,23 @@ class NodeServer:
     # ------------------------------------------------------------------ actions
 
     def _run_actions(self) -> None:
+        """Carries out everything the machine asked for (``_carry_out_actions``); stops the
+        member if that fails half-way.
+
+        The machine hands each action out once: one that raised takes the rest of its
+        batch with it, and a lost write followed by a later one that succeeds would
+        acknowledge entries that are not on the disk. So an unexpected error here ends
+        the member, like a failed write: it restarts from what its disk holds.
+        """
+        try:
+            self._carry_out_actions()
+        except Exception as exc:
+            if self.failure is None:
+                self.log.error("actions_failed", error=repr(exc))
+                self.failure = exc
+            self.stopped.set()
+
+    def _carry_out_actions(self) -> None:
         """Carries out everything the machine asked for, in order.
 
         Log lines are written together, with one write per round: under load an

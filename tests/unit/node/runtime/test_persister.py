@@ -6,6 +6,7 @@ import asyncio
 import threading
 from collections.abc import Sequence
 
+import anyio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -119,3 +120,33 @@ def test_jobs_that_queue_while_the_disk_is_busy_share_one_write_and_report_in_or
     assert storage.appends == [2, 3]  # two writes (two fsyncs) for four jobs
     assert storage.last_index() == 5
     assert storage.hard_state.term == 1
+
+
+def test_completions_run_in_the_loops_context_so_anyio_works_in_them() -> None:
+    """The member runs under ``anyio.run``; what a completion starts (a pump that applies a
+    member added, which opens a peer link) calls anyio, which finds its loop through a
+    context variable. Reported from the disk thread's own empty context, that call raised
+    half-way through a batch of actions and the member later stopped on a gap in its log."""
+
+    async def scenario() -> list[str]:
+        loop = asyncio.get_running_loop()
+        seen: list[str] = []
+        done = asyncio.Event()
+
+        def on_done(group: list[Persist | SaveSnapshot], failure: BaseException | None) -> None:
+            try:
+                anyio.CancelScope()
+                seen.append("anyio works")
+            except Exception as exc:  # the bug: NoEventLoopError
+                seen.append(type(exc).__name__)
+            done.set()
+
+        persister = Persister(MemoryStorage(), loop, on_done)
+        try:
+            persister.submit(Persist(1, None, _entries(1, 1, 1), None))
+            await asyncio.wait_for(done.wait(), timeout=10)
+        finally:
+            persister.stop()
+        return seen
+
+    assert anyio.run(scenario, backend="asyncio") == ["anyio works"]

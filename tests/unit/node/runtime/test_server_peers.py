@@ -548,3 +548,32 @@ async def test_a_follower_keeps_to_the_disk_thread_while_its_disk_stays_slow(
             assert await anyio.to_thread.run_sync(disk.written[index - 1].wait, WAIT)
     assert disk.writers[0] != "dlm-persist"
     assert disk.writers[1:] == ["dlm-persist", "dlm-persist"]
+
+
+async def test_an_action_that_fails_half_way_through_a_batch_stops_the_member() -> None:
+    """The actions after the failed one are lost (a write among them, then a later write
+    acknowledged, would claim entries the disk lacks), so the member stops as it does on
+    a failed write, instead of serving on with a hole in what it did."""
+    n2 = dead_address()
+    async with running_member() as (server, port):
+        broken = RuntimeError("opening the link failed")
+
+        def fail(peers: dict[str, str]) -> None:
+            raise broken
+
+        server._reconcile_links = fail  # type: ignore[method-assign]
+        wire = await Wire.client(port)
+        await wire.send(
+            {
+                "t": "member_add",
+                "id": 1,
+                "member": "n2",
+                "address": f"{n2[0]}:{n2[1]}",
+                "client": "c",
+                "seq": 1,
+            }
+        )
+        with anyio.fail_after(WAIT):
+            await server.stopped.wait()
+        assert server.failure is broken
+        assert '"event":"actions_failed"' in log_text(server)
