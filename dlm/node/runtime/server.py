@@ -445,24 +445,8 @@ class NodeServer:
     # ------------------------------------------------------------------ actions
 
     def _run_actions(self) -> None:
-        """Carries out everything the machine asked for (``_carry_out_actions``); stops the
-        member if that fails half-way.
-
-        The machine hands each action out once: one that raised takes the rest of its
-        batch with it, and a lost write followed by a later one that succeeds would
-        acknowledge entries that are not on the disk. So an unexpected error here ends
-        the member, like a failed write: it restarts from what its disk holds.
-        """
-        try:
-            self._carry_out_actions()
-        except Exception as exc:
-            if self.failure is None:
-                self.log.error("actions_failed", error=repr(exc))
-                self.failure = exc
-            self.stopped.set()
-
-    def _carry_out_actions(self) -> None:
-        """Carries out everything the machine asked for, in order.
+        """Carries out everything the machine asked for, in order; stops the member if
+        that fails half-way.
 
         Log lines are written together, with one write per round: under load an
         audit line per grant and release, each its own write to a file on the disk
@@ -470,60 +454,71 @@ class NodeServer:
         A follower's inline write (``_persist_inline``) comes after this round's
         messages have left and its lines are written, so that the answers it
         already owes (heartbeats, read confirmations) do not wait for its fsync.
+
+        The machine hands each action out once: one that raised takes the rest of its
+        batch with it, and a lost write followed by a later one that succeeds would
+        acknowledge entries that are not on the disk. So an unexpected error here ends
+        the member, like a failed write: it restarts from what its disk holds.
         """
-        machine = self.machine
-        while True:
-            touched: set[PeerLink] = set()
-            lines: list[str] = []
-            try:
-                while True:
-                    actions = machine.take_actions()
-                    if not actions:
+        try:
+            machine = self.machine
+            while True:
+                touched: set[PeerLink] = set()
+                lines: list[str] = []
+                try:
+                    while True:
+                        actions = machine.take_actions()
+                        if not actions:
+                            break
+                        for action in actions:
+                            if type(action) is LogEvent:
+                                line = self.log.line(
+                                    _LEVELS.get(action.level, 20),
+                                    action.event,
+                                    action.fields,
+                                    at_ms=action.at_ms,
+                                )
+                                if line is not None:
+                                    lines.append(line)
+                            else:
+                                if type(action) is Stop:
+                                    # Its own line goes after the lines that explain it.
+                                    self.log.write_lines(lines)
+                                    lines = []
+                                self._perform(action, touched)
+                    for link in touched:
+                        link.flush()
+                finally:
+                    self.log.write_lines(lines)
+                inline, self._inline = self._inline, []
+                for written in inline:
+                    if not self._write_inline(written):
                         break
-                    for action in actions:
-                        if type(action) is LogEvent:
-                            line = self.log.line(
-                                _LEVELS.get(action.level, 20),
-                                action.event,
-                                action.fields,
-                                at_ms=action.at_ms,
-                            )
-                            if line is not None:
-                                lines.append(line)
-                        else:
-                            if type(action) is Stop:
-                                # Its own line goes after the lines that explain it.
-                                self.log.write_lines(lines)
-                                lines = []
-                            self._perform(action, touched)
-                for link in touched:
-                    link.flush()
-            finally:
-                self.log.write_lines(lines)
-            inline, self._inline = self._inline, []
-            for written in inline:
-                if not self._write_inline(written):
+                if self.failure is not None:
+                    # The disk failed: the member stops, and nothing more is written or done.
+                    self._unsubmitted.clear()
                     break
-            if self.failure is not None:
-                # The disk failed: the member stops, and nothing more is written or done.
-                self._unsubmitted.clear()
-                break
-            if self._unsubmitted:
-                # After the appends are written: waking the disk thread first could let
-                # it take the CPU while our appends wait (§10.2.1: they leave before the
-                # fsync).
-                assert self._persister is not None
-                for job in self._unsubmitted:
-                    self._persister.submit(job)
-                self._unsubmitted.clear()
-            if not inline:
-                break
-        if machine.leader is not None and not self.leader_seen.is_set():
-            self.leader_seen.set()
-        if machine.next_timer() < self._timer_at:
-            self._timer_at = machine.next_timer()
-            self._timer_sooner.set()
-        self._wake.set()
+                if self._unsubmitted:
+                    # After the appends are written: waking the disk thread first could let
+                    # it take the CPU while our appends wait (§10.2.1: they leave before the
+                    # fsync).
+                    assert self._persister is not None
+                    for job in self._unsubmitted:
+                        self._persister.submit(job)
+                    self._unsubmitted.clear()
+                if not inline:
+                    break
+            if machine.leader is not None and not self.leader_seen.is_set():
+                self.leader_seen.set()
+            if machine.next_timer() < self._timer_at:
+                self._timer_at = machine.next_timer()
+                self._timer_sooner.set()
+            self._wake.set()
+        except Exception as exc:
+            if self.failure is None:
+                self.log.error("actions_failed", error=repr(exc))
+                self.failure = exc
+            self.stopped.set()
 
     def _pump_soon(self) -> None:
         """Lets the machine hand out its work once every event of this loop turn is in.
