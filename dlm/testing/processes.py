@@ -598,14 +598,57 @@ def _signal_member(pid: int, signum: int) -> None:
             os.kill(target, signum)
 
 
-def free_ports(count: int) -> list[int]:
-    """Ports the kernel says are free now, all different (held open together while chosen)."""
-    socks = []
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+_next_port: list[int] = []
+"""Where this process looks for its next listening port (see ``free_ports``)."""
+
+
+def _listening_ports() -> tuple[int, int] | None:
+    """Ports below the kernel's ephemeral range (which outgoing connections draw from),
+    or None where that range is unknown."""
     try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
+        with open(EPHEMERAL_RANGE_FILE) as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (10_000, low - 1) if low > 12_000 else None
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free now, all different (held open together while chosen).
+
+    A port the kernel hands out for ``bind(0)`` comes from its ephemeral range, which
+    outgoing connections use too: a test's own client connection could take it in the
+    moment before the member binds it, and that member then fails to start. So ports
+    are taken below that range, each process from its own starting point (pid), in turn.
+    """
+    span = _listening_ports()
+    socks: list[socket.socket] = []
+    try:
+        if span is None:
+            for _ in range(count):
+                s = socket.socket()
+                s.bind(("127.0.0.1", 0))
+                socks.append(s)
+        else:
+            low, high = span
+            size = high - low + 1
+            if not _next_port:
+                _next_port.append(low + (os.getpid() * 7_919) % size)
+            for _ in range(size):
+                if len(socks) == count:
+                    break
+                port = _next_port[0]
+                _next_port[0] = low + (port - low + 1) % size
+                s = socket.socket()
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    s.close()
+                    continue
+                socks.append(s)
+            if len(socks) < count:
+                raise OSError(f"no {count} free ports between {low} and {high}")
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
