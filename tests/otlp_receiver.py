@@ -71,7 +71,7 @@ class OtlpReceiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 if self.path != "/v1/traces" or not 0 <= length <= MAX_BODY:
                     self.send_response(404)

@@ -89,7 +89,7 @@ def test_with_tracing_off_no_opentelemetry_module_is_loaded(command: list[str]) 
 
 def test_a_command_given_a_bad_traceparent_refuses_it_in_one_line() -> None:
     env = _otel_env_removed() | {"TRACEPARENT": "00-zz"}
-    code, modules, stderr = _run_command(env, *UNREACHABLE, "acquire", "jobs/a")
+    code, _, stderr = _run_command(env, *UNREACHABLE, "acquire", "jobs/a")
     assert code == 2
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "TRACEPARENT '00-zz' is not usable" in lines[0], stderr
