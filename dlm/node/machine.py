@@ -409,7 +409,7 @@ class NodeMachine:
                 self.out.log("info", "peer_regained", peer=src, silent_ms=int(silent_for * 1000))
             if type(msg) is AppendEntriesResponse and not msg.reject:
                 health.acknowledged(src, msg.index, now, self.stats)
-                if self.spans.open:
+                if self.spans.busy:
                     self.spans.acknowledged(src, msg.index, now)
             raft.step(msg)
         if pump:
@@ -425,7 +425,7 @@ class NodeMachine:
             # A vote waits for one write on each side: the core's election timeouts must
             # outlast them (in ticks; a write within a tick changes nothing).
             self.raft.set_disk_latency(int(self.jobs.latency_s / self._timing.tick_s))
-        if self.spans.open:
+        if self.spans.busy:
             self.spans.durable(job, now)
         self._finish_jobs(now)
         if pump:
@@ -434,7 +434,7 @@ class NodeMachine:
     def _finish_jobs(self, now: Instant) -> None:
         for ready in self.jobs.finished():
             if ready.messages:
-                if self.spans.open:
+                if self.spans.busy:
                     self.spans.messages_sent(ready.messages, now)
                 self.out.emit_all(self.health.batches(ready.messages, now))
             self.raft.advance(ready)
@@ -471,7 +471,7 @@ class NodeMachine:
             self.out.emit_all(self.health.batches(rd.messages_now, now))
         number = self.jobs.hand_out(rd, now.mono)
         spans = self.spans
-        if spans.open and (rd.entries or rd.messages_now):
+        if spans.busy and (rd.entries or rd.messages_now):
             # The appends left just now, with the entries they carry: both at ``now``.
             spans.handed_out(number, rd.entries, self.proposals.pending, now)
             spans.messages_sent(rd.messages_now, now)
@@ -572,7 +572,7 @@ class NodeMachine:
                     self.out.entry_stamp_ms = outcome.command.at_ms
                 # Holds this entry ended; 0 for a re-sent request answered from memory.
                 dropped = held_before - machine.counts().locks + len(outcome.promotions)
-                if self.spans.open:
+                if self.spans.busy:
                     self.spans.applied(index, now)
                 self._after_apply(outcome, proposal, dropped, now)
         finally:

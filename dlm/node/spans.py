@@ -15,12 +15,13 @@ its spans leave as one ``ExportSpans`` action of plain data, parents before chil
       raft.apply       committed -> applied
 
 A replication round trip not yet acknowledged when the request is answered (a peer
-behind the quorum) is left out. The runtime exports the spans through dlm/tracing.py
-when tracing is on and drops them otherwise; the simulator checks every batch with
-``span_problems``.
+behind the quorum) is left out. The leader's own write may end after the answer (a
+quorum of followers committed the entry first): the spans then leave once it has.
+The runtime exports the spans through dlm/tracing.py when tracing is on and drops them
+otherwise; the simulator checks every batch with ``span_problems``.
 
 Cost: an untraced request costs the machine one test (its ``trace`` is None); the
-other hooks run only while ``open`` is not empty. At most MAX_TRACED requests are
+other hooks run only while ``busy``. At most MAX_TRACED requests are
 followed at once: more are answered as usual, untraced, and counted in ``dropped``.
 Pure: no clock, no IO; the times are the Instants passed in.
 """
@@ -51,6 +52,7 @@ class _Traced:
 
     __slots__ = (
         "acked",
+        "answered",
         "applied",
         "attributes",
         "conn",
@@ -79,6 +81,7 @@ class _Traced:
         self.sent: dict[NodeId, float] = {}
         self.acked: dict[NodeId, tuple[float, float]] = {}
         self.applied: float | None = None
+        self.answered: float | None = None
 
 
 class SpanRecorder:
@@ -90,7 +93,12 @@ class SpanRecorder:
         self.open: dict[tuple[int, int], _Traced] = {}
         """By (connection, request id)."""
         self._by_index: dict[int, _Traced] = {}
+        """Traced requests by the index of their entry, until their spans leave."""
         self._answered: list[_Traced] = []
+        self._lingering: dict[int, _Traced] = {}
+        """Answered, and waiting for the leader's write of their entry, by its index."""
+        self.busy = False
+        """Some traced request is followed (the machine's hooks test this first)."""
         self._next_id = 1
         self.dropped = 0
         """Traced requests not followed because MAX_TRACED were open."""
@@ -106,7 +114,7 @@ class SpanRecorder:
         key = (conn, request.id)
         if key in self.open:
             return  # a client reusing an id in flight: the first one is followed
-        if len(self.open) >= MAX_TRACED:
+        if len(self.open) + len(self._lingering) >= MAX_TRACED:
             self.dropped += 1
             return
         attributes: dict[str, Any] = {"dlm.request": request.TYPE, "dlm.member": self._node_id}
@@ -116,6 +124,7 @@ class SpanRecorder:
                 attributes[f"dlm.{name}"] = value
         self.open[key] = _Traced(conn, request.id, traceparent, now.mono, attributes)
         self._out.on_traced_answer = self._note_answer
+        self.busy = True
 
     def handed_out(
         self, job: int | None, entries: Iterable[Entry], pending: Mapping[int, Any], now: Instant
@@ -142,13 +151,15 @@ class SpanRecorder:
                 continue
             first, last = msg.entries[0].index, msg.entries[-1].index
             for index, traced in self._by_index.items():
-                if first <= index <= last:
+                if first <= index <= last and traced.answered is None:
                     traced.sent.setdefault(msg.dst, now.mono)
 
     def acknowledged(self, peer: NodeId, index: int, now: Instant) -> None:
         for traced in self._by_index.values():
             sent = traced.sent.get(peer)
-            if sent is not None and traced.index is not None and traced.index <= index:
+            if sent is None or traced.answered is not None:
+                continue  # not sent to it, or answered: only the own write is awaited
+            if traced.index is not None and traced.index <= index:
                 traced.acked.setdefault(peer, (sent, now.mono))
 
     def durable(self, job: int, now: Instant) -> None:
@@ -157,6 +168,12 @@ class SpanRecorder:
             waiting = traced.fsync_job is not None and traced.fsync_done is None
             if waiting and traced.fsync_job is not None and traced.fsync_job <= job:
                 traced.fsync_done = now.mono
+        if self._lingering:
+            for index, traced in list(self._lingering.items()):
+                if traced.fsync_done is not None:
+                    del self._lingering[index]
+                    self._export(traced, now)
+            self._quiet_if_idle()
 
     def applied(self, index: int, now: Instant) -> None:
         """The entry at ``index`` was committed and applied (one event: the machine
@@ -178,12 +195,28 @@ class SpanRecorder:
         being the time of the event that answered them."""
         answered, self._answered = self._answered, []
         for traced in answered:
-            if self.open.pop((traced.conn, traced.rid), None) is traced:
-                self._forget(traced)
-                self._out.emit(ExportSpans(tuple(self._spans_of(traced, now.mono)), now))
+            if self.open.pop((traced.conn, traced.rid), None) is not traced:
+                continue
+            traced.answered = now.mono
+            index = traced.index
+            if index is not None and traced.fsync_done is None and traced.applied is not None:
+                # Committed by followers before our own write ended: wait for it.
+                self._lingering[index] = traced
+            else:
+                self._export(traced, now)
         self._quiet_if_idle()
 
+    def awaiting_writes(self) -> dict[int, int | None]:
+        """The answered requests whose spans wait for the leader's write: their entry's
+        index and the write's job number (a check that none waits for a finished job)."""
+        return {index: traced.fsync_job for index, traced in self._lingering.items()}
+
     # -- inside ---------------------------------------------------------------------
+
+    def _export(self, traced: _Traced, now: Instant) -> None:
+        self._forget(traced)
+        answered = traced.answered if traced.answered is not None else now.mono
+        self._out.emit(ExportSpans(tuple(self._spans_of(traced, answered)), now))
 
     def _note_answer(self, conn: int, rid: object) -> None:
         if isinstance(rid, int):
@@ -198,6 +231,7 @@ class SpanRecorder:
     def _quiet_if_idle(self) -> None:
         if not self.open:
             self._out.on_traced_answer = None  # untraced answers cost one test again
+            self.busy = bool(self._lingering)
 
     def _new_id(self) -> int:
         self._next_id += 1
@@ -255,10 +289,12 @@ class SpanRecorder:
 
 def span_problems(spans: Iterable[FinishedSpan]) -> list[str]:
     """What is wrong with one request's spans (one ExportSpans batch), as sentences; []
-    when well formed: one request span, the remote parent's child; every other span's
-    parent given before it; nothing ends before it starts or outside the request; a
-    committed proposal has its fsync and its apply, the fsync ends by the commit and the
-    apply starts at or after it; replication round trips start after the proposal."""
+    when well formed: one request span, the remote parent's child, first; every other
+    span's parent given before it; nothing ends before it starts, or outside the request
+    (but the leader's fsync, which may end after the answer); a committed proposal has
+    one fsync and one apply, which starts at or after the commit; the replication round
+    trips start after the proposal; and a commit before the leader's own write ended was
+    made by followers alone, so at least two of them had acknowledged it by then."""
     problems: list[str] = []
     batch = list(spans)
     seen: dict[int, FinishedSpan] = {}
@@ -273,8 +309,10 @@ def span_problems(spans: Iterable[FinishedSpan]) -> list[str]:
             problems.append(f"{s.name}'s parent is not given before it")
         if s.traceparent != request.traceparent:
             problems.append(f"{s.name} is in another trace")
-        if s is not request and not request.start <= s.start <= s.end <= request.end:
-            problems.append(f"{s.name} is not within the request")
+        if s is not request and not request.start <= s.start <= request.end:
+            problems.append(f"{s.name} does not start within the request")
+        if s.name != FSYNC and s.end > request.end:
+            problems.append(f"{s.name} ends after the request")
         seen[s.local_id] = s
     by_name: dict[str, list[FinishedSpan]] = {}
     for s in batch:
@@ -293,15 +331,17 @@ def span_problems(spans: Iterable[FinishedSpan]) -> list[str]:
         problems.append(
             f"a committed proposal has {len(fsyncs)} fsync and {len(applies)} apply spans"
         )
+    round_trips = by_name.get(REPLICATE, [])
     for fsync in fsyncs:
         if fsync.parent != proposal.local_id or not proposal.start <= fsync.start:
             problems.append("the fsync is not the proposal's")
-        if committed and fsync.end > proposal.end:
-            problems.append("the fsync ends after the commit")
+        acked = sum(1 for r in round_trips if r.end <= proposal.end)
+        if committed and fsync.end > proposal.end and acked < 2:
+            problems.append(f"the fsync ends after a commit only {acked} follower(s) acknowledged")
     for apply in applies:
         if apply.start < proposal.end:
             problems.append("the apply starts before the commit")
-    for round_trip in by_name.get(REPLICATE, []):
+    for round_trip in round_trips:
         if round_trip.parent != proposal.local_id or round_trip.start < proposal.start:
             problems.append("a replication round trip is not the proposal's")
     return problems

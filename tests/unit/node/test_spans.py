@@ -114,11 +114,12 @@ def _good_batch() -> list[FinishedSpan]:
     [
         (lambda b: [s for s in b if s.name != FSYNC], "0 fsync and 1 apply"),
         (lambda b: [s for s in b if s.name != APPLY], "1 fsync and 0 apply"),
-        (lambda b: [replace(s, end=7.0) if s.name == FSYNC else s for s in b], "after the commit"),
+        (lambda b: [replace(s, end=7.0) if s.name == FSYNC else s for s in b], "after a commit"),
         (lambda b: [replace(s, start=5.0) if s.name == APPLY else s for s in b], "before the"),
         (lambda b: [b[1], b[0], *b[2:]], "one dlm.request span first"),
-        (lambda b: [replace(s, end=11.0) if s.name == REPLICATE else s for s in b], "within"),
-        (lambda b: [replace(s, start=5.0, end=4.0) if s.name == FSYNC else s for s in b], "ends"),
+        (lambda b: [replace(s, end=11.0) if s.name == REPLICATE else s for s in b], "ends after"),
+        (lambda b: [replace(s, start=11.0) if s.name == APPLY else s for s in b], "start within"),
+        (lambda b: [replace(s, start=5.0, end=4.0) if s.name == FSYNC else s for s in b], "ends b"),
         (lambda b: [b[0], *b[2:], b[1]], "parent is not given before it"),
     ],
 )
@@ -127,3 +128,11 @@ def test_span_problems_catches_a_dropped_or_misordered_span(damage: object, said
     assert callable(damage)
     problems = span_problems(damage(_good_batch()))
     assert any(said in p for p in problems), problems
+
+
+def test_an_fsync_may_end_after_a_commit_two_followers_made() -> None:
+    batch = _good_batch()
+    late = [replace(s, end=8.0) if s.name == FSYNC else s for s in batch]
+    second = replace(batch[3], local_id=6, end=5.5)
+    assert span_problems([*late, second]) == []  # two round trips ended by the commit
+    assert span_problems(late) != []  # one: the leader's own write was needed
