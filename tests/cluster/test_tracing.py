@@ -119,3 +119,29 @@ def test_with_tracing_off_in_the_client_its_traceparent_still_joins_the_members_
     ]
     assert {s.parent_span_id for s in requests} == {PARENT_SPAN}
     assert not [s for s in spans if s.service == "dlm"]  # the client exported nothing
+
+
+def test_dlm_exec_puts_its_lock_in_the_jobs_trace(
+    traced: tuple[Cluster, OtlpReceiver, dict[str, str]], tmp_path: Path
+) -> None:
+    cluster, receiver, env = traced
+    dlm = Dlm(cluster.members_env, tmp_path)
+    ran = dlm.run(
+        "exec", "--lock", "jobs/exec-traced", "--", "true", env={**env, "TRACEPARENT": PARENT}
+    )
+    assert ran.returncode == 0, ran.stderr
+
+    def found(spans: list[ReceivedSpan]) -> bool:
+        mine = [s for s in spans if s.trace_id == TRACE_ID]
+        return any(
+            r.attributes.get("dlm.key") == "jobs/exec-traced"
+            for e in mine
+            if e.name == "dlm.exec"
+            for r in _children(mine, e, "dlm.request")
+        )
+
+    spans = [s for s in receiver.wait_for(found) if s.trace_id == TRACE_ID]
+    (job,) = [s for s in spans if s.name == "dlm.exec"]
+    assert job.parent_span_id == PARENT_SPAN
+    kinds = {r.attributes.get("dlm.request") for r in _children(spans, job, "dlm.request")}
+    assert {"open_lease", "acquire"} <= kinds
