@@ -264,7 +264,9 @@ class NodeMachine:
             settle_s=timing.election_timeout_s * SETTLE_ELECTION_TIMEOUTS,
         )
         """Which voter this partition's leader hands leadership to (spread.py)."""
-        self.spans = SpanRecorder(self.out, config.node_id)
+        self.spans = SpanRecorder(
+            self.out, config.node_id, config.partition if config.partitions > 1 else None
+        )
         """The spans of traced requests, until each is answered (spans.py)."""
         self.membership.announce(self.raft)
         self.pump(now)

@@ -87,9 +87,11 @@ class _Traced:
 class SpanRecorder:
     """The traced requests a member follows until they are answered."""
 
-    def __init__(self, out: Outbox, node_id: NodeId) -> None:
+    def __init__(self, out: Outbox, node_id: NodeId, partition: int | None = None) -> None:
         self._out = out
         self._node_id = node_id
+        self._partition = partition
+        """This process's partition, named on its spans (None: a cluster of one)."""
         self.open: dict[tuple[int, int], _Traced] = {}
         """By (connection, request id)."""
         self._by_index: dict[int, _Traced] = {}
@@ -118,6 +120,8 @@ class SpanRecorder:
             self.dropped += 1
             return
         attributes: dict[str, Any] = {"dlm.request": request.TYPE, "dlm.member": self._node_id}
+        if self._partition is not None:
+            attributes["dlm.partition"] = self._partition
         for name in ("key", "lease"):
             value = getattr(request, name, None)
             if isinstance(value, str):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from dlm.partitioning import partition_of
 from tests.cluster.cli_harness import Dlm
 from tests.cluster.harness import Cluster
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
@@ -145,3 +146,24 @@ def test_dlm_exec_puts_its_lock_in_the_jobs_trace(
     assert job.parent_span_id == PARENT_SPAN
     kinds = {r.attributes.get("dlm.request") for r in _children(spans, job, "dlm.request")}
     assert {"open_lease", "acquire"} <= kinds
+
+
+def test_a_partitioned_clusters_spans_name_the_partition(tmp_path: Path) -> None:
+    with OtlpReceiver() as receiver:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+        base = tmp_path / "cluster"
+        base.mkdir()
+        cluster = Cluster(base, size=3, env=env, partitions=2)
+        try:
+            cluster.start_all()
+            cluster.wait_for_leaders()
+            dlm = Dlm(cluster.members_env, tmp_path)
+            took = dlm.run("acquire", "jobs/p", "--json", env={**env, "TRACEPARENT": PARENT})
+            assert took.returncode == 0, took.stderr
+            spans = receiver.wait_for(_acquire_traced)
+        finally:
+            cluster.stop_all()
+    (request,) = [
+        s for s in spans if s.name == "dlm.request" and s.attributes.get("dlm.request") == "acquire"
+    ]
+    assert request.attributes["dlm.partition"] == partition_of("jobs/p", 2)

@@ -424,7 +424,7 @@ class DropsTheFsyncSpan(NodeMachine):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.spans = _FsyncBlindRecorder(self.out, self.config.node_id)
+        self.spans = _FsyncBlindRecorder(self.out, self.config.node_id)  # one partition
 
 
 class _EarlyApplyRecorder(SpanRecorder):
