@@ -167,3 +167,34 @@ def test_a_partitioned_clusters_spans_name_the_partition(tmp_path: Path) -> None
         s for s in spans if s.name == "dlm.request" and s.attributes.get("dlm.request") == "acquire"
     ]
     assert request.attributes["dlm.partition"] == partition_of("jobs/p", 2)
+
+
+def test_the_python_api_sends_a_locks_traceparent_to_the_members(
+    traced: tuple[Cluster, OtlpReceiver, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dlm
+
+    cluster, receiver, _ = traced
+    # Tracing off in this process (no endpoint): the lock's context goes to the members as
+    # it was given, so their spans are its children.
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("TRACEPARENT", raising=False)
+    with (
+        dlm.Client(cluster.members_env) as client,
+        client.lock("jobs/api-traced", traceparent=PARENT),
+    ):
+        pass
+
+    def found(spans: list[ReceivedSpan]) -> bool:
+        return any(
+            s.name == "dlm.request"
+            and s.attributes.get("dlm.key") == "jobs/api-traced"
+            and s.attributes.get("dlm.request") == "acquire"
+            for s in spans
+        )
+
+    spans = receiver.wait_for(found)
+    mine = [s for s in spans if s.attributes.get("dlm.key") == "jobs/api-traced"]
+    assert {(s.trace_id, s.parent_span_id) for s in mine} == {(TRACE_ID, PARENT_SPAN)}
+    assert "acquire" in {s.attributes.get("dlm.request") for s in mine}
