@@ -9,7 +9,7 @@ BENCH_STAMP := $(VENV)/.bench-installed-stamp
 
 # compiled / interpreted: tools/build_compiled.py (mypyc; see bench/results/mypyc.md).
 .PHONY: compiled interpreted
-.PHONY: install install-dev install-bench test lint typecheck unit sim cluster run bench bench-partitions bench-scale bench-wal bench-startup bench-membership bench-api zipapp soak chaos clean api-docs
+.PHONY: install install-dev install-bench test lint typecheck unit sim cluster run bench bench-partitions bench-scale bench-wal bench-startup bench-membership bench-api bench-tracing zipapp soak chaos clean api-docs
 
 # What running dlm needs (`make run`): the package and its runtime dependencies. The
 # bytecode of dlm itself is compiled here, so a `dlm` run starts warm even where
@@ -112,6 +112,12 @@ bench-scale: install install-bench
 # Writes bench/results/api.md and .json.
 bench-api: install install-bench
 	$(PY) -m bench.api $(BENCH_ARGS)
+
+# What tracing costs (issue 30): `dlm exec` start-up and a lock pair from Python with the
+# tracing extra absent, installed but off, and on (exporting to a local OTLP receiver).
+# Writes bench/results/tracing.md and .json.
+bench-tracing: install
+	$(PY) -m bench.tracing $(BENCH_ARGS)
 
 bench-wal: install
 	$(PY) -m bench.wal

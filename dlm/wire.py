@@ -753,6 +753,47 @@ def _after(msg: dict[Any, Any], name: str) -> str | None:
     return after
 
 
+TRACEPARENT_LENGTH = 55
+"""A W3C traceparent of version 00: ``00-<32 hex trace id>-<16 hex span id>-<2 hex flags>``."""
+_LOWER_HEX = frozenset("0123456789abcdef")
+
+
+def traceparent_problem(value: object) -> str | None:
+    """Why ``value`` is no W3C traceparent this protocol carries, or None when it is one.
+
+    Strict on purpose: version 00 only, lowercase hex, neither id all zeros, exactly
+    TRACEPARENT_LENGTH characters. A context a tracer would ignore is refused rather
+    than passed on to a trace backend that would show it as a broken trace."""
+    if not isinstance(value, str):
+        return "a traceparent must be a string"
+    if len(value) != TRACEPARENT_LENGTH:
+        return f"a traceparent is {TRACEPARENT_LENGTH} characters (00-TRACEID-SPANID-FLAGS)"
+    parts = value.split("-")
+    if len(parts) != 4 or [len(p) for p in parts] != [2, 32, 16, 2]:
+        return "a traceparent is 00-TRACEID-SPANID-FLAGS (2, 32, 16 and 2 hex digits)"
+    if not all(set(p) <= _LOWER_HEX for p in parts):
+        return "a traceparent holds lowercase hex digits only"
+    if parts[0] != "00":
+        return f"traceparent version {parts[0]} is not supported (only 00)"
+    if parts[1] == "0" * 32:
+        return "a traceparent's trace id must not be all zeros"
+    if parts[2] == "0" * 16:
+        return "a traceparent's span id must not be all zeros"
+    return None
+
+
+def _trace(msg: dict[Any, Any], name: str) -> str | None:
+    """The request's trace context (a W3C traceparent), or None when it carries none."""
+    value = msg.get(name)
+    if value is None:
+        return None
+    problem = traceparent_problem(value)
+    if problem is not None:
+        raise ProtocolError(f"field {name!r}: {problem}")
+    trace: str = value
+    return trace
+
+
 PAGE_MAX = 1000
 """Most items one ``list`` or ``lease_list`` reply carries."""
 RUNS_PAGE_MAX = 100
@@ -1009,6 +1050,16 @@ class Request(Record, metaclass=RecordSpec):
     def __init__(self, **values: Any) -> None:
         _build(self, values)
 
+    def __repr__(self) -> str:
+        # An absent trace context is left out, so that an untraced request reads (and
+        # the golden files record it) as it did before the field existed.
+        inner = ", ".join(
+            f"{name}={getattr(self, name)!r}"
+            for name in self.FIELDS
+            if name != "trace" or getattr(self, name) is not None
+        )
+        return f"{type(self).__name__}({inner})"
+
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"t": self.TYPE}
         table = self._TABLE
@@ -1045,6 +1096,8 @@ class OpenLease(Change):
     client: str = field(_if_seq(_client, ""), default="", origin=True)
     seq: int = field(_if_seq(_count, 0), default=0, origin=True)
     acked: int = field(_if_seq(_opt_count, 0), default=0, origin=True)
+    trace: str | None = field(_trace, default=None, omit=True)
+    """Trace context (W3C traceparent) of the span this request belongs to; None: untraced."""
 
 
 class Renew(Request):
@@ -1061,6 +1114,8 @@ class Renew(Request):
     incarnation: int = field(_opt_count, default=0, early=True)
     client: str = field(_client, default="", origin=True)
     seq: int = field(_opt_count, default=0, origin=True)
+    trace: str | None = field(_trace, default=None, omit=True)
+    """Trace context (W3C traceparent) of the span this request belongs to; None: untraced."""
 
 
 class CloseLease(Change):
@@ -1077,6 +1132,8 @@ class CloseLease(Change):
     revoke: bool | None = field(_opt_flag, default=None, omit=True)
     """Sent by ``dlm lease revoke``: the lease's lock-delay applies (a plain close, by the
     lease's own process, is a release). None: not a revocation."""
+    trace: str | None = field(_trace, default=None, omit=True)
+    """Trace context (W3C traceparent) of the span this request belongs to; None: untraced."""
 
 
 class UpdateLease(Change):
@@ -1091,6 +1148,8 @@ class UpdateLease(Change):
     outcome: str | None = field(_run_outcome, default=None, omit=True)
     exit_code: int | None = field(_run_exit_code, default=None, omit=True)
     signal: int | None = field(_run_signal, default=None, omit=True)
+    trace: str | None = field(_trace, default=None, omit=True)
+    """Trace context (W3C traceparent) of the span this request belongs to; None: untraced."""
 
 
 class Acquire(Change):
@@ -1102,6 +1161,8 @@ class Acquire(Change):
     wait: bool = field(_flag, default=False)
     limit: int = field(_limit, default=1)
     meta: dict[str, str] = field(_meta, default_factory=dict, early=True)
+    trace: str | None = field(_trace, default=None, omit=True)
+    """Trace context (W3C traceparent) of the span this request belongs to; None: untraced."""
 
 
 class Release(Change):
@@ -1114,6 +1175,8 @@ class Release(Change):
     key: str = field(_key)
     token: int | None = field(_token, default=None, early=True)
     keep_lease: bool = field(_flag, default=False)
+    trace: str | None = field(_trace, default=None, omit=True)
+    """Trace context (W3C traceparent) of the span this request belongs to; None: untraced."""
 
 
 class Proclaim(Change):
@@ -1356,6 +1419,11 @@ ClientRequest = (
     | Watch
 )
 LockChange = OpenLease | CloseLease | UpdateLease | Acquire | Release | Proclaim
+
+TRACED_REQUESTS = frozenset(
+    cls.TYPE for cls in (OpenLease, Renew, CloseLease, UpdateLease, Acquire, Release)
+)
+"""The request types that may carry a ``trace`` field (a client adds it to no other)."""
 MemberChange = MemberAdd | MemberRemove | MemberPromote
 
 REQUESTS: dict[str, type[ClientRequest]] = {

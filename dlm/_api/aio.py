@@ -95,12 +95,14 @@ class AsyncClient:
         min_hold: Duration | None = None,
         on_lost: Callable[[AsyncLock], object] | Callable[[], object] | None = None,
         cancel_margin: Duration | None = None,
+        traceparent: str | None = None,
     ) -> AsyncLock:
         """A lock on ``key`` (or every key of a list, under one lease), not yet taken:
         ``async with client.lock("k") as lock:``. The arguments are ``dlm.Client.lock``'s
         (``on_lost(lock)`` is called in the event loop's thread, and must not block);
         ``cancel_margin``: how long before ``deadline`` the body of ``async with`` is
-        cancelled at the latest (default: TTL/10, at most 0.5 s)."""
+        cancelled at the latest (default: TTL/10, at most 0.5 s); ``traceparent``: as
+        ``dlm.Client.lock``'s."""
         return AsyncLock(
             self,
             key,
@@ -110,6 +112,7 @@ class AsyncClient:
             min_hold=min_hold,
             on_lost=on_lost,
             cancel_margin=cancel_margin,
+            traceparent=traceparent,
         )
 
     def semaphore(
@@ -123,6 +126,7 @@ class AsyncClient:
         min_hold: Duration | None = None,
         on_lost: Callable[[AsyncLock], object] | Callable[[], object] | None = None,
         cancel_margin: Duration | None = None,
+        traceparent: str | None = None,
     ) -> AsyncLock:
         """As ``lock``, with up to ``limit`` holders at once (``dlm.Client.semaphore``)."""
         return AsyncLock(
@@ -135,6 +139,7 @@ class AsyncClient:
             on_lost=on_lost,
             cancel_margin=cancel_margin,
             limit=limit,
+            traceparent=traceparent,
         )
 
     def election(self, name: str) -> AsyncElection:
@@ -200,6 +205,7 @@ class AsyncClient:
         return self._idle.pop() if self._idle else self._base.spawn()
 
     async def _give_back(self, inner: aio.AsyncClient) -> None:
+        inner.trace = None  # a trace context is one call's, not the pooled connection's
         if not self._closed and len(self._idle) < _IDLE_CONNECTIONS:
             self._idle.append(inner)
         else:
@@ -232,6 +238,7 @@ class AsyncLock(HeldState):
         cancel_margin: Duration | None = None,
         limit: int = 1,
         lock_delay: Duration | None = None,
+        traceparent: str | None = None,
     ) -> None:
         ttl_ms = _options.ttl_ms(ttl)
         super().__init__(
@@ -243,6 +250,7 @@ class AsyncLock(HeldState):
             min_hold_s=_options.optional_seconds(min_hold, "min_hold"),
             on_lost=on_lost,
             lock_delay_ms=_options.lock_delay_ms(lock_delay),
+            traceparent=_options.traceparent(traceparent),
         )
         self._owner = Owner()
         self._client = client
@@ -267,7 +275,13 @@ class AsyncLock(HeldState):
         latest, in seconds."""
         return self._cancel_margin
 
-    async def acquire(self, blocking: bool = True, timeout: Duration | None = None) -> bool:
+    async def acquire(
+        self,
+        blocking: bool = True,
+        timeout: Duration | None = None,
+        *,
+        traceparent: str | None = None,
+    ) -> bool:
         """As ``dlm.Lock.acquire``. Renews in the client's task group: call it inside
         ``async with client:`` (RuntimeError otherwise; or use ``async with lock:``)."""
         group = self._client._task_group
@@ -278,7 +292,7 @@ class AsyncLock(HeldState):
                 "inside `async with dlm.AsyncClient(...) as client:`, or use `async with lock:`"
             )
         try:
-            await self._acquire(group, blocking, timeout)
+            await self._acquire(group, blocking, timeout, _options.traceparent(traceparent))
         except LockHeld:
             return False
         return True
@@ -395,7 +409,11 @@ class AsyncLock(HeldState):
     # -- private ------------------------------------------------------------------------
 
     async def _acquire(
-        self, group: anyio.abc.TaskGroup, blocking: bool, timeout: Duration | None
+        self,
+        group: anyio.abc.TaskGroup,
+        blocking: bool,
+        timeout: Duration | None,
+        traceparent: str | None = None,
     ) -> None:
         self._owner.check("this dlm.AsyncLock")
         if blocking:
@@ -407,25 +425,27 @@ class AsyncLock(HeldState):
         self._lost = anyio.Event()
         self._lost_reason = None
         self._tokens = {}
-        inner = self._client._borrow()
-        try:
-            lease = await inner.open_lease(
-                self._ttl_ms, lock_delay_ms=self._lock_delay_ms, near=sorted(self._keys)
-            )
-            self._lease = lease.id
-            scope = anyio.CancelScope()
-            self._hold_scope = scope
-            await group.start(self._hold, lease, scope, self._lost)
+        with self._trace_span(traceparent) as trace:
+            inner = self._client._borrow()
+            inner.trace = trace
             try:
-                await self._take_keys(inner, lease.id, wait)
-            except BaseException:
-                scope.cancel()
-                self._hold_scope = None
-                with anyio.CancelScope(shield=True), anyio.move_on_after(inner.timeout):
-                    await _close_quietly(inner, lease.id)
-                raise
-        finally:
-            await self._client._give_back(inner)
+                lease = await inner.open_lease(
+                    self._ttl_ms, lock_delay_ms=self._lock_delay_ms, near=sorted(self._keys)
+                )
+                self._lease = lease.id
+                scope = anyio.CancelScope()
+                self._hold_scope = scope
+                await group.start(self._hold, lease, scope, self._lost)
+                try:
+                    await self._take_keys(inner, lease.id, wait)
+                except BaseException:
+                    scope.cancel()
+                    self._hold_scope = None
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(inner.timeout):
+                        await _close_quietly(inner, lease.id)
+                    raise
+            finally:
+                await self._client._give_back(inner)
         self._holding = True
         if not self.owned():
             await self.release()

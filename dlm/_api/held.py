@@ -51,8 +51,11 @@ class HeldState:
         min_hold_s: float | None,
         on_lost: Callable[..., object] | None,
         lock_delay_ms: int = 0,
+        traceparent: str | None = None,
     ) -> None:
         self._keys = keys
+        self._traceparent = traceparent
+        """The trace context the lock was made with (issue 30; None: TRACEPARENT, if set)."""
         self._ttl_ms = ttl_ms
         self._wait_s = wait_s
         self._limit = limit
@@ -66,6 +69,17 @@ class HeldState:
         self._holding = False
         self._granted_at = 0.0
         self._lost_reason: str | None = None
+
+    def _trace_span(self, traceparent: str | None) -> Any:
+        """The span of one acquisition (dlm/tracing.py): child of ``traceparent``, else of
+        the lock's, else of TRACEPARENT; its ``traceparent`` is what the requests carry."""
+        from dlm import tracing
+
+        parent = traceparent or self._traceparent
+        if tracing.configured():
+            # A program goes on after its lock: its spans leave in batches, off its thread.
+            tracing.enabled("dlm", batch=True)
+        return tracing.CommandSpan("dlm.acquire", parent, from_env=parent is None, flush=False)
 
     # -- what was asked ----------------------------------------------------------
 

@@ -168,3 +168,16 @@ def credentials(
         return files.load()
     except CliError as exc:
         raise AuthFailed(exc.message) from None
+
+
+def traceparent(value: str | None, name: str = "traceparent") -> str | None:
+    """A W3C traceparent the lock's requests carry (None: none given); ValueError if
+    malformed."""
+    if value is None:
+        return None
+    from dlm.wire import traceparent_problem
+
+    problem = traceparent_problem(value)
+    if problem is not None:
+        raise ValueError(f"bad {name} {str(value)[:60]!r}: {problem}")
+    return value

@@ -98,6 +98,7 @@ class Client:
         meta: Mapping[str, str] | None = None,
         min_hold: Duration | None = None,
         on_lost: Callable[[Lock], object] | Callable[[], object] | None = None,
+        traceparent: str | None = None,
     ) -> Lock:
         """A lock on ``key`` (or on every key of a list, all under one lease), not yet
         taken: ``with client.lock("k") as lock:`` or ``lock.acquire()``.
@@ -108,8 +109,20 @@ class Client:
         KEY` shows it; host, user and pid are recorded anyway). ``min_hold``: the
         cluster keeps the lock at least this long after the grant, even when it is
         released sooner (`dlm exec --min-hold`). ``on_lost(lock)`` (or ``on_lost()``):
-        called once, from a background thread, when the lock is lost while held."""
-        return Lock(self, key, ttl=ttl, wait=wait, meta=meta, min_hold=min_hold, on_lost=on_lost)
+        called once, from a background thread, when the lock is lost while held.
+        ``traceparent``: the W3C trace context its acquisitions belong to (default: the
+        TRACEPARENT environment variable, if set), so a job's trace holds its lock
+        (README, "Tracing")."""
+        return Lock(
+            self,
+            key,
+            ttl=ttl,
+            wait=wait,
+            meta=meta,
+            min_hold=min_hold,
+            on_lost=on_lost,
+            traceparent=traceparent,
+        )
 
     def semaphore(
         self,
@@ -121,6 +134,7 @@ class Client:
         meta: Mapping[str, str] | None = None,
         min_hold: Duration | None = None,
         on_lost: Callable[[Lock], object] | Callable[[], object] | None = None,
+        traceparent: str | None = None,
     ) -> Lock:
         """As ``lock``, but up to ``limit`` holders at once (every holder of a key must
         ask with the same limit). ``lock.token`` is still a fencing token: distinct and
@@ -134,6 +148,7 @@ class Client:
             min_hold=min_hold,
             on_lost=on_lost,
             limit=limit,
+            traceparent=traceparent,
         )
 
     def election(self, name: str) -> Election:
@@ -188,6 +203,7 @@ class Client:
         try:
             yield inner
         finally:
+            inner.trace = None  # a trace context is one call's, not the pooled connection's
             with self._mutex:
                 keep = not self._closed and len(self._idle) < _IDLE_CONNECTIONS
                 if keep:
@@ -227,6 +243,7 @@ class Lock(HeldState):
         on_lost: Callable[[Lock], object] | Callable[[], object] | None = None,
         limit: int = 1,
         lock_delay: Duration | None = None,
+        traceparent: str | None = None,
     ) -> None:
         super().__init__(
             _options.keys(key),
@@ -237,6 +254,7 @@ class Lock(HeldState):
             min_hold_s=_options.optional_seconds(min_hold, "min_hold"),
             on_lost=on_lost,
             lock_delay_ms=_options.lock_delay_ms(lock_delay),
+            traceparent=_options.traceparent(traceparent),
         )
         self._owner = Owner()
         self._client = client
@@ -253,12 +271,19 @@ class Lock(HeldState):
 
     # -- taking and giving back ------------------------------------------------------
 
-    def acquire(self, blocking: bool = True, timeout: Duration | None = None) -> bool:
+    def acquire(
+        self,
+        blocking: bool = True,
+        timeout: Duration | None = None,
+        *,
+        traceparent: str | None = None,
+    ) -> bool:
         """Takes the lock: True once held; False if someone else still holds it (right
         away when not ``blocking``, else after ``timeout``, by default the lock's
-        ``wait``). Other failures raise (``dlm.ClusterUnavailable``, ...)."""
+        ``wait``). Other failures raise (``dlm.ClusterUnavailable``, ...).
+        ``traceparent``: this acquisition's trace context (default: the lock's)."""
         try:
-            self._acquire(blocking, timeout)
+            self._acquire(blocking, timeout, _options.traceparent(traceparent))
         except LockHeld:
             return False
         return True
@@ -355,7 +380,9 @@ class Lock(HeldState):
 
     # -- private ------------------------------------------------------------------------
 
-    def _acquire(self, blocking: bool, timeout: Duration | None) -> None:
+    def _acquire(
+        self, blocking: bool, timeout: Duration | None, traceparent: str | None = None
+    ) -> None:
         self._owner.check("this dlm.Lock")
         if blocking:
             wait = self._wait_s if timeout is None else _options.seconds(timeout, "timeout")
@@ -367,7 +394,8 @@ class Lock(HeldState):
             self._lost = threading.Event()
             self._lost_reason = None
             self._tokens = {}
-            with self._client._borrow() as inner:
+            with self._client._borrow() as inner, self._trace_span(traceparent) as trace:
+                inner.trace = trace
                 lease = inner.open_lease(
                     self._ttl_ms, lock_delay_ms=self._lock_delay_ms, near=sorted(self._keys)
                 )

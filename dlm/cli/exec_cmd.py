@@ -476,7 +476,7 @@ class _Session:
         grace, guard = self.grace, self.guard
         signals = _Signals()
         signals.install()
-        client = self.settings.connect()
+        client = self.settings.connect(traced_as="dlm.exec")
         lease: Lease | None = None
         keeper: KeepAlive | None = None
         wake_r, wake_w = os.pipe()

@@ -142,6 +142,9 @@ _fast_exit = False
 def main(argv: Sequence[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     code = run(args)
+    tracing = sys.modules.get("dlm.tracing")  # loaded only by a command that may trace
+    if tracing is not None:
+        tracing.end_commands()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -308,7 +308,7 @@ def acquire(
 
     from dlm.client.errors import LockHeld
 
-    client = settings.connect()
+    client = settings.connect(traced_as="dlm.acquire")
     try:
         try:
             grants = _take(
@@ -442,7 +442,7 @@ def format_env(result: dict[str, Any]) -> str:
 
 def renew(settings: Settings, lease: str, keep_alive: bool) -> None:
     check_lease(lease, "LEASE")
-    client = settings.connect()
+    client = settings.connect(traced_as="dlm.renew")
     try:
         if keep_alive:
             renewals, ttl_ms = _keep_alive(client, lease, announce=not settings.json)
@@ -528,7 +528,7 @@ def release(
     check_lease(lease)
     if token is not None and token > limits.INT_MAX:
         raise usage_error(f"bad --token: a fencing token is at most {limits.INT_MAX}")
-    client = settings.connect()
+    client = settings.connect(traced_as="dlm.release")
     try:
         try:
             released = client.release(lease, key, token=token, keep_lease=keep_lease)

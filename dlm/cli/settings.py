@@ -150,17 +150,37 @@ class Settings:
 
     __hash__ = None  # type: ignore[assignment]
 
-    def connect(self) -> Client:
+    def connect(self, traced_as: str | None = None) -> Client:
+        """A client of the cluster. ``traced_as``: the command's span name (``dlm.acquire``):
+        its lock and lease requests carry the TRACEPARENT the command was given, or, with
+        tracing on (dlm/tracing.py), the command's own span, child of it, which ends and
+        is sent as the command exits."""
         from dlm.client.sync import Client
 
+        trace = self._command_trace(traced_as) if traced_as is not None else None
         secret, tls = self.credentials.load() if self.credentials else (None, None)
-        return Client(
+        client = Client(
             list(self.members),
             timeout=self.timeout,
             dial_timeout=self.dial_timeout,
             secret=secret,
             tls=tls,
         )
+        client.trace = trace
+        return client
+
+    @staticmethod
+    def _command_trace(name: str) -> str | None:
+        from dlm import tracing
+
+        try:
+            span = tracing.CommandSpan(name)
+        except ValueError as exc:
+            raise usage_error(str(exc)) from None
+        if span.span is not None:
+            # Whatever way the command ends (an exit code, an error line), its span is sent.
+            tracing.end_with_command(span)
+        return span.traceparent
 
 
 class GlobalOptions:

@@ -638,6 +638,22 @@ class AsyncClient:
     def client_id(self) -> str:
         return self._ctx.client
 
+    @property
+    def trace(self) -> str | None:
+        """The trace context (W3C traceparent) its lock and lease requests carry, so that
+        the members' spans of them join the caller's trace (dlm.tracing); None: none."""
+        return self._ctx.trace
+
+    @trace.setter
+    def trace(self, traceparent: str | None) -> None:
+        if traceparent is not None:
+            from dlm.wire import traceparent_problem
+
+            problem = traceparent_problem(traceparent)
+            if problem is not None:
+                raise ValueError(problem)
+        self._ctx.trace = traceparent
+
     def spawn(self) -> AsyncClient:
         rng = random.Random(self._rng.getrandbits(64)) if self._rng is not None else None
         child = AsyncClient(
@@ -651,6 +667,7 @@ class AsyncClient:
         )
         child._ctx.router.preferred = self._ctx.router.preferred
         child._ctx.partitions = self._ctx.partitions
+        child._ctx.trace = self._ctx.trace
         child._ctx.routers = {p: router.copy() for p, router in self._ctx.routers.items()}
         child._ttl_ms = dict(self._ttl_ms)
         child._watchers = self._watchers

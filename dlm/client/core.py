@@ -65,6 +65,7 @@ from dlm.client.renewal import (
 )
 from dlm.wire import (
     BACKUP_MAX_BYTES,
+    TRACED_REQUESTS,
     Acquire,
     CloseLease,
     ErrorCode,
@@ -597,6 +598,7 @@ class Context:
         "routers",
         "seqs",
         "timeout",
+        "trace",
     )
 
     def __init__(
@@ -628,6 +630,9 @@ class Context:
         self.partitions = 1
         # The routers of partitions other than 0, made on first use from ``router``.
         self.routers: dict[int, Router] = {}
+        self.trace: str | None = None
+        """The trace context (a W3C traceparent) the lock and lease requests carry (issue 30):
+        the caller's span, so a member's spans join its trace; None: untraced."""
 
     def router_for(self, partition: int) -> Router:
         """The router of ``partition``'s group (``router`` itself for partition 0)."""
@@ -741,6 +746,8 @@ def call(
     kept: a WRONG_PARTITION reply raises WrongPartition, for the caller to plan again
     (a lease's part may have to be opened in the key's partition first).
     """
+    if s.trace is not None and request.get("t") in TRACED_REQUESTS:
+        request = {**request, "trace": s.trace}
     routed = partition is None
     target_partition = request_partition(s, request) if partition is None else partition
     reroutes = 0

@@ -97,6 +97,7 @@ from dlm.node.raft.types import AppendEntriesResponse, Message, Ready, Role
 from dlm.node.read_rounds import Read, ReadRounds, renew_confirmed
 from dlm.node.replies import Replies, denied, lease_gone
 from dlm.node.snapshots import Snapshots, restore_image
+from dlm.node.spans import SpanRecorder
 from dlm.node.spread import SETTLE_ELECTION_TIMEOUTS, LeaderSpread, spread_tick
 from dlm.node.stats import Stats
 from dlm.node.watches import Watches
@@ -263,6 +264,10 @@ class NodeMachine:
             settle_s=timing.election_timeout_s * SETTLE_ELECTION_TIMEOUTS,
         )
         """Which voter this partition's leader hands leadership to (spread.py)."""
+        self.spans = SpanRecorder(
+            self.out, config.node_id, config.partition if config.partitions > 1 else None
+        )
+        """The spans of traced requests, until each is answered (spans.py)."""
         self.membership.announce(self.raft)
         self.pump(now)
 
@@ -406,6 +411,8 @@ class NodeMachine:
                 self.out.log("info", "peer_regained", peer=src, silent_ms=int(silent_for * 1000))
             if type(msg) is AppendEntriesResponse and not msg.reject:
                 health.acknowledged(src, msg.index, now, self.stats)
+                if self.spans.busy:
+                    self.spans.acknowledged(src, msg.index, now)
             raft.step(msg)
         if pump:
             self.pump(now)
@@ -420,6 +427,8 @@ class NodeMachine:
             # A vote waits for one write on each side: the core's election timeouts must
             # outlast them (in ticks; a write within a tick changes nothing).
             self.raft.set_disk_latency(int(self.jobs.latency_s / self._timing.tick_s))
+        if self.spans.busy:
+            self.spans.durable(job, now)
         self._finish_jobs(now)
         if pump:
             self.pump(now)
@@ -427,6 +436,8 @@ class NodeMachine:
     def _finish_jobs(self, now: Instant) -> None:
         for ready in self.jobs.finished():
             if ready.messages:
+                if self.spans.busy:
+                    self.spans.messages_sent(ready.messages, now)
                 self.out.emit_all(self.health.batches(ready.messages, now))
             self.raft.advance(ready)
 
@@ -452,6 +463,8 @@ class NodeMachine:
         if self.reads.rounds:
             for read in self.reads.ready(self.locks.applied_index):
                 self._serve_read(read, now)
+        if self.spans.answered:
+            self.spans.settle(now)
 
     def _handle_ready(self, rd: Ready, now: Instant) -> None:
         if rd.soft_state is not None:
@@ -459,6 +472,11 @@ class NodeMachine:
         if rd.messages_now:
             self.out.emit_all(self.health.batches(rd.messages_now, now))
         number = self.jobs.hand_out(rd, now.mono)
+        spans = self.spans
+        if spans.busy and (rd.entries or rd.messages_now):
+            # The appends left just now, with the entries they carry: both at ``now``.
+            spans.handed_out(number, rd.entries, self.proposals.pending, now)
+            spans.messages_sent(rd.messages_now, now)
         if number is not None:
             self.stats.persist_jobs += 1
             self.stats.entries_persisted += len(rd.entries)
@@ -556,6 +574,8 @@ class NodeMachine:
                     self.out.entry_stamp_ms = outcome.command.at_ms
                 # Holds this entry ended; 0 for a re-sent request answered from memory.
                 dropped = held_before - machine.counts().locks + len(outcome.promotions)
+                if self.spans.busy:
+                    self.spans.applied(index, now)
                 self._after_apply(outcome, proposal, dropped, now)
         finally:
             self.out.replaying = False
@@ -633,6 +653,7 @@ class NodeMachine:
     def client_closed(self, conn: int) -> None:
         self.clients.closed(conn)
         self.watches.closed(conn)
+        self.spans.closed(conn)
 
     def client_frame(self, conn: int, obj: Any, now: Instant, *, pump: bool = True) -> None:
         """One decoded frame from a client connection.
@@ -674,6 +695,10 @@ class NodeMachine:
                 ),
             )
             return
+        # Requests that carry a trace context are followed (spans.py); others cost this test.
+        trace = getattr(req, "trace", None)
+        if trace is not None:
+            self.spans.received(conn, req, trace, now)
         self._handle_request(state, req, now)
         if pump:
             self.pump(now)

@@ -130,6 +130,31 @@ class Stop:
     code: int
 
 
+@dataclass(frozen=True, slots=True)
+class FinishedSpan:
+    """One span of a traced request (dlm/node/spans.py), as plain data: ``local_id`` names
+    it within its batch, ``parent`` is its parent's (None: the request's remote parent,
+    ``traceparent``); ``start`` and ``end`` are monotonic seconds."""
+
+    name: str
+    local_id: int
+    parent: int | None
+    traceparent: str
+    start: float
+    end: float
+    attributes: tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ExportSpans:
+    """Export these spans of one traced request (parents first) when tracing is on, else
+    drop them. ``anchor``: an Instant whose monotonic and wall readings place the spans'
+    monotonic times on the wall clock."""
+
+    spans: tuple[FinishedSpan, ...]
+    anchor: Instant
+
+
 Action = (
     SendFrame
     | CloseConnection
@@ -140,6 +165,7 @@ Action = (
     | LogEvent
     | PeersChanged
     | Stop
+    | ExportSpans
 )
 
 
@@ -167,6 +193,9 @@ class Outbox:
         self._rejects_unlogged = 0
         self.answered: Callable[[int], None] | None = None
         """Told of every answer to a request, by connection (the in-flight counts)."""
+        self.on_traced_answer: Callable[[int, object], None] | None = None
+        """Told of every answer (connection, request id) while a traced request waits for
+        its own (dlm/node/spans.py); None the rest of the time."""
 
     def take(self) -> list[Action]:
         actions, self._actions = self._actions, []
@@ -197,6 +226,8 @@ class Outbox:
         self.stats.count(kind, frame["code"] if frame["t"] == "error" else "OK")
         if self.answered is not None:
             self.answered(conn)
+        if self.on_traced_answer is not None:
+            self.on_traced_answer(conn, frame.get("id"))
         self.reply(conn, frame)
 
     def reject(self, now: Instant, event: str, **fields: Any) -> None:

@@ -34,6 +34,7 @@ from dlm.node.raft.core import RaftNode
 from dlm.node.raft.membership import check_change
 from dlm.node.raft.types import Role
 from dlm.node.snapshots import BackupImage
+from dlm.node.spans import SpanRecorder
 from dlm.node.supervision import GiveUp, Restart, RestartPolicy, Verdict
 from dlm.node.watches import Watches
 from dlm.records import ConfChange, HardState, NodeId
@@ -410,3 +411,34 @@ class CountsOnTheLatestPart(PartClocks):
     @property
     def deadline(self) -> float:
         return max(c.deadline for c in self._clocks())
+
+
+class _FsyncBlindRecorder(SpanRecorder):
+    def durable(self, job: int, now: Instant) -> None:
+        pass
+
+
+class DropsTheFsyncSpan(NodeMachine):
+    """Issue 30: the span recorder never hears that the leader's write was durable, so a
+    traced request's spans leave without the fsync that its commit waited for."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spans = _FsyncBlindRecorder(self.out, self.config.node_id)  # one partition
+
+
+class _EarlyApplyRecorder(SpanRecorder):
+    def applied(self, index: int, now: Instant) -> None:
+        # Stamped with the time the entry was handed out, not the apply's.
+        traced = self._by_index.get(index)
+        if traced is not None:
+            traced.applied = traced.fsync_start
+
+
+class MisordersTheApplySpan(NodeMachine):
+    """Issue 30: the apply is recorded at the time the entry was proposed, before the
+    fsync its commit waited for ended."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spans = _EarlyApplyRecorder(self.out, self.config.node_id)

@@ -115,9 +115,11 @@ from dlm.node.machine import (
     Timing,
 )
 from dlm.node.machine_config import PROTOCOL_SPOKEN
+from dlm.node.outbox import ExportSpans
 from dlm.node.raft.quorum import majority
 from dlm.node.raft.types import Message, Role, VoteRequest, VoteResponse
 from dlm.node.snapshots import image as node_image
+from dlm.node.spans import FSYNC, span_problems
 from dlm.node.spread import leader_counts_bound
 from dlm.node.supervision import GiveUp, Leave, RestartPolicy
 from dlm.node.watches import Watches
@@ -346,6 +348,11 @@ class NodeSimOptions:
     lock_delays: float = 0.0
     """How often a client opens its lease with a lock-delay (cluster version 4 only; off
     by default, so that the other runs draw what they drew before lock-delays existed)."""
+    traces: float | None = None
+    """Issue 30: the share of clients whose lock and lease requests carry a trace context
+    (each its own traceparent); every span batch a member hands out is checked
+    (dlm/node/spans.py, span_problems). None: drawn per seed, from a generator of its own
+    so that no other draw moves: half the seeds trace, with half their clients."""
     partitions: int = 1
     """Raft groups per cluster (issue 25): each member hosts one NodeMachine per partition,
     each with its own store, disk queue and peer connections, on the member's clock; exec
@@ -530,6 +537,11 @@ class SimClient:
             client=f"{name}x{rng.randrange(10**6)}",
             seqs=core.Sequencer(rng.randrange(2**40)),
         )
+        tracer = sim.rng_for(f"trace-{name}-{sim.client_count}")
+        if sim.trace_share and tracer.random() < sim.trace_share:
+            trace_id, span_id = tracer.getrandbits(128) or 1, tracer.getrandbits(64) or 1
+            self.ctx.trace = f"00-{trace_id:032x}-{span_id:016x}-01"
+            sim.traceparents.add(self.ctx.trace)
         self.conn: SimConn | None = None
         self.next_id = 0
         self.waiting: tuple[int, Callable[[Any], None]] | None = None
@@ -793,6 +805,13 @@ class NodeSimulation:
         self._promote_asked: set[NodeId] = set()
         self._usage_checked: dict[NodeId, tuple[int, int]] = {}
         self.world = World()
+        tracing = self.rng_for("tracing")
+        self.trace_share = (
+            opts.traces if opts.traces is not None else (0.5 if tracing.random() < 0.5 else 0.0)
+        )
+        """The share of clients that trace (NodeSimOptions.traces)."""
+        self.traceparents: set[str] = set()
+        """The trace contexts the clients sent: the only ones span batches may name."""
         self.raft_checker = SafetyChecker()
         self.backups = BackupChecker(
             self.raft_checker, _replay_class(opts.lock_machine_class, opts)
@@ -1263,6 +1282,8 @@ class NodeSimulation:
             elif isinstance(action, LogEvent):
                 if self.partitions > 1 and action.event == "transfer_leadership":
                     self.stats["spread_transfers"] += 1
+            elif isinstance(action, ExportSpans):
+                self._check_spans(member, action)
             elif isinstance(action, PeersChanged):
                 pass
         if member.machine is not None and member.machine.next_timer() < member.timer_at:
@@ -1270,6 +1291,37 @@ class NodeSimulation:
             # waiting out their round's gap), so it is armed again for the sooner time.
             self._arm_timer(member)
         self._check_member(member)
+
+    def _check_spans(self, member: SimMember, batch: ExportSpans) -> None:
+        """Issue 30: a traced request's spans are well formed, in the trace its client
+        sent, and at the member's own time."""
+        problems = span_problems(batch.spans)
+        traces = {span.traceparent for span in batch.spans}
+        if not traces <= self.traceparents:
+            problems.append(f"spans in a trace no client sent: {sorted(traces)}")
+        if batch.anchor != self._now(member):
+            problems.append("spans anchored at another time than the member's")
+        if problems:
+            names = [(s.name, s.start, s.end) for s in batch.spans]
+            raise Violation("spans", f"{member.name}: {problems[0]} in {names}")
+        self.stats["traced_requests"] += 1
+        if any(span.name == FSYNC for span in batch.spans):
+            self.stats["traced_commits"] += 1
+
+    def _check_no_spans_held(self) -> None:
+        """At the end: no traced request's spans still wait for a write that is done."""
+        for member in self.all_members():
+            machine = member.machine
+            if machine is None:
+                continue
+            writing = {number for number, job in machine.jobs._jobs if not job.done}
+            for index, job in machine.spans.awaiting_writes().items():
+                if job not in writing:
+                    raise Violation(
+                        "spans",
+                        f"{member.name}: the spans of the traced entry {index} never left "
+                        f"(its write, job {job}, is done)",
+                    )
 
     def _check_member(self, member: SimMember) -> None:
         machine = member.machine
@@ -3419,6 +3471,7 @@ class NodeSimulation:
             if self.partitions > 1:
                 self._check_spread()
             check_watchers(self.watchers, self.watch_truth)
+            self._check_no_spans_held()
         except Violation as violation:
             raise SimFailure(self.seed, self.world.now, violation, self.REPLAY_TEST) from violation
         except Exception as error:

@@ -34,6 +34,7 @@ from .bugs import (
     BelievesRefusalsBeforeTheProof,
     ConfirmsUpdatesOfDoomedLeases,
     CountsOnTheLatestPart,
+    DropsTheFsyncSpan,
     EndsLockDelaysOnFailover,
     ExpiresWithoutTheLockDelay,
     ForgetsSkips,
@@ -41,6 +42,7 @@ from .bugs import (
     IgnoresIdentityLimits,
     ImagesWithoutRuns,
     LabelsBackupsWithTheLastIndex,
+    MisordersTheApplySpan,
     NeverReplacesLinks,
     NeverSpreads,
     OrdersSpawnWithoutLooking,
@@ -238,6 +240,22 @@ def _hash_in_subprocess(seed: int, hashseed: str) -> str:
     return out.stdout.strip()
 
 
+TRACING_MUTANT_SEEDS = 3
+"""Seeds within which each tracing mutant must be caught."""
+
+
+def test_traced_seeds_check_their_spans_and_change_nothing_else(sim_totals: SimTotals) -> None:
+    """Issue 30: clients that trace send the same requests plus a trace context, so a run
+    is the same run traced or not (same trace hash), and its span batches are checked."""
+    seed = 3
+    plain = run_node_seed(seed, options_for(seed, traces=0.0))
+    traced = run_node_seed(seed, options_for(seed, traces=1.0))
+    assert traced.trace_hash == plain.trace_hash
+    assert plain.stats["traced_requests"] == 0
+    assert traced.stats["traced_requests"] > 0 and traced.stats["traced_commits"] > 0
+    sim_totals.add("nodes", traced)
+
+
 def test_same_seed_same_run() -> None:
     seed = 7
     first: NodeSimResult = run_node_seed(seed, options_for(seed))
@@ -340,6 +358,18 @@ class ShortensLeasesOnFailover(LeaseTracker):
 
 
 MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
+    # Issue 30: every traced request's spans are checked as the member hands them out
+    # (nodesim._check_spans); with every client tracing, the first traced commit shows it.
+    "a traced request's spans leave without the leader's fsync": (
+        lambda seed: options_for(seed, machine_class=DropsTheFsyncSpan, traces=1.0),
+        {"spans"},
+        TRACING_MUTANT_SEEDS,
+    ),
+    "a traced request's apply is recorded before its commit": (
+        lambda seed: options_for(seed, machine_class=MisordersTheApplySpan, traces=1.0),
+        {"spans"},
+        TRACING_MUTANT_SEEDS,
+    ),
     "client counts its lease from the reply": (
         # A weak mutant: its deadline is late only by one reply's latency. The parent
         # commit caught it at seed 0 and at no other of seeds 0-59; with the exec and

@@ -22,7 +22,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("dlm.client", "dlm.node.runtime"),
     ("dlm.node",),
     ("dlm.node.raft", "dlm.node.locks", "dlm.store"),
-    ("dlm.views",),
+    ("dlm.views", "dlm.tracing"),
     ("dlm.wire", "dlm.auth", "dlm.tls"),
     ("dlm.limits", "dlm.records"),
     ("dlm",),

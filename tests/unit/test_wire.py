@@ -823,3 +823,56 @@ def test_a_peer_hello_says_its_incarnation_only_when_restored() -> None:
         wire.Hello.from_wire({**frame, "incarnation": -1})
     assert wire.welcome("n1", "c", 3, 9)["incarnation"] == 9
     assert "incarnation" not in wire.welcome("n1", "c", 3)
+
+
+# -- trace contexts (issue 30) ---------------------------------------------------------
+
+GOOD_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (GOOD_TRACEPARENT.upper(), "lowercase hex"),
+        ("01" + GOOD_TRACEPARENT[2:], "version 01 is not supported"),
+        ("00-" + "0" * 32 + GOOD_TRACEPARENT[35:], "trace id must not be all zeros"),
+        (GOOD_TRACEPARENT[:36] + "0" * 16 + "-01", "span id must not be all zeros"),
+        (GOOD_TRACEPARENT + "-x", "55 characters"),
+        (GOOD_TRACEPARENT[:-1], "55 characters"),
+        (GOOD_TRACEPARENT.replace("-", "_"), "00-TRACEID-SPANID-FLAGS"),
+        ("00-4bf92f3577b34da6a3ce929d0e0e47360-0f067aa0ba902b7-01", "2, 32, 16 and 2"),
+        ("00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01", "lowercase hex"),
+        (55, "must be a string"),
+    ],
+)
+def test_a_bad_traceparent_is_refused_with_one_line(value: object, problem: str) -> None:
+    said = wire.traceparent_problem(value)
+    assert said is not None and problem in said and "\n" not in said
+    frame = {"t": "acquire", "id": 1, "lease": "L", "key": "k", "seq": 1, "trace": value}
+    with pytest.raises(wire.ProtocolError, match="field 'trace'"):
+        wire.decode_request(frame)
+
+
+def test_a_traced_request_round_trips_and_an_untraced_one_leaves_the_field_out() -> None:
+    assert wire.traceparent_problem(GOOD_TRACEPARENT) is None
+    traced = wire.Acquire(id=7, lease="L1", seq=3, key="k", trace=GOOD_TRACEPARENT)
+    assert traced.to_wire()["trace"] == GOOD_TRACEPARENT
+    assert wire.decode_request(traced.to_wire()) == traced
+    plain = wire.Acquire(id=7, lease="L1", seq=3, key="k")
+    assert "trace" not in plain.to_wire() and "trace" not in repr(plain)
+    assert wire.decode_request(plain.to_wire()).trace is None  # type: ignore[union-attr]
+
+
+def test_only_the_lock_and_lease_requests_carry_a_trace() -> None:
+    assert {
+        "open_lease",
+        "keepalive",
+        "close_lease",
+        "lease_update",
+        "acquire",
+        "release",
+    } == wire.TRACED_REQUESTS
+    for kind in wire.TRACED_REQUESTS:
+        assert "trace" in wire.REQUESTS[kind].FIELDS
+    # Any other request ignores the field, as an older member ignores it on every request.
+    assert wire.decode_request({"t": "ping", "id": 1, "trace": "junk"}) == wire.Ping(id=1)

@@ -25,6 +25,8 @@ GOLDEN = Path(__file__).parent / "testdata" / "wire_golden.json"
 ORIGIN: dict[str, Any] = {"client": "c-1", "seq": 7, "acked": 6}
 
 # One frame per request kind with every field it knows set, plus the version-1 forms.
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
 FRAMES: list[dict[str, Any]] = [
     {"t": "open_lease", "id": 1, "lease": "L", "ttl_ms": 5000, "ephemeral": True}
     | {"meta": {"host": "h"}, **ORIGIN},
@@ -73,6 +75,11 @@ FRAMES: list[dict[str, Any]] = [
     },
     {"t": "watch", "id": 26, "key": "jobs/a", "after": 41},
     {"t": "watch", "id": 27, "prefix": "jobs/"},
+    # Issue 30: a request of a traced job carries the job's trace context.
+    {"t": "acquire", "id": 28, "lease": "L", "key": "k", "trace": TRACEPARENT, **ORIGIN},
+    {"t": "keepalive", "id": 29, "lease": "L", "trace": TRACEPARENT},
+    {"t": "open_lease", "id": 30, "lease": "L", "ttl_ms": 5000, "trace": TRACEPARENT, **ORIGIN},
+    {"t": "release", "id": 31, "lease": "L", "key": "k", "trace": TRACEPARENT, **ORIGIN},
 ]
 
 # Values a hostile or careless client puts in a field; most are wrong for every field.

@@ -65,9 +65,10 @@ from dlm.node.machine import (
     SendMessages,
     Stop,
 )
-from dlm.node.outbox import SendBackup
+from dlm.node.outbox import ExportSpans, SendBackup
 from dlm.node.peer_codec import decode_raft_frame
 from dlm.node.raft.types import Role
+from dlm.node.runtime import trace_export
 from dlm.node.runtime.accepting import (
     AcceptedConnection,
     Budget,
@@ -224,6 +225,8 @@ class NodeServer:
             now(),
         )
         self.counters = Counters()
+        self._export_spans: Callable[[ExportSpans], None] | None = None
+        """Exports the spans of traced requests; None: tracing is off, they are dropped."""
         self.exit_code = 0
         self.other_incarnations: set[str] = set()
         """Members of another cluster incarnation that dialled us (each said once)."""
@@ -300,6 +303,7 @@ class NodeServer:
             self._servers.append(server)
         if self.config.metrics_listen is not None:
             await self._start_metrics(*self.config.metrics_listen)
+        self._export_spans = trace_export.exporter()
         try:
             async with anyio.create_task_group() as tg:
                 self._task_group = tg
@@ -320,6 +324,7 @@ class NodeServer:
                     peer_secret=security.peer_secret is not None,
                     client_secret=security.client_secret is not None,
                     max_clients=self.budget.clients,
+                    tracing=self._export_spans is not None,
                 )
                 self._run_actions()
                 notify("READY=1")  # systemd's Type=notify: serving from now on
@@ -335,6 +340,8 @@ class NodeServer:
                     for transport in list(self._transports):
                         transport.abort()
         finally:
+            if self._export_spans is not None:
+                trace_export.stop()
             self.imager.close()
             self._persister.stop()
             loop.set_exception_handler(previous_handler)
@@ -566,6 +573,9 @@ class NodeServer:
                 client.transport.close()
         elif isinstance(action, PeersChanged):
             self._reconcile_links(action.peers)
+        elif type(action) is ExportSpans:
+            if self._export_spans is not None:  # tracing is on (trace_export.py)
+                self._export_spans(action)
         elif isinstance(action, Stop):
             self.log.info("stopping", reason=action.reason)
             self.exit_code = action.code

@@ -114,3 +114,16 @@ def test_lock_arguments_are_checked_when_the_lock_is_made() -> None:
         _ = lock.token
     with pytest.raises(RuntimeError):
         lock.release()
+
+
+def test_a_locks_trace_context_is_checked_when_the_lock_is_made() -> None:
+    good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    client = dlm.Client("127.0.0.1:1")
+    try:
+        assert client.lock("k", traceparent=good)._traceparent == good
+        with pytest.raises(ValueError, match="bad traceparent '00-xyz'"):
+            client.lock("k", traceparent="00-xyz")
+        with pytest.raises(ValueError, match="bad traceparent"):
+            client.semaphore("k", 2, traceparent="nonsense")
+    finally:
+        client.close()

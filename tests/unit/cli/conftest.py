@@ -33,6 +33,7 @@ class FakeClient:
         self.fail: dict[str, Exception] = {}
         self.leases: list[dict[str, Any]] = []
         self.closed = False
+        self.traced_as: str | None = None
         self.run_reports: list[Any] = []
         self.run_rows: list[dict[str, Any]] = []
         """What ``runs`` answers (the cluster's run ledger rows)."""
@@ -253,8 +254,10 @@ def fake_cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[FakeClient]]:
     FakeClient.instances.clear()
     FakeKeepAlive.instances.clear()
 
-    def connect(self: Settings) -> FakeClient:
-        return FakeClient(list(self.members), self.timeout, self.dial_timeout)
+    def connect(self: Settings, traced_as: str | None = None) -> FakeClient:
+        client = FakeClient(list(self.members), self.timeout, self.dial_timeout)
+        client.traced_as = traced_as  # the command's span name (dlm/tracing.py)
+        return client
 
     monkeypatch.setattr(Settings, "connect", connect)
     monkeypatch.setattr("dlm.client.sync.KeepAlive", FakeKeepAlive)

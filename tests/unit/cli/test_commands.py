@@ -616,3 +616,19 @@ def test_store_inspect_exits_1_on_a_bad_directory(capsys: Capture, tmp_path: Any
     assert run(["store", "inspect", missing]) == 1
     captured = capsys.readouterr()
     assert "is not a directory" in one_error_line(captured.err)
+
+
+def test_the_lock_commands_are_traced_under_their_own_span_names(
+    capsys: Capture, fake_cluster: Any
+) -> None:
+    # Issue 30: each makes its client through Settings.connect(traced_as=...), which starts
+    # the command's span (dlm/tracing.py) and makes its requests carry TRACEPARENT.
+    assert run(["acquire", "deploy", "--json"]) == 0
+    assert run(["renew", "fakelease0000001"]) == 0
+    assert run(["release", "deploy", "--lease", "fakelease0000001"]) == 0
+    assert [c.traced_as for c in FakeClient.instances] == [
+        "dlm.acquire",
+        "dlm.renew",
+        "dlm.release",
+    ]
+    capsys.readouterr()

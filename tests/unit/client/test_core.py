@@ -963,3 +963,38 @@ def test_a_removal_whose_answer_was_lost_is_resent_with_its_request_id_and_answe
     sent.clear()
     with pytest.raises(BadRequest, match="no identity 'ci'"):
         drive(core.read_flow(s, wire.AuthRemove(id=0, name="ci")), answer, clock)
+
+
+# -- trace contexts (issue 30) -------------------------------------------------------
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_a_traced_client_sends_its_trace_context_on_lock_and_lease_requests_only() -> None:
+    s, clock = settings(["a:1"])
+    sent: list[core.Send] = []
+
+    def answer(action: core.Send) -> Any:
+        sent.append(action)
+        return ok(1, lease="x", ttl_ms=1000)
+
+    drive(core.call(s, {"t": "keepalive", "lease": "x"}), answer, clock)
+    assert "trace" not in sent[-1].request  # untraced: the frame is as before
+    s.trace = TRACEPARENT
+    for kind in sorted(wire.TRACED_REQUESTS):
+        drive(core.call(s, {"t": kind, "lease": "x"}), answer, clock)
+        assert sent[-1].request["trace"] == TRACEPARENT, kind
+    drive(core.call(s, {"t": "status"}), answer, clock)
+    assert "trace" not in sent[-1].request
+
+
+def test_a_clients_trace_context_is_checked_and_spawned_clients_keep_it() -> None:
+    from dlm.client.sync import Client
+
+    client = Client(["127.0.0.1:1"])
+    assert client.trace is None
+    client.trace = TRACEPARENT
+    assert client.spawn().trace == TRACEPARENT
+    with pytest.raises(ValueError, match="traceparent"):
+        client.trace = "00-nonsense"
+    client.close()

@@ -53,6 +53,7 @@ from dlm.node.machine import (
     Stop,
     Timing,
 )
+from dlm.node.outbox import ExportSpans
 from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.types import Message, Role
 from dlm.node.runtime.persister import write_job
@@ -101,6 +102,8 @@ class Member:
     stops: list[Stop] = field(default_factory=list)
     peers: dict[NodeId, str] = field(default_factory=dict)
     """The links the member keeps: its last PeersChanged."""
+    exported: list[ExportSpans] = field(default_factory=list)
+    """The span batches of traced requests the member handed out (dlm/node/spans.py)."""
     order: list[Any] = field(default_factory=list)
     """Every action in the order the member emitted it (for ordering checks)."""
 
@@ -307,6 +310,8 @@ class Cluster:
             member.events.append(action)
         elif isinstance(action, Stop):
             member.stops.append(action)
+        elif isinstance(action, ExportSpans):
+            member.exported.append(action)
         elif isinstance(action, SendBackup):
             member.backups.append(action)
             header = {**action.header, "t": "ok", "id": action.request_id}

@@ -145,3 +145,9 @@ def test_checker_catches_a_clock_import(tmp_path: Path) -> None:
     bad = ast.parse("import time\nfrom socket import socket\n")
     tops = {n.split(".")[0] for n in _imports(bad)}
     assert not tops <= ALLOWED
+
+
+def test_the_span_recorder_is_one_of_the_pure_rooms() -> None:
+    # Issue 30: the spans of traced requests are recorded from the Instants given, never a
+    # clock's reading, and leave as plain data; OpenTelemetry stays in the runtime's reach.
+    assert ROOT / "node" / "spans.py" in PURE_MODULES
