@@ -417,6 +417,20 @@ def split_route(addr: str) -> tuple[str, str | None, bool]:
     return dial, (member if separator else None), True
 
 
+def dial_plan(addr: str, partition: int) -> tuple[str, int, bytes, str]:
+    """How a driver reaches ``partition`` at a router's address ``addr``: (host, port, the
+    bytes to send first on the bare connection, the name to verify a TLS certificate
+    against). The first bytes are the target preamble for a route through a gateway to a
+    named member (whose name TLS then checks), the partition preamble otherwise."""
+    from dlm.partitioning import preamble, target_preamble
+
+    dial, member, _ = split_route(addr)
+    host, port = parse_addr(dial)
+    if member is None:
+        return host, port, preamble(partition), host
+    return host, port, target_preamble(partition, member), parse_addr(member)[0]
+
+
 def is_gateway_notice(frame: object) -> bool:
     """Is ``frame`` the notice a gateway writes first (``{t: gateway, version: 1}``)?"""
     return isinstance(frame, dict) and frame.get("t") == "gateway" and "id" not in frame
@@ -684,6 +698,16 @@ class Context:
         if marked or dial in self.gateways:
             return gateway_route(dial, leader)
         return leader
+
+    def member_route(self, member: str) -> str:
+        """Where to go for one member by its own address (a status view asks each): through
+        the gateway partition 0 goes through, when it goes through one, else directly."""
+        dial, _, marked = split_route(self.router.target())
+        if marked or dial in self.gateways:
+            return gateway_route(dial, member)
+        if self.gateways:
+            return gateway_route(min(self.gateways), member)
+        return member
 
     def router_for(self, partition: int) -> Router:
         """The router of ``partition``'s group (``router`` itself for partition 0)."""

@@ -1080,7 +1080,11 @@ class Client:
         deadline = time.monotonic() + timeout
         try:
             conn, greeting = _Connection.open(
-                format_addr(*parse_addr(addr)), deadline, self._secret, self._tls, partition
+                self._ctx.member_route(format_addr(*parse_addr(addr))),
+                deadline,
+                self._secret,
+                self._tls,
+                partition,
             )
         except (ConnectionBroken, ValueError, AuthFailed):
             return None
