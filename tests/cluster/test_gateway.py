@@ -119,6 +119,9 @@ def test_views_work_through_a_gateway_alone(
     cluster: Cluster, gateway: GatewayProc, tmp_path: Path
 ) -> None:
     dlm = _only_gateway(cluster, gateway.address, tmp_path)
+    # The harness's own check: this host cannot reach the members themselves.
+    direct = dlm.run("status", "--dial-timeout", "2s", env={"DLM_CLUSTER": cluster.members_env})
+    assert direct.returncode != 0
     status = dlm.json("status")
     assert status["leader"]
     reachable = [m for m in status["members"] if m.get("reachable")]
