@@ -210,3 +210,24 @@ def test_gateway_flags_and_a_clean_stop(cluster: Cluster, tmp_path: Path) -> Non
     assert busy.returncode == 1 and "already in use" in busy.stderr, busy.stderr
     with socket.create_connection(("127.0.0.1", gw.port), timeout=5):
         assert gw.terminate() == 0
+
+
+def test_permissions_hold_through_a_gateway(
+    cluster: Cluster, gateway: GatewayProc, tmp_path: Path
+) -> None:
+    """The member authenticates the client end to end: an identity limited to ``ci/``
+    locks there through the gateway and is refused elsewhere, named as itself."""
+    admin = _only_gateway(cluster, gateway.address, tmp_path)
+    credential = tmp_path / "ci.cred"
+    admin.json("auth", "add", "ci", "--role", "client", "--prefix", "ci/", "--out", str(credential))
+    ci = _only_gateway(cluster, gateway.address, tmp_path)
+    ci.env["DLM_SECRET_FILE"] = str(credential)
+    allowed = ci.run("exec", "--lock", "ci/build", "--", "true")
+    assert allowed.returncode == 0, allowed.stderr
+    error = ci.json("acquire", "prod/deploy", code=77)["error"]
+    assert error["code"] == "PERMISSION_DENIED", error
+    assert "ci" in error["message"]
+    forged = tmp_path / "forged.cred"
+    forged.write_text(credential.read_text().replace("ci", "admin", 1))
+    ci.env["DLM_SECRET_FILE"] = str(forged)
+    assert ci.run("members", "remove", "n1").returncode != 0
