@@ -1015,7 +1015,7 @@ def gateway(
         ),
     ] = None,
 ) -> None:
-    """Relay clients to the cluster: a stateless gateway to run behind one address.
+    """Run a stateless gateway that relays clients to the cluster.
 
     Each client connection goes to its partition's leader (or the member the client
     names, if it is one of --cluster), and its bytes are relayed untouched: the

@@ -131,6 +131,11 @@ def test_views_work_through_a_gateway_alone(
     assert "gw-view" in json.dumps(locks)
     released = dlm.run("release", "gw-view", "--lease", str(acquired["lease"]))
     assert released.returncode == 0, released.stderr
+    # A gateway said explicitly (as TLS clients must) works the same.
+    marked = dlm.run(
+        "exec", "--lock", "gw-view", "--", "true", env={"DLM_CLUSTER": f"gateway:{gateway.address}"}
+    )
+    assert marked.returncode == 0, marked.stderr
 
 
 def test_a_partitioned_cluster_through_a_gateway(tmp_path: Path) -> None:
