@@ -66,11 +66,18 @@ class Gateway:
         self._writers: set[asyncio.StreamWriter] = set()
         self._stopping: asyncio.Event | None = None
 
-    async def run(self, listener: socket.socket) -> int:
-        """Serves ``listener`` until SIGTERM or SIGINT; 0 once every connection is closed."""
+    def stop(self) -> None:
+        """Stops ``run`` as SIGTERM does (from the loop's thread)."""
+        if self._stopping is not None:
+            self._stopping.set()
+
+    async def run(self, listener: socket.socket, *, signals: bool = True) -> int:
+        """Serves ``listener`` until SIGTERM or SIGINT (or ``stop``); 0 once every
+        connection is closed. ``signals=False``: leave the signal handlers alone (tests)."""
         loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        handled = (signal.SIGTERM, signal.SIGINT) if signals else ()
+        for signum in handled:
             loop.add_signal_handler(signum, self._stopping.set)
         server = await asyncio.start_server(self._serve, sock=listener, limit=RELAY_CHUNK)
         host, port = listener.getsockname()[:2]
@@ -85,7 +92,7 @@ class Gateway:
                 writer.transport.abort()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 5.0)
-            for signum in (signal.SIGTERM, signal.SIGINT):
+            for signum in handled:
                 loop.remove_signal_handler(signum)
         self.log.log(INFO, "gateway_stopped", relayed=self.relayed, refused=self.refused)
         return 0

@@ -14,6 +14,7 @@ import cbor2
 import pytest
 
 from dlm.client import Client
+from dlm.client.core import split_route
 from dlm.client.errors import DlmError
 from dlm.partitioning import target_preamble
 from dlm.wire import Hello, HelloRole, encode_frame
@@ -236,3 +237,48 @@ def test_permissions_hold_through_a_gateway(
     forged.write_text(credential.read_text().replace("ci", "admin", 1))
     ci.env["DLM_SECRET_FILE"] = str(forged)
     assert ci.run("members", "remove", "n1").returncode != 0
+
+
+def test_grant_pushes_and_watches_through_a_gateway(cluster: Cluster, gateway: GatewayProc) -> None:
+    """A queued acquire's grant and a watch's changes are pushed over relayed connections."""
+    import threading
+
+    holder = Client([gateway.address], secret=cluster.client_secret, timeout=20.0)
+    waiter = holder.spawn()
+    watcher = holder.spawn()
+    events: list[tuple[str, str]] = []
+    try:
+        first = holder.open_lease(30_000)
+        second = waiter.open_lease(30_000)
+        grant = holder.acquire(first, "gw-push")
+        changes = watcher.watch("gw-push", after=grant.token - 1)
+
+        def watch() -> None:
+            for change in changes:
+                events.append((change.event, change.lease))
+                if len(events) == 3:
+                    return
+
+        watching = threading.Thread(target=watch, daemon=True)
+        watching.start()
+        granted: list[int] = []
+        queued = threading.Thread(
+            target=lambda: granted.append(waiter.acquire(second, "gw-push", wait=30).token),
+            daemon=True,
+        )
+        queued.start()
+        wait_for(lambda: holder.get("gw-push").waiting == 1, 20.0, "the second lease queued")
+        holder.release(first, "gw-push")
+        queued.join(30)
+        watching.join(30)
+        assert granted and granted[0] > grant.token
+        assert events == [
+            ("granted", first.id),
+            ("queued", second.id),
+            ("released", first.id),
+        ]
+        assert waiter.connected_to is not None
+        assert split_route(waiter.connected_to)[0] == gateway.address
+    finally:
+        for client in (holder, waiter, watcher):
+            client.close()
