@@ -200,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", default="1,8", help="comma-separated client counts")
     parser.add_argument("--seconds", type=float, default=5.0, help="measuring window per cell")
     parser.add_argument("--rounds", type=int, default=2, help="direct/gateway pairs per count")
-    parser.add_argument("--idle", type=int, default=1000, help="idle connections for capacity")
+    parser.add_argument(
+        "--idle", type=int, default=800, help="idle connections for capacity (under 1024: select)"
+    )
     parser.add_argument("--out", default=str(RESULTS / "gateway"), help="results path stem")
     args = parser.parse_args(argv)
     counts = [int(c) for c in args.clients.split(",") if c]
