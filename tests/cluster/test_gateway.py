@@ -282,3 +282,31 @@ def test_grant_pushes_and_watches_through_a_gateway(cluster: Cluster, gateway: G
     finally:
         for client in (holder, waiter, watcher):
             client.close()
+
+
+def test_the_async_client_follows_a_new_leader_through_the_gateway(
+    cluster: Cluster, gateway: GatewayProc
+) -> None:
+    """The anyio/asyncio driver reads the notice and redials the gateway with the target."""
+    import asyncio
+
+    from dlm.client.aio import AsyncClient
+
+    async def scenario() -> list[str]:
+        seen: list[str] = []
+        async with AsyncClient([gateway.address], timeout=30.0) as client:
+            for round_number in range(2):
+                lease = await client.open_lease(10_000)
+                grant = await client.acquire(lease, "gw-async")
+                await client.release(lease, "gw-async", token=grant.token)
+                await client.close_lease(lease)
+                assert client.connected_to is not None
+                seen.append(client.connected_to)
+                if round_number == 0:
+                    old = cluster.wait_for_leader()
+                    old.kill()
+                    await asyncio.to_thread(cluster.wait_for_leader, 30.0, not_=old.node_id)
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert all(split_route(address)[0] == gateway.address for address in seen), seen
