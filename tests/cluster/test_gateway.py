@@ -13,6 +13,7 @@ from pathlib import Path
 import cbor2
 import pytest
 
+from dlm import tls
 from dlm.client import Client
 from dlm.client.core import split_route
 from dlm.client.errors import DlmError
@@ -20,7 +21,8 @@ from dlm.partitioning import target_preamble
 from dlm.wire import Hello, HelloRole, encode_frame
 from tests.cluster.cli_harness import Dlm, Fifo, finish
 from tests.cluster.gateways import GatewayProc, RoundRobinFront, unreachable_env
-from tests.cluster.harness import Cluster, partitioned_cluster, wait_for
+from tests.cluster.harness import Cluster, NodeProc, partitioned_cluster, wait_for
+from tests.pki import OPENSSL, make_pki
 
 JOB_TTL = "6s"
 
@@ -310,3 +312,42 @@ def test_the_async_client_follows_a_new_leader_through_the_gateway(
 
     seen = asyncio.run(scenario())
     assert all(split_route(address)[0] == gateway.address for address in seen), seen
+
+
+@pytest.mark.skipif(OPENSSL is None, reason="the openssl command is not installed")
+def test_tls_clients_name_the_gateway_and_verify_the_members_through_it(tmp_path: Path) -> None:
+    """TLS hides the notice: `gateway:HOST:PORT` says it; the member's certificate is still
+    what the client verifies, end to end through the relay."""
+    pki = make_pki(tmp_path / "pki", ["n1", "n2", "n3"])
+
+    def flags(node: NodeProc) -> list[str]:
+        return [
+            *("--tls-cert", str(pki / f"{node.node_id}.crt")),
+            *("--tls-key", str(pki / f"{node.node_id}.key")),
+            *("--tls-ca", str(pki / "ca.crt")),
+        ]
+
+    (tmp_path / "cluster").mkdir()
+    cluster = Cluster(
+        tmp_path / "cluster",
+        size=3,
+        node_args=flags,
+        client_tls=tls.client_context(str(pki / "ca.crt")),
+    )
+    gw = GatewayProc(tmp_path, "gw", cluster.members_env)
+    try:
+        cluster.start_all()
+        cluster.wait_for_leader(timeout=20.0)
+        gw.start()
+        dlm = _only_gateway(cluster, f"gateway:{gw.address}", tmp_path)
+        dlm.env["DLM_TLS_CA"] = str(pki / "ca.crt")
+        status = dlm.json("status")
+        assert len([m for m in status["members"] if m.get("reachable")]) == 3, status
+        for _ in range(3):  # the gateway's rotation lands on followers too: redirects
+            run = dlm.run("exec", "--lock", "gw-tls", "--", "true")
+            assert run.returncode == 0, run.stderr
+        rogue = dlm.run("acquire", "gw-tls", env={"DLM_TLS_CA": str(pki / "rogue-ca.crt")})
+        assert rogue.returncode == 78, rogue.stderr
+    finally:
+        gw.terminate()
+        cluster.stop_all()
