@@ -26,13 +26,15 @@ def run(listen: str | None, cluster: str | None, max_clients: str | None) -> int
     from dlm.node.runtime.log import Logger
     from dlm.wire import format_addr, parse_addr
 
-    listen_text = listen or os.environ.get(LISTEN_ENV)
+    listen_text, listen_source = listen, "--listen"
+    if not listen_text:
+        listen_text, listen_source = os.environ.get(LISTEN_ENV), LISTEN_ENV
     if not listen_text:
         raise usage_error(f"dlm gateway needs --listen HOST:PORT (or {LISTEN_ENV})")
     try:
         host, port = parse_addr(listen_text)
     except ValueError as exc:
-        raise usage_error(f"bad --listen {listen_text!r}: {exc}") from None
+        raise usage_error(f"bad {listen_source} {listen_text!r}: {exc}") from None
     cluster_text, source = cluster, "--cluster"
     if not cluster_text:
         cluster_text, source = os.environ.get(CLUSTER_ENV), CLUSTER_ENV
@@ -43,11 +45,15 @@ def run(listen: str | None, cluster: str | None, max_clients: str | None) -> int
     members = parse_members(cluster_text, source)
     if any(member.startswith("gateway:") for member in members):
         raise usage_error(f"{source} of a gateway names members, not gateways")
-    cap_text = max_clients or os.environ.get(MAX_CLIENTS_ENV)
+    cap_text, cap_source = max_clients, "--max-clients"
+    if not cap_text:
+        cap_text, cap_source = os.environ.get(MAX_CLIENTS_ENV), MAX_CLIENTS_ENV
     cap = DEFAULT_MAX_CLIENTS
     if cap_text:
         if not cap_text.strip().isdigit() or not 1 <= int(cap_text) <= MAX_CLIENTS_CAP:
-            raise usage_error(f"--max-clients must be a whole number from 1 to {MAX_CLIENTS_CAP}")
+            raise usage_error(
+                f"{cap_source} must be a whole number from 1 to {MAX_CLIENTS_CAP}, not {cap_text!r}"
+            )
         cap = int(cap_text)
     listener = _bind(host, port, format_addr(host, port))
     gateway = Gateway(members, Logger("gateway", stream=sys.stderr), max_clients=cap)
