@@ -20,7 +20,9 @@ The gateway reads no frame after the routing bytes: the member authenticates
 the client end to end, so it holds no secret and a stolen gateway can
 impersonate nobody. At most ``max_clients`` connections are open at once; one
 more is closed at once. On SIGTERM or SIGINT it stops accepting, closes every
-connection and returns 0.
+connection and returns 0. Warnings a client can cause at will (a refused
+target, a connection that failed) go through the runtime's QuietLog: at most
+one line a second each, with a count.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ import socket
 from collections.abc import Sequence
 
 from dlm.gateway.routing import GatewayRouter
-from dlm.node.runtime.log import INFO, WARNING, Logger
+from dlm.node.runtime.log import INFO, Logger
+from dlm.node.runtime.quiet import QuietLog, loop_exception_handler
 from dlm.partitioning import Routing, preamble, read_routing
 from dlm.wire import encode_frame, parse_addr
 
@@ -56,6 +59,8 @@ class Gateway:
     ) -> None:
         self.router = GatewayRouter(members)
         self.log = log
+        self.quiet = QuietLog(log)
+        """Warnings a client can cause at will: at most one line a second each."""
         self.max_clients = max_clients
         self.open = 0
         """Client connections open now (routing or relaying)."""
@@ -79,7 +84,9 @@ class Gateway:
         handled = (signal.SIGTERM, signal.SIGINT) if signals else ()
         for signum in handled:
             loop.add_signal_handler(signum, self._stopping.set)
+        loop.set_exception_handler(loop_exception_handler(self.quiet))
         server = await asyncio.start_server(self._serve, sock=listener, limit=RELAY_CHUNK)
+        flushing = asyncio.ensure_future(self._flush_warnings())
         host, port = listener.getsockname()[:2]
         self.log.log(
             INFO, "gateway_listening", address=f"{host}:{port}", members=list(self.router.members)
@@ -87,6 +94,7 @@ class Gateway:
         try:
             await self._stopping.wait()
         finally:
+            flushing.cancel()
             server.close()
             for writer in list(self._writers):
                 writer.transport.abort()
@@ -94,8 +102,14 @@ class Gateway:
                 await asyncio.wait_for(server.wait_closed(), 5.0)
             for signum in handled:
                 loop.remove_signal_handler(signum)
+        self.quiet.flush(float("inf"))
         self.log.log(INFO, "gateway_stopped", relayed=self.relayed, refused=self.refused)
         return 0
+
+    async def _flush_warnings(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.quiet.flush()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.open >= self.max_clients:
@@ -107,7 +121,7 @@ class Gateway:
         try:
             await self._route(reader, writer)
         except Exception as exc:  # one connection's trouble never stops the gateway
-            self.log.log(WARNING, "gateway_connection_failed", error=str(exc) or type(exc).__name__)
+            self.quiet.warning("gateway_connection_failed", error=str(exc) or type(exc).__name__)
         finally:
             self.open -= 1
             self._writers.discard(writer)
@@ -126,8 +140,7 @@ class Gateway:
         plan = self.router.plan(routing.partition, routing.target)
         if plan is None:
             self.refused += 1
-            self.log.log(
-                WARNING,
+            self.quiet.warning(
                 "gateway_target_refused",
                 target=routing.target,
                 partition=routing.partition,
@@ -166,7 +179,7 @@ class Gateway:
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return reader, writer
-        self.log.log(WARNING, "gateway_no_member", partition=partition, tried=plan)
+        self.quiet.warning("gateway_no_member", partition=partition, tried=plan)
         return None
 
 
