@@ -18,8 +18,9 @@
 
 The gateway reads no frame after the routing bytes: the member authenticates
 the client end to end, so it holds no secret and a stolen gateway can
-impersonate nobody. At most ``max_clients`` connections are open at once; one
-more is closed at once. On SIGTERM or SIGINT it stops accepting, closes every
+impersonate nobody. At most ``max_clients`` connections are open at once, and at
+most ``MAX_ROUTING`` of them still sending their routing bytes; one more is
+closed at once. On SIGTERM or SIGINT it stops accepting, closes every
 connection and returns 0. Warnings a client can cause at will (a refused
 target, a connection that failed) go through the runtime's QuietLog: at most
 one line a second each, with a count.
@@ -46,6 +47,9 @@ DIAL_TIMEOUT_S = 2.0
 RELAY_CHUNK = 65536
 """The most bytes one read takes from either side."""
 DEFAULT_MAX_CLIENTS = 4096
+MAX_ROUTING = 512
+"""Connections still sending their routing bytes at once (as the supervisor's cap): one
+more is closed at once, so clients that connect and say nothing cannot hold the rest."""
 NOTICE = encode_frame({"t": "gateway", "version": 1})
 """The frame a plain (non-TLS) client reads first through a gateway."""
 TLS_RECORD = 0x16
@@ -55,9 +59,17 @@ class Gateway:
     """One gateway process: a listener, a router, and the connections it relays."""
 
     def __init__(
-        self, members: Sequence[str], log: Logger, *, max_clients: int = DEFAULT_MAX_CLIENTS
+        self,
+        members: Sequence[str],
+        log: Logger,
+        *,
+        max_clients: int = DEFAULT_MAX_CLIENTS,
+        max_routing: int = MAX_ROUTING,
     ) -> None:
         self.router = GatewayRouter(members)
+        self.max_routing = max_routing
+        self.routing = 0
+        """Connections still sending their routing bytes."""
         self.log = log
         self.quiet = QuietLog(log)
         """Warnings a client can cause at will: at most one line a second each."""
@@ -128,11 +140,18 @@ class Gateway:
             writer.transport.abort()
 
     async def _route(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.routing >= self.max_routing:
+            self.refused += 1
+            self.quiet.warning("gateway_shed", reason="too many connections sending nothing yet")
+            return
+        self.routing += 1
         try:
             routed = await asyncio.wait_for(_routing_bytes(reader), ROUTING_TIMEOUT_S)
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
             self.refused += 1
             return
+        finally:
+            self.routing -= 1
         if routed is None:
             self.refused += 1
             return

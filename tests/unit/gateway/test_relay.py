@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -38,11 +38,18 @@ class FakeMember:
 
 
 @asynccontextmanager
-async def relay(max_clients: int = 16) -> AsyncIterator[tuple[str, FakeMember, Gateway]]:
+async def relay(
+    max_clients: int = 16, max_routing: int = 16
+) -> AsyncIterator[tuple[str, FakeMember, Gateway]]:
     member = FakeMember()
     server = await asyncio.start_server(member.serve, "127.0.0.1", 0)
     member.address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    gateway = Gateway([member.address], Logger("gw", stream=io.StringIO()), max_clients=max_clients)
+    gateway = Gateway(
+        [member.address],
+        Logger("gw", stream=io.StringIO()),
+        max_clients=max_clients,
+        max_routing=max_routing,
+    )
     listener = socket.create_server(("127.0.0.1", 0))
     listener.setblocking(False)
     address = f"127.0.0.1:{listener.getsockname()[1]}"
@@ -114,3 +121,33 @@ def test_outsiders_malformed_routing_and_the_cap_are_closed_without_a_word() -> 
             assert gateway.refused == 3
 
     asyncio.run(scenario())
+
+
+def test_connections_that_say_nothing_are_capped() -> None:
+    async def scenario() -> None:
+        async with relay(max_routing=1) as (address, member, gateway):
+            _, silent = await _open(address)  # holds the one routing seat
+            await _until(lambda: gateway.routing == 1)
+            shed_reader, shed_writer = await _open(address)
+            assert await _read_all(shed_reader) == b""
+            shed_writer.close()
+            silent.write(b"\x00")  # its routing done, the seat is free again
+            await _until(lambda: gateway.routing == 0)
+            reader, writer = await _open(address)
+            writer.write(b"\x01")
+            assert await asyncio.wait_for(reader.readexactly(len(NOTICE)), WAIT_S) == NOTICE
+            await _until(lambda: sorted(member.received) == [b"\x00", b"\x01"])
+            writer.close()
+            silent.close()
+            assert gateway.refused == 1
+
+    asyncio.run(scenario())
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Lets the gateway's tasks run until ``condition`` holds (a bounded number of turns)."""
+    for _ in range(10_000):
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("the gateway never got there")
