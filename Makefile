@@ -9,7 +9,7 @@ BENCH_STAMP := $(VENV)/.bench-installed-stamp
 
 # compiled / interpreted: tools/build_compiled.py (mypyc; see bench/results/mypyc.md).
 .PHONY: compiled interpreted
-.PHONY: install install-dev install-bench test lint typecheck unit sim cluster run bench bench-partitions bench-scale bench-wal bench-startup bench-membership bench-api bench-tracing zipapp soak chaos clean api-docs
+.PHONY: install install-dev install-bench test lint typecheck unit sim cluster run bench bench-partitions bench-scale bench-wal bench-startup bench-membership bench-api bench-tracing bench-gateway zipapp soak chaos clean api-docs
 
 # What running dlm needs (`make run`): the package and its runtime dependencies. The
 # bytecode of dlm itself is compiled here, so a `dlm` run starts warm even where
@@ -102,6 +102,12 @@ bench: install install-bench
 # Writes bench/results/partitions.md and .json.
 bench-partitions: install install-bench
 	$(PY) -m bench.partitions $(BENCH_ARGS)
+
+# What a gateway hop costs (pair latency, members' and gateway's CPU per pair, with and
+# without it, same run) and what one gateway's idle clients cost (bench/gateway.py).
+# Writes bench/results/gateway.md and .json.
+bench-gateway: install
+	$(PY) -m bench.gateway $(BENCH_ARGS)
 
 # Fleet scale: 10,000 leases kept alive, 100,000 held locks (bench/results/scale.md, .png).
 bench-scale: install install-bench

@@ -83,3 +83,91 @@ def read_preamble(first: bytes) -> int | None:
         return None
     partition = first[-1]
     return partition if 0 < partition < MAX_PARTITIONS else None
+
+
+TARGET_MAGIC = b"\xffDLMG"
+"""What a connection to a gateway sends first to name the member it wants (below)."""
+MAX_TARGET_ADDRESS = 255
+"""The longest member address a target preamble may carry (its length is one byte)."""
+
+
+def target_preamble(partition: int, address: str) -> bytes:
+    """The bytes a client sends a gateway (dlm/gateway/) first to reach ``partition`` at
+    the member whose advertised address is ``address`` ("host:port", ASCII): the
+    magic, the partition number, the address's length in one byte, the address. A
+    gateway relays the connection to that member only if it is one of the gateway's
+    own members; any other address gets the connection closed."""
+    if not 0 <= partition < MAX_PARTITIONS:
+        raise ValueError(f"no partition {partition}")
+    try:
+        encoded = address.encode("ascii")
+    except UnicodeEncodeError:
+        raise ValueError(f"a member address must be ASCII, not {address!r}") from None
+    if not 1 <= len(encoded) <= MAX_TARGET_ADDRESS:
+        raise ValueError(f"a member address must be 1 to {MAX_TARGET_ADDRESS} bytes")
+    return TARGET_MAGIC + bytes([partition, len(encoded)]) + encoded
+
+
+class Routing:
+    """What a connection's first bytes ask a gateway for: ``partition``, at ``target`` (a
+    member's address) or wherever the gateway chooses (None); ``consumed`` bytes of the
+    connection were routing bytes (0: none, the client's own first bytes follow)."""
+
+    __slots__ = ("consumed", "partition", "target")
+
+    def __init__(self, partition: int, target: str | None, consumed: int) -> None:
+        self.partition = partition
+        self.target = target
+        self.consumed = consumed
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Routing) and (self.partition, self.target, self.consumed) == (
+            other.partition,
+            other.target,
+            other.consumed,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.partition, self.target, self.consumed))
+
+    def __repr__(self) -> str:
+        return f"Routing({self.partition!r}, {self.target!r}, {self.consumed!r})"
+
+
+def read_routing(first: bytes) -> Routing | int | None:
+    """What the first bytes a gateway read from a connection ask for.
+
+    A ``Routing`` once they are enough to tell: a partition preamble (``preamble``), a
+    target preamble (``target_preamble``), or anything else (partition 0, nothing
+    consumed: an ordinary hello or TLS handshake). An int when more bytes are needed:
+    the total count to read before asking again (never more than 7 + 255). None when
+    they are malformed: an unknown magic, no such partition, an empty or non-ASCII
+    address (the connection is closed). Never reads past the routing bytes, so the
+    caller can read exactly what is asked and relay the rest untouched."""
+    if not first:
+        return 1
+    if first[:1] != PREAMBLE_MAGIC[:1]:
+        return Routing(0, None, 0)
+    magic_size = len(PREAMBLE_MAGIC)
+    if len(first) < magic_size:
+        return magic_size
+    magic = first[:magic_size]
+    if magic == PREAMBLE_MAGIC:
+        if len(first) < PREAMBLE_SIZE:
+            return PREAMBLE_SIZE
+        partition = read_preamble(first[:PREAMBLE_SIZE])
+        return None if partition is None else Routing(partition, None, PREAMBLE_SIZE)
+    if magic != TARGET_MAGIC:
+        return None
+    head = magic_size + 2
+    if len(first) < head:
+        return head
+    partition, size = first[magic_size], first[magic_size + 1]
+    if not 0 <= partition < MAX_PARTITIONS or size == 0:
+        return None
+    if len(first) < head + size:
+        return head + size
+    raw = first[head : head + size]
+    if not all(0x21 <= byte < 0x7F for byte in raw):
+        return None  # printable ASCII without spaces: an address, nothing else
+    return Routing(partition, raw.decode("ascii"), head + size)

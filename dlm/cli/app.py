@@ -981,6 +981,55 @@ node_start.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
 )
 node_app.command("start")(node_start)
 
+
+@app.command("gateway", no_args_is_help=False)
+def gateway(
+    ctx: typer.Context,
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            "--listen",
+            metavar="HOST:PORT",
+            help="Where clients connect. [env: DLM_GATEWAY_LISTEN]",
+            show_default=False,
+        ),
+    ] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            "--cluster",
+            metavar="ADDR[,ADDR...]",
+            help="The members to relay to (their advertised addresses); no other "
+            "member is ever dialed. [env: DLM_CLUSTER]",
+            show_default=False,
+        ),
+    ] = None,
+    max_clients: Annotated[
+        str | None,
+        typer.Option(
+            "--max-clients",
+            metavar="N",
+            help="Client connections open at once; one more is closed at once. "
+            "[env: DLM_GATEWAY_MAX_CLIENTS; default: 4096]",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Run a stateless gateway that relays clients to the cluster.
+
+    Each client connection goes to its partition's leader (or the member the client
+    names, if it is one of --cluster), and its bytes are relayed untouched: the
+    member authenticates the client itself, so the gateway needs no secret.
+
+    Exits 0 after SIGTERM or SIGINT (every connection closed), 2 for bad flags,
+    1 when it cannot listen.
+    """
+    from dlm.cli import gateway as gateway_cmd
+
+    top = ctx.obj
+    raise typer.Exit(gateway_cmd.run(listen, cluster or getattr(top, "cluster", None), max_clients))
+
+
 BumpOpt = Annotated[
     str | None,
     typer.Option(

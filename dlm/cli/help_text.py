@@ -94,6 +94,7 @@ TOP_LEVEL_HELP = (
     '  observe   Print the current leader of election NAME (the holder of lock...\n'
     '  locks     List the held locks, one line each.\n'
     '  runs      The run ledger: recent `dlm exec` runs of KEY, or check that...\n'
+    '  gateway   Run a stateless gateway that relays clients to the cluster.\n'
     '  node      Run a cluster member.\n'
     "  members   Look at and change the cluster's members, one at a time.\n"
     "  store     Look into a member's data directory.\n"

@@ -43,7 +43,6 @@ from dlm.client.core import (
     without_id,
 )
 from dlm.client.errors import AuthFailed, ClusterUnavailable, DlmError, LeaseLost, ServerError
-from dlm.partitioning import preamble
 from dlm.wire import (
     PEER_FRAME_LIMIT,
     AuthChange,
@@ -121,6 +120,7 @@ class _StreamConnection:
     def __init__(self, addr: str, stream: anyio.abc.ByteStream) -> None:
         self.addr = addr
         self.stream = stream
+        self.via_gateway = False
         self._decoder = FrameDecoder(PEER_FRAME_LIMIT)
         self._sealer: Any = None
         self._frames: deque[Any] = deque()
@@ -136,19 +136,19 @@ class _StreamConnection:
         tls: Any = None,
         partition: int = 0,
     ) -> tuple[_StreamConnection, dict[Any, Any]]:
-        host, port = parse_addr(addr)
+        host, port, first, tls_name = core.dial_plan(addr, partition)
         try:
             with anyio.fail_after(max(0.001, timeout)):
-                if partition:
+                if first:
                     # The preamble goes first, on the bare connection, before TLS.
                     tcp = await anyio.connect_tcp(host, port)
                     try:
-                        await tcp.send(preamble(partition))
+                        await tcp.send(first)
                         stream: anyio.abc.ByteStream = tcp
                         if tls is not None:
                             from anyio.streams.tls import TLSStream
 
-                            stream = await TLSStream.wrap(tcp, hostname=host, ssl_context=tls)
+                            stream = await TLSStream.wrap(tcp, hostname=tls_name, ssl_context=tls)
                     except BaseException:
                         await tcp.aclose()
                         raise
@@ -164,6 +164,9 @@ class _StreamConnection:
                     hello = Hello(role=HelloRole.CLIENT).to_wire()
                     await conn.send(handshake.hello() if handshake is not None else hello)
                     greeting = await conn.read()
+                    if core.is_gateway_notice(greeting):
+                        conn.via_gateway = True  # a gateway's first frame, not the member's
+                        greeting = await conn.read()
                     if handshake is not None and greeting.get("t") == "welcome":
                         auth_frame, sealer, opener = handshake.answer(greeting)
                         if conn._frames or conn._decoder.pending:
@@ -343,6 +346,7 @@ class _AsyncioConnection:
 
     def __init__(self, addr: str, protocol: _FrameProtocol, loop: asyncio.AbstractEventLoop):
         self.addr = addr
+        self.via_gateway = False
         self._protocol = protocol
         self._loop = loop
         self._sealer: Any = None
@@ -358,18 +362,18 @@ class _AsyncioConnection:
         tls: Any = None,
         partition: int = 0,
     ) -> tuple[_AsyncioConnection, dict[Any, Any]]:
-        host, port = parse_addr(addr)
+        host, port, first, tls_name = core.dial_plan(addr, partition)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.001, timeout)
         protocol = _FrameProtocol()
         options: dict[str, Any] = {}
         if tls is not None:
-            options = {"ssl": tls, "server_hostname": host}
+            options = {"ssl": tls, "server_hostname": tls_name}
         try:
             with anyio.fail_after(max(0.001, timeout)):
-                if partition:
+                if first:
                     # The preamble goes first, on the bare socket, before TLS and the hello.
-                    sock = await _dial_with_preamble(loop, host, port, partition)
+                    sock = await _dial_with_preamble(loop, host, port, first)
                     try:
                         transport, _ = await loop.create_connection(
                             lambda: protocol, sock=sock, **options
@@ -397,6 +401,9 @@ class _AsyncioConnection:
             hello = Hello(role=HelloRole.CLIENT).to_wire()
             await conn.send(handshake.hello() if handshake is not None else hello, deadline)
             greeting = await conn.read(deadline)
+            if core.is_gateway_notice(greeting):
+                conn.via_gateway = True  # a gateway's first frame, not the member's
+                greeting = await conn.read(deadline)
             if handshake is not None and greeting is not None and greeting.get("t") == "welcome":
                 auth_frame, sealer, opener = handshake.answer(greeting)
                 if protocol.frames or protocol.decoder.pending:
@@ -507,10 +514,10 @@ class _AsyncioConnection:
 
 
 async def _dial_with_preamble(
-    loop: asyncio.AbstractEventLoop, host: str, port: int, partition: int
+    loop: asyncio.AbstractEventLoop, host: str, port: int, first: bytes
 ) -> socket.socket:
-    """A connected socket to ``host`` (each of its addresses in turn) that has sent the
-    preamble of ``partition``: what the member's supervisor reads to hand it on."""
+    """A connected socket to ``host`` (each of its addresses in turn) that has sent
+    ``first``, a preamble: what the member's supervisor (or a gateway) reads to hand it on."""
     last: OSError | None = None
     for family, kind, proto, _, address in await loop.getaddrinfo(
         host, port, type=socket.SOCK_STREAM
@@ -519,7 +526,7 @@ async def _dial_with_preamble(
         sock.setblocking(False)
         try:
             await loop.sock_connect(sock, address)
-            await loop.sock_sendall(sock, preamble(partition))
+            await loop.sock_sendall(sock, first)
         except OSError as exc:
             sock.close()
             last = exc
@@ -1168,7 +1175,11 @@ class AsyncClient:
         deadline = time.monotonic() + timeout
         try:
             conn, greeting = await _open_connection(
-                format_addr(*parse_addr(addr)), timeout, self._secret, self._tls, partition
+                self._ctx.member_route(format_addr(*parse_addr(addr))),
+                timeout,
+                self._secret,
+                self._tls,
+                partition,
             )
         except (ConnectionBroken, ValueError, AuthFailed):
             return None
@@ -1280,6 +1291,8 @@ class AsyncClient:
                 await conn.aclose()
                 return Failed(f"answered for partition {greeted}, not {partition}")
             self._conns[partition] = conn
+            if conn.via_gateway:
+                self._ctx.gateways.add(core.split_route(conn.addr)[0])
         if action.drop_pushes_for is not None:
             conn.drop_pushes(*action.drop_pushes_for)
         try:
@@ -1290,7 +1303,11 @@ class AsyncClient:
         if reply is None:
             await self._drop_connection(partition)
             return Failed(f"no reply within {action.timeout:.3g}s")
-        if reply.get("t") == "error" and "id" not in reply:
+        if (reply.get("t") == "error" and "id" not in reply) or (
+            conn.via_gateway and core.redial_through_gateway(reply)
+        ):
+            # Through a gateway, a member that cannot serve is left: the next connection
+            # lets the gateway choose again, or names the leader.
             await self._drop_connection(partition)
         return reply
 

@@ -377,19 +377,74 @@ class RequestIds:
 
 
 def parse_members(members: Sequence[str] | str) -> list[str]:
-    """Normalises "a:1,b:2" or ["a:1", "b:2"] to canonical HOST:PORT strings, in order."""
+    """Normalises "a:1,b:2" or ["a:1", "b:2"] to canonical HOST:PORT strings, in order.
+    An entry ``gateway:HOST:PORT`` (a gateway, said explicitly) keeps its mark."""
     items = members.split(",") if isinstance(members, str) else list(members)
     out: list[str] = []
     for item in items:
         for part in item.split(","):
             if not part.strip():
                 continue
-            addr = format_addr(*parse_addr(part))
+            text = part.strip()
+            marked = text.startswith(GATEWAY_MARK)
+            addr = format_addr(*parse_addr(text[len(GATEWAY_MARK) :] if marked else text))
+            if marked:
+                addr = GATEWAY_MARK + addr
             if addr not in out:
                 out.append(addr)
     if not out:
         raise ValueError("no cluster member given (set --cluster or DLM_CLUSTER)")
     return out
+
+
+GATEWAY_MARK = "gateway:"
+"""Marks a --cluster entry (and every route through it) as a gateway's (dlm gateway)."""
+ROUTE_SEPARATOR = ">"
+
+
+def gateway_route(gateway: str, member: str) -> str:
+    """The address a router keeps for ``member`` reached through ``gateway`` (its HOST:PORT):
+    ``gateway:G>M``. A driver dials G and sends the target preamble naming M."""
+    return f"{GATEWAY_MARK}{gateway}{ROUTE_SEPARATOR}{member}"
+
+
+def split_route(addr: str) -> tuple[str, str | None, bool]:
+    """(the address to dial, the member to name in a target preamble or None, whether the
+    address is marked as a gateway's) of a router's address: ``H:P``, ``gateway:H:P`` or
+    ``gateway:H:P>M``."""
+    if not addr.startswith(GATEWAY_MARK):
+        return addr, None, False
+    dial, separator, member = addr[len(GATEWAY_MARK) :].partition(ROUTE_SEPARATOR)
+    return dial, (member if separator else None), True
+
+
+def dial_plan(addr: str, partition: int) -> tuple[str, int, bytes, str]:
+    """How a driver reaches ``partition`` at a router's address ``addr``: (host, port, the
+    bytes to send first on the bare connection, the name to verify a TLS certificate
+    against). The first bytes are the target preamble for a route through a gateway to a
+    named member (whose name TLS then checks), the partition preamble otherwise."""
+    from dlm.partitioning import preamble, target_preamble
+
+    dial, member, _ = split_route(addr)
+    host, port = parse_addr(dial)
+    if member is None:
+        return host, port, preamble(partition), host
+    return host, port, target_preamble(partition, member), parse_addr(member)[0]
+
+
+def is_gateway_notice(frame: object) -> bool:
+    """Is ``frame`` the notice a gateway writes first (``{t: gateway, version: 1}``)?"""
+    return isinstance(frame, dict) and frame.get("t") == "gateway" and "id" not in frame
+
+
+def redial_through_gateway(reply: Mapping[Any, Any]) -> bool:
+    """Should a connection through a gateway that brought ``reply`` be dropped? Yes when
+    the member said it cannot serve (NOT_LEADER, SHUTTING_DOWN): the next connection
+    lets the gateway choose again, or names the leader in a target preamble."""
+    return reply.get("t") == "error" and reply.get("code") in (
+        ErrorCode.NOT_LEADER.value,
+        ErrorCode.SHUTTING_DOWN.value,
+    )
 
 
 def normalise_addr(text: object) -> str | None:
@@ -591,6 +646,7 @@ class Context:
         "client",
         "clock",
         "dial_timeout",
+        "gateways",
         "members",
         "partitions",
         "reached",
@@ -633,6 +689,30 @@ class Context:
         self.trace: str | None = None
         """The trace context (a W3C traceparent) the lock and lease requests carry (issue 30):
         the caller's span, so a member's spans join its trace; None: untraced."""
+        # The addresses (HOST:PORT) known to be gateways: marked in --cluster, or whose
+        # connection began with a gateway's notice (the driver adds those).
+        self.gateways: set[str] = {
+            split_route(member)[0] for member in members if member.startswith(GATEWAY_MARK)
+        }
+
+    def leader_route(self, addr: str, leader: str) -> str:
+        """Where to go for ``leader``, named by the member reached at ``addr``: through the
+        same gateway when ``addr`` is one (a client behind a gateway may not reach the
+        members' own addresses), else ``leader`` itself."""
+        dial, _, marked = split_route(addr)
+        if marked or dial in self.gateways:
+            return gateway_route(dial, leader)
+        return leader
+
+    def member_route(self, member: str) -> str:
+        """Where to go for one member by its own address (a status view asks each): through
+        the gateway partition 0 goes through, when it goes through one, else directly."""
+        dial, _, marked = split_route(self.router.target())
+        if marked or dial in self.gateways:
+            return gateway_route(dial, member)
+        if self.gateways:
+            return gateway_route(min(self.gateways), member)
+        return member
 
     def router_for(self, partition: int) -> Router:
         """The router of ``partition``'s group (``router`` itself for partition 0)."""
@@ -840,6 +920,8 @@ def call(
             else:
                 last_problem = f"{code} from {addr}"
                 leader = normalise_addr(outcome.get("leader_address"))
+                if leader:
+                    leader = s.leader_route(addr, leader)
                 if code == ErrorCode.NOT_LEADER.value and leader and leader != addr:
                     if hops < MAX_REDIRECT_HOPS:
                         hops += 1

@@ -109,6 +109,7 @@ class _Connection:
         self.greeting: dict[Any, Any] | None = None
         """The member's welcome, when the handshake has already read it."""
         self._framed = False  # a whole frame has come in: it is a dlm member at least
+        self.via_gateway = False  # the first frame was a gateway's notice (dlm gateway)
         self._decoder = FrameDecoder(REPLY_FRAME_LIMIT)
         self._sealer: Any = None
         self._frames: deque[Any] = deque()
@@ -158,7 +159,8 @@ class _Connection:
         With a secret the greeting is awaited (its proof comes first), and the
         request follows our proof; a refusal still comes back as the reply.
         """
-        host, port = parse_addr(addr)
+        dial, member, _ = core.split_route(addr)
+        host, port = parse_addr(dial)
         # getaddrinfo encodes a str host with the idna codec, whose import (with
         # stringprep and unicodedata) costs ~1 ms a run; an ASCII name needs no encoding.
         target: Any = host.encode("ascii") if host.isascii() else host
@@ -169,10 +171,12 @@ class _Connection:
         except OSError as exc:
             raise ConnectionBroken(exc.strerror or str(exc)) from None
         sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
-        if partition:
-            _send_preamble(sock, partition, deadline)
+        if partition or member is not None:
+            _send_preamble(sock, partition, deadline, member)
         if tls is not None:
-            sock = _wrap_tls(sock, tls, host, addr, deadline)
+            # Through a gateway to a named member, that member's name is the one to verify.
+            name = host if member is None else parse_addr(member)[0]
+            sock = _wrap_tls(sock, tls, name, addr, deadline)
         conn = cls(addr, sock, tls=tls is not None)
         try:
             if secret is None:
@@ -263,6 +267,10 @@ class _Connection:
             self._decoder.feed(data)
             try:
                 self._frames.extend(self._decoder.frames())
+                if not self._framed and self._frames and core.is_gateway_notice(self._frames[0]):
+                    # A gateway's first frame, before any of the member's: not a reply.
+                    self._frames.popleft()
+                    self.via_gateway = self._framed = True
             except ProtocolError as exc:
                 if not self._framed:
                     # The first bytes are not a frame: some other server listens there
@@ -331,12 +339,16 @@ class _Connection:
             pass
 
 
-def _send_preamble(sock: _socket.socket, partition: int, deadline: float) -> None:
-    from dlm.partitioning import preamble
+def _send_preamble(
+    sock: _socket.socket, partition: int, deadline: float, member: str | None = None
+) -> None:
+    """The partition's preamble, or (through a gateway, to a named member) the target
+    preamble (dlm/partitioning.py)."""
+    from dlm.partitioning import preamble, target_preamble
 
     try:
         sock.settimeout(max(0.001, _left(deadline)))
-        sock.sendall(preamble(partition))
+        sock.sendall(preamble(partition) if member is None else target_preamble(partition, member))
     except TimeoutError:
         sock.close()
         raise ConnectionBroken("send timed out") from None
@@ -1085,7 +1097,11 @@ class Client:
         deadline = time.monotonic() + timeout
         try:
             conn, greeting = _Connection.open(
-                format_addr(*parse_addr(addr)), deadline, self._secret, self._tls, partition
+                self._ctx.member_route(format_addr(*parse_addr(addr))),
+                deadline,
+                self._secret,
+                self._tls,
+                partition,
             )
         except (ConnectionBroken, ValueError, AuthFailed):
             return None
@@ -1179,6 +1195,11 @@ class Client:
                 return Failed(core.NOT_A_MEMBER)  # not even a greeting came back
             return Failed(f"no reply within {action.timeout:.3g}s")
         self._ctx.learn_partitions(conn.partitions)
+        if conn.via_gateway:
+            self._ctx.gateways.add(core.split_route(conn.addr)[0])
+            if core.redial_through_gateway(reply):
+                # The gateway chose that member: a new connection lets it choose again.
+                self._drop_connection(partition)
         if conn.partition is not None and conn.partition != partition:
             # The member's supervisor handed us to another partition's group than the
             # preamble named: nothing it answers on this connection can be trusted.

@@ -10,6 +10,7 @@ from typing import Any
 
 from dlm.cli.exec_rules import GuardRules, StartGate
 from dlm.client.core import LeaseClock, PartClocks, lease_deadline
+from dlm.gateway.routing import GatewayRouter, canonical
 from dlm.node import locks
 from dlm.node.admission import (
     Acceptance,
@@ -442,3 +443,25 @@ class MisordersTheApplySpan(NodeMachine):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.spans = _EarlyApplyRecorder(self.out, self.config.node_id)
+
+
+class RelaysAnyTarget(GatewayRouter):
+    """Issue 30, the gateway: honours a target preamble naming any address, member of its
+    --cluster or not (an open relay)."""
+
+    def plan(self, partition: int, target: str | None) -> list[str] | None:
+        address = canonical(target) if target is not None else None
+        if address is not None and address not in self.members:
+            return [address]
+        return super().plan(partition, target)
+
+
+class PrefersItsHint(GatewayRouter):
+    """Issue 30, the gateway: forwards to the member it cached as the partition's leader
+    even when the client named another (the one that told it NOT_LEADER named it)."""
+
+    def plan(self, partition: int, target: str | None) -> list[str] | None:
+        hinted = self.hint(partition)
+        if target is not None and hinted is not None and canonical(target) in self.members:
+            return [hinted]
+        return super().plan(partition, target)

@@ -62,6 +62,17 @@ events in simulated real time (world.py), driven by one seed:
   have a part in each partition they take a key of;
   Raft's checks run per partition, the lock checks per key across them, and
   once healthy no member leads more than ceil(P/N) partitions (``spread``).
+* **gateways** (``NodeSimOptions.gateways`` > 0, issue 30): `dlm gateway`
+  processes between some library clients and the cluster, routing each
+  connection with the runtime's own ``GatewayRouter`` (dlm/gateway/routing.py).
+  Half of the library clients (and the recovery and liveness probes) know
+  only the gateways' addresses, learn that they are gateways as the driver
+  does from the notice, and follow leaders through them with target
+  preambles. Gateways crash (every connection through them breaks) and
+  restart (their leader hints lost); a hostile client asks them for members
+  they do not know. Checked: a gateway never relays to a non-member
+  (``gateway-open-relay``) and a connection naming a member reaches that one
+  (``gateway-target``); every other checker holds as without gateways.
 * **checks** run after every event: Raft's invariants (checkers.py) and the
   lock-level promises users rely on (lockcheck.py), in real time; and after each
   of the stranger's frames, that it changed nothing in the member.
@@ -94,6 +105,7 @@ from dlm.client.errors import (
     NotHolder,
     PermissionDenied,
 )
+from dlm.gateway.routing import GatewayRouter, canonical
 from dlm.node import locks
 from dlm.node.admission import Acceptance, Dialing
 from dlm.node.incarnation import DEFAULT_BUMP, lock_machine_of, new_incarnation
@@ -353,6 +365,11 @@ class NodeSimOptions:
     (each its own traceparent); every span batch a member hands out is checked
     (dlm/node/spans.py, span_problems). None: drawn per seed, from a generator of its own
     so that no other draw moves: half the seeds trace, with half their clients."""
+    gateways: int = 0
+    """`dlm gateway` processes (issue 30; 0: none, and the run draws what it drew before
+    gateways existed). Needs ``membership`` off: a gateway relays only to its --cluster."""
+    gateway_router_class: type[GatewayRouter] = GatewayRouter
+    """The gateways' routing (dlm/gateway/routing.py; a mutant may stand in for it)."""
     partitions: int = 1
     """Raft groups per cluster (issue 25): each member hosts one NodeMachine per partition,
     each with its own store, disk queue and peer connections, on the member's clock; exec
@@ -512,20 +529,57 @@ class SimConn:
         self.outbox: list[dict[str, Any]] = []
         self.to_member_at = 0
         self.to_client_at = 0
+        self.route: str | None = None
+        """The router's address this connection was made for, through a gateway (None:
+        straight to the member)."""
+        self.gateway: SimGateway | None = None
+
+
+class SimGateway:
+    """One `dlm gateway` process: the runtime's pure router, up or crashed."""
+
+    def __init__(self, sim: NodeSimulation, name: str, members: list[str]) -> None:
+        self.sim = sim
+        self.name = name
+        self.address = f"{name}:7800"
+        self.members = members
+        self.router = sim.options.gateway_router_class(members)
+        self.up = True
+        self.conns: list[SimConn] = []
+        self.restarts = 0
+
+    def crash(self) -> None:
+        """Every connection through it breaks; its hints die with it."""
+        self.up = False
+        conns, self.conns = self.conns, []
+        for conn in conns:
+            self.sim._break(conn)
+
+    def restart(self) -> None:
+        if not self.up:
+            self.up = True
+            self.restarts += 1
+            self.router = self.sim.options.gateway_router_class(self.members)
 
 
 class SimClient:
     """One client library object (``Client``): a context, a connection, one flow at a time."""
 
     def __init__(
-        self, proc: ClientProc, name: str, *, timeout: float = 3.0, attempt_timeout: float = 0.5
+        self,
+        proc: ClientProc,
+        name: str,
+        *,
+        timeout: float = 3.0,
+        attempt_timeout: float = 0.5,
+        gateways: list[str] | None = None,
     ) -> None:
         self.proc = proc
         self.name = name
         sim = proc.sim
         sim.client_count += 1
         rng = sim.rng_for(f"client-{name}-{sim.client_count}")
-        addresses = [f"{n}:7700" for n in sim.current_ids()]
+        addresses = gateways or [f"{n}:7700" for n in sim.current_ids()]
         clock = proc.clock
         self.ctx = core.Context(
             members=addresses,
@@ -834,6 +888,8 @@ class NodeSimulation:
         self.stats: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
         self.heal_at = opts.duration_us - opts.quiet_us
+        self.gateways: dict[str, SimGateway] = {}
+        """The `dlm gateway` processes by name (issue 30; made when the run starts)."""
         self._trace = hashlib.blake2b(digest_size=16)
         self.cuts: Counter[tuple[str, str]] = Counter()
         self.peer_links: dict[tuple[str, str], SimPeerLink] = {}
@@ -1757,7 +1813,7 @@ class NodeSimulation:
             conn = client.conn
             if (
                 conn is None
-                or conn.member.id != _node_of(action.addr)
+                or (conn.route or f"{conn.member.id}:7700") != action.addr
                 or conn.member.partition != self._partition_for(proc, action)
                 or conn.broken
             ):
@@ -1778,11 +1834,40 @@ class NodeSimulation:
         assert isinstance(action, core.Send)
         # (A connection to partition i > 0 starts with its preamble: the member's
         # supervisor hands it to that partition's process.)
-        member = self.groups[self._partition_for(proc, action)][_node_of(action.addr)]
+        partition = self._partition_for(proc, action)
+        dial, target, _ = core.split_route(action.addr)
+        gateway = self.gateways.get(_node_of(dial))
         conn = client.conn
-        if conn is None or conn.member is not member or conn.broken:
-            client.drop()
-            conn = self.connect(client, member)
+        if gateway is not None:
+            if (
+                conn is None
+                or conn.route != action.addr
+                or conn.member.partition != partition
+                or conn.broken
+            ):
+                # (A connection per route and partition, as the driver keeps them: the same
+                # gateway's connection for another partition reached that one's process.)
+                client.drop()
+                member = self._through_gateway(gateway, partition, target)
+                if member is None:
+                    # Refused, or closed without a word: the client hears it after a moment.
+                    self.stats["gateway_closed"] += 1
+                    proc.after(
+                        self._own_latency(proc) / US,
+                        lambda: runner.step(core.Failed("connection closed by the gateway")),
+                    )
+                    return
+                conn = self.connect(client, member)
+                conn.route = action.addr
+                conn.gateway = gateway
+                gateway.conns.append(conn)
+                client.ctx.gateways.add(dial)  # the gateway's notice, as the driver reads it
+                self.stats["gateway_connections"] += 1
+        else:
+            member = self.groups[partition][_node_of(action.addr)]
+            if conn is None or conn.member is not member or conn.broken or conn.route:
+                client.drop()
+                conn = self.connect(client, member)
         if action.drop_pushes_for is not None:
             lease, key = action.drop_pushes_for
             client.pushes = [
@@ -1796,12 +1881,11 @@ class NodeSimulation:
         def resume_reply(outcome: Any) -> None:
             if client.wait_token == token:
                 client.wait_token += 1
-                if (
-                    isinstance(outcome, dict)
-                    and outcome.get("t") == "error"
-                    and "id" not in outcome
+                if isinstance(outcome, dict) and (
+                    (outcome.get("t") == "error" and "id" not in outcome)
+                    or (conn.route is not None and core.redial_through_gateway(outcome))
                 ):
-                    client.drop()
+                    client.drop()  # (through a gateway, as the driver does: choose again)
                 runner.step(outcome)
 
         client.waiting = (rid, resume_reply)
@@ -1815,6 +1899,74 @@ class NodeSimulation:
             resume_reply(core.Failed("no reply in time"))
 
         proc.after(action.timeout, timeout)
+
+    def _through_gateway(
+        self, gateway: SimGateway, partition: int, target: str | None
+    ) -> SimMember | None:
+        """The member ``gateway`` relays a new connection to (None: it closes it), by its
+        router, as relay.py dials: the plan's members in order, a down one skipped (and
+        forgotten as a hint). Checks the gateway's two promises."""
+        if not gateway.up:
+            return None
+        plan = gateway.router.plan(partition, target)
+        if plan is None:
+            self.stats["gateway_refused"] += 1
+            return None
+        named = canonical(target) if target is not None else None
+        for address in plan:
+            if address not in gateway.members:
+                raise Violation(
+                    "gateway-open-relay",
+                    f"{gateway.name} relayed to {address}, not one of its members",
+                )
+            if named is not None and address != named:
+                raise Violation(
+                    "gateway-target",
+                    f"{gateway.name} relayed a connection naming {named} to {address}",
+                )
+            member = self.groups[partition].get(_node_of(address))
+            if member is None or member.machine is None or member.removed:
+                gateway.router.dial_failed(partition, address)
+                continue
+            return member
+        return None
+
+    def _gateway_outsider(self, gateway: SimGateway) -> None:
+        """A hostile client asks the gateway for an address that is no member of it."""
+        self.stats["gateway_outsider"] += 1
+        self._through_gateway(gateway, 0, "x9:7700")
+
+    def _gateways_for(self, proc: ClientProc) -> list[str] | None:
+        """The addresses a library client knows, when it goes through gateways (half of
+        them do, by the seed): the gateways', in its own order."""
+        if not self.gateways:
+            return None
+        rng = self.rng_for(f"gateway-client-{proc.name}")
+        if rng.random() < 0.5:
+            return None
+        addresses = [g.address for g in self.gateways.values()]
+        rng.shuffle(addresses)
+        return addresses
+
+    def _schedule_gateways(self) -> None:
+        """Each gateway crashes now and then before the heal and comes back a moment later;
+        a hostile client asks each for outsiders."""
+        for gateway in self.gateways.values():
+            rng = self.rng_for(f"gateway-{gateway.name}")
+            for _ in range(rng.randint(1, 3)):
+                down_at = rng.randint(US, max(US + 1, self.heal_at - US))
+                back_at = min(self.heal_at, down_at + rng.randint(US // 5, 2 * US))
+                self.world.at(down_at, partial(self._gateway_crash, gateway))
+                self.world.at(back_at, gateway.restart)
+            for _ in range(3):
+                at = rng.randint(0, self.heal_at)
+                self.world.at(at, partial(self._gateway_outsider, gateway))
+
+    def _gateway_crash(self, gateway: SimGateway) -> None:
+        if gateway.up:
+            self.stats["gateway_crashes"] += 1
+            self.trace(f"G{self.world.now}{gateway.name}")
+            gateway.crash()
 
     def _partition_for(self, proc: ClientProc, action: Any) -> int:
         return proc.pinned if proc.pinned is not None else _partition_of_action(action)
@@ -2521,6 +2673,8 @@ class NodeSimulation:
             if proc.guard is not None:
                 self.resume_client(proc.guard, force=True)
             proc.stopping.set()
+        for gateway in self.gateways.values():
+            gateway.restart()
         self.trace(f"H{self.world.now}")
 
     # -- the workload --------------------------------------------------------------------
@@ -2539,7 +2693,8 @@ class NodeSimulation:
 
     def _script(self, proc: ClientProc) -> Script:
         rng = proc.rng
-        main = SimClient(proc, proc.name)
+        through = self._gateways_for(proc)
+        main = SimClient(proc, proc.name, gateways=through)
         routed = self.partitions > 1 and proc.pinned is None
         while not proc.stopping.is_set():
             if proc.reopen is not None:
@@ -2555,7 +2710,7 @@ class NodeSimulation:
             if self.options.membership:
                 # Members come and go: a client is configured with the members of the day.
                 main.drop()
-                main = SimClient(proc, proc.name)
+                main = SimClient(proc, proc.name, gateways=through)
             ttl_ms = rng.choice((800, 1000, 1500, 2000))
             self.leases_ttl_max_ms = max(self.leases_ttl_max_ms, ttl_ms)
             lease_id = _lease_id(rng)
@@ -2588,7 +2743,7 @@ class NodeSimulation:
                 clock = self.options.lease_clock_class(lease.ttl_ms, start)
             self._watch_lease(proc, lease, clock, book)
             lost = Flag()
-            keeper_client = SimClient(proc, proc.name + "k")
+            keeper_client = SimClient(proc, proc.name + "k", gateways=through)
             holder = proc.spawn(
                 self._keeper(proc, keeper_client, lease, clock, lost, book), f"{proc.name}-keeper"
             )
@@ -3309,7 +3464,7 @@ class NodeSimulation:
         replaced.
         """
         proc = ClientProc(self, "recovery", "library")
-        client = SimClient(proc, "recovery")
+        client = SimClient(proc, "recovery", gateways=self._gateways_for(proc))
         budget_us = self._recovery_budget_us()
         client.ctx.timeout = budget_us / US
         started = self.world.now
@@ -3359,7 +3514,7 @@ class NodeSimulation:
 
     def _probe_keys(self, proc: ClientProc, deadline_s: float) -> Script:
         """The liveness probe's acquires: every key (of its partition, if it has one)."""
-        client = SimClient(proc, "probe")
+        client = SimClient(proc, "probe", gateways=self._gateways_for(proc))
         lease: core.Lease = yield RunFlow(client, core.open_lease_flow(client.ctx, 60_000))
         for key in self._keys_for(proc):
             try:
@@ -3431,6 +3586,11 @@ class NodeSimulation:
         try:
             self._steady_done = False
             self._schedule_faults()
+            members = [f"{n}:7700" for n in self.current_ids()]
+            for i in range(opts.gateways):
+                gateway = SimGateway(self, f"gw{i + 1}", members)
+                self.gateways[gateway.name] = gateway
+            self._schedule_gateways()
             self.world.after(ELECTION_US, self._stale_expires)
             self.world.after(LINK_POLL_US, self._poll_links)
             for proc in self.procs:

@@ -47,7 +47,9 @@ from .bugs import (
     NeverSpreads,
     OrdersSpawnWithoutLooking,
     OutlivesShortenedLeases,
+    PrefersItsHint,
     PromotesTheUnproved,
+    RelaysAnyTarget,
     RestoresWithoutUsage,
     ResumesFromNow,
     ServesBackupsWithoutARound,
@@ -357,6 +359,38 @@ class ShortensLeasesOnFailover(LeaseTracker):
         super().take_office(now - 1.0, leases)  # type: ignore[arg-type]
 
 
+GATEWAY_SEEDS = 8
+"""Seeds of the gateway slice in `make test` (two gateways; about 2 s each)."""
+GATEWAY_MUTANT_SEEDS = 5
+
+
+def gateway_options(seed: int, **overrides: object) -> NodeSimOptions:
+    """Two `dlm gateway` processes between half the library clients and the cluster
+    (issue 30). Membership changes are off: a gateway relays only to its --cluster."""
+    return options_for(seed, **{"gateways": 2, "membership": False, **overrides})
+
+
+@pytest.mark.sim_default_seeds(0, GATEWAY_SEEDS)
+def test_node_sim_with_gateways(sim_seeds: range, sim_totals: SimTotals) -> None:
+    """Issue 30, item 4: gateways crash (every connection through them breaks) and
+    restart (hints lost) between clients and the cluster, clients follow leaders through
+    them, a hostile client asks them for outsiders, and every checker holds; with P = 2
+    on odd seeds (partition preambles through the gateway)."""
+    totals: Counter[str] = Counter()
+    for seed in sim_seeds:
+        options = gateway_options(seed)
+        if seed % 2:
+            options = partitioned_options(seed, partitions=2, gateways=2)
+        result = run_node_seed(seed, options)
+        assert result.ticks >= MIN_TICKS
+        totals.update(result.stats)
+        sim_totals.add("gateways", result)
+    assert totals["sections"] > 0, f"no client ever held a lock in seeds {sim_seeds}"
+    assert totals["gateway_connections"] > 0, "no client went through a gateway"
+    assert totals["gateway_crashes"] > 0, "no gateway crashed"
+    assert totals["gateway_refused"] > 0, "no gateway refused an outsider"
+
+
 MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
     # Issue 30: every traced request's spans are checked as the member hands them out
     # (nodesim._check_spans); with every client tracing, the first traced commit shows it.
@@ -369,6 +403,18 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         lambda seed: options_for(seed, machine_class=MisordersTheApplySpan, traces=1.0),
         {"spans"},
         TRACING_MUTANT_SEEDS,
+    ),
+    # Issue 30: both caught at seed 0 (each gateway is asked for an outsider three times a
+    # run; a targeted connection follows each leader change).
+    "gateway relays to any target": (
+        lambda seed: gateway_options(seed, gateway_router_class=RelaysAnyTarget),
+        {"gateway-open-relay"},
+        GATEWAY_MUTANT_SEEDS,
+    ),
+    "gateway prefers its hint to the named member": (
+        lambda seed: gateway_options(seed, gateway_router_class=PrefersItsHint),
+        {"gateway-target"},
+        GATEWAY_MUTANT_SEEDS,
     ),
     "client counts its lease from the reply": (
         # A weak mutant: its deadline is late only by one reply's latency. The parent

@@ -19,6 +19,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("dlm.testing",),
     ("dlm.__main__", "dlm._api"),
     ("dlm.cli", "dlm.devcluster"),
+    ("dlm.gateway",),
     ("dlm.client", "dlm.node.runtime"),
     ("dlm.node",),
     ("dlm.node.raft", "dlm.node.locks", "dlm.store"),

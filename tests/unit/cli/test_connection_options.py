@@ -22,6 +22,7 @@ OFFLINE = {
     "store inspect",
     "secret new",
     "snapshot inspect",
+    "gateway",  # relays bytes; its --cluster names the members it may dial
 }
 
 

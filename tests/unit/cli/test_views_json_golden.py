@@ -216,6 +216,7 @@ class CannedConnection:
         self.addr = addr
         self.framed = True
         self.partitions, self.partition = 1, 0  # a cluster of one partition
+        self.via_gateway = False  # straight to the member (no gateway's notice)
 
     @classmethod
     def start(

@@ -35,6 +35,7 @@ PURE_LEAVES = (
     ROOT / "client" / "fanout.py",
     ROOT / "cbor_codec.py",
     ROOT / "partitioning.py",
+    ROOT / "gateway" / "routing.py",
 )
 """The leaves the pure side stands on, `dlm exec`'s decisions (its guard's and its
 supervisor's) and a kept-alive lease's (client/renewal.py), which the simulator drives too."""
