@@ -622,10 +622,14 @@ class NodeMachine:
             retry_after_ms=1000,
         )
 
-    def member_connections(self, count: int) -> None:
+    def member_connections(self, count: int, quotas: Quotas | None = None) -> None:
         """The runtime serves at most ``count`` client connections (its descriptor budget):
-        the default per-identity share follows it."""
-        quotas = replace(self.config.quotas, max_connections=count)
+        the default per-identity share follows it. ``quotas``: the member's new quotas and
+        limits (a reload, dlm/node/runtime/reload.py), taken on by every check from now on."""
+        quotas = replace(quotas or self.config.quotas, max_connections=count)
+        if quotas != self.config.quotas:
+            self.config = replace(self.config, quotas=quotas)
+            self.proposals.quotas = quotas
         self._member_connections = count
         self.default_limits = quotas.identity_defaults()
         self.anonymous_limits = quotas.identity_defaults(anonymous=True)

@@ -84,7 +84,8 @@ class Proposals:
         self._out = out
         self._clients = clients
         self._not_leader = not_leader
-        self._quotas = quotas
+        self.quotas = quotas
+        """The member's quotas (a reload replaces them: NodeMachine.member_connections)."""
         self._limits_for: LimitsFor = limits_for or default_limits(quotas)
         self.pending: dict[int, Proposal] = {}
         self._version_proposed_at = -1.0e9
@@ -111,7 +112,7 @@ class Proposals:
                     req,
                     now,
                     machine,
-                    self._quotas,
+                    self.quotas,
                     doomed,
                     identity=identity,
                     limits_for=self._limits_for,

@@ -81,6 +81,7 @@ from dlm.node.runtime.notify import notify
 from dlm.node.runtime.peers import PeerLink
 from dlm.node.runtime.persister import Persister
 from dlm.node.runtime.quiet import QuietLog, loop_exception_handler
+from dlm.node.runtime.reload import Reloading, watch_reloads
 from dlm.node.runtime.rlimits import raise_open_files_limit
 from dlm.node.runtime.seat import METRICS, SERVING, Seat
 from dlm.node.runtime.security import NodeSecurity
@@ -1077,9 +1078,11 @@ async def run(
     on_started: Callable[[NodeServer], None] | None = None,
     security: NodeSecurity | None = None,
     seat: Seat | None = None,
+    reloading: Reloading | None = None,
 ) -> int:
     """Serves until SIGTERM/SIGINT (then shuts down gracefully) or until the machine says
-    stop; returns the exit code."""
+    stop; returns the exit code. SIGHUP re-reads the settings (``reloading``: how;
+    reload.py)."""
     limit = raise_open_files_limit()
     if limit.after != limit.before or limit.error is not None:
         log.info("open_files_limit", before=limit.before, after=limit.after, error=limit.error)
@@ -1104,6 +1107,8 @@ async def run(
                     break
 
         tg.start_soon(watch_signals)
+        if reloading is not None:
+            tg.start_soon(watch_reloads, server, reloading)
         if on_started is not None:
             on_started(server)
         await server.serve(listener)

@@ -1,0 +1,207 @@
+"""SIGHUP against real members: settings re-read from --config and taken on live, or
+refused as a whole with one line (dlm/node/runtime/reload.py).
+
+Each test starts its own one-member cluster whose settings come from a TOML file it
+rewrites, sends SIGHUP to the member's PID, and waits for the member's log to say
+``config_reloaded`` or ``reload_refused``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.cli_harness import Dlm
+from tests.cluster.harness import Cluster, NodeProc, free_ports, wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+BASE: dict[Path, dict[str, str]] = {}
+"""What each test's file always says (where the member listens, its peers)."""
+
+
+def _write(path: Path, settings: dict[str, str]) -> None:
+    every = {**BASE.get(path, {}), **settings}
+    path.write_text("".join(f'{key} = "{value}"\n' for key, value in every.items()))
+
+
+def _events(node: NodeProc, event: str) -> list[dict[str, Any]]:
+    found = []
+    for line in node.log_path.read_text(errors="replace").splitlines():
+        if line.startswith("{") and f'"event":"{event}"' in line.replace(" ", ""):
+            found.append(json.loads(line))
+    return found
+
+
+def _hup(node: NodeProc, event: str, before: int) -> dict[str, Any]:
+    """SIGHUP to the member; the first ``event`` line after the ``before`` ones."""
+    os.kill(node.pid, signal.SIGHUP)
+
+    def after() -> dict[str, Any] | None:
+        found = _events(node, event)[before:]
+        return found[0] if found else None
+
+    return wait_for(
+        after,
+        20.0,
+        f"{event} in {node.node_id}'s log",
+    )
+
+
+@pytest.fixture
+def single(tmp_path: Path) -> Iterator[tuple[Cluster, Path]]:
+    config = tmp_path / "member.toml"
+    c = Cluster(
+        tmp_path,
+        size=1,
+        node_args=lambda _: ["--config", str(config), "--log-format", "json"],
+    )
+    # Where it listens comes from the file, so that the file can try to change it.
+    node = c.nodes["n1"]
+    node.by_hand = True
+    BASE[config] = {"listen": node.address, "peers": c.peers_flag}
+    _write(config, {"log-level": "warning"})
+    try:
+        c.start_all()
+        c.wait_for_leader(timeout=15.0)
+        yield c, config
+    finally:
+        c.stop_all()
+
+
+def test_sighup_changes_the_log_level_and_a_quota_live(
+    single: tuple[Cluster, Path], tmp_path: Path
+) -> None:
+    cluster, config = single
+    node = cluster.nodes["n1"]
+    dlm = Dlm(cluster.members_env, tmp_path)
+    dlm.json("acquire", "a/1")
+    # At warning, not one info line (the start itself is at info).
+    assert not [line for line in node.log_tail(200).splitlines() if '"level":"info"' in line]
+
+    _write(config, {"log-level": "info", "max-leases": "2"})
+    reloaded = _hup(node, "config_reloaded", 0)
+    assert reloaded["changed"] == ["--log-level", "--max-leases"]
+    assert reloaded["level"] == "info"
+
+    dlm.json("acquire", "a/2")  # two leases now: the cap
+    ran = dlm.run("acquire", "a/3", "--json")
+    assert ran.returncode != 0, ran.stdout
+    refusal = json.loads(ran.stdout)["error"]
+    assert refusal["code"] == "QUOTA_EXCEEDED", refusal
+    # Info lines again, after the reload's own.
+    wait_for(
+        lambda: [
+            line
+            for line in node.log_tail(400).splitlines()
+            if '"level":"info"' in line and "config_reloaded" not in line
+        ],
+        10.0,
+        "an info line after the reload",
+    )
+
+    # Raised again: the third lease goes through.
+    _write(config, {"log-level": "info", "max-leases": "10"})
+    assert _hup(node, "config_reloaded", 1)["changed"] == ["--max-leases"]
+    dlm.json("acquire", "a/3")
+
+
+def test_a_change_of_listen_is_refused_and_nothing_else_is_applied(
+    single: tuple[Cluster, Path], tmp_path: Path
+) -> None:
+    cluster, config = single
+    node = cluster.nodes["n1"]
+    [other] = free_ports(1)
+    _write(config, {"log-level": "info", "listen": f"127.0.0.1:{other}", "max-leases": "1"})
+    refused = _hup(node, "reload_refused", 0)
+    assert "--listen" in refused["reason"] and "restart" in refused["reason"]
+    assert "--max-leases" not in refused["reason"] and "\n" not in refused["reason"]
+    assert not _events(node, "config_reloaded")
+    # Still serving where it was, with its old quota (the default) and level.
+    dlm = Dlm(cluster.members_env, tmp_path)
+    for n in range(3):
+        dlm.json("acquire", f"b/{n}")
+    assert node.alive
+
+    # A file that does not parse: refused the same way, the member untouched.
+    config.write_text("log-level = \n")
+    bad = _hup(node, "reload_refused", 1)
+    assert "not valid TOML" in bad["reason"]
+    assert node.alive
+
+
+def test_sighup_starts_moves_and_stops_the_metrics_listener(
+    single: tuple[Cluster, Path],
+) -> None:
+    _cluster, config = single
+    node = _cluster.nodes["n1"]
+    first, second = free_ports(2)
+
+    def scrape(port: int) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            return str(reply.read().decode())
+
+    _write(config, {"log-level": "warning", "metrics-listen": f"127.0.0.1:{first}"})
+    assert _hup(node, "config_reloaded", 0)["changed"] == ["--metrics-listen"]
+    assert "dlm_" in scrape(first)
+
+    _write(config, {"log-level": "warning", "metrics-listen": f"127.0.0.1:{second}"})
+    _hup(node, "config_reloaded", 1)
+    assert "dlm_" in scrape(second)
+    with pytest.raises(OSError):
+        scrape(first)
+
+    _write(config, {"log-level": "warning"})
+    _hup(node, "config_reloaded", 2)
+    with pytest.raises(OSError):
+        scrape(second)
+
+
+def test_a_partitioned_member_reloads_every_partition_and_refuses_once(tmp_path: Path) -> None:
+    config = tmp_path / "member.toml"
+    _write(config, {"log-level": "info"})
+    cluster = Cluster(
+        tmp_path,
+        size=1,
+        partitions=2,
+        node_args=lambda _: ["--config", str(config), "--log-format", "json"],
+    )
+    try:
+        cluster.start_all()
+        cluster.wait_for_leaders(timeout=20.0)
+        node = cluster.nodes["n1"]
+        dlm = Dlm(cluster.members_env, tmp_path)
+
+        _write(config, {"log-level": "info", "max-leases": "1"})
+        os.kill(node.pid, signal.SIGHUP)
+
+        def reloaded() -> set[int | None]:
+            return {event.get("partition") for event in _events(node, "config_reloaded")}
+
+        wait_for(lambda: reloaded() == {None, 0, 1}, 20.0, "every partition reloaded")
+        # Each partition holds its own leases against its own cap of one.
+        keys = [f"k{n}" for n in range(40)]
+        refused = 0
+        for key in keys[:6]:
+            ran = dlm.run("acquire", key, "--json")
+            refused += ran.returncode != 0
+        assert refused >= 4, refused
+
+        _write(config, {"log-level": "info", "election-timeout": "2s"})
+        os.kill(node.pid, signal.SIGHUP)
+        refusals = wait_for(
+            lambda: _events(node, "reload_refused"), 20.0, "the supervisor's refusal"
+        )
+        assert "--election-timeout" in refusals[0]["reason"]
+        # The supervisor refused it once, and forwarded nothing.
+        assert {event.get("partition") for event in refusals} == {None}
+    finally:
+        cluster.stop_all()
