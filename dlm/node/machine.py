@@ -96,6 +96,7 @@ from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.types import AppendEntriesResponse, Message, Ready, Role
 from dlm.node.read_rounds import Read, ReadRounds, renew_confirmed
 from dlm.node.replies import Replies, denied, lease_gone
+from dlm.node.settings_reply import settings_reply
 from dlm.node.snapshots import Snapshots, restore_image
 from dlm.node.spread import SETTLE_ELECTION_TIMEOUTS, LeaderSpread, spread_tick
 from dlm.node.stats import Stats
@@ -109,6 +110,7 @@ from dlm.wire import (
     AuthList,
     BadFrame,
     ClientRequest,
+    ConfigGet,
     ErrorCode,
     Get,
     LeaseInfo,
@@ -827,6 +829,8 @@ class NodeMachine:
         elif isinstance(req, AuthList):
             rows = self.locks.identities.rows(now.wall_ms)
             self._answer_request(conn, req.TYPE, ok(req.id, identities=rows))
+        elif isinstance(req, ConfigGet):
+            self._answer_request(conn, req.TYPE, settings_reply(req, self.locks))
         elif isinstance(req, Status):
             self._answer_request(conn, req.TYPE, self.status_view(now).frame(req.id))
         elif isinstance(req, Members):

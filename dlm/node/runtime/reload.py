@@ -23,14 +23,14 @@ import importlib.util
 import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, Protocol
 
 import anyio
 
 from dlm.node.runtime.accepting import Budget
 from dlm.node.runtime.config.node_config import ConfigError, NodeConfig
 from dlm.node.runtime.config.options import OptionError
-from dlm.node.runtime.log import INFO, level_named
+from dlm.node.runtime.log import INFO, Logger, level_named
 from dlm.node.runtime.security import NodeSecurity, SecurityError
 from dlm.node.runtime.security import load as load_security
 from dlm.node.settings_diff import (
@@ -43,17 +43,25 @@ from dlm.node.settings_diff import (
 )
 from dlm.wire import format_addr
 
-if TYPE_CHECKING:
-    from dlm.node.runtime.server import NodeServer
-    from dlm.node.runtime.supervisor import Supervisor
-
 RELOAD_FLAGS_ENV = "DLM_PARTITION_FLAGS"
 """A partition child's environment: its member's flags (JSON), which it reads its settings
 from again at a SIGHUP its supervisor forwards."""
 
 Settings = Mapping[str, str | None]
-Reloadable: TypeAlias = "NodeServer | Supervisor"
-"""A member's server, or the supervisor of a partitioned member's children."""
+
+
+class Reloadable(Protocol):
+    """A member's server (server.py), or the supervisor of a partitioned member's
+    children (supervisor.py): what a reload changes in either."""
+
+    log: Logger
+    config: NodeConfig
+    security: Any
+    metrics: Any
+
+    async def _start_metrics(self, host: str, port: int) -> None: ...
+
+
 Reread = Callable[[], Settings]
 """Reads the member's settings again, as at its start (raises OptionError)."""
 
@@ -122,7 +130,7 @@ def security_after(old: NodeSecurity | None, new: NodeSecurity) -> NodeSecurity:
     )
 
 
-async def supervisor_reload(supervisor: Supervisor) -> bool:
+async def supervisor_reload(supervisor: Any) -> bool:
     """A SIGHUP to the supervisor of a partitioned member: the settings are read and
     checked once, here; if they pass, the supervisor takes on its own part (log level,
     the member's metrics listener) and forwards the SIGHUP to every partition child,
@@ -178,14 +186,14 @@ async def apply_plan(server: Reloadable, plan: Plan, *, level_before: int) -> st
         max_connections=plan.config.max_connections,
     )
     server.security = security
-    from dlm.node.runtime.supervisor import Supervisor
-
-    if isinstance(server, Supervisor):
-        return None  # its children take on the rest
+    member: Any = server
+    machine = getattr(member, "machine", None)
+    if machine is None:
+        return None  # a supervisor: its children take on the rest
     if diff.touches(QUOTAS):
-        server.limits = replace(server.limits, max_connections=plan.config.max_connections)
-        server.budget = Budget.for_process(len(server.config.peers), plan.config.max_connections)
-        server.machine.member_connections(server.budget.clients, plan.config.quotas)
+        member.limits = replace(member.limits, max_connections=plan.config.max_connections)
+        member.budget = Budget.for_process(len(member.config.peers), plan.config.max_connections)
+        machine.member_connections(member.budget.clients, plan.config.quotas)
     return None
 
 
@@ -232,7 +240,7 @@ class Reloading:
     """Reloads applied so far (a test waits for it)."""
 
 
-async def reload_once(server: NodeServer, reloading: Reloading) -> bool:
+async def reload_once(server: Reloadable, reloading: Reloading) -> bool:
     """One SIGHUP: re-read, check, apply all or nothing; says which in the log."""
     log = server.log
     plan = prepare(
@@ -258,7 +266,7 @@ async def reload_once(server: NodeServer, reloading: Reloading) -> bool:
     return True
 
 
-async def watch_reloads(server: NodeServer, reloading: Reloading) -> None:
+async def watch_reloads(server: Reloadable, reloading: Reloading) -> None:
     """Reloads at each SIGHUP, one at a time, until the member stops."""
     with anyio.open_signal_receiver(signal.SIGHUP) as signals:
         async for _ in signals:
