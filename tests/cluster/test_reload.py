@@ -205,3 +205,129 @@ def test_a_partitioned_member_reloads_every_partition_and_refuses_once(tmp_path:
         assert {event.get("partition") for event in refusals} == {None}
     finally:
         cluster.stop_all()
+
+
+def _new_secret(path: Path) -> bytes:
+    """Writes a new secret where ``path`` is (mode 600, as members require); its bytes."""
+    from dlm import auth
+
+    if path.exists():
+        path.unlink()
+    auth.write_secret_file(str(path))
+    return auth.load_secret(str(path))
+
+
+def _keep_copy(path: Path, copy: Path) -> None:
+    from dlm import auth
+
+    if copy.exists():
+        copy.unlink()
+    auth.write_secret_file(str(copy))
+    copy.write_bytes(path.read_bytes())
+
+
+def test_a_client_secret_rotates_with_an_overlap_until_the_next_reload(tmp_path: Path) -> None:
+    config = tmp_path / "member.toml"
+    secret = tmp_path / "client.secret"
+    old_copy = tmp_path / "old-client.secret"
+    _new_secret(secret)
+    _keep_copy(secret, old_copy)
+    cluster = Cluster(
+        tmp_path,
+        size=1,
+        node_args=lambda _: ["--config", str(config), "--log-format", "json"],
+        client_secret=(tmp_path / "old-client.secret").read_bytes().strip(),
+    )
+    node = cluster.nodes["n1"]
+    node.by_hand = True
+    BASE[config] = {
+        "listen": node.address,
+        "peers": cluster.peers_flag,
+        "client-secret-file": str(secret),
+    }
+    _write(config, {})
+    try:
+        cluster.start_all()
+        cluster.wait_for_leader(timeout=15.0)
+        old = Dlm(cluster.members_env, tmp_path)
+        old.env["DLM_SECRET_FILE"] = str(old_copy)
+        old.json("acquire", "r/1")
+
+        _new_secret(secret)  # the new secret, where the old one was
+        new = Dlm(cluster.members_env, tmp_path)
+        new.env["DLM_SECRET_FILE"] = str(secret)
+        assert new.run("acquire", "r/2").returncode != 0  # not before the reload
+        reloaded = _hup(node, "config_reloaded", 0)
+        assert reloaded["rotated"] == ["--client-secret-file"]
+        # The overlap: both are accepted.
+        old.json("acquire", "r/3")
+        new.json("acquire", "r/4")
+
+        second = _hup(node, "config_reloaded", 1)
+        assert second["previous_secrets_dropped"] == ["--client-secret-file"]
+        new.json("acquire", "r/5")
+        ran = old.run("acquire", "r/6")
+        assert ran.returncode != 0 and "secret" in ran.stderr, (ran.returncode, ran.stderr)
+    finally:
+        cluster.stop_all()
+
+
+def test_a_peer_secret_rotates_member_by_member(tmp_path: Path) -> None:
+    """Three members rotate their peer secret one at a time; a member restarted in the
+    middle (with the old secret, or the new) rejoins, so the overlap covers both ways."""
+    secrets = {n: tmp_path / f"{n}.peer" for n in ("n1", "n2", "n3")}
+    first = _new_secret(secrets["n1"])
+    for n in ("n2", "n3"):
+        _keep_copy(secrets["n1"], secrets[n])
+    cluster = Cluster(
+        tmp_path,
+        size=3,
+        node_args=lambda node: ["--peer-secret-file", str(secrets[node.node_id])],
+    )
+    try:
+        cluster.start_all()
+        cluster.wait_for_leader(timeout=15.0)
+        dlm = Dlm(cluster.members_env, tmp_path)
+        n1 = cluster.nodes["n1"]
+
+        # n1 first: it takes the new secret and still accepts the old.
+        newer = _new_secret(secrets["n1"])
+        assert newer != first
+        os.kill(n1.pid, signal.SIGHUP)
+        wait_for(lambda: _any_line(n1, "config_reloaded"), 20.0, "n1 reloaded")
+        # n2 restarts with the old secret only, and n3 is down: n1 and n2 make the only
+        # majority, which needs each to take the other's connection in.
+        cluster.nodes["n3"].kill()
+        cluster.nodes["n2"].kill()
+        cluster.nodes["n2"].start()
+        dlm.json("acquire", "peer/1")
+        cluster.nodes["n3"].start()
+        wait_for(lambda: _all_see_leader(cluster), 30.0, "every member following one leader")
+
+        # Now the others get the new secret; n1 drops the old at its next reload.
+        for n in ("n2", "n3"):
+            _keep_copy(secrets["n1"], secrets[n])
+            os.kill(cluster.nodes[n].pid, signal.SIGHUP)
+        for n in ("n1", "n2", "n3"):
+            os.kill(cluster.nodes[n].pid, signal.SIGHUP)
+        # n3 restarts with the new secret alone and rejoins.
+        cluster.nodes["n3"].kill()
+        cluster.nodes["n3"].start()
+        wait_for(lambda: _all_see_leader(cluster), 30.0, "every member following one leader")
+        dlm.json("acquire", "peer/2")
+    finally:
+        cluster.stop_all()
+
+
+def _any_line(node: NodeProc, event: str) -> bool:
+    return any(event in line for line in node.log_tail(400).splitlines())
+
+
+def _all_see_leader(cluster: Cluster) -> bool:
+    leaders = set()
+    for node in cluster.nodes.values():
+        status = node.status()
+        if status is None or not status.get("leader"):
+            return False
+        leaders.add(status["leader"])
+    return len(leaders) == 1

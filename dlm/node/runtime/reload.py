@@ -96,6 +96,13 @@ def prepare(
     diff = diff_settings(current, new)
     if diff.refused:
         return diff.refusal_line()
+    if _tls_on(current) != _tls_on(new):
+        # A listener serves TLS or plain TCP from its start: only a restart switches.
+        return (
+            "turning TLS on or off (--tls-cert, --tls-key, --tls-ca) cannot happen while the "
+            "member runs (nothing applied): restart the member for it; a reload replaces "
+            "certificates, keys and the CA of a member that has TLS"
+        )
     try:
         config = NodeConfig.from_settings(new)
         level = level_named(new.get("log_level"))
@@ -113,6 +120,28 @@ def prepare(
     except SecurityError as exc:
         return str(exc)
     return Plan(new, config, level, security, diff)
+
+
+def _tls_on(settings: Settings) -> bool:
+    return all(settings.get(name) for name in ("tls_cert", "tls_key", "tls_ca"))
+
+
+def carry_tls(old: NodeSecurity, new: NodeSecurity, settings: Settings) -> NodeSecurity:
+    """TLS files replaced by a reload. The listener's context is the one it was started
+    with (a listener cannot change it), so the new certificate, key and CA are loaded into
+    it: new handshakes present the new certificate and trust both CAs (the old one until
+    the member restarts). Peer links dial with a context that trusts the new CA and the old
+    one, so members whose certificates the old CA signed are still reached while the
+    rotation goes round."""
+    if old.server_tls is None or new.server_tls is None:
+        return new
+    cert, key, ca = (str(settings.get(name)) for name in ("tls_cert", "tls_key", "tls_ca"))
+    old.server_tls.load_cert_chain(cert, key)
+    old.server_tls.load_verify_locations(cafile=ca)
+    if old.peer_tls is not None and new.peer_tls is not None:
+        for der in old.peer_tls.get_ca_certs(binary_form=True):
+            new.peer_tls.load_verify_locations(cadata=der)
+    return replace(new, server_tls=old.server_tls)
 
 
 def security_after(old: NodeSecurity | None, new: NodeSecurity) -> NodeSecurity:
@@ -163,8 +192,17 @@ async def apply_plan(server: Reloadable, plan: Plan, *, level_before: int) -> st
     diff = plan.diff
     old_security = server.security
     security = security_after(old_security, plan.security)
+    if old_security is not None:
+        # The files are read again whether or not their paths changed (a rotation
+        # usually writes new contents where the old ones were).
+        security = carry_tls(old_security, security, plan.settings)
     metrics_changed = diff.touches(METRICS) or (
-        diff.touches(SECURITY) and server.config.metrics_listen is not None
+        server.config.metrics_listen is not None
+        and (
+            old_security is None
+            or old_security.metrics_token != security.metrics_token
+            or diff.touches(SECURITY)
+        )
     )
     if metrics_changed:
         problem = await _move_metrics(server, plan.config.metrics_listen, security)
@@ -175,6 +213,7 @@ async def apply_plan(server: Reloadable, plan: Plan, *, level_before: int) -> st
     server.log.info(
         "config_reloaded",
         changed=[flag_of(param) for param in diff.changes],
+        rotated=_rotated(old_security, security),
         previous_secrets_dropped=_dropped(old_security),
     )
     server.log.level = plan.level
@@ -190,6 +229,8 @@ async def apply_plan(server: Reloadable, plan: Plan, *, level_before: int) -> st
     machine = getattr(member, "machine", None)
     if machine is None:
         return None  # a supervisor: its children take on the rest
+    for link in getattr(member, "_links", {}).values():
+        link.use_credentials(security.peer_secret, security.previous_peer_secret, security.peer_tls)
     if diff.touches(QUOTAS):
         member.limits = replace(member.limits, max_connections=plan.config.max_connections)
         member.budget = Budget.for_process(len(member.config.peers), plan.config.max_connections)
@@ -272,6 +313,18 @@ async def watch_reloads(server: Reloadable, reloading: Reloading) -> None:
         async for _ in signals:
             server.log.info("signal", signal="SIGHUP")
             await reload_once(server, reloading)
+
+
+def _rotated(old: NodeSecurity | None, new: NodeSecurity) -> list[str]:
+    """The secrets this reload replaced (the old ones accepted until the next reload)."""
+    if old is None:
+        return []
+    rotated = []
+    if new.previous_peer_secret is not None:
+        rotated.append("--peer-secret-file")
+    if new.previous_client_secret is not None:
+        rotated.append("--client-secret-file")
+    return rotated
 
 
 def _dropped(old: NodeSecurity | None) -> list[str]:

@@ -845,6 +845,7 @@ class NodeServer:
                 on_refused=self._peer_refused,
                 rng=random.Random(self._rng.random()),
                 secret=self.security.peer_secret,
+                previous_secret=self.security.previous_peer_secret,
                 tls=self.security.peer_tls,
                 advertise=self.config.address,
                 # A connection that has delivered nothing for an election timeout is replaced.
