@@ -39,6 +39,7 @@ from .bugs import (
     ForgetsSkips,
     FreesARemovedIdentitysLeases,
     IgnoresIdentityLimits,
+    IgnoresMaxTtlAfterRestore,
     ImagesWithoutRuns,
     LabelsBackupsWithTheLastIndex,
     NeverReplacesLinks,
@@ -124,6 +125,7 @@ def test_node_sim_with_identities_at_version_3(sim_totals: SimTotals) -> None:
 LEDGER_MUTANT_SEEDS = 10
 """Seeds within which each run ledger mutant must be caught."""
 LOCK_DELAY_MUTANT_SEEDS = 40
+SETTINGS_MUTANT_SEEDS = 20
 """Seeds within which each lock-delay mutant must be caught."""
 STEADY_SEEDS = 12
 """Seeds of each steady fault in `make test` (about a second each)."""
@@ -446,6 +448,14 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         lambda seed: options_for(seed, tracker_class=EndsLockDelaysOnFailover, lock_delays=0.3),
         {"lock-delay"},
         LOCK_DELAY_MUTANT_SEEDS,
+    ),
+    # Issue 30: a replica restored from a snapshot image stops enforcing the max-ttl.
+    "the max-ttl is not enforced after a snapshot restore": (
+        lambda seed: options_for(
+            seed, lock_machine_class=IgnoresMaxTtlAfterRestore, cluster_settings=1.0
+        ),
+        {"over-max-ttl"},
+        SETTINGS_MUTANT_SEEDS,
     ),
     "an expiry ignores the lease's lock-delay": (
         lambda seed: options_for(
