@@ -2135,7 +2135,9 @@ class NodeSimulation:
         for entry in storage.entries(first, index + 1) if index >= first else []:
             if entry.kind is EntryKind.NORMAL:
                 # Entries no member applied yet may grant and skip too: the checker hears.
-                self.ledger_check.applied(machine.apply(entry.index, entry.data), machine.version)
+                outcome = machine.apply(entry.index, entry.data)
+                self.ledger_check.applied(outcome, machine.version)
+                self.max_ttl_checkers.setdefault(0, MaxTtlChecker()).applied(outcome)
             else:
                 machine.skip(entry.index)
         self.stats["recoveries"] += 1
@@ -2159,6 +2161,7 @@ class NodeSimulation:
             quarantine_ms=quarantine_ms if self.options.restore_quarantine else 0,
         )
         self.trace(f"B{self.world.now}{new.index}")
+        self.max_ttl_checkers.setdefault(0, MaxTtlChecker()).restored(index, new.index + 1)
         term = max([term, *(self.members[n].promised_term for n in ids)])
         term = max([term, *(self.members[n].acked_hard_state.term for n in ids)])
         conf = ConfState(voters=tuple(sorted(ids)))
@@ -3450,6 +3453,7 @@ class NodeSimulation:
             if (
                 opts.cluster_settings
                 and self.partitions == 1
+                and opts.steady is None  # (its probe's lease is not to be refused)
                 and opts.peer_version >= 5
                 and self.rng_for("cluster-settings").random() < opts.cluster_settings
             ):

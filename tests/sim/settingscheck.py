@@ -31,6 +31,17 @@ class MaxTtlChecker:
         at = bisect.bisect_left(self._indexes, index)
         return self._values[self._indexes[at - 1]] if at else 0
 
+    def restored(self, backup_index: int, first_index: int) -> None:
+        """The cluster was restored from its state at ``backup_index`` (or recovered from a
+        log that ends there) into a new incarnation whose log starts at ``first_index``:
+        the max-ttl in force then is in force there, whatever the image says."""
+        value = self.in_force_before(backup_index + 1)
+        self._indexes = [index for index in self._indexes if index < first_index]
+        for index in [i for i in self._values if i >= first_index]:
+            del self._values[index]
+        bisect.insort(self._indexes, first_index - 1)
+        self._values[first_index - 1] = value
+
     def applied(self, outcome: locks.ApplyOutcome) -> bool:
         """Checks one applied entry; True when it gave a TTL under a max-ttl that was set."""
         result, cmd = outcome.result, outcome.command
