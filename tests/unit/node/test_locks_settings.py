@@ -121,3 +121,28 @@ def test_the_leader_fills_in_default_ttl_and_lock_delay_and_refuses_above_max_tt
             build(req)
         assert "max-ttl" in refused.value.message
         assert refused.value.extra.get("limit") == "max_ttl"
+
+
+def test_before_version_5_the_leader_refuses_config_set_and_get_with_one_line() -> None:
+    from dlm.node.outbox import Instant
+    from dlm.node.proposals import Refusal, settings_command
+    from dlm.node.settings_reply import settings_reply
+    from dlm.wire import ConfigGet, ConfigSet, ErrorCode
+
+    d = Driver(version=4)
+    with pytest.raises(Refusal) as refused:
+        settings_command(
+            ConfigSet(id=1, setting=MAX_TTL, value_ms=10_000), "admin", Instant(1.0, 5), d.sm
+        )
+    assert refused.value.code is ErrorCode.UNAVAILABLE
+    assert "version 5" in refused.value.message and "\n" not in refused.value.message
+    reply = settings_reply(ConfigGet(id=2), d.sm)
+    assert reply["t"] == "error" and reply["code"] == "UNAVAILABLE"
+
+    d.raise_version(5)
+    cmd = settings_command(
+        ConfigSet(id=1, setting=MAX_TTL, value_ms=10_000), "admin", Instant(1.0, 5), d.sm
+    )
+    assert cmd == SettingsCommand(MAX_TTL, 10_000, "admin", 5)
+    assert settings_reply(ConfigGet(id=2, setting=MAX_TTL), d.sm)["settings"] == {MAX_TTL: None}
+    assert settings_reply(ConfigGet(id=3, setting="nope"), d.sm)["code"] == "BAD_REQUEST"
