@@ -20,6 +20,7 @@ import pytest
 
 from tests.cluster.cli_harness import Dlm
 from tests.cluster.harness import Cluster, NodeProc, free_ports, wait_for
+from tests.pki import OPENSSL, make_ca, make_leaf, make_pki
 
 pytestmark = pytest.mark.cluster
 
@@ -331,3 +332,60 @@ def _all_see_leader(cluster: Cluster) -> bool:
             return False
         leaders.add(status["leader"])
     return len(leaders) == 1
+
+
+@pytest.mark.skipif(OPENSSL is None, reason="the openssl command is not installed")
+def test_new_tls_files_are_served_after_a_reload_and_the_old_ca_stays_trusted(
+    tmp_path: Path,
+) -> None:
+    """The member's certificate and CA are replaced in place (a new CA, a new
+    certificate it signed); after SIGHUP new handshakes present the new certificate,
+    and a client certificate the old CA signed is still accepted."""
+    import shutil
+
+    from dlm import tls
+
+    pki = make_pki(tmp_path / "pki", ["n1"])
+    live = tmp_path / "live"
+    live.mkdir()
+    for name in ("n1.crt", "n1.key", "ca.crt"):
+        shutil.copy(pki / name, live / name)
+    (live / "n1.key").chmod(0o600)
+    config = tmp_path / "member.toml"
+    cluster = Cluster(
+        tmp_path,
+        size=1,
+        node_args=lambda _: ["--config", str(config), "--log-format", "json"],
+        client_tls=tls.client_context(str(pki / "ca.crt")),
+    )
+    node = cluster.nodes["n1"]
+    node.by_hand = True
+    BASE[config] = {
+        "listen": node.address,
+        "peers": cluster.peers_flag,
+        "tls-cert": str(live / "n1.crt"),
+        "tls-key": str(live / "n1.key"),
+        "tls-ca": str(live / "ca.crt"),
+    }
+    _write(config, {})
+    try:
+        cluster.start_all()
+        cluster.wait_for_leader(timeout=15.0)
+        make_ca(pki, "ca2")
+        make_leaf(pki, "n1b", "ca2", "DNS:n1,IP:127.0.0.1")
+        new_ca = tls.client_context(str(pki / "ca2.crt"))
+        cluster.client_tls = new_ca
+        assert node.status() is None  # the member still presents the old certificate
+
+        shutil.copy(pki / "n1b.crt", live / "n1.crt")
+        shutil.copy(pki / "n1b.key", live / "n1.key")
+        shutil.copy(pki / "ca2.crt", live / "ca.crt")
+        _hup(node, "config_reloaded", 0)
+        assert node.status() is not None  # the new certificate, which ca2 signed
+        # A client certificate of the old CA is still accepted (the overlap).
+        cluster.client_tls = tls.client_context(
+            str(pki / "ca2.crt"), str(pki / "client.crt"), str(pki / "client.key")
+        )
+        assert node.status() is not None
+    finally:
+        cluster.stop_all()
