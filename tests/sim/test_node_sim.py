@@ -651,8 +651,13 @@ def test_mutant_is_caught(name: str, sim_totals: SimTotals) -> None:
     from .nodesim import SimFailure
 
     for seed in range(budget):
+        options = make_options(seed)
+        if options.cluster_settings == NodeSimOptions.cluster_settings:
+            # The budgets were measured on runs without the max-ttl operator (issue 30),
+            # whose requests shift every later draw of a run it is in.
+            options.cluster_settings = 0.0
         try:
-            run_node_seed(seed, make_options(seed))
+            run_node_seed(seed, options)
         except SimFailure as failure:
             assert failure.violation.kind in kinds, failure
             sim_totals.note(
