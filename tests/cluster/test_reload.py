@@ -196,6 +196,25 @@ def test_a_partitioned_member_reloads_every_partition_and_refuses_once(tmp_path:
             refused += ran.returncode != 0
         assert refused >= 4, refused
 
+        # The metrics listener, started by a reload: the supervisor serves every
+        # partition's samples, which each partition process now serves it on loopback.
+        [port] = free_ports(1)
+        _write(
+            config, {"log-level": "info", "max-leases": "1", "metrics-listen": f"127.0.0.1:{port}"}
+        )
+        os.kill(node.pid, signal.SIGHUP)
+
+        def scraped() -> str | None:
+            try:
+                url = f"http://127.0.0.1:{port}/metrics"
+                with urllib.request.urlopen(url, timeout=5) as reply:
+                    text = str(reply.read().decode())
+            except OSError:
+                return None
+            return text if 'partition="1"' in text and 'partition="0"' in text else None
+
+        wait_for(scraped, 20.0, "metrics of both partitions from the supervisor")
+
         _write(config, {"log-level": "info", "election-timeout": "2s"})
         os.kill(node.pid, signal.SIGHUP)
         refusals = wait_for(
