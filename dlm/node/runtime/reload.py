@@ -103,6 +103,14 @@ def prepare(
             "member runs (nothing applied): restart the member for it; a reload replaces "
             "certificates, keys and the CA of a member that has TLS"
         )
+    if bool(current.get("peer_secret_file")) != bool(new.get("peer_secret_file")):
+        # Whether peers prove a secret is part of what the member decided at start
+        # (which learners it trusts to promote): a secret replaced is fine, none added.
+        return (
+            "turning the peer secret on or off (--peer-secret-file) cannot happen while the "
+            "member runs (nothing applied): restart the member for it; a reload replaces "
+            "the secret of a member that has one"
+        )
     try:
         config = NodeConfig.from_settings(new)
         level = level_named(new.get("log_level"))
