@@ -181,6 +181,19 @@ def _text_field(msg: Mapping[str, Any], name: str) -> str:
     return value
 
 
+MAX_EXTRA_PROOFS = 4
+"""At most this many proofs in a welcome's ``auth_proofs`` are looked at."""
+
+
+def _more_proofs(welcome: Mapping[str, Any]) -> list[bytes]:
+    """A rotating responder's proofs with its other secrets (``auth_proofs``: a list of
+    32-byte strings, protocol version 5); anything else there is ignored."""
+    more = welcome.get("auth_proofs")
+    if not isinstance(more, list):
+        return []
+    return [p for p in more[:MAX_EXTRA_PROOFS] if isinstance(p, bytes) and len(p) == 32]
+
+
 class Initiator:
     """The connecting side: a client, or a member dialling a peer.
 
@@ -190,11 +203,22 @@ class Initiator:
     """
 
     def __init__(
-        self, secret: bytes, nonce: bytes, *, role: str, cluster: str, node: str, version: int = 1
+        self,
+        secret: bytes,
+        nonce: bytes,
+        *,
+        role: str,
+        cluster: str,
+        node: str,
+        version: int = 1,
+        previous: bytes | None = None,
     ) -> None:
         if len(nonce) != NONCE_BYTES:
             raise ValueError(f"a nonce is {NONCE_BYTES} bytes")
         self._secret = secret
+        self._previous = previous
+        """The secret before a rotation (a member's, until its next reload): a responder
+        that does not hold the new one yet is still proved with it."""
         self._nonce = nonce
         self._role = role
         self._cluster = cluster
@@ -219,7 +243,7 @@ class Initiator:
                 "configured, or predates authentication)"
             )
         nonce = _bytes_field(welcome, "auth_nonce", NONCE_BYTES)
-        proof = _bytes_field(welcome, "auth_proof", 32)
+        proofs = [_bytes_field(welcome, "auth_proof", 32), *_more_proofs(welcome)]
         transcript = _transcript(
             self._role,
             str(self._version),
@@ -229,8 +253,21 @@ class Initiator:
             self._nonce,
             nonce,
         )
-        if not hmac.compare_digest(proof, _prf(self._secret, _RESPONDER_PROOF, transcript)):
+        held = [self._secret] if self._previous is None else [self._secret, self._previous]
+        proved = next(
+            (
+                secret
+                for secret in held
+                if any(
+                    hmac.compare_digest(proof, _prf(secret, _RESPONDER_PROOF, transcript))
+                    for proof in proofs
+                )
+            ),
+            None,
+        )
+        if proved is None:
             raise AuthError("the member's proof is wrong: it does not hold this secret")
+        self._secret = proved
         self._transcript = transcript
         return {"t": "auth", "proof": _prf(self._secret, _INITIATOR_PROOF, transcript)}
 
@@ -251,10 +288,17 @@ class Responder:
 
     identity = "admin"
 
-    def __init__(self, secret: bytes, nonce: bytes, *, node: str) -> None:
+    def __init__(
+        self, secret: bytes, nonce: bytes, *, node: str, previous: bytes | None = None
+    ) -> None:
         if len(nonce) != NONCE_BYTES:
             raise ValueError(f"a nonce is {NONCE_BYTES} bytes")
         self._secret = secret
+        self._previous = previous
+        """The secret before a rotation, still accepted until the member's next reload
+        (dlm/node/runtime/reload.py): its proof goes first in the welcome, since every
+        initiator not yet given the new secret checks that one alone; ``auth_proofs``
+        adds the new one's."""
         self._nonce = nonce
         self._node = node
         self._transcript: bytes | None = None
@@ -282,7 +326,10 @@ class Responder:
             self._nonce,
         )
         proof = _prf(self._secret, _RESPONDER_PROOF, self._transcript)
-        return {"auth_nonce": self._nonce, "auth_proof": proof}
+        if self._previous is None:
+            return {"auth_nonce": self._nonce, "auth_proof": proof}
+        old = _prf(self._previous, _RESPONDER_PROOF, self._transcript)
+        return {"auth_nonce": self._nonce, "auth_proof": old, "auth_proofs": [proof]}
 
     def check_auth(self, frame: Mapping[str, Any]) -> tuple[FrameSealer, FrameOpener]:
         """Checks the initiator's ``auth`` frame; returns (sealer for frames sent, opener
@@ -292,8 +339,18 @@ class Responder:
         if frame.get("t") != "auth":
             raise AuthError("expected the auth frame")
         proof = _bytes_field(frame, "proof", 32)
-        if not hmac.compare_digest(proof, _prf(self._secret, _INITIATOR_PROOF, self._transcript)):
+        held = [self._secret] if self._previous is None else [self._secret, self._previous]
+        proved = next(
+            (
+                secret
+                for secret in held
+                if hmac.compare_digest(proof, _prf(secret, _INITIATOR_PROOF, self._transcript))
+            ),
+            None,
+        )
+        if proved is None:
             raise AuthError("authentication failed: wrong secret, or a replayed handshake")
+        self._secret = proved
         return (
             FrameSealer(_prf(self._secret, _KEY_R2I, self._transcript)),
             FrameOpener(_prf(self._secret, _KEY_I2R, self._transcript)),

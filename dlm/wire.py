@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     """How a request field is decoded: the frame and the field's name in, the value out."""
 
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 CLIENT_FRAME_LIMIT = 64 * 1024
 PEER_FRAME_LIMIT = 4 * 1024 * 1024
 DEFAULT_PORT = 7700
@@ -717,6 +717,11 @@ def _ttl(msg: dict[Any, Any], name: str) -> int:
     return _bounded(msg, name, 0, limits.INT_MAX)
 
 
+def _opt_ttl(msg: dict[Any, Any], name: str) -> int | None:
+    """A TTL, or None when the frame names none (the member's default then applies)."""
+    return None if msg.get(name) is None else _ttl(msg, name)
+
+
 def _limit(msg: dict[Any, Any], name: str) -> int:
     return _opt_bounded(msg, name, 1, limits.LIMIT_MAX, 1)
 
@@ -845,6 +850,21 @@ def _identity_name(msg: dict[Any, Any], name: str) -> str:
     value: str = _field(msg, name, str)
     _checked(limits.check_identity_name(value))
     return value
+
+
+SETTING_NAME_MAX = 32
+"""The longest name of a cluster setting a request may carry (`dlm config set`)."""
+
+
+def _setting(msg: dict[Any, Any], name: str) -> str:
+    value: str = _field(msg, name, str)
+    if not value or len(value) > SETTING_NAME_MAX or limits.has_control(value):
+        raise ProtocolError(f"field {name!r} must name a setting (1 to {SETTING_NAME_MAX} chars)")
+    return value
+
+
+def _opt_setting(msg: dict[Any, Any], name: str) -> str | None:
+    return None if msg.get(name) is None else _setting(msg, name)
 
 
 def _role(msg: dict[Any, Any], name: str) -> str:
@@ -1086,7 +1106,8 @@ class OpenLease(Change):
     ROUTE = "propose"
     PERMISSION = "lease"
     lease: str = field(_lease)
-    ttl_ms: int = field(_ttl)
+    ttl_ms: int | None = field(_opt_ttl)
+    """None (protocol version 5; left out of the frame): the cluster's default-ttl."""
     ephemeral: bool = field(_flag, default=False)
     meta: dict[str, str] = field(_meta, default_factory=dict, early=True)
     lock_delay_ms: int | None = field(_lock_delay, default=None, omit=True)
@@ -1373,6 +1394,29 @@ class AuthList(Request):
     PERMISSION = "admin"
 
 
+class ConfigSet(Request):
+    """Sets a cluster-wide setting (cluster version 5; admin only): ``setting`` one of
+    default-ttl, max-ttl, lock-delay, ``value_ms`` its value in ms (0: unset). Through the
+    log; setting a value twice is no different from once, so it names no seq. In a
+    partitioned cluster each partition keeps its own copy (`dlm config set` sets each)."""
+
+    TYPE = "config_set"
+    ROUTE = "identity"
+    PERMISSION = "admin"
+    setting: str = field(_setting)
+    value_ms: int = field(_opt_count, default=0)
+
+
+class ConfigGet(Request):
+    """The cluster-wide settings (cluster version 5; admin only): ``setting`` names one
+    (None: all). Answered ``settings``: each setting's value in ms, null when not set."""
+
+    TYPE = "config_get"
+    ROUTE = "read"
+    PERMISSION = "admin"
+    setting: str | None = field(_opt_setting, default=None, omit=True)
+
+
 class Watch(Request):
     """Push every change of ``key`` (or of every key under ``prefix``: exactly one of
     the two) from the log index ``after`` on (None: from now). Served by the member it is
@@ -1388,7 +1432,7 @@ class Watch(Request):
     after: int | None = field(_opt_index, default=None, omit=True)
 
 
-AuthChange = AuthAdd | AuthRemove | AuthRotate | AuthFinish | AuthSet
+AuthChange = AuthAdd | AuthRemove | AuthRotate | AuthFinish | AuthSet | ConfigSet
 
 ClientRequest = (
     OpenLease
@@ -1417,6 +1461,8 @@ ClientRequest = (
     | AuthList
     | Runs
     | Watch
+    | ConfigSet
+    | ConfigGet
 )
 LockChange = OpenLease | CloseLease | UpdateLease | Acquire | Release | Proclaim
 
@@ -1455,6 +1501,8 @@ REQUESTS: dict[str, type[ClientRequest]] = {
         AuthList,
         Runs,
         Watch,
+        ConfigSet,
+        ConfigGet,
     )
 }
 """Each request class by its wire type ``t``."""

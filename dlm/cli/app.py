@@ -23,6 +23,7 @@ from typing import Annotated, Any
 
 import typer
 
+from dlm.cli.config_cmd import config_app
 from dlm.cli.connection_options import JsonOpt, remembers_options, with_settings
 from dlm.cli.exits import EXIT_CODE_HELP
 from dlm.cli.settings import (
@@ -121,6 +122,7 @@ auth_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(auth_app, name="auth")
+app.add_typer(config_app, name="config")
 
 FormatOpt = Annotated[
     str | None,

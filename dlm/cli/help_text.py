@@ -102,6 +102,7 @@ TOP_LEVEL_HELP = (
     '  secret    Make the shared secret members and clients authenticate with.\n'
     "  snapshot  Back up the cluster's replicated state to a file, and look...\n"
     "  auth      Manage the cluster's client identities: who may lock which...\n"
+    '  config    Cluster-wide settings, changed through the log: default-ttl,...\n'
 )  # fmt: skip
 
 

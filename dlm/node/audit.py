@@ -72,6 +72,18 @@ class Audit:
             self.released(result.released, cmd.lease, "expired", outcome.index, now)
         elif isinstance(cmd, locks.ClusterVersionCommand):
             log("info", "cluster_version", version=machine.version, index=outcome.index)
+        elif isinstance(cmd, locks.SettingsCommand):
+            if isinstance(result, locks.SettingChanged):
+                # An admin action: who set which cluster setting to what (0: unset).
+                log(
+                    "info",
+                    "admin_action",
+                    identity=cmd.by,
+                    action="config_set",
+                    target=cmd.setting,
+                    value_ms=cmd.value_ms,
+                    index=outcome.index,
+                )
         elif isinstance(cmd, locks.IdentityCommand):
             if isinstance(result, locks.IdentityChanged):
                 # An admin action: who did what to whom (never a key).

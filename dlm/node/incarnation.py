@@ -97,6 +97,8 @@ def lock_machine_of(image: bytes) -> locks.LockStateMachine:
         if node_image and item["format"] == NODE_IMAGE_FORMAT:
             # And the run ledger: a restored cluster still knows what ran before.
             machine.ledger = RunLedger.restore(item.get("ledger"))
+            # And the cluster settings (`dlm config set`, version 5; none before).
+            machine.settings = locks.ClusterSettings.restore(item.get("settings"))
         return machine
     except Exception as exc:
         raise IncarnationError(f"the state image cannot be read ({exc})") from None
@@ -140,6 +142,7 @@ def new_incarnation(
                 "removed": [],
                 **identities_layout(machine.identities, machine.version),
                 **({"ledger": machine.ledger.image()} if machine.version >= 4 else {}),
+                **({"settings": machine.settings.image()} if machine.version >= 5 else {}),
             },
             canonical=True,
         )

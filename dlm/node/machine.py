@@ -96,6 +96,7 @@ from dlm.node.raft.core import Config, RaftNode
 from dlm.node.raft.types import AppendEntriesResponse, Message, Ready, Role
 from dlm.node.read_rounds import Read, ReadRounds, renew_confirmed
 from dlm.node.replies import Replies, denied, lease_gone
+from dlm.node.settings_reply import settings_reply
 from dlm.node.snapshots import Snapshots, restore_image
 from dlm.node.spans import SpanRecorder
 from dlm.node.spread import SETTLE_ELECTION_TIMEOUTS, LeaderSpread, spread_tick
@@ -110,6 +111,7 @@ from dlm.wire import (
     AuthList,
     BadFrame,
     ClientRequest,
+    ConfigGet,
     ErrorCode,
     Get,
     LeaseInfo,
@@ -642,10 +644,14 @@ class NodeMachine:
             retry_after_ms=1000,
         )
 
-    def member_connections(self, count: int) -> None:
+    def member_connections(self, count: int, quotas: Quotas | None = None) -> None:
         """The runtime serves at most ``count`` client connections (its descriptor budget):
-        the default per-identity share follows it."""
-        quotas = replace(self.config.quotas, max_connections=count)
+        the default per-identity share follows it. ``quotas``: the member's new quotas and
+        limits (a reload, dlm/node/runtime/reload.py), taken on by every check from now on."""
+        quotas = replace(quotas or self.config.quotas, max_connections=count)
+        if quotas != self.config.quotas:
+            self.config = replace(self.config, quotas=quotas)
+            self.proposals.quotas = quotas
         self._member_connections = count
         self.default_limits = quotas.identity_defaults()
         self.anonymous_limits = quotas.identity_defaults(anonymous=True)
@@ -848,6 +854,8 @@ class NodeMachine:
         elif isinstance(req, AuthList):
             rows = self.locks.identities.rows(now.wall_ms)
             self._answer_request(conn, req.TYPE, ok(req.id, identities=rows))
+        elif isinstance(req, ConfigGet):
+            self._answer_request(conn, req.TYPE, settings_reply(req, self.locks))
         elif isinstance(req, Status):
             self._answer_request(conn, req.TYPE, self.status_view(now).frame(req.id))
         elif isinstance(req, Members):

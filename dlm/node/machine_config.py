@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from dlm.node.quotas import IdentityLimits, default_limits
 from dlm.records import NodeId
 
-PROTOCOL_SPOKEN = 4
+PROTOCOL_SPOKEN = 5
 """The highest cluster version this release can run."""
 
 

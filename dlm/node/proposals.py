@@ -20,6 +20,7 @@ from dlm.node import locks
 from dlm.node.clients import ClientConn, Clients
 from dlm.node.leases import LeaseTracker
 from dlm.node.locks.identities import ADMIN
+from dlm.node.locks.settings import DEFAULT_TTL, LOCK_DELAY, setting_problem
 from dlm.node.outbox import Instant, NotLeaderReply, Outbox
 from dlm.node.quotas import LimitsFor, limit_name, over_quota
 from dlm.node.raft.core import RaftNode
@@ -34,6 +35,7 @@ from dlm.wire import (
     AuthSet,
     ClientRequest,
     CloseLease,
+    ConfigSet,
     ErrorCode,
     LockChange,
     OpenLease,
@@ -84,7 +86,8 @@ class Proposals:
         self._out = out
         self._clients = clients
         self._not_leader = not_leader
-        self._quotas = quotas
+        self.quotas = quotas
+        """The member's quotas (a reload replaces them: NodeMachine.member_connections)."""
         self._limits_for: LimitsFor = limits_for or default_limits(quotas)
         self.pending: dict[int, Proposal] = {}
         self._version_proposed_at = -1.0e9
@@ -104,14 +107,16 @@ class Proposals:
         conn = state.conn
         identity = state.identity or ADMIN
         try:
-            if isinstance(req, AuthAdd | AuthRemove | AuthRotate | AuthFinish | AuthSet):
-                cmd: locks.Command = identity_command(req, identity, now, machine)
+            if isinstance(req, ConfigSet):
+                cmd: locks.Command = settings_command(req, identity, now, machine)
+            elif isinstance(req, AuthAdd | AuthRemove | AuthRotate | AuthFinish | AuthSet):
+                cmd = identity_command(req, identity, now, machine)
             else:
                 cmd = command_for(
                     req,
                     now,
                     machine,
-                    self._quotas,
+                    self.quotas,
                     doomed,
                     identity=identity,
                     limits_for=self._limits_for,
@@ -248,6 +253,12 @@ def command_for(
         # last only until the Expire already in the log: none is worth proposing.
         # (Closing or releasing still is: that is what the client wants anyway.)
         raise being_expired(req.lease)
+    if isinstance(req, OpenLease | UpdateLease) and machine.version >= 5:
+        # The cluster's max-ttl (`dlm config set`): refused here with its name; apply
+        # refuses the entry again should a lower max-ttl commit before it.
+        problem = machine.settings.ttl_problem(_ttl_of(req, machine))
+        if problem is not None:
+            raise Refusal(ErrorCode.BAD_REQUEST, problem, limit="max_ttl")
     if isinstance(req, OpenLease):
         if machine.lease_terms(req.lease) is None:
             # The leader refuses early what it can see; the entry carries the identity's
@@ -260,14 +271,14 @@ def command_for(
             _check_meta_quota(req.meta, quotas)
         return locks.OpenLeaseCommand(
             lease=req.lease,
-            ttl_ms=req.ttl_ms,
+            ttl_ms=_ttl_of(req, machine),
             origin=origin,
             at_ms=at_ms,
             ephemeral=req.ephemeral and v2,
             meta=req.meta if v2 else {},
             owner=identity if v3 else "",
             quota=limits_for(identity).max_leases if v3 else 0,
-            lock_delay_ms=_lock_delay(req, machine.version),
+            lock_delay_ms=_lock_delay(req, machine),
         )
     if isinstance(req, CloseLease):
         # Before version 4 a revocation is a plain close: no lease has a lock-delay then.
@@ -328,10 +339,13 @@ def run_report(
     return locks.RunReport(req.outcome, req.exit_code, req.signal)
 
 
-def _lock_delay(req: OpenLease, version: int) -> int:
+def _lock_delay(req: OpenLease, machine: locks.LockStateMachine) -> int:
+    """The lease's lock-delay: the one it names, else the cluster's lock-delay setting."""
+    if req.lock_delay_ms is None and machine.version >= 5:
+        return machine.settings.get(LOCK_DELAY)
     if not req.lock_delay_ms:
         return 0
-    if version < 4:
+    if machine.version < 4:
         raise upgrading("--lock-delay", 4)
     return req.lock_delay_ms
 
@@ -407,6 +421,31 @@ def _quota(what: str, limit: str) -> Refusal:
         f"{what}, its limit (--{limit.replace('_', '-')}): release some, or raise the limit",
         limit=limit,
     )
+
+
+def _ttl_of(req: OpenLease | UpdateLease, machine: locks.LockStateMachine) -> int:
+    """The TTL the request asks for; an open that names none gets the cluster's
+    default-ttl (`dlm config set`), else DEFAULT_TTL_MS."""
+    if req.ttl_ms is not None:
+        return req.ttl_ms
+    return machine.settings.get(DEFAULT_TTL) or DEFAULT_TTL_MS
+
+
+def settings_command(
+    req: ConfigSet, identity: str, now: Instant, machine: locks.LockStateMachine
+) -> locks.SettingsCommand:
+    """The log command of `dlm config set` (cluster version 5 on)."""
+    if machine.version < 5:
+        raise upgrading("cluster settings (dlm config set)", 5)
+    problem = setting_problem(req.setting, req.value_ms)
+    if problem is not None:
+        raise Refusal(ErrorCode.BAD_REQUEST, problem)
+    return locks.SettingsCommand(req.setting, req.value_ms, identity, now.wall_ms)
+
+
+DEFAULT_TTL_MS = 30_000
+"""The TTL of a lease whose open names none, when the cluster sets no default-ttl (the
+CLI's --ttl default)."""
 
 
 def upgrading(what: str, version: int = 2) -> Refusal:

@@ -179,6 +179,8 @@ class Replies:
             return denied(rid, result.message)
         if isinstance(result, locks.IdentityChanged):
             return ok(rid, op=result.op, name=result.name)
+        if isinstance(result, locks.SettingChanged):
+            return ok(rid, setting=result.setting, value_ms=result.value_ms or None)
         if isinstance(result, locks.QuotaExceeded):
             kind = "leases" if result.what == "leases" else "locks"
             return error(

@@ -129,6 +129,8 @@ def restore_image(
         machine.identities = identities_of(item)
         if item["format"] == NODE_IMAGE_FORMAT:
             machine.ledger = lock_machine_class.ledger_class.restore(item.get("ledger"))
+            # From cluster version 5 (absent before: no settings).
+            machine.settings = locks.ClusterSettings.restore(item.get("settings"))
         membership.restore(members, item.get("removed", []))
         return machine
     return lock_machine_class.restore(data)
@@ -151,6 +153,9 @@ def image(machine: locks.LockStateMachine, raft: RaftNode, membership: Membershi
         layout.update(identities_layout(machine.identities, machine.version))
     if machine.version >= 4:
         layout["ledger"] = machine.ledger.image()
+    if machine.version >= 5:
+        # Format 4 still: a key older members never see (no such member at version 5).
+        layout["settings"] = machine.settings.image()
     return bytes(cbor2.dumps(layout, canonical=True))
 
 

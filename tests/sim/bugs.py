@@ -289,6 +289,34 @@ class RestoresWithoutUsage(locks.LockStateMachine):
         return machine
 
 
+class _BlindToMaxTtl(locks.ClusterSettings):
+    """The same settings (its image is the same bytes) that never refuse a TTL."""
+
+    __slots__ = ()
+
+    def ttl_problem(self, ttl_ms: int) -> str | None:
+        return None
+
+
+class IgnoresMaxTtlAfterRestore(locks.LockStateMachine):
+    """Issue 30: a replica restored from a snapshot image (a restart from its snapshot, or
+    one a leader sent) keeps the cluster settings but no longer enforces the max-ttl: it
+    applies a longer lease the others refuse, and as leader proposes one."""
+
+    @classmethod
+    def _restore(cls, item: Any) -> Any:
+        machine = super()._restore(item)
+        machine.__dict__["restored"] = True
+        return machine
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "settings" and self.__dict__.get("restored"):
+            blind = _BlindToMaxTtl()
+            blind.values = value.values
+            value = blind
+        super().__setattr__(name, value)
+
+
 class ForgetsSkips(SimLedger):
     """Issue 28: an exec acquire answered "held" is not counted on the run it found, so
     `dlm runs` shows no skips and the fleet's other hosts look absent."""

@@ -151,6 +151,7 @@ from dlm.wire import (
     AuthAdd,
     AuthRemove,
     AuthSet,
+    ConfigSet,
     MemberAdd,
     MemberChange,
     MemberPromote,
@@ -165,6 +166,7 @@ from .checkers import SafetyChecker, Violation
 from .harness import MemoryBackend, StorageBackend
 from .ledgercheck import LedgerChecker, SimLedger
 from .lockcheck import DelayChecker, LockChecker, Section
+from .settingscheck import MaxTtlChecker
 from .stranger import Stranger
 from .watchcheck import SimWatcher, WatchTruth, check_watchers
 from .world import DRIFT, US, Clock, World
@@ -370,6 +372,10 @@ class NodeSimOptions:
     gateways existed). Needs ``membership`` off: a gateway relays only to its --cluster."""
     gateway_router_class: type[GatewayRouter] = GatewayRouter
     """The gateways' routing (dlm/gateway/routing.py; a mutant may stand in for it)."""
+    cluster_settings: float = 0.5
+    """The share of runs (of one partition, at cluster version 5) in which an operator
+    changes the cluster's max-ttl now and then (`dlm config set`), between values below and
+    above the clients' TTLs: settingscheck.py checks no lease gets a TTL above it."""
     partitions: int = 1
     """Raft groups per cluster (issue 25): each member hosts one NodeMachine per partition,
     each with its own store, disk queue and peer connections, on the member's clock; exec
@@ -883,6 +889,11 @@ class NodeSimulation:
         }
         """The run ledger's checks of partitions 1 and up (indexes are per partition)."""
         self.delay_checker = DelayChecker(DRIFT)
+        self.settings_admin = False
+        """An operator changes the max-ttl in this run (then the recovery probe's write
+        unsets it, so that the liveness probe's long lease is allowed)."""
+        self.max_ttl_checkers: dict[int, MaxTtlChecker] = {}
+        """Each partition's max-ttl in force by index, and the check (settingscheck.py)."""
         self.lease_delays: dict[tuple[str, int], int] = {}
         """(lease, incarnation) -> the lock-delay its open entry gave it."""
         self.stats: Counter[str] = Counter()
@@ -1169,6 +1180,17 @@ class NodeSimulation:
             and self.options.check_outlived
         ):
             self._check_outlived(expire, partition)
+        checker = self.max_ttl_checkers.get(partition)
+        if checker is None:
+            checker = self.max_ttl_checkers[partition] = MaxTtlChecker()
+        if checker.applied(outcome):
+            self.stats["max_ttl_checked"] += 1
+        if isinstance(outcome.command, locks.SettingsCommand) and isinstance(
+            outcome.result, locks.Invalid
+        ):
+            self.stats["settings_refused"] += 1
+        if isinstance(outcome.result, locks.Invalid) and "max-ttl" in outcome.result.message:
+            self.stats["over_max_ttl_refused_at_apply"] += 1
         now = self.world.now
         self._lock_delays(outcome, now)
         result = outcome.result
@@ -2149,6 +2171,31 @@ class NodeSimulation:
             )
             yield from change(request)
 
+    def _settings_admin(self, proc: ClientProc) -> Script:
+        """An admin who now and then sets the cluster's max-ttl (`dlm config set max-ttl`)
+        to a value below or above the TTLs the clients open and update leases with, or
+        unsets it: the leader refuses what is above it, and every replica again at apply
+        (a request proposed before a lower max-ttl committed)."""
+        rng = self.rng_for("cluster-settings-admin")
+        admin = SimClient(proc, "settings")
+        admin.ctx.timeout = 1.0  # each request settles before the heal
+        while self.world.now < self.heal_at - 3 * US:
+            yield Sleep(rng.uniform(1.0, 4.0))
+            if self.world.now >= self.heal_at - 3 * US:
+                return
+            value = rng.choice((0, 1000, 1000, 1500, 2500))
+            self.trace(f"S{self.world.now}max-ttl{value}")
+            request = ConfigSet(id=0, setting="max-ttl", value_ms=value)
+            for _ in range(10):  # until the cluster runs version 5 and takes it
+                if self.world.now >= self.heal_at - 2 * US:
+                    return
+                try:
+                    yield RunFlow(admin, core.read_flow(admin.ctx, request))
+                    self.stats["max_ttl_set"] += 1
+                    break
+                except DlmError:
+                    yield Sleep(rng.uniform(0.1, 0.4))
+
     def _spawn_member(self, node_id: NodeId) -> None:
         member = SimMember(self, node_id, self.backend.fresh(node_id))
         self.members[node_id] = member
@@ -2292,7 +2339,9 @@ class NodeSimulation:
         for entry in storage.entries(first, index + 1) if index >= first else []:
             if entry.kind is EntryKind.NORMAL:
                 # Entries no member applied yet may grant and skip too: the checker hears.
-                self.ledger_check.applied(machine.apply(entry.index, entry.data), machine.version)
+                outcome = machine.apply(entry.index, entry.data)
+                self.ledger_check.applied(outcome, machine.version)
+                self.max_ttl_checkers.setdefault(0, MaxTtlChecker()).applied(outcome)
             else:
                 machine.skip(entry.index)
         self.stats["recoveries"] += 1
@@ -2316,6 +2365,7 @@ class NodeSimulation:
             quarantine_ms=quarantine_ms if self.options.restore_quarantine else 0,
         )
         self.trace(f"B{self.world.now}{new.index}")
+        self.max_ttl_checkers.setdefault(0, MaxTtlChecker()).restored(index, new.index + 1)
         term = max([term, *(self.members[n].promised_term for n in ids)])
         term = max([term, *(self.members[n].acked_hard_state.term for n in ids)])
         conf = ConfState(voters=tuple(sorted(ids)))
@@ -3469,7 +3519,13 @@ class NodeSimulation:
         client.ctx.timeout = budget_us / US
         started = self.world.now
         try:
-            yield RunFlow(client, core.open_lease_flow(client.ctx, 5_000))
+            if self.settings_admin:
+                # The write is the max-ttl's unset: after it (the log's last word on it)
+                # the liveness probe's long lease is allowed.
+                unset = ConfigSet(id=0, setting="max-ttl", value_ms=0)
+                yield RunFlow(client, core.read_flow(client.ctx, unset))
+            else:
+                yield RunFlow(client, core.open_lease_flow(client.ctx, 5_000))
         except DlmError as exc:
             raise Violation(
                 "slow-recovery",
@@ -3606,6 +3662,16 @@ class NodeSimulation:
             if opts.identities:
                 operator = ClientProc(self, "operator", "library")
                 operator.spawn(self._identity_admin(operator), "operator")
+            if (
+                opts.cluster_settings
+                and self.partitions == 1
+                and opts.steady is None  # (its probe's lease is not to be refused)
+                and opts.peer_version >= 5
+                and self.rng_for("cluster-settings").random() < opts.cluster_settings
+            ):
+                setter = ClientProc(self, "settings", "library")
+                setter.spawn(self._settings_admin(setter), "settings")
+                self.settings_admin = True
             self.world.at(self.heal_at, self.heal)
             self._recovered = False
             self.world.at(self.heal_at, self._start_recovery_probe)

@@ -31,6 +31,13 @@ def forbidden(machine: locks.LockStateMachine, cmd: locks.Command) -> str | None
             if entry is None or entry.role != "admin":
                 return f"identity change {cmd.op} {cmd.name} by non-admin {who!r}"
         return None
+    if isinstance(cmd, locks.SettingsCommand):
+        who = cmd.by
+        if who != BUILT_IN_ADMIN:
+            entry = machine.identities.get(who)
+            if entry is None or entry.role != "admin":
+                return f"config set {cmd.setting} by non-admin {who!r}"
+        return None
     if isinstance(cmd, locks.ClusterVersionCommand | locks.ExpireCommand | locks.QuarantineCommand):
         return None
     who = cmd.owner if isinstance(cmd, locks.OpenLeaseCommand) else cmd.by

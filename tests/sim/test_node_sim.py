@@ -40,6 +40,7 @@ from .bugs import (
     ForgetsSkips,
     FreesARemovedIdentitysLeases,
     IgnoresIdentityLimits,
+    IgnoresMaxTtlAfterRestore,
     ImagesWithoutRuns,
     LabelsBackupsWithTheLastIndex,
     MisordersTheApplySpan,
@@ -128,6 +129,7 @@ def test_node_sim_with_identities_at_version_3(sim_totals: SimTotals) -> None:
 LEDGER_MUTANT_SEEDS = 10
 """Seeds within which each run ledger mutant must be caught."""
 LOCK_DELAY_MUTANT_SEEDS = 40
+SETTINGS_MUTANT_SEEDS = 20
 """Seeds within which each lock-delay mutant must be caught."""
 STEADY_SEEDS = 12
 """Seeds of each steady fault in `make test` (about a second each)."""
@@ -523,6 +525,14 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         {"lock-delay"},
         LOCK_DELAY_MUTANT_SEEDS,
     ),
+    # Issue 30: a replica restored from a snapshot image stops enforcing the max-ttl.
+    "the max-ttl is not enforced after a snapshot restore": (
+        lambda seed: options_for(
+            seed, lock_machine_class=IgnoresMaxTtlAfterRestore, cluster_settings=1.0
+        ),
+        {"over-max-ttl"},
+        SETTINGS_MUTANT_SEEDS,
+    ),
     "an expiry ignores the lease's lock-delay": (
         lambda seed: options_for(
             seed, lock_machine_class=ExpiresWithoutTheLockDelay, lock_delays=0.3
@@ -717,8 +727,13 @@ def test_mutant_is_caught(name: str, sim_totals: SimTotals) -> None:
     from .nodesim import SimFailure
 
     for seed in range(budget):
+        options = make_options(seed)
+        if options.cluster_settings == NodeSimOptions.cluster_settings:
+            # The budgets were measured on runs without the max-ttl operator (issue 30),
+            # whose requests shift every later draw of a run it is in.
+            options.cluster_settings = 0.0
         try:
-            run_node_seed(seed, make_options(seed))
+            run_node_seed(seed, options)
         except SimFailure as failure:
             assert failure.violation.kind in kinds, failure
             sim_totals.note(

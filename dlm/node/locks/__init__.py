@@ -47,6 +47,7 @@ from dlm.node.locks.commands import (
     ProclaimCommand,
     QuarantineCommand,
     ReleaseCommand,
+    SettingsCommand,
     UpdateLeaseCommand,
     decode_command,
     delay_lease,
@@ -93,10 +94,12 @@ from dlm.node.locks.results import (
     QuotaExceeded,
     Released,
     Result,
+    SettingChanged,
     StaleRequest,
     Waiter,
     result_from_dict,
 )
+from dlm.node.locks.settings import ClusterSettings
 
 __all__ = [
     "COMMAND_MAX_BYTES",
@@ -113,6 +116,7 @@ __all__ = [
     "ApplyOutcome",
     "ClientCommand",
     "CloseLeaseCommand",
+    "ClusterSettings",
     "ClusterVersionCommand",
     "Command",
     "CommandError",
@@ -152,6 +156,8 @@ __all__ = [
     "Run",
     "RunLedger",
     "RunReport",
+    "SettingChanged",
+    "SettingsCommand",
     "StaleRequest",
     "UpdateLeaseCommand",
     "Waiter",

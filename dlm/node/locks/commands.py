@@ -57,6 +57,11 @@ from dlm.limits import (
 )
 from dlm.node.locks import identities
 from dlm.node.locks.ledger import RunReport, report_from_item
+from dlm.node.locks.settings import setting_problem
+
+CLUSTER_VERSION_MAX = 5
+"""The highest cluster version a ``version`` entry may name (machine_config.PROTOCOL_SPOKEN
+is the one this release runs; 5 adds the cluster settings: settings.py)."""
 
 COMMAND_MAX_BYTES = 64 * 1024
 """Larger payloads are refused before CBOR decoding even starts."""
@@ -242,6 +247,18 @@ IDENTITY_OPS = ("add", "remove", "rotate", "finish", "limits")
 
 
 @dataclass(frozen=True, slots=True)
+class SettingsCommand:
+    """Sets a cluster-wide setting (`dlm config set`, cluster version 5), asked by identity
+    ``by`` (an admin, checked again at apply): ``setting`` is one of settings.KEYS and
+    ``value_ms`` its value (0: unset). Only a version-5 log applies it."""
+
+    setting: str
+    value_ms: int
+    by: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterVersionCommand:
     """From this entry on, the log holds commands of ``version`` (proposed by the leader)."""
 
@@ -289,7 +306,9 @@ LeaseCommand = (
     | ProclaimCommand
     | ExpireCommand
 )
-Command = LeaseCommand | ClusterVersionCommand | QuarantineCommand | IdentityCommand
+Command = (
+    LeaseCommand | ClusterVersionCommand | QuarantineCommand | IdentityCommand | SettingsCommand
+)
 ClientCommand = (
     OpenLeaseCommand
     | CloseLeaseCommand
@@ -432,6 +451,8 @@ def _to_item(cmd: Command) -> list[Any]:
             return ["version", cmd.version, cmd.at_ms]
         case QuarantineCommand():
             return ["quarantine3", cmd.until_ms, cmd.at_ms]
+        case SettingsCommand():
+            return ["settings5", cmd.setting, cmd.value_ms, cmd.by, cmd.at_ms]
         case IdentityCommand():
             fields = [
                 cmd.op,
@@ -491,6 +512,7 @@ _ARITY = {
     "close4": 5 + 2,
     "update4": 7 + 2,
     "identity4": 9 + 2,
+    "settings5": 4,
 }
 
 
@@ -647,6 +669,10 @@ def decode_command(data: bytes) -> Command:
             )
         case "quarantine3":
             return QuarantineCommand(_int(f[0], "until_ms"), _int(f[1], "at_ms"))
+        case "settings5":
+            return SettingsCommand(
+                _str(f[0], "setting"), _int(f[1], "value_ms"), _str(f[2], "by"), _int(f[3], "at_ms")
+            )
         case _:  # "version"
             return ClusterVersionCommand(_int(f[0], "version"), _int(f[1], "at_ms"))
 
@@ -699,7 +725,11 @@ def validate_command(cmd: Command) -> str | None:
     if not 0 <= cmd.at_ms <= INT_MAX:
         return "at_ms must be a non-negative wall-clock time in milliseconds"
     if isinstance(cmd, ClusterVersionCommand):
-        return None if cmd.version in (1, 2, 3, 4) else f"unknown cluster version {cmd.version}"
+        return (
+            None
+            if 1 <= cmd.version <= CLUSTER_VERSION_MAX
+            else f"unknown cluster version {cmd.version}"
+        )
     if isinstance(cmd, QuarantineCommand):
         return None if 0 <= cmd.until_ms <= INT_MAX else "until_ms out of range"
     if isinstance(cmd, ExpireCommand) and cmd.lease == QUARANTINE_LEASE:
@@ -710,6 +740,8 @@ def validate_command(cmd: Command) -> str | None:
         return check_key(key)
     if isinstance(cmd, IdentityCommand):
         return _identity_problem(cmd)
+    if isinstance(cmd, SettingsCommand):
+        return setting_problem(cmd.setting, cmd.value_ms) or check_identity(cmd.by)
     problem = check_lease_id(cmd.lease)
     if problem is not None:
         return problem

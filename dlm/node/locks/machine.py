@@ -74,6 +74,7 @@ from dlm.node.locks.commands import (
     ProclaimCommand,
     QuarantineCommand,
     ReleaseCommand,
+    SettingsCommand,
     UpdateLeaseCommand,
     decode_command,
     delay_lease,
@@ -110,12 +111,14 @@ from dlm.node.locks.results import (
     QuotaExceeded,
     Released,
     Result,
+    SettingChanged,
     StaleRequest,
     Waiter,
     _Plain,
     result_from_dict,
     str_map,
 )
+from dlm.node.locks.settings import ClusterSettings
 
 COMMAND_PERMISSIONS: dict[type, tuple[str, str]] = {
     OpenLeaseCommand: ("open_lease", LEASE),
@@ -374,6 +377,9 @@ class LockStateMachine:
         self.identities = IdentityTable()
         """Who may do what (identities.py); in the node's snapshot image, not this one's."""
         self.ledger = self.ledger_class()
+        self.settings = ClusterSettings()
+        """The cluster-wide settings (settings.py, cluster version 5 on); in the node's
+        snapshot image, as the identities are. Read-only outside apply."""
         """What became of each `dlm exec` run (ledger.py, cluster version 4 on); in the
         node's snapshot image, as the identities are."""
         self._leases: dict[str, _Lease] = {}
@@ -469,6 +475,14 @@ class LockStateMachine:
             return ApplyOutcome(index, None, cmd)
         if isinstance(cmd, IdentityCommand):
             return ApplyOutcome(index, _change_identities(self.identities, cmd, self._version), cmd)
+        if isinstance(cmd, SettingsCommand):
+            return ApplyOutcome(index, _change_settings(self, cmd), cmd)
+        if self._version >= 5:
+            # Under max-ttl, checked again here: a request the leader let through just
+            # before a lower max-ttl committed is refused alike by every replica.
+            problem = _ttl_refusal(self, cmd)
+            if problem is not None:
+                return ApplyOutcome(index, Invalid(problem), cmd)
         step = self._step = _Step(index, cmd.at_ms)
         try:
             result = self._dispatch(cmd, step)
@@ -500,7 +514,9 @@ class LockStateMachine:
             self._log_ms += min(stepped, self.max_stamp_step_ms)
 
     def _dispatch(self, cmd: Command, step: _Step) -> Result:
-        assert not isinstance(cmd, ClusterVersionCommand | QuarantineCommand | IdentityCommand)
+        assert not isinstance(
+            cmd, ClusterVersionCommand | QuarantineCommand | IdentityCommand | SettingsCommand
+        )
         if isinstance(cmd, ExpireCommand):
             return self._expire(cmd, step)
         lease = self._leases.get(cmd.lease)
@@ -1312,6 +1328,30 @@ def _change_identities(table: IdentityTable, cmd: IdentityCommand, version: int)
     if problem is not None:
         return Invalid(problem)
     return IdentityChanged(cmd.op, cmd.name)
+
+
+def _change_settings(machine: LockStateMachine, cmd: SettingsCommand) -> Result:
+    if machine.version < 5:
+        # Older members cannot keep the settings: refused alike everywhere until the log
+        # reaches version 5 (the leader never proposes one before).
+        return Invalid("cluster settings need cluster version 5: upgrade every member first")
+    problem = refusal(machine.identities, cmd.by, "config_set", ADMIN_ONLY)
+    if problem is not None:
+        return Denied(problem, cmd.by, "config_set")
+    problem = machine.settings.set(cmd.setting, cmd.value_ms)
+    if problem is not None:
+        return Invalid(problem)
+    return SettingChanged(cmd.setting, cmd.value_ms)
+
+
+def _ttl_refusal(machine: LockStateMachine, cmd: Command) -> str | None:
+    """Why ``cmd`` gives a lease a TTL above max-ttl, or None: a new lease's open (a lease
+    already open keeps its TTL when joined) or a TTL update."""
+    if isinstance(cmd, UpdateLeaseCommand) or (
+        isinstance(cmd, OpenLeaseCommand) and cmd.lease not in machine._leases
+    ):
+        return machine.settings.ttl_problem(cmd.ttl_ms)
+    return None
 
 
 def _needs_version_4(cmd: Command) -> bool:

@@ -238,6 +238,15 @@ class IdentityChanged(_Result):
     name: str
 
 
+@dataclass(frozen=True, slots=True)
+class SettingChanged(_Result):
+    """A cluster-wide setting was set (``value_ms`` 0: unset; settings.py)."""
+
+    kind = "setting_changed"
+    setting: str
+    value_ms: int
+
+
 Result = (
     Granted
     | Queued
@@ -253,6 +262,7 @@ Result = (
     | Invalid
     | Denied
     | IdentityChanged
+    | SettingChanged
 )
 
 
@@ -306,6 +316,8 @@ def result_from_dict(d: Mapping[str, Any]) -> Result:
                 return Denied(_s(d["message"]), _s(d["identity"]), _s(d["action"]))
             case "identity_changed":
                 return IdentityChanged(_s(d["op"]), _s(d["name"]))
+            case "setting_changed":
+                return SettingChanged(_s(d["setting"]), _i(d["value_ms"]))
             case "quota_exceeded":
                 return QuotaExceeded(_s(d["identity"]), _s(d["what"]), _i(d["limit"]))
     except (KeyError, TypeError) as exc:

@@ -267,12 +267,15 @@ class AcceptedConnection(asyncio.Protocol):
         config, security = server.config, server.security
 
         def responder_for(role: HelloRole) -> Any:
-            secret = security.peer_secret if role is HelloRole.PEER else security.client_secret
+            peer = role is HelloRole.PEER
+            secret = security.peer_secret if peer else security.client_secret
             if secret is None:
                 return None
             from dlm.auth import Responder, new_nonce
 
-            return Responder(secret, new_nonce(), node=config.node_id)
+            # The secret a reload replaced is still accepted until the next (reload.py).
+            previous = security.previous_peer_secret if peer else security.previous_client_secret
+            return Responder(secret, new_nonce(), node=config.node_id, previous=previous)
 
         peer_identity = None
         client_certificate = None

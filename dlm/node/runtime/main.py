@@ -23,6 +23,7 @@ import errno
 import functools
 import gc
 import importlib.util
+import json
 import os
 import sys
 import traceback
@@ -50,6 +51,7 @@ from dlm.node.runtime.config.node_config import (
 )
 from dlm.node.runtime.config.options import ALL_OPTIONS, OptionError, Resolved, resolve
 from dlm.node.runtime.log import Logger, default_format, level_named
+from dlm.node.runtime.reload import RELOAD_FLAGS_ENV, Reloading, Reread, partition_settings
 from dlm.node.runtime.seat import Seat
 from dlm.node.runtime.security import NodeSecurity, SecurityError
 from dlm.node.runtime.security import load as load_security
@@ -98,7 +100,14 @@ def start_from_options(
         resolved = resolve(flags, os.environ if environ is None else environ)
     except OptionError as exc:
         return _fail(str(exc), EXIT_USAGE)
-    return start_node(resolved.values, resolved=resolved, join=join, child_module=child_module)
+    return start_node(
+        resolved.values,
+        resolved=resolved,
+        join=join,
+        child_module=child_module,
+        flags=flags,
+        environ=os.environ if environ is None else environ,
+    )
 
 
 def start_node(
@@ -109,6 +118,8 @@ def start_node(
     join: Joiner | None = None,
     seat: Seat | None = None,
     child_module: str = __name__,
+    flags: Mapping[str, str | None] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> int:
     """Runs a member in the foreground until SIGTERM/SIGINT; returns the exit code.
 
@@ -118,7 +129,10 @@ def start_node(
     one partition of a member whose supervisor accepts its connections. A member of
     more than one partition (``--partitions``, or its data directory's record) runs
     the supervisor instead (supervisor.py), whose children run ``child_module``'s
-    ``child_main``."""
+    ``child_main``. ``flags`` and ``environ``: what the settings were resolved from, read
+    again (with the --config file) at each SIGHUP (reload.py; None: a reload changes
+    nothing)."""
+    _ignore_hangups_until_ready()
     partitions, recorded = 1, None
     try:
         config = NodeConfig.from_settings(settings)
@@ -190,6 +204,12 @@ def start_node(
     # passes while the heap grows) walks that table again and again: applying 100,000
     # grants took half again as long. Reference counting frees the rest as before.
     gc.set_threshold(GC_THRESHOLD, 10, 10)
+    reloading = Reloading(
+        dict(settings),
+        _rereader(settings, flags, environ, seat),
+        _listen_address(config),
+        metrics_listen_override=("127.0.0.1", 0) if seat is not None else None,
+    )
     if partitions > 1:
         return _supervise(
             config,
@@ -198,9 +218,11 @@ def start_node(
             log=log,
             security=security,
             child_module=child_module,
+            reloading=reloading,
+            flags=flags,
         )
     try:
-        main = functools.partial(_main, seat=seat)
+        main = functools.partial(_main, seat=seat, reloading=reloading)
         return anyio.run(main, config, log, on_started, security, join, backend="asyncio")
     except StartupError as exc:
         return _fail(str(exc), EXIT_FAILURE)
@@ -214,6 +236,17 @@ def start_node(
         return _fail_after(group)
     except Exception as exc:
         return _fail_after(exc)
+
+
+def _ignore_hangups_until_ready() -> None:
+    """SIGHUP means reload (reload.py) once the member watches for it; until then its
+    default action would kill a member still starting (or a partition child its
+    supervisor just forwarded one to)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def _fail_after(exc: BaseException) -> int:
@@ -256,6 +289,7 @@ async def _main(
     join: Joiner | None = None,
     *,
     seat: Seat | None = None,
+    reloading: Reloading | None = None,
 ) -> int:
     meta = check_data_dir(config)
     if meta is None and config.join:
@@ -309,6 +343,7 @@ async def _main(
                     on_started=on_started,
                     security=security,
                     seat=seat,
+                    reloading=reloading,
                 )
             except RemovedMember as exc:
                 # Not a failure: the member is simply no longer one, and a service manager
@@ -428,6 +463,29 @@ def _listen_failed(config: NodeConfig, exc: OSError) -> StartupError:
     return StartupError(f"cannot listen on {addr}: {exc.strerror or exc}")
 
 
+def _rereader(
+    settings: Mapping[str, str | None],
+    flags: Mapping[str, str | None] | None,
+    environ: Mapping[str, str] | None,
+    seat: Seat | None,
+) -> Reread:
+    """How a SIGHUP reads this process's settings again: its flags, its environment and
+    its --config file, as at start. A partition child reads its member's flags from the
+    variable its supervisor set, and sees them as its supervisor gave them to it."""
+    if seat is not None:
+        given = os.environ.get(RELOAD_FLAGS_ENV)
+        if not given:
+            return lambda: dict(settings)
+        child_flags = json.loads(given)
+        data = settings.get("data")
+        return lambda: partition_settings(resolve(child_flags, os.environ).values, data)
+    if flags is None:
+        return lambda: dict(settings)
+    frozen_flags = dict(flags)
+    frozen_environ = dict(os.environ if environ is None else environ)
+    return lambda: resolve(frozen_flags, frozen_environ).values
+
+
 def _partition_config(config: NodeConfig, partition: int) -> NodeConfig:
     """The config of one partition's process: its own data directory under the member's."""
     return replace(
@@ -445,6 +503,8 @@ def _supervise(
     log: Logger,
     security: NodeSecurity | None,
     child_module: str,
+    reloading: Reloading,
+    flags: Mapping[str, str | None] | None,
 ) -> int:
     """Runs the supervisor of a member of ``partitions`` partitions (supervisor.py)."""
     import asyncio
@@ -473,7 +533,14 @@ def _supervise(
                 f"cannot write to data dir {config.data_dir}: {exc.strerror or exc}", EXIT_FAILURE
             )
         supervisor = Supervisor(
-            config, settings, partitions, log, child_module=child_module, security=security
+            config,
+            settings,
+            partitions,
+            log,
+            child_module=child_module,
+            security=security,
+            reloading=reloading,
+            flags=flags,
         )
         try:
             return asyncio.run(supervisor.run(listener))

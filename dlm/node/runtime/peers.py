@@ -303,6 +303,7 @@ class PeerLink:
         secret: bytes | None = None,
         tls: Any = None,
         advertise: str = "",
+        previous_secret: bytes | None = None,
         stall_after: float | None = None,
         ack_probe: AckProbe = tcp_acknowledgements,
         partition: int = 0,
@@ -330,6 +331,9 @@ class PeerLink:
             partitions=partitions,
         ).to_wire()
         self._secret = secret
+        self._previous_secret = previous_secret
+        """The peer secret a reload replaced: a peer that has not reloaded yet proves the
+        old one, which this link accepts until the next reload (reload.py)."""
         self._tls = tls
         self._sealer: Any = None
         self._problem: str | None = None
@@ -359,6 +363,13 @@ class PeerLink:
         self._ack_probe = ack_probe
         self.replaced = 0
         """Connections replaced because they stopped delivering."""
+
+    def use_credentials(self, secret: bytes | None, previous: bytes | None, tls: Any) -> None:
+        """A reload's peer secret (and the one it replaced) and TLS context: for the next
+        connection (the one up now stays: it proved itself already)."""
+        self._secret = secret
+        self._previous_secret = previous
+        self._tls = tls
 
     def send(self, msg: Message) -> None:
         """Queues ``msg`` for the next ``flush``."""
@@ -555,7 +566,12 @@ class PeerLink:
             from dlm.auth import Initiator, new_nonce
 
             initiator = Initiator(
-                self._secret, new_nonce(), role="peer", cluster=self._cluster, node=self._local_id
+                self._secret,
+                new_nonce(),
+                role="peer",
+                cluster=self._cluster,
+                node=self._local_id,
+                previous=self._previous_secret,
             )
         dialing = Dialing(
             peer_id=self.peer_id,

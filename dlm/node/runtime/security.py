@@ -46,6 +46,11 @@ class NodeSecurity:
     metrics_tls: Any = None
     """ssl.SSLContext /metrics serves with, requiring a client certificate the CA signed
     (None: plain HTTP)."""
+    previous_peer_secret: bytes | None = None
+    """The peer secret before the last reload changed it: still accepted, until the next
+    reload (the overlap a rotation needs: dlm/node/runtime/reload.py)."""
+    previous_client_secret: bytes | None = None
+    """The client secret before the last reload changed it, accepted the same way."""
 
     @property
     def peers_authenticated(self) -> bool:

@@ -82,6 +82,7 @@ from dlm.node.runtime.notify import notify
 from dlm.node.runtime.peers import PeerLink
 from dlm.node.runtime.persister import Persister
 from dlm.node.runtime.quiet import QuietLog, loop_exception_handler
+from dlm.node.runtime.reload import Reloading, watch_reloads
 from dlm.node.runtime.rlimits import raise_open_files_limit
 from dlm.node.runtime.seat import METRICS, SERVING, Seat
 from dlm.node.runtime.security import NodeSecurity
@@ -849,6 +850,7 @@ class NodeServer:
                 on_refused=self._peer_refused,
                 rng=random.Random(self._rng.random()),
                 secret=self.security.peer_secret,
+                previous_secret=self.security.previous_peer_secret,
                 tls=self.security.peer_tls,
                 advertise=self.config.address,
                 # A connection that has delivered nothing for an election timeout is replaced.
@@ -1082,9 +1084,11 @@ async def run(
     on_started: Callable[[NodeServer], None] | None = None,
     security: NodeSecurity | None = None,
     seat: Seat | None = None,
+    reloading: Reloading | None = None,
 ) -> int:
     """Serves until SIGTERM/SIGINT (then shuts down gracefully) or until the machine says
-    stop; returns the exit code."""
+    stop; returns the exit code. SIGHUP re-reads the settings (``reloading``: how;
+    reload.py)."""
     limit = raise_open_files_limit()
     if limit.after != limit.before or limit.error is not None:
         log.info("open_files_limit", before=limit.before, after=limit.after, error=limit.error)
@@ -1109,6 +1113,8 @@ async def run(
                     break
 
         tg.start_soon(watch_signals)
+        if reloading is not None:
+            tg.start_soon(watch_reloads, server, reloading)
         if on_started is not None:
             on_started(server)
         await server.serve(listener)

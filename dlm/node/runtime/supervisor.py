@@ -53,6 +53,12 @@ from dlm.node.runtime.config.node_config import NodeConfig, partition_dir
 from dlm.node.runtime.log import Logger
 from dlm.node.runtime.notify import NOTIFY_SOCKET_ENV, notify
 from dlm.node.runtime.partition_metrics import TOKEN_ENV, exposition
+from dlm.node.runtime.reload import (
+    RELOAD_FLAGS_ENV,
+    Reloading,
+    partition_settings,
+    supervisor_reload,
+)
 from dlm.node.runtime.seat import CONNECTION, METRICS, SERVING
 from dlm.node.runtime.security import NodeSecurity
 from dlm.node.supervision import GiveUp, Leave, Restart, RestartPolicy
@@ -120,9 +126,15 @@ class Supervisor:
         *,
         child_module: str,
         security: NodeSecurity | None = None,
+        reloading: Reloading | None = None,
+        flags: Mapping[str, str | None] | None = None,
     ) -> None:
         self.config = config
         self.settings = dict(settings)
+        self.reloading = reloading
+        """How a SIGHUP reads the member's settings again: checked here once, then
+        forwarded to every child, which applies its part (reload.py)."""
+        self.flags = flags
         self.partitions = partitions
         self.log = log
         self.child_module = child_module
@@ -144,6 +156,7 @@ class Supervisor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.metrics: Any = None
         self.shed = 0
+        self._reload_tasks: set[asyncio.Future[Any]] = set()
         """Connections closed for a bad preamble, a timeout or the pending cap."""
 
     # ------------------------------------------------------------------ lifecycle
@@ -159,6 +172,7 @@ class Supervisor:
         listener.setblocking(False)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._signalled, signum)
+        loop.add_signal_handler(signal.SIGHUP, self._reload_soon)
         if self.config.metrics_listen is not None:
             await self._start_metrics(*self.config.metrics_listen)
         self.log.info(
@@ -181,7 +195,7 @@ class Supervisor:
             await asyncio.gather(*watchers, sweeper, return_exceptions=True)
             if self.metrics is not None:
                 self.metrics.close()
-            for signum in (signal.SIGTERM, signal.SIGINT):
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(signum)
         if self.failure is not None:
             sys.stderr.write(f"dlm node: error: {self.failure}\n")
@@ -193,9 +207,16 @@ class Supervisor:
         self.log.info("signal", signal=signal.Signals(signum).name)
         if self._stopping:
             # A second signal means "now": every child hears it again (and stops at once).
-            self._signal_children(signal.SIGTERM)
+            self.signal_children(signal.SIGTERM)
             return
         self._stop()
+
+    def _reload_soon(self) -> None:
+        self.log.info("signal", signal="SIGHUP")
+        if not self._stopping:
+            task = asyncio.ensure_future(supervisor_reload(self))
+            self._reload_tasks.add(task)
+            task.add_done_callback(self._reload_tasks.discard)
 
     def _stop(self) -> None:
         if not self._stopping:
@@ -213,7 +234,7 @@ class Supervisor:
         for fd in list(self._pending):
             self._drop(fd)
 
-    def _signal_children(self, signum: int) -> None:
+    def signal_children(self, signum: int) -> None:
         for child in self.children:
             process = child.process
             if process is not None and process.returncode is None:
@@ -221,7 +242,7 @@ class Supervisor:
                     os.kill(process.pid, signum)
 
     async def _stop_children(self) -> None:
-        self._signal_children(signal.SIGTERM)
+        self.signal_children(signal.SIGTERM)
         waits = [
             child.process.wait()
             for child in self.children
@@ -233,7 +254,7 @@ class Supervisor:
             [asyncio.ensure_future(w) for w in waits], timeout=STOP_GRACE_S
         )
         if late:
-            self._signal_children(signal.SIGKILL)
+            self.signal_children(signal.SIGKILL)
             await asyncio.wait(late, timeout=STOP_GRACE_S)
 
     # ------------------------------------------------------------------ children
@@ -291,13 +312,15 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            settings = dict(self.settings)
-            settings["data"] = str(partition_dir(self.config.data_dir, child.partition))
-            settings["partitions"] = None
             # A child serves its metrics on 127.0.0.1 (a port of the kernel's choice, with
             # the token below), where the supervisor fetches them: main.py.
-            settings["metrics_token_file"] = None
+            settings = partition_settings(
+                self.settings, str(partition_dir(self.config.data_dir, child.partition))
+            )
             env = {k: v for k, v in os.environ.items() if k != NOTIFY_SOCKET_ENV}
+            if self.flags is not None:
+                # What a forwarded SIGHUP makes it read again (reload.py).
+                env[RELOAD_FLAGS_ENV] = json.dumps(dict(self.flags))
             child.metrics_token = secrets.token_hex(16)
             env[TOKEN_ENV] = child.metrics_token
             command = [

@@ -116,3 +116,20 @@ def test_bumps_people_write() -> None:
 def test_an_image_that_is_not_one_is_refused() -> None:
     with pytest.raises(IncarnationError, match="cannot be read"):
         lock_machine_of(b"\x00garbage")
+
+
+def test_a_restored_cluster_keeps_its_cluster_settings() -> None:
+    # Found by the simulator's max-ttl check: a restore dropped what `dlm config set` set.
+    from dlm.node.locks.settings import MAX_TTL
+
+    d = Driver(version=5)
+    d.run(locks.SettingsCommand(MAX_TTL, 10_000, "admin", d.now()))
+    new = new_incarnation(
+        d.sm,
+        last_index=d.index,
+        bump=DEFAULT_BUMP,
+        members={"n1": "127.0.0.1:1"},
+        quarantine_ms=None,
+    )
+    restored = lock_machine_of(new.image)
+    assert restored.settings.get(MAX_TTL) == 10_000

@@ -190,7 +190,7 @@ def test_indices_must_increase_but_may_skip() -> None:
         (UpdateLeaseCommand("a", 0, False, C, 0), "hold"),
         (UpdateLeaseCommand("a", 86_400_001, False, C, 0), "hold"),
         (ExpireCommand("a", -1, 0), "incarnation"),
-        (ClusterVersionCommand(5, 0), "cluster version"),
+        (ClusterVersionCommand(6, 0), "cluster version"),
     ],
     ids=lambda v: v if isinstance(v, str) else type(v).__name__,
 )

@@ -62,6 +62,7 @@ from dlm.node.locks import (
     ReleaseCommand,
     Released,
     Result,
+    SettingsCommand,
     StaleRequest,
     UpdateLeaseCommand,
     encode_command,
@@ -272,7 +273,8 @@ class LockModelTest(RuleBasedStateMachine):
             self._model_end(cmd, ("", 0, LeaseGone(cmd.lease)), step)
             step.expired.append(cmd.lease)
             return step
-        assert not isinstance(cmd, IdentityCommand)  # this model draws no identity changes
+        # This model draws no identity or settings changes.
+        assert not isinstance(cmd, IdentityCommand | SettingsCommand)
         origin = cmd.origin
         lease = self.leases.get(cmd.lease)
         if lease is None:
@@ -416,7 +418,9 @@ class LockModelTest(RuleBasedStateMachine):
             del self.keys[key]
 
     def _model_end(self, cmd: Command, stone: tuple[str, int, Result], step: Expected) -> None:
-        assert not isinstance(cmd, ClusterVersionCommand | QuarantineCommand | IdentityCommand)
+        assert not isinstance(
+            cmd, ClusterVersionCommand | QuarantineCommand | IdentityCommand | SettingsCommand
+        )
         lease = cmd.lease
         for key in sorted(self.keys):
             entry = self.keys[key]

@@ -253,7 +253,8 @@ CONFIG_OPTION = NodeOption(
     "config",
     "--config",
     "PATH",
-    'A TOML file of these settings, keyed by flag name (listen = "10.0.0.1:7700").',
+    'A TOML file of these settings, keyed by flag name (listen = "10.0.0.1:7700"). '
+    "SIGHUP re-reads it and applies what can change live (README: Changing settings).",
 )
 """Where the file is: a flag or a variable, not a key of the file itself."""
 

@@ -38,7 +38,8 @@ def anyio_backend() -> str:
         ({"version": 2}, 2),
         ({"version": 1, "max_version": 3}, 3),
         ({"version": 1, "max_version": 4}, 4),
-        ({"version": 1, "max_version": 9}, 4),
+        ({"version": 1, "max_version": 5}, 5),
+        ({"version": 1, "max_version": 9}, 5),
     ],
 )
 async def test_the_welcome_speaks_the_lower_of_the_two_versions(
