@@ -454,6 +454,7 @@ class Hello(Record):
         "node",
         "partitions",
         "role",
+        "trace",
         "version",
     )
     FIELDS = (
@@ -465,6 +466,7 @@ class Hello(Record):
         "addr",
         "incarnation",
         "partitions",
+        "trace",
     )
     __match_args__ = (
         "role",
@@ -475,6 +477,7 @@ class Hello(Record):
         "addr",
         "incarnation",
         "partitions",
+        "trace",
     )
     role: HelloRole
     version: int
@@ -491,6 +494,10 @@ class Hello(Record):
     partitions: int
     """A peer's partition count (1, and left out, for a cluster of one partition).
     Members with different counts refuse each other."""
+    trace: str | None
+    """A traced client's trace context (a W3C traceparent, issue 30), or None (left out).
+    Members ignore it (a member of the previous release ignores any field it does not
+    know); a gateway reads it to make its routing span the child of the client's."""
 
     def __init__(
         self,
@@ -503,6 +510,7 @@ class Hello(Record):
         addr: str = "",
         incarnation: int = 0,
         partitions: int = 1,
+        trace: str | None = None,
     ) -> None:
         _set(self, "role", role)
         _set(self, "version", version)
@@ -512,6 +520,7 @@ class Hello(Record):
         _set(self, "addr", addr)
         _set(self, "incarnation", incarnation)
         _set(self, "partitions", partitions)
+        _set(self, "trace", trace)
 
     @property
     def speaks(self) -> int:
@@ -533,6 +542,8 @@ class Hello(Record):
             frame["incarnation"] = self.incarnation
         if self.partitions != 1:
             frame["partitions"] = self.partitions
+        if self.trace is not None:
+            frame["trace"] = self.trace
         return frame
 
     @classmethod
@@ -554,6 +565,7 @@ class Hello(Record):
             addr=_hello_addr(msg),
             incarnation=_opt_bounded(msg, "incarnation", 0, limits.INT_MAX, 0),
             partitions=_opt_bounded(msg, "partitions", 1, _MAX_PARTITIONS, 1),
+            trace=_trace(msg, "trace"),
         )
 
 

@@ -80,14 +80,16 @@ _STREAM_ERRORS = (
 class _Handshake:
     """The client's side of dlm/auth.py's handshake on one connection."""
 
-    def __init__(self, secret: bytes, addr: str) -> None:
+    def __init__(self, secret: bytes, addr: str, trace: str | None = None) -> None:
         from dlm.auth import client_initiator, new_nonce
 
         self.addr = addr
+        self.trace = trace
         self.initiator = client_initiator(secret, new_nonce())
 
     def hello(self) -> dict[str, Any]:
-        return {**Hello(role=HelloRole.CLIENT).to_wire(), **self.initiator.hello_fields()}
+        hello = Hello(role=HelloRole.CLIENT, trace=self.trace).to_wire()
+        return {**hello, **self.initiator.hello_fields()}
 
     def answer(self, greeting: dict[Any, Any]) -> tuple[dict[str, Any], Any, Any]:
         """(auth frame, sealer, opener) for the member's welcome; AuthFailed if its proof
@@ -135,6 +137,8 @@ class _StreamConnection:
         secret: bytes | None = None,
         tls: Any = None,
         partition: int = 0,
+        *,
+        trace: str | None = None,
     ) -> tuple[_StreamConnection, dict[Any, Any]]:
         host, port, first, tls_name = core.dial_plan(addr, partition)
         try:
@@ -160,8 +164,8 @@ class _StreamConnection:
                 try:
                     raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
                     raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    handshake = _Handshake(secret, addr) if secret is not None else None
-                    hello = Hello(role=HelloRole.CLIENT).to_wire()
+                    handshake = _Handshake(secret, addr, trace) if secret is not None else None
+                    hello = Hello(role=HelloRole.CLIENT, trace=trace).to_wire()
                     await conn.send(handshake.hello() if handshake is not None else hello)
                     greeting = await conn.read()
                     if core.is_gateway_notice(greeting):
@@ -361,6 +365,8 @@ class _AsyncioConnection:
         secret: bytes | None = None,
         tls: Any = None,
         partition: int = 0,
+        *,
+        trace: str | None = None,
     ) -> tuple[_AsyncioConnection, dict[Any, Any]]:
         host, port, first, tls_name = core.dial_plan(addr, partition)
         loop = asyncio.get_running_loop()
@@ -397,8 +403,8 @@ class _AsyncioConnection:
             sock = transport.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            handshake = _Handshake(secret, addr) if secret is not None else None
-            hello = Hello(role=HelloRole.CLIENT).to_wire()
+            handshake = _Handshake(secret, addr, trace) if secret is not None else None
+            hello = Hello(role=HelloRole.CLIENT, trace=trace).to_wire()
             await conn.send(handshake.hello() if handshake is not None else hello, deadline)
             greeting = await conn.read(deadline)
             if core.is_gateway_notice(greeting):
@@ -550,12 +556,19 @@ def _on_asyncio() -> bool:
 
 
 async def _open_connection(
-    addr: str, timeout: float, secret: bytes | None = None, tls: Any = None, partition: int = 0
+    addr: str,
+    timeout: float,
+    secret: bytes | None = None,
+    tls: Any = None,
+    partition: int = 0,
+    *,
+    trace: str | None = None,
 ) -> tuple[_AnyConnection, dict[Any, Any]]:
-    """A connection to ``partition``'s group on the member at ``addr``, and its greeting."""
+    """A connection to ``partition``'s group on the member at ``addr``, and its greeting
+    (``trace``: the caller's trace context, for the hello)."""
     if _on_asyncio():
-        return await _AsyncioConnection.open(addr, timeout, secret, tls, partition)
-    return await _StreamConnection.open(addr, timeout, secret, tls, partition)
+        return await _AsyncioConnection.open(addr, timeout, secret, tls, partition, trace=trace)
+    return await _StreamConnection.open(addr, timeout, secret, tls, partition, trace=trace)
 
 
 _AnyConnection = _StreamConnection | _AsyncioConnection
@@ -1276,7 +1289,12 @@ class AsyncClient:
             await self._drop_connection(partition)
             try:
                 conn, greeting = await _open_connection(
-                    action.addr, action.timeout, self._secret, self._tls, partition
+                    action.addr,
+                    action.timeout,
+                    self._secret,
+                    self._tls,
+                    partition,
+                    trace=self._ctx.trace,
                 )
             except ConnectionBroken as exc:
                 return Failed(str(exc))

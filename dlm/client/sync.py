@@ -124,9 +124,11 @@ class _Connection:
         secret: bytes | None = None,
         tls: Any = None,
         partition: int = 0,
+        *,
+        trace: str | None = None,
     ) -> tuple[_Connection, dict[Any, Any]]:
         """Connects and says hello; returns the connection and the member's greeting."""
-        conn = cls.start(addr, deadline, secret, tls, partition)
+        conn = cls.start(addr, deadline, secret, tls, partition, trace=trace)
         try:
             greeting = conn.greeting or conn.read(deadline)
         except BaseException:
@@ -146,8 +148,13 @@ class _Connection:
         secret: bytes | None = None,
         tls: Any = None,
         partition: int = 0,
+        *,
+        trace: str | None = None,
     ) -> _Connection:
         """Connects and sends the hello, without waiting for the greeting.
+
+        ``trace``: the caller's trace context, sent in the hello (members ignore it; a
+        gateway on the way makes its routing span a child of it).
 
         ``partition`` > 0: the connection is for that partition's group on the member;
         its preamble (dlm/partitioning.py) goes first, on the bare socket, before TLS
@@ -180,21 +187,22 @@ class _Connection:
         conn = cls(addr, sock, tls=tls is not None)
         try:
             if secret is None:
-                conn.send(Hello(role=HelloRole.CLIENT).to_wire(), deadline)
+                conn.send(Hello(role=HelloRole.CLIENT, trace=trace).to_wire(), deadline)
             else:
-                conn._authenticate(secret, deadline)
+                conn._authenticate(secret, deadline, trace)
         except BaseException:
             conn.close()
             raise
         return conn
 
-    def _authenticate(self, secret: bytes, deadline: float) -> None:
+    def _authenticate(self, secret: bytes, deadline: float, trace: str | None = None) -> None:
         """The client's side of the handshake; AuthFailed if the member cannot prove the
         secret. A member's refusal (an error frame) is left to be read as the reply."""
         from dlm.auth import AuthError, client_initiator, new_nonce
 
         initiator = client_initiator(secret, new_nonce())
-        self.send({**Hello(role=HelloRole.CLIENT).to_wire(), **initiator.hello_fields()}, deadline)
+        hello = Hello(role=HelloRole.CLIENT, trace=trace).to_wire()
+        self.send({**hello, **initiator.hello_fields()}, deadline)
         greeting = self.read(deadline)
         if greeting is None:
             raise ConnectionBroken("no greeting in time")
@@ -1177,7 +1185,9 @@ class Client:
         if conn is None or conn.addr != action.addr:
             self._drop_connection(partition)
             try:
-                conn = _Connection.start(action.addr, deadline, self._secret, self._tls, partition)
+                conn = _Connection.start(
+                    action.addr, deadline, self._secret, self._tls, partition, trace=self._ctx.trace
+                )
             except ConnectionBroken as exc:
                 return Failed(str(exc))
             self._conns[partition] = conn

@@ -332,6 +332,23 @@ def reply_reads() -> list[str]:
     return out
 
 
+# Hellos (issue 30 added them here): a traced client's hello carries its trace context.
+HELLOS: list[wire.Hello] = [
+    wire.Hello(wire.HelloRole.CLIENT),
+    wire.Hello(wire.HelloRole.CLIENT, trace=TRACEPARENT),
+    wire.Hello(wire.HelloRole.PEER, cluster="c", node="n2", addr="h:1", partitions=2),
+]
+
+
+def hello_encodings() -> list[str]:
+    """Each hello as sent (hex), and what a member reads back from it."""
+    out: list[str] = []
+    for hello in HELLOS:
+        frame = hello.to_wire()
+        out.append(f"{wire.encode_frame(frame).hex()} {wire.Hello.from_wire(frame)!r}")
+    return out
+
+
 def current() -> dict[str, Any]:
     pairs = hashlib.sha256()
     for frame in _pair_edits():
@@ -343,6 +360,7 @@ def current() -> dict[str, Any]:
         "pair_edits_sha256": pairs.hexdigest(),
         "replies": reply_encodings(),
         "reply_reads": reply_reads(),
+        "hellos": hello_encodings(),
     }
 
 
@@ -403,6 +421,11 @@ def test_what_a_client_reads_from_each_reply_is_golden() -> None:
     golden = json.loads(GOLDEN.read_text())
     for now, was in zip(reply_reads(), golden["reply_reads"], strict=True):
         assert now == was
+
+
+def test_every_hello_encodes_to_the_golden_bytes() -> None:
+    golden = json.loads(GOLDEN.read_text())
+    assert hello_encodings() == golden["hellos"]
 
 
 if __name__ == "__main__":
