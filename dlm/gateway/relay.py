@@ -16,7 +16,19 @@
    for the other side's write buffer to drain before reading more (flow control:
    a slow reader never makes the gateway buffer without bound).
 
-The gateway reads no frame after the routing bytes: the member authenticates
+Tracing (dlm/tracing.py's rules; service name "dlm-gateway" unless OTEL_SERVICE_NAME
+says otherwise): when it is on, the gateway also reads the client's hello frame, the
+only frame it ever reads (unsealed, sent before any proof), without consuming it:
+every byte read goes on to the member unchanged. A hello that carries a ``trace``
+(a traced client's context, dlm/wire.py ``Hello``) gets one span ``dlm.gateway.route``,
+child of that context, from the connection's accept to the moment the member's
+connection is up and the relay starts: partition, member, dial attempts, whether
+the client named the member. The read is bounded (``HELLO_CAP`` bytes, within the
+routing timeout); past either the gateway gives up on the span silently and relays
+as usual. A TLS client's hello is ciphertext to the gateway: no span. When tracing
+is off, nothing here reads the hello and OpenTelemetry is never imported.
+
+The gateway reads no frame after the hello: the member authenticates
 the client end to end, so it holds no secret and a stolen gateway can
 impersonate nobody. At most ``max_clients`` connections are open at once, and at
 most ``MAX_ROUTING`` of them still sending their routing bytes; one more is
@@ -32,13 +44,16 @@ import asyncio
 import contextlib
 import signal
 import socket
+import time
 from collections.abc import Sequence
+from typing import Any
 
+from dlm import tracing
 from dlm.gateway.routing import GatewayRouter
 from dlm.node.runtime.log import INFO, Logger
 from dlm.node.runtime.quiet import QuietLog, loop_exception_handler
 from dlm.partitioning import Routing, preamble, read_routing
-from dlm.wire import encode_frame, parse_addr
+from dlm.wire import ProtocolError, decode_body, encode_frame, parse_addr, traceparent_problem
 
 ROUTING_TIMEOUT_S = 5.0
 """How long a connection may take to send its routing bytes and its first own byte."""
@@ -53,6 +68,10 @@ more is closed at once, so clients that connect and say nothing cannot hold the 
 NOTICE = encode_frame({"t": "gateway", "version": 1})
 """The frame a plain (non-TLS) client reads first through a gateway."""
 TLS_RECORD = 0x16
+HELLO_CAP = 4096
+"""The largest hello body the gateway reads for its trace context (a client's hello,
+with a handshake's fields, is a few hundred bytes); a longer one is relayed unread."""
+ROUTE_SPAN = "dlm.gateway.route"
 
 
 class Gateway:
@@ -82,6 +101,8 @@ class Gateway:
         """Connections relayed to a member so far."""
         self._writers: set[asyncio.StreamWriter] = set()
         self._stopping: asyncio.Event | None = None
+        self.traced = False
+        """Tracing is on in this process (decided as ``run`` starts)."""
 
     def stop(self) -> None:
         """Stops ``run`` as SIGTERM does (from the loop's thread)."""
@@ -93,6 +114,7 @@ class Gateway:
         connection is closed. ``signals=False``: leave the signal handlers alone (tests)."""
         loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
+        self.traced = tracing.enabled("dlm-gateway", batch=True)
         handled = (signal.SIGTERM, signal.SIGINT) if signals else ()
         for signum in handled:
             loop.add_signal_handler(signum, self._stopping.set)
@@ -116,6 +138,8 @@ class Gateway:
                 loop.remove_signal_handler(signum)
         self.quiet.flush(float("inf"))
         self.log.log(INFO, "gateway_stopped", relayed=self.relayed, refused=self.refused)
+        if self.traced:
+            tracing.shutdown()  # sends the spans still buffered
         return 0
 
     async def _flush_warnings(self) -> None:
@@ -128,10 +152,11 @@ class Gateway:
             self.refused += 1
             writer.transport.abort()
             return
+        accepted_ns = time.time_ns()
         self.open += 1
         self._writers.add(writer)
         try:
-            await self._route(reader, writer)
+            await self._route(reader, writer, accepted_ns)
         except Exception as exc:  # one connection's trouble never stops the gateway
             self.quiet.warning("gateway_connection_failed", error=str(exc) or type(exc).__name__)
         finally:
@@ -139,12 +164,15 @@ class Gateway:
             self._writers.discard(writer)
             writer.transport.abort()
 
-    async def _route(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _route(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, accepted_ns: int
+    ) -> None:
         if self.routing >= self.max_routing:
             self.refused += 1
             self.quiet.warning("gateway_shed", reason="too many connections sending nothing yet")
             return
         self.routing += 1
+        routing_ends = asyncio.get_running_loop().time() + ROUTING_TIMEOUT_S
         try:
             routed = await asyncio.wait_for(_routing_bytes(reader), ROUTING_TIMEOUT_S)
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
@@ -156,6 +184,36 @@ class Gateway:
             self.refused += 1
             return
         routing, first = routed
+        span = _RouteSpan()
+        if self.traced and first[0] != TLS_RECORD:
+            head = bytearray(first)
+            parent = await _hello_trace(reader, head, routing_ends)
+            first = bytes(head)  # every byte read goes on to the member
+            if parent is not None:
+                span.span = tracing.start_span(
+                    ROUTE_SPAN,
+                    parent,
+                    attributes={
+                        "dlm.partition": routing.partition,
+                        "dlm.targeted": routing.target is not None,
+                    },
+                    start_ns=accepted_ns,
+                    kind="server",
+                )
+        try:
+            await self._dial_and_relay(reader, writer, routing, first, span)
+        finally:
+            span.end("no member reached")  # nothing to do once the relay began
+
+    async def _dial_and_relay(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        routing: Routing,
+        first: bytes,
+        span: _RouteSpan,
+    ) -> None:
+        """Dials the member for ``routing`` and relays; ends ``span`` as the relay starts."""
         plan = self.router.plan(routing.partition, routing.target)
         if plan is None:
             self.refused += 1
@@ -169,13 +227,14 @@ class Gateway:
         member = await self._dial(routing.partition, plan)
         if member is None:
             return
-        member_reader, member_writer = member
+        member_reader, member_writer, address, attempts = member
         self._writers.add(member_writer)
         try:
             member_writer.write(preamble(routing.partition) + first)
             if first[0] != TLS_RECORD:
                 writer.write(NOTICE)
             self.relayed += 1
+            span.end(attributes={"dlm.member": address, "dlm.dial_attempts": attempts})
             await _relay(reader, writer, member_reader, member_writer)
         finally:
             self._writers.discard(member_writer)
@@ -183,8 +242,10 @@ class Gateway:
 
     async def _dial(
         self, partition: int, plan: list[str]
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-        for address in plan:
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, str, int] | None:
+        """The first member of ``plan`` that answers: its streams, its address and how
+        many dials it took; None when none did."""
+        for attempt, address in enumerate(plan, start=1):
             host, port = parse_addr(address)
             try:
                 reader, writer = await asyncio.wait_for(
@@ -197,7 +258,7 @@ class Gateway:
             if sock is not None:
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return reader, writer
+            return reader, writer, address, attempt
         self.quiet.warning("gateway_no_member", partition=partition, tried=plan)
         return None
 
@@ -216,6 +277,55 @@ async def _routing_bytes(reader: asyncio.StreamReader) -> tuple[Routing, bytes] 
     if not first:
         first = await reader.readexactly(1)
     return answer, first
+
+
+class _RouteSpan:
+    """A connection's ``dlm.gateway.route`` span (``span`` None: not traced), ended once."""
+
+    __slots__ = ("span",)
+
+    def __init__(self) -> None:
+        self.span: Any = None
+
+    def end(self, error: str | None = None, attributes: dict[str, Any] | None = None) -> None:
+        if self.span is None:
+            return
+        span, self.span = self.span, None
+        for name, value in (attributes or {}).items():
+            span.set_attribute(name, value)
+        tracing.end_span(span, error=error)
+
+
+async def _hello_trace(
+    reader: asyncio.StreamReader, head: bytearray, routing_ends: float
+) -> str | None:
+    """The ``trace`` of the client's hello, whose first bytes are ``head``; every byte
+    read is appended to ``head`` (to go on to the member). None, silently, when the
+    hello carries no valid trace, is longer than HELLO_CAP, or is not in by
+    ``routing_ends`` (the loop's clock)."""
+    left = routing_ends - asyncio.get_running_loop().time()
+    try:
+        async with asyncio.timeout(max(left, 0.0)):
+            if len(head) < 4:
+                head += await reader.readexactly(4 - len(head))
+            length = int.from_bytes(head[:4], "big")
+            if length > HELLO_CAP:
+                return None
+            if len(head) < 4 + length:
+                head += await reader.readexactly(4 + length - len(head))
+    except asyncio.IncompleteReadError as exc:
+        head += exc.partial
+        return None
+    except (TimeoutError, OSError):
+        return None
+    try:
+        hello = decode_body(bytes(head[4 : 4 + length]))
+    except ProtocolError:
+        return None
+    if not isinstance(hello, dict) or hello.get("t") != "hello":
+        return None
+    trace = hello.get("trace")
+    return trace if isinstance(trace, str) and traceparent_problem(trace) is None else None
 
 
 async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
