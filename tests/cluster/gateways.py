@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tests.cluster.harness import REPO, Cluster, free_ports, wait_for
@@ -43,8 +43,18 @@ def _connects(address: str) -> bool:
 class GatewayProc:
     """One `dlm gateway` process relaying to ``members``."""
 
-    def __init__(self, base: Path, name: str, members: str, *, extra: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        base: Path,
+        name: str,
+        members: str,
+        *,
+        extra: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.port = free_ports(1)[0]
+        self.env = dict(env or {})
+        """Added to its environment (e.g. OTEL_* to trace it)."""
         self.members = members
         self.log_path = base / f"{name}.log"
         self.extra = list(extra)
@@ -59,7 +69,7 @@ class GatewayProc:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> GatewayProc:
-        env = dict(os.environ, PYTHONPATH=str(REPO), DLM_LOG_LEVEL="debug")
+        env = dict(os.environ, PYTHONPATH=str(REPO), DLM_LOG_LEVEL="debug", **self.env)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [

@@ -1,7 +1,8 @@
 """Issue 30, tracing end to end: `dlm acquire` given a TRACEPARENT, three real members
 exporting with OpenTelemetry to an OTLP receiver the test starts (tests/otlp_receiver.py);
 the operator finds the client's span, the leader's request, proposal, fsync and
-replication spans under the job's trace id."""
+replication spans under the job's trace id, and, through a gateway, the gateway's
+routing span between the client's and the leader's."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from dlm.partitioning import partition_of
 from tests.cluster.cli_harness import Dlm
+from tests.cluster.gateways import GatewayProc, unreachable_env
 from tests.cluster.harness import Cluster
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 
@@ -98,6 +100,47 @@ def test_an_acquire_is_traced_from_the_client_to_the_leaders_fsync(
         if s.attributes.get("dlm.request") == "open_lease"
     ]
     assert opened
+
+
+def test_an_acquire_through_a_gateway_is_traced_from_the_client_through_the_gateway(
+    traced: tuple[Cluster, OtlpReceiver, dict[str, str]], tmp_path: Path
+) -> None:
+    cluster, receiver, env = traced
+    leader = cluster.wait_for_leader(timeout=15.0)
+    gateway = GatewayProc(tmp_path, "gw", cluster.members_env, env=env).start()
+    try:
+        # A host that reaches the gateway and no member.
+        dlm = Dlm(gateway.address, tmp_path)
+        dlm.env.update(unreachable_env(cluster))
+        took = dlm.run("acquire", "jobs/gw-traced", "--json", env={**env, "TRACEPARENT": PARENT})
+        assert took.returncode == 0, took.stderr
+
+        def found(spans: list[ReceivedSpan]) -> bool:
+            mine = [s for s in spans if s.trace_id == TRACE_ID]
+            return _acquire_traced(mine) and any(s.name == "dlm.gateway.route" for s in mine)
+
+        spans = [s for s in receiver.wait_for(found) if s.trace_id == TRACE_ID]
+    finally:
+        assert gateway.terminate() == 0
+    (client,) = [s for s in spans if s.name == "dlm.acquire"]
+    routes = [s for s in spans if s.name == "dlm.gateway.route"]
+    # One span per connection the client opened through the gateway, each a child of the
+    # client's span, from the gateway's process.
+    assert routes and all(r.parent_span_id == client.span_id for r in routes)
+    assert {r.service for r in routes} == {"dlm-gateway"}
+    assert all(r.attributes["dlm.dial_attempts"] >= 1 for r in routes)
+    assert {r.attributes["dlm.partition"] for r in routes} == {0}
+    # The connection that carried the acquire reached the leader (named by the client
+    # after a redirect, or found first).
+    (request,) = [
+        s
+        for s in _children(spans, client, "dlm.request")
+        if s.attributes.get("dlm.request") == "acquire"
+    ]
+    assert request.attributes["dlm.member"] == leader.node_id
+    assert leader.address in {r.attributes["dlm.member"] for r in routes}
+    (proposal,) = _children(spans, request, "raft.proposal")
+    assert _children(spans, proposal, "wal.fsync")
 
 
 def test_with_tracing_off_in_the_client_its_traceparent_still_joins_the_members_spans(
