@@ -153,12 +153,15 @@ class ScriptedMember(_Recorder):
         self._late_welcome = welcome_after_first_request
         self._listener = _Listener(self._serve)
         self.addr = self._listener.addr
+        self.hellos: list[Frame] = []
+        """The hello of each connection, in order."""
 
     def _serve(self, sock: socket.socket) -> None:
         hello_seen = False
         for frame, _ in _frames(sock, self._listener.stopping):
             if not hello_seen:
                 hello_seen = True
+                self.hellos.append(frame)
                 if self._greeting is not None:
                     _send(sock, self._greeting)
                     sock.shutdown(socket.SHUT_RDWR)
