@@ -220,7 +220,13 @@ class CannedConnection:
 
     @classmethod
     def start(
-        cls, addr: str, deadline: float, secret: Any = None, tls: Any = None, partition: int = 0
+        cls,
+        addr: str,
+        deadline: float,
+        secret: Any = None,
+        tls: Any = None,
+        partition: int = 0,
+        trace: str | None = None,
     ) -> Any:
         """A connection for the cluster's requests: only to a member that answers some."""
         from dlm.client.core import ConnectionBroken
