@@ -541,18 +541,19 @@ def test_the_kill_grace_defaults_to_the_smaller_of_5s_and_a_quarter_ttl(
 def test_the_default_ttl_is_30s_renewed_every_10s(fake_cluster: Any) -> None:
     assert run(["exec", "--lock", "job", "--", "true"]) == 0
     (client,) = FakeClient.instances
-    assert client.calls[0] == ("open_lease", (30000,))
+    assert client.calls[0] == ("open_lease", (None,))  # the cluster's default-ttl
 
 
 def _lease_confirmed_long_ago(monkeypatch: pytest.MonkeyPatch, ago: float) -> None:
     from dlm.client.core import Lease
 
     def open_lease(
-        self: FakeClient, ttl_ms: int, lease: str | None = None, **options: Any
+        self: FakeClient, ttl_ms: int | None, lease: str | None = None, **options: Any
     ) -> Lease:
         options.pop("near", None)
         self._call("open_lease", ttl_ms, **options)
-        return Lease("fakelease0000001", ttl_ms, confirmed_at=lease_clock() - ago)
+        got = self.default_ttl_ms if ttl_ms is None else ttl_ms
+        return Lease("fakelease0000001", got, confirmed_at=lease_clock() - ago)
 
     monkeypatch.setattr(FakeClient, "open_lease", open_lease)
 
