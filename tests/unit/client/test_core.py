@@ -1001,7 +1001,7 @@ def test_a_clients_trace_context_is_checked_and_spawned_clients_keep_it() -> Non
 
 
 def test_an_open_naming_no_ttl_is_fitted_to_the_members_protocol_version() -> None:
-    request = {"t": "open_lease", "lease": "x", "ttl_ms": None, "meta": {}}
+    request: dict[str, Any] = {"t": "open_lease", "lease": "x", "ttl_ms": None, "meta": {}}
     assert "ttl_ms" not in core.for_member(request, 5)
     assert core.for_member(request, 4)["ttl_ms"] == core.DEFAULT_OPEN_TTL_MS == 30_000
     assert core.for_member(request, None)["ttl_ms"] == 30_000  # version unknown: as an older
