@@ -183,11 +183,7 @@ def run(
     ttl_ms = ttl_option(ttl)
     delay_ms = lock_delay_option(lock_delay)
     wait_s = wait_option(wait)
-    from dlm.client.core import DEFAULT_OPEN_TTL_MS
-
-    # Without --ttl the lease gets the cluster's default-ttl, known once it is open: the
-    # grace is checked against it then (_Session.check_grace); until then, 30 s.
-    grace_s = kill_grace_option(kill_grace, DEFAULT_OPEN_TTL_MS if ttl_ms is None else ttl_ms)
+    grace_s = kill_grace_option(kill_grace, ttl_ms)
     hold_s = min_hold_option(min_hold)
     if hold_s is not None and wait_s is not None and wait_s >= hold_s:
         complain(
@@ -307,15 +303,22 @@ def on_busy_option(
     raise usage_error(f"bad --on-busy {text!r}: write skip, fail or wait=DURATION (e.g. wait=1m)")
 
 
-def kill_grace_option(text: str | None, ttl_ms: int) -> float:
+def kill_grace_option(text: str | None, ttl_ms: int | None) -> float:
     """Seconds between SIGTERM and the deadline: min(5 s, TTL/4) unless given; given, it
-    must stay under TTL/2, or the lease would be spent before a renewal could save it."""
+    must stay under TTL/2, or the lease would be spent before a renewal could save it.
+
+    ``ttl_ms`` None (no --ttl): the lease gets the cluster's default-ttl, known once it
+    is open, and the grace is checked against it then (_Session.check_grace); the
+    default is the one of a 30 s TTL, as the guard needs its grace when it starts."""
     from dlm.cli.exec_rules import default_grace, grace_problem
+    from dlm.client.core import DEFAULT_OPEN_TTL_MS
     from dlm.durations import format_ms
 
     if text is None:
-        return default_grace(ttl_ms)
+        return default_grace(DEFAULT_OPEN_TTL_MS if ttl_ms is None else ttl_ms)
     grace = duration_option("--kill-grace", text)
+    if ttl_ms is None:
+        return grace
     problem = grace_problem(grace, ttl_ms)
     if problem is not None:
         raise usage_error(
