@@ -36,7 +36,7 @@ from dlm._api.held import HeldState
 from dlm._api.options import Duration
 from dlm.client import aio
 from dlm.client.clock import RECHECK_S, lease_clock
-from dlm.client.core import min_hold_ttl_ms
+from dlm.client.core import DEFAULT_OPEN_TTL_MS, min_hold_ttl_ms
 from dlm.client.errors import DlmError, LeaseLost, LockHeld, LockLost
 
 _IDLE_CONNECTIONS = 64
@@ -89,7 +89,7 @@ class AsyncClient:
         self,
         key: str | Sequence[str],
         *,
-        ttl: Duration = "30s",
+        ttl: Duration | None = None,
         wait: Duration | None = "10s",
         meta: Mapping[str, str] | None = None,
         min_hold: Duration | None = None,
@@ -120,7 +120,7 @@ class AsyncClient:
         key: str | Sequence[str],
         limit: int,
         *,
-        ttl: Duration = "30s",
+        ttl: Duration | None = None,
         wait: Duration | None = "10s",
         meta: Mapping[str, str] | None = None,
         min_hold: Duration | None = None,
@@ -230,7 +230,7 @@ class AsyncLock(HeldState):
         client: AsyncClient,
         key: str | Sequence[str],
         *,
-        ttl: Duration = "30s",
+        ttl: Duration | None = None,
         wait: Duration | None = "10s",
         meta: Mapping[str, str] | None = None,
         min_hold: Duration | None = None,
@@ -240,7 +240,7 @@ class AsyncLock(HeldState):
         lock_delay: Duration | None = None,
         traceparent: str | None = None,
     ) -> None:
-        ttl_ms = _options.ttl_ms(ttl)
+        ttl_ms = _options.optional_ttl_ms(ttl)
         super().__init__(
             _options.keys(key),
             ttl_ms=ttl_ms,
@@ -255,10 +255,10 @@ class AsyncLock(HeldState):
         self._owner = Owner()
         self._client = client
         self._lost: anyio.Event = anyio.Event()
-        margin = _options.optional_seconds(cancel_margin, "cancel_margin")
-        self._cancel_margin = (
-            min(CANCEL_MARGIN_MAX_S, ttl_ms / 10_000) if margin is None else margin
-        )
+        self._margin_given = _options.optional_seconds(cancel_margin, "cancel_margin")
+        # Without a TTL (the cluster's default-ttl) the margin is set again once the lease
+        # is open and its TTL known; 30 s until then.
+        self._cancel_margin = self._margin_for(ttl_ms or DEFAULT_OPEN_TTL_MS)
         self._hold_scope: anyio.CancelScope | None = None
         self._body_scope: anyio.CancelScope | None = None
         self._own_group: anyio.abc.TaskGroup | None = None
@@ -268,6 +268,13 @@ class AsyncLock(HeldState):
     def lost(self) -> anyio.Event:
         """Set when the current acquisition is lost (a new acquisition has a new event)."""
         return self._lost
+
+    def _margin_for(self, ttl_ms: int) -> float:
+        """The cancel margin with a lease of ``ttl_ms``: as given, else a tenth of the TTL
+        up to CANCEL_MARGIN_MAX_S."""
+        if self._margin_given is not None:
+            return self._margin_given
+        return min(CANCEL_MARGIN_MAX_S, ttl_ms / 10_000)
 
     @property
     def cancel_margin(self) -> float:
@@ -432,6 +439,7 @@ class AsyncLock(HeldState):
                 lease = await inner.open_lease(
                     self._ttl_ms, lock_delay_ms=self._lock_delay_ms, near=sorted(self._keys)
                 )
+                self._cancel_margin = self._margin_for(lease.ttl_ms)
                 self._lease = lease.id
                 scope = anyio.CancelScope()
                 self._hold_scope = scope
@@ -630,7 +638,7 @@ class AsyncElection:
         self,
         value: str = "",
         *,
-        ttl: Duration = "30s",
+        ttl: Duration | None = None,
         wait: Duration | None = None,
         lock_delay: Duration | None = None,
         on_lost: Callable[[AsyncLeadership], object] | Callable[[], object] | None = None,

@@ -44,7 +44,7 @@ class HeldState:
         self,
         keys: tuple[str, ...],
         *,
-        ttl_ms: int,
+        ttl_ms: int | None,
         wait_s: float | None,
         limit: int,
         meta: dict[str, str],

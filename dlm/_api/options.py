@@ -52,6 +52,11 @@ def milliseconds(value: Duration, name: str) -> int:
     return whole + (whole < ms_float)
 
 
+def optional_ttl_ms(value: Duration | None, name: str = "ttl") -> int | None:
+    """As ``ttl_ms``; None stays None: the lease gets the cluster's default-ttl."""
+    return None if value is None else ttl_ms(value, name)
+
+
 def ttl_ms(value: Duration, name: str = "ttl") -> int:
     """A lease TTL in milliseconds, within the cluster's bounds."""
     ms = milliseconds(value, name)

@@ -93,7 +93,7 @@ class Client:
         self,
         key: str | Sequence[str],
         *,
-        ttl: Duration = "30s",
+        ttl: Duration | None = None,
         wait: Duration | None = "10s",
         meta: Mapping[str, str] | None = None,
         min_hold: Duration | None = None,
@@ -103,7 +103,8 @@ class Client:
         """A lock on ``key`` (or on every key of a list, all under one lease), not yet
         taken: ``with client.lock("k") as lock:`` or ``lock.acquire()``.
 
-        ``ttl``: the lease's lifetime, renewed every third of it in the background.
+        ``ttl``: the lease's lifetime, renewed every third of it in the background
+        (None: the cluster's default-ttl, 30 s unless `dlm config set` changed it).
         ``wait``: how long ``with`` and ``acquire()`` wait in the key's FIFO queue
         (None or 0: try once). ``meta``: what to record with the grant (`dlm status
         KEY` shows it; host, user and pid are recorded anyway). ``min_hold``: the
@@ -129,7 +130,7 @@ class Client:
         key: str | Sequence[str],
         limit: int,
         *,
-        ttl: Duration = "30s",
+        ttl: Duration | None = None,
         wait: Duration | None = "10s",
         meta: Mapping[str, str] | None = None,
         min_hold: Duration | None = None,
@@ -236,7 +237,7 @@ class Lock(HeldState):
         client: Client,
         key: str | Sequence[str],
         *,
-        ttl: Duration = "30s",
+        ttl: Duration | None = None,
         wait: Duration | None = "10s",
         meta: Mapping[str, str] | None = None,
         min_hold: Duration | None = None,
@@ -247,7 +248,7 @@ class Lock(HeldState):
     ) -> None:
         super().__init__(
             _options.keys(key),
-            ttl_ms=_options.ttl_ms(ttl),
+            ttl_ms=_options.optional_ttl_ms(ttl),
             wait_s=_options.optional_seconds(wait, "wait"),
             limit=_options.limit(limit),
             meta=_options.meta(meta),
@@ -539,7 +540,7 @@ class Election:
         self,
         value: str = "",
         *,
-        ttl: Duration = "30s",
+        ttl: Duration | None = None,
         wait: Duration | None = None,
         lock_delay: Duration | None = None,
         on_lost: Callable[[Leadership], object] | Callable[[], object] | None = None,

@@ -191,7 +191,12 @@ def acquire(
         ),
     ],
     ttl: Annotated[
-        str, typer.Option("--ttl", metavar="DURATION", help="Lifetime of a new lease.")
+        str | None,
+        typer.Option(
+            "--ttl",
+            metavar="DURATION",
+            help="Lifetime of a new lease [default: the cluster's default-ttl, 30s unless set].",
+        ),
     ] = ACQUIRE_TTL,
     wait: WaitOpt = None,
     lease: Annotated[
@@ -308,7 +313,13 @@ def exec_(
         ),
     ],
     ttl: Annotated[
-        str, typer.Option("--ttl", metavar="DURATION", help="Lease TTL, renewed every TTL/3.")
+        str | None,
+        typer.Option(
+            "--ttl",
+            metavar="DURATION",
+            help="Lease TTL, renewed every TTL/3 [default: the cluster's default-ttl, "
+            "30s unless set].",
+        ),
     ] = EXEC_TTL,
     wait: WaitOpt = None,
     kill_grace: Annotated[
@@ -431,7 +442,13 @@ def elect(
         typer.Option("--value", metavar="V", help="This candidate's value, shown to observers."),
     ] = "",
     ttl: Annotated[
-        str, typer.Option("--ttl", metavar="DURATION", help="Lease TTL, renewed every TTL/3.")
+        str | None,
+        typer.Option(
+            "--ttl",
+            metavar="DURATION",
+            help="Lease TTL, renewed every TTL/3 [default: the cluster's default-ttl, "
+            "30s unless set].",
+        ),
     ] = EXEC_TTL,
     kill_grace: Annotated[
         str | None,

@@ -98,7 +98,7 @@ def elect(
     name: str,
     value: str,
     command: Sequence[str],
-    ttl: str,
+    ttl: str | None,
     kill_grace: str | None,
     lock_delay: str | None,
 ) -> int:

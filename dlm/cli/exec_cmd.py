@@ -155,7 +155,7 @@ def run(
     *,
     key: str,
     command: Sequence[str],
-    ttl: str,
+    ttl: str | None,
     wait: str | None,
     kill_grace: str | None,
     conflict_exit_code: int | None,
@@ -200,6 +200,7 @@ def run(
     else:
         guard = Guard.start(program, command, grace_s)
     session = _Session(settings, key=key, command=command, guard=guard, grace=grace_s, hold=hold_s)
+    session.grace_text = kill_grace if ttl_ms is None else None
     session.keys = list(dict.fromkeys([key, *also]))
     session.lock_delay_ms = delay_ms
     session.election = election
@@ -302,15 +303,22 @@ def on_busy_option(
     raise usage_error(f"bad --on-busy {text!r}: write skip, fail or wait=DURATION (e.g. wait=1m)")
 
 
-def kill_grace_option(text: str | None, ttl_ms: int) -> float:
+def kill_grace_option(text: str | None, ttl_ms: int | None) -> float:
     """Seconds between SIGTERM and the deadline: min(5 s, TTL/4) unless given; given, it
-    must stay under TTL/2, or the lease would be spent before a renewal could save it."""
+    must stay under TTL/2, or the lease would be spent before a renewal could save it.
+
+    ``ttl_ms`` None (no --ttl): the lease gets the cluster's default-ttl, known once it
+    is open, and the grace is checked against it then (_Session.check_grace); the
+    default is the one of a 30 s TTL, as the guard needs its grace when it starts."""
     from dlm.cli.exec_rules import default_grace, grace_problem
+    from dlm.client.core import DEFAULT_OPEN_TTL_MS
     from dlm.durations import format_ms
 
     if text is None:
-        return default_grace(ttl_ms)
+        return default_grace(DEFAULT_OPEN_TTL_MS if ttl_ms is None else ttl_ms)
     grace = duration_option("--kill-grace", text)
+    if ttl_ms is None:
+        return grace
     problem = grace_problem(grace, ttl_ms)
     if problem is not None:
         raise usage_error(
@@ -446,6 +454,8 @@ class _Session:
         self.guard = guard
         self.grace = grace
         self.hold = hold
+        self.grace_text: str | None = None
+        """--kill-grace as given, when it is checked once the lease's TTL is known (no --ttl)."""
         self.gate = StartGate(grace)
         self.lock_delay_ms = 0
         self.keys = [key]
@@ -458,10 +468,29 @@ class _Session:
         self.run_code: int | None = None
         """CMD's exit code, for the run ledger (None: it did not start or did not end)."""
 
+    def check_grace(self, ttl_ms: int) -> None:
+        """The lease got the cluster's default-ttl (no --ttl): the grace must stay under
+        half of it, as kill_grace_option checks a --ttl given (a usage error, exit 2)."""
+        from dlm.cli.exec_rules import grace_problem
+        from dlm.durations import format_ms
+
+        problem = grace_problem(self.grace, ttl_ms)
+        if problem is None:
+            return
+        given = (
+            f"--kill-grace {self.grace_text}"
+            if self.grace_text
+            else (f"the default --kill-grace ({format_ms(self.grace * 1000)})")
+        )
+        raise usage_error(
+            f"{given} is too long for the cluster's default-ttl of {format_ms(ttl_ms)}: "
+            f"{problem} ({format_ms(ttl_ms / 2)}); give a --ttl, or a shorter --kill-grace"
+        )
+
     def run(
         self,
         *,
-        ttl_ms: int,
+        ttl_ms: int | None,
         wait_s: float | None,
         limit: int,
         conflict_code: int,
@@ -488,6 +517,8 @@ class _Session:
             lease = client.open_lease(
                 ttl_ms, meta=meta, lock_delay_ms=self.lock_delay_ms, near=self.keys
             )
+            if ttl_ms is None:
+                self.check_grace(lease.ttl_ms)
             keeper = KeepAlive(
                 client,
                 lease,

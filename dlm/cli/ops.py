@@ -56,7 +56,11 @@ def _check(option: str, problem: str | None) -> None:
         raise usage_error(f"bad {option}: {problem}")
 
 
-def ttl_option(text: str) -> int:
+def ttl_option(text: str | None) -> int | None:
+    """``--ttl`` as milliseconds; None when not given: the lease then gets the cluster's
+    default-ttl, and the TTL is known once the lease is open (LeaseOpened names it)."""
+    if text is None:
+        return None
     try:
         ttl_ms = parse_duration_ms(text)
     except DurationError as exc:
@@ -277,7 +281,7 @@ def acquire(
     settings: Settings,
     *,
     key: str,
-    ttl: str,
+    ttl: str | None,
     wait: str | None,
     lease: str | None,
     limit: int,
@@ -358,7 +362,7 @@ def _take(
     client: Client,
     keys: Sequence[str],
     *,
-    ttl_ms: int,
+    ttl_ms: int | None,
     wait_s: float | None,
     lease: str | None,
     limit: int,

@@ -40,9 +40,10 @@ TLS_CERT_ENV = "DLM_TLS_CERT"
 TLS_KEY_ENV = "DLM_TLS_KEY"
 
 # Defaults of the subcommands, shared by the typer app and the fast path.
-ACQUIRE_TTL = "30s"
+# None: the lease gets the cluster's default-ttl (30s unless `dlm config set` changed it).
+ACQUIRE_TTL: str | None = None
 ACQUIRE_FORMAT = "text"
-EXEC_TTL = "30s"
+EXEC_TTL: str | None = None
 EXEC_KILL_GRACE: str | None = None  # min(5s, TTL/4): dlm.cli.guard.default_grace
 EXEC_CONFLICT_EXIT_CODE = 75
 

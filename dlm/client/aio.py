@@ -123,6 +123,7 @@ class _StreamConnection:
         self.addr = addr
         self.stream = stream
         self.via_gateway = False
+        self.version: int | None = None  # the protocol version the welcome negotiated
         self._decoder = FrameDecoder(PEER_FRAME_LIMIT)
         self._sealer: Any = None
         self._frames: deque[Any] = deque()
@@ -351,6 +352,7 @@ class _AsyncioConnection:
     def __init__(self, addr: str, protocol: _FrameProtocol, loop: asyncio.AbstractEventLoop):
         self.addr = addr
         self.via_gateway = False
+        self.version: int | None = None  # the protocol version the welcome negotiated
         self._protocol = protocol
         self._loop = loop
         self._sealer: Any = None
@@ -698,7 +700,7 @@ class AsyncClient:
 
     async def open_lease(
         self,
-        ttl_ms: int,
+        ttl_ms: int | None,
         lease: str | None = None,
         *,
         ephemeral: bool = False,
@@ -1308,13 +1310,15 @@ class AsyncClient:
                 # named (or the greeting is garbled): nothing it answers here counts.
                 await conn.aclose()
                 return Failed(f"answered for partition {greeted}, not {partition}")
+            conn.version = core.greeting_version(greeting)
             self._conns[partition] = conn
             if conn.via_gateway:
                 self._ctx.gateways.add(core.split_route(conn.addr)[0])
         if action.drop_pushes_for is not None:
             conn.drop_pushes(*action.drop_pushes_for)
         try:
-            reply = await conn.request(action.request, max(0.001, deadline - time.monotonic()))
+            request = core.for_member(action.request, conn.version)
+            reply = await conn.request(request, max(0.001, deadline - time.monotonic()))
         except ConnectionBroken as exc:
             await self._drop_connection(partition)
             return Failed(str(exc))

@@ -432,6 +432,47 @@ def dial_plan(addr: str, partition: int) -> tuple[str, int, bytes, str]:
     return host, port, target_preamble(partition, member), parse_addr(member)[0]
 
 
+DEFAULT_OPEN_TTL_MS = 30_000
+"""The TTL a lease is opened with when the caller names none and the member speaks a
+protocol older than 5, which cannot leave it to the cluster's default-ttl (the
+member's own DEFAULT_TTL_MS)."""
+
+CLUSTER_TTL_VERSION = 5
+"""The protocol version from which an open_lease may leave out ttl_ms (the cluster's
+default-ttl then applies)."""
+
+
+def greeting_version(greeting: Mapping[Any, Any]) -> int | None:
+    """The protocol version a member's welcome negotiated (None: not a welcome, or a
+    version that is not a small positive integer: bytes from outside are untrusted)."""
+    if greeting.get("t") != "welcome":
+        return None
+    version = greeting.get("version")
+    if isinstance(version, int) and not isinstance(version, bool) and 1 <= version <= 1 << 16:
+        return version
+    return None
+
+
+def leaves_ttl_to_cluster(request: Mapping[str, Any]) -> bool:
+    """Is ``request`` an open_lease that names no TTL (the cluster's default-ttl)?"""
+    return request.get("t") == "open_lease" and request.get("ttl_ms") is None
+
+
+def for_member(request: dict[str, Any], version: int | None) -> dict[str, Any]:
+    """``request`` as a member that negotiated protocol ``version`` takes it: an open_lease
+    naming no TTL leaves ttl_ms out (version 5 on: the cluster's default-ttl applies), or
+    names DEFAULT_OPEN_TTL_MS to an older member (or one whose version is unknown), which
+    would refuse the missing field. Any other request goes as it is."""
+    if not leaves_ttl_to_cluster(request):
+        return request
+    fitted = dict(request)
+    if version is not None and version >= CLUSTER_TTL_VERSION:
+        fitted.pop("ttl_ms", None)
+    else:
+        fitted["ttl_ms"] = DEFAULT_OPEN_TTL_MS
+    return fitted
+
+
 def is_gateway_notice(frame: object) -> bool:
     """Is ``frame`` the notice a gateway writes first (``{t: gateway, version: 1}``)?"""
     return isinstance(frame, dict) and frame.get("t") == "gateway" and "id" not in frame
@@ -1072,7 +1113,7 @@ def change(
 
 def open_lease_flow(
     s: Context,
-    ttl_ms: int,
+    ttl_ms: int | None,
     lease: str | None = None,
     *,
     ephemeral: bool = False,
@@ -1082,6 +1123,9 @@ def open_lease_flow(
 ) -> Generator[Action, Outcome, Lease]:
     """Opens a lease (a fresh random id unless ``lease`` is given).
 
+    ``ttl_ms`` None: the cluster's default-ttl (the driver fits the request to the
+    member's protocol version, ``for_member``); the lease's TTL is then the one the
+    member's reply names, as it always is.
     ``lock_delay_ms`` (0 to 60000; cluster version 4): when the lease expires or is
     revoked while holding a key, the key is granted to nobody for that long.
     ``partition``: where to open it (a part of a lease with keys in several
@@ -1113,7 +1157,7 @@ def open_lease_flow(
 
 def open_near_flow(
     s: Context,
-    ttl_ms: int,
+    ttl_ms: int | None,
     near: Sequence[str],
     *,
     ephemeral: bool = False,

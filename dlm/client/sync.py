@@ -105,6 +105,7 @@ class _Connection:
         self.node = ""
         self.partitions: int | None = None  # as the greeting says (None: none yet, or garbled)
         self.partition: int | None = None  # the partition the greeting names (0 unnamed)
+        self.version: int | None = None  # the protocol version the welcome negotiated
         self._tls = tls
         self.greeting: dict[Any, Any] | None = None
         """The member's welcome, when the handshake has already read it."""
@@ -231,6 +232,23 @@ class _Connection:
         self.node = node if isinstance(node, str) else ""
         if greeting.get("t") == "welcome":
             self.partitions, self.partition = core.greeting_partitions(greeting)
+            self.version = core.greeting_version(greeting)
+
+    def await_greeting(self, deadline: float) -> None:
+        """Reads the member's welcome when it has not come in yet (a request that depends
+        on the negotiated version waits for it). Any other frame (a refusal of the hello)
+        is kept to be read as the reply."""
+        while self.version is None:
+            frame = self.read(deadline)
+            if frame is None:
+                return
+            if frame.get("t") == "welcome" and "id" not in frame:
+                self.greeted(frame)
+                if self.version is None:
+                    return  # a garbled version: treated as an older member
+            else:
+                self._frames.appendleft(frame)
+                return
 
     def send(self, obj: Any, deadline: float) -> None:
         data = encode_frame(obj, self._sealer)
@@ -560,7 +578,7 @@ class Client:
 
     def open_lease(
         self,
-        ttl_ms: int,
+        ttl_ms: int | None,
         lease: str | None = None,
         *,
         ephemeral: bool = False,
@@ -570,6 +588,9 @@ class Client:
     ) -> Lease:
         """Opens a lease (a fresh random id unless ``lease`` is given).
 
+        ``ttl_ms`` None: the cluster's default-ttl (30 s unless `dlm config set
+        default-ttl` changed it; 30 s from a member older than protocol version 5); the
+        Lease returned names the TTL it got.
         ``ephemeral``: the lease is for one lock, and a release that leaves it
         idle ends it (what ``dlm acquire`` does). ``lock_delay_ms`` (0 to 60000): when
         the lease expires or is revoked while holding a key, the key is granted to nobody
@@ -1194,7 +1215,11 @@ class Client:
         if action.drop_pushes_for is not None:
             conn.drop_pushes(*action.drop_pushes_for)
         try:
-            reply = conn.request(action.request, deadline)
+            request = action.request
+            if core.leaves_ttl_to_cluster(request):
+                conn.await_greeting(deadline)
+                request = core.for_member(request, conn.version)
+            reply = conn.request(request, deadline)
         except ConnectionBroken as exc:
             self._drop_connection(partition)
             return Failed(str(exc))

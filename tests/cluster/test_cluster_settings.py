@@ -102,6 +102,35 @@ def test_default_ttl_fills_in_an_open_that_names_none(three: Cluster, tmp_path: 
         admin.json("config", "set", "default-ttl", "0")
 
 
+def test_the_cli_leaves_the_ttl_to_the_cluster_when_given_none(
+    three: Cluster, tmp_path: Path
+) -> None:
+    """`dlm acquire`/`dlm exec` without --ttl get the cluster's default-ttl; --ttl wins."""
+    admin = Dlm(three.members_env, tmp_path)
+    admin.json("config", "set", "default-ttl", "45s")
+    try:
+        got = admin.json("acquire", "settings/default-ttl")
+        assert got["ttl_ms"] == 45_000, got
+        leases = admin.json("lease", "list")
+        listed = [each for each in _leases_of(leases) if each.get("id") == got["lease"]]
+        assert listed and listed[0]["ttl_ms"] == 45_000, leases
+
+        explicit = admin.json("acquire", "settings/explicit-ttl", "--ttl", "10s")
+        assert explicit["ttl_ms"] == 10_000, explicit
+
+        ran = admin.json("exec", "--lock", "settings/exec-default", "--", "true")
+        assert ran["exit_code"] == 0 and ran["ttl_ms"] == 45_000, ran
+    finally:
+        admin.json("config", "set", "default-ttl", "0")
+
+
+def _leases_of(listing: object) -> list[dict[str, object]]:
+    if isinstance(listing, dict):
+        listing = listing.get("leases", [])
+    assert isinstance(listing, list), listing
+    return [each for each in listing if isinstance(each, dict)]
+
+
 def test_a_partitioned_cluster_takes_the_setting_in_every_partition(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, size=1, partitions=2)
     try:

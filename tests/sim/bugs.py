@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 from dlm.cli.exec_rules import GuardRules, StartGate
-from dlm.client.core import LeaseClock, PartClocks, lease_deadline
+from dlm.client.core import LeaseClock, PartClocks, for_member, lease_deadline
 from dlm.gateway.routing import GatewayRouter, canonical
 from dlm.node import locks
 from dlm.node.admission import (
@@ -493,3 +493,9 @@ class PrefersItsHint(GatewayRouter):
         if target is not None and hinted is not None and canonical(target) in self.members:
             return [hinted]
         return super().plan(partition, target)
+
+
+def names_30s_to_every_member(request: dict[str, Any], version: int | None) -> dict[str, Any]:
+    """Issue 30: the client fits an open naming no TTL as if every member were older than
+    protocol 5, so `dlm acquire` without --ttl gets 30 s whatever the default-ttl says."""
+    return for_member(request, 4)

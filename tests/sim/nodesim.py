@@ -321,6 +321,9 @@ class NodeSimOptions:
     dialing_class: type[Dialing] = Dialing
     """The admission objects the members use (mutants replace them)."""
     lease_clock_class: type[core.LeaseClock] = core.LeaseClock
+    fit_request: Callable[[dict[str, Any], int | None], dict[str, Any]] = core.for_member
+    """How a client fits a request to the member's protocol version (an open naming no TTL
+    leaves it to the cluster from version 5 on; a mutant may stand in for it)."""
     part_clocks_class: type[core.PartClocks] = core.PartClocks
     """The clocks of a lease with parts in several partitions (partitioned runs' clients
     that route through the library; a mutant may stand in for it)."""
@@ -893,6 +896,9 @@ class NodeSimulation:
         """An operator changes the max-ttl in this run (then the recovery probe's write
         unsets it, so that the liveness probe's long lease is allowed)."""
         self.max_ttl_checkers: dict[int, MaxTtlChecker] = {}
+        self.default_ttl_ms: int | None = None
+        """The cluster's default-ttl once the settings admin has set it (then some opens
+        name no TTL, as `dlm acquire` without --ttl, and must get this one)."""
         """Each partition's max-ttl in force by index, and the check (settingscheck.py)."""
         self.lease_delays: dict[tuple[str, int], int] = {}
         """(lease, incarnation) -> the lock-delay its open entry gave it."""
@@ -1911,7 +1917,8 @@ class NodeSimulation:
                 runner.step(outcome)
 
         client.waiting = (rid, resume_reply)
-        self.client_send(conn, {**action.request, "id": rid})
+        request = self.options.fit_request(action.request, self.options.peer_version)
+        self.client_send(conn, {**request, "id": rid})
 
         def timeout() -> None:
             if client.wait_token != token:
@@ -2179,6 +2186,20 @@ class NodeSimulation:
         rng = self.rng_for("cluster-settings-admin")
         admin = SimClient(proc, "settings")
         admin.ctx.timeout = 1.0  # each request settles before the heal
+        # The default-ttl first (its own stream of draws: the max-ttl's stay as they were).
+        default_ttl = self.rng_for("cluster-settings-default-ttl").choice((1000, 1500, 2000))
+        self.leases_ttl_max_ms = max(self.leases_ttl_max_ms, default_ttl)
+        request = ConfigSet(id=0, setting="default-ttl", value_ms=default_ttl)
+        for _ in range(10):  # until the cluster runs version 5 and takes it
+            if self.world.now >= self.heal_at - 3 * US:
+                return
+            try:
+                yield RunFlow(admin, core.read_flow(admin.ctx, request))
+                self.default_ttl_ms = default_ttl
+                self.stats["default_ttl_set"] += 1
+                break
+            except DlmError:
+                yield Sleep(rng.uniform(0.1, 0.4))
         while self.world.now < self.heal_at - 3 * US:
             yield Sleep(rng.uniform(1.0, 4.0))
             if self.world.now >= self.heal_at - 3 * US:
@@ -2764,6 +2785,7 @@ class NodeSimulation:
             ttl_ms = rng.choice((800, 1000, 1500, 2000))
             self.leases_ttl_max_ms = max(self.leases_ttl_max_ms, ttl_ms)
             lease_id = _lease_id(rng)
+            reopening = proc.reopen is not None  # (its TTL as before: it may still be open)
             if proc.reopen is not None:
                 lease_id = proc.reopen[0]
                 proc.reopen = None
@@ -2772,13 +2794,30 @@ class NodeSimulation:
                 delay_rng = self.rng_for(f"lock-delay-{proc.name}-{lease_id}")
                 if delay_rng.random() < self.options.lock_delays:
                     delay_ms = delay_rng.choice((300, 800, 1500))
+            # With a default-ttl set, some opens name none (`dlm acquire` without --ttl): the
+            # client fits the request to the member's version (core.for_member).
+            asked: int | None = ttl_ms
+            if (
+                self.default_ttl_ms is not None
+                and not reopening
+                and self.rng_for(f"default-ttl-{proc.name}-{lease_id}").random() < 0.3
+            ):
+                asked = None
             try:
                 lease: core.Lease = yield RunFlow(
-                    main, core.open_lease_flow(main.ctx, ttl_ms, lease_id, lock_delay_ms=delay_ms)
+                    main, core.open_lease_flow(main.ctx, asked, lease_id, lock_delay_ms=delay_ms)
                 )
             except DlmError:
                 self.stats["open_failed"] += 1
                 continue
+            if asked is None:
+                self.stats["opened_with_default_ttl"] += 1
+                if lease.ttl_ms != self.default_ttl_ms:
+                    raise Violation(
+                        "default-ttl",
+                        f"lease {lease.id} opened naming no TTL got {lease.ttl_ms} ms, not "
+                        f"the cluster's default-ttl of {self.default_ttl_ms} ms",
+                    )
             # (The mutant counts from when the answer arrived, the correct client from the send.)
             start = proc.mono() if self.options.lease_clock_from_reply else lease.confirmed_at
             book: core.LeaseBook | None = None

@@ -59,6 +59,7 @@ from .bugs import (
     SpawnsWithoutLooking,
     SpreadsWithoutRotation,
     StopsTheMemberAtAnyCrash,
+    names_30s_to_every_member,
 )
 from .conftest import SimTotals
 from .harness import DiskBackend, MemoryBackend
@@ -531,6 +532,12 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
             seed, lock_machine_class=IgnoresMaxTtlAfterRestore, cluster_settings=1.0
         ),
         {"over-max-ttl"},
+        SETTINGS_MUTANT_SEEDS,
+    ),
+    # Issue 30: an open naming no TTL must get the cluster's default-ttl.
+    "the client names 30s to a member that takes the cluster's default-ttl": (
+        lambda seed: options_for(seed, fit_request=names_30s_to_every_member, cluster_settings=1.0),
+        {"default-ttl"},
         SETTINGS_MUTANT_SEEDS,
     ),
     "an expiry ignores the lease's lock-delay": (

@@ -47,9 +47,12 @@ class FakeClient:
         if error is not None:
             raise error
 
+    default_ttl_ms = 30_000
+    """The fake cluster's default-ttl: the TTL of a lease opened without one."""
+
     def open_lease(
         self,
-        ttl_ms: int,
+        ttl_ms: int | None,
         lease: str | None = None,
         *,
         ephemeral: bool = False,
@@ -61,7 +64,8 @@ class FakeClient:
         # the calls a test expects are the one-partition cluster's.
         delay = {"lock_delay_ms": lock_delay_ms} if lock_delay_ms else {}
         self._call("open_lease", ttl_ms, ephemeral=ephemeral, meta=meta, **delay)
-        return Lease(id=lease or "fakelease0000001", ttl_ms=ttl_ms, confirmed_at=lease_clock())
+        got = self.default_ttl_ms if ttl_ms is None else ttl_ms
+        return Lease(id=lease or "fakelease0000001", ttl_ms=got, confirmed_at=lease_clock())
 
     def acquire(
         self, lease: Any, key: str, *, wait: float | None, limit: int, meta: dict[str, str]

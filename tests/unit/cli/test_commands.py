@@ -265,7 +265,7 @@ def test_acquire_text_and_defaults(capsys: Capture, fake_cluster: Any) -> None:
     assert run(["acquire", "k", "--meta", "job=nightly", "--meta", "host=override"]) == 0
     assert capsys.readouterr().out.startswith("acquired k: token 4242, lease fakelease0000001")
     (client,) = FakeClient.instances
-    assert client.calls[0][1] == (30000,)
+    assert client.calls[0][1] == (None,)  # no --ttl: the cluster's default-ttl
     _, (_lease, key, wait, limit, meta) = client.calls[1]
     assert (key, wait, limit) == ("k", None, 1)
     assert meta["job"] == "nightly"

@@ -525,6 +525,42 @@ def test_a_kill_grace_of_half_the_ttl_or_more_is_a_usage_error(
 
 
 @pytest.mark.parametrize(
+    ("default_ttl_ms", "grace", "shown"),
+    [(8_000, None, "the default --kill-grace (5s)"), (60_000, "30s", "--kill-grace 30s")],
+)
+def test_without_ttl_the_kill_grace_is_checked_against_the_ttl_the_lease_got(
+    default_ttl_ms: int,
+    grace: str | None,
+    shown: str,
+    *,
+    capsys: Capture,
+    fake_cluster: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(FakeClient, "default_ttl_ms", default_ttl_ms)
+    flags = [] if grace is None else ["--kill-grace", grace]
+    assert run(["exec", "--lock", "job", *flags, "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert f"{shown} is too long for the cluster's default-ttl" in err, err
+    (client,) = FakeClient.instances
+    assert client.calls[0] == ("open_lease", (None,))
+    assert not any(name == "acquire" for name, _ in client.calls)
+
+
+def test_without_ttl_a_kill_grace_the_clusters_longer_default_allows_runs(
+    tmp_path: Path, capsys: Capture, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 20 s is too long for 30 s, not for the cluster's 60 s: no refusal before the open.
+    monkeypatch.setattr(FakeClient, "default_ttl_ms", 60_000)
+    out = tmp_path / "ttl"
+    probe = f"import os; open({str(out)!r}, 'w').write(os.environ['DLM_LEASE_TTL_MS'])"
+    args = ["exec", "--lock", "job", "--kill-grace", "20s", "--", sys.executable, "-I", "-c"]
+    assert run([*args, probe]) == 0
+    assert out.read_text() == "60000"
+
+
+@pytest.mark.parametrize(
     ("ttl", "grace", "seconds"),
     [("30s", None, 5.0), ("2s", None, 0.5), ("1m", None, 5.0), ("4s", None, 1.0),
      ("30s", "14.9s", 14.9), ("30s", "0", 0.0)],
@@ -541,18 +577,19 @@ def test_the_kill_grace_defaults_to_the_smaller_of_5s_and_a_quarter_ttl(
 def test_the_default_ttl_is_30s_renewed_every_10s(fake_cluster: Any) -> None:
     assert run(["exec", "--lock", "job", "--", "true"]) == 0
     (client,) = FakeClient.instances
-    assert client.calls[0] == ("open_lease", (30000,))
+    assert client.calls[0] == ("open_lease", (None,))  # the cluster's default-ttl
 
 
 def _lease_confirmed_long_ago(monkeypatch: pytest.MonkeyPatch, ago: float) -> None:
     from dlm.client.core import Lease
 
     def open_lease(
-        self: FakeClient, ttl_ms: int, lease: str | None = None, **options: Any
+        self: FakeClient, ttl_ms: int | None, lease: str | None = None, **options: Any
     ) -> Lease:
         options.pop("near", None)
         self._call("open_lease", ttl_ms, **options)
-        return Lease("fakelease0000001", ttl_ms, confirmed_at=lease_clock() - ago)
+        got = self.default_ttl_ms if ttl_ms is None else ttl_ms
+        return Lease("fakelease0000001", got, confirmed_at=lease_clock() - ago)
 
     monkeypatch.setattr(FakeClient, "open_lease", open_lease)
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from dlm.wire import (
     PEER_FRAME_LIMIT,
+    PROTOCOL_VERSION,
     ErrorCode,
     FrameDecoder,
     ProtocolError,
@@ -146,8 +147,10 @@ class ScriptedMember(_Recorder):
         *,
         greeting: Frame | None = None,
         welcome_after_first_request: bool = False,
+        version: int = PROTOCOL_VERSION,
     ) -> None:
         super().__init__()
+        self._version = version  # the protocol version its welcome negotiates
         self._script = script
         self._greeting = greeting
         self._late_welcome = welcome_after_first_request
@@ -167,12 +170,12 @@ class ScriptedMember(_Recorder):
                     sock.shutdown(socket.SHUT_RDWR)
                     return
                 if not self._late_welcome:
-                    _send(sock, welcome("double", "unit"))
+                    _send(sock, welcome("double", "unit", self._version))
                 continue
             self._saw(frame)
             if self._late_welcome:
                 self._late_welcome = False
-                _send(sock, welcome("double", "unit"))
+                _send(sock, welcome("double", "unit", self._version))
             for reply in self._script(frame):
                 _send(sock, reply)
 

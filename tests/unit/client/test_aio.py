@@ -10,11 +10,12 @@ from typing import Any
 import anyio
 import pytest
 
+from dlm import wire
 from dlm.client import aio, core, renewal
 from dlm.client.aio import AsyncClient
 from dlm.client.errors import DlmError, LockHeld, NotHolder
 
-from .doubles import cutting_proxy, redirecting_member, silent_member
+from .doubles import cutting_proxy, redirecting_member, scripted_member, silent_member
 from .real_member import WAIT, RunningMember
 
 
@@ -27,6 +28,32 @@ def connection_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
     """Every test runs on asyncio's own transport and on anyio's portable stream."""
     monkeypatch.setattr(aio, "NATIVE_ASYNCIO", request.param == "native")
     return str(request.param)
+
+
+def _opens_with_45s(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """A member whose default-ttl is 45 s."""
+    ttl_ms = request.get("ttl_ms", 45_000)
+    return [wire.ok(request["id"], lease=request["lease"], ttl_ms=ttl_ms, incarnation=1)]
+
+
+@pytest.mark.parametrize(
+    ("version", "sent", "got"), [(5, None, 45_000), (4, 30_000, 30_000)], ids=["v5", "v4"]
+)
+def test_an_open_without_a_ttl_is_fitted_to_the_members_version(
+    version: int, sent: int | None, got: int
+) -> None:
+    with scripted_member(_opens_with_45s, version=version) as double:
+
+        async def main() -> None:
+            async with AsyncClient(double.addr, timeout=3.0) as c:
+                lease = await c.open_lease(None)
+                assert lease.ttl_ms == got
+                await c.open_lease(7_000)
+
+        run(main)
+        first, second = double.of_type("open_lease")
+        assert first.get("ttl_ms") == sent and ("ttl_ms" in first) == (sent is not None)
+        assert second["ttl_ms"] == 7_000
 
 
 def test_each_call_through_a_redirect(member: RunningMember) -> None:

@@ -34,6 +34,8 @@ class FakeCluster:
         self.sent: list[tuple[str, int]] = []  # (request type, partition)
         self.unreachable: set[int] = set()
         self.index = 100
+        self.default_ttl = 45_000
+        self.opened_with: list[tuple[int, int | None]] = []  # (partition, ttl_ms asked)
 
     def __call__(self, action: Any) -> Any:
         assert isinstance(action, core.Send)
@@ -49,8 +51,11 @@ class FakeCluster:
         lease: str = request.get("lease", "")
         self.index += 1
         if kind == "open_lease":
-            self.leases[p][lease] = request["ttl_ms"]
-            return ok(1, lease=lease, ttl_ms=request["ttl_ms"], incarnation=self.index)
+            # An open naming no TTL gets the cluster's default-ttl.
+            ttl_ms = request["ttl_ms"] if request.get("ttl_ms") is not None else self.default_ttl
+            self.opened_with.append((p, request.get("ttl_ms")))
+            self.leases[p][lease] = ttl_ms
+            return ok(1, lease=lease, ttl_ms=ttl_ms, incarnation=self.index)
         if kind == "ping":
             return ok(1)
         if lease not in self.leases[p]:
@@ -126,6 +131,17 @@ def test_a_part_is_opened_in_a_keys_partition_the_first_time_only() -> None:
     ]
     assert sorted(book.parts("L") or {}) == sorted({home, other})
     assert cluster.locks[other] == {key: "L", again: "L"}
+
+
+def test_a_lease_opened_without_a_ttl_opens_its_later_parts_with_the_ttl_it_got() -> None:
+    s, clock, cluster = cluster_context()
+    book = core.LeaseBook()
+    home = partition_of("L", P)
+    book.opened(drive(core.open_lease_flow(s, None, "L"), cluster, clock))
+    other = (home + 1) % P
+    acquire(s, clock, book, cluster, key_in(other, P, "a"))
+    assert cluster.opened_with == [(home, None), (other, 45_000)]
+    assert cluster.leases[home]["L"] == cluster.leases[other]["L"] == 45_000
 
 
 def test_a_lease_opened_before_the_count_was_known_gets_a_part_where_its_key_is() -> None:

@@ -998,3 +998,33 @@ def test_a_clients_trace_context_is_checked_and_spawned_clients_keep_it() -> Non
     with pytest.raises(ValueError, match="traceparent"):
         client.trace = "00-nonsense"
     client.close()
+
+
+def test_an_open_naming_no_ttl_is_fitted_to_the_members_protocol_version() -> None:
+    request: dict[str, Any] = {"t": "open_lease", "lease": "x", "ttl_ms": None, "meta": {}}
+    assert "ttl_ms" not in core.for_member(request, 5)
+    assert core.for_member(request, 4)["ttl_ms"] == core.DEFAULT_OPEN_TTL_MS == 30_000
+    assert core.for_member(request, None)["ttl_ms"] == 30_000  # version unknown: as an older
+    assert request["ttl_ms"] is None  # the flow's request is left as it was, for a retry
+    named = {**request, "ttl_ms": 7_000}
+    assert core.for_member(named, 5) is named and core.for_member(named, 4) is named
+    other = {"t": "keepalive", "lease": "x"}
+    assert core.for_member(other, 4) is other
+
+
+@pytest.mark.parametrize(
+    ("greeting", "version"),
+    [
+        ({"t": "welcome", "version": 5}, 5),
+        ({"t": "welcome", "version": 4}, 4),
+        ({"t": "welcome", "version": True}, None),
+        ({"t": "welcome", "version": "5"}, None),
+        ({"t": "welcome", "version": 0}, None),
+        ({"t": "welcome"}, None),
+        ({"t": "error", "version": 5}, None),
+    ],
+)
+def test_a_welcomes_version_is_read_only_when_it_is_a_sane_integer(
+    greeting: dict[str, object], version: int | None
+) -> None:
+    assert core.greeting_version(greeting) == version

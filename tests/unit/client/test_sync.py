@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dlm.client import Client, Grant
+from dlm.client import Client, Grant, KeepAlive, core
 from dlm.client.errors import (
     BadRequest,
     ClusterUnavailable,
@@ -167,6 +167,47 @@ def test_the_first_request_goes_out_behind_the_hello_without_waiting_for_the_wel
         client(double.addr) as c,
     ):
         assert c.status().node == "double"
+
+
+def _opens_with_the_clusters_ttl(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """A member whose default-ttl is 45 s: an open naming no TTL gets that."""
+    if request.get("t") != "open_lease":
+        return [ok(request["id"], lease=request.get("lease", ""), ttl_ms=9_000)]
+    ttl_ms = request.get("ttl_ms", 45_000)
+    return [ok(request["id"], lease=request["lease"], ttl_ms=ttl_ms, incarnation=1)]
+
+
+@pytest.mark.parametrize(
+    ("version", "sent", "got"), [(5, None, 45_000), (4, 30_000, 30_000)], ids=["v5", "v4"]
+)
+def test_an_open_without_a_ttl_leaves_it_to_a_version_5_member_and_says_30s_to_an_older_one(
+    version: int, sent: int | None, got: int
+) -> None:
+    # The driver sends a first request behind the hello; this one waits for the welcome,
+    # whose version says whether the member takes an open without ttl_ms.
+    with (
+        scripted_member(_opens_with_the_clusters_ttl, version=version) as double,
+        client(double.addr) as c,
+    ):
+        lease = c.open_lease(None)
+        [opened] = double.of_type("open_lease")
+        assert opened.get("ttl_ms") == sent and ("ttl_ms" in opened) == (sent is not None)
+        assert lease.ttl_ms == got
+        # A TTL given is sent as it is, to either.
+        c.open_lease(7_000)
+        assert double.of_type("open_lease")[1]["ttl_ms"] == 7_000
+
+
+def test_the_ttl_the_member_gave_paces_renewals_and_sets_the_deadline() -> None:
+    with (
+        scripted_member(_opens_with_the_clusters_ttl) as double,
+        client(double.addr) as c,
+    ):
+        lease = c.open_lease(None)
+        keeper = KeepAlive(c, lease)
+        assert keeper.ttl_ms == 45_000
+        assert keeper._renewer.interval() == pytest.approx(15.0)
+        assert keeper.deadline == pytest.approx(core.lease_deadline(lease.confirmed_at, 45_000))
 
 
 @pytest.mark.parametrize(
