@@ -226,6 +226,7 @@ class CannedConnection:
         secret: Any = None,
         tls: Any = None,
         partition: int = 0,
+        *,
         trace: str | None = None,
     ) -> Any:
         """A connection for the cluster's requests: only to a member that answers some."""
