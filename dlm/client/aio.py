@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -1390,6 +1391,7 @@ class AsyncKeepAlive:
             confirmed_at,
             deadline_of or core.lease_deadline,
             parts=None if known is None else sorted(known),
+            opened=partial(self._book.parts, self.lease),  # parts join once opened
         )
         self._renewer = core.Renewer(self._clock, lease_clock(), interval=interval)
         self._client = client
@@ -1462,9 +1464,7 @@ class AsyncKeepAlive:
 
     def _join_parts(self) -> None:
         """Parts opened since the last round join with a clock from their own open."""
-        for partition, part in (self._book.parts(self.lease) or {}).items():
-            opened_at = part.confirmed_at if part.confirmed_at > 0 else None
-            self._clock.add_part(partition, opened_at, part.ttl_ms)
+        self._clock.join()
 
     def update_sent(self, ttl_ms: int) -> int:
         """A TTL update of this lease is about to be sent (``AsyncClient.update_lease``)."""

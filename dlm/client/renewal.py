@@ -18,6 +18,17 @@ from dlm.wire import Record
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
+    from typing import Protocol
+
+    class OpenedPart(Protocol):
+        """What ``PartClocks`` reads of a part its lease's book knows (core.Lease)."""
+
+        @property
+        def confirmed_at(self) -> float: ...
+
+        @property
+        def ttl_ms(self) -> int: ...
+
 
 _set = object.__setattr__
 
@@ -261,9 +272,15 @@ class PartClocks:
     confirmation, so its deadline is never overstated. Until the parts are known
     (``known``), the partitions not yet asked count as one part (EVERY_PARTITION) that
     only a complete round confirms.
+
+    ``opened`` (the lease's parts as its book knows them, core.LeaseBook.parts) lets a
+    part join the moment its open is answered, whichever client opened it: every read
+    of the clocks joins first. A part whose open took longer than its TTL (retried
+    through another gateway or member) would otherwise go uncounted until the next
+    renewal round while its own deadline, counted from the open's first send, passed.
     """
 
-    __slots__ = ("base", "parts")
+    __slots__ = ("_opened", "base", "parts")
 
     def __init__(
         self,
@@ -272,11 +289,23 @@ class PartClocks:
         deadline_of: Callable[[float, int], float] = lease_deadline,
         *,
         parts: Iterable[int] | None = None,
+        opened: Callable[[], Mapping[int, OpenedPart] | None] | None = None,
     ) -> None:
         self.base = LeaseClock(ttl_ms, confirmed_at, deadline_of)
         self.parts: dict[int, LeaseClock] = {}
+        self._opened = opened
         for partition in [EVERY_PARTITION] if parts is None else parts:
             self.add_part(partition)
+
+    def join(self) -> None:
+        """Every part the book knows (``opened``) has a clock: one it opened from that
+        open's send time, one found elsewhere (no send time) as a copy of ``base``."""
+        if self._opened is None:
+            return
+        for partition, part in (self._opened() or {}).items():
+            if partition not in self.parts:
+                opened_at = part.confirmed_at if part.confirmed_at > 0 else None
+                self.add_part(partition, opened_at, part.ttl_ms)
 
     def add_part(
         self, partition: int, confirmed_at: float | None = None, ttl_ms: int | None = None
@@ -302,6 +331,7 @@ class PartClocks:
         return EVERY_PARTITION not in self.parts
 
     def _clocks(self) -> list[LeaseClock]:
+        self.join()
         return list(self.parts.values()) or [self.base]
 
     @property
@@ -338,7 +368,7 @@ class PartClocks:
 
     def confirmed(self, sent_at: float, ttl_ms: int, now: float) -> bool:
         """Every part was confirmed by requests sent at or after ``sent_at``."""
-        if self.expired(now):
+        if self.expired(now):  # (joins the parts opened since)
             return False
         for clock in [self.base, *self.parts.values()]:
             clock.confirmed(sent_at, ttl_ms, now)
@@ -351,8 +381,8 @@ class PartClocks:
         confirmed (a part not named got no answer and keeps its deadline). ``complete``:
         every partition that may hold a part was asked and answered, so the stand-in
         for the partitions not yet asked goes. False when the lease is lost."""
-        if self.expired(now):
-            return False
+        if self.expired(now):  # (joins the parts opened since: a round that did not
+            return False  # renew one is not whole)
         whole = set(self.parts) - {EVERY_PARTITION} <= set(ttls) and (complete or self.known)
         for partition, ttl_ms in ttls.items():
             self.add_part(partition).confirmed(sent_at, ttl_ms, now)
@@ -363,6 +393,7 @@ class PartClocks:
         return not self.expired(now)
 
     def update_sent(self, sent_at: float, ttl_ms: int) -> int:
+        self.join()
         ticket = self.base.update_sent(sent_at, ttl_ms)
         for clock in self.parts.values():
             # The tickets of every clock advance together (each counts its own updates

@@ -28,6 +28,7 @@ import signal
 import threading
 import time
 from collections import deque
+from functools import partial
 
 from dlm.client import core
 from dlm.client.clock import RECHECK_S, lease_clock
@@ -1311,13 +1312,15 @@ class KeepAlive:
         self._on_lost = on_lost
         self._on_renewed = on_renewed
         # One clock per part of the lease (a partition that holds its keys); the lease's
-        # deadline is the earliest. Parts opened later join at the next renewal.
+        # deadline is the earliest. Parts opened later (by any client of the family) join
+        # as soon as the book has them: their deadline counts from their open's send.
         known = self._book.parts(self.lease)
         self._clock = core.PartClocks(
             ttl_ms,
             confirmed_at,
             deadline_of or core.lease_deadline,
             parts=None if known is None else sorted(known),
+            opened=partial(self._book.parts, self.lease),
         )
         self._renewer = core.Renewer(self._clock, lease_clock(), interval=interval)
         self._cond = threading.Condition()
@@ -1508,11 +1511,7 @@ class KeepAlive:
         """Parts opened since the last round (an acquire in a new partition) get a clock,
         from when their open was sent."""
         with self._cond:
-            for partition, part in (self._book.parts(self.lease) or {}).items():
-                # A part found rather than opened here has no send time: it starts as
-                # the lease's whole-lease clock does.
-                opened_at = part.confirmed_at if part.confirmed_at > 0 else None
-                self._clock.add_part(partition, opened_at, part.ttl_ms)
+            self._clock.join()
 
     def _record_round(self, sent: float, renewed: core.PartsRenewed) -> bool:
         """A renewal round over the lease's parts; False if it came too late to count.

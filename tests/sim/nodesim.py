@@ -2827,7 +2827,12 @@ class NodeSimulation:
                 # keeper renews every part, its deadline is the earliest part's.
                 book = core.LeaseBook()
                 book.opened(lease, lock_delay_ms=delay_ms)
-                clock = self.options.part_clocks_class(lease.ttl_ms, start, parts=[lease.partition])
+                clock = self.options.part_clocks_class(
+                    lease.ttl_ms,
+                    start,
+                    parts=[lease.partition],
+                    opened=partial(book.parts, lease.id),  # as KeepAlive's: joined once opened
+                )
             else:
                 clock = self.options.lease_clock_class(lease.ttl_ms, start)
             self._watch_lease(proc, lease, clock, book)
@@ -3838,7 +3843,8 @@ def _ping_flow(addr: str, partition: int = 0) -> Generator[core.Send, Any, None]
 
 def _join_parts(clock: Any, book: core.LeaseBook, lease: str) -> None:
     """The lease's parts opened since (an acquire in a new partition) get a clock from
-    when their open was sent, as KeepAlive's ``_join_parts`` does."""
+    when their open was sent, as KeepAlive's ``_join_parts`` does (the clock joins them
+    itself on every read, from the book it was given; a mutant's clock may not)."""
     for partition, part in (book.parts(lease) or {}).items():
         opened_at = part.confirmed_at if part.confirmed_at > 0 else None
         clock.add_part(partition, opened_at, part.ttl_ms)

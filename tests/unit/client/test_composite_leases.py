@@ -404,3 +404,20 @@ def test_an_update_that_one_part_took_before_another_was_lost_stays_in_force() -
     assert cluster.leases[0]["L"] == 2000  # part 0 has the shorter TTL now
     # So the keepers must keep counting with it: "may have been applied", not "refused".
     assert core.update_applied(caught.value) is None
+
+
+def test_a_part_whose_open_came_back_late_counts_the_moment_the_book_has_it() -> None:
+    # Seed 33 of the gateway simulation: the open of the lease's part in partition 1 was
+    # first sent at 100.2, its reply lost with a gateway and the retry answered (the same
+    # part, deduplicated) only at 101.3, past that part's own deadline. The keeper renews
+    # part 0 on; the next round is a third of the TTL away, and until then the lease must
+    # not count on the part's (passed) deadline being part 0's.
+    book = core.LeaseBook()
+    book.opened(core.Lease("L", 1000, 100.0, partition=0))
+    clocks = PartClocks(1000, 100.0, parts=[0], opened=lambda: book.parts("L"))
+    renewer = Renewer(clocks, 100.0)
+    for t in (100.3, 100.6, 100.9):
+        assert renewer.renewed_parts(t, {0: 1000}, t + 0.01, complete=False, whole=True)
+    book.opened(core.Lease("L", 1000, 100.2, partition=1))
+    assert clocks.deadline == lease_deadline(100.2, 1000)
+    assert isinstance(renewer.next_step(101.3), core.Lost)

@@ -230,3 +230,16 @@ def test_pings_its_idle_connection_between_long_renewals(
             member.wait_for("ping", count=2)
             assert not ka.lost.is_set()
         assert set(member.conns_of("ping")) <= set(member.conns_of("keepalive"))
+
+
+def test_a_part_opened_through_the_family_counts_before_the_next_round() -> None:
+    # (Issue 30, seed 33 of the gateway simulation.) An acquire in another partition
+    # opened the lease's part there; its open was first sent long before its answer came
+    # (a retry through another gateway). The KeepAlive's deadline is that part's at once,
+    # not only after its next renewal round.
+    with Client("127.0.0.1:1") as c:  # never connects: nothing is renewed
+        now = lease_clock()
+        ka = KeepAlive(c, core.Lease("L", 60_000, now, partition=0))
+        late = core.Lease("L", 60_000, now - 59.0, partition=1)
+        c._book.opened(late)
+        assert ka.deadline == core.lease_deadline(late.confirmed_at, 60_000)
