@@ -499,3 +499,13 @@ def names_30s_to_every_member(request: dict[str, Any], version: int | None) -> d
     """Issue 30: the client fits an open naming no TTL as if every member were older than
     protocol 5, so `dlm acquire` without --ttl gets 30 s whatever the default-ttl says."""
     return for_member(request, 4)
+
+
+class JoinsPartsAtRoundsOnly(PartClocks):
+    """Issue 30 (seed 33 of the gateway runs): a part the book learned of (an acquire in
+    a new partition, its open retried through another gateway past the part's TTL) joins
+    the keeper's clocks only at its next renewal round, so until then the lease counts on
+    its other parts' deadlines alone."""
+
+    def join(self) -> None:
+        pass

@@ -42,6 +42,7 @@ from .bugs import (
     IgnoresIdentityLimits,
     IgnoresMaxTtlAfterRestore,
     ImagesWithoutRuns,
+    JoinsPartsAtRoundsOnly,
     LabelsBackupsWithTheLastIndex,
     MisordersTheApplySpan,
     NeverReplacesLinks,
@@ -669,6 +670,16 @@ MUTANTS: dict[str, tuple[Callable[[int], NodeSimOptions], set[str], int]] = {
         lambda seed: partitioned_options(seed, part_clocks_class=CountsOnTheLatestPart),
         {"lease-outlived", "two-holders", "min-hold"},
         4 * PARTITIONED_MUTANT_SEEDS,
+    ),
+    # Issue 30: a part whose open was retried through another gateway past its TTL joins
+    # the keeper's clocks only at the next round. Caught after 34 seeds (seed 33, the
+    # seed that found it), as lease-outlived; P = 2 with two gateways on every seed.
+    "a lease's part joins its clocks only at the next renewal round": (
+        lambda seed: partitioned_options(
+            seed, partitions=2, gateways=2, part_clocks_class=JoinsPartsAtRoundsOnly
+        ),
+        {"lease-outlived", "two-holders", "min-hold"},
+        40,
     ),
     # Raft's checks run per partition (each group its own SafetyChecker, durable copies
     # counted among the group's own members): caught in the first seed.
