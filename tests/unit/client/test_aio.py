@@ -13,6 +13,7 @@ import pytest
 from dlm import wire
 from dlm.client import aio, core, renewal
 from dlm.client.aio import AsyncClient
+from dlm.client.clock import lease_clock
 from dlm.client.errors import DlmError, LockHeld, NotHolder
 
 from .doubles import cutting_proxy, redirecting_member, scripted_member, silent_member
@@ -230,3 +231,17 @@ def test_the_membership_calls_and_ping(member: RunningMember) -> None:
             assert not any(m.id == "n2" for m in removed.members)
 
     run(main)
+
+
+def test_a_part_opened_through_the_family_counts_before_the_next_round() -> None:
+    # As sync.KeepAlive's (test_keepalive.py): a part whose open was first sent long
+    # before its answer came is the keeper's deadline at once.
+    async def main() -> None:
+        async with AsyncClient("127.0.0.1:1") as c:  # never connects: nothing is renewed
+            now = lease_clock()
+            keeper = aio.AsyncKeepAlive(c, core.Lease("L", 60_000, now, partition=0))
+            late = core.Lease("L", 60_000, now - 59.0, partition=1)
+            c._book.opened(late)
+            assert keeper.deadline == core.lease_deadline(late.confirmed_at, 60_000)
+
+    anyio.run(main)
