@@ -851,6 +851,9 @@ class NodeSimulation:
         if self.partitions > 1:
             self.options = opts = partitioned_options(opts)
             self.REPLAY_TEST = "tests/sim/test_node_sim.py::test_node_sim_partitioned"
+        if opts.gateways:
+            # (That test draws the same options per seed, partitioned ones included.)
+            self.REPLAY_TEST = "tests/sim/test_node_sim.py::test_node_sim_with_gateways"
         self.limits = dict(LIMITS) if self.partitions == 1 else {**LIMITS, **PARTITIONED_KEYS}
         """The workload's keys and their limits (a partitioned run has more, so that every
         partition of up to 4 holds some)."""
