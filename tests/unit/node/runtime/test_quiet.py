@@ -131,6 +131,9 @@ def test_asyncio_alone_logs_a_traceback_per_failed_accept_and_ours_does_not() ->
     quiet = run_flooded_server("quiet")
     assert "Traceback" not in quiet
     lines = [json.loads(line) for line in quiet.splitlines()]
-    assert lines and all(e["event"] == "accept_failed" for e in lines)
-    assert len(lines) <= 8  # at most one (plus its count) per second for 3 s
-    assert sum(e["count"] for e in lines) >= 1
+    # On a loaded host the flood can also surface other loop errors (connections reset
+    # mid-accept): those go through the same quiet log, one line a second at most too.
+    kinds = [e["event"] for e in lines]
+    assert "accept_failed" in kinds and set(kinds) <= {"accept_failed", "loop_error"}, kinds
+    assert len(lines) <= 16, kinds  # each kind: one line (with its count) a second, for 3 s
+    assert sum(e["count"] for e in lines if e["event"] == "accept_failed") >= 1
