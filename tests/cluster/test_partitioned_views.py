@@ -216,14 +216,19 @@ def test_watch_of_a_prefix_sees_the_changes_of_every_partition(
             if not unheard:
                 break
             for p in sorted(unheard):
-                seq += 1
-                conns[p].request(
-                    {"t": "acquire", "lease": "pw-probe", "seq": seq, "key": probes[p]}
-                )
-                seq += 1
-                conns[p].request(
-                    {"t": "release", "lease": "pw-probe", "seq": seq, "key": probes[p]}
-                )
+                replies = []
+                for t in ("acquire", "release"):
+                    seq += 1
+                    replies.append(
+                        conns[p].request(
+                            {"t": t, "lease": "pw-probe", "seq": seq, "key": probes[p]}
+                        )
+                    )
+                if any(r.get("code") == "NOT_LEADER" for r in replies):
+                    # The leaders spread out after the start (a transfer): follow the move.
+                    leaders = partitioned.wait_for_leaders(timeout=TIMEOUT)
+                    conns[p].close()
+                    conns[p] = RawConn(leaders[p].address, partition=p)
             for event in lines.drain(timeout=1.0):
                 unheard.discard(partition_of(event["key"], PARTITIONS))
         assert not unheard, f"partitions {sorted(unheard)} never watched"
