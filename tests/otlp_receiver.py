@@ -8,11 +8,14 @@ timeout), never by sleeping. ``with OtlpReceiver() as receiver:`` starts and sto
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+import pytest
 
 MAX_BODY = 8 * 1024 * 1024
 
@@ -117,3 +120,22 @@ class OtlpReceiver:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def tracing_to_a_receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpReceiver]:
+    """Tracing on in this process (dlm/tracing.py), exporting to a test receiver; off
+    again afterwards. Skips the test where the SDK is not installed."""
+    from dlm import tracing
+
+    pytest.importorskip("opentelemetry.sdk")
+    with OtlpReceiver() as backend:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", backend.endpoint)
+        monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
+        monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+        monkeypatch.setattr(tracing, "_tracer", None)
+        monkeypatch.setattr(tracing, "_provider", None)
+        try:
+            yield backend
+        finally:
+            tracing.shutdown()

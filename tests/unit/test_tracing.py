@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dlm import tracing
-from tests.otlp_receiver import OtlpReceiver
+from tests.otlp_receiver import OtlpReceiver, tracing_to_a_receiver
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 TRACE_ID, PARENT_SPAN = PARENT.split("-")[1:3]
@@ -100,17 +100,8 @@ def test_a_command_given_a_bad_traceparent_refuses_it_in_one_line() -> None:
 @pytest.fixture
 def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpReceiver]:
     """Tracing on in this process, exporting to a test receiver; off again afterwards."""
-    pytest.importorskip("opentelemetry.sdk")
-    with OtlpReceiver() as backend:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", backend.endpoint)
-        monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
-        monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
-        monkeypatch.setattr(tracing, "_tracer", None)
-        monkeypatch.setattr(tracing, "_provider", None)
-        try:
-            yield backend
-        finally:
-            tracing.shutdown()
+    with tracing_to_a_receiver(monkeypatch) as backend:
+        yield backend
 
 
 def test_a_command_span_is_a_child_of_the_given_parent_and_its_context_is_sent_on(

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from dlm import tracing
 from dlm.gateway.relay import HELLO_CAP, NOTICE, ROUTE_SPAN
 from dlm.partitioning import preamble, target_preamble
 from dlm.wire import Hello, HelloRole, encode_frame
-from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
+from tests.otlp_receiver import OtlpReceiver, ReceivedSpan, tracing_to_a_receiver
 from tests.unit.gateway.test_relay import _open, _read_all, relay
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -30,17 +29,8 @@ TRACED_HELLO = encode_frame(Hello(HelloRole.CLIENT, trace=PARENT).to_wire())
 @pytest.fixture
 def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[OtlpReceiver]:
     """Tracing on in this process, exporting to a test receiver; off again afterwards."""
-    pytest.importorskip("opentelemetry.sdk")
-    with OtlpReceiver() as backend:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", backend.endpoint)
-        monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
-        monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
-        monkeypatch.setattr(tracing, "_tracer", None)
-        monkeypatch.setattr(tracing, "_provider", None)
-        try:
-            yield backend
-        finally:
-            tracing.shutdown()
+    with tracing_to_a_receiver(monkeypatch) as backend:
+        yield backend
 
 
 async def _through(address: str, sent: bytes) -> bytes:
