@@ -203,11 +203,22 @@ def test_watch_of_a_prefix_sees_the_changes_of_every_partition(
     proc = dlm.start("watch", "--prefix", "pw/", "--json")
     try:
         lines = JsonLines(proc)
-        for conn in conns.values():
-            assert (
-                conn.request({"t": "open_lease", "lease": "pw-probe", "ttl_ms": 60_000})["t"]
-                == "ok"
-            )
+
+        def on_leader(p: int, frame: dict[str, Any]) -> dict[str, Any]:
+            """``frame``'s reply from partition p's leader: the leaders spread out after
+            the start (a transfer), so a NOT_LEADER is followed to the new one."""
+            for _ in range(10):
+                reply: dict[str, Any] = conns[p].request(frame)
+                if reply.get("code") != "NOT_LEADER":
+                    return reply
+                leaders = partitioned.wait_for_leaders(timeout=TIMEOUT)
+                conns[p].close()
+                conns[p] = RawConn(leaders[p].address, partition=p)
+            raise AssertionError(f"partition {p}'s leader kept moving")
+
+        for p in range(PARTITIONS):
+            opened = on_leader(p, {"t": "open_lease", "lease": "pw-probe", "ttl_ms": 60_000})
+            assert opened["t"] == "ok", opened
         # The watch starts from now in each partition, on its own: change a probe key of
         # every partition not yet heard from until each has been, so that every change
         # made after that is one the watch must show.
@@ -216,19 +227,9 @@ def test_watch_of_a_prefix_sees_the_changes_of_every_partition(
             if not unheard:
                 break
             for p in sorted(unheard):
-                replies = []
                 for t in ("acquire", "release"):
                     seq += 1
-                    replies.append(
-                        conns[p].request(
-                            {"t": t, "lease": "pw-probe", "seq": seq, "key": probes[p]}
-                        )
-                    )
-                if any(r.get("code") == "NOT_LEADER" for r in replies):
-                    # The leaders spread out after the start (a transfer): follow the move.
-                    leaders = partitioned.wait_for_leaders(timeout=TIMEOUT)
-                    conns[p].close()
-                    conns[p] = RawConn(leaders[p].address, partition=p)
+                    on_leader(p, {"t": t, "lease": "pw-probe", "seq": seq, "key": probes[p]})
             for event in lines.drain(timeout=1.0):
                 unheard.discard(partition_of(event["key"], PARTITIONS))
         assert not unheard, f"partitions {sorted(unheard)} never watched"
