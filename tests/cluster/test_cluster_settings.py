@@ -5,7 +5,6 @@ partitioned cluster written into every partition's group."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,17 +13,6 @@ from tests.cluster.cli_harness import Dlm
 from tests.cluster.harness import Cluster, RawConn, wait_for
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(scope="module")
-def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("cluster-settings"), size=3)
-    try:
-        c.start_all()
-        c.wait_for_leader(timeout=15.0)
-        yield c
-    finally:
-        c.stop_all()
 
 
 def _audited(cluster: Cluster, setting: str) -> bool:
@@ -36,9 +24,9 @@ def _audited(cluster: Cluster, setting: str) -> bool:
 
 
 def test_max_ttl_refuses_a_longer_lease_and_config_get_shows_it(
-    three: Cluster, tmp_path: Path
+    shared: Cluster, tmp_path: Path
 ) -> None:
-    admin = Dlm(three.members_env, tmp_path)
+    admin = Dlm(shared.members_env, tmp_path)
     # `dlm config set` waits (retrying) until the cluster runs version 5, as members start.
     assert admin.json("config", "set", "max-ttl", "10s") == {
         "set": {"setting": "max-ttl", "value_ms": 10_000}
@@ -52,7 +40,7 @@ def test_max_ttl_refuses_a_longer_lease_and_config_get_shows_it(
     assert admin.json("config", "get", "max-ttl") == {"settings": {"max-ttl": 10_000}}
     listed = admin.json("config", "list")["settings"]
     assert listed == {"default-ttl": None, "lock-delay": None, "max-ttl": 10_000}
-    wait_for(lambda: _audited(three, "max-ttl"), 10.0, "the audit line of config set")
+    wait_for(lambda: _audited(shared, "max-ttl"), 10.0, "the audit line of config set")
 
     # Unset: the long lease is fine again.
     admin.json("config", "set", "max-ttl", "0")
@@ -61,9 +49,9 @@ def test_max_ttl_refuses_a_longer_lease_and_config_get_shows_it(
 
 
 def test_a_value_out_of_bounds_or_an_unknown_setting_is_one_line(
-    three: Cluster, tmp_path: Path
+    shared: Cluster, tmp_path: Path
 ) -> None:
-    admin = Dlm(three.members_env, tmp_path)
+    admin = Dlm(shared.members_env, tmp_path)
     for args in (("max-ttl", "100ms"), ("lock-delay", "2h"), ("max-tll", "10s")):
         ran = admin.run("config", "set", *args)
         assert ran.returncode == 2, (args, ran.stderr)
@@ -71,12 +59,12 @@ def test_a_value_out_of_bounds_or_an_unknown_setting_is_one_line(
 
 
 def test_a_client_identity_may_not_change_or_read_the_settings(
-    three: Cluster, tmp_path: Path
+    shared: Cluster, tmp_path: Path
 ) -> None:
-    admin = Dlm(three.members_env, tmp_path)
+    admin = Dlm(shared.members_env, tmp_path)
     credential = tmp_path / "ci.cred"
     admin.json("auth", "add", "ci", "--role", "client", "--prefix", "ci/", "--out", str(credential))
-    ci = Dlm(three.members_env, tmp_path)
+    ci = Dlm(shared.members_env, tmp_path)
     ci.env["DLM_SECRET_FILE"] = str(credential)
     ran = ci.run("config", "set", "max-ttl", "5s", "--json")
     assert ran.returncode == 77, (ran.returncode, ran.stdout, ran.stderr)
@@ -86,11 +74,11 @@ def test_a_client_identity_may_not_change_or_read_the_settings(
     assert admin.json("config", "get", "max-ttl")["settings"]["max-ttl"] is None
 
 
-def test_default_ttl_fills_in_an_open_that_names_none(three: Cluster, tmp_path: Path) -> None:
-    admin = Dlm(three.members_env, tmp_path)
+def test_default_ttl_fills_in_an_open_that_names_none(shared: Cluster, tmp_path: Path) -> None:
+    admin = Dlm(shared.members_env, tmp_path)
     admin.json("config", "set", "default-ttl", "45s")
     try:
-        leader = three.wait_for_leader(timeout=15.0)
+        leader = shared.wait_for_leader(timeout=15.0)
         hello = {"t": "hello", "role": "client", "version": 1, "max_version": 5}
         with RawConn(leader.address, hello=hello) as conn:
             reply = conn.request(
@@ -103,10 +91,10 @@ def test_default_ttl_fills_in_an_open_that_names_none(three: Cluster, tmp_path: 
 
 
 def test_the_cli_leaves_the_ttl_to_the_cluster_when_given_none(
-    three: Cluster, tmp_path: Path
+    shared: Cluster, tmp_path: Path
 ) -> None:
     """`dlm acquire`/`dlm exec` without --ttl get the cluster's default-ttl; --ttl wins."""
-    admin = Dlm(three.members_env, tmp_path)
+    admin = Dlm(shared.members_env, tmp_path)
     admin.json("config", "set", "default-ttl", "45s")
     try:
         got = admin.json("acquire", "settings/default-ttl")
