@@ -24,6 +24,12 @@ The cases (issue 20, item 5):
 * ``leader_outbound_dropped``: everything the leader sends (to its peers and
   to the clients) is lost for ``drop`` seconds; measured: from the start of the
   loss until a write succeeds.
+* ``lossy_links``: every member loses ``loss`` % of every packet it sends, to its
+  peers and to the clients, for ``lossy`` seconds; measured: from the start of the
+  loss until a write succeeds, how many writes succeed, and how many terms pass.
+  netem is absent here, so the loss is a classic-BPF filter on each member's own
+  link (``ld rand``: the kernel's random number; drop when it is above the kept
+  share), the same at every packet as netem's ``loss``.
 
 The members listen on addresses of a bridge of the lab's own, inside their
 namespaces (the one place where tests bind beyond 127.0.0.1; the addresses
@@ -42,7 +48,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +86,42 @@ def available() -> str | None:
         return f"cannot create a bridge: {bridge.stderr.strip()}"
     subprocess.run(["ip", "link", "del", probe[:15]], check=False, capture_output=True)
     return None
+
+
+def loss_available() -> str | None:
+    """Why random packet loss cannot be put on a link here, or None if it can."""
+    why = available()
+    if why is not None:
+        return why
+    if shutil.which("tc") is None:
+        return "iproute2's `tc` is not installed"
+    probe = f"dlmloss{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", probe], check=False, capture_output=True)
+    try:
+        for command in (["tc", "qdisc", "add", "dev", "lo", "clsact"], _loss_filter("lo", 30)):
+            done = subprocess.run(
+                ["ip", "netns", "exec", probe, *command],
+                check=False,
+                capture_output=True,
+                text=True,
+            )
+            if done.returncode != 0:
+                return f"cannot filter a link's packets at random: {done.stderr.strip()}"
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], check=False, capture_output=True)
+    return None
+
+
+def _loss_filter(device: str, percent: int) -> list[str]:
+    """A `tc` command whose filter drops ``percent`` % of what ``device`` sends: a
+    classic-BPF program run as the action itself (direct-action) that loads a random
+    32-bit number (the ``ld rand`` extension), and returns TC_ACT_SHOT (2) when it is
+    at or above the kept share of 2**32, TC_ACT_OK (0) otherwise."""
+    kept = (2**32 * (100 - percent)) // 100
+    load_random = "32 0 0 4294963256"  # BPF_LD|BPF_W|BPF_ABS, SKF_AD_OFF + SKF_AD_RANDOM
+    at_or_above = f"53 0 1 {kept}"  # BPF_JMP|BPF_JGE|BPF_K: next if A >= kept, else skip one
+    program = f"4,{load_random},{at_or_above},6 0 0 2,6 0 0 0"  # BPF_RET|BPF_K
+    return ["tc", "filter", "add", "dev", device, "egress", "bpf", "da", "bytecode", program]
 
 
 def _ip(*args: str) -> None:
@@ -150,6 +192,12 @@ class Lab:
     def down(self) -> None:
         with suppress(Exception):
             self.cluster.stop_all()
+        # The host ends first: a namespace's veths go with it only when the kernel gets
+        # round to it, and the next lab of this process reuses the names.
+        for i in range(1, len(self.namespaces) + 1):
+            subprocess.run(
+                ["ip", "link", "del", f"{self.bridge}h{i}"], check=False, capture_output=True
+            )
         for ns in self.namespaces.values():
             subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
         subprocess.run(["ip", "link", "del", self.bridge], check=False, capture_output=True)
@@ -173,6 +221,22 @@ class Lab:
         _ip("-n", self.namespaces[sender], "rule", "add", "pref", "10", "to",
             f"{self.subnet}.254", "blackhole")  # fmt: skip
         self._client_rules.add(sender)
+
+    def lossy(self, percent: int) -> None:
+        """Every member loses ``percent`` % of every packet it sends, at random."""
+        for i, ns in enumerate(self.namespaces.values(), 1):
+            inner = f"{self.bridge}i{i}"
+            _ip("netns", "exec", ns, "tc", "qdisc", "add", "dev", inner, "clsact")
+            _ip("netns", "exec", ns, *_loss_filter(inner, percent))
+
+    def lossless(self) -> None:
+        for i, ns in enumerate(self.namespaces.values(), 1):
+            _ip("netns", "exec", ns, "tc", "qdisc", "del", "dev", f"{self.bridge}i{i}", "clsact")
+
+    def term(self) -> int:
+        """The highest term any member reports (0 if none answers)."""
+        views = [self.cluster.nodes[node].status(timeout=2.0) for node in self.namespaces]
+        return max((int(view["term"]) for view in views if view is not None), default=0)
 
     def cut(self, node: str, others: list[str]) -> None:
         for other in others:
@@ -205,9 +269,13 @@ class Lab:
 
 
 @contextmanager
-def lab(base: Path) -> Iterator[Lab]:
+def lab(base: Path, *, release: Path | None = None) -> Iterator[Lab]:
+    """``release``: the members run that checkout's ``dlm`` (a parent commit, to measure
+    what a fix changed); the clients are always this one's."""
     base.mkdir(parents=True, exist_ok=True)
     made = Lab(base)
+    for node in made.cluster.nodes.values():
+        node.release = release
     try:
         made.up()
         made.cluster.start_all()
@@ -298,25 +366,85 @@ def leader_outbound_dropped(the_lab: Lab, drop_s: float) -> float:
     return round(served, 2)
 
 
+@dataclass
+class Lossy:
+    first_write_s: float
+    """From the start of the loss until the first write succeeded."""
+    writes_ok: int
+    writes_tried: int
+    """Writes tried one after another (each given up to 2 s) while the loss lasted."""
+    terms: int
+    """How many terms passed while the loss lasted (0: the leader stayed)."""
+
+
+def lossy_links(the_lab: Lab, percent: int, lossy_s: float) -> Lossy:
+    the_lab.cluster.wait_for_leader(timeout=SETTLE_TIMEOUT_S)
+    term_before = the_lab.term()
+    the_lab.lossy(percent)
+    started = time.monotonic()
+    first: float | None = None
+    tried = succeeded = 0
+    try:
+        while time.monotonic() - started < lossy_s:
+            tried += 1
+            if the_lab.write(timeout=2.0):
+                succeeded += 1
+                if first is None:
+                    first = time.monotonic() - started
+        # Read while the loss lasts: the terms it cost, not the ones a heal might add.
+        term_after = the_lab.term()
+    finally:
+        the_lab.lossless()
+    return Lossy(
+        round(lossy_s if first is None else first, 2),
+        succeeded,
+        tried,
+        max(0, term_after - term_before),
+    )
+
+
+CASES = ("cut", "one-way", "leader-outbound", "lossy")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.netns")
     parser.add_argument("--cut", type=float, default=30.0, help="seconds the follower is cut")
     parser.add_argument("--drop", type=float, default=15.0, help="seconds of leader loss")
+    parser.add_argument("--loss", type=int, default=30, help="percent of packets lost")
+    parser.add_argument("--lossy", type=float, default=20.0, help="seconds of lossy links")
+    parser.add_argument("--cases", default=",".join(CASES), help="which, comma-separated")
+    parser.add_argument(
+        "--release", type=Path, help="run the members from this checkout (a parent commit)"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
-    why = available()
+    cases = set(args.cases.split(","))
+    if not cases <= set(CASES):
+        parser.error(f"--cases: choose from {', '.join(CASES)}")
+    why = available() if "lossy" not in cases else loss_available()
     if why is not None:
         print(f"netns cases skipped: {why}")
         return 0
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="dlm-netns-") as tmp:
-        with lab(Path(tmp) / "a") as first:
-            figures.update(asdict(cut_then_heal(first, args.cut)))
-        with lab(Path(tmp) / "c") as third:
-            one_way = asdict(cut_then_heal(third, args.cut, one_way=True))
+
+        def one_lab(name: str) -> AbstractContextManager[Lab]:
+            return lab(Path(tmp) / name, release=args.release)
+
+        if "cut" in cases:
+            with one_lab("cut") as cut:
+                figures.update(asdict(cut_then_heal(cut, args.cut)))
+        if "one-way" in cases:
+            with one_lab("one-way") as one_way_lab:
+                one_way = asdict(cut_then_heal(one_way_lab, args.cut, one_way=True))
             figures.update({f"one_way_{name}": value for name, value in one_way.items()})
-        with lab(Path(tmp) / "b") as second:
-            figures["leader_outbound_dropped_s"] = leader_outbound_dropped(second, args.drop)
+        if "leader-outbound" in cases:
+            with one_lab("leader-outbound") as outbound:
+                figures["leader_outbound_dropped_s"] = leader_outbound_dropped(outbound, args.drop)
+        if "lossy" in cases:
+            with one_lab("lossy") as lossy:
+                measured = asdict(lossy_links(lossy, args.loss, args.lossy))
+            figures.update({f"lossy_{name}": value for name, value in measured.items()})
     for name, value in figures.items():
         print(f"{name}: {value:.2f}")
     if args.json is not None:
