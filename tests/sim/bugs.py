@@ -97,9 +97,37 @@ class NeverReplacesLinks(LinkWatch):
     """Watches a peer connection but never replaces it, however long it delivers nothing
     (a member waits out TCP's retransmission back-off, as before the fix)."""
 
-    def observe(self, now: float, *, outstanding: bool, acknowledged: int) -> bool:
-        super().observe(now, outstanding=outstanding, acknowledged=acknowledged)
+    def observe(
+        self,
+        now: float,
+        *,
+        outstanding: bool,
+        acknowledged: int,
+        retransmit_after: float | None = None,
+    ) -> bool:
+        super().observe(
+            now,
+            outstanding=outstanding,
+            acknowledged=acknowledged,
+            retransmit_after=retransmit_after,
+        )
         return False
+
+
+class ReplacesLinksTcpWouldRetry(LinkWatch):
+    """Replaces a connection after ``stall_after`` of silence even when TCP is about to
+    retransmit on it (the rule before the lossy-link measurements): on lossy links the
+    members replace their connections faster than a new one can carry anything."""
+
+    def observe(
+        self,
+        now: float,
+        *,
+        outstanding: bool,
+        acknowledged: int,
+        retransmit_after: float | None = None,
+    ) -> bool:
+        return super().observe(now, outstanding=outstanding, acknowledged=acknowledged)
 
 
 # ---------------------------------------------------------------------------

@@ -17,8 +17,10 @@ events in simulated real time (world.py), driven by one seed:
   retransmission back-off does, until the sender replaces it; the sender
   decides that with the runtime's own ``LinkWatch`` (dlm/node/linkwatch.py),
   fed from the peer's acknowledgements, which a cut in the other direction
-  loses, and looked at on a timer as peers.py does (``LINK_POLL_US``), so a
-  connection a cut stalled is replaced even while nothing is written to it.
+  loses, and from TCP's retransmission timeout, doubled for each one that went
+  unanswered (``_observe_link``), and looked at on a timer as peers.py does
+  (``LINK_POLL_US``), so a connection a cut stalled is replaced even while
+  nothing is written to it. Under ``packet_loss`` a redial's SYN is lost too.
 * **clients** are processes running the client library's own flows
   (``dlm.client.core``: redirects, retries, backoff, request identity, the
   client-side lease clock), each over one connection at a time to a member,
@@ -197,6 +199,12 @@ MAX_RETRANSMITS = 4
 a real member replaces the stalled connection (peers.py)."""
 EXEC_GRACE_MS = 150
 """How long before its deadline the exec model's guard starts stopping the command."""
+FRESH_CONNECTION_US = 5 * RETRANSMIT_US
+"""How long a new connection waits to resend a lost SYN: Linux's 1 s against its first
+retransmission timeout of 200 ms, scaled as ``RETRANSMIT_US`` is (linkwatch.py keeps a
+connection whose own retransmission comes sooner)."""
+MAX_RETRANSMIT_DOUBLINGS = 12
+"""TCP's retransmission timeout stops doubling here (Linux caps it at 120 s)."""
 STALL_AFTER_S = TIMING.election_timeout_s
 """A peer connection with nothing acknowledged for this long is replaced (as server.py sets)."""
 LINK_POLL_US = int(STALL_AFTER_S * US / 4)
@@ -327,6 +335,12 @@ class NodeSimOptions:
     part_clocks_class: type[core.PartClocks] = core.PartClocks
     """The clocks of a lease with parts in several partitions (partitioned runs' clients
     that route through the library; a mutant may stand in for it)."""
+    late_part_opens: float = 0.0
+    """How often the answer to a lease part's open (an ``open_lease`` of a lease id in a
+    partition other than the id's own) comes back 1 to 1.5 TTLs after it was sent: the
+    gateway that relayed it crashed with the answer and the retry through the other one
+    was slow (seed 33 of the gateway runs, once in about 200 seeds; this makes it
+    common)."""
     """The client-side lease clock (a mutant may stand in for it)."""
     check_outlived: bool = True
     """Whether an expired lease that a client still counts on is a violation by itself
@@ -915,6 +929,10 @@ class NodeSimulation:
         self.peer_links: dict[tuple[str, str], SimPeerLink] = {}
         self.drop = self.rng.choice((0.0, 0.01, 0.02))
         self.extra_drop = 0.0
+        self.late_rng = self.rng_for("late-part-opens")
+        self.late_answers: dict[tuple[SimConn, Any], int] = {}
+        """Answers to hold back (``late_part_opens``): (connection, request id) -> the TTL
+        asked, in µs."""
         self.extra_delay_us = 0
         self.packet_loss = 0.0
         """Packets lost on every peer link as TCP sees them (the steady lossy_links fault):
@@ -1578,7 +1596,7 @@ class NodeSimulation:
             return
         link.sent += 1
         mono = member.clock.mono(now)
-        if link.watch.observe(mono, outstanding=link.sent > link.acked, acknowledged=link.acked):
+        if self._observe_link(link, mono):
             self._replace_link(member, link, msg.dst)
             return
         if link.stalled:
@@ -1606,7 +1624,8 @@ class NodeSimulation:
         link = self.peer_links.get((src, dst))
         if link is None:
             partition = self.by_name[src].partition if src in self.by_name else 0
-            link = SimPeerLink(self.options.link_watch_class(STALL_AFTER_S), partition)
+            watch = self.options.link_watch_class(STALL_AFTER_S, FRESH_CONNECTION_US / US)
+            link = SimPeerLink(watch, partition)
             self.peer_links[(src, dst)] = link
         return link
 
@@ -1636,11 +1655,28 @@ class NodeSimulation:
             member = self.by_name.get(src)
             if member is None or member.machine is None or member.paused or now < link.dial_at:
                 continue  # a stopped process looks at nothing; a link being dialled has no watch
-            mono = member.clock.mono(now)
-            if link.watch.observe(
-                mono, outstanding=link.sent > link.acked, acknowledged=link.acked
-            ):
+            if self._observe_link(link, member.clock.mono(now)):
                 self._replace_link(member, link, _node_of_process(dst))
+
+    @staticmethod
+    def _observe_link(link: SimPeerLink, mono: float) -> bool:
+        """The member's look at one connection (peers.py's, from TCP_INFO): what is
+        outstanding and acknowledged, and the sender's retransmission timeout, which TCP
+        doubles at each retransmission that went unanswered since the last progress."""
+        since = link.watch.waiting_since
+        waited_us = 0.0 if since is None else (mono - since) * US
+        doublings = 0
+        while (
+            doublings < MAX_RETRANSMIT_DOUBLINGS
+            and RETRANSMIT_US * ((2 << doublings) - 1) <= waited_us
+        ):
+            doublings += 1
+        return link.watch.observe(
+            mono,
+            outstanding=link.sent > link.acked,
+            acknowledged=link.acked,
+            retransmit_after=RETRANSMIT_US * (1 << doublings) / US,
+        )
 
     def _dial_delay(self, src: str, dst: str) -> int:
         """How long a redial takes: a round trip, or a failed try and a back-off when the
@@ -1649,6 +1685,15 @@ class NodeSimulation:
         delay = rng.randint(25 * MS, 75 * MS)
         if self.cuts[(src, dst)] or self.cuts[(dst, src)]:
             delay += rng.randint(250 * MS, 750 * MS)
+        if self.packet_loss:
+            # The SYN or its answer lost: the kernel resends after 1 s, then 2 s, ...
+            lost = 1 - (1 - self.packet_loss) ** 2
+            wait = FRESH_CONNECTION_US
+            for _ in range(MAX_RETRANSMITS):
+                if rng.random() >= lost:
+                    break
+                delay += wait
+                wait *= 2
         return delay
 
     def _reset_links(self, node: str) -> None:
@@ -1735,6 +1780,14 @@ class NodeSimulation:
         return conn
 
     def client_send(self, conn: SimConn, frame: dict[str, Any]) -> None:
+        if (
+            self.options.late_part_opens
+            and frame.get("t") == "open_lease"
+            and conn.member.partition != partition_of(frame.get("lease", ""), self.partitions)
+            and self.world.now + 2 * US < self.heal_at  # a fault: over by the heal
+            and self.late_rng.random() < self.options.late_part_opens
+        ):
+            self.late_answers[(conn, frame.get("id"))] = int(frame.get("ttl_ms") or 1000) * MS
         if not conn.connected:
             conn.outbox.append(frame)
             return
@@ -1752,6 +1805,10 @@ class NodeSimulation:
 
     def _to_client(self, conn: SimConn, frame: dict[str, Any]) -> None:
         at = max(conn.to_client_at, self.world.now + self._latency(conn.client.proc))
+        late = self.late_answers.pop((conn, frame.get("id")), None) if self.late_answers else None
+        if late is not None:
+            at += int(late * self.late_rng.uniform(1.0, 1.5))
+            self.stats["late_part_opens"] += 1
         conn.to_client_at = at
 
         def arrive() -> None:

@@ -32,8 +32,9 @@ replies keep arriving on the other one. So while a link is up it reads the
 kernel's acknowledgement counters (``TCP_INFO``) every ``stall_after / 4``
 and asks linkwatch.py's ``LinkWatch`` whether the connection must be
 replaced: something written, nothing acknowledged, for ``stall_after`` (an
-election timeout). ``TCP_USER_TIMEOUT`` bounds a stalled connection in the
-kernel too, where the option exists.
+election timeout), with the kernel's retransmission timer (``tcpi_rto``) backed
+off past what a new connection would cost. ``TCP_USER_TIMEOUT`` bounds a stalled
+connection in the kernel too, where the option exists, well behind LinkWatch.
 
 With a peer secret, the link is the initiator of dlm/auth.py's handshake: its
 hello carries a fresh nonce, it checks the peer's proof in the welcome before
@@ -59,7 +60,7 @@ import struct
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 
@@ -100,22 +101,36 @@ AFTER_WELCOME_LIMIT = 4096
 COMMIT_NEWS_DELAY = 0.002
 """How long an AppendEntries without entries (commit news) may wait for company."""
 _LENGTH = struct.Struct(">I")
-USER_TIMEOUT_FACTOR = 2
+USER_TIMEOUT_FACTOR = 8
 """TCP_USER_TIMEOUT is this many times ``stall_after`` (at least ``USER_TIMEOUT_MIN``):
-the kernel's bound on a stalled connection, behind LinkWatch's."""
-USER_TIMEOUT_MIN = 1.0
+the kernel's bound on a stalled connection, well behind LinkWatch's. Not sooner: on a
+lossy link a segment may wait several retransmissions (0.2 + 0.4 + 0.8 s) on a
+connection that is still the best one to wait on, and the kernel would abort it."""
+USER_TIMEOUT_MIN = 4.0
 _TCP_INFO_BYTES = 128
+_TCPI_RTO = struct.Struct("=I")  # the retransmission timeout now, µs, at offset 8
 _TCPI_UNACKED = struct.Struct("=I")  # segments sent and not acknowledged, at offset 24
 _TCPI_BYTES_ACKED = struct.Struct("=Q")  # bytes the peer acknowledged in all, at offset 120
 
-AckProbe = Callable[[asyncio.Transport], "tuple[bool, int] | None"]
-"""(anything unacknowledged, acknowledged so far) for a connection; None: cannot tell."""
+
+class TcpProgress(NamedTuple):
+    """What the kernel says about our data on a connection."""
+
+    outstanding: bool
+    """Something written is not acknowledged yet."""
+    acknowledged: int
+    """Bytes the peer acknowledged in all."""
+    retransmit_after: float
+    """The retransmission timeout now, in seconds (doubled at each unanswered one)."""
 
 
-def tcp_acknowledgements(transport: asyncio.Transport) -> tuple[bool, int] | None:
-    """What the kernel says about our data on ``transport``: (something written is not
-    acknowledged yet, bytes acknowledged in all); None where TCP_INFO is not available
-    (then only TCP_USER_TIMEOUT, or nothing, bounds a stalled connection)."""
+AckProbe = Callable[[asyncio.Transport], "TcpProgress | None"]
+"""What a connection's sender knows of its progress; None: cannot tell."""
+
+
+def tcp_acknowledgements(transport: asyncio.Transport) -> TcpProgress | None:
+    """What the kernel says about our data on ``transport``; None where TCP_INFO is not
+    available (then only TCP_USER_TIMEOUT, or nothing, bounds a stalled connection)."""
     sock = transport.get_extra_info("socket")
     option = getattr(socket, "TCP_INFO", None)
     if sock is None or option is None or not sys.platform.startswith("linux"):
@@ -126,10 +141,11 @@ def tcp_acknowledgements(transport: asyncio.Transport) -> tuple[bool, int] | Non
         return None
     if len(info) < _TCP_INFO_BYTES:
         return None  # a kernel older than 4.1 has no tcpi_bytes_acked
+    (rto_us,) = _TCPI_RTO.unpack_from(info, 8)
     (unacked,) = _TCPI_UNACKED.unpack_from(info, 24)
     (acked,) = _TCPI_BYTES_ACKED.unpack_from(info, 120)
     unsent = transport.get_write_buffer_size()
-    return bool(unacked or unsent), acked
+    return TcpProgress(bool(unacked or unsent), acked, rto_us / 1_000_000)
 
 
 def bound_stalls(transport: asyncio.Transport, stall_after: float) -> None:
@@ -501,9 +517,13 @@ class PeerLink:
             seen = self._ack_probe(transport)
             if seen is None or protocol.lost.done():
                 continue
-            outstanding, acknowledged = seen
             now = time.monotonic()
-            if watch.observe(now, outstanding=outstanding, acknowledged=acknowledged):
+            if watch.observe(
+                now,
+                outstanding=seen.outstanding,
+                acknowledged=seen.acknowledged,
+                retransmit_after=seen.retransmit_after,
+            ):
                 since = watch.waiting_since or now
                 self.replaced += 1
                 self._log.warning(
@@ -511,6 +531,7 @@ class PeerLink:
                     peer=self.peer_id,
                     addr=self._addr,
                     unacknowledged_ms=int((now - since) * 1000),
+                    retransmit_ms=int(seen.retransmit_after * 1000),
                 )
                 transport.abort()
                 await protocol.lost

@@ -62,3 +62,25 @@ def test_a_new_connection_starts_afresh() -> None:
 def test_stall_after_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         LinkWatch(0)
+
+
+def test_a_connection_whose_retransmission_comes_sooner_than_a_new_ones_is_kept() -> None:
+    """Silent for long, but TCP retries within 0.4 s: a new connection, whose lost SYN
+    waits 1 s, could not do better (a lossy link, not a dead one)."""
+    watch = LinkWatch(0.3)
+    for step in range(30):
+        assert not watch.observe(step * 0.1, outstanding=True, acknowledged=0, retransmit_after=0.4)
+
+
+def test_a_connection_whose_retransmissions_backed_off_past_a_new_ones_is_replaced() -> None:
+    watch = LinkWatch(0.3)
+    assert not watch.observe(0.0, outstanding=True, acknowledged=0, retransmit_after=0.2)
+    assert not watch.observe(0.5, outstanding=True, acknowledged=0, retransmit_after=0.8)
+    assert watch.observe(1.4, outstanding=True, acknowledged=0, retransmit_after=1.6)
+
+
+def test_the_backed_off_timer_alone_is_not_enough_without_the_silence() -> None:
+    watch = LinkWatch(0.3, worth_replacing=0.5)
+    assert not watch.observe(0.0, outstanding=True, acknowledged=0, retransmit_after=52.0)
+    assert not watch.observe(0.29, outstanding=True, acknowledged=0, retransmit_after=52.0)
+    assert watch.observe(0.3, outstanding=True, acknowledged=0, retransmit_after=52.0)

@@ -29,7 +29,7 @@ from dlm.node.raft.memory import MemoryStorage
 from dlm.node.raft.types import AppendEntries, Heartbeat
 from dlm.node.runtime import server as server_module
 from dlm.node.runtime.log import Logger
-from dlm.node.runtime.peers import PeerLink, bound_stalls, tcp_acknowledgements
+from dlm.node.runtime.peers import PeerLink, TcpProgress, bound_stalls, tcp_acknowledgements
 from dlm.node.runtime.security import NodeSecurity
 from dlm.node.runtime.server import INLINE_SLOW_S
 from dlm.records import ConfState, Entry
@@ -260,14 +260,15 @@ async def test_a_follower_whose_fsync_was_slow_writes_on_the_disk_thread_after()
 
 
 async def test_a_link_whose_connection_stopped_delivering_is_replaced() -> None:
-    """Something waits for an acknowledgement and none comes (the probe says so): after
-    ``stall_after`` the link drops the connection and dials a new one."""
+    """Something waits for an acknowledgement and none comes, and the kernel has backed
+    its retransmissions off to 3.2 s (the probe says so): after ``stall_after`` the link
+    drops the connection and dials a new one."""
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
     downs: list[tuple[str, bool]] = []
     out = io.StringIO()
 
-    def stuck(transport: Any) -> tuple[bool, int]:
-        return True, 0
+    def stuck(transport: Any) -> TcpProgress:
+        return TcpProgress(outstanding=True, acknowledged=0, retransmit_after=3.2)
 
     link = PeerLink(
         local_id="n1",
@@ -296,14 +297,51 @@ async def test_a_link_whose_connection_stopped_delivering_is_replaced() -> None:
     await listener.aclose()
 
 
+async def test_a_link_still_retransmitting_at_its_first_pace_keeps_its_connection() -> None:
+    """Nothing acknowledged for many times ``stall_after``, but the kernel's next
+    retransmission is 0.2 s away (a lossy link, not a dead one): a new connection would
+    wait longer for its own lost SYN, so the link keeps the one it has."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    asked = anyio.Event()
+    looks: list[int] = []
+
+    def retrying(transport: Any) -> TcpProgress:
+        looks.append(1)
+        if len(looks) >= 40:  # 40 looks, every stall_after / 4: ten stall_afters
+            asked.set()
+        return TcpProgress(outstanding=True, acknowledged=0, retransmit_after=0.2)
+
+    link = PeerLink(
+        local_id="n1",
+        peer_id="n2",
+        address=("127.0.0.1", listener.extra(anyio.abc.SocketAttribute.local_port)),
+        cluster="unit",
+        log=Logger("n1", stream=io.StringIO()),
+        on_down=lambda peer, gone: None,
+        rng=random.Random(7),
+        stall_after=0.05,
+        ack_probe=retrying,
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(link.run)
+        with anyio.fail_after(WAIT):
+            wire = await _welcome(listener)
+            await asked.wait()
+        assert link.replaced == 0
+        assert link.connected
+        tg.cancel_scope.cancel()
+    await wire.aclose()
+    await listener.aclose()
+
+
 async def test_a_link_without_a_stall_bound_keeps_its_connection() -> None:
     """The same stuck probe, but no ``stall_after``: the probe is never even asked."""
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
     asked: list[int] = []
 
-    def stuck(transport: Any) -> tuple[bool, int]:
+    def stuck(transport: Any) -> TcpProgress:
         asked.append(1)
-        return True, 0
+        return TcpProgress(outstanding=True, acknowledged=0, retransmit_after=3.2)
 
     link = PeerLink(
         local_id="n1",
@@ -351,10 +389,11 @@ async def test_the_kernel_counts_what_a_link_s_peer_acknowledged() -> None:
         transport, _ = await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)
         bound_stalls(transport, 0.3)
         sock = transport.get_extra_info("socket")
-        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 1000
+        # 8 x 0.3 s is below the 4 s floor.
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 4000
         seen = tcp_acknowledgements(transport)
         assert seen is not None
-        before = seen[1]
+        before = seen.acknowledged
         transport.write(b"x" * 5000)
         with anyio.fail_after(WAIT):
             await got.wait()
@@ -362,10 +401,13 @@ async def test_the_kernel_counts_what_a_link_s_peer_acknowledged() -> None:
             while True:
                 seen = tcp_acknowledgements(transport)
                 assert seen is not None
-                if seen[1] - before >= 5000:
+                if seen.acknowledged - before >= 5000:
                     break
                 await anyio.sleep(0.01)
-        assert seen == (False, before + 5000)
+        assert (seen.outstanding, seen.acknowledged) == (False, before + 5000)
+        # Loopback's round trip is microseconds: the timeout is Linux's floor, 200 ms
+        # (plus the clock tick it is kept in), far from a backed-off one.
+        assert 0.2 <= seen.retransmit_after < 0.5
         transport.abort()
         tg.cancel_scope.cancel()
     await listener.aclose()
