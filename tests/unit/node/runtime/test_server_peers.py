@@ -15,7 +15,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -259,6 +259,28 @@ async def test_a_follower_whose_fsync_was_slow_writes_on_the_disk_thread_after()
     assert disk.writers[1] == "dlm-persist"
 
 
+def _watched_link(
+    listener: anyio.abc.Listener[anyio.abc.SocketStream],
+    probe: Callable[[Any], TcpProgress],
+    *,
+    stall_after: float | None = 0.05,
+    out: io.StringIO | None = None,
+    downs: list[tuple[str, bool]] | None = None,
+) -> PeerLink:
+    """n1's link to n2 at ``listener``, whose acknowledgements ``probe`` reports."""
+    return PeerLink(
+        local_id="n1",
+        peer_id="n2",
+        address=("127.0.0.1", listener.extra(anyio.abc.SocketAttribute.local_port)),
+        cluster="unit",
+        log=Logger("n1", stream=out or io.StringIO()),
+        on_down=lambda peer, gone: None if downs is None else downs.append((peer, gone)),
+        rng=random.Random(7),
+        stall_after=stall_after,
+        ack_probe=probe,
+    )
+
+
 async def test_a_link_whose_connection_stopped_delivering_is_replaced() -> None:
     """Something waits for an acknowledgement and none comes, and the kernel has backed
     its retransmissions off to 3.2 s (the probe says so): after ``stall_after`` the link
@@ -270,17 +292,7 @@ async def test_a_link_whose_connection_stopped_delivering_is_replaced() -> None:
     def stuck(transport: Any) -> TcpProgress:
         return TcpProgress(outstanding=True, acknowledged=0, retransmit_after=3.2)
 
-    link = PeerLink(
-        local_id="n1",
-        peer_id="n2",
-        address=("127.0.0.1", listener.extra(anyio.abc.SocketAttribute.local_port)),
-        cluster="unit",
-        log=Logger("n1", stream=out),
-        on_down=lambda peer, gone: downs.append((peer, gone)),
-        rng=random.Random(7),
-        stall_after=0.05,
-        ack_probe=stuck,
-    )
+    link = _watched_link(listener, stuck, out=out, downs=downs)
     async with anyio.create_task_group() as tg:
         tg.start_soon(link.run)
         with anyio.fail_after(WAIT):
@@ -311,17 +323,7 @@ async def test_a_link_still_retransmitting_at_its_first_pace_keeps_its_connectio
             asked.set()
         return TcpProgress(outstanding=True, acknowledged=0, retransmit_after=0.2)
 
-    link = PeerLink(
-        local_id="n1",
-        peer_id="n2",
-        address=("127.0.0.1", listener.extra(anyio.abc.SocketAttribute.local_port)),
-        cluster="unit",
-        log=Logger("n1", stream=io.StringIO()),
-        on_down=lambda peer, gone: None,
-        rng=random.Random(7),
-        stall_after=0.05,
-        ack_probe=retrying,
-    )
+    link = _watched_link(listener, retrying)
     async with anyio.create_task_group() as tg:
         tg.start_soon(link.run)
         with anyio.fail_after(WAIT):
@@ -343,16 +345,7 @@ async def test_a_link_without_a_stall_bound_keeps_its_connection() -> None:
         asked.append(1)
         return TcpProgress(outstanding=True, acknowledged=0, retransmit_after=3.2)
 
-    link = PeerLink(
-        local_id="n1",
-        peer_id="n2",
-        address=("127.0.0.1", listener.extra(anyio.abc.SocketAttribute.local_port)),
-        cluster="unit",
-        log=Logger("n1", stream=io.StringIO()),
-        on_down=lambda peer, gone: None,
-        rng=random.Random(7),
-        ack_probe=stuck,
-    )
+    link = _watched_link(listener, stuck, stall_after=None)
     async with anyio.create_task_group() as tg:
         tg.start_soon(link.run)
         with anyio.fail_after(WAIT):
