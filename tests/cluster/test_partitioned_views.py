@@ -85,18 +85,44 @@ def keys_in_every_partition(count: int) -> list[str]:
     return keys
 
 
-def hold(partitioned: Cluster, lease: str, keys: list[str]) -> list[RawConn]:
+class LeaderConns:
+    """A connection to each partition's leader that follows a leader that moved: leader
+    spread hands partitions over after a start or a recovery, and a request the old
+    leader answered NOT_LEADER did nothing there, so it is sent again to the new one."""
+
+    def __init__(self, partitioned: Cluster) -> None:
+        self._cluster = partitioned
+        self._conns: dict[int, RawConn] = {}
+
+    def request(self, partition: int, frame: dict[str, Any]) -> dict[str, Any]:
+        for _ in range(10):
+            conn = self._conns.get(partition)
+            if conn is None:
+                leader = self._cluster.wait_for_leader(TIMEOUT, partition=partition)
+                conn = self._conns[partition] = RawConn(leader.address, partition=partition)
+            reply: dict[str, Any] = conn.request(frame)
+            if reply.get("code") != "NOT_LEADER":
+                return reply
+            conn.close()
+            del self._conns[partition]
+        raise AssertionError(f"partition {partition}'s leader kept moving")
+
+    def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()
+
+
+def hold(partitioned: Cluster, lease: str, keys: list[str]) -> LeaderConns:
     """``keys`` held by ``lease``: a part of it opened in each partition the keys are in,
     on a connection to that partition's leader (the connections must stay open)."""
-    leaders = partitioned.wait_for_leaders(timeout=TIMEOUT)
-    conns = []
+    conns = LeaderConns(partitioned)
     for partition in sorted({partition_of(k, PARTITIONS) for k in keys}):
-        conn = RawConn(leaders[partition].address, partition=partition)
-        conns.append(conn)
-        opened = conn.request({"t": "open_lease", "lease": lease, "ttl_ms": 60_000})
+        opened = conns.request(partition, {"t": "open_lease", "lease": lease, "ttl_ms": 60_000})
         assert opened["t"] == "ok", opened
         for seq, key in enumerate((k for k in keys if partition_of(k, PARTITIONS) == partition), 1):
-            granted = conn.request({"t": "acquire", "lease": lease, "seq": seq, "key": key})
+            frame = {"t": "acquire", "lease": lease, "seq": seq, "key": key}
+            granted = conns.request(partition, frame)
             assert granted.get("result") == "granted", granted
     return conns
 
@@ -168,8 +194,7 @@ def test_locks_list_every_key_once_across_partitions_page_by_page(
             paged = client._run(flow)
         assert [lock.key for lock in paged] == keys
     finally:
-        for conn in conns:
-            conn.close()
+        conns.close()
 
 
 def test_a_lease_with_parts_in_two_partitions_is_listed_once(
@@ -185,8 +210,7 @@ def test_a_lease_with_parts_in_two_partitions_is_listed_once(
         assert mine[0]["holding"] == sorted([first, second])
         assert isinstance(mine[0]["left_ms"], int) and 0 < mine[0]["left_ms"] <= 60_000
     finally:
-        for conn in conns:
-            conn.close()
+        conns.close()
 
 
 def test_watch_of_a_prefix_sees_the_changes_of_every_partition(
@@ -198,26 +222,12 @@ def test_watch_of_a_prefix_sees_the_changes_of_every_partition(
         )
         for p in range(PARTITIONS)
     }
-    leaders = partitioned.wait_for_leaders(timeout=TIMEOUT)
-    conns = {p: RawConn(leaders[p].address, partition=p) for p in range(PARTITIONS)}
+    conns = LeaderConns(partitioned)
     proc = dlm.start("watch", "--prefix", "pw/", "--json")
     try:
         lines = JsonLines(proc)
-
-        def on_leader(p: int, frame: dict[str, Any]) -> dict[str, Any]:
-            """``frame``'s reply from partition p's leader: the leaders spread out after
-            the start (a transfer), so a NOT_LEADER is followed to the new one."""
-            for _ in range(10):
-                reply: dict[str, Any] = conns[p].request(frame)
-                if reply.get("code") != "NOT_LEADER":
-                    return reply
-                leaders = partitioned.wait_for_leaders(timeout=TIMEOUT)
-                conns[p].close()
-                conns[p] = RawConn(leaders[p].address, partition=p)
-            raise AssertionError(f"partition {p}'s leader kept moving")
-
         for p in range(PARTITIONS):
-            opened = on_leader(p, {"t": "open_lease", "lease": "pw-probe", "ttl_ms": 60_000})
+            opened = conns.request(p, {"t": "open_lease", "lease": "pw-probe", "ttl_ms": 60_000})
             assert opened["t"] == "ok", opened
         # The watch starts from now in each partition, on its own: change a probe key of
         # every partition not yet heard from until each has been, so that every change
@@ -229,7 +239,7 @@ def test_watch_of_a_prefix_sees_the_changes_of_every_partition(
             for p in sorted(unheard):
                 for t in ("acquire", "release"):
                     seq += 1
-                    on_leader(p, {"t": t, "lease": "pw-probe", "seq": seq, "key": probes[p]})
+                    conns.request(p, {"t": t, "lease": "pw-probe", "seq": seq, "key": probes[p]})
             for event in lines.drain(timeout=1.0):
                 unheard.discard(partition_of(event["key"], PARTITIONS))
         assert not unheard, f"partitions {sorted(unheard)} never watched"
@@ -247,12 +257,10 @@ def test_watch_of_a_prefix_sees_the_changes_of_every_partition(
                 ]  # fmt: skip
             assert sorted(granted) == sorted(wanted)
         finally:
-            for conn in held:
-                conn.close()
+            held.close()
     finally:
         stop(proc)
-        for conn in conns.values():
-            conn.close()
+        conns.close()
 
 
 def test_watch_of_a_prefix_after_an_index_is_refused_in_one_line(dlm: Dlm) -> None:
@@ -271,17 +279,15 @@ def test_the_async_client_watches_a_prefix_in_every_partition(partitioned: Clust
         p: next(k for k in (f"pa/{i}" for i in range(200)) if partition_of(k, PARTITIONS) == p)
         for p in range(PARTITIONS)
     }
-    leaders = partitioned.wait_for_leaders(timeout=TIMEOUT)
-    conns = {p: RawConn(leaders[p].address, partition=p) for p in range(PARTITIONS)}
+    conns = LeaderConns(partitioned)
     seq = 0
 
     def probe(partition: int) -> None:
         nonlocal seq
-        conn = conns[partition]
         for kind in ("acquire", "release"):
             seq += 1
             request = {"t": kind, "lease": "pa-probe", "seq": seq, "key": probes[partition]}
-            assert conn.request(request)["t"] == "ok"
+            assert conns.request(partition, request)["t"] == "ok"
 
     async def main() -> set[int]:
         heard: set[int] = set()
@@ -313,13 +319,12 @@ def test_the_async_client_watches_a_prefix_in_every_partition(partitioned: Clust
         return heard
 
     try:
-        for conn in conns.values():
-            opened = conn.request({"t": "open_lease", "lease": "pa-probe", "ttl_ms": 60_000})
+        for p in range(PARTITIONS):
+            opened = conns.request(p, {"t": "open_lease", "lease": "pa-probe", "ttl_ms": 60_000})
             assert opened["t"] == "ok"
         assert anyio.run(main) == set(range(PARTITIONS))
     finally:
-        for conn in conns.values():
-            conn.close()
+        conns.close()
 
 
 def test_a_lease_the_client_spread_over_two_partitions_is_listed_once(
