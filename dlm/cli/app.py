@@ -133,6 +133,15 @@ FormatOpt = Annotated[
         show_default=False,
     ),
 ]
+KeptLeaseTtlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ttl",
+        metavar="DURATION",
+        help="Lease TTL, renewed every TTL/3 [default: the cluster's default-ttl, 30s unless set].",
+    ),
+]
+"""The TTL of a lease the command keeps alive itself while it runs (exec, elect)."""
 WaitOpt = Annotated[
     str | None,
     typer.Option(
@@ -312,15 +321,7 @@ def exec_(
             help="The lock to hold; repeat to hold several under one lease (all or none).",
         ),
     ],
-    ttl: Annotated[
-        str | None,
-        typer.Option(
-            "--ttl",
-            metavar="DURATION",
-            help="Lease TTL, renewed every TTL/3 [default: the cluster's default-ttl, "
-            "30s unless set].",
-        ),
-    ] = EXEC_TTL,
+    ttl: KeptLeaseTtlOpt = EXEC_TTL,
     wait: WaitOpt = None,
     kill_grace: Annotated[
         str | None,
@@ -441,15 +442,7 @@ def elect(
         str,
         typer.Option("--value", metavar="V", help="This candidate's value, shown to observers."),
     ] = "",
-    ttl: Annotated[
-        str | None,
-        typer.Option(
-            "--ttl",
-            metavar="DURATION",
-            help="Lease TTL, renewed every TTL/3 [default: the cluster's default-ttl, "
-            "30s unless set].",
-        ),
-    ] = EXEC_TTL,
+    ttl: KeptLeaseTtlOpt = EXEC_TTL,
     kill_grace: Annotated[
         str | None,
         typer.Option(

@@ -2250,16 +2250,12 @@ class NodeSimulation:
         default_ttl = self.rng_for("cluster-settings-default-ttl").choice((1000, 1500, 2000))
         self.leases_ttl_max_ms = max(self.leases_ttl_max_ms, default_ttl)
         request = ConfigSet(id=0, setting="default-ttl", value_ms=default_ttl)
-        for _ in range(10):  # until the cluster runs version 5 and takes it
-            if self.world.now >= self.heal_at - 3 * US:
-                return
-            try:
-                yield RunFlow(admin, core.read_flow(admin.ctx, request))
-                self.default_ttl_ms = default_ttl
-                self.stats["default_ttl_set"] += 1
-                break
-            except DlmError:
-                yield Sleep(rng.uniform(0.1, 0.4))
+        taken = yield from self._config_set(admin, request, rng, self.heal_at - 3 * US)
+        if taken is None:
+            return
+        if taken:
+            self.default_ttl_ms = default_ttl
+            self.stats["default_ttl_set"] += 1
         while self.world.now < self.heal_at - 3 * US:
             yield Sleep(rng.uniform(1.0, 4.0))
             if self.world.now >= self.heal_at - 3 * US:
@@ -2267,15 +2263,26 @@ class NodeSimulation:
             value = rng.choice((0, 1000, 1000, 1500, 2500))
             self.trace(f"S{self.world.now}max-ttl{value}")
             request = ConfigSet(id=0, setting="max-ttl", value_ms=value)
-            for _ in range(10):  # until the cluster runs version 5 and takes it
-                if self.world.now >= self.heal_at - 2 * US:
-                    return
-                try:
-                    yield RunFlow(admin, core.read_flow(admin.ctx, request))
-                    self.stats["max_ttl_set"] += 1
-                    break
-                except DlmError:
-                    yield Sleep(rng.uniform(0.1, 0.4))
+            taken = yield from self._config_set(admin, request, rng, self.heal_at - 2 * US)
+            if taken is None:
+                return
+            if taken:
+                self.stats["max_ttl_set"] += 1
+
+    def _config_set(
+        self, admin: SimClient, request: ConfigSet, rng: random.Random, stop_at: int
+    ) -> Generator[RunFlow | Sleep, Any, bool | None]:
+        """``request`` sent until the cluster runs version 5 and takes it (at most 10
+        tries): True once taken, False if never, None when ``stop_at`` came first."""
+        for _ in range(10):
+            if self.world.now >= stop_at:
+                return None
+            try:
+                yield RunFlow(admin, core.read_flow(admin.ctx, request))
+                return True
+            except DlmError:
+                yield Sleep(rng.uniform(0.1, 0.4))
+        return False
 
     def _spawn_member(self, node_id: NodeId) -> None:
         member = SimMember(self, node_id, self.backend.fresh(node_id))
