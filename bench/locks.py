@@ -650,10 +650,16 @@ class Contender:
         self.target = None  # the leader moved
 
 
-def run_interleaved(contenders: Sequence[Contender], args: argparse.Namespace) -> None:
+def run_interleaved(
+    contenders: Sequence[Contender],
+    args: argparse.Namespace,
+    after_step: Callable[[int], None] | None = None,
+) -> None:
     """Every cell on each system in turn (the order alternating from cell to cell), then the
     failovers the same way: load from the rest of the machine that comes and goes then
     falls on both systems alike, and the ratios compare figures taken minutes apart at most.
+    ``after_step(n)`` runs after step n of the cell plan (the second load generator's
+    cells, bench/loadgen.py).
     """
     live = list(contenders)
 
@@ -668,6 +674,8 @@ def run_interleaved(contenders: Sequence[Contender], args: argparse.Namespace) -
     for n, (hot, clients, procs) in enumerate(cell_plan(args)):
         for contender in live[:: 1 if n % 2 == 0 else -1]:
             attempt(contender, functools.partial(contender.run_cell, args, hot, clients, procs))
+        if after_step is not None:
+            after_step(n)
     for n in range(args.failovers):
         for contender in live[:: 1 if n % 2 == 0 else -1]:
             attempt(contender, contender.failover_once)
@@ -690,9 +698,13 @@ def _progress(system: str, r: CellResult) -> None:
     )
 
 
-def bench_both(args: argparse.Namespace, base_dir: str) -> tuple[SystemRun, SystemRun]:
+def bench_both(
+    args: argparse.Namespace, base_dir: str, second: Any = None
+) -> tuple[SystemRun, SystemRun]:
     """Starts dlm's cluster and etcd's (unless --only says otherwise), runs them
-    interleaved, and stops every process by PID."""
+    interleaved, and stops every process by PID. ``second`` (a bench.loadgen.SecondRun):
+    the second load generator runs item 4's cells on dlm's cluster, each right after
+    this harness's, and fills it in."""
     dlm_run, etcd_run = SystemRun("dlm"), SystemRun("etcd")
     clusters: list[tuple[SystemRun, DlmCluster | etcd_bench.EtcdCluster, list[str], str]] = []
     if args.only in ("all", "dlm"):
@@ -722,11 +734,29 @@ def bench_both(args: argparse.Namespace, base_dir: str) -> tuple[SystemRun, Syst
                 continue
             print(f"{up} on {', '.join(addrs)}", flush=True)
             contenders.append(Contender(run, cluster, addrs))
-        run_interleaved(contenders, args)
+        run_interleaved(contenders, args, _second_generator(second, contenders, args))
     finally:
         for _, cluster, _, _ in clusters:
             cluster.stop()
     return dlm_run, etcd_run
+
+
+def _second_generator(
+    second: Any, contenders: Sequence[Contender], args: argparse.Namespace
+) -> Callable[[int], None] | None:
+    """The hook that runs bench/loadgen.py's cells on dlm's cluster, or None."""
+    dlm = next((c for c in contenders if c.run.system == "dlm"), None)
+    if second is None or dlm is None:
+        return None
+    if args.partitions != 1:
+        second.error = "not run: it drives clusters of one partition (item 4's cells are P = 1)"
+        return None
+    from bench import loadgen
+
+    def endpoints() -> Sequence[str]:
+        return dlm.target.endpoints if dlm.target is not None else dlm.endpoints
+
+    return loadgen.interleaved_hook(cell_plan(args), endpoints, lambda: dlm.cluster.pids, second)
 
 
 # ---------------------------------------------------------------------------
@@ -1031,6 +1061,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     from bench import partitions
 
     partitions.add_arguments(parser)
+    from bench import loadgen
+
+    loadgen.add_arguments(parser)
     args = parser.parse_args(argv)
     if (problem := check_partitions(args.partitions)) is not None:
         parser.error(problem)
@@ -1053,7 +1086,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"loopback RTT p50 {floor.rtt.p50_ms:.3f} ms p99 {floor.rtt.p99_ms:.3f} ms",
             flush=True,
         )
-        dlm, etcd = bench_both(args, base_dir)
+        second = None
+        if args.only in ("all", "dlm") and not args.no_second_generator:
+            from bench import loadgen
+
+            second = loadgen.SecondRun(args.second_seconds, args.second_warmup, args.second_procs)
+        dlm, etcd = bench_both(args, base_dir, second)
         parted = None
         if args.only in ("all", "dlm", "partitions") and args.partition_cells:
             from bench import partitions
@@ -1092,6 +1130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("Every cell", cells),
         ("Load generator models", models),
     ]
+    if second is not None:
+        from bench import loadgen
+
+        main_sections.append(loadgen.section(second, dlm.best))
     if args.only == "partitions":  # no dlm/etcd cells: no empty tables either
         main_sections = []
     else:
@@ -1105,6 +1147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print()
             print("Load generator models (the table above uses the better of the two):")
             print(models)
+        if second is not None:
+            print()
+            print("Second load generator (bench/loadgen.py) beside bench.locks, same cells:")
+            print(main_sections[-1][1])
     for name, body in partition_sections:
         if body:
             print(f"\n{name}:\n{body}")
@@ -1121,6 +1167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "dlm": _jsonable(dlm),
         "etcd": _jsonable(etcd),
         "partitions": None if parted is None else asdict(parted),
+        "second_generator": None if second is None else loadgen.jsonable(second, dlm.best),
         "table": [
             {
                 "figure": r.figure,
