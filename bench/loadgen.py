@@ -106,7 +106,12 @@ def _check_plain(value: object, depth: int = 0) -> None:
 
 
 def decode_body(body: bytes) -> dict[str, Any]:
-    """One frame's body as a map; LoadError for anything else."""
+    """One frame's body as a map; LoadError for anything else.
+
+    dlm writes each item in its shortest form, definite lengths, no tags; so a body is
+    taken only if encoding what it decoded to gives its bytes back. That refuses tags
+    (a bignum decodes to a plain int), indefinite lengths, long forms and bytes after the
+    item without a CBOR walker of our own."""
     try:
         value = cbor2.loads(body)
     except Exception as exc:
@@ -114,6 +119,8 @@ def decode_body(body: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise LoadError("reply is not a map")
     _check_plain(value)
+    if cbor2.dumps(value) != body:
+        raise LoadError("reply is not in the shortest definite CBOR form dlm writes")
     return value
 
 
