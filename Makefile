@@ -93,7 +93,8 @@ run: install
 BENCH_ARGS ?=
 
 # The lock-service benchmark: machine floor, a dlm 3-node cluster, etcd 3.4 if installed,
-# then clusters of 1, 2 and 4 partitions side by side (bench/partitions.py).
+# the second load generator (bench/loadgen.py) on item 4's dlm cells, then clusters of
+# 1, 2 and 4 partitions side by side (bench/partitions.py).
 # Writes bench/results/locks.md, .png and .json.
 bench: install install-bench
 	$(PY) -m bench.locks $(BENCH_ARGS)

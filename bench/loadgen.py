@@ -1070,6 +1070,29 @@ def section(run: SecondRun, first: Callable[[bool, int], Any | None]) -> tuple[s
     return "Second load generator", "\n".join(parts)
 
 
+def first_from_json(path: str) -> Callable[[bool, int], dict[str, Any] | None]:
+    """bench.locks' dlm cells from its ``--json`` file (or bench/results/locks.json), as
+    :func:`agreements` reads them: the best load model of each cell, as bench.locks'
+    table shows it."""
+    with open(path) as f:
+        cells = json.load(f).get("dlm", {}).get("cells", [])
+
+    def first(hot: bool, clients: int) -> dict[str, Any] | None:
+        same = [c for c in cells if c["hot"] == hot and c["clients"] == clients]
+        if not same:
+            return None
+        best = max(same, key=lambda c: c["pairs_per_s"])
+        rate = best["pairs_per_s"]
+        return {
+            "pairs_per_s": rate,
+            "pair_p50_ms": best["pair"]["p50_ms"],
+            "pair_p99_ms": best["pair"]["p99_ms"],
+            "server_cpu_per_pair_us": best["server_cpu"] / rate * 1e6 if rate else math.nan,
+        }
+
+    return first
+
+
 def jsonable(run: SecondRun, first: Callable[[bool, int], Any | None]) -> dict[str, Any]:
     def theirs(hot: bool, clients: int) -> dict[str, Any] | None:
         cell = first(hot, clients)
@@ -1134,6 +1157,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--clients", type=_counts, default=[1, 64], help="e.g. 1,64")
     parser.add_argument("--procs", type=int, default=DEFAULT_PROCS, help="worker processes")
     parser.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
+    parser.add_argument(
+        "--compare",
+        metavar="LOCKS_JSON",
+        help="also print each figure beside bench.locks' from its --json file, within 25 %%?",
+    )
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.warmup < 0 or args.procs < 1:
         parser.error("--seconds must be above 0, --warmup at least 0, --procs at least 1")
@@ -1164,6 +1192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"before, {os.getloadavg()[0]:.1f} after"
     )
     print(render_cells(cells))
+    if args.compare:
+        print()
+        print(render_agreements(agreements(cells, first_from_json(args.compare))))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cells": cells, "settings": vars(args)}, f, indent=2)

@@ -5,9 +5,11 @@ cross-check it."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import cbor2
@@ -421,3 +423,27 @@ def test_the_hook_runs_each_cell_once_after_its_last_load_model(
         hook(n)
     assert ran == [(False, 1), (False, 64), (True, 1), (True, 64)]
     assert len(out.cells) == 4
+
+
+def test_compare_reads_the_best_model_of_each_cell_from_bench_locks_json(
+    tmp_path: Path,
+) -> None:
+    def cell(hot: bool, clients: int, procs: int, rate: float, cpu: float) -> dict[str, Any]:
+        return {
+            "hot": hot,
+            "clients": clients,
+            "procs": procs,
+            "pairs_per_s": rate,
+            "pair": {"p50_ms": 4.0, "p99_ms": 9.0, "samples": 10},
+            "server_cpu": cpu,
+        }
+
+    path = tmp_path / "locks.json"
+    cells = [cell(False, 64, 1, 1000.0, 0.5), cell(False, 64, 2, 1200.0, 0.9)]
+    path.write_text(json.dumps({"dlm": {"cells": cells}}))
+    first = loadgen.first_from_json(str(path))
+    best = first(False, 64)
+    assert best is not None
+    assert best["pairs_per_s"] == 1200.0
+    assert best["server_cpu_per_pair_us"] == pytest.approx(750.0)
+    assert first(True, 64) is None
