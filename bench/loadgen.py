@@ -232,6 +232,20 @@ def close_lease_message(
 # ---------------------------------------------------------------------------
 
 LEASE_TTL_MS = 30_000
+"""bench.locks' lease TTL; a cell whose warm-up and window are longer gets leases that
+outlive it instead, since nothing here sends keep-alives (nor does dlm's client within
+bench.locks' few-second cells: it renews every TTL/3)."""
+LEASE_TTL_MAX_MS = 86_400_000
+"""PROTOCOL.md: ``ttl_ms`` between 1 s and 24 h."""
+
+
+def lease_ttl_ms(warmup: float, seconds: float) -> int:
+    """bench.locks' TTL while a cell is short; for a longer one, twice the cell and 20 s
+    (the hot key's queue drains after the window)."""
+    cell_ms = int((warmup + seconds) * 2000) + 20_000
+    return min(LEASE_TTL_MAX_MS, max(LEASE_TTL_MS, cell_ms))
+
+
 DIAL_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 40.0
 """A hot-key acquire waits in the queue behind every other client; far more than that."""
@@ -268,12 +282,15 @@ class TokenLedger:
 class Session:
     """One simulated client: its own connection (to the leader), client id and lease."""
 
-    def __init__(self, endpoints: Sequence[str], ledger: TokenLedger) -> None:
+    def __init__(
+        self, endpoints: Sequence[str], ledger: TokenLedger, ttl_ms: int = LEASE_TTL_MS
+    ) -> None:
         if not endpoints:
             raise LoadError("no member address given")
         self._endpoints = list(endpoints)
         self._next_endpoint = 0
         self._ledger = ledger
+        self._ttl_ms = ttl_ms
         self._sock: socket.socket | None = None
         self._frames = FrameSplitter()
         self._address = ""
@@ -381,7 +398,7 @@ class Session:
 
         def build(rid: int, seq: int, acked: int) -> dict[str, Any]:
             return open_lease_message(
-                rid, lease=lease, ttl_ms=LEASE_TTL_MS, client=self.client, seq=seq, acked=acked
+                rid, lease=lease, ttl_ms=self._ttl_ms, client=self.client, seq=seq, acked=acked
             )
 
         reply = self._call(build)
@@ -632,7 +649,7 @@ def _client_thread(job: ClientJob) -> None:
         report.first_error = report.first_error or first_error
 
 
-def worker_main(pipe: Any, endpoints: list[str], hot: bool, keys: list[str]) -> None:
+def worker_main(pipe: Any, endpoints: list[str], hot: bool, keys: list[str], ttl_ms: int) -> None:
     """One worker process: a thread per key, each with its own session. Says "ready" (or
     why not) once every session holds a lease, waits for the window, measures, reports."""
     ledger = TokenLedger()
@@ -641,7 +658,7 @@ def worker_main(pipe: Any, endpoints: list[str], hot: bool, keys: list[str]) -> 
     try:
         try:
             for _ in keys:
-                session = Session(endpoints, ledger)
+                session = Session(endpoints, ledger, ttl_ms)
                 sessions.append(session)
                 session.open()
         except (LoadError, OSError) as exc:
@@ -736,7 +753,9 @@ def run_cell(
     for share in shares:
         ours, theirs = ctx.Pipe()
         worker = ctx.Process(
-            target=worker_main, args=(theirs, list(endpoints), spec.hot, share), daemon=True
+            target=worker_main,
+            args=(theirs, list(endpoints), spec.hot, share, lease_ttl_ms(warmup, seconds)),
+            daemon=True,
         )
         pipes.append(ours)
         workers.append(worker)

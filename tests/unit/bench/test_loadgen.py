@@ -447,3 +447,9 @@ def test_compare_reads_the_best_model_of_each_cell_from_bench_locks_json(
     assert best["pairs_per_s"] == 1200.0
     assert best["server_cpu_per_pair_us"] == pytest.approx(750.0)
     assert first(True, 64) is None
+
+
+def test_leases_outlive_the_cell_within_the_protocols_bounds() -> None:
+    assert loadgen.lease_ttl_ms(1.0, 3.0) == 30_000  # bench.locks' TTL
+    assert loadgen.lease_ttl_ms(1.0, 600.0) == 1_222_000
+    assert loadgen.lease_ttl_ms(0.0, 1e9) == 86_400_000
