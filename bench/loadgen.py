@@ -887,6 +887,7 @@ def plain_locks_cell(cell: Any) -> dict[str, Any]:
         "pair_p50_ms": cell.pair.p50_ms,
         "pair_p99_ms": cell.pair.p99_ms,
         "server_cpu_per_pair_us": cell.server_cpu_per_pair_us,
+        "load_average": cell.load_average,
     }
 
 
@@ -898,6 +899,10 @@ class Agreement:
     """bench.locks' figure (dlm's client library)."""
     second: float | None
     """This generator's."""
+    first_load: float = math.nan
+    second_load: float = math.nan
+    """The machine's 1-minute load average as each cell's window ended: other work on
+    the machine moves both figures, and not always alike."""
 
     @property
     def ratio(self) -> float | None:
@@ -930,6 +935,8 @@ def agreements(
                     figure,
                     None if theirs is None else pick(figure, theirs),
                     pick(figure, cell),
+                    math.nan if theirs is None else theirs.get("load_average", math.nan),
+                    cell.get("load_average", math.nan),
                 )
             )
     return rows
@@ -947,18 +954,23 @@ def _fmt(figure: str, value: float | None) -> str:
     return f"{value:.2f}"
 
 
+def _load(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.1f}"
+
+
 def render_agreements(rows: Sequence[Agreement]) -> str:
     lines = [
         "| cell | figure | bench.locks (dlm client) | bench.loadgen (second) | second/first "
-        "| within 25 % |",
-        "|---|---|---:|---:|---:|---|",
+        "| within 25 % | load average |",
+        "|---|---|---:|---:|---:|---|---|",
     ]
     for r in rows:
         ratio = "-" if r.ratio is None else f"{r.ratio:.2f}"
         within = {None: "-", True: "yes", False: "**no**"}[r.within]
         lines.append(
             f"| {r.cell} | {r.figure} | {_fmt(r.figure, r.first)} "
-            f"| {_fmt(r.figure, r.second)} | {ratio} | {within} |"
+            f"| {_fmt(r.figure, r.second)} | {ratio} | {within} "
+            f"| {_load(r.first_load)} / {_load(r.second_load)} |"
         )
     return "\n".join(lines)
 
@@ -1107,6 +1119,7 @@ def first_from_json(path: str) -> Callable[[bool, int], dict[str, Any] | None]:
             "pair_p50_ms": best["pair"]["p50_ms"],
             "pair_p99_ms": best["pair"]["p99_ms"],
             "server_cpu_per_pair_us": best["server_cpu"] / rate * 1e6 if rate else math.nan,
+            "load_average": best.get("load_average", math.nan),
         }
 
     return first
