@@ -988,7 +988,7 @@ def render_cells(cells: Sequence[dict[str, Any]]) -> str:
             f"| {_fmt('', pick('pair p99/p50', c))} "
             f"| {_fmt('server CPU per pair', c['server_cpu_per_pair_us'])} "
             f"| {c['client_cpu']:.2f} | {c['tokens_checked']:,} | {c['errors']} "
-            f"| {c['load_average']:.1f} |"
+            f"| {_load(c['load_average'])} |"
         )
     return "\n".join(lines)
 

@@ -751,6 +751,9 @@ def _second_generator(
     if args.partitions != 1:
         second.error = "not run: it drives clusters of one partition (item 4's cells are P = 1)"
         return None
+    if args.auth:
+        second.error = "not run: it does not authenticate (item 4's cells run without --auth)"
+        return None
     from bench import loadgen
 
     def endpoints() -> Sequence[str]:
