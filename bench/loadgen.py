@@ -538,36 +538,55 @@ def members_cpu_s(roots: Iterable[int]) -> float:
     return ticks / _TICKS_PER_S
 
 
-def listening_pids(addresses: Sequence[str]) -> list[int]:
+def listening_pids(addresses: Sequence[str], attempts: int = 5) -> list[int]:
     """The PIDs of the processes listening on the ports of ``addresses`` (same order), from
     /proc/net/tcp{,6} and the processes' open files; empty when one cannot be found (not
-    this machine, or another user's)."""
-    ports = [int(a.rpartition(":")[2]) for a in addresses]
-    inodes: dict[int, str] = {}
+    this machine, or another user's). /proc/net/tcp is read in pieces while the machine's
+    sockets come and go, so a pass may miss a line: a few passes are tried."""
+    for _ in range(attempts):
+        found = _listening_pids_once([int(a.rpartition(":")[2]) for a in addresses])
+        if found:
+            return found
+    return []
+
+
+def _listening_pids_once(ports: Sequence[int]) -> list[int]:
+    sockets: dict[str, int] = {}  # "socket:[inode]" -> port, of every listening socket
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                next(f)
-                for line in f:
-                    cols = line.split()
-                    local_port = int(cols[1].rsplit(":", 1)[1], 16)
-                    if cols[3] == "0A" and local_port in ports:  # 0A: LISTEN
-                        inodes.setdefault(local_port, cols[9])
-        except (OSError, IndexError, ValueError, StopIteration):
-            continue
-    owners: dict[str, int] = {}
-    wanted = {f"socket:[{inode}]" for inode in inodes.values()}
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f:
+                cols = line.split()
+                if len(cols) < 10 or cols[3] != "0A":  # 0A: LISTEN (the header is not)
+                    continue
+                with contextlib.suppress(ValueError):
+                    port = int(cols[1].rsplit(":", 1)[1], 16)
+                    if port in ports:
+                        sockets[f"socket:[{cols[9]}]"] = port
+    holders: dict[int, set[int]] = {}  # port -> PIDs holding a socket listening there
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         with contextlib.suppress(OSError):
             for fd in os.listdir(f"/proc/{name}/fd"):
                 with contextlib.suppress(OSError):
-                    link = os.readlink(f"/proc/{name}/fd/{fd}")
-                    if link in wanted:
-                        owners.setdefault(link, int(name))
-    pids = [owners.get(f"socket:[{inodes.get(p)}]") for p in ports]
-    return [p for p in pids if p is not None] if None not in pids else []
+                    port_of = sockets.get(os.readlink(f"/proc/{name}/fd/{fd}"))
+                    if port_of is not None:
+                        holders.setdefault(port_of, set()).add(int(name))
+    out = []
+    for port in ports:
+        pids = holders.get(port, set())
+        # A child forked with the socket open (a snapshot writer) holds it too: the
+        # member is the holder whose parent holds none of it.
+        roots = [pid for pid in pids if _parent_of(pid) not in pids]
+        if len(roots) != 1:
+            return []
+        out.append(roots[0])
+    return out
+
+
+def _parent_of(pid: int) -> int | None:
+    fields = _stat_after_name(pid)
+    return None if fields is None or len(fields) < 2 else int(fields[1])
 
 
 # ---------------------------------------------------------------------------
