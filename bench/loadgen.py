@@ -1060,6 +1060,8 @@ class SecondRun:
     procs: int
     cells: list[dict[str, Any]] = field(default_factory=list)
     error: str = ""
+    elapsed_s: float = 0.0
+    """Wall time its cells added to the run (worker start-up and set-up included)."""
 
 
 def interleaved_hook(
@@ -1080,6 +1082,7 @@ def interleaved_hook(
         spec = CellSpec(hot, clients)
         if spec not in specs or last_step[(hot, clients)] != n or out.error:
             return
+        began = time.monotonic()
         try:
             figures = run_cell(
                 endpoints(),
@@ -1093,6 +1096,8 @@ def interleaved_hook(
             out.error = f"{type(exc).__name__}: {exc}"
             print(f"  loadgen: skipped the rest: {out.error}", flush=True)
             return
+        finally:
+            out.elapsed_s += time.monotonic() - began
         out.cells.append(plain_cell(figures))
         print(progress_line(figures), flush=True)
 
@@ -1112,7 +1117,8 @@ def section(run: SecondRun, first: Callable[[bool, int], Any | None]) -> tuple[s
         f"bench/loadgen.py (blocking sockets in threads over {run.procs} processes, its own "
         "CBOR frames, clock and percentiles; see bench/README.md) ran each of these cells "
         f"right after bench.locks' on the same cluster, {run.seconds:g} s after "
-        f"{run.warmup:g} s warm-up. Within 25 %: second/first between 0.75 and 1.25."
+        f"{run.warmup:g} s warm-up ({run.elapsed_s:.0f} s in all). Within 25 %: "
+        "second/first between 0.75 and 1.25."
     )
     parts = [intro, "", render_agreements(rows), "", render_cells(run.cells)]
     if run.error:
