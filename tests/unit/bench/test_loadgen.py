@@ -252,7 +252,7 @@ class FakeMember:
 
 
 @pytest.fixture
-def member_with(request: pytest.FixtureRequest) -> Iterator[Callable[..., FakeMember]]:
+def member_with() -> Iterator[Callable[..., FakeMember]]:
     made: list[FakeMember] = []
 
     def make(answer: Callable[[Any], list[dict[str, Any]]]) -> FakeMember:
