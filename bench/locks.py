@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bench import etcd as etcd_bench
 from bench.floor import Floor, Percentiles, free_ports, measure_floor, summarize
@@ -53,6 +53,9 @@ from bench.procs import ProcessCluster, tree_usage
 from dlm.client.sync import Client
 from dlm.partitioning import check_partitions
 from dlm.views import StatusView
+
+if TYPE_CHECKING:
+    from bench.loadgen import SecondRun
 
 CLIENT_COUNTS = (1, 16, 64)
 DEFAULT_SECONDS = 5.0
@@ -699,7 +702,7 @@ def _progress(system: str, r: CellResult) -> None:
 
 
 def bench_both(
-    args: argparse.Namespace, base_dir: str, second: Any = None
+    args: argparse.Namespace, base_dir: str, second: SecondRun | None = None
 ) -> tuple[SystemRun, SystemRun]:
     """Starts dlm's cluster and etcd's (unless --only says otherwise), runs them
     interleaved, and stops every process by PID. ``second`` (a bench.loadgen.SecondRun):
@@ -742,7 +745,7 @@ def bench_both(
 
 
 def _second_generator(
-    second: Any, contenders: Sequence[Contender], args: argparse.Namespace
+    second: SecondRun | None, contenders: Sequence[Contender], args: argparse.Namespace
 ) -> Callable[[int], None] | None:
     """The hook that runs bench/loadgen.py's cells on dlm's cluster, or None."""
     dlm = next((c for c in contenders if c.run.system == "dlm"), None)
