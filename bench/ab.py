@@ -34,6 +34,7 @@ from pathlib import Path
 
 from bench.floor import measure_floor
 from bench.locks import (
+    DEFAULT_SETTLE,
     LEADER_TIMEOUT_S,
     CellResult,
     Contender,
@@ -148,6 +149,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=1.0, help="before each window")
     parser.add_argument("--rounds", type=int, default=3, help="times the whole plan runs")
     parser.add_argument(
+        "--settle",
+        type=float,
+        default=DEFAULT_SETTLE,
+        help="seconds of unrecorded load on each fresh cluster before round 1 (0: none)",
+    )
+    parser.add_argument(
         "--failovers", type=int, default=0, help="kill -9 of the leader, per side, after the cells"
     )
     parser.add_argument("--json", metavar="FILE", help="also write every cell to FILE")
@@ -193,14 +200,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 Contender(run, cluster, cluster.addrs)
                 for run, cluster in zip(runs, clusters, strict=True)
             ]
-            cells_only = argparse.Namespace(**{**vars(args), "failovers": 0})
             for round_no in range(args.rounds):
                 print(f"round {round_no + 1} of {args.rounds}", flush=True)
+                # Only the first round settles the fresh clusters (bench.locks --settle).
+                settle = args.settle if round_no == 0 else 0.0
+                cells_only = argparse.Namespace(**{**vars(args), "failovers": 0, "settle": settle})
                 # run_interleaved alternates the order from cell to cell, starting again with
                 # each round; swapping the starter too means no side is always measured second.
                 run_interleaved(contenders[:: 1 if round_no % 2 == 0 else -1], cells_only)
             if args.failovers:
-                run_interleaved(contenders, argparse.Namespace(**{**vars(args), "clients": []}))
+                failovers_only = {**vars(args), "clients": [], "settle": 0.0}
+                run_interleaved(contenders, argparse.Namespace(**failovers_only))
         finally:
             for cluster in clusters:
                 cluster.stop()

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 CLIENT_COUNTS = (1, 16, 64)
 DEFAULT_SECONDS = 5.0
 DEFAULT_WARMUP = 1.0
+DEFAULT_SETTLE = 3.0
 DEFAULT_PROCS = 2
 DEFAULT_FAILOVERS = 5
 DEFAULT_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -628,7 +629,10 @@ class Contender:
     leader: int | None = None
     """The member that led when ``target`` was made (partition 0's leader when P > 1)."""
 
-    def run_cell(self, args: argparse.Namespace, hot: bool, clients: int, procs: int) -> None:
+    def run_cell(
+        self, args: argparse.Namespace, hot: bool, clients: int, procs: int, record: bool = True
+    ) -> None:
+        """One cell on this system; ``record=False`` runs it only to settle the cluster."""
         if self.target is None:
             leader = self.leader = self.cluster.leader_index(LEADER_TIMEOUT_S)
             ordered = (
@@ -639,12 +643,17 @@ class Contender:
             self.target = Target(self.run.kind, ordered, secret_file=secret_file)
         system = self.run.system
         prefix = f"bench/{system}/{'h' if hot else 'd'}{clients}x{procs}/{os.getpid()}"
-        cell = Cell(hot, clients, procs, args.warmup, args.seconds, prefix)
+        seconds = args.seconds if record else args.settle
+        cell = Cell(hot, clients, procs, args.warmup, seconds, prefix)
         term_before = self.cluster.max_term()
         result = run_cell(self.target, cell, self.cluster.pids)
         result.elections = max(0, self.cluster.max_term() - term_before)
         result.partitions = getattr(self.cluster, "partitions", 1)
         result.leader = self.leader
+        if not record:
+            settled = f"{result.pairs_per_s:.0f} pairs/s, not recorded"
+            print(f"  {system}: settled ({settled})", flush=True)
+            return
         self.run.cells.append(result)
         _progress(system, result)
 
@@ -674,6 +683,11 @@ def run_interleaved(
             print(f"{contender.run.system}: skipped the rest: {contender.run.error}", flush=True)
             live.remove(contender)
 
+    if args.settle > 0:
+        # A fresh cluster is slow for its first seconds (measured: a first c=1 cell's pair
+        # p50 8.0 ms, the next ones 4.2-5.2 ms), which weighed on whichever cell came first.
+        for contender in list(live):
+            attempt(contender, functools.partial(contender.run_cell, args, False, 1, 1, False))
     for n, (hot, clients, procs) in enumerate(cell_plan(args)):
         for contender in live[:: 1 if n % 2 == 0 else -1]:
             attempt(contender, functools.partial(contender.run_cell, args, hot, clients, procs))
@@ -828,14 +842,20 @@ def build_rows(floor: Floor, dlm: SystemRun, etcd: SystemRun, clients: Sequence[
         for c in clients:
             where = f"c={c}, {'one hot key' if hot else 'distinct keys'}"
             single = c == 1 and not hot
+            # Issue 29: distinct keys at the largest c >= 2x etcd's pairs/s; one hot key
+            # >= 1x etcd's at c=1 and at the largest c.
+            pairs_factor = (
+                (1.0 if c in (1, top) else None) if hot else (2.0 if c == top and c > 1 else None)
+            )
+            pairs_target = f">= {pairs_factor:.0f} x etcd" if pairs_factor else ""
             figures: list[Figure] = [
                 (
                     "pairs/s",
                     lambda r: r.pairs_per_s,
                     1e3 / floor.pair_p50_ms if single else None,
                     "/s",
-                    ">= 2 x etcd" if c == top and c > 1 else "",
-                    _ratio_at_least(2.0) if c == top and c > 1 else None,
+                    pairs_target,
+                    _ratio_at_least(pairs_factor) if pairs_factor else None,
                 ),
                 (
                     "acquire p50",
@@ -851,8 +871,8 @@ def build_rows(floor: Floor, dlm: SystemRun, etcd: SystemRun, clients: Sequence[
                     lambda r: r.pair.p50_ms,
                     floor.pair_p50_ms if single else None,
                     "ms",
-                    "<= 0.8 x etcd" if single else "",
-                    _ratio_at_most(0.8) if single else None,
+                    "<= 1.0 x etcd" if single else "",
+                    _ratio_at_most(1.0) if single else None,
                 ),
                 (
                     "pair p99",
@@ -1031,6 +1051,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--keys", choices=("both", "distinct", "hot"), default="both", help="which cells run"
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=DEFAULT_SETTLE,
+        help="seconds of unrecorded c=1 load on each fresh cluster before the first cell (0: none)",
     )
     parser.add_argument("--failovers", type=int, default=DEFAULT_FAILOVERS, help="0 to skip")
     parser.add_argument(
