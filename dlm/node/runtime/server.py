@@ -50,6 +50,7 @@ from typing import Any, Self
 import anyio
 import anyio.abc
 
+from dlm.event_loop import running_loop_name
 from dlm.node import locks
 from dlm.node.machine import (
     Action,
@@ -326,6 +327,7 @@ class NodeServer:
                     client_secret=security.client_secret is not None,
                     max_clients=self.budget.clients,
                     tracing=self._export_spans is not None,
+                    event_loop=running_loop_name(loop),
                 )
                 self._run_actions()
                 notify("READY=1")  # systemd's Type=notify: serving from now on

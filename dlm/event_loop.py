@@ -1,0 +1,104 @@
+"""Which event loop dlm's long-running processes run on, and a transport's socket on either.
+
+A member (`dlm node start`), the supervisor of a partitioned member and `dlm gateway`
+run on uvloop, a C implementation of asyncio's loop, where it is installed, and on
+asyncio's own loop otherwise (the zipapp, which is pure Python, and any platform
+without a uvloop wheel). ``DLM_EVENT_LOOP=asyncio|uvloop`` picks one by hand; an
+unknown value, or ``uvloop`` where it is not installed, is refused in one line before
+the process starts (``EventLoopChoiceError``). Client commands never come here: they
+run no loop of this kind, and ``import uvloop`` is only ever done by ``loop_factory``.
+
+uvloop's transports are not subclasses of ``asyncio.Transport``, and the socket a closed
+uvloop transport reports answers every option with ValueError rather than asyncio's
+OSError; ``open_socket`` is how the runtime reaches a transport's socket on both.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False  # typing stays off the import path of the commands that load this
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Callable, Coroutine, Mapping
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
+
+ENV = "DLM_EVENT_LOOP"
+ASYNCIO = "asyncio"
+UVLOOP = "uvloop"
+CHOICES = (ASYNCIO, UVLOOP)
+
+
+class EventLoopChoiceError(ValueError):
+    """``DLM_EVENT_LOOP`` cannot be honoured; the message is the one line to print."""
+
+
+def uvloop_installed() -> bool:
+    """uvloop can be imported here (found without importing it)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(UVLOOP) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def chosen_loop(environ: Mapping[str, str] | None = None) -> str:
+    """The loop named by ``DLM_EVENT_LOOP`` (unset or empty: uvloop where installed,
+    else asyncio); raises EventLoopChoiceError for a name it cannot run."""
+    given = (os.environ if environ is None else environ).get(ENV, "").strip().lower()
+    if not given:
+        return UVLOOP if uvloop_installed() else ASYNCIO
+    if given not in CHOICES:
+        raise EventLoopChoiceError(
+            f"{ENV} must be {ASYNCIO} or {UVLOOP}, not {given!r}: unset it to use uvloop "
+            f"where it is installed"
+        )
+    if given == UVLOOP and not uvloop_installed():
+        raise EventLoopChoiceError(
+            f"{ENV}={UVLOOP} but uvloop is not installed: pip install uvloop, "
+            f"or set {ENV}={ASYNCIO}"
+        )
+    return given
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """What makes a loop of ``name`` (None: asyncio's default)."""
+    if name != UVLOOP:
+        return None
+    try:
+        import uvloop
+    except ImportError as exc:  # found, yet broken: say so rather than run on another loop
+        raise EventLoopChoiceError(
+            f"uvloop is installed but cannot be imported ({exc}): reinstall it, "
+            f"or set {ENV}={ASYNCIO}"
+        ) from None
+    new_loop: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return new_loop
+
+
+def run(name: str, main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """``asyncio.run(main())`` on the loop ``name`` (``main`` is called once the loop is
+    known to exist, so a refusal leaves no coroutine un-awaited)."""
+    import asyncio
+
+    with asyncio.Runner(loop_factory=loop_factory(name)) as runner:
+        return runner.run(main())
+
+
+def running_loop_name(loop: asyncio.AbstractEventLoop) -> str:
+    """Which loop ``loop`` is, for the start-up log line."""
+    return UVLOOP if type(loop).__module__.startswith(UVLOOP) else ASYNCIO
+
+
+def open_socket(transport: asyncio.BaseTransport) -> Any:
+    """The socket under ``transport`` while it is open; None once it is closing or
+    closed (nothing to probe or tune then), or where the transport has none."""
+    if transport.is_closing():
+        return None
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.fileno() < 0:
+        return None
+    return sock
