@@ -71,3 +71,17 @@ def test_asyncio_runs_on_asyncios_own_loop() -> None:
 @needs_uvloop
 def test_uvloop_runs_on_uvloop() -> None:
     assert event_loop.run(UVLOOP, _loop_name) == UVLOOP
+
+
+async def _timer_floor() -> float:
+    return event_loop.timer_floor(asyncio.get_running_loop())
+
+
+def test_asyncios_loop_is_asked_for_any_wait() -> None:
+    assert event_loop.run(ASYNCIO, _timer_floor) == 0.0
+
+
+@needs_uvloop
+def test_uvloop_is_asked_for_whole_milliseconds_at_least() -> None:
+    # Shorter waits round to none on libuv's millisecond timers: the member's clock spun.
+    assert event_loop.run(UVLOOP, _timer_floor) == 0.001
