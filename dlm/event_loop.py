@@ -1,12 +1,17 @@
 """Which event loop dlm's long-running processes run on, and a transport's socket on either.
 
 A member (`dlm node start`), the supervisor of a partitioned member and `dlm gateway`
-run on uvloop, a C implementation of asyncio's loop, where it is installed, and on
-asyncio's own loop otherwise (the zipapp, which is pure Python, and any platform
-without a uvloop wheel). ``DLM_EVENT_LOOP=asyncio|uvloop`` picks one by hand; an
-unknown value, or ``uvloop`` where it is not installed, is refused in one line before
-the process starts (``EventLoopChoiceError``). Client commands never come here: they
-run no loop of this kind, and ``import uvloop`` is only ever done by ``loop_factory``.
+run on asyncio's own loop, or on uvloop (a C implementation of that loop, where it is
+installed) with ``DLM_EVENT_LOOP=uvloop``; an unknown value, or ``uvloop`` where it is
+not installed, is refused in one line before the process starts
+(``EventLoopChoiceError``). Client commands never come here: they run no loop of this
+kind, and ``import uvloop`` is only ever done by ``loop_factory``.
+
+asyncio is the default, uvloop installed or not: measured beside each other
+(bench/results/ab.md, "uvloop"), members on uvloop were no faster (c=1 pair p50 1.04x
+and 1.19x asyncio's, c=64 server CPU per pair 1.05x and 0.94x, in two runs) and spent
+more CPU per keep-alive (109 and 150 µs against 88 and 81), short of issue 29's bar for
+a new dependency (c=1 pair p50 15 % better, or c=64 CPU per pair 25 %).
 
 uvloop's transports are not subclasses of ``asyncio.Transport``, and the socket a closed
 uvloop transport reports answers every option with ValueError rather than asyncio's
@@ -29,6 +34,8 @@ ENV = "DLM_EVENT_LOOP"
 ASYNCIO = "asyncio"
 UVLOOP = "uvloop"
 CHOICES = (ASYNCIO, UVLOOP)
+DEFAULT = ASYNCIO
+"""The loop when ``DLM_EVENT_LOOP`` is unset (the module's docstring says why)."""
 
 
 class EventLoopChoiceError(ValueError):
@@ -46,15 +53,15 @@ def uvloop_installed() -> bool:
 
 
 def chosen_loop(environ: Mapping[str, str] | None = None) -> str:
-    """The loop named by ``DLM_EVENT_LOOP`` (unset or empty: uvloop where installed,
-    else asyncio); raises EventLoopChoiceError for a name it cannot run."""
+    """The loop named by ``DLM_EVENT_LOOP`` (unset or empty: ``DEFAULT``); raises
+    EventLoopChoiceError for a name it cannot run."""
     given = (os.environ if environ is None else environ).get(ENV, "").strip().lower()
     if not given:
-        return UVLOOP if uvloop_installed() else ASYNCIO
+        return DEFAULT
     if given not in CHOICES:
         raise EventLoopChoiceError(
-            f"{ENV} must be {ASYNCIO} or {UVLOOP}, not {given!r}: unset it to use uvloop "
-            f"where it is installed"
+            f"{ENV} must be {ASYNCIO} or {UVLOOP}, not {given!r}: "
+            f"unset it to run on {DEFAULT}'s own loop"
         )
     if given == UVLOOP and not uvloop_installed():
         raise EventLoopChoiceError(

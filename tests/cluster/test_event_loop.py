@@ -92,6 +92,6 @@ def test_a_loop_that_cannot_be_had_is_one_line_and_exit_2(tmp_path: Path) -> Non
     assert proc.returncode == 2
     assert proc.stderr == (
         "dlm node: error: DLM_EVENT_LOOP must be asyncio or uvloop, not 'libuv': "
-        "unset it to use uvloop where it is installed\n"
+        "unset it to run on asyncio's own loop\n"
     )
     assert not (tmp_path / "d").exists()

@@ -134,7 +134,7 @@ def test_an_unknown_event_loop_is_one_line_and_exit_2(
     assert start(tmp_path) == main.EXIT_USAGE == 2
     assert capsys.readouterr().err == (
         f"dlm node: error: DLM_EVENT_LOOP must be asyncio or uvloop, not {value!r}: "
-        "unset it to use uvloop where it is installed\n"
+        "unset it to run on asyncio's own loop\n"
     )
     assert not (tmp_path / "d").exists()
 
