@@ -8,10 +8,10 @@ not installed, is refused in one line before the process starts
 kind, and ``import uvloop`` is only ever done by ``loop_factory``.
 
 asyncio is the default, uvloop installed or not: measured beside each other
-(bench/results/ab.md, "uvloop"), members on uvloop were no faster (c=1 pair p50 1.04x
-and 1.19x asyncio's, c=64 server CPU per pair 1.05x and 0.94x, in two runs) and spent
-more CPU per keep-alive (109 and 150 µs against 88 and 81), short of issue 29's bar for
-a new dependency (c=1 pair p50 15 % better, or c=64 CPU per pair 25 %).
+(bench/results/ab.md, "uvloop"), members on uvloop were no faster (c=1 pair p50 0.95x to
+1.19x asyncio's, c=64 server CPU per pair 0.93x to 1.05x, in three runs) and spent more
+server CPU per keep-alive (109-150 µs against 81-88), short of issue 29's bar for a new
+dependency (c=1 pair p50 15 % better, or c=64 CPU per pair 25 %).
 
 uvloop's transports are not subclasses of ``asyncio.Transport``, and the socket a closed
 uvloop transport reports answers every option with ValueError rather than asyncio's
