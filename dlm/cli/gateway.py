@@ -6,7 +6,6 @@ line; SIGTERM or SIGINT closes every connection and exits 0.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import socket
@@ -22,6 +21,8 @@ MAX_CLIENTS_CAP = 1_000_000
 
 def run(listen: str | None, cluster: str | None, max_clients: str | None) -> int:
     """Checks the flags (or their variables), binds, and relays until told to stop."""
+    from dlm.event_loop import EventLoopChoiceError, chosen_loop
+    from dlm.event_loop import run as run_loop
     from dlm.gateway.relay import DEFAULT_MAX_CLIENTS, Gateway
     from dlm.node.runtime.log import Logger
     from dlm.wire import format_addr, parse_addr
@@ -55,10 +56,16 @@ def run(listen: str | None, cluster: str | None, max_clients: str | None) -> int
                 f"{cap_source} must be a whole number from 1 to {MAX_CLIENTS_CAP}, not {cap_text!r}"
             )
         cap = int(cap_text)
+    try:
+        loop_name = chosen_loop()
+    except EventLoopChoiceError as exc:
+        raise usage_error(str(exc)) from None
     listener = _bind(host, port, format_addr(host, port))
     gateway = Gateway(members, Logger("gateway", stream=sys.stderr), max_clients=cap)
     try:
-        return asyncio.run(gateway.run(listener))
+        return run_loop(loop_name, lambda: gateway.run(listener))
+    except EventLoopChoiceError as exc:
+        raise usage_error(str(exc)) from None
     finally:
         listener.close()
 

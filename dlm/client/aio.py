@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import anyio.abc
@@ -44,6 +44,7 @@ from dlm.client.core import (
     without_id,
 )
 from dlm.client.errors import AuthFailed, ClusterUnavailable, DlmError, LeaseLost, ServerError
+from dlm.event_loop import open_socket
 from dlm.wire import (
     PEER_FRAME_LIMIT,
     AuthChange,
@@ -303,8 +304,8 @@ class _FrameProtocol(asyncio.Protocol):
         self.decoder = FrameDecoder(PEER_FRAME_LIMIT)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport, though on uvloop not an asyncio.Transport by class.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if self.problem is not None:
@@ -403,7 +404,7 @@ class _AsyncioConnection:
             raise ConnectionBroken(str(exc) or "connect failed") from None
         conn = cls(addr, protocol, loop)
         try:
-            sock = transport.get_extra_info("socket")
+            sock = open_socket(transport)  # None: closed already, which the read below says
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             handshake = _Handshake(secret, addr, trace) if secret is not None else None

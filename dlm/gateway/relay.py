@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dlm import tracing
+from dlm.event_loop import open_socket, running_loop_name
 from dlm.gateway.routing import GatewayRouter
 from dlm.node.runtime.log import INFO, Logger
 from dlm.node.runtime.quiet import QuietLog, loop_exception_handler
@@ -123,7 +124,11 @@ class Gateway:
         flushing = asyncio.ensure_future(self._flush_warnings())
         host, port = listener.getsockname()[:2]
         self.log.log(
-            INFO, "gateway_listening", address=f"{host}:{port}", members=list(self.router.members)
+            INFO,
+            "gateway_listening",
+            address=f"{host}:{port}",
+            members=list(self.router.members),
+            event_loop=running_loop_name(loop),
         )
         try:
             await self._stopping.wait()
@@ -254,7 +259,7 @@ class Gateway:
             except (TimeoutError, OSError):
                 self.router.dial_failed(partition, address)
                 continue
-            sock = writer.get_extra_info("socket")
+            sock = open_socket(writer.transport)
             if sock is not None:
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

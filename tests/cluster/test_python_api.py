@@ -277,6 +277,20 @@ def test_trio_too(shared: Cluster) -> None:
     assert anyio.run(main, backend="trio") > 0
 
 
+def test_uvloop_too(shared: Cluster) -> None:
+    """uvloop's transports are not asyncio.Transport by class; the client takes them."""
+    pytest.importorskip("uvloop")
+
+    async def main() -> int:
+        async with (
+            dlm.AsyncClient(shared.members_env) as client,
+            client.lock("py/uvloop", ttl="5s") as lock,
+        ):
+            return lock.token
+
+    assert anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True}) > 0
+
+
 def test_async_acquire_and_release_without_a_block(shared: Cluster) -> None:
     async def main() -> None:
         async with dlm.AsyncClient(shared.members_env) as client:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import resource
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from dlm.node.admission import Acceptance, Admit, Ask, Refuse, Send, hello_problem
 from dlm.node.runtime.config.node_config import NodeConfig
@@ -195,12 +195,12 @@ class AcceptedConnection(asyncio.Protocol):
         self._peer_decoder: FrameDecoder | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
-        self.where = remote_text(transport.get_extra_info("peername"))
+        # A stream transport, though on uvloop not an asyncio.Transport by class.
+        stream = self._transport = cast(asyncio.Transport, transport)
+        self.where = remote_text(stream.get_extra_info("peername"))
         loop = asyncio.get_running_loop()
         self._hello_timer = loop.call_later(self._server.limits.hello_timeout, self.abort)
-        self._server.connection_opened(self, transport)
+        self._server.connection_opened(self, stream)
 
     def connection_lost(self, exc: Exception | None) -> None:
         server = self._server

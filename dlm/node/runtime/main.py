@@ -34,6 +34,8 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from dlm.event_loop import EventLoopChoiceError, chosen_loop, loop_factory
+from dlm.event_loop import run as run_loop
 from dlm.node.runtime.config.node_config import (
     META_FORMAT,
     PARTITIONS_FILE,
@@ -158,6 +160,10 @@ def start_node(
         # Where it listens, and what it recorded: partition 0's data directory says.
         config = replace(config, partitions=partitions)
         config = replace(config, listen=_listen_address(_partition_config(config, 0)))
+    try:
+        loop_name = chosen_loop()
+    except EventLoopChoiceError as exc:
+        return _fail(str(exc), EXIT_USAGE)
     log_level, log_format = settings.get("log_level"), settings.get("log_format")
     try:
         log = Logger(
@@ -220,10 +226,22 @@ def start_node(
             child_module=child_module,
             reloading=reloading,
             flags=flags,
+            loop_name=loop_name,
         )
     try:
         main = functools.partial(_main, seat=seat, reloading=reloading)
-        return anyio.run(main, config, log, on_started, security, join, backend="asyncio")
+        return anyio.run(
+            main,
+            config,
+            log,
+            on_started,
+            security,
+            join,
+            backend="asyncio",
+            backend_options={"loop_factory": loop_factory(loop_name)},
+        )
+    except EventLoopChoiceError as exc:
+        return _fail(str(exc), EXIT_USAGE)
     except StartupError as exc:
         return _fail(str(exc), EXIT_FAILURE)
     except ForeignDataDir as exc:
@@ -505,9 +523,10 @@ def _supervise(
     child_module: str,
     reloading: Reloading,
     flags: Mapping[str, str | None] | None,
+    loop_name: str,
 ) -> int:
-    """Runs the supervisor of a member of ``partitions`` partitions (supervisor.py)."""
-    import asyncio
+    """Runs the supervisor of a member of ``partitions`` partitions (supervisor.py), on
+    the same loop its children run on (``DLM_EVENT_LOOP``, which they inherit)."""
     import socket
 
     from dlm.node.runtime.supervisor import Supervisor
@@ -543,7 +562,9 @@ def _supervise(
             flags=flags,
         )
         try:
-            return asyncio.run(supervisor.run(listener))
+            return run_loop(loop_name, lambda: supervisor.run(listener))
+        except EventLoopChoiceError as exc:
+            return _fail(str(exc), EXIT_USAGE)
         except KeyboardInterrupt:
             return EXIT_OK
         except Exception as exc:

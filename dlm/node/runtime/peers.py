@@ -60,10 +60,11 @@ import struct
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import anyio
 
+from dlm.event_loop import open_socket
 from dlm.node.admission import Dialing, Failed, Refused
 from dlm.node.linkwatch import LinkWatch
 from dlm.node.machine import REMOVED
@@ -130,14 +131,15 @@ AckProbe = Callable[[asyncio.Transport], "TcpProgress | None"]
 
 def tcp_acknowledgements(transport: asyncio.Transport) -> TcpProgress | None:
     """What the kernel says about our data on ``transport``; None where TCP_INFO is not
-    available (then only TCP_USER_TIMEOUT, or nothing, bounds a stalled connection)."""
-    sock = transport.get_extra_info("socket")
+    available (then only TCP_USER_TIMEOUT, or nothing, bounds a stalled connection), and
+    on a connection already closing or closed, which has nothing to tell."""
+    sock = open_socket(transport)
     option = getattr(socket, "TCP_INFO", None)
     if sock is None or option is None or not sys.platform.startswith("linux"):
         return None
     try:
         info = sock.getsockopt(socket.IPPROTO_TCP, option, _TCP_INFO_BYTES)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: uvloop's word for a descriptor gone
         return None
     if len(info) < _TCP_INFO_BYTES:
         return None  # a kernel older than 4.1 has no tcpi_bytes_acked
@@ -149,13 +151,14 @@ def tcp_acknowledgements(transport: asyncio.Transport) -> TcpProgress | None:
 
 
 def bound_stalls(transport: asyncio.Transport, stall_after: float) -> None:
-    """Has the kernel abort the connection when data stays unacknowledged for too long."""
-    sock = transport.get_extra_info("socket")
+    """Has the kernel abort the connection when data stays unacknowledged for too long
+    (nothing to do on a connection already closing)."""
+    sock = open_socket(transport)
     option = getattr(socket, "TCP_USER_TIMEOUT", None)
     if sock is None or option is None:
         return
     timeout_ms = int(max(USER_TIMEOUT_MIN, USER_TIMEOUT_FACTOR * stall_after) * 1000)
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, ValueError):
         sock.setsockopt(socket.IPPROTO_TCP, option, timeout_ms)
 
 
@@ -248,8 +251,8 @@ class _LinkProtocol(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A stream transport, though on uvloop not an asyncio.Transport by class.
+        self._transport = cast(asyncio.Transport, transport)
 
     def listen(self, opener: Any, on_frame: Callable[[Any], None]) -> None:
         """From now on, frames after the welcome (opened by ``opener``) go to ``on_frame``."""

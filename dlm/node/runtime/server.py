@@ -50,6 +50,7 @@ from typing import Any, Self
 import anyio
 import anyio.abc
 
+from dlm.event_loop import running_loop_name, timer_floor
 from dlm.node import locks
 from dlm.node.machine import (
     Action,
@@ -243,6 +244,8 @@ class NodeServer:
         self._wake = asyncio.Event()
         self._timer_sooner = asyncio.Event()
         self._timer_at = 0.0
+        self._timer_floor = 0.0
+        """The shortest wait the clock's loop is asked for (event_loop.timer_floor)."""
         """When the timer task means to call the machine's timer next (monotonic s)."""
         self._pump_scheduled = False
         self._disk_jobs = 0
@@ -284,6 +287,7 @@ class NodeServer:
         """Runs until ``shutdown`` (or cancellation); closes nothing it did not open."""
         self._listener = listener
         loop = self._loop = asyncio.get_running_loop()
+        self._timer_floor = timer_floor(loop)
         previous_handler = loop.get_exception_handler()
         loop.set_exception_handler(loop_exception_handler(self.quiet))
         self._persister = Persister(self.storage, loop, self._persisted)
@@ -326,6 +330,7 @@ class NodeServer:
                     client_secret=security.client_secret is not None,
                     max_clients=self.budget.clients,
                     tracing=self._export_spans is not None,
+                    event_loop=running_loop_name(loop),
                 )
                 self._run_actions()
                 notify("READY=1")  # systemd's Type=notify: serving from now on
@@ -793,7 +798,7 @@ class NodeServer:
                 # Asleep until the timer is due, or until an input brings it forward
                 # (keep-alives waiting out their round's gap): then look again.
                 self._timer_sooner.clear()
-                with anyio.move_on_after(delay):
+                with anyio.move_on_after(max(delay, self._timer_floor)):
                     await self._timer_sooner.wait()
                 if machine.next_timer() > time.monotonic():
                     continue

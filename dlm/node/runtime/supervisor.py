@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import dlm
+from dlm.event_loop import running_loop_name
 from dlm.node.runtime.config.node_config import NodeConfig, partition_dir
 from dlm.node.runtime.log import Logger
 from dlm.node.runtime.notify import NOTIFY_SOCKET_ENV, notify
@@ -180,6 +181,7 @@ class Supervisor:
             address=self.config.address,
             partitions=self.partitions,
             data=str(self.config.data_dir),
+            event_loop=running_loop_name(loop),
         )
         loop.add_reader(listener.fileno(), self._accept)
         watchers = [asyncio.create_task(self._keep(child)) for child in self.children]

@@ -19,6 +19,7 @@ from dlm.cli.exits import USAGE, CliError
         (("127.0.0.1:7999", "gateway:g:1", None), {}, "names members, not gateways"),
         (("127.0.0.1:7999", "a:1", "0"), {}, "--max-clients must be"),
         (("127.0.0.1:7999", "a:1", None), {"DLM_GATEWAY_MAX_CLIENTS": "x"}, "DLM_GATEWAY_MAX"),
+        (("127.0.0.1:7999", "a:1", None), {"DLM_EVENT_LOOP": "trio"}, "DLM_EVENT_LOOP must be"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(
@@ -27,7 +28,7 @@ def test_bad_flags_are_one_line_and_exit_2(
     named: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name in ("DLM_GATEWAY_LISTEN", "DLM_CLUSTER", "DLM_GATEWAY_MAX_CLIENTS"):
+    for name in ("DLM_GATEWAY_LISTEN", "DLM_CLUSTER", "DLM_GATEWAY_MAX_CLIENTS", "DLM_EVENT_LOOP"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)

@@ -1,7 +1,7 @@
 """What the hot paths import: start-up time is paid on every cron run.
 
-`dlm acquire`, `exec`, `release` and `renew` must not load an event loop
-(asyncio alone costs 60-75 ms), rich (only tables need it), pydantic, any of
+`dlm acquire`, `exec`, `release` and `renew` must not load an event loop (asyncio or uvloop:
+asyncio alone costs 60-75 ms), rich (only tables need it), pydantic, any of
 the node's code, or (on the fast path) typer itself, or dataclasses (which
 pulls in inspect, ast, dis and tokenize, and then generates code per class).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-FORBIDDEN = ("asyncio", "anyio", "rich", "pydantic", "dlm.node", "dlm.store")
+FORBIDDEN = ("asyncio", "anyio", "uvloop", "rich", "pydantic", "dlm.node", "dlm.store")
 FAST_PATH_FORBIDDEN: tuple[str, ...] = (*FORBIDDEN, "typer", "dataclasses", "inspect")
 try:
     import _cbor2  # type: ignore[import-not-found]  # noqa: F401

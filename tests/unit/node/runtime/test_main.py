@@ -1,7 +1,9 @@
-"""`dlm node start` on a full disk: exit 74 and one line naming the directory and the space."""
+"""`dlm node start`'s failures at start (a full disk: exit 74 and one line naming the directory
+and the space; bad settings: exit 2 and one line), and the event loop it runs on."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from pathlib import Path
 from typing import Any
@@ -9,6 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
+from dlm import event_loop
 from dlm.node.runtime import main
 from dlm.node.runtime.config.node_config import election_timing
 from dlm.store import StoreFull
@@ -118,3 +121,56 @@ def test_the_election_timeout_comes_from_the_environment_too(
     code = main.start_from_options(flags, {"DLM_NODE_ELECTION_TIMEOUT": "1h"})
     assert code == 2
     assert "(the value comes from DLM_NODE_ELECTION_TIMEOUT)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["trio", "uvloop2"])
+def test_an_unknown_event_loop_is_one_line_and_exit_2(
+    value: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setenv(event_loop.ENV, value)
+    assert start(tmp_path) == main.EXIT_USAGE == 2
+    assert capsys.readouterr().err == (
+        f"dlm node: error: DLM_EVENT_LOOP must be asyncio or uvloop, not {value!r}: "
+        "unset it to run on asyncio's own loop\n"
+    )
+    assert not (tmp_path / "d").exists()
+
+
+def test_uvloop_chosen_where_it_is_not_installed_is_one_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setenv(event_loop.ENV, "uvloop")
+    monkeypatch.setattr(event_loop, "uvloop_installed", lambda: False)
+    assert start(tmp_path) == 2
+    assert capsys.readouterr().err == (
+        "dlm node: error: DLM_EVENT_LOOP=uvloop but uvloop is not installed: "
+        "pip install uvloop, or set DLM_EVENT_LOOP=asyncio\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "loop",
+    [
+        event_loop.ASYNCIO,
+        pytest.param(
+            event_loop.UVLOOP,
+            marks=pytest.mark.skipif(not event_loop.uvloop_installed(), reason="no uvloop"),
+        ),
+    ],
+)
+def test_the_member_runs_on_the_loop_chosen(
+    loop: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ran_on: list[str] = []
+
+    async def run(*_: Any, **__: Any) -> int:
+        ran_on.append(event_loop.running_loop_name(asyncio.get_running_loop()))
+        return 0
+
+    monkeypatch.setenv(event_loop.ENV, loop)
+    monkeypatch.setattr(main, "run", run)
+    assert start(tmp_path) == 0
+    assert ran_on == [loop]

@@ -36,11 +36,6 @@ DEADLINE = 5.0
 """Seconds any one exchange may take before the test fails."""
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _registry() -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     Counter("test_things", "Things counted.", registry=registry).inc(3)

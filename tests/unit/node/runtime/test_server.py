@@ -20,11 +20,6 @@ from .server_harness import WAIT, Wire, running_member
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 # ---------------------------------------------------------------------------
 # The hello
 # ---------------------------------------------------------------------------

@@ -40,11 +40,6 @@ from .server_harness import WAIT, Wire, log_text, running_member
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def dead_address() -> tuple[str, int]:
     """An address on 127.0.0.1 nothing listens on (bound, then closed)."""
     with socket.socket() as s:

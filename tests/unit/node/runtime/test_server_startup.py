@@ -227,11 +227,6 @@ def test_a_corrupt_store_is_refused_naming_file_and_offset(
 # ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class GatedStorage(MemoryStorage):
     """MemoryStorage whose appends wait for ``gate``, record who wrote what, and fail once
     ``failure`` is set."""
