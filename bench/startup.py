@@ -340,6 +340,18 @@ def print_table(rows: list[Row], base: float) -> None:
         )
 
 
+RESULTS_MARKER = "bench.startup"
+"""startup.md holds this run's figures between ``<!-- bench.startup:begin/end -->``; the
+before/after sections a person adds around them survive the next run."""
+
+
+def write_startup_page(path: str, text: str) -> None:
+    from bench.report import write_marked_region
+
+    body = f"`make bench-startup`\n\n```\n{text}```"
+    write_marked_region(path, RESULTS_MARKER, body, title="Start-up benchmark")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=21)
@@ -435,8 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.results:
         os.makedirs(args.results, exist_ok=True)
         path = os.path.join(args.results, "startup.md")
-        with open(path, "w") as f:
-            f.write(f"# Start-up benchmark\n\n`make bench-startup`\n\n```\n{text}```\n")
+        write_startup_page(path, text)
         print(f"results: {path}")
     return 0
 
