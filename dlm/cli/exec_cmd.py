@@ -380,6 +380,24 @@ def child_env(grant: Grant, ttl_ms: int, tokens: dict[str, int] | None = None) -
     return env
 
 
+def renewals_can_wait(settings: Settings, wait_s: float | None, ttl_ms: int) -> bool:
+    """May the KeepAlive's threads start after the spawn order instead of before the
+    acquire? Starting two threads costs a couple of milliseconds on the way to CMD.
+
+    The first renewal is due a renewal interval (TTL/3) after the open, and the
+    deadline watcher fires at the TTL. An acquire that does not queue (no --wait)
+    ends within --timeout + --dial-timeout; while that is under half the TTL the
+    threads could at most have renewed once during it, which the check before the
+    start makes up for (_confirm_before_start renews when less than an interval is
+    left), and the lease cannot have run out on the cluster. A queued acquire, or
+    one that may outlast half the TTL, has them running first, as before.
+    """
+    if wait_s is not None:
+        return False
+    bound_ms = (settings.timeout + settings.dial_timeout) * 1000.0
+    return bound_ms < ttl_ms / 2
+
+
 def _on_lost(client: Client, wake_fd: int) -> None:
     """The lease is gone: wake the supervisor, and fail an acquire still waiting in the queue
     (the cluster drops a lost lease's queue place without telling the waiter)."""
@@ -527,7 +545,8 @@ class _Session:
                 deadline_of=lambda sent, ttl: term_time(lease_deadline(sent, ttl), grace),
                 on_renewed=lambda sent, ttl: guard.extend(lease_deadline(sent, ttl)),
             )
-            keeper.start()
+            if not renewals_can_wait(self.settings, wait_s, lease.ttl_ms):
+                keeper.start()
             try:
                 if len(self.keys) == 1:
                     grant = client.acquire(lease, self.key, wait=wait_s, limit=limit, meta=meta)
@@ -596,12 +615,16 @@ class _Session:
         finally:
             signals.phase = signals.DONE
             if keeper is not None:
-                keeper.stop()
+                # Renewals end before the lease is given back; the threads are joined
+                # after it, so the release does not wait for them to wake and end.
+                keeper.halt()
             # Never release while something of CMD may still run: the lease then lapses.
             if lease is not None and (self.cmd_gone or not self.cmd_started):
                 started = self.cmd_started or self.run_code is not None
                 report = run_end(self.run_code, started=started)
                 _give_back(client, lease, report if self.granted else None)
+            if keeper is not None:
+                keeper.stop()
             client.close()
             signals.restore()
             os.close(wake_r)
@@ -705,6 +728,7 @@ class _Session:
             signals.phase = signals.DONE
             raise _lost_error(_TOO_LATE_TO_START, self.key, ran=False)
         guard.spawn(child_env(grant, keeper.ttl_ms, self.tokens), deadline)
+        keeper.start()  # unless renewals_can_wait had it start before the acquire
         report = guard.next_report()
         if report is None or report[0] != lifeline.STARTED:
             signals.phase = signals.DONE

@@ -227,6 +227,8 @@ class FakeKeepAlive:
         self.reason: str | None = None
         self.renewals = 0
         self.started = threading.Event()
+        self.halted = False
+        """Renewals stopped (``halt``), the threads perhaps not joined yet."""
         self.stopped = False
         FakeKeepAlive.instances.append(self)
 
@@ -234,7 +236,11 @@ class FakeKeepAlive:
         self.started.set()
         return self
 
+    def halt(self) -> None:
+        self.halted = True
+
     def stop(self, timeout: float = 2.0) -> None:
+        self.halted = True
         self.stopped = True
 
     def confirmed(self, sent: float, ttl_ms: int) -> bool:

@@ -836,3 +836,95 @@ def test_a_wait_as_long_as_the_hold_is_warned_about(capsys: Capture, fake_cluste
     )
     assert run(["exec", "--lock", "job", "--wait", "20s", "--min-hold", "30s", "--", "true"]) == 0
     assert capsys.readouterr().err == ""
+
+
+# --- when the renewals start and stop (start-up time) ------------------------------------
+
+
+def _record_keeper_at_acquire_and_spawn(monkeypatch: pytest.MonkeyPatch) -> dict[str, bool]:
+    """Whether the KeepAlive's threads had started when the acquire was sent and when the
+    spawn order went to the guard."""
+    from dlm.cli.guard import Guard
+
+    seen: dict[str, bool] = {}
+    real_acquire, real_spawn = FakeClient.acquire, Guard.spawn
+
+    def acquire(self: FakeClient, *args: Any, **kwargs: Any) -> Any:
+        seen["at_acquire"] = FakeKeepAlive.instances[0].started.is_set()
+        return real_acquire(self, *args, **kwargs)
+
+    def spawn(self: Guard, *args: Any, **kwargs: Any) -> None:
+        seen["at_spawn_order"] = FakeKeepAlive.instances[0].started.is_set()
+        real_spawn(self, *args, **kwargs)
+
+    monkeypatch.setattr(FakeClient, "acquire", acquire)
+    monkeypatch.setattr(Guard, "spawn", spawn)
+    return seen
+
+
+def test_without_wait_the_renewals_start_after_the_spawn_order(
+    fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 30 s TTL, --timeout 10s + --dial-timeout 2s: the acquire ends long before a renewal
+    # is due, so starting the threads waits until CMD is on its way.
+    seen = _record_keeper_at_acquire_and_spawn(monkeypatch)
+    assert run(["exec", "--lock", "job", "--", "true"]) == 0
+    assert seen == {"at_acquire": False, "at_spawn_order": False}
+    (keeper,) = FakeKeepAlive.instances
+    assert keeper.started.is_set() and keeper.stopped
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--wait", "5s"],  # a queued acquire may outlast any renewal interval
+        ["--ttl", "20s"],  # 10 s + 2 s of acquire is more than half the TTL
+        ["--ttl", "30s", "--timeout", "14s"],
+    ],
+)
+def test_renewals_start_before_an_acquire_that_may_outlast_half_the_ttl(
+    options: list[str], fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _record_keeper_at_acquire_and_spawn(monkeypatch)
+    assert run(["exec", "--lock", "job", *options, "--", "true"]) == 0
+    assert seen == {"at_acquire": True, "at_spawn_order": True}
+
+
+def test_an_acquire_bound_under_half_the_ttl_leaves_the_renewals_for_later(
+    fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _record_keeper_at_acquire_and_spawn(monkeypatch)
+    assert run(["exec", "--lock", "job", "--ttl", "30s", "--timeout", "12s", "--", "true"]) == 0
+    assert seen == {"at_acquire": False, "at_spawn_order": False}
+
+
+def test_a_conflict_never_starts_the_renewals(
+    fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = LockHeld("held by someone else", key="job", holders=[])
+
+    def acquire(self: FakeClient, *args: Any, **kwargs: Any) -> Any:
+        raise held
+
+    monkeypatch.setattr(FakeClient, "acquire", acquire)
+    assert run(["exec", "--lock", "job", "--", "true"]) == 75
+    (keeper,) = FakeKeepAlive.instances
+    assert not keeper.started.is_set() and keeper.stopped
+    assert calls(FakeClient.instances[0])[-1] == "close_lease"
+
+
+def test_the_lease_is_given_back_after_renewals_halt_and_before_the_threads_are_joined(
+    fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    at_close: list[tuple[bool, bool]] = []
+    real_close = FakeClient.close_lease
+
+    def close_lease(self: FakeClient, *args: Any, **kwargs: Any) -> list[str]:
+        keeper = FakeKeepAlive.instances[0]
+        at_close.append((keeper.halted, keeper.stopped))
+        return real_close(self, *args, **kwargs)
+
+    monkeypatch.setattr(FakeClient, "close_lease", close_lease)
+    assert run(["exec", "--lock", "job", "--", "true"]) == 0
+    assert at_close == [(True, False)]
+    assert FakeKeepAlive.instances[0].stopped
