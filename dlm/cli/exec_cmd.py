@@ -6,11 +6,16 @@ Three processes: dlm itself (the *supervisor*), its *guard* (dlm.cli.guard),
 and CMD, which the guard starts and stops.
 
 1. Before anything else (and before any thread exists), fork the guard.
-2. Open a fresh lease (``--ttl``) and renew it at once and every TTL/3
-   (KeepAlive, from its own connection), so a long ``--wait`` in the queue
-   cannot outlive it. Each confirmed renewal sets the deadline D: the send
-   time of that renewal + TTL, less a margin for clock-rate drift
-   (dlm.client.core.lease_deadline). The supervisor passes every new D to the guard.
+2. Open a fresh lease (``--ttl``) and renew it every TTL/3 (KeepAlive, from
+   its own connection), so a long ``--wait`` in the queue cannot outlive it.
+   Each confirmed renewal sets the deadline D: the send time of that renewal
+   + TTL, less a margin for clock-rate drift (dlm.client.core.lease_deadline).
+   The supervisor passes every new D to the guard. An acquire that cannot
+   outlast half the TTL (no ``--wait``, ``--timeout`` + ``--dial-timeout``
+   under TTL/2) has the KeepAlive's threads start after the spawn order
+   instead of before it: none of its renewals would have been due, or the one
+   that was is made up for by step 4 or, when the threads start, at once
+   (renewals_can_wait).
 3. Acquire the lock (``--wait`` queues FIFO). Not obtained: close the lease,
    exit 75 or ``--conflict-exit-code`` (silently with that, ``-q`` or
    ``--min-hold``, unless ``-v``; ``--json`` always prints its object); CMD
@@ -33,8 +38,9 @@ and CMD, which the guard starts and stops.
 6. The supervisor waits for the guard's reports, the KeepAlive's verdict and
    signals:
    - CMD ended and nothing of it is left (the guard stops leftovers first:
-     SIGTERM, SIGKILL after the grace): close the lease, which releases the
-     lock, and exit with CMD's code (128+N after signal N);
+     SIGTERM, SIGKILL after the grace): stop the renewals, close the lease,
+     which releases the lock, and exit with CMD's code (128+N after signal N);
+     the KeepAlive's threads are joined after the close, not before it;
    - a signal to dlm (INT, TERM, HUP, QUIT): forward it to CMD's group, keep
      waiting, so CMD decides how to end and the lock is released after;
    - the lease is lost (SESSION_EXPIRED, or the stop time passed without a
@@ -387,10 +393,12 @@ def renewals_can_wait(settings: Settings, wait_s: float | None, ttl_ms: int) -> 
     The first renewal is due a renewal interval (TTL/3) after the open, and the
     deadline watcher fires at the TTL. An acquire that does not queue (no --wait)
     ends within --timeout + --dial-timeout; while that is under half the TTL the
-    threads could at most have renewed once during it, which the check before the
-    start makes up for (_confirm_before_start renews when less than an interval is
-    left), and the lease cannot have run out on the cluster. A queued acquire, or
-    one that may outlast half the TTL, has them running first, as before.
+    threads could at most have renewed once during it, and the lease cannot have
+    run out on the cluster. That one renewal is made up for: before the start when
+    less than an interval is left (_confirm_before_start), else by the KeepAlive
+    as soon as its threads start, the renewal being overdue. The guard's deadline
+    moves only with confirmed renewals either way. A queued acquire, or one that
+    may outlast half the TTL, has the threads running first.
     """
     if wait_s is not None:
         return False
