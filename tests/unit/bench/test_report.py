@@ -83,3 +83,22 @@ def test_the_committed_startup_page_has_its_markers() -> None:
     begin, end = region_markers(RESULTS_MARKER)
     text = page.read_text()
     assert 0 <= text.index(begin) < text.index(end)
+
+
+def test_a_runs_cpu_time_counts_the_descendants_it_waited_for(tmp_path: Path) -> None:
+    # dlm exec's CMD is the guard's child, and the guard is dlm's: the start-up figures
+    # count their CPU too. The grandchild here burns CPU_S of CPU; nothing is timed.
+    import os
+    import sys
+
+    from bench.startup import time_once
+
+    cpu_s = 0.3
+    burn = f"import time\nwhile time.process_time() < {cpu_s}: pass\n"
+    parent = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {burn!r}])\n"
+    wall_ms, cpu_ms, code = time_once(
+        [sys.executable, "-c", parent], dict(os.environ), str(tmp_path)
+    )
+    assert code == 0
+    assert cpu_ms >= cpu_s * 1000 - 50  # clock ticks of 10 ms, user and system apart
+    assert wall_ms > 0
