@@ -11,8 +11,9 @@ and CMD, which the guard starts and stops.
    Each confirmed renewal sets the deadline D: the send time of that renewal
    + TTL, less a margin for clock-rate drift (dlm.client.core.lease_deadline).
    The supervisor passes every new D to the guard. An acquire that cannot
-   outlast half the TTL (no ``--wait``, ``--timeout`` + ``--dial-timeout``
-   under TTL/2) has the KeepAlive's threads start after the spawn order
+   outlast half the TTL (one key in a cluster of one partition, no ``--wait``,
+   ``--timeout`` + ``--dial-timeout`` under TTL/2) has the KeepAlive's threads
+   start after the spawn order
    instead of before it: none of its renewals would have been due, or the one
    that was is made up for by step 4 or, when the threads start, at once
    (renewals_can_wait).
@@ -389,6 +390,9 @@ def child_env(grant: Grant, ttl_ms: int, tokens: dict[str, int] | None = None) -
 def renewals_can_wait(settings: Settings, wait_s: float | None, ttl_ms: int) -> bool:
     """May the KeepAlive's threads start after the spawn order instead of before the
     acquire? Starting two threads costs a couple of milliseconds on the way to CMD.
+    For an acquire that is one call: one key, in a cluster of one partition (more
+    keys, or a part to open in another partition, are a call each, each with its
+    own --timeout); the caller checks that.
 
     The first renewal is due a renewal interval (TTL/3) after the open, and the
     deadline watcher fires at the TTL. An acquire that does not queue (no --wait)
@@ -553,7 +557,8 @@ class _Session:
                 deadline_of=lambda sent, ttl: term_time(lease_deadline(sent, ttl), grace),
                 on_renewed=lambda sent, ttl: guard.extend(lease_deadline(sent, ttl)),
             )
-            if not renewals_can_wait(self.settings, wait_s, lease.ttl_ms):
+            one_call = len(self.keys) == 1 and client.partitions == 1
+            if not (one_call and renewals_can_wait(self.settings, wait_s, lease.ttl_ms)):
                 keeper.start()
             try:
                 if len(self.keys) == 1:

@@ -890,6 +890,17 @@ def test_renewals_start_before_an_acquire_that_may_outlast_half_the_ttl(
     assert seen == {"at_acquire": True, "at_spawn_order": True}
 
 
+def test_several_locks_or_partitions_have_the_renewals_start_before_the_acquire(
+    fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # More keys (or a part of the lease to open in another partition) are a call each,
+    # each with its own --timeout: the acquire's bound is no longer one call's.
+    seen = _record_keeper_at_acquire_and_spawn(monkeypatch)
+    monkeypatch.setattr(FakeClient, "partitions", 4)
+    assert run(["exec", "--lock", "job", "--", "true"]) == 0
+    assert seen == {"at_acquire": True, "at_spawn_order": True}
+
+
 def test_an_acquire_bound_under_half_the_ttl_leaves_the_renewals_for_later(
     fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
