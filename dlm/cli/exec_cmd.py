@@ -13,10 +13,9 @@ and CMD, which the guard starts and stops.
    The supervisor passes every new D to the guard. An acquire that cannot
    outlast half the TTL (one key in a cluster of one partition, no ``--wait``,
    ``--timeout`` + ``--dial-timeout`` under TTL/2) has the KeepAlive's threads
-   start after the spawn order
-   instead of before it: none of its renewals would have been due, or the one
-   that was is made up for by step 4 or, when the threads start, at once
-   (renewals_can_wait).
+   start once the guard says CMD started, instead of before the acquire: none
+   of its renewals would have been due, or the one that was is made up for by
+   step 4 or, when the threads start, at once (renewals_can_wait).
 3. Acquire the lock (``--wait`` queues FIFO). Not obtained: close the lease,
    exit 75 or ``--conflict-exit-code`` (silently with that, ``-q`` or
    ``--min-hold``, unless ``-v``; ``--json`` always prints its object); CMD
@@ -388,7 +387,7 @@ def child_env(grant: Grant, ttl_ms: int, tokens: dict[str, int] | None = None) -
 
 
 def renewals_can_wait(settings: Settings, wait_s: float | None, ttl_ms: int) -> bool:
-    """May the KeepAlive's threads start after the spawn order instead of before the
+    """May the KeepAlive's threads start once CMD has started instead of before the
     acquire? Starting two threads costs a couple of milliseconds on the way to CMD.
     For an acquire that is one call: one key, in a cluster of one partition (more
     keys, or a part to open in another partition, are a call each, each with its
@@ -741,7 +740,6 @@ class _Session:
             signals.phase = signals.DONE
             raise _lost_error(_TOO_LATE_TO_START, self.key, ran=False)
         guard.spawn(child_env(grant, keeper.ttl_ms, self.tokens), deadline)
-        keeper.start()  # unless renewals_can_wait had it start before the acquire
         report = guard.next_report()
         if report is None or report[0] != lifeline.STARTED:
             signals.phase = signals.DONE
@@ -757,6 +755,10 @@ class _Session:
         self.cmd_started = True
         cmd_pid = int(report[1])
         signals.started(guard)
+        # Unless renewals_can_wait had them start before the acquire. After cmd_started:
+        # should a thread fail to start, the lease is then left to lapse, not closed
+        # under a CMD the guard is still stopping.
+        keeper.start()
 
         lost: str | None = None
         code: int | None = None

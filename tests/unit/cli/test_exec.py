@@ -862,7 +862,7 @@ def _record_keeper_at_acquire_and_spawn(monkeypatch: pytest.MonkeyPatch) -> dict
     return seen
 
 
-def test_without_wait_the_renewals_start_after_the_spawn_order(
+def test_without_wait_the_renewals_start_once_cmd_has_started(
     fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # 30 s TTL, --timeout 10s + --dial-timeout 2s: the acquire ends long before a renewal
@@ -939,3 +939,16 @@ def test_the_lease_is_given_back_after_renewals_halt_and_before_the_threads_are_
     assert run(["exec", "--lock", "job", "--", "true"]) == 0
     assert at_close == [(True, False)]
     assert FakeKeepAlive.instances[0].stopped
+
+
+def test_renewals_that_cannot_start_once_cmd_runs_leave_the_lease_to_lapse(
+    fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The threads start after CMD did: if they cannot (no threads left), CMD may still
+    # run, so the lease must not be closed under it; the guard stops CMD on hang-up.
+    def start(self: FakeKeepAlive) -> FakeKeepAlive:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(FakeKeepAlive, "start", start)
+    assert run(["exec", "--lock", "job", "--", "true"]) == 70
+    assert "close_lease" not in calls(FakeClient.instances[0])
