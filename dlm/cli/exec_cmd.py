@@ -13,9 +13,11 @@ and CMD, which the guard starts and stops.
    The supervisor passes every new D to the guard. An acquire that cannot
    outlast half the TTL (one key in a cluster of one partition, no ``--wait``,
    ``--timeout`` + ``--dial-timeout`` under TTL/2) has the KeepAlive's threads
-   start once the guard says CMD started, instead of before the acquire: none
-   of its renewals would have been due, or the one that was is made up for by
-   step 4 or, when the threads start, at once (renewals_can_wait).
+   start once the guard says CMD started and half a renewal interval has passed
+   since the last confirmation, instead of before the acquire (a CMD that ended
+   by then, as most cron jobs do, runs without them): none of its renewals
+   would have been due, or the one that was is made up for by step 4 or, when
+   the threads start, at once (renewals_can_wait).
 3. Acquire the lock (``--wait`` queues FIFO). Not obtained: close the lease,
    exit 75 or ``--conflict-exit-code`` (silently with that, ``-q`` or
    ``--min-hold``, unless ``-v``; ``--json`` always prints its object); CMD
@@ -755,19 +757,29 @@ class _Session:
         self.cmd_started = True
         cmd_pid = int(report[1])
         signals.started(guard)
-        # Unless renewals_can_wait had them start before the acquire. After cmd_started:
-        # should a thread fail to start, the lease is then left to lapse, not closed
-        # under a CMD the guard is still stopping.
-        keeper.start()
+        # Renewals left until now (renewals_can_wait) start half a renewal interval after
+        # the last confirmation, if CMD still runs then: the first renewal is due an
+        # interval after it, and a short CMD (most cron jobs) needs no thread at all.
+        # After cmd_started: should a thread fail to start, the lease is left to lapse,
+        # not closed under a CMD the guard is still stopping.
+        renewals_from: float | None = None
+        if not keeper.running:
+            renewals_from = keeper.confirmed_at + keeper.ttl_ms / 6000.0
 
         lost: str | None = None
         code: int | None = None
         give_up_at: float | None = None
         while code is None:
             timeout = None if give_up_at is None else max(0.0, give_up_at - lease_clock())
+            if renewals_from is not None:
+                until = max(0.0, renewals_from - lease_clock())
+                timeout = until if timeout is None else min(timeout, until)
             if guard.pending:
                 timeout = 0.0
             ready, _, _ = select.select([guard.reports, wake_fd], [], [], timeout)
+            if renewals_from is not None and lease_clock() >= renewals_from:
+                renewals_from = None
+                keeper.start()
             if wake_fd in ready:
                 os.read(wake_fd, 64)
             if lost is None and keeper.lost.is_set():

@@ -1395,6 +1395,11 @@ class KeepAlive:
             self._clock.update_settled(ticket, ttl_ms, lease_clock(), applied=applied)
             self._cond.notify_all()
 
+    @property
+    def running(self) -> bool:
+        """Whether ``start`` was called (and ``stop`` not yet)."""
+        return self._started and not self._stopping.is_set()
+
     def start(self) -> KeepAlive:
         if not self._started:
             self._started = True

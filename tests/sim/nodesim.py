@@ -3232,8 +3232,9 @@ class NodeSimulation:
         """``dlm exec`` after its grant (exec_cmd._Session): the CLI's StartGate decides,
         then the guard is told to spawn. True when CMD ran and ended with the lease held
         (the lock is then released); False when the lease ran out (exit 77).
-        ``on_started``: called once the guard has started CMD (the keep-alives, when
-        they were left until then)."""
+        ``on_started``: called once the guard has started CMD and half a renewal
+        interval has passed since the last confirmation (the keep-alives, when they
+        were left until then)."""
         gate = self.options.start_gate_class(EXEC_GRACE_MS / 1000)
         yield from self._maybe_pause(proc)
         if lost.is_set():
@@ -3273,8 +3274,11 @@ class NodeSimulation:
             )
             yield Sleep(0.0)
         yield from self._maybe_pause(proc)
+        # As the runtime: renewals left for later start half an interval after the last
+        # confirmation, if CMD still runs then (a short CMD needs none).
+        renewals_from = clock.last_sent + clock.interval() / 2
         while not run.done.is_set():
-            if on_started is not None and run.started:
+            if on_started is not None and run.started and proc.mono() >= renewals_from:
                 self.stats["exec_renewals_deferred"] += 1
                 on_started()
                 on_started = None
@@ -3284,8 +3288,7 @@ class NodeSimulation:
             yield Sleep(0.02)
         proc.cmd = None
         if on_started is not None and run.started:
-            self.stats["exec_renewals_deferred"] += 1
-            on_started()  # CMD ended before the supervisor looked: as the runtime, after
+            self.stats["exec_short_runs_unrenewed"] += 1  # CMD ended first: no keep-alives
         if not run.started:
             return False
         return not (run.killed or run.deadline_passed or lost.is_set())

@@ -232,6 +232,10 @@ class FakeKeepAlive:
         self.stopped = False
         FakeKeepAlive.instances.append(self)
 
+    @property
+    def running(self) -> bool:
+        return self.started.is_set() and not self.halted
+
     def start(self) -> FakeKeepAlive:
         self.started.set()
         return self

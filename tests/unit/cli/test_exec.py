@@ -862,13 +862,43 @@ def _record_keeper_at_acquire_and_spawn(monkeypatch: pytest.MonkeyPatch) -> dict
     return seen
 
 
-def test_without_wait_the_renewals_start_once_cmd_has_started(
+def test_without_wait_a_short_cmd_runs_without_starting_the_renewals(
     fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # 30 s TTL, --timeout 10s + --dial-timeout 2s: the acquire ends long before a renewal
-    # is due, so starting the threads waits until CMD is on its way.
+    # is due, and CMD ends long before half a renewal interval (5 s) is over.
     seen = _record_keeper_at_acquire_and_spawn(monkeypatch)
     assert run(["exec", "--lock", "job", "--", "true"]) == 0
+    assert seen == {"at_acquire": False, "at_spawn_order": False}
+    (keeper,) = FakeKeepAlive.instances
+    assert not keeper.started.is_set() and keeper.stopped
+    assert calls(FakeClient.instances[0]) == ["open_lease", "acquire", "close_lease"]
+
+
+# A 2 s TTL and an acquire bound of 400 ms: renewals left for later, due from 667 ms after
+# the open; the threads start half an interval after it (333 ms) if CMD still runs.
+SHORT_BUDGET = ["--ttl", "2s", "--timeout", "200ms", "--dial-timeout", "200ms"]
+
+
+def test_renewals_left_for_later_start_while_a_longer_cmd_runs(
+    tmp_path: Path, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # CMD ends only once the renewals have started (the keeper's start opens the FIFO
+    # CMD reads); without them it gives up after 20 s, and exec exits 124.
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    real_start = FakeKeepAlive.start
+
+    def start(self: FakeKeepAlive) -> FakeKeepAlive:
+        real_start(self)
+        with open(fifo, "w") as f:
+            f.write("go\n")
+        return self
+
+    monkeypatch.setattr(FakeKeepAlive, "start", start)
+    seen = _record_keeper_at_acquire_and_spawn(monkeypatch)
+    cmd = ["timeout", "20", "sh", "-c", f"read line < {fifo}"]
+    assert run(["exec", "--lock", "job", *SHORT_BUDGET, "--", *cmd]) == 0
     assert seen == {"at_acquire": False, "at_spawn_order": False}
     (keeper,) = FakeKeepAlive.instances
     assert keeper.started.is_set() and keeper.stopped
@@ -950,5 +980,5 @@ def test_renewals_that_cannot_start_once_cmd_runs_leave_the_lease_to_lapse(
         raise RuntimeError("can't start new thread")
 
     monkeypatch.setattr(FakeKeepAlive, "start", start)
-    assert run(["exec", "--lock", "job", "--", "true"]) == 70
+    assert run(["exec", "--lock", "job", *SHORT_BUDGET, "--", "sleep", "30"]) == 70
     assert "close_lease" not in calls(FakeClient.instances[0])

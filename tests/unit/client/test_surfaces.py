@@ -19,7 +19,7 @@ from dlm.client.sync import Client, KeepAlive
 
 RENAMED = {"close": "aclose"}
 """Blocking name -> async name."""
-THREADS_ONLY = {"start", "halt", "stop"}
+THREADS_ONLY = {"start", "running", "halt", "stop"}
 """KeepAlive's thread control (``halt`` stops renewing without joining the threads):
 an AsyncKeepAlive lives in its ``async with`` block."""
 NO_IO = {"spawn"}
