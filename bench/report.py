@@ -21,6 +21,45 @@ def _write_text(path: str, text: str) -> None:
         f.write(text)
 
 
+def region_markers(marker: str) -> tuple[str, str]:
+    """The two comment lines that bound a benchmark's own region of a results page."""
+    return f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
+
+
+def write_marked_region(path: str, marker: str, body: str, *, title: str) -> None:
+    """Puts ``body`` between MARKER's begin/end comments in the page at ``path``, keeping
+    everything else in it (notes and before/after sections written by hand below a table).
+
+    A missing page is created as ``# title`` and the region. A page without the markers
+    (written before they existed) gets the region right after its first line when that is
+    a ``# `` heading, else at the top; its old text stays below for a person to prune.
+    A page with a begin marker but no end marker is refused (ValueError) rather than
+    guessed at: whatever follows the begin could be hand-written.
+    """
+    begin, end = region_markers(marker)
+    text = body.rstrip("\n")
+    region = f"{begin}\n{text}\n{end}"
+    try:
+        with open(path) as f:
+            old = f.read()
+    except FileNotFoundError:
+        _write_text(path, f"# {title}\n\n{region}\n")
+        return
+    start = old.find(begin)
+    if start >= 0:
+        stop = old.find(end, start + len(begin))
+        if stop < 0:
+            raise ValueError(f"{path}: {begin} has no {end} after it; fix the page by hand")
+        new = old[:start] + region + old[stop + len(end) :]
+    elif old.startswith("# "):
+        first, _, rest = old.partition("\n")
+        rest = rest.lstrip("\n")
+        new = f"{first}\n\n{region}\n\n{rest}"
+    else:
+        new = f"{region}\n\n{old}"
+    _write_text(path, new)
+
+
 def markdown_page(
     title: str, heading: str, sections: Sequence[tuple[str, str]], notes: Sequence[str], png: str
 ) -> str:

@@ -6,11 +6,18 @@ Three processes: dlm itself (the *supervisor*), its *guard* (dlm.cli.guard),
 and CMD, which the guard starts and stops.
 
 1. Before anything else (and before any thread exists), fork the guard.
-2. Open a fresh lease (``--ttl``) and renew it at once and every TTL/3
-   (KeepAlive, from its own connection), so a long ``--wait`` in the queue
-   cannot outlive it. Each confirmed renewal sets the deadline D: the send
-   time of that renewal + TTL, less a margin for clock-rate drift
-   (dlm.client.core.lease_deadline). The supervisor passes every new D to the guard.
+2. Open a fresh lease (``--ttl``) and renew it every TTL/3 (KeepAlive, from
+   its own connection), so a long ``--wait`` in the queue cannot outlive it.
+   Each confirmed renewal sets the deadline D: the send time of that renewal
+   + TTL, less a margin for clock-rate drift (dlm.client.core.lease_deadline).
+   The supervisor passes every new D to the guard. An acquire that cannot
+   outlast half the TTL (one key in a cluster of one partition, no ``--wait``,
+   ``--timeout`` + ``--dial-timeout`` under TTL/2) has the KeepAlive's threads
+   start once the guard says CMD started and half a renewal interval has passed
+   since the last confirmation, instead of before the acquire (a CMD that ended
+   by then, as most cron jobs do, runs without them): none of its renewals
+   would have been due, or the one that was is made up for by step 4 or, when
+   the threads start, at once (renewals_can_wait).
 3. Acquire the lock (``--wait`` queues FIFO). Not obtained: close the lease,
    exit 75 or ``--conflict-exit-code`` (silently with that, ``-q`` or
    ``--min-hold``, unless ``-v``; ``--json`` always prints its object); CMD
@@ -33,8 +40,9 @@ and CMD, which the guard starts and stops.
 6. The supervisor waits for the guard's reports, the KeepAlive's verdict and
    signals:
    - CMD ended and nothing of it is left (the guard stops leftovers first:
-     SIGTERM, SIGKILL after the grace): close the lease, which releases the
-     lock, and exit with CMD's code (128+N after signal N);
+     SIGTERM, SIGKILL after the grace): stop the renewals, close the lease,
+     which releases the lock, and exit with CMD's code (128+N after signal N);
+     the KeepAlive's threads are joined after the close, not before it;
    - a signal to dlm (INT, TERM, HUP, QUIT): forward it to CMD's group, keep
      waiting, so CMD decides how to end and the lock is released after;
    - the lease is lost (SESSION_EXPIRED, or the stop time passed without a
@@ -380,6 +388,29 @@ def child_env(grant: Grant, ttl_ms: int, tokens: dict[str, int] | None = None) -
     return env
 
 
+def renewals_can_wait(settings: Settings, wait_s: float | None, ttl_ms: int) -> bool:
+    """May the KeepAlive's threads start once CMD has started instead of before the
+    acquire? Starting two threads costs a couple of milliseconds on the way to CMD.
+    For an acquire that is one call: one key, in a cluster of one partition (more
+    keys, or a part to open in another partition, are a call each, each with its
+    own --timeout); the caller checks that.
+
+    The first renewal is due a renewal interval (TTL/3) after the open, and the
+    deadline watcher fires at the TTL. An acquire that does not queue (no --wait)
+    ends within --timeout + --dial-timeout; while that is under half the TTL the
+    threads could at most have renewed once during it, and the lease cannot have
+    run out on the cluster. That one renewal is made up for: before the start when
+    less than an interval is left (_confirm_before_start), else by the KeepAlive
+    as soon as its threads start, the renewal being overdue. The guard's deadline
+    moves only with confirmed renewals either way. A queued acquire, or one that
+    may outlast half the TTL, has the threads running first.
+    """
+    if wait_s is not None:
+        return False
+    bound_ms = (settings.timeout + settings.dial_timeout) * 1000.0
+    return bound_ms < ttl_ms / 2
+
+
 def _on_lost(client: Client, wake_fd: int) -> None:
     """The lease is gone: wake the supervisor, and fail an acquire still waiting in the queue
     (the cluster drops a lost lease's queue place without telling the waiter)."""
@@ -527,7 +558,9 @@ class _Session:
                 deadline_of=lambda sent, ttl: term_time(lease_deadline(sent, ttl), grace),
                 on_renewed=lambda sent, ttl: guard.extend(lease_deadline(sent, ttl)),
             )
-            keeper.start()
+            one_call = len(self.keys) == 1 and client.partitions == 1
+            if not (one_call and renewals_can_wait(self.settings, wait_s, lease.ttl_ms)):
+                keeper.start()
             try:
                 if len(self.keys) == 1:
                     grant = client.acquire(lease, self.key, wait=wait_s, limit=limit, meta=meta)
@@ -596,12 +629,16 @@ class _Session:
         finally:
             signals.phase = signals.DONE
             if keeper is not None:
-                keeper.stop()
+                # Renewals end before the lease is given back; the threads are joined
+                # after it, so the release does not wait for them to wake and end.
+                keeper.halt()
             # Never release while something of CMD may still run: the lease then lapses.
             if lease is not None and (self.cmd_gone or not self.cmd_started):
                 started = self.cmd_started or self.run_code is not None
                 report = run_end(self.run_code, started=started)
                 _give_back(client, lease, report if self.granted else None)
+            if keeper is not None:
+                keeper.stop()
             client.close()
             signals.restore()
             os.close(wake_r)
@@ -720,15 +757,29 @@ class _Session:
         self.cmd_started = True
         cmd_pid = int(report[1])
         signals.started(guard)
+        # Renewals left until now (renewals_can_wait) start half a renewal interval after
+        # the last confirmation, if CMD still runs then: the first renewal is due an
+        # interval after it, and a short CMD (most cron jobs) needs no thread at all.
+        # After cmd_started: should a thread fail to start, the lease is left to lapse,
+        # not closed under a CMD the guard is still stopping.
+        renewals_from: float | None = None
+        if not keeper.running:
+            renewals_from = keeper.confirmed_at + keeper.ttl_ms / 6000.0
 
         lost: str | None = None
         code: int | None = None
         give_up_at: float | None = None
         while code is None:
             timeout = None if give_up_at is None else max(0.0, give_up_at - lease_clock())
+            if renewals_from is not None:
+                until = max(0.0, renewals_from - lease_clock())
+                timeout = until if timeout is None else min(timeout, until)
             if guard.pending:
                 timeout = 0.0
             ready, _, _ = select.select([guard.reports, wake_fd], [], [], timeout)
+            if renewals_from is not None and lease_clock() >= renewals_from:
+                renewals_from = None
+                keeper.start()
             if wake_fd in ready:
                 os.read(wake_fd, 64)
             if lost is None and keeper.lost.is_set():

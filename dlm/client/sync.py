@@ -1395,6 +1395,11 @@ class KeepAlive:
             self._clock.update_settled(ticket, ttl_ms, lease_clock(), applied=applied)
             self._cond.notify_all()
 
+    @property
+    def running(self) -> bool:
+        """Whether ``start`` was called (and ``stop`` not yet)."""
+        return self._started and not self._stopping.is_set()
+
     def start(self) -> KeepAlive:
         if not self._started:
             self._started = True
@@ -1413,16 +1418,23 @@ class KeepAlive:
         return self
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Stops renewing (promptly: an in-flight renewal is interrupted)."""
+        """Stops renewing (promptly: an in-flight renewal is interrupted) and waits for
+        the threads to end."""
+        self.halt()
+        if self._started:
+            for t in self._threads:
+                if t is not threading.current_thread():
+                    t.join(timeout)
+
+    def halt(self) -> None:
+        """Stops renewing without waiting for the threads (``stop`` joins them): a renewal
+        that comes back after this moves no deadline and a loss found after it is not
+        reported, so the caller may close the lease at once and join the threads after."""
         with self._cond:
             self._stopping.set()
             self._cond.notify_all()
         self._watchers.unwatch(self.lease, self)
         self._client.close()
-        if self._started:
-            for t in self._threads:
-                if t is not threading.current_thread():
-                    t.join(timeout)
 
     def __enter__(self) -> KeepAlive:
         return self.start()

@@ -97,7 +97,9 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
+from dlm.cli.exec_cmd import renewals_can_wait
 from dlm.cli.exec_rules import KILL, KILL_LEAD_S, RENEW, TOO_LATE, GuardRules, StartGate
+from dlm.cli.settings import Settings
 from dlm.client import core
 from dlm.client.errors import (
     ClusterUnavailable,
@@ -349,6 +351,10 @@ class NodeSimOptions:
     """How often a library client changes its lease's TTL while it holds a key."""
     min_holds: float = 0.3
     """How often an exec client's command ends before its --min-hold is over."""
+    deferred_renewals: float = 0.0
+    """How many exec clients have an acquire budget under half their leases' TTL, so
+    that their keep-alives start only once CMD has started, for a lease's first acquire
+    that does not queue (dlm exec's ``renewals_can_wait``)."""
     late_handovers: float = 0.5
     """Of those, how often exec's supervisor is paused after its keep-alives stopped, until
     about when the cluster expires its lease, and only then hands the hold over (a
@@ -2834,6 +2840,13 @@ class NodeSimulation:
         through = self._gateways_for(proc)
         main = SimClient(proc, proc.name, gateways=through)
         routed = self.partitions > 1 and proc.pinned is None
+        quick = (
+            proc.kind == "exec"
+            and self.rng_for(f"deferred-renewals-{proc.name}").random()
+            < self.options.deferred_renewals
+        )
+        if quick:
+            _quick_budget(main)
         while not proc.stopping.is_set():
             if proc.reopen is not None:
                 wait_us = proc.reopen[1] - self.world.now
@@ -2849,6 +2862,8 @@ class NodeSimulation:
                 # Members come and go: a client is configured with the members of the day.
                 main.drop()
                 main = SimClient(proc, proc.name, gateways=through)
+                if quick:
+                    _quick_budget(main)
             ttl_ms = rng.choice((800, 1000, 1500, 2000))
             self.leases_ttl_max_ms = max(self.leases_ttl_max_ms, ttl_ms)
             lease_id = _lease_id(rng)
@@ -2905,9 +2920,28 @@ class NodeSimulation:
             self._watch_lease(proc, lease, clock, book)
             lost = Flag()
             keeper_client = SimClient(proc, proc.name + "k", gateways=through)
-            holder = proc.spawn(
-                self._keeper(proc, keeper_client, lease, clock, lost, book), f"{proc.name}-keeper"
+            holder: Any = None
+
+            def start_keeper(
+                keeper_client: SimClient = keeper_client,
+                lease: core.Lease = lease,
+                clock: Any = clock,
+                lost: Flag = lost,
+                book: core.LeaseBook | None = book,
+            ) -> None:
+                nonlocal holder
+                if holder is None:
+                    keeping = self._keeper(proc, keeper_client, lease, clock, lost, book)
+                    holder = proc.spawn(keeping, f"{proc.name}-keeper")
+
+            # dlm exec: an acquire that cannot outlast half the TTL lets the keep-alives
+            # start once CMD has started (the runtime's own rule decides, on this budget).
+            may_defer = (
+                quick and book is None and renewals_can_wait(_budget_of(main), None, lease.ttl_ms)
             )
+            if not may_defer:
+                start_keeper()
+            first_acquire = True
             zombie = rng.random() < 0.15
             handover = not zombie and rng.random() < 0.1 and not routed
             # dlm exec's zombie: the supervisor stopped (SIGSTOP) for longer than its lease
@@ -2920,6 +2954,9 @@ class NodeSimulation:
                     break
                 key = rng.choice(self._keys_for(proc))
                 wait = rng.choice((None, 0.5, 2.0))
+                if wait is not None or not first_acquire:
+                    start_keeper()  # a queued acquire, or a later one: renewals run first
+                first_acquire = False
                 proc.acquire_sent = proc.mono()
                 try:
                     acquiring = (
@@ -2966,7 +3003,14 @@ class NodeSimulation:
                     # does: the library's flow below, for exec clients too.)
                     try:
                         ran = yield from self._supervise(
-                            proc, main, lease, clock, lost, grant, frozen=frozen_supervisor
+                            proc,
+                            main,
+                            lease,
+                            clock,
+                            lost,
+                            grant,
+                            frozen=frozen_supervisor,
+                            on_started=start_keeper if holder is None else None,
                         )
                     except _Cancelled:
                         break
@@ -2975,7 +3019,7 @@ class NodeSimulation:
                     if proc.update_rng.random() < self.options.min_holds:
                         # `dlm exec --min-hold`: CMD ended before the hold is over; the rest
                         # of it goes to the cluster as the lease's last TTL, and dlm exits.
-                        holder.cancel(_Cancelled())
+                        _cancel(holder)
                         yield from self._hand_over_hold(
                             proc, main, lease, clock, grant=grant, granted_by=granted_by
                         )
@@ -2998,7 +3042,7 @@ class NodeSimulation:
                     # A CI job's next step takes over the lease (and so the lock) by
                     # joining it, as late as the moment the cluster expires it.
                     self.checker.leave(section, self.world.now)
-                    holder.cancel(_Cancelled())
+                    _cancel(holder)
                     self._spawn_successor(proc, lease, clock, grant)
                     lost.set()
                     break
@@ -3007,7 +3051,7 @@ class NodeSimulation:
                     break
                 yield from self._release(main, lease, key, grant)
             if zombie:
-                holder.cancel(_Cancelled())
+                _cancel(holder)
                 opts_tombstone_us = self.options.tombstone_ms * MS
                 if rng.random() < 0.5:
                     # Come back to the abandoned lease id: right about when the cluster
@@ -3022,7 +3066,7 @@ class NodeSimulation:
                         back = deadline + 2 * lease.ttl_ms * MS + opts_tombstone_us
                     proc.reopen = (lease.id, back)
                 continue
-            holder.cancel(_Cancelled())
+            _cancel(holder)
             if book is not None and len(book.parts(lease.id) or {}) > 1:
                 self.stats["spanning_leases"] += 1  # a lease with parts in several partitions
             if not lost.is_set():
@@ -3183,10 +3227,14 @@ class NodeSimulation:
         grant: core.Grant,
         *,
         frozen: bool = False,
+        on_started: Callable[[], None] | None = None,
     ) -> Generator[RunFlow | Sleep, Any, bool]:
         """``dlm exec`` after its grant (exec_cmd._Session): the CLI's StartGate decides,
         then the guard is told to spawn. True when CMD ran and ended with the lease held
-        (the lock is then released); False when the lease ran out (exit 77)."""
+        (the lock is then released); False when the lease ran out (exit 77).
+        ``on_started``: called once the guard has started CMD and half a renewal
+        interval has passed since the last confirmation (the keep-alives, when they
+        were left until then)."""
         gate = self.options.start_gate_class(EXEC_GRACE_MS / 1000)
         yield from self._maybe_pause(proc)
         if lost.is_set():
@@ -3226,12 +3274,21 @@ class NodeSimulation:
             )
             yield Sleep(0.0)
         yield from self._maybe_pause(proc)
+        # As the runtime: renewals left for later start half an interval after the last
+        # confirmation, if CMD still runs then (a short CMD needs none).
+        renewals_from = clock.last_sent + clock.interval() / 2
         while not run.done.is_set():
+            if on_started is not None and run.started and proc.mono() >= renewals_from:
+                self.stats["exec_renewals_deferred"] += 1
+                on_started()
+                on_started = None
             if not run.stop_sent and (lost.is_set() or clock.expired(proc.mono())):
                 run.stop_sent = True
                 self._tell_guard(proc, lambda r, now: r.rules.stop(now))
             yield Sleep(0.02)
         proc.cmd = None
+        if on_started is not None and run.started:
+            self.stats["exec_short_runs_unrenewed"] += 1  # CMD ended first: no keep-alives
         if not run.started:
             return False
         return not (run.killed or run.deadline_passed or lost.is_set())
@@ -3896,6 +3953,27 @@ def _process_name(node: NodeId, partition: int) -> str:
 
 def _node_of_process(name: str) -> NodeId:
     return name.partition("/")[0]
+
+
+QUICK_BUDGET_S = 0.3
+"""An exec client's --timeout when its acquire is to end within half the TTL (the
+simulator's leases last 0.8 to 2 s); its --dial-timeout is as short."""
+
+
+def _quick_budget(client: SimClient) -> None:
+    client.ctx.timeout = QUICK_BUDGET_S
+    client.ctx.attempt_timeout = QUICK_BUDGET_S / 2
+    client.ctx.dial_timeout = QUICK_BUDGET_S / 4
+
+
+def _budget_of(client: SimClient) -> Settings:
+    """The budgets exec's renewals_can_wait reads, as the CLI's settings carry them."""
+    return Settings((), client.ctx.timeout, False, client.ctx.dial_timeout or 0.0)
+
+
+def _cancel(task: Any) -> None:
+    if task is not None:
+        task.cancel(_Cancelled())
 
 
 def run_node_seed(seed: int, options: NodeSimOptions | None = None) -> NodeSimResult:

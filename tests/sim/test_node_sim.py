@@ -115,6 +115,26 @@ def test_lock_delays_hold_across_failovers(sim_totals: SimTotals) -> None:
     assert delays > 0, "no lock-delay started"
 
 
+DEFERRED_RENEWAL_SEEDS = 8
+"""Seeds run with half the exec clients on an acquire budget under half their TTL."""
+
+
+def test_exec_renewals_left_until_cmd_started_keep_every_check(sim_totals: SimTotals) -> None:
+    """Issue 29 item 3: `dlm exec` whose acquire cannot outlast half the TTL starts its
+    keep-alives only once CMD has started and half a renewal interval has passed, and
+    not at all for a CMD that ended by then (exec_cmd.renewals_can_wait decides, on the
+    client's budget). CMD still never runs past the lease, through pauses, partitions
+    and failovers: the deadline moves only with confirmed renewals (every checker)."""
+    deferred = short = 0
+    for seed in range(DEFERRED_RENEWAL_SEEDS):
+        result = run_node_seed(seed, options_for(seed, deferred_renewals=0.5))
+        deferred += result.stats["exec_renewals_deferred"]
+        short += result.stats["exec_short_runs_unrenewed"]
+        sim_totals.add("deferred-renewals", result)
+    assert deferred > 0, "no exec run started its renewals while CMD ran"
+    assert short > 0, "no exec run ended CMD before its renewals were due to start"
+
+
 IDENTITY_SEEDS = 4
 """Seeds run at cluster version 3 with two client identities (leases with owners)."""
 

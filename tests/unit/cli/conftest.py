@@ -227,14 +227,24 @@ class FakeKeepAlive:
         self.reason: str | None = None
         self.renewals = 0
         self.started = threading.Event()
+        self.halted = False
+        """Renewals stopped (``halt``), the threads perhaps not joined yet."""
         self.stopped = False
         FakeKeepAlive.instances.append(self)
+
+    @property
+    def running(self) -> bool:
+        return self.started.is_set() and not self.halted
 
     def start(self) -> FakeKeepAlive:
         self.started.set()
         return self
 
+    def halt(self) -> None:
+        self.halted = True
+
     def stop(self, timeout: float = 2.0) -> None:
+        self.halted = True
         self.stopped = True
 
     def confirmed(self, sent: float, ttl_ms: int) -> bool:

@@ -836,3 +836,149 @@ def test_a_wait_as_long_as_the_hold_is_warned_about(capsys: Capture, fake_cluste
     )
     assert run(["exec", "--lock", "job", "--wait", "20s", "--min-hold", "30s", "--", "true"]) == 0
     assert capsys.readouterr().err == ""
+
+
+# --- when the renewals start and stop (start-up time) ------------------------------------
+
+
+def _record_keeper_at_acquire_and_spawn(monkeypatch: pytest.MonkeyPatch) -> dict[str, bool]:
+    """Whether the KeepAlive's threads had started when the acquire was sent and when the
+    spawn order went to the guard."""
+    from dlm.cli.guard import Guard
+
+    seen: dict[str, bool] = {}
+    real_acquire, real_spawn = FakeClient.acquire, Guard.spawn
+
+    def acquire(self: FakeClient, *args: Any, **kwargs: Any) -> Any:
+        seen["at_acquire"] = FakeKeepAlive.instances[0].started.is_set()
+        return real_acquire(self, *args, **kwargs)
+
+    def spawn(self: Guard, *args: Any, **kwargs: Any) -> None:
+        seen["at_spawn_order"] = FakeKeepAlive.instances[0].started.is_set()
+        real_spawn(self, *args, **kwargs)
+
+    monkeypatch.setattr(FakeClient, "acquire", acquire)
+    monkeypatch.setattr(Guard, "spawn", spawn)
+    return seen
+
+
+def test_without_wait_a_short_cmd_runs_without_starting_the_renewals(
+    fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 30 s TTL, --timeout 10s + --dial-timeout 2s: the acquire ends long before a renewal
+    # is due, and CMD ends long before half a renewal interval (5 s) is over.
+    seen = _record_keeper_at_acquire_and_spawn(monkeypatch)
+    assert run(["exec", "--lock", "job", "--", "true"]) == 0
+    assert seen == {"at_acquire": False, "at_spawn_order": False}
+    (keeper,) = FakeKeepAlive.instances
+    assert not keeper.started.is_set() and keeper.stopped
+    assert calls(FakeClient.instances[0]) == ["open_lease", "acquire", "close_lease"]
+
+
+# A 2 s TTL and an acquire bound of 400 ms: renewals left for later, due from 667 ms after
+# the open; the threads start half an interval after it (333 ms) if CMD still runs.
+SHORT_BUDGET = ["--ttl", "2s", "--timeout", "200ms", "--dial-timeout", "200ms"]
+
+
+def test_renewals_left_for_later_start_while_a_longer_cmd_runs(
+    tmp_path: Path, fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # CMD ends only once the renewals have started (the keeper's start opens the FIFO
+    # CMD reads); without them it gives up after 20 s, and exec exits 124.
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    real_start = FakeKeepAlive.start
+
+    def start(self: FakeKeepAlive) -> FakeKeepAlive:
+        real_start(self)
+        with open(fifo, "w") as f:
+            f.write("go\n")
+        return self
+
+    monkeypatch.setattr(FakeKeepAlive, "start", start)
+    seen = _record_keeper_at_acquire_and_spawn(monkeypatch)
+    cmd = ["timeout", "20", "sh", "-c", f"read line < {fifo}"]
+    assert run(["exec", "--lock", "job", *SHORT_BUDGET, "--", *cmd]) == 0
+    assert seen == {"at_acquire": False, "at_spawn_order": False}
+    (keeper,) = FakeKeepAlive.instances
+    assert keeper.started.is_set() and keeper.stopped
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--wait", "5s"],  # a queued acquire may outlast any renewal interval
+        ["--ttl", "20s"],  # 10 s + 2 s of acquire is more than half the TTL
+        ["--ttl", "30s", "--timeout", "14s"],
+    ],
+)
+def test_renewals_start_before_an_acquire_that_may_outlast_half_the_ttl(
+    options: list[str], fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _record_keeper_at_acquire_and_spawn(monkeypatch)
+    assert run(["exec", "--lock", "job", *options, "--", "true"]) == 0
+    assert seen == {"at_acquire": True, "at_spawn_order": True}
+
+
+def test_several_locks_or_partitions_have_the_renewals_start_before_the_acquire(
+    fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # More keys (or a part of the lease to open in another partition) are a call each,
+    # each with its own --timeout: the acquire's bound is no longer one call's.
+    seen = _record_keeper_at_acquire_and_spawn(monkeypatch)
+    monkeypatch.setattr(FakeClient, "partitions", 4)
+    assert run(["exec", "--lock", "job", "--", "true"]) == 0
+    assert seen == {"at_acquire": True, "at_spawn_order": True}
+
+
+def test_an_acquire_bound_under_half_the_ttl_leaves_the_renewals_for_later(
+    fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _record_keeper_at_acquire_and_spawn(monkeypatch)
+    assert run(["exec", "--lock", "job", "--ttl", "30s", "--timeout", "12s", "--", "true"]) == 0
+    assert seen == {"at_acquire": False, "at_spawn_order": False}
+
+
+def test_a_conflict_never_starts_the_renewals(
+    fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = LockHeld("held by someone else", key="job", holders=[])
+
+    def acquire(self: FakeClient, *args: Any, **kwargs: Any) -> Any:
+        raise held
+
+    monkeypatch.setattr(FakeClient, "acquire", acquire)
+    assert run(["exec", "--lock", "job", "--", "true"]) == 75
+    (keeper,) = FakeKeepAlive.instances
+    assert not keeper.started.is_set() and keeper.stopped
+    assert calls(FakeClient.instances[0])[-1] == "close_lease"
+
+
+def test_the_lease_is_given_back_after_renewals_halt_and_before_the_threads_are_joined(
+    fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    at_close: list[tuple[bool, bool]] = []
+    real_close = FakeClient.close_lease
+
+    def close_lease(self: FakeClient, *args: Any, **kwargs: Any) -> list[str]:
+        keeper = FakeKeepAlive.instances[0]
+        at_close.append((keeper.halted, keeper.stopped))
+        return real_close(self, *args, **kwargs)
+
+    monkeypatch.setattr(FakeClient, "close_lease", close_lease)
+    assert run(["exec", "--lock", "job", "--", "true"]) == 0
+    assert at_close == [(True, False)]
+    assert FakeKeepAlive.instances[0].stopped
+
+
+def test_renewals_that_cannot_start_once_cmd_runs_leave_the_lease_to_lapse(
+    fake_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The threads start after CMD did: if they cannot (no threads left), CMD may still
+    # run, so the lease must not be closed under it; the guard stops CMD on hang-up.
+    def start(self: FakeKeepAlive) -> FakeKeepAlive:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(FakeKeepAlive, "start", start)
+    assert run(["exec", "--lock", "job", *SHORT_BUDGET, "--", "sleep", "30"]) == 70
+    assert "close_lease" not in calls(FakeClient.instances[0])

@@ -462,3 +462,40 @@ def test_the_heap_frozen_for_the_fork_is_given_back() -> None:
     assert gc.get_freeze_count() > 0  # out of the collector's reach while the guard lives
     guard.close(wait=True)
     assert gc.get_freeze_count() == 0
+
+
+def test_the_guard_becomes_the_subreaper_of_cmds_orphans_without_the_ctypes_package() -> None:
+    # In a fresh interpreter: a subreaper test process would adopt every orphan of the
+    # tests after it. waitpid of the grandchild succeeds only if it was reparented to the
+    # probe when its parent exited.
+    import subprocess
+
+    probe = """
+import os, sys
+from dlm.cli import guard
+assert guard._become_subreaper() is True
+assert "ctypes" not in sys.modules, "the ctypes package was imported"
+hold_r, hold_w = os.pipe()
+said_r, said_w = os.pipe()
+child = os.fork()
+if child == 0:
+    grandchild = os.fork()
+    if grandchild == 0:
+        os.close(hold_w)
+        os.read(hold_r, 1)  # until the probe closes its end
+        os._exit(0)
+    os.write(said_w, grandchild.to_bytes(4, "big"))
+    os._exit(0)
+os.close(hold_r)
+os.close(said_w)
+grandchild = int.from_bytes(os.read(said_r, 4), "big")
+os.waitpid(child, 0)  # the grandchild is an orphan now: ours, if we are its subreaper
+os.close(hold_w)
+pid, status = os.waitpid(grandchild, 0)
+print("adopted" if pid == grandchild and os.waitstatus_to_exitcode(status) == 0 else "lost")
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "adopted"

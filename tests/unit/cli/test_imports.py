@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 
 FORBIDDEN = ("asyncio", "anyio", "uvloop", "rich", "pydantic", "dlm.node", "dlm.store")
-FAST_PATH_FORBIDDEN: tuple[str, ...] = (*FORBIDDEN, "typer", "dataclasses", "inspect")
+# ctypes: exec's guard (whose imports -X importtime lists too: it is a fork writing to the
+# same stderr, and it always gets as far as becoming the subreaper) calls prctl through
+# _ctypes; the package's Python costs ~2 ms of CPU.
+FAST_PATH_FORBIDDEN: tuple[str, ...] = (*FORBIDDEN, "typer", "dataclasses", "inspect", "ctypes")
 try:
     import _cbor2  # type: ignore[import-not-found]  # noqa: F401
 except ImportError:  # the pure-Python codec is the cbor2 package, with typing and re

@@ -67,6 +67,29 @@ def test_sets_lost_when_the_lease_is_gone(member: RunningMember) -> None:
             assert "was closed" in (ka.reason or "")  # closed, not expired
 
 
+def test_a_lease_closed_after_halt_is_not_reported_lost_and_stop_joins_after(
+    member: RunningMember,
+) -> None:
+    # `dlm exec` halts the renewals, closes the lease, and joins the threads only then: a
+    # renewal the member answers with SESSION_EXPIRED after the close must not count as
+    # a loss (whose callback would close the client under the close).
+    reasons: list[str] = []
+    with Client(member.addr, timeout=2.0) as c:
+        lease = c.open_lease(10_000)
+        ka = KeepAlive(c, lease, interval=0.01, on_lost=reasons.append).start()
+        try:
+            member.wait_for("keepalive")
+            ka.halt()
+            renewals = ka.renewals
+            c.close_lease(lease)
+        finally:
+            ka.stop(timeout=WAIT)
+        assert not any(t.is_alive() for t in ka._threads)
+        assert not ka.lost.is_set()
+        assert reasons == []
+        assert ka.renewals == renewals
+
+
 def test_stop_is_prompt_while_a_renewal_hangs() -> None:
     with silent_member() as double, Client(double.addr, timeout=30.0) as c:
         ka = KeepAlive(

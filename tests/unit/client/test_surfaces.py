@@ -19,8 +19,9 @@ from dlm.client.sync import Client, KeepAlive
 
 RENAMED = {"close": "aclose"}
 """Blocking name -> async name."""
-THREADS_ONLY = {"start", "stop"}
-"""KeepAlive's thread control: an AsyncKeepAlive lives in its ``async with`` block."""
+THREADS_ONLY = {"start", "running", "halt", "stop"}
+"""KeepAlive's thread control (``halt`` stops renewing without joining the threads):
+an AsyncKeepAlive lives in its ``async with`` block."""
 NO_IO = {"spawn"}
 """Calls that do no IO: plain functions on both clients."""
 
