@@ -46,8 +46,17 @@ CATCH_UP_TIMEOUT_S = 300.0
 STATE_FILE = "replay.json"
 
 
+class _SourceCluster(DlmCluster):
+    """Members run with ``python -P``: ``-m dlm`` would otherwise put the current directory
+    (this tree) before PYTHONPATH, and run this tree's dlm whatever --dlm-src says."""
+
+    def _command(self, i: int) -> list[str]:
+        argv = super()._command(i)
+        return [argv[0], "-P", *argv[1:]]
+
+
 def _cluster(base_dir: str, addrs: list[str] | None, dlm_src: str | None) -> DlmCluster:
-    cluster = DlmCluster(base_dir)
+    cluster = _SourceCluster(base_dir)
     if addrs is not None:
         cluster.addrs = addrs
         cluster._client.close()
