@@ -21,6 +21,27 @@ def _write_text(path: str, text: str) -> None:
         f.write(text)
 
 
+def replace_region(path: str, name: str, text: str) -> None:
+    """Writes ``text`` between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` in the file
+    at ``path``, keeping everything outside the markers (the sections written by hand
+    below a benchmark's table). Markers absent (or the file): the region goes first, the
+    file's text after it."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    region = f"{begin}\n{text.strip(chr(10))}\n{end}"
+    try:
+        with open(path) as f:
+            old = f.read()
+    except FileNotFoundError:
+        old = ""
+    start = old.find(begin)
+    stop = old.find(end, start + len(begin)) if start >= 0 else -1
+    if start >= 0 and stop >= 0:
+        new = old[:start] + region + old[stop + len(end) :]
+    else:
+        new = region + "\n" + ("\n" + old if old.strip() else "")
+    _write_text(path, new)
+
+
 def markdown_page(
     title: str, heading: str, sections: Sequence[tuple[str, str]], notes: Sequence[str], png: str
 ) -> str:
@@ -221,5 +242,6 @@ def write_scale_results(
     else:
         notes = [*notes, f"no chart: {problem}"]
     page = markdown_page("Scale benchmark", heading, [("Figures", table)], notes, png)
-    _write_text(base + ".md", page)
+    # Only the run's own region: the before/after sections written below it stay.
+    replace_region(base + ".md", name, page)
     return written
