@@ -982,6 +982,13 @@ class LockStateMachine:
         lease = self._leases.get(lease_id)
         return lease is not None and key in lease.holding
 
+    def holder_meta(self, lease_id: str, key: str) -> dict[str, str]:
+        """A copy of the metadata ``lease_id`` holds ``key`` with ({} when it holds none):
+        the audit's line for each grant, without a view of the whole key."""
+        entry = self._keys.get(key)
+        hold = None if entry is None else entry.holders.get(lease_id)
+        return {} if hold is None else dict(hold.meta)
+
     def waits(self, lease_id: str, key: str) -> bool:
         lease = self._leases.get(lease_id)
         return lease is not None and key in lease.waiting

@@ -625,6 +625,19 @@ def test_get_shows_waiters_with_since_and_meta(d: Driver) -> None:
     ]
 
 
+def test_holder_meta_is_a_copy_of_what_the_holder_holds_with(d: Driver) -> None:
+    d.acquire("a", "k", meta={"cmd": "make deploy"})
+    d.acquire("b", "k", wait=True, meta={"cmd": "queued"})
+    view = d.sm.get("k")
+    assert view is not None
+    assert d.sm.holder_meta("a", "k") == dict(view.holders[0].meta) == {"cmd": "make deploy"}
+    d.sm.holder_meta("a", "k")["cmd"] = "changed"  # a copy: the table is untouched
+    assert d.sm.holder_meta("a", "k") == {"cmd": "make deploy"}
+    assert d.sm.holder_meta("b", "k") == {}  # waiting, not holding
+    assert d.sm.holder_meta("a", "other") == {}
+    assert d.sm.holder_meta("gone", "k") == {}
+
+
 RESULTS: list[Result] = [
     Granted("k", 3, "a"),
     Queued("k", 2),
