@@ -156,7 +156,7 @@ class Audit:
         *,
         queued: bool,
     ) -> None:
-        meta = machine.holder_meta(lease, key)
+        meta = locks.holder_meta(machine, lease, key)
         self.granted_at[(lease, key)] = now.mono
         queued_at = self.queued_at.pop((lease, key), None)
         if queued_at is not None:

@@ -124,6 +124,17 @@ def changes(
     """What entry ``index`` (stamped ``at_ms``) did to ``key`` (state ``before`` ->
     ``after``), as one event; None if nothing a watcher sees changed. ``expired``: the
     leases the entry expired."""
+    if before is None:
+        # A key the entry made (every grant of a fresh key, the bulk of a long log's
+        # replay): all its holders are new, and so are all its waiters.
+        if after is None:
+            return None
+        if after.holders:
+            lid, token, meta = after.holders[0]
+            return Event(index, key, GRANTED, lid, token, dict(meta), after.holders[1:], at_ms)
+        if after.waiters:
+            return Event(index, key, QUEUED, after.waiters[0], None, None, (), at_ms)
+        return None
     held_before = {lid: (token, meta) for lid, token, meta in (before.holders if before else ())}
     held_after = {lid: (token, meta) for lid, token, meta in (after.holders if after else ())}
     waiting_before = before.waiters if before else ()

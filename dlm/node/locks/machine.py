@@ -982,13 +982,6 @@ class LockStateMachine:
         lease = self._leases.get(lease_id)
         return lease is not None and key in lease.holding
 
-    def holder_meta(self, lease_id: str, key: str) -> dict[str, str]:
-        """A copy of the metadata ``lease_id`` holds ``key`` with ({} when it holds none):
-        the audit's line for each grant, without a view of the whole key."""
-        entry = self._keys.get(key)
-        hold = None if entry is None else entry.holders.get(lease_id)
-        return {} if hold is None else dict(hold.meta)
-
     def waits(self, lease_id: str, key: str) -> bool:
         lease = self._leases.get(lease_id)
         return lease is not None and key in lease.waiting
@@ -1212,6 +1205,19 @@ def _touch(machine: LockStateMachine, key: str) -> None:
     step = machine._step
     if step is not None and key not in step.before:
         step.before[key] = key_state(machine, key)
+
+
+def holder_meta(machine: LockStateMachine, lease_id: str, key: str) -> dict[str, str]:
+    """A copy of the metadata ``lease_id`` holds ``key`` with ({} when it holds none): the
+    audit's line for each grant, without a view of the whole key."""
+    entry = machine._keys.get(key)
+    hold = None if entry is None else entry.holders.get(lease_id)
+    return {} if hold is None else dict(hold.meta)
+
+
+def held_count(machine: LockStateMachine) -> int:
+    """Holds in the table (``counts().locks`` without a Counts per applied entry)."""
+    return machine._held
 
 
 def key_state(machine: LockStateMachine, key: str) -> KeyState | None:

@@ -42,6 +42,8 @@ from dlm.node.locks import (
     UpdateLeaseCommand,
     decode_command,
     encode_command,
+    held_count,
+    holder_meta,
     result_from_dict,
     validate_command,
 )
@@ -630,12 +632,13 @@ def test_holder_meta_is_a_copy_of_what_the_holder_holds_with(d: Driver) -> None:
     d.acquire("b", "k", wait=True, meta={"cmd": "queued"})
     view = d.sm.get("k")
     assert view is not None
-    assert d.sm.holder_meta("a", "k") == dict(view.holders[0].meta) == {"cmd": "make deploy"}
-    d.sm.holder_meta("a", "k")["cmd"] = "changed"  # a copy: the table is untouched
-    assert d.sm.holder_meta("a", "k") == {"cmd": "make deploy"}
-    assert d.sm.holder_meta("b", "k") == {}  # waiting, not holding
-    assert d.sm.holder_meta("a", "other") == {}
-    assert d.sm.holder_meta("gone", "k") == {}
+    assert holder_meta(d.sm, "a", "k") == dict(view.holders[0].meta) == {"cmd": "make deploy"}
+    holder_meta(d.sm, "a", "k")["cmd"] = "changed"  # a copy: the table is untouched
+    assert holder_meta(d.sm, "a", "k") == {"cmd": "make deploy"}
+    assert holder_meta(d.sm, "b", "k") == {}  # waiting, not holding
+    assert holder_meta(d.sm, "a", "other") == {}
+    assert holder_meta(d.sm, "gone", "k") == {}
+    assert held_count(d.sm) == d.sm.counts().locks == 1
 
 
 RESULTS: list[Result] = [

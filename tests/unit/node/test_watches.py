@@ -149,3 +149,23 @@ def test_changes_are_derived_from_the_state_before_and_after() -> None:
     assert left is not None and (left.event, left.lease) == ("left_queue", "B")
     gone = watches.changes(9, "k", holder, None, expired=("A",))
     assert gone is not None and (gone.event, gone.token) == ("expired", 5)
+
+
+def test_a_new_keys_event_is_the_one_an_empty_key_state_gives() -> None:
+    """``changes`` reads a key the entry made (before None) by a shortcut: every holder and
+    waiter new. It must give what the general comparison gives from an empty state."""
+    empty = KeyState((), ())
+    afters: list[KeyState | None] = [
+        None,
+        empty,
+        KeyState((("A", 7, {"owner": "o"}),), ()),
+        KeyState((("A", 7, {}), ("B", 8, {"x": "y"}), ("C", 9, {})), ()),
+        KeyState((("A", 7, {}),), ("B", "C")),
+        KeyState((), ("B",)),
+        KeyState((), ("B", "C")),
+    ]
+    for after in afters:
+        fast = watches.changes(12, "k", None, after, expired=("A",), at_ms=5)
+        general = watches.changes(12, "k", empty, after, expired=("A",), at_ms=5)
+        assert fast == general, after
+    assert watches.changes(12, "k", None, afters[3]) is not None
