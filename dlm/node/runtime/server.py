@@ -163,8 +163,10 @@ class _Locks(locks.LockStateMachine):
             return super().restore(data)
 
 
-LONG_APPLY_ENTRIES = 5_000
-"""Committed entries in one batch from which it is applied with the collector paused."""
+LONG_APPLY_ENTRIES = 1_000
+"""Committed entries in one batch from which it is applied with the collector paused (a
+batch is at most 1 MiB of entries: a replayed log of small commands comes in batches of
+four or five thousand)."""
 
 
 class _Machine(NodeMachine):
