@@ -200,6 +200,8 @@ class Watches:
         self.floor = floor
         """Every event above this index is in the ring."""
         self.ring: deque[Event] = deque()
+        self._sizes: deque[int] = deque()
+        """The estimated size of each event of ``ring``, in step: counted once per event."""
         self._ring_size = 0
         self.watchers: dict[tuple[int, int], Watcher] = {}
         self._by_key: dict[str, list[Watcher]] = {}
@@ -307,14 +309,17 @@ class Watches:
                 self._record(event)
 
     def _record(self, event: Event) -> None:
-        ring = self.ring
+        ring, sizes = self.ring, self._sizes
+        size = event.size()
         ring.append(event)
-        self._ring_size += event.size()
+        sizes.append(size)
+        self._ring_size += size
         while len(ring) > self.ring_events or self._ring_size > self.ring_bytes:
             # Whole indexes go: every event above the floor stays in the ring.
             self.floor = ring[0].index
             while ring and ring[0].index <= self.floor:
-                self._ring_size -= ring.popleft().size()
+                ring.popleft()
+                self._ring_size -= sizes.popleft()
         watchers = self._by_key.get(event.key, ())
         for watcher in (*watchers, *self._by_prefix) if self._by_prefix else watchers:
             if watcher.wants(event):
@@ -351,6 +356,7 @@ class Watches:
         unknown here. The window restarts there; a watcher that had not seen up to it
         is told to re-read."""
         self.ring.clear()
+        self._sizes.clear()
         self._ring_size = 0
         self.floor = max(self.floor, index)
         for watcher in list(self.watchers.values()):

@@ -169,3 +169,19 @@ def test_a_new_keys_event_is_the_one_an_empty_key_state_gives() -> None:
         general = watches.changes(12, "k", empty, after, expired=("A",), at_ms=5)
         assert fast == general, after
     assert watches.changes(12, "k", None, afters[3]) is not None
+
+
+def test_the_window_counts_each_event_once_and_keeps_whole_indexes() -> None:
+    from dlm.node.outbox import Outbox
+    from dlm.node.stats import Stats
+
+    hub = watches.Watches(Outbox(Stats(), set()), Stats(), 0)
+    hub.ring_events, hub.ring_bytes = 50, 4_000
+    for index in range(1, 400):
+        for key in ("a", "b/" + "x" * (index % 7)):  # two events an index, sizes vary
+            meta = {"owner": "o" * (index % 40)}
+            hub._record(watches.Event(index, key, watches.GRANTED, "L", index, meta))
+        assert hub._ring_size == sum(event.size() for event in hub.ring) <= hub.ring_bytes
+        assert len(hub.ring) <= hub.ring_events
+        assert all(event.index > hub.floor for event in hub.ring)
+        assert hub.ring[0].index == hub.floor + 1  # whole indexes go
