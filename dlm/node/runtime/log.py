@@ -42,6 +42,21 @@ _encode_fields = json.JSONEncoder(default=str, separators=(",", ":")).encode
 for every line."""
 
 
+_QUOTED: dict[str, str] = {}
+_QUOTED_MAX = 512
+
+
+def _quoted(name: str) -> str:
+    """``json.dumps(name)`` of a level or an event name, each quoted once (the names are
+    the code's own, a few dozen; past _QUOTED_MAX of them, quoted every time)."""
+    quoted = _QUOTED.get(name)
+    if quoted is None:
+        quoted = json.dumps(name)
+        if len(_QUOTED) < _QUOTED_MAX:
+            _QUOTED[name] = quoted
+    return quoted
+
+
 def stamp_of(ms: int) -> str:
     """ISO-8601 in UTC with milliseconds, for ``ms`` since the epoch."""
     stamp = datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=ms % 1000 * 1000)
@@ -180,8 +195,8 @@ class Logger:
         return json.dumps(record, default=str, separators=(",", ":"))
 
     def _fast_line(self, stamp: str, level: int, event: str, fields: dict[str, Any]) -> str:
-        head = f'{stamp}{json.dumps(_NAMES.get(level, str(level)))},{self._head},"event":'
-        head += json.dumps(event)
+        head = f'{stamp}{_quoted(_NAMES.get(level, str(level)))},{self._head},"event":'
+        head += _quoted(event)
         if not fields:
             return head + "}"
         return head + "," + _encode_fields(fields)[1:]
