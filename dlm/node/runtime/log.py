@@ -57,10 +57,21 @@ def _quoted(name: str) -> str:
     return quoted
 
 
+_second_stamped: tuple[int, str] = (0, "")
+"""The last second ``stamp_of`` formatted (seconds since the epoch, its ISO-8601 text up to
+the seconds): a replay stamps a hundred thousand lines with their entries' own times, a
+thousand a second. One tuple, read and replaced whole (loggers of other threads)."""
+
+
 def stamp_of(ms: int) -> str:
     """ISO-8601 in UTC with milliseconds, for ``ms`` since the epoch."""
-    stamp = datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=ms % 1000 * 1000)
-    return stamp.isoformat(timespec="milliseconds")
+    global _second_stamped
+    second = ms // 1000
+    cached = _second_stamped
+    if cached[0] != second or not cached[1]:
+        whole = datetime.fromtimestamp(second, UTC).isoformat(timespec="seconds")
+        cached = _second_stamped = (second, whole[: -len("+00:00")])
+    return f"{cached[1]}.{ms % 1000:03d}+00:00"
 
 
 def level_from_env(default: int = INFO) -> int:

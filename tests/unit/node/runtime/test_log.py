@@ -142,3 +142,18 @@ def test_a_replayed_line_is_the_whole_record_at_the_entrys_own_time(
     # A field named like the head replaces it, as before.
     replaced = log.line(INFO, "odd", {"node": "other"}, at_ms=at_ms)
     assert replaced is not None and json.loads(replaced)["node"] == "other"
+
+
+def test_stamps_are_iso_8601_utc_with_milliseconds() -> None:
+    """``stamp_of`` formats each second once: the same text as formatting every stamp."""
+    from dlm.node.runtime.log import stamp_of
+
+    def formatted(ms: int) -> str:
+        stamp = datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=ms % 1000 * 1000)
+        return stamp.isoformat(timespec="milliseconds")
+
+    for ms in [0, 1, 999, 1000, 1_795_856_860_617, 1_795_856_860_999, 1_795_856_861_000, -1]:
+        for _ in range(2):
+            assert stamp_of(ms) == formatted(ms), ms
+    for ms in range(1_795_856_859_990, 1_795_856_860_020):
+        assert stamp_of(ms) == formatted(ms)
