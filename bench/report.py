@@ -26,11 +26,12 @@ def region_markers(marker: str) -> tuple[str, str]:
     return f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
 
 
-def write_marked_region(path: str, marker: str, body: str, *, title: str) -> None:
+def write_marked_region(path: str, marker: str, body: str, *, title: str | None) -> None:
     """Puts ``body`` between MARKER's begin/end comments in the page at ``path``, keeping
     everything else in it (notes and before/after sections written by hand below a table).
 
-    A missing page is created as ``# title`` and the region. A page without the markers
+    A missing page is created as ``# title`` and the region (the region alone when
+    ``title`` is None: the body brings its own heading). A page without the markers
     (written before they existed) gets the region right after its first line when that is
     a ``# `` heading, else at the top; its old text stays below for a person to prune.
     A page with a begin marker but no end marker is refused (ValueError) rather than
@@ -43,7 +44,7 @@ def write_marked_region(path: str, marker: str, body: str, *, title: str) -> Non
         with open(path) as f:
             old = f.read()
     except FileNotFoundError:
-        _write_text(path, f"# {title}\n\n{region}\n")
+        _write_text(path, f"{region}\n" if title is None else f"# {title}\n\n{region}\n")
         return
     start = old.find(begin)
     if start >= 0:
@@ -260,5 +261,6 @@ def write_scale_results(
     else:
         notes = [*notes, f"no chart: {problem}"]
     page = markdown_page("Scale benchmark", heading, [("Figures", table)], notes, png)
-    _write_text(base + ".md", page)
+    # Only the run's own region: the before/after sections written below it stay.
+    write_marked_region(base + ".md", name, page, title=None)
     return written

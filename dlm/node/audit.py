@@ -156,11 +156,7 @@ class Audit:
         *,
         queued: bool,
     ) -> None:
-        state = machine.get(key)
-        meta: dict[str, str] = {}
-        for holder in state.holders if state is not None else ():
-            if holder.lease == lease:
-                meta = dict(holder.meta)
+        meta = locks.holder_meta(machine, lease, key)
         self.granted_at[(lease, key)] = now.mono
         queued_at = self.queued_at.pop((lease, key), None)
         if queued_at is not None:

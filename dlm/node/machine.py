@@ -564,7 +564,7 @@ class NodeMachine:
                     continue
                 self.membership.lost(index)
                 proposal = pending.pop(index, None)
-                held_before = machine.counts().locks
+                held_before = locks.held_count(machine)
                 if proposal is not None and proposal.data == entry.data:
                     outcome = machine.apply_command(index, proposal.command)
                 else:
@@ -575,7 +575,7 @@ class NodeMachine:
                 if outcome.command is not None:
                     self.out.entry_stamp_ms = outcome.command.at_ms
                 # Holds this entry ended; 0 for a re-sent request answered from memory.
-                dropped = held_before - machine.counts().locks + len(outcome.promotions)
+                dropped = held_before - locks.held_count(machine) + len(outcome.promotions)
                 if self.spans.busy:
                     self.spans.applied(index, now)
                 self._after_apply(outcome, proposal, dropped, now)

@@ -124,6 +124,17 @@ def changes(
     """What entry ``index`` (stamped ``at_ms``) did to ``key`` (state ``before`` ->
     ``after``), as one event; None if nothing a watcher sees changed. ``expired``: the
     leases the entry expired."""
+    if before is None:
+        # A key the entry made (every grant of a fresh key, the bulk of a long log's
+        # replay): all its holders are new, and so are all its waiters.
+        if after is None:
+            return None
+        if after.holders:
+            lid, token, meta = after.holders[0]
+            return Event(index, key, GRANTED, lid, token, dict(meta), after.holders[1:], at_ms)
+        if after.waiters:
+            return Event(index, key, QUEUED, after.waiters[0], None, None, (), at_ms)
+        return None
     held_before = {lid: (token, meta) for lid, token, meta in (before.holders if before else ())}
     held_after = {lid: (token, meta) for lid, token, meta in (after.holders if after else ())}
     waiting_before = before.waiters if before else ()
@@ -189,6 +200,8 @@ class Watches:
         self.floor = floor
         """Every event above this index is in the ring."""
         self.ring: deque[Event] = deque()
+        self._sizes: deque[int] = deque()
+        """The estimated size of each event of ``ring``, in step: counted once per event."""
         self._ring_size = 0
         self.watchers: dict[tuple[int, int], Watcher] = {}
         self._by_key: dict[str, list[Watcher]] = {}
@@ -296,14 +309,17 @@ class Watches:
                 self._record(event)
 
     def _record(self, event: Event) -> None:
-        ring = self.ring
+        ring, sizes = self.ring, self._sizes
+        size = event.size()
         ring.append(event)
-        self._ring_size += event.size()
+        sizes.append(size)
+        self._ring_size += size
         while len(ring) > self.ring_events or self._ring_size > self.ring_bytes:
             # Whole indexes go: every event above the floor stays in the ring.
             self.floor = ring[0].index
             while ring and ring[0].index <= self.floor:
-                self._ring_size -= ring.popleft().size()
+                ring.popleft()
+                self._ring_size -= sizes.popleft()
         watchers = self._by_key.get(event.key, ())
         for watcher in (*watchers, *self._by_prefix) if self._by_prefix else watchers:
             if watcher.wants(event):
@@ -340,6 +356,7 @@ class Watches:
         unknown here. The window restarts there; a watcher that had not seen up to it
         is told to re-read."""
         self.ring.clear()
+        self._sizes.clear()
         self._ring_size = 0
         self.floor = max(self.floor, index)
         for watcher in list(self.watchers.values()):

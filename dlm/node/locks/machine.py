@@ -1207,6 +1207,19 @@ def _touch(machine: LockStateMachine, key: str) -> None:
         step.before[key] = key_state(machine, key)
 
 
+def holder_meta(machine: LockStateMachine, lease_id: str, key: str) -> dict[str, str]:
+    """A copy of the metadata ``lease_id`` holds ``key`` with ({} when it holds none): the
+    audit's line for each grant, without a view of the whole key."""
+    entry = machine._keys.get(key)
+    hold = None if entry is None else entry.holders.get(lease_id)
+    return {} if hold is None else dict(hold.meta)
+
+
+def held_count(machine: LockStateMachine) -> int:
+    """Holds in the table (``counts().locks`` without a Counts per applied entry)."""
+    return machine._held
+
+
 def key_state(machine: LockStateMachine, key: str) -> KeyState | None:
     """``key``'s holders and waiters as the watch hub compares them (None: no such key)."""
     entry = machine._keys.get(key)

@@ -37,10 +37,41 @@ _RESERVED = frozenset({"time", "ts", "level", "node", "partition", "event"})
 """The keys every JSON line starts with; an event field of the same name replaces them."""
 
 
+_encode_fields = json.JSONEncoder(default=str, separators=(",", ":")).encode
+"""``json.dumps(fields, default=str, separators=(",", ":"))`` without making an encoder
+for every line."""
+
+
+_QUOTED: dict[str, str] = {}
+_QUOTED_MAX = 512
+
+
+def _quoted(name: str) -> str:
+    """``json.dumps(name)`` of a level or an event name, each quoted once (the names are
+    the code's own, a few dozen; past _QUOTED_MAX of them, quoted every time)."""
+    quoted = _QUOTED.get(name)
+    if quoted is None:
+        quoted = json.dumps(name)
+        if len(_QUOTED) < _QUOTED_MAX:
+            _QUOTED[name] = quoted
+    return quoted
+
+
+_second_stamped: tuple[int, str] = (0, "")
+"""The last second ``stamp_of`` formatted (seconds since the epoch, its ISO-8601 text up to
+the seconds): a replay stamps a hundred thousand lines with their entries' own times, a
+thousand a second. One tuple, read and replaced whole (loggers of other threads)."""
+
+
 def stamp_of(ms: int) -> str:
     """ISO-8601 in UTC with milliseconds, for ``ms`` since the epoch."""
-    stamp = datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=ms % 1000 * 1000)
-    return stamp.isoformat(timespec="milliseconds")
+    global _second_stamped
+    second = ms // 1000
+    cached = _second_stamped
+    if cached[0] != second or not cached[1]:
+        whole = datetime.fromtimestamp(second, UTC).isoformat(timespec="seconds")
+        cached = _second_stamped = (second, whole[: -len("+00:00")])
+    return f"{cached[1]}.{ms % 1000:03d}+00:00"
 
 
 def level_from_env(default: int = INFO) -> int:
@@ -72,6 +103,8 @@ class Logger:
     __slots__ = (
         "_head",
         "_label",
+        "_replay_ms",
+        "_replay_stamp",
         "_stamp",
         "_stamped_ms",
         "format",
@@ -105,6 +138,8 @@ class Logger:
         self.format = format
         self._stamped_ms = -1
         self._stamp = ""
+        self._replay_ms = -1
+        self._replay_stamp = ""
 
     def enabled(self, level: int) -> bool:
         return level >= self.level
@@ -126,6 +161,16 @@ class Logger:
                 return text_line(
                     at_ms / 1000, _NAMES.get(level, str(level)), self._label, event, fields
                 )
+            if _RESERVED.isdisjoint(fields):
+                # A restart replays a line per applied entry, a hundred thousand of them
+                # for a long log: the same head as a live line, stamped at the entry's
+                # time (built once per millisecond), and only the fields encoded.
+                if at_ms != self._replay_ms:
+                    self._replay_stamp = (
+                        f'{{"time":"{stamp_of(at_ms)}","ts":{json.dumps(at_ms / 1000)},"level":'
+                    )
+                    self._replay_ms = at_ms
+                return self._fast_line(self._replay_stamp, level, event, fields)
             record: dict[str, Any] = {
                 "time": stamp_of(at_ms),
                 "ts": at_ms / 1000,
@@ -148,13 +193,7 @@ class Logger:
         if _RESERVED.isdisjoint(fields):
             # The audit trail writes several lines a millisecond under load: the fixed
             # head is built once per millisecond, and only the fields are encoded.
-            head = (
-                f"{self._stamp}{json.dumps(_NAMES.get(level, str(level)))},"
-                f'{self._head},"event":{json.dumps(event)}'
-            )
-            if not fields:
-                return head + "}"
-            return head + "," + json.dumps(fields, default=str, separators=(",", ":"))[1:]
+            return self._fast_line(self._stamp, level, event, fields)
         record = {
             "time": stamp_of(ms),
             "ts": ms / 1000,
@@ -165,6 +204,13 @@ class Logger:
         }
         record.update(fields)
         return json.dumps(record, default=str, separators=(",", ":"))
+
+    def _fast_line(self, stamp: str, level: int, event: str, fields: dict[str, Any]) -> str:
+        head = f'{stamp}{_quoted(_NAMES.get(level, str(level)))},{self._head},"event":'
+        head += _quoted(event)
+        if not fields:
+            return head + "}"
+        return head + "," + _encode_fields(fields)[1:]
 
     def _partition_field(self) -> dict[str, int]:
         return {} if self.partition is None else {"partition": self.partition}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.report import region_markers, write_marked_region
+from bench.report import region_markers, write_marked_region, write_scale_results
 from bench.startup import RESULTS_MARKER, write_startup_page
 
 
@@ -102,3 +102,26 @@ def test_a_runs_cpu_time_counts_the_descendants_it_waited_for(tmp_path: Path) ->
     assert code == 0
     assert cpu_ms >= cpu_s * 1000 - 50  # clock ticks of 10 ms, user and system apart
     assert wall_ms > 0
+
+
+def test_the_scale_page_keeps_the_sections_written_below_its_table(tmp_path: Path) -> None:
+    locks = None
+    leases = None
+    for run in ("first run", "second run"):
+        write_scale_results(
+            str(tmp_path),
+            "scale",
+            heading=run,
+            table="| figure |\n|---|",
+            notes=[],
+            everything={},
+            leases=leases,
+            locks=locks,
+        )
+        if run == "first run":
+            page = tmp_path / "scale.md"
+            page.write_text(page.read_text() + "\n## Issue 29, item 2: before/after\n\nkept\n")
+    text = (tmp_path / "scale.md").read_text()
+    assert "second run" in text and "first run" not in text
+    assert text.endswith("## Issue 29, item 2: before/after\n\nkept\n")
+    assert text.count("# Scale benchmark") == 1

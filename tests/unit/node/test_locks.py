@@ -42,6 +42,8 @@ from dlm.node.locks import (
     UpdateLeaseCommand,
     decode_command,
     encode_command,
+    held_count,
+    holder_meta,
     result_from_dict,
     validate_command,
 )
@@ -623,6 +625,20 @@ def test_get_shows_waiters_with_since_and_meta(d: Driver) -> None:
     assert view.to_dict()["waiters"] == [
         {"lease": "b", "since_ms": d.at_ms, "meta": {"cmd": "make deploy"}}
     ]
+
+
+def test_holder_meta_is_a_copy_of_what_the_holder_holds_with(d: Driver) -> None:
+    d.acquire("a", "k", meta={"cmd": "make deploy"})
+    d.acquire("b", "k", wait=True, meta={"cmd": "queued"})
+    view = d.sm.get("k")
+    assert view is not None
+    assert holder_meta(d.sm, "a", "k") == dict(view.holders[0].meta) == {"cmd": "make deploy"}
+    holder_meta(d.sm, "a", "k")["cmd"] = "changed"  # a copy: the table is untouched
+    assert holder_meta(d.sm, "a", "k") == {"cmd": "make deploy"}
+    assert holder_meta(d.sm, "b", "k") == {}  # waiting, not holding
+    assert holder_meta(d.sm, "a", "other") == {}
+    assert holder_meta(d.sm, "gone", "k") == {}
+    assert held_count(d.sm) == d.sm.counts().locks == 1
 
 
 RESULTS: list[Result] = [

@@ -149,3 +149,39 @@ def test_changes_are_derived_from_the_state_before_and_after() -> None:
     assert left is not None and (left.event, left.lease) == ("left_queue", "B")
     gone = watches.changes(9, "k", holder, None, expired=("A",))
     assert gone is not None and (gone.event, gone.token) == ("expired", 5)
+
+
+def test_a_new_keys_event_is_the_one_an_empty_key_state_gives() -> None:
+    """``changes`` reads a key the entry made (before None) by a shortcut: every holder and
+    waiter new. It must give what the general comparison gives from an empty state."""
+    empty = KeyState((), ())
+    afters: list[KeyState | None] = [
+        None,
+        empty,
+        KeyState((("A", 7, {"owner": "o"}),), ()),
+        KeyState((("A", 7, {}), ("B", 8, {"x": "y"}), ("C", 9, {})), ()),
+        KeyState((("A", 7, {}),), ("B", "C")),
+        KeyState((), ("B",)),
+        KeyState((), ("B", "C")),
+    ]
+    for after in afters:
+        fast = watches.changes(12, "k", None, after, expired=("A",), at_ms=5)
+        general = watches.changes(12, "k", empty, after, expired=("A",), at_ms=5)
+        assert fast == general, after
+    assert watches.changes(12, "k", None, afters[3]) is not None
+
+
+def test_the_window_counts_each_event_once_and_keeps_whole_indexes() -> None:
+    from dlm.node.outbox import Outbox
+    from dlm.node.stats import Stats
+
+    hub = watches.Watches(Outbox(Stats(), set()), Stats(), 0)
+    hub.ring_events, hub.ring_bytes = 50, 4_000
+    for index in range(1, 400):
+        for key in ("a", "b/" + "x" * (index % 7)):  # two events an index, sizes vary
+            meta = {"owner": "o" * (index % 40)}
+            hub._record(watches.Event(index, key, watches.GRANTED, "L", index, meta))
+        assert hub._ring_size == sum(event.size() for event in hub.ring) <= hub.ring_bytes
+        assert len(hub.ring) <= hub.ring_events
+        assert all(event.index > hub.floor for event in hub.ring)
+        assert hub.ring[0].index == hub.floor + 1  # whole indexes go

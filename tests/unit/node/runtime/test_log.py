@@ -7,7 +7,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 
 import pytest
 
@@ -103,3 +103,57 @@ def test_json_time_and_ts_are_the_same_millisecond(
     record = json.loads(out.getvalue())
     stamp = datetime.fromisoformat(record["time"])
     assert round(stamp.timestamp() * 1000) == round(record["ts"] * 1000)
+
+
+@pytest.mark.parametrize("partition", [None, 2])
+def test_a_replayed_line_is_the_whole_record_at_the_entrys_own_time(
+    partition: int | None,
+) -> None:
+    """A restart writes a line per replayed entry through a shortcut (the head built once
+    per millisecond, only the fields encoded): byte for byte the line the record gives."""
+    log = Logger("n1", level=INFO, partition=partition)
+    fields = {"key": "k/1", "token": 7, "owner": {"owner": "o"}, "replayed": True}
+    at_ms = 1_795_856_860_617
+    for _ in range(2):  # the second from the cached head
+        line = log.line(INFO, "lock_granted", dict(fields), at_ms=at_ms)
+        record = {
+            "time": datetime.fromtimestamp(at_ms / 1000, UTC).isoformat(timespec="milliseconds"),
+            "ts": at_ms / 1000,
+            "level": "info",
+            "node": "n1",
+            **({} if partition is None else {"partition": partition}),
+            "event": "lock_granted",
+            **fields,
+        }
+        assert line == json.dumps(record, separators=(",", ":"))
+    assert log.line(INFO, "cluster_version", {}, at_ms=at_ms + 1) == json.dumps(
+        {
+            "time": datetime.fromtimestamp((at_ms + 1) / 1000, UTC).isoformat(
+                timespec="milliseconds"
+            ),
+            "ts": (at_ms + 1) / 1000,
+            "level": "info",
+            "node": "n1",
+            **({} if partition is None else {"partition": partition}),
+            "event": "cluster_version",
+        },
+        separators=(",", ":"),
+    )
+    # A field named like the head replaces it, as before.
+    replaced = log.line(INFO, "odd", {"node": "other"}, at_ms=at_ms)
+    assert replaced is not None and json.loads(replaced)["node"] == "other"
+
+
+def test_stamps_are_iso_8601_utc_with_milliseconds() -> None:
+    """``stamp_of`` formats each second once: the same text as formatting every stamp."""
+    from dlm.node.runtime.log import stamp_of
+
+    def formatted(ms: int) -> str:
+        stamp = datetime.fromtimestamp(ms // 1000, UTC).replace(microsecond=ms % 1000 * 1000)
+        return stamp.isoformat(timespec="milliseconds")
+
+    for ms in [0, 1, 999, 1000, 1_795_856_860_617, 1_795_856_860_999, 1_795_856_861_000, -1]:
+        for _ in range(2):
+            assert stamp_of(ms) == formatted(ms), ms
+    for ms in range(1_795_856_859_990, 1_795_856_860_020):
+        assert stamp_of(ms) == formatted(ms)

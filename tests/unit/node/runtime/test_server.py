@@ -233,6 +233,40 @@ async def test_replies_and_grant_pushes_go_to_the_connection_that_asked() -> Non
         assert holder.frames == []  # no push went to the holder
 
 
+def test_a_long_batch_of_committed_entries_is_applied_with_the_collector_paused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A restart replaying a long log applies it in batches of thousands of entries: the
+    collector would walk the growing table again and again (bench.replay), so it is paused
+    for such a batch and what the batch made frozen after. Short batches change nothing."""
+    import gc
+
+    from dlm.node.machine import Instant, NodeMachine
+    from dlm.node.runtime.server import LONG_APPLY_ENTRIES, _Machine
+    from dlm.records import Entry
+
+    seen: list[tuple[int, bool]] = []
+
+    def spy(self: NodeMachine, committed: tuple[Entry, ...], now: Instant) -> None:
+        seen.append((len(committed), gc.isenabled()))
+
+    monkeypatch.setattr(NodeMachine, "_apply", spy)
+    machine = object.__new__(_Machine)  # only _apply runs: no state needed
+    long = tuple(Entry(i, 1, b"") for i in range(1, LONG_APPLY_ENTRIES + 1))
+    assert gc.isenabled()
+    gc.unfreeze()
+    try:
+        machine._apply(long[:3], Instant(0.0, 0))
+        assert gc.get_freeze_count() == 0
+        machine._apply(long, Instant(0.0, 0))
+        # What the long batch made is out of the collector's sight (until an image's end).
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    assert seen == [(3, True), (LONG_APPLY_ENTRIES, False)]
+    assert gc.isenabled()
+
+
 def test_the_runtime_images_and_restores_the_lock_table_with_the_collector_paused() -> None:
     import gc
 
