@@ -104,12 +104,20 @@ class ReadRounds:
             return float("inf")  # the open round's confirmation pumps
         return self._last_started + self._keepalive_gap_s
 
-    def start_if_due(self, raft: RaftNode, leading: bool, now: Instant) -> None:
-        """Starts a round for the queued reads, unless a leader's round is still open."""
+    def due(self, raft: RaftNode, leading: bool, mono: float) -> bool:
+        """Reads are queued and may start their round at monotonic time ``mono``: no
+        leader's round is open, and keep-alives alone have waited out their gap."""
         if not self.queued or self.leader_round_open(leading):
+            return False
+        # Keep-alives alone gather more for one round until the gap is over (see the module).
+        return mono >= self._last_started + self._keepalive_gap_s or not self._gathering(
+            raft, leading
+        )
+
+    def start_if_due(self, raft: RaftNode, leading: bool, now: Instant) -> None:
+        """Starts a round for the queued reads, if they are ``due``."""
+        if not self.due(raft, leading, now.mono):
             return
-        if now.mono < self._last_started + self._keepalive_gap_s and self._gathering(raft, leading):
-            return  # keep-alives alone: gather more for one round (see the module)
         reads, self.queued = self.queued, []
         self._only_keepalives = True
         self._last_started = now.mono
@@ -127,6 +135,10 @@ class ReadRounds:
             read_round = self.rounds.get(rs.ctx)
             if read_round is not None:
                 read_round.index = rs.index
+
+    def any_ready(self, applied: int) -> bool:
+        """A confirmed round's read point is applied (``ready`` would serve its reads)."""
+        return any(0 <= r.index <= applied for r in self.rounds.values())
 
     def ready(self, applied: int) -> list[Read]:
         """The reads of every confirmed round whose read point is applied, in order."""

@@ -240,7 +240,6 @@ class NodeServer:
         self._links: dict[str, PeerLink] = {}
         self._link_scopes: dict[str, anyio.CancelScope] = {}
         self._task_group: anyio.abc.TaskGroup | None = None
-        self._wake = asyncio.Event()
         self._timer_sooner = asyncio.Event()
         self._timer_at = 0.0
         """When the timer task means to call the machine's timer next (monotonic s)."""
@@ -518,10 +517,10 @@ class NodeServer:
                     break
             if machine.leader is not None and not self.leader_seen.is_set():
                 self.leader_seen.set()
-            if machine.next_timer() < self._timer_at:
-                self._timer_at = machine.next_timer()
+            due = machine.next_timer()
+            if due < self._timer_at:
+                self._timer_at = due
                 self._timer_sooner.set()
-            self._wake.set()
         except Exception as exc:
             if self.failure is None:
                 self.log.error("actions_failed", error=repr(exc))
@@ -1023,10 +1022,12 @@ class NodeServer:
         mono = time.monotonic()
         client.last_heard = mono
         handled = 0
+        instant = None
         try:
             for obj in decoder.frames():
                 handled += 1
-                machine.client_frame(client.number, obj, now(), pump=False)
+                instant = now()
+                machine.client_frame(client.number, obj, instant, pump=False)
         except ProtocolError as exc:
             # Framing is lost (an oversized length) or the frame failed its authentication
             # tag: answer the frames before it, say why, hang up. (A body that is not CBOR
@@ -1039,8 +1040,16 @@ class NodeServer:
             return False
         self.counters.frames_in += handled
         client.partial_since = (client.partial_since or mono) if decoder.pending else None
-        if handled:
-            self._pump_soon()
+        if instant is not None:
+            if machine.needs_pump(instant):
+                self._pump_soon()
+            else:
+                # Keep-alives waiting for their round (the gap, or an open round): no turn
+                # of the loop, no pump; the timer, brought forward if need be, starts it.
+                due = machine.next_timer()
+                if due < self._timer_at:
+                    self._timer_at = due
+                    self._timer_sooner.set()
         return True
 
     def status_view(self) -> StatusView:

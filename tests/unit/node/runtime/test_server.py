@@ -7,13 +7,15 @@ decisions behind them are test_machine.py's.
 
 from __future__ import annotations
 
+import asyncio
 import struct
+from typing import cast
 
 import anyio
 import pytest
 
-from dlm.node.runtime.accepting import Limits
-from dlm.wire import CLIENT_FRAME_LIMIT, encode_frame
+from dlm.node.runtime.accepting import ClientConnection, Limits
+from dlm.wire import CLIENT_FRAME_LIMIT, FrameDecoder, encode_frame
 
 from .server_harness import WAIT, Wire, running_member
 
@@ -236,6 +238,28 @@ async def test_replies_and_grant_pushes_go_to_the_connection_that_asked() -> Non
         assert push["token"] > granted["token"]
         assert (await holder.request("ping"))["t"] == "ok"
         assert holder.frames == []  # no push went to the holder
+
+
+async def test_a_client_frame_costs_a_pump_turn_only_when_the_machine_has_work() -> None:
+    """Keep-alives waiting out their round's gap leave the machine nothing to pump
+    (test_machine.py, needs_pump): their frames are fed without a turn of the loop for a
+    pump. Here the idle leader's stand-in for that is a frame of a connection it does not
+    know (ignored); a ping, whose answer waits to be sent, does get its pump turn."""
+    async with running_member() as (server, _port):
+        assert not server._pump_scheduled
+        stranger = ClientConnection(
+            10_000, cast(asyncio.Transport, None), FrameDecoder(CLIENT_FRAME_LIMIT), 0.0
+        )
+        stranger.decoder.feed(encode_frame({"t": "ping", "id": 1}))
+        assert server.client_data(stranger)
+        assert not server._pump_scheduled, "nothing to do: no pump turn"
+        client = server.client_opened(cast(asyncio.Transport, None), "test", None, None)
+        client.decoder.feed(encode_frame({"t": "ping", "id": 2}))
+        try:
+            assert server.client_data(client)
+            assert server._pump_scheduled, "an answer to send: a pump turn"
+        finally:
+            server.client_closed(client)  # before the turn runs: nothing is written to it
 
 
 def test_the_runtime_images_and_restores_the_lock_table_with_the_collector_paused() -> None:
