@@ -373,6 +373,7 @@ class NodeServer:
                     await self.stopped.wait()
                 finally:
                     alarm.cancel()
+                    self._alarm = None  # a late pump must not set it again
                     tg.cancel_scope.cancel()
                     self._stop_serving()
                     if self.metrics is not None:

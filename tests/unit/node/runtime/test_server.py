@@ -340,3 +340,4 @@ async def test_the_member_ticks_on_its_alarm() -> None:
         with anyio.fail_after(WAIT):
             await three.wait()
         assert server._alarm is not None and server._alarm.at <= machine.next_timer()
+    assert server._alarm is None, "a member that stopped sets no alarm again"
