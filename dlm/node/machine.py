@@ -468,6 +468,23 @@ class NodeMachine:
         if self.spans.answered:
             self.spans.settle(now)
 
+    def needs_pump(self, now: Instant) -> bool:
+        """Whether ``pump`` (and a look at ``take_actions``) has anything to do at ``now``.
+
+        A runtime that fed frames with ``pump=False`` may skip the pump when this is
+        False: keep-alives queued behind their round's gap, or behind an open round,
+        change nothing until ``next_timer`` or the round's confirmation, each of which
+        pumps. At 2,000 keep-alives a second that spares the leader a loop turn, a
+        pump and an empty batch of actions for nearly every keep-alive."""
+        raft = self.raft
+        return (
+            self.out.pending
+            or raft.has_ready()
+            or self.reads.due(raft, self._role is Role.LEADER, now.mono)
+            or (bool(self.reads.rounds) and self.reads.any_ready(self.locks.applied_index))
+            or self.spans.answered
+        )
+
     def _handle_ready(self, rd: Ready, now: Instant) -> None:
         if rd.soft_state is not None:
             self._on_soft_state(rd.soft_state.role, rd.soft_state.leader, rd.soft_state.term, now)
@@ -927,16 +944,12 @@ class NodeMachine:
             bootstrap=dict(self.config.peers),
             incarnation=self.config.incarnation,
             address_of=self.address_of,
-            answers=lambda member: self._answers(member, now),
+            answers=lambda member: self.health.answers(member, now),
             last_contact_ms=lambda member: self._last_contact_ms(member, now),
             reason=lambda member: self.membership.learner_reason(
                 member, self.raft, self.health.proved
             ),
         )
-
-    def _answers(self, member: NodeId, now: Instant) -> bool:
-        """Whether ``member`` answers (peer_health.py)."""
-        return self.health.answers(member, now)
 
     def _last_contact_ms(self, member: NodeId, now: Instant) -> int | None:
         return self.health.last_contact_ms(member, now)

@@ -201,6 +201,11 @@ class Outbox:
         actions, self._actions = self._actions, []
         return actions
 
+    @property
+    def pending(self) -> bool:
+        """Actions decided and not taken yet."""
+        return bool(self._actions)
+
     def emit(self, action: Action) -> None:
         self._actions.append(action)
 

@@ -16,10 +16,15 @@ started (any other read starts one as before). On a quiet machine a round is con
 within a tenth of a millisecond, so without the gap nearly every keep-alive paid for a
 round of its own (a heartbeat to each follower and their answers, most of the 462 us of
 server CPU each one cost at 2,000 a second); with it, at most 100 rounds a second carry
-every keep-alive. Nothing is weakened: a keep-alive is still answered only by a round
-that started after it arrived, and the lease's clock still restarts at its arrival, so
-waiting longer only makes the renewal more conservative. The machine's timer comes at
-the deferred round's time (``deferred_until``), or earlier with any other pump.
+every keep-alive; and once a round carries ``BUSY_ROUND_READS`` or more, the next one
+waits ``BUSY_ROUND_GAP_S`` (20 ms): at 2,000 keep-alives a second that halves the rounds
+(about 40 keep-alives each instead of 20) and cut the server CPU per keep-alive by about a
+fifth on a quiet machine (the followers' share most), for a p50 of 12.5 ms instead of 7 ms.
+A keep-alive that comes after a quiet spell still starts its round at once. Nothing is
+weakened: a keep-alive is still answered only by a round that started after it arrived,
+and the lease's clock still restarts at its arrival, so waiting longer only makes the
+renewal more conservative. The machine's timer comes at the deferred round's time
+(``deferred_until``), or earlier with any other pump.
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ from dlm.wire import ClientRequest, ErrorCode, Renew, error
 
 KEEPALIVE_ROUND_GAP_S = 0.01
 """A leader's round of keep-alives alone starts at least this long after its last round."""
+BUSY_ROUND_READS = 16
+"""A round that carried at least this many reads makes the next gap ``BUSY_ROUND_GAP_S``."""
+BUSY_ROUND_GAP_S = 0.02
+"""The gap after a busy round: under load, at most 50 rounds a second carry the keep-alives."""
 
 
 @dataclass(slots=True)
@@ -65,6 +74,7 @@ class ReadRounds:
         not_leader: NotLeaderReply,
         ctx_prefix: bytes,
         keepalive_gap_s: float = KEEPALIVE_ROUND_GAP_S,
+        busy_gap_s: float = BUSY_ROUND_GAP_S,
     ) -> None:
         self._out = out
         self._not_leader = not_leader
@@ -73,6 +83,9 @@ class ReadRounds:
         restart must not be taken for one of ours."""
         self._seq = 0
         self._keepalive_gap_s = keepalive_gap_s
+        self._busy_gap_s = busy_gap_s
+        self._gap_s = keepalive_gap_s
+        """The gap after the last round: the busy one if it carried BUSY_ROUND_READS or more."""
         self._last_started = float("-inf")
         self._only_keepalives = True
         """Every queued read is a keep-alive (so its round may wait for the gap)."""
@@ -102,17 +115,25 @@ class ReadRounds:
             return float("inf")
         if self.leader_round_open(leading):
             return float("inf")  # the open round's confirmation pumps
-        return self._last_started + self._keepalive_gap_s
+        return self._last_started + self._gap_s
+
+    def due(self, raft: RaftNode, leading: bool, mono: float) -> bool:
+        """Reads are queued and may start their round at monotonic time ``mono``: no
+        leader's round is open, and keep-alives alone have waited out their gap."""
+        if not self.queued or self.leader_round_open(leading):
+            return False
+        # Keep-alives alone gather more for one round until the gap is over (see the module).
+        return mono >= self._last_started + self._gap_s or not self._gathering(raft, leading)
 
     def start_if_due(self, raft: RaftNode, leading: bool, now: Instant) -> None:
-        """Starts a round for the queued reads, unless a leader's round is still open."""
-        if not self.queued or self.leader_round_open(leading):
+        """Starts a round for the queued reads, if they are ``due``."""
+        if not self.due(raft, leading, now.mono):
             return
-        if now.mono < self._last_started + self._keepalive_gap_s and self._gathering(raft, leading):
-            return  # keep-alives alone: gather more for one round (see the module)
         reads, self.queued = self.queued, []
         self._only_keepalives = True
         self._last_started = now.mono
+        busy = len(reads) >= BUSY_ROUND_READS
+        self._gap_s = self._busy_gap_s if busy else self._keepalive_gap_s
         self._seq += 1
         ctx = self._ctx_prefix + self._seq.to_bytes(8, "big")
         result = raft.read_index(ctx)
@@ -127,6 +148,10 @@ class ReadRounds:
             read_round = self.rounds.get(rs.ctx)
             if read_round is not None:
                 read_round.index = rs.index
+
+    def any_ready(self, applied: int) -> bool:
+        """A confirmed round's read point is applied (``ready`` would serve its reads)."""
+        return any(0 <= r.index <= applied for r in self.rounds.values())
 
     def ready(self, applied: int) -> list[Read]:
         """The reads of every confirmed round whose read point is applied, in order."""

@@ -1398,8 +1398,8 @@ class NodeSimulation:
             elif isinstance(action, PeersChanged):
                 pass
         if member.machine is not None and member.machine.next_timer() < member.timer_at:
-            # As the runtime's timer task: an input brought the timer forward (keep-alives
-            # waiting out their round's gap), so it is armed again for the sooner time.
+            # As the runtime's alarm: an input brought the timer forward (keep-alives
+            # waiting out their round's gap), so it is set again for the sooner time.
             self._arm_timer(member)
         self._check_member(member)
 
@@ -1807,7 +1807,16 @@ class NodeSimulation:
             return
         if not self._link_ok(conn.client.proc, member):
             return
-        self.on_member(member, lambda m: m.client_frame(conn.number, frame, self._now(member)))
+
+        def feed(machine: NodeMachine) -> None:
+            # As the runtime (server.py, client_data): the frame without a pump, then a pump
+            # only if the machine has work (keep-alives waiting for their round have none).
+            now = self._now(member)
+            machine.client_frame(conn.number, frame, now, pump=False)
+            if machine.needs_pump(now):
+                machine.pump(now)
+
+        self.on_member(member, feed)
 
     def _to_client(self, conn: SimConn, frame: dict[str, Any]) -> None:
         at = max(conn.to_client_at, self.world.now + self._latency(conn.client.proc))

@@ -16,6 +16,7 @@ from dlm.node import locks
 from dlm.node.machine import (
     MAX_BAD_REQUESTS,
     CloseConnection,
+    Instant,
     NodeMachine,
     Persist,
     Quotas,
@@ -370,6 +371,53 @@ def test_keepalives_in_quick_succession_share_a_round_after_the_gap() -> None:
     assert all(a is not None and a["t"] == "ok" for a in answers)
     rounds = {m.ctx for m in leader.sent[sent_before:] if isinstance(m, Heartbeat) and m.ctx}
     assert len(rounds) == 2
+
+
+def test_keepalives_waiting_for_their_round_leave_the_pump_nothing_to_do() -> None:
+    """The runtime skips its pump turn when ``needs_pump`` says so (server.py,
+    client_data): a keep-alive inside the gap, or behind an open round, needs none (the
+    timer or the round's confirmation pumps); an answer, a change or a due round does."""
+    cluster = started(3)
+    leader = cluster["n1"]
+    machine = leader.machine
+    clients = [cluster.connect("n1") for _ in range(4)]
+    for i, client in enumerate(clients):
+        client.call("open_lease", lease=f"L{i}", ttl_ms=10_000)
+    cluster.advance(1.0)
+    assert not machine.needs_pump(cluster.now())
+    assert clients[0].call("keepalive", lease="L0")["t"] == "ok"  # its round: just now
+
+    def keepalive(client: Client, rid: int) -> None:
+        frame = {"t": "keepalive", "id": rid, "lease": f"L{clients.index(client)}"}
+        machine.client_frame(client.conn, frame, cluster.now(), pump=False)
+
+    keepalive(clients[1], 901)
+    assert not machine.needs_pump(cluster.now()), "inside the gap: the timer starts it"
+    gap_over = machine.next_timer()
+    assert gap_over <= cluster.now().mono + KEEPALIVE_ROUND_GAP_S
+    assert machine.needs_pump(Instant(gap_over, cluster.now().wall_ms)), "the gap is over"
+    machine.client_frame(clients[2].conn, {"t": "ping", "id": 902}, cluster.now(), pump=False)
+    assert machine.needs_pump(cluster.now()), "the ping's answer waits to be taken"
+    cluster.settle(leader)
+    assert clients[2].reply(902) is not None
+    # The gap ends: the timer starts the round; its heartbeats are not delivered yet.
+    cluster.mono = gap_over
+    machine.timer(cluster.now())
+    cluster.settle(leader)
+    assert clients[1].reply(901) is None
+    keepalive(clients[3], 903)
+    cluster.mono += KEEPALIVE_ROUND_GAP_S * 2
+    assert not machine.needs_pump(cluster.now()), "behind an open round: its answer pumps"
+    machine.client_frame(
+        clients[2].conn,
+        {"t": "open_lease", "id": 904, "lease": "M", "ttl_ms": 10_000, "client": "c", "seq": 1},
+        cluster.now(),
+        pump=False,
+    )
+    assert machine.needs_pump(cluster.now()), "a change is proposed at once"
+    cluster.settle(leader)
+    assert clients[1].wait(901)["t"] == "ok"
+    assert clients[3].wait(903)["t"] == "ok"
 
 
 def test_a_keepalive_for_a_lease_whose_expire_is_proposed_is_refused() -> None:

@@ -7,7 +7,13 @@ from typing import Any, cast
 from dlm.node.outbox import Instant, Outbox, SendFrame
 from dlm.node.raft.core import RaftNode
 from dlm.node.raft.types import NotLeader, ReadState
-from dlm.node.read_rounds import KEEPALIVE_ROUND_GAP_S, Read, ReadRounds
+from dlm.node.read_rounds import (
+    BUSY_ROUND_GAP_S,
+    BUSY_ROUND_READS,
+    KEEPALIVE_ROUND_GAP_S,
+    Read,
+    ReadRounds,
+)
 from dlm.node.stats import Stats
 from dlm.records import NodeId
 from dlm.wire import ClientRequest, Get, Renew
@@ -134,6 +140,27 @@ def test_a_leader_gathers_keepalives_alone_for_the_gap_after_its_last_round() ->
     room.reads.start_if_due(raft, True, _at(NOW.mono + KEEPALIVE_ROUND_GAP_S))
     assert len(core.asked) == 2  # ...and then share one round
     assert [r.conn for r in room.reads.rounds[core.asked[1]].reads] == [2, 3]
+
+
+def test_after_a_busy_round_keepalives_wait_the_longer_gap_and_after_a_light_one_the_short() -> (
+    None
+):
+    room, core = _Room(), _Core()
+    raft = cast(RaftNode, core)
+    for conn in range(BUSY_ROUND_READS):
+        room.reads.queue(_keepalive(conn))
+    room.reads.start_if_due(raft, True, NOW)
+    room.reads.confirmed([ReadState(core.asked[0], 5)])
+    room.reads.queue(_keepalive(90))
+    assert room.reads.deferred_until(raft, True) == NOW.mono + BUSY_ROUND_GAP_S
+    room.reads.start_if_due(raft, True, _at(NOW.mono + KEEPALIVE_ROUND_GAP_S))
+    assert len(core.asked) == 1, "a busy round: the keep-alives wait the longer gap"
+    second = NOW.mono + BUSY_ROUND_GAP_S
+    room.reads.start_if_due(raft, True, _at(second))
+    assert len(core.asked) == 2
+    room.reads.confirmed([ReadState(core.asked[1], 5)])
+    room.reads.queue(_keepalive(91))  # after a round of one: the short gap again
+    assert room.reads.deferred_until(raft, True) == second + KEEPALIVE_ROUND_GAP_S
 
 
 def test_any_other_read_starts_its_round_without_waiting_for_the_gap() -> None:

@@ -7,13 +7,18 @@ decisions behind them are test_machine.py's.
 
 from __future__ import annotations
 
+import asyncio
 import struct
+import time
+from typing import cast
 
 import anyio
 import pytest
 
-from dlm.node.runtime.accepting import Limits
-from dlm.wire import CLIENT_FRAME_LIMIT, encode_frame
+from dlm.node.machine import Instant
+from dlm.node.runtime.accepting import ClientConnection, Limits
+from dlm.node.runtime.server import Alarm
+from dlm.wire import CLIENT_FRAME_LIMIT, FrameDecoder, encode_frame
 
 from .server_harness import WAIT, Wire, running_member
 
@@ -267,6 +272,28 @@ def test_a_long_batch_of_committed_entries_is_applied_with_the_collector_paused(
     assert gc.isenabled()
 
 
+async def test_a_client_frame_costs_a_pump_turn_only_when_the_machine_has_work() -> None:
+    """Keep-alives waiting out their round's gap leave the machine nothing to pump
+    (test_machine.py, needs_pump): their frames are fed without a turn of the loop for a
+    pump. Here the idle leader's stand-in for that is a frame of a connection it does not
+    know (ignored); a ping, whose answer waits to be sent, does get its pump turn."""
+    async with running_member() as (server, _port):
+        assert not server._pump_scheduled
+        stranger = ClientConnection(
+            10_000, cast(asyncio.Transport, None), FrameDecoder(CLIENT_FRAME_LIMIT), 0.0
+        )
+        stranger.decoder.feed(encode_frame({"t": "ping", "id": 1}))
+        assert server.client_data(stranger)
+        assert not server._pump_scheduled, "nothing to do: no pump turn"
+        client = server.client_opened(cast(asyncio.Transport, None), "test", None, None)
+        client.decoder.feed(encode_frame({"t": "ping", "id": 2}))
+        try:
+            assert server.client_data(client)
+            assert server._pump_scheduled, "an answer to send: a pump turn"
+        finally:
+            server.client_closed(client)  # before the turn runs: nothing is written to it
+
+
 def test_the_runtime_images_and_restores_the_lock_table_with_the_collector_paused() -> None:
     import gc
 
@@ -298,3 +325,48 @@ def test_the_runtime_images_and_restores_the_lock_table_with_the_collector_pause
         assert not gc.isenabled(), "a collector the caller had paused stays paused"
     finally:
         gc.enable()
+
+
+async def test_the_alarm_goes_off_once_at_the_earliest_time_asked_of_it() -> None:
+    loop = asyncio.get_running_loop()
+    went_off: list[float] = []
+    done = anyio.Event()
+
+    def fire() -> None:
+        went_off.append(time.monotonic())
+        done.set()
+
+    alarm = Alarm(loop, fire)
+    start = time.monotonic()
+    alarm.no_later_than(start + 60.0)
+    alarm.no_later_than(start + 0.02)
+    alarm.no_later_than(start + 30.0)  # later than it is set for: changes nothing
+    assert alarm.at == start + 0.02
+    with anyio.fail_after(WAIT):
+        await done.wait()
+    assert len(went_off) == 1
+    assert alarm.at == float("inf"), "gone off: unset until asked again"
+    alarm.no_later_than(time.monotonic() + 60.0)
+    alarm.cancel()
+    assert alarm.at == float("inf")
+
+
+async def test_the_member_ticks_on_its_alarm() -> None:
+    """The member's clock is the alarm: its ticks keep coming, each setting it again."""
+    async with running_member() as (server, _port):
+        machine = server.machine
+        ticks: list[float] = []
+        three = anyio.Event()
+        real_timer = machine.timer
+
+        def counting(now: Instant) -> None:
+            ticks.append(now.mono)
+            if len(ticks) == 3:
+                three.set()
+            real_timer(now)
+
+        machine.timer = counting  # type: ignore[method-assign]
+        with anyio.fail_after(WAIT):
+            await three.wait()
+        assert server._alarm is not None and server._alarm.at <= machine.next_timer()
+    assert server._alarm is None, "a member that stopped sets no alarm again"
