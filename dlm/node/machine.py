@@ -479,7 +479,9 @@ class NodeMachine:
         raft = self.raft
         return (
             self.out.pending
-            or raft.has_ready()
+            # Not has_ready: it flushes, and asked once per client frame it would send
+            # each frame's entry to the followers in an append of its own.
+            or raft.wants_ready()
             or self.reads.due(raft, self._role is Role.LEADER, now.mono)
             or (bool(self.reads.rounds) and self.reads.any_ready(self.locks.applied_index))
             or self.spans.answered

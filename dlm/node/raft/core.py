@@ -214,6 +214,13 @@ _SEND_NOW = frozenset(
 
 # The simulator's mutants are interpreted subclasses of the compiled class.
 @mypyc_attr(allow_interpreted_subclasses=True)
+def _sends_pending(node: RaftNode) -> bool:
+    """A leader has sends that ``flush`` has not turned into messages yet."""
+    return bool(
+        node._append_all or node._commit_bcast or node._heartbeat_due or node._pending_append
+    )
+
+
 class RaftNode:
     """One Raft member. Not thread-safe: one runtime task owns it."""
 
@@ -561,10 +568,18 @@ class RaftNode:
     # ------------------------------------------------------------------
 
     def has_ready(self) -> bool:
-        if self._role is Role.LEADER and (
-            self._append_all or self._commit_bcast or self._heartbeat_due or self._pending_append
-        ):
+        """Whether ``ready()`` has anything; a leader's pending sends become messages first
+        (coalesced: every proposal since the last call rides in one append per follower)."""
+        if self._role is Role.LEADER and _sends_pending(self):
             flush(self)
+        return self.wants_ready()
+
+    def wants_ready(self) -> bool:
+        """``has_ready`` without its flush: True whenever ``has_ready`` would be (and also
+        when a pending send turns out to make no message), so a runtime may ask it once
+        per client frame and still send one append per follower for all of them."""
+        if self._role is Role.LEADER and _sends_pending(self):
+            return True
         if self._msgs or self._read_states or self._log.has_work():
             return True
         prev = self._prev_soft

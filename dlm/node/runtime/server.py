@@ -232,7 +232,11 @@ class _Machine(NodeMachine):
             # Out of the collector's sight, as imaging does: the batch's new objects are
             # table entries, which make no cycles, and the first collection after the
             # batch would otherwise walk them all (a tenth of a replay's time, py-spy).
-            # The next image's end (gc.unfreeze) gives them back to it.
+            # gc.freeze takes the whole heap, and only an image's end (gc.unfreeze) gives
+            # it back: until then, something alive now that later becomes cyclic garbage
+            # is not collected. The cost is bounded by the heap at this moment, and a
+            # member that applies long batches also takes images (every snapshot_every
+            # entries); one that never images again keeps that much.
             gc.freeze()
         else:
             super()._apply(committed, now)

@@ -373,6 +373,38 @@ def test_keepalives_in_quick_succession_share_a_round_after_the_gap() -> None:
     assert len(rounds) == 2
 
 
+def test_asking_whether_to_pump_after_each_frame_keeps_one_append_per_follower() -> None:
+    """The runtime asks ``needs_pump`` after every client frame of a loop turn (server.py,
+    client_data). Asking must not send anything: the writes of all the turn's frames
+    then go to each follower in one append, as one pump of them all would send them
+    (a question that flushed sent an append per frame, and as many answers back)."""
+    cluster = started(3)
+    leader = cluster["n1"]
+    machine = leader.machine
+    clients = [cluster.connect("n1") for _ in range(4)]
+    cluster.advance(1.0)
+    sent_before = len(leader.sent)
+    for i, client in enumerate(clients):
+        frame = {
+            "t": "open_lease",
+            "id": 1,
+            "lease": f"L{i}",
+            "ttl_ms": 10_000,
+            "client": f"c{i}",
+            "seq": 1,
+        }
+        machine.client_frame(client.conn, frame, cluster.now(), pump=False)
+        assert machine.needs_pump(cluster.now()), "a write waits to be sent"
+    machine.pump(cluster.now())
+    cluster.settle(leader)
+    appends = [m for m in leader.sent[sent_before:] if isinstance(m, AppendEntries)]
+    assert sorted(m.dst for m in appends) == ["n2", "n3"], appends
+    assert all(len(m.entries) == len(clients) for m in appends)
+    cluster.deliver()
+    for client in clients:
+        assert client.wait(1)["t"] == "ok"
+
+
 def test_keepalives_waiting_for_their_round_leave_the_pump_nothing_to_do() -> None:
     """The runtime skips its pump turn when ``needs_pump`` says so (server.py,
     client_data): a keep-alive inside the gap, or behind an open round, needs none (the
