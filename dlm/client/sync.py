@@ -1423,7 +1423,9 @@ class KeepAlive:
         self.halt()
         if self._started:
             for t in self._threads:
-                if t is not threading.current_thread():
+                # A thread whose start failed (start raised half-way) has nothing to join,
+                # and joining it would raise over the error that start raised.
+                if t.ident is not None and t is not threading.current_thread():
                     t.join(timeout)
 
     def halt(self) -> None:

@@ -266,3 +266,23 @@ def test_a_part_opened_through_the_family_counts_before_the_next_round() -> None
         late = core.Lease("L", 60_000, now - 59.0, partition=1)
         c._book.opened(late)
         assert ka.deadline == core.lease_deadline(late.confirmed_at, 60_000)
+
+
+def test_a_start_that_fails_half_way_raises_its_own_error_and_stop_still_works(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread that could not start (the process is out of threads) is not joined: the
+    join would raise over start's own error, and the caller's clean-up after it (closing
+    the lease, restoring signals) would be skipped."""
+    with Client("127.0.0.1:1") as c:  # never connects
+        ka = KeepAlive(c, "some-lease", ttl_ms=60_000, confirmed_at=lease_clock(), interval=10)
+        second = ka._threads[1]
+
+        def cannot_start() -> None:
+            raise RuntimeError("can't start new thread")
+
+        monkeypatch.setattr(second, "start", cannot_start)
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            ka.start()
+        ka.stop(timeout=WAIT)  # joins the first thread only; raises nothing
+        assert not any(t.is_alive() for t in ka._threads)
